@@ -1,0 +1,270 @@
+//! Command-line interface. `vigil run` takes torchrun's flags with torchrun's meaning, in both the
+//! dash and the underscore spelling, each also read from `PET_<NAME>` like torchrun.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "vigil",
+    version,
+    about = "In-job resiliency agent for distributed training: a torchrun-compatible launcher that supervises, diagnoses and restarts ranks."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Launch this node's ranks as torchrun would, and supervise them.
+    Run(Box<RunArgs>),
+    /// Internal: the helper that SIGKILLs rank process groups if the agent dies.
+    #[command(name = "__watchdog", hide = true)]
+    Watchdog,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    /// Number of nodes, `N` or `MIN:MAX`.
+    #[arg(long, env = "PET_NNODES", default_value = "1:1")]
+    pub nnodes: String,
+
+    /// Ranks on this node: an integer, `cpu`, `gpu` or `auto`.
+    #[arg(
+        long = "nproc-per-node",
+        alias = "nproc_per_node",
+        env = "PET_NPROC_PER_NODE",
+        default_value = "1"
+    )]
+    pub nproc_per_node: String,
+
+    /// This node's rank among the nodes.
+    #[arg(
+        long = "node-rank",
+        alias = "node_rank",
+        env = "PET_NODE_RANK",
+        default_value_t = 0
+    )]
+    pub node_rank: u32,
+
+    /// Address of the rank-0 node (static rendezvous).
+    #[arg(
+        long = "master-addr",
+        alias = "master_addr",
+        env = "PET_MASTER_ADDR",
+        default_value = "127.0.0.1"
+    )]
+    pub master_addr: String,
+
+    /// Port on the rank-0 node (static rendezvous). Default: a free port on one node, 29500 on several.
+    #[arg(long = "master-port", alias = "master_port", env = "PET_MASTER_PORT")]
+    pub master_port: Option<u16>,
+
+    /// Rendezvous backend: `static` or `c10d`.
+    #[arg(
+        long = "rdzv-backend",
+        alias = "rdzv_backend",
+        env = "PET_RDZV_BACKEND",
+        default_value = "static"
+    )]
+    pub rdzv_backend: String,
+
+    /// Rendezvous endpoint `host[:port]`.
+    #[arg(
+        long = "rdzv-endpoint",
+        alias = "rdzv_endpoint",
+        env = "PET_RDZV_ENDPOINT",
+        default_value = ""
+    )]
+    pub rdzv_endpoint: String,
+
+    /// Job id shared by every node (`TORCHELASTIC_RUN_ID`).
+    #[arg(
+        long = "rdzv-id",
+        alias = "rdzv_id",
+        env = "PET_RDZV_ID",
+        default_value = "none"
+    )]
+    pub rdzv_id: String,
+
+    /// Extra rendezvous settings `key=value,...`.
+    #[arg(
+        long = "rdzv-conf",
+        alias = "rdzv_conf",
+        env = "PET_RDZV_CONF",
+        default_value = ""
+    )]
+    pub rdzv_conf: String,
+
+    /// Single-node job with a local rendezvous on a free port.
+    #[arg(long, env = "PET_STANDALONE")]
+    pub standalone: bool,
+
+    /// In-job restarts of the whole group before giving up.
+    #[arg(
+        long = "max-restarts",
+        alias = "max_restarts",
+        env = "PET_MAX_RESTARTS",
+        default_value_t = 0
+    )]
+    pub max_restarts: u32,
+
+    /// Accepted for torchrun compatibility; vigil is event-driven and does not poll.
+    #[arg(
+        long = "monitor-interval",
+        alias = "monitor_interval",
+        env = "PET_MONITOR_INTERVAL",
+        default_value_t = 0.1
+    )]
+    pub monitor_interval: f64,
+
+    /// Accepted for torchrun compatibility (`spawn`, `fork`, `forkserver`); ranks are always new processes.
+    #[arg(
+        long = "start-method",
+        alias = "start_method",
+        env = "PET_START_METHOD",
+        default_value = "spawn"
+    )]
+    pub start_method: String,
+
+    /// Role name (`ROLE_NAME`, console prefix).
+    #[arg(long, env = "PET_ROLE", default_value = "default")]
+    pub role: String,
+
+    /// Run the script as a Python module (`python -m`).
+    #[arg(short = 'm', long, env = "PET_MODULE")]
+    pub module: bool,
+
+    /// Run the script as a command without the Python interpreter.
+    #[arg(long = "no-python", alias = "no_python", env = "PET_NO_PYTHON")]
+    pub no_python: bool,
+
+    /// Run the script with `runpy.run_path` (it must be a path to a Python file).
+    #[arg(long = "run-path", alias = "run_path", env = "PET_RUN_PATH")]
+    pub run_path: bool,
+
+    /// Directory for per-rank logs, error files and the event log of every attempt.
+    #[arg(long = "log-dir", alias = "log_dir", env = "PET_LOG_DIR")]
+    pub log_dir: Option<PathBuf>,
+
+    /// Keep streams out of the console (files only): 0 none, 1 stdout, 2 stderr, 3 both, or `lr:v,...`.
+    #[arg(short = 'r', long, env = "PET_REDIRECTS", default_value = "0")]
+    pub redirects: String,
+
+    /// Streams to show on the console and keep in files (vigil always keeps files): as --redirects.
+    #[arg(short = 't', long, env = "PET_TEE", default_value = "0")]
+    pub tee: String,
+
+    /// Only these local ranks print to the console, e.g. `0` or `0,3` (files keep everything).
+    #[arg(
+        long = "local-ranks-filter",
+        alias = "local_ranks_filter",
+        env = "PET_LOCAL_RANKS_FILTER",
+        default_value = ""
+    )]
+    pub local_ranks_filter: String,
+
+    /// Address of this node for rendezvous.
+    #[arg(long = "local-addr", alias = "local_addr", env = "PET_LOCAL_ADDR")]
+    pub local_addr: Option<String>,
+
+    /// Accepted for torchrun compatibility; vigil's log layout is fixed (docs/usage.md).
+    #[arg(long = "logs-specs", alias = "logs_specs", env = "PET_LOGS_SPECS")]
+    pub logs_specs: Option<String>,
+
+    /// Seconds between SIGTERM and SIGKILL when stopping ranks after a failure.
+    #[arg(
+        long = "workers-stop-timeout",
+        alias = "workers_stop_timeout",
+        default_value_t = 15.0
+    )]
+    pub workers_stop_timeout: f64,
+
+    /// Seconds a forwarded signal gives ranks before SIGKILL.
+    #[arg(long = "term-timeout", alias = "term_timeout", default_value_t = 30.0)]
+    pub term_timeout: f64,
+
+    /// JSON-lines event log (default: events.jsonl in the run directory).
+    #[arg(long = "event-log", alias = "event_log")]
+    pub event_log: Option<PathBuf>,
+
+    /// The training script (or module with -m, or command with --no-python).
+    #[arg(value_name = "TRAINING_SCRIPT")]
+    pub training_script: String,
+
+    /// Arguments passed to the training script.
+    #[arg(
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "ARGS"
+    )]
+    pub training_script_args: Vec<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> RunArgs {
+        let mut full = vec!["vigil", "run"];
+        full.extend_from_slice(args);
+        match Cli::try_parse_from(full).unwrap().command {
+            Command::Run(r) => *r,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn both_spellings() {
+        let a = parse(&["--nproc-per-node", "4", "--max_restarts=2", "t.py"]);
+        assert_eq!(a.nproc_per_node, "4");
+        assert_eq!(a.max_restarts, 2);
+        let b = parse(&[
+            "--nproc_per_node=3",
+            "--node_rank",
+            "0",
+            "--rdzv_backend",
+            "c10d",
+            "t.py",
+        ]);
+        assert_eq!(b.nproc_per_node, "3");
+        assert_eq!(b.rdzv_backend, "c10d");
+    }
+
+    #[test]
+    fn script_args_pass_through_untouched() {
+        let a = parse(&[
+            "--nproc-per-node",
+            "2",
+            "train.py",
+            "--lr",
+            "0.1",
+            "-m",
+            "--nproc-per-node",
+            "9",
+        ]);
+        assert_eq!(a.training_script, "train.py");
+        assert_eq!(
+            a.training_script_args,
+            vec!["--lr", "0.1", "-m", "--nproc-per-node", "9"]
+        );
+        assert_eq!(a.nproc_per_node, "2");
+        assert!(!a.module);
+    }
+
+    #[test]
+    fn module_and_short_flags() {
+        let a = parse(&["-m", "-r", "3", "-t", "0:1", "pkg.train", "x"]);
+        assert!(a.module);
+        assert_eq!(a.redirects, "3");
+        assert_eq!(a.tee, "0:1");
+        assert_eq!(a.training_script, "pkg.train");
+    }
+
+    #[test]
+    fn unknown_flag_is_an_error() {
+        assert!(Cli::try_parse_from(["vigil", "run", "--bogus", "t.py"]).is_err());
+    }
+}

@@ -1,0 +1,514 @@
+//! Turning `vigil run`'s flags into a checked launch plan, and the environment each rank gets.
+//! Everything here is pure: the facts it needs from the machine (CPU and GPU counts, environment
+//! variables) are passed in.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::cli::RunArgs;
+
+/// A launch request that cannot be carried out; the message names the problem and the fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+fn err<T>(msg: impl Into<String>) -> Result<T, ConfigError> {
+    Err(ConfigError(msg.into()))
+}
+
+/// Which of a rank's streams reach the console.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Console {
+    pub stdout: bool,
+    pub stderr: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaunchConfig {
+    pub nproc: u32,
+    pub nnodes: u32,
+    pub node_rank: u32,
+    pub role: String,
+    pub run_id: String,
+    pub master_addr: String,
+    /// `None`: pick a free port for every cycle (single node without --master-port).
+    pub master_port: Option<u16>,
+    pub max_restarts: u32,
+    pub workers_stop_timeout: Duration,
+    pub term_timeout: Duration,
+    /// Program and arguments of every rank.
+    pub command: Vec<String>,
+    /// What the failure summary calls the job (`train.py FAILED`).
+    pub entrypoint_name: String,
+    pub log_dir: Option<PathBuf>,
+    pub event_log: Option<PathBuf>,
+    /// Per local rank.
+    pub console: Vec<Console>,
+}
+
+/// What the machine says, for resolving `--nproc-per-node cpu|gpu|auto` and the interpreter.
+pub struct Host<'a> {
+    pub cpus: u32,
+    /// GPU count, or why it is unknown.
+    pub gpus: &'a dyn Fn() -> Result<u32, String>,
+    pub env: &'a dyn Fn(&str) -> Option<String>,
+}
+
+pub fn parse_nnodes(s: &str) -> Result<(u32, u32), ConfigError> {
+    let bad = || {
+        ConfigError(format!(
+            "--nnodes {s:?} is not a node count: give N or MIN:MAX with 1 <= MIN <= MAX"
+        ))
+    };
+    let num = |p: &str| p.trim().parse::<u32>().map_err(|_| bad());
+    let (lo, hi) = match s.split_once(':') {
+        Some((a, b)) => (num(a)?, num(b)?),
+        None => {
+            let n = num(s)?;
+            (n, n)
+        }
+    };
+    if lo == 0 || lo > hi {
+        return Err(bad());
+    }
+    Ok((lo, hi))
+}
+
+pub fn parse_nproc(s: &str, host: &Host) -> Result<u32, ConfigError> {
+    match s {
+        "cpu" => Ok(host.cpus.max(1)),
+        "gpu" => match (host.gpus)() {
+            Ok(n) if n > 0 => Ok(n),
+            Ok(_) => err("--nproc-per-node gpu: this node has no NVIDIA GPU; give a number or `cpu`"),
+            Err(why) => err(format!(
+                "--nproc-per-node gpu: cannot count GPUs ({why}); give a number or `cpu`"
+            )),
+        },
+        "auto" => Ok(match (host.gpus)() {
+            Ok(n) if n > 0 => n,
+            _ => host.cpus.max(1),
+        }),
+        n => match n.parse::<u32>() {
+            Ok(0) => err("--nproc-per-node 0: a node needs at least one rank; give 1 or more"),
+            Ok(n) => Ok(n),
+            Err(_) => err(format!(
+                "--nproc-per-node {n:?} is not valid: give a positive integer, `cpu`, `gpu` or `auto`"
+            )),
+        },
+    }
+}
+
+/// torchrun's `--redirects`/`--tee` value: `0..3` for every rank, or `local_rank:value,...`.
+/// Returns, per local rank, (stdout, stderr) selected.
+pub fn parse_std_spec(flag: &str, s: &str, nproc: u32) -> Result<Vec<(bool, bool)>, ConfigError> {
+    let value = |v: &str| -> Result<(bool, bool), ConfigError> {
+        match v.trim() {
+            "0" => Ok((false, false)),
+            "1" => Ok((true, false)),
+            "2" => Ok((false, true)),
+            "3" => Ok((true, true)),
+            _ => err(format!(
+                "{flag} {s:?}: each value must be 0 (none), 1 (stdout), 2 (stderr) or 3 (both)"
+            )),
+        }
+    };
+    let s = s.trim();
+    if !s.contains(':') {
+        return Ok(vec![
+            value(if s.is_empty() { "0" } else { s })?;
+            nproc as usize
+        ]);
+    }
+    let mut out = vec![(false, false); nproc as usize];
+    for part in s.split(',').filter(|p| !p.trim().is_empty()) {
+        let Some((lr, v)) = part.split_once(':') else {
+            return err(format!(
+                "{flag} {s:?}: expected local_rank:value pairs such as 0:3,1:2"
+            ));
+        };
+        let lr: usize = lr
+            .trim()
+            .parse()
+            .map_err(|_| ConfigError(format!("{flag} {s:?}: {lr:?} is not a local rank")))?;
+        if lr >= out.len() {
+            return err(format!(
+                "{flag} {s:?}: local rank {lr} does not exist (this node runs {nproc})"
+            ));
+        }
+        out[lr] = value(v)?;
+    }
+    Ok(out)
+}
+
+pub fn parse_ranks_filter(s: &str, nproc: u32) -> Result<Option<Vec<u32>>, ConfigError> {
+    if s.trim().is_empty() {
+        return Ok(None);
+    }
+    let mut out = Vec::new();
+    for p in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        match p.parse::<u32>() {
+            Ok(r) if r < nproc => out.push(r),
+            Ok(r) => {
+                return err(format!(
+                    "--local-ranks-filter {s:?}: local rank {r} does not exist (this node runs {nproc})"
+                ))
+            }
+            Err(_) => {
+                return err(format!(
+                    "--local-ranks-filter {s:?}: {p:?} is not a local rank; give a list such as 0,2"
+                ))
+            }
+        }
+    }
+    Ok(Some(out))
+}
+
+fn secs(flag: &str, v: f64) -> Result<Duration, ConfigError> {
+    if v.is_finite() && v >= 0.0 {
+        Ok(Duration::from_secs_f64(v))
+    } else {
+        err(format!("{flag} {v}: give a number of seconds >= 0"))
+    }
+}
+
+/// The program and arguments each rank runs, as torchrun builds them.
+pub fn rank_command(a: &RunArgs, python: &str) -> Result<Vec<String>, ConfigError> {
+    let mut cmd: Vec<String> = match (a.module, a.no_python, a.run_path) {
+        (true, true, _) => {
+            return err("-m and --no-python cannot be used together: -m runs a module with Python")
+        }
+        (_, true, true) => {
+            return err("--run-path and --no-python cannot be used together: --run-path runs a Python file")
+        }
+        (true, _, true) => return err("-m and --run-path cannot be used together"),
+        (true, false, false) => vec![python.into(), "-u".into(), "-m".into(), a.training_script.clone()],
+        (false, true, false) => vec![a.training_script.clone()],
+        (false, false, true) => vec![
+            python.into(),
+            "-u".into(),
+            "-c".into(),
+            "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')".into(),
+            a.training_script.clone(),
+        ],
+        (false, false, false) => vec![python.into(), "-u".into(), a.training_script.clone()],
+    };
+    cmd.extend(a.training_script_args.iter().cloned());
+    Ok(cmd)
+}
+
+pub fn resolve(a: &RunArgs, host: &Host) -> Result<LaunchConfig, ConfigError> {
+    let (_, max_nodes) = parse_nnodes(&a.nnodes)?;
+    if max_nodes > 1 && !a.standalone {
+        return err(format!(
+            "--nnodes {}: this build of vigil runs one node per job; multi-node rendezvous is not available yet. Run with --nnodes 1",
+            a.nnodes
+        ));
+    }
+    if a.node_rank != 0 {
+        return err(format!(
+            "--node-rank {}: a one-node job has only node rank 0",
+            a.node_rank
+        ));
+    }
+    match a.rdzv_backend.as_str() {
+        "static" | "c10d" => {}
+        other => {
+            return err(format!(
+                "--rdzv-backend {other:?} is not supported: use `static` or `c10d`"
+            ))
+        }
+    }
+    if a.training_script.trim().is_empty() {
+        return err("no training script given: vigil run [flags] script.py [args]");
+    }
+    if a.role.is_empty() {
+        return err("--role must not be empty");
+    }
+    let nproc = parse_nproc(&a.nproc_per_node, host)?;
+    let redirects = parse_std_spec("--redirects", &a.redirects, nproc)?;
+    let tee = parse_std_spec("--tee", &a.tee, nproc)?;
+    let filter = parse_ranks_filter(&a.local_ranks_filter, nproc)?;
+    let console = (0..nproc as usize)
+        .map(|lr| {
+            let shown = filter.as_ref().is_none_or(|f| f.contains(&(lr as u32)));
+            Console {
+                stdout: shown && (tee[lr].0 || !redirects[lr].0),
+                stderr: shown && (tee[lr].1 || !redirects[lr].1),
+            }
+        })
+        .collect();
+    let python = (host.env)("PYTHON_EXEC").unwrap_or_else(|| "python3".into());
+    let command = rank_command(a, &python)?;
+    let entrypoint_name = std::path::Path::new(&a.training_script)
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| a.training_script.clone());
+    Ok(LaunchConfig {
+        nproc,
+        nnodes: 1,
+        node_rank: 0,
+        role: a.role.clone(),
+        run_id: a.rdzv_id.clone(),
+        master_addr: a.master_addr.clone(),
+        master_port: a.master_port,
+        max_restarts: a.max_restarts,
+        workers_stop_timeout: secs("--workers-stop-timeout", a.workers_stop_timeout)?,
+        term_timeout: secs("--term-timeout", a.term_timeout)?,
+        command,
+        entrypoint_name,
+        log_dir: a.log_dir.clone(),
+        event_log: a.event_log.clone(),
+        console,
+    })
+}
+
+/// Everything a rank's environment depends on besides the launch plan.
+pub struct RankSlot<'a> {
+    pub local_rank: u32,
+    pub restart_count: u32,
+    pub master_port: u16,
+    pub error_file: &'a str,
+}
+
+/// The variables vigil sets for one rank, exactly as torchrun names them. The agent's own
+/// environment is inherited underneath; `env` reads it for the defaults that depend on it.
+pub fn worker_env(
+    cfg: &LaunchConfig,
+    slot: &RankSlot,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Vec<(String, String)> {
+    let world = cfg.nproc * cfg.nnodes;
+    let rank = cfg.node_rank * cfg.nproc + slot.local_rank;
+    let mut v: Vec<(&str, String)> = vec![
+        ("RANK", rank.to_string()),
+        ("LOCAL_RANK", slot.local_rank.to_string()),
+        ("WORLD_SIZE", world.to_string()),
+        ("LOCAL_WORLD_SIZE", cfg.nproc.to_string()),
+        ("GROUP_RANK", cfg.node_rank.to_string()),
+        ("GROUP_WORLD_SIZE", cfg.nnodes.to_string()),
+        ("ROLE_RANK", rank.to_string()),
+        ("ROLE_NAME", cfg.role.clone()),
+        ("ROLE_WORLD_SIZE", world.to_string()),
+        ("MASTER_ADDR", cfg.master_addr.clone()),
+        ("MASTER_PORT", slot.master_port.to_string()),
+        ("TORCHELASTIC_RESTART_COUNT", slot.restart_count.to_string()),
+        ("TORCHELASTIC_MAX_RESTARTS", cfg.max_restarts.to_string()),
+        ("TORCHELASTIC_RUN_ID", cfg.run_id.clone()),
+        // Rank 0 hosts the store on MASTER_PORT, as with torchrun's static rendezvous.
+        ("TORCHELASTIC_USE_AGENT_STORE", "False".into()),
+        (
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+            env("TORCH_NCCL_ASYNC_ERROR_HANDLING").unwrap_or_else(|| "1".into()),
+        ),
+        ("TORCHELASTIC_ERROR_FILE", slot.error_file.into()),
+    ];
+    if cfg.nproc > 1 && env("OMP_NUM_THREADS").is_none() {
+        v.push(("OMP_NUM_THREADS", "1".into()));
+    }
+    v.into_iter().map(|(k, val)| (k.to_string(), val)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn args(a: &[&str]) -> RunArgs {
+        let mut full = vec!["vigil", "run"];
+        full.extend_from_slice(a);
+        match crate::cli::Cli::try_parse_from(full).unwrap().command {
+            crate::cli::Command::Run(r) => *r,
+            _ => unreachable!(),
+        }
+    }
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    fn host_with(gpus: &dyn Fn() -> Result<u32, String>) -> Host<'_> {
+        Host {
+            cpus: 6,
+            gpus,
+            env: &no_env,
+        }
+    }
+
+    #[test]
+    fn nproc_forms() {
+        let none = || Ok(0);
+        let four = || Ok(4);
+        let broken = || Err("libnvidia-ml.so not found".to_string());
+        assert_eq!(parse_nproc("3", &host_with(&none)), Ok(3));
+        assert_eq!(parse_nproc("cpu", &host_with(&none)), Ok(6));
+        assert_eq!(parse_nproc("auto", &host_with(&none)), Ok(6));
+        assert_eq!(parse_nproc("auto", &host_with(&four)), Ok(4));
+        assert_eq!(parse_nproc("gpu", &host_with(&four)), Ok(4));
+        let e = parse_nproc("gpu", &host_with(&broken)).unwrap_err().0;
+        assert!(e.contains("libnvidia-ml.so") && e.contains("cpu"), "{e}");
+        assert!(parse_nproc("0", &host_with(&none))
+            .unwrap_err()
+            .0
+            .contains("at least one"));
+        assert!(parse_nproc("two", &host_with(&none)).is_err());
+    }
+
+    #[test]
+    fn nnodes_forms() {
+        assert_eq!(parse_nnodes("2"), Ok((2, 2)));
+        assert_eq!(parse_nnodes("1:4"), Ok((1, 4)));
+        assert!(parse_nnodes("0").is_err());
+        assert!(parse_nnodes("3:2").is_err());
+        assert!(parse_nnodes("x").is_err());
+    }
+
+    #[test]
+    fn std_specs() {
+        assert_eq!(parse_std_spec("-r", "3", 2).unwrap(), vec![(true, true); 2]);
+        assert_eq!(
+            parse_std_spec("-r", "0:1,2:2", 3).unwrap(),
+            vec![(true, false), (false, false), (false, true)]
+        );
+        assert!(parse_std_spec("-r", "4", 2).is_err());
+        assert!(parse_std_spec("-r", "5:1", 2)
+            .unwrap_err()
+            .0
+            .contains("does not exist"));
+    }
+
+    #[test]
+    fn console_follows_redirects_tee_and_filter() {
+        let none = || Ok(0);
+        let c = resolve(
+            &args(&[
+                "--nproc-per-node",
+                "3",
+                "-r",
+                "0:1,1:3",
+                "-t",
+                "1:2",
+                "--local-ranks-filter",
+                "0,1",
+                "t.py",
+            ]),
+            &host_with(&none),
+        )
+        .unwrap();
+        assert_eq!(
+            c.console[0],
+            Console {
+                stdout: false,
+                stderr: true
+            }
+        );
+        assert_eq!(
+            c.console[1],
+            Console {
+                stdout: false,
+                stderr: true
+            }
+        );
+        assert_eq!(
+            c.console[2],
+            Console {
+                stdout: false,
+                stderr: false
+            }
+        );
+    }
+
+    #[test]
+    fn commands_like_torchrun() {
+        let none = || Ok(0);
+        let h = host_with(&none);
+        assert_eq!(
+            resolve(&args(&["t.py", "a"]), &h).unwrap().command,
+            ["python3", "-u", "t.py", "a"]
+        );
+        assert_eq!(
+            resolve(&args(&["-m", "pkg.mod", "a"]), &h).unwrap().command,
+            ["python3", "-u", "-m", "pkg.mod", "a"]
+        );
+        assert_eq!(
+            resolve(&args(&["--no-python", "echo", "a"]), &h)
+                .unwrap()
+                .command,
+            ["echo", "a"]
+        );
+        let env = |k: &str| (k == "PYTHON_EXEC").then(|| "/opt/py".to_string());
+        let h2 = Host {
+            cpus: 1,
+            gpus: &none,
+            env: &env,
+        };
+        assert_eq!(
+            resolve(&args(&["t.py"]), &h2).unwrap().command[0],
+            "/opt/py"
+        );
+        assert!(resolve(&args(&["-m", "--no-python", "x"]), &h).is_err());
+    }
+
+    #[test]
+    fn multi_node_is_refused_clearly() {
+        let none = || Ok(0);
+        let e = resolve(&args(&["--nnodes", "2", "t.py"]), &host_with(&none))
+            .unwrap_err()
+            .0;
+        assert!(e.contains("--nnodes 2"), "{e}");
+    }
+
+    #[test]
+    fn env_matches_torchrun() {
+        let none = || Ok(0);
+        let c = resolve(
+            &args(&[
+                "--nproc-per-node",
+                "2",
+                "--rdzv-id",
+                "job7",
+                "--max-restarts",
+                "3",
+                "t.py",
+            ]),
+            &host_with(&none),
+        )
+        .unwrap();
+        let slot = RankSlot {
+            local_rank: 1,
+            restart_count: 2,
+            master_port: 4000,
+            error_file: "/e.json",
+        };
+        let env: std::collections::HashMap<_, _> =
+            worker_env(&c, &slot, &no_env).into_iter().collect();
+        let want = [
+            ("RANK", "1"),
+            ("LOCAL_RANK", "1"),
+            ("WORLD_SIZE", "2"),
+            ("LOCAL_WORLD_SIZE", "2"),
+            ("GROUP_RANK", "0"),
+            ("GROUP_WORLD_SIZE", "1"),
+            ("ROLE_RANK", "1"),
+            ("ROLE_NAME", "default"),
+            ("ROLE_WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", "4000"),
+            ("TORCHELASTIC_RESTART_COUNT", "2"),
+            ("TORCHELASTIC_MAX_RESTARTS", "3"),
+            ("TORCHELASTIC_RUN_ID", "job7"),
+            ("TORCHELASTIC_USE_AGENT_STORE", "False"),
+            ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+            ("TORCHELASTIC_ERROR_FILE", "/e.json"),
+            ("OMP_NUM_THREADS", "1"),
+        ];
+        for (k, v) in want {
+            assert_eq!(env.get(k).map(String::as_str), Some(v), "{k}");
+        }
+        let set = |k: &str| (k == "OMP_NUM_THREADS").then(|| "8".to_string());
+        let env2 = worker_env(&c, &slot, &set);
+        assert!(
+            !env2.iter().any(|(k, _)| k == "OMP_NUM_THREADS"),
+            "a user's OMP_NUM_THREADS is kept"
+        );
+    }
+}

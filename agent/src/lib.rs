@@ -1,0 +1,13 @@
+//! vigil: an in-job resiliency agent for distributed training.
+//!
+//! Pure cores (`supervisor`, `config`, `output`'s splitter, `summary`) decide and format; the
+//! edges (`proc`, `runtime`, `gpu`) talk to the operating system.
+
+pub mod cli;
+pub mod config;
+pub mod gpu;
+pub mod output;
+pub mod proc;
+pub mod runtime;
+pub mod summary;
+pub mod supervisor;

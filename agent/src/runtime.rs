@@ -1,0 +1,509 @@
+//! The event loop of one node: turns the outside world (child exits, signals, deadlines) into
+//! supervisor events and carries out the supervisor's actions. All decisions live in
+//! `supervisor`; this file only does I/O.
+
+use std::collections::VecDeque;
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tokio::io::AsyncReadExt;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::task::JoinHandle;
+
+use crate::config::{worker_env, LaunchConfig, RankSlot};
+use crate::output::{ConsoleStream, LineSplitter, Sink, Tail};
+use crate::proc::{self, Watchdog};
+use crate::summary::{self, FailedRank};
+use crate::supervisor::{Action, Event, Outcome, Record, Supervisor, SupervisorConfig};
+
+/// How long to wait, once everything is reaped, for rank output still in the pipes.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// A problem found before any rank starts; printed as one line, exit status 2.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct StartError(pub String);
+
+/// Creates the run directory: `<log_dir>/<run_id>_<suffix>/`, or under the system temp dir.
+pub fn make_run_dir(cfg: &LaunchConfig) -> Result<PathBuf, StartError> {
+    let (base, flag) = match &cfg.log_dir {
+        Some(d) => (d.clone(), "--log-dir"),
+        None => (std::env::temp_dir(), "the temp dir ($TMPDIR)"),
+    };
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let suffix = format!("{:08x}", (std::process::id() << 16) ^ nanos);
+    let run_id: String = cfg
+        .run_id
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "-_.".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let dir = base.join(format!("vigil_{run_id}_{suffix}"));
+    fs::create_dir_all(&dir).map_err(|e| {
+        StartError(format!(
+            "{flag} {}: cannot create {}: {e}; choose a directory you can write",
+            base.display(),
+            dir.display()
+        ))
+    })?;
+    Ok(dir)
+}
+
+/// Checks that every rank's command can be executed, before anything starts.
+pub fn check_command(
+    cfg: &LaunchConfig,
+    script_is_file: bool,
+    script: &str,
+) -> Result<(), StartError> {
+    let prog = &cfg.command[0];
+    if proc::find_program(prog, std::env::var("PATH").ok().as_deref()).is_none() {
+        let hint = if script_is_file {
+            "; set PYTHON_EXEC to a Python interpreter or put python3 on PATH"
+        } else {
+            "; check the command name and PATH"
+        };
+        return Err(StartError(format!(
+            "cannot execute {prog:?}: not found or not executable{hint}"
+        )));
+    }
+    if script_is_file && !Path::new(script).is_file() {
+        let cwd = std::env::current_dir().unwrap_or_default();
+        return Err(StartError(format!(
+            "training script {script:?} not found (looked in {}); give a path to an existing file",
+            cwd.display()
+        )));
+    }
+    Ok(())
+}
+
+struct EventLog {
+    file: Option<File>,
+    host: String,
+    node_rank: u32,
+}
+
+impl EventLog {
+    fn write(&mut self, rec: &Record) {
+        let ts = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0);
+        let mut v = serde_json::to_value(rec).unwrap_or_default();
+        if let Some(o) = v.as_object_mut() {
+            o.insert("ts".into(), ts.into());
+            o.insert("host".into(), self.host.clone().into());
+            o.insert("node_rank".into(), self.node_rank.into());
+        }
+        if let Some(f) = &mut self.file {
+            let mut line = v.to_string();
+            line.push('\n');
+            if let Err(e) = f.write_all(line.as_bytes()) {
+                eprintln!("[vigil] event log write failed ({e}); continuing without it");
+                self.file = None;
+            }
+        }
+    }
+}
+
+struct Agent {
+    cfg: LaunchConfig,
+    run_dir: PathBuf,
+    host: String,
+    events: EventLog,
+    watchdog: Option<Watchdog>,
+    /// stderr tails of the current cycle's ranks.
+    tails: Vec<Tail>,
+    readers: Vec<JoinHandle<()>>,
+    queue: VecDeque<Event>,
+    outcome: Option<Outcome>,
+}
+
+fn console_note(msg: &str) {
+    let _ = writeln!(std::io::stderr().lock(), "[vigil] {msg}");
+}
+
+pub fn now_rfc3339() -> String {
+    humantime::format_rfc3339_seconds(SystemTime::now()).to_string()
+}
+
+impl Agent {
+    fn attempt_dir(&self, cycle: u32, local_rank: u32) -> PathBuf {
+        self.run_dir
+            .join(format!("attempt_{cycle}"))
+            .join(local_rank.to_string())
+    }
+
+    fn master_port(&self) -> u16 {
+        if let Some(p) = self.cfg.master_port {
+            return p;
+        }
+        // Like torchrun's standalone mode: a port that was free a moment ago, new every cycle.
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .unwrap_or(29500)
+    }
+
+    fn spawn_cycle(&mut self, cycle: u32) {
+        let port = self.master_port();
+        self.tails = (0..self.cfg.nproc).map(|_| Tail::default()).collect();
+        let env_of = |k: &str| std::env::var(k).ok();
+        for lr in 0..self.cfg.nproc {
+            let dir = self.attempt_dir(cycle, lr);
+            let error_file = dir.join("error.json");
+            let prepared = fs::create_dir_all(&dir).and_then(|_| {
+                Ok((
+                    File::create(dir.join("stdout.log"))?,
+                    File::create(dir.join("stderr.log"))?,
+                ))
+            });
+            let (out_log, err_log) = match prepared {
+                Ok(files) => files,
+                Err(e) => {
+                    self.queue.push_back(Event::SpawnFailed {
+                        local_rank: lr,
+                        error: format!("cannot create the log files in {}: {e}", dir.display()),
+                    });
+                    return;
+                }
+            };
+            let error_file_s = error_file.to_string_lossy().into_owned();
+            let slot = RankSlot {
+                local_rank: lr,
+                restart_count: cycle,
+                master_port: port,
+                error_file: &error_file_s,
+            };
+            let mut env = worker_env(&self.cfg, &slot, &env_of);
+            env.push((
+                "VIGIL_RUN_DIR".into(),
+                self.run_dir.to_string_lossy().into_owned(),
+            ));
+            match proc::spawn_rank(&self.cfg.command, &env) {
+                Ok(sp) => {
+                    if let Some(w) = &mut self.watchdog {
+                        w.guard(sp.pid);
+                    }
+                    let prefix = format!("[{}{}]:", self.cfg.role, lr);
+                    let console = self.cfg.console[lr as usize];
+                    self.readers.push(pump(
+                        sp.stdout,
+                        Sink {
+                            prefix: prefix.clone(),
+                            console: console.stdout.then_some(ConsoleStream::Stdout),
+                            file: Some(out_log),
+                            tail: None,
+                        },
+                    ));
+                    self.readers.push(pump(
+                        sp.stderr,
+                        Sink {
+                            prefix,
+                            console: console.stderr.then_some(ConsoleStream::Stderr),
+                            file: Some(err_log),
+                            tail: Some(self.tails[lr as usize].clone()),
+                        },
+                    ));
+                    self.queue.push_back(Event::RankSpawned {
+                        local_rank: lr,
+                        pid: sp.pid,
+                    });
+                }
+                Err(e) => {
+                    self.queue.push_back(Event::SpawnFailed {
+                        local_rank: lr,
+                        error: format!("cannot execute {:?}: {e}", self.cfg.command[0]),
+                    });
+                    return;
+                }
+            }
+        }
+    }
+
+    fn note(&self, rec: &Record) {
+        match rec {
+            Record::CycleStart { cycle, nproc, .. } => console_note(&format!(
+                "starting {nproc} rank(s), attempt {cycle} (restarts left: {}); logs in {}",
+                self.cfg.max_restarts.saturating_sub(*cycle),
+                self.run_dir.display()
+            )),
+            Record::RankExited {
+                rank,
+                pid,
+                exit_code,
+                signal,
+                expected: false,
+                ..
+            } => console_note(&format!(
+                "rank {rank} (pid {pid}) failed: {}",
+                match (exit_code, signal) {
+                    (Some(c), _) => format!("exit code {c}"),
+                    (_, Some(s)) => format!("killed by {}", summary::signal_name(*s)),
+                    _ => "unknown".into(),
+                }
+            )),
+            Record::Stop {
+                reason,
+                signal,
+                grace_ms,
+                pids,
+                ..
+            } if !pids.is_empty() => console_note(&format!(
+                "stopping {} rank(s) ({reason:?}): {} then SIGKILL after {:.1}s",
+                pids.len(),
+                summary::signal_name(*signal),
+                *grace_ms as f64 / 1000.0
+            )),
+            Record::Escalate { pids, .. } => console_note(&format!(
+                "{} rank(s) still running after the grace period: SIGKILL",
+                pids.len()
+            )),
+            Record::RankSpawnFailed { error, .. } => console_note(error),
+            _ => {}
+        }
+    }
+
+    fn execute(&mut self, actions: Vec<Action>) {
+        for a in actions {
+            match a {
+                Action::SpawnCycle { cycle } => self.spawn_cycle(cycle),
+                Action::SignalGroups { pgids, signal } => {
+                    for p in pgids {
+                        proc::signal_group(p, signal);
+                    }
+                }
+                Action::ReapGroups { pgids } => {
+                    for p in pgids {
+                        proc::signal_group(p, libc::SIGKILL);
+                        if let Some(w) = &mut self.watchdog {
+                            w.release(p);
+                        }
+                    }
+                }
+                Action::Record(rec) => {
+                    self.note(&rec);
+                    self.events.write(&rec);
+                }
+                Action::Finish(o) => self.outcome = Some(o),
+            }
+        }
+    }
+
+    fn failure_summary(&self, sup: &Supervisor) -> String {
+        let now_i = Instant::now();
+        let now_s = SystemTime::now();
+        let failed: Vec<FailedRank> = sup
+            .failures()
+            .iter()
+            .map(|f| {
+                let error_path = self.attempt_dir(f.cycle, f.local_rank).join("error.json");
+                let error = fs::read_to_string(&error_path)
+                    .ok()
+                    .and_then(|t| summary::parse_error_file(&t));
+                let when = now_s - now_i.saturating_duration_since(f.at);
+                FailedRank {
+                    time: humantime::format_rfc3339_seconds(when).to_string(),
+                    host: self.host.clone(),
+                    rank: f.rank,
+                    local_rank: f.local_rank,
+                    how: f.how,
+                    pid: f.pid,
+                    error_file: error
+                        .as_ref()
+                        .map(|_| error_path.to_string_lossy().into_owned()),
+                    error,
+                    stderr_tail: self
+                        .tails
+                        .get(f.local_rank as usize)
+                        .map(|t| t.borrow().iter().cloned().collect())
+                        .unwrap_or_default(),
+                }
+            })
+            .collect();
+        summary::render(&self.cfg.entrypoint_name, sup.cycle(), &failed)
+    }
+}
+
+fn pump(fd: OwnedFd, mut sink: Sink) -> JoinHandle<()> {
+    tokio::task::spawn_local(async move {
+        let Ok(mut rx) = tokio::net::unix::pipe::Receiver::from_owned_fd(fd) else {
+            return;
+        };
+        let mut splitter = LineSplitter::default();
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match rx.read(&mut buf).await {
+                Ok(0) | Err(_) => {
+                    sink.write(&mut splitter, &[], true);
+                    return;
+                }
+                Ok(n) => sink.write(&mut splitter, &buf[..n], false),
+            }
+        }
+    })
+}
+
+/// Runs the job on this node and returns the agent's exit status.
+pub fn run(cfg: LaunchConfig, run_dir: PathBuf) -> i32 {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("vigil: error: cannot start the event loop: {e}");
+            return 70;
+        }
+    };
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&rt, agent_main(cfg, run_dir))
+}
+
+async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf) -> i32 {
+    let host = nix::unistd::gethostname()
+        .map(|h| h.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| "unknown".into());
+    let event_path = cfg
+        .event_log
+        .clone()
+        .unwrap_or_else(|| run_dir.join("events.jsonl"));
+    let event_file = match OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&event_path)
+    {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!(
+                "vigil: error: cannot write the event log {}: {e}; choose a writable --log-dir or --event-log",
+                event_path.display()
+            );
+            return 2;
+        }
+    };
+    if let Err(e) = proc::become_subreaper() {
+        console_note(&format!(
+            "cannot become a child subreaper ({e}); orphaned rank descendants are reaped by init"
+        ));
+    }
+    let watchdog = match Watchdog::start() {
+        Ok(w) => Some(w),
+        Err(e) => {
+            console_note(&format!("cannot start the watchdog ({e}); ranks still die with the agent, their children may not"));
+            None
+        }
+    };
+    let mut sigs = Vec::new();
+    for (kind, num) in [
+        (SignalKind::terminate(), libc::SIGTERM),
+        (SignalKind::interrupt(), libc::SIGINT),
+        (SignalKind::hangup(), libc::SIGHUP),
+        (SignalKind::quit(), libc::SIGQUIT),
+    ] {
+        match signal(kind) {
+            Ok(s) => sigs.push((s, num)),
+            Err(e) => {
+                eprintln!("vigil: error: cannot install a signal handler: {e}");
+                return 70;
+            }
+        }
+    }
+    let Ok(mut sigchld) = signal(SignalKind::child()) else {
+        eprintln!("vigil: error: cannot watch child processes (SIGCHLD)");
+        return 70;
+    };
+
+    let mut agent = Agent {
+        events: EventLog {
+            file: Some(event_file),
+            host: host.clone(),
+            node_rank: cfg.node_rank,
+        },
+        host,
+        run_dir,
+        watchdog,
+        tails: Vec::new(),
+        readers: Vec::new(),
+        queue: VecDeque::new(),
+        outcome: None,
+        cfg,
+    };
+    let (mut sup, first) = Supervisor::new(SupervisorConfig {
+        nproc: agent.cfg.nproc,
+        rank_offset: agent.cfg.node_rank * agent.cfg.nproc,
+        max_restarts: agent.cfg.max_restarts,
+        workers_stop_timeout: agent.cfg.workers_stop_timeout,
+        term_timeout: agent.cfg.term_timeout,
+    });
+    agent.execute(first);
+
+    loop {
+        while let Some(ev) = agent.queue.pop_front() {
+            let actions = sup.handle(Instant::now(), ev);
+            agent.execute(actions);
+        }
+        if agent.outcome.is_some() {
+            break;
+        }
+        let deadline = sup.next_deadline();
+        let sleep = tokio::time::sleep_until(
+            deadline
+                .map(tokio::time::Instant::from_std)
+                .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600)),
+        );
+        let sig_futs = futures_signal(&mut sigs);
+        tokio::select! {
+            _ = sigchld.recv() => {
+                for (pid, how) in proc::reap_all() {
+                    agent.queue.push_back(Event::Reaped { pid, how });
+                }
+            }
+            num = sig_futs => agent.queue.push_back(Event::Signal(num)),
+            _ = sleep, if deadline.is_some() => agent.queue.push_back(Event::Tick),
+        }
+    }
+
+    let readers = std::mem::take(&mut agent.readers);
+    let _ = tokio::time::timeout(DRAIN_TIMEOUT, async {
+        for r in readers {
+            let _ = r.await;
+        }
+    })
+    .await;
+    let outcome = agent.outcome.clone().unwrap_or(Outcome::Succeeded);
+    match &outcome {
+        Outcome::Succeeded => console_note("all ranks finished successfully"),
+        Outcome::Failed { .. } => eprint!("{}", agent.failure_summary(&sup)),
+        Outcome::Signaled { signal } => console_note(&format!(
+            "stopped by {}; exit status {}",
+            summary::signal_name(*signal),
+            outcome.exit_code()
+        )),
+        Outcome::SpawnFailed { error, .. } => eprintln!("vigil: error: {error}"),
+    }
+    outcome.exit_code()
+}
+
+/// Waits for the first of the agent's stop signals and returns its number.
+async fn futures_signal(sigs: &mut [(tokio::signal::unix::Signal, i32)]) -> i32 {
+    std::future::poll_fn(|cx| {
+        for (s, num) in sigs.iter_mut() {
+            if let std::task::Poll::Ready(Some(())) = s.poll_recv(cx) {
+                return std::task::Poll::Ready(*num);
+            }
+        }
+        std::task::Poll::Pending
+    })
+    .await
+}

@@ -1,0 +1,910 @@
+//! The supervisor: the one place on a node that decides.
+//!
+//! It owns the cycle number, every rank's state, the restart budget and any stop in progress, and
+//! maps `(state, now, event) -> actions`. It does no I/O and never reads a clock: the runtime feeds
+//! it events with the time they happened and carries out the actions it returns. `next_deadline`
+//! tells the runtime when to wake it with [`Event::Tick`] if nothing else happens first.
+
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+/// How a rank's process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExitKind {
+    /// `exit(code)`.
+    Code(i32),
+    /// Killed by this signal number.
+    Signal(i32),
+}
+
+impl ExitKind {
+    pub fn success(self) -> bool {
+        self == ExitKind::Code(0)
+    }
+
+    /// torch's convention for an exit code: negative signal number when killed by a signal.
+    pub fn torch_exitcode(self) -> i32 {
+        match self {
+            ExitKind::Code(c) => c,
+            ExitKind::Signal(s) => -s,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SupervisorConfig {
+    pub nproc: u32,
+    /// Global rank of local rank 0 on this node.
+    pub rank_offset: u32,
+    pub max_restarts: u32,
+    /// Grace between SIGTERM and SIGKILL when stopping ranks after a failure.
+    pub workers_stop_timeout: Duration,
+    /// Grace between a forwarded signal and SIGKILL when the agent itself is asked to stop.
+    pub term_timeout: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// The runtime started this rank of the current cycle; its process group id is `pid`.
+    RankSpawned { local_rank: u32, pid: i32 },
+    /// The runtime could not start this rank (the command cannot be executed).
+    SpawnFailed { local_rank: u32, error: String },
+    /// A child of the agent was reaped. Pids that are not ranks (orphaned grandchildren reparented
+    /// to the agent as subreaper) are ignored.
+    Reaped { pid: i32, how: ExitKind },
+    /// The agent received a signal (SIGTERM, SIGINT, SIGHUP, SIGQUIT).
+    Signal(i32),
+    /// Time passed; sent when `next_deadline` is reached.
+    Tick,
+}
+
+/// Why the ranks of a cycle are being stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    /// A rank failed; restart if the budget allows.
+    RankFailed,
+    /// The agent was signalled; forward it and end.
+    Signal,
+    /// A rank could not be started; the command is broken, so never restart.
+    SpawnFailed,
+}
+
+/// What the agent ends with.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum Outcome {
+    Succeeded,
+    /// The restart budget is spent; the first observed failure of the last cycle is the root cause.
+    Failed {
+        restarts: u32,
+    },
+    /// The agent was asked to stop by this signal.
+    Signaled {
+        signal: i32,
+    },
+    SpawnFailed {
+        local_rank: u32,
+        error: String,
+    },
+}
+
+impl Outcome {
+    /// The agent's exit status (documented in docs/usage.md).
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Outcome::Succeeded => 0,
+            Outcome::Failed { .. } => 1,
+            Outcome::Signaled { signal } => 128 + signal,
+            Outcome::SpawnFailed { .. } => 2,
+        }
+    }
+}
+
+/// One rank that failed on its own (not because we stopped it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Failure {
+    pub cycle: u32,
+    pub local_rank: u32,
+    pub rank: u32,
+    pub pid: i32,
+    pub how: ExitKind,
+    #[serde(skip)]
+    pub at: Instant,
+}
+
+/// A line of the event log, without the fields the runtime adds (time, host).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum Record {
+    CycleStart {
+        cycle: u32,
+        restart_count: u32,
+        nproc: u32,
+    },
+    RankStarted {
+        cycle: u32,
+        local_rank: u32,
+        rank: u32,
+        pid: i32,
+    },
+    RankSpawnFailed {
+        cycle: u32,
+        local_rank: u32,
+        error: String,
+    },
+    RankExited {
+        cycle: u32,
+        local_rank: u32,
+        rank: u32,
+        pid: i32,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        exit_code: Option<i32>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        signal: Option<i32>,
+        /// False when the rank ended on its own and not zero: a failure.
+        expected: bool,
+    },
+    Stop {
+        cycle: u32,
+        reason: StopReason,
+        /// The signal sent to every live rank's process group.
+        signal: i32,
+        grace_ms: u64,
+        pids: Vec<i32>,
+    },
+    Escalate {
+        cycle: u32,
+        signal: i32,
+        pids: Vec<i32>,
+    },
+    Restart {
+        from_cycle: u32,
+        to_cycle: u32,
+        restarts_left: u32,
+    },
+    Result {
+        #[serde(flatten)]
+        outcome: Outcome,
+        exit_code: i32,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Start every rank of this cycle; report each with `RankSpawned` or `SpawnFailed`.
+    SpawnCycle {
+        cycle: u32,
+    },
+    /// Send `signal` to each of these process groups.
+    SignalGroups {
+        pgids: Vec<i32>,
+        signal: i32,
+    },
+    /// Every rank leader of the cycle is reaped: SIGKILL whatever is left in their groups
+    /// (a shell's background job, a data-loader worker) so nothing outlives its rank.
+    ReapGroups {
+        pgids: Vec<i32>,
+    },
+    Record(Record),
+    /// The agent is done: print the summary and exit with `outcome.exit_code()`.
+    Finish(Outcome),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RankState {
+    NotStarted,
+    Running,
+    Exited(ExitKind),
+    SpawnFailed,
+}
+
+#[derive(Debug, Clone)]
+struct Rank {
+    pid: Option<i32>,
+    state: RankState,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Phase {
+    Running,
+    Stopping {
+        reason: StopReason,
+        kill_at: Instant,
+        killed: bool,
+    },
+    Finished,
+}
+
+#[derive(Debug, Clone)]
+pub struct Supervisor {
+    cfg: SupervisorConfig,
+    cycle: u32,
+    ranks: Vec<Rank>,
+    phase: Phase,
+    /// Failures of the current cycle in the order observed; the first is the root cause.
+    failures: Vec<Failure>,
+    /// The signal that ended the agent, if any.
+    signal: Option<i32>,
+    spawn_error: Option<(u32, String)>,
+}
+
+pub const SIGKILL: i32 = libc::SIGKILL;
+pub const SIGTERM: i32 = libc::SIGTERM;
+pub const SIGINT: i32 = libc::SIGINT;
+
+impl Supervisor {
+    /// A supervisor about to start cycle 0; feed it the returned actions first.
+    pub fn new(cfg: SupervisorConfig) -> (Self, Vec<Action>) {
+        let mut s = Supervisor {
+            ranks: Vec::new(),
+            cfg,
+            cycle: 0,
+            phase: Phase::Running,
+            failures: Vec::new(),
+            signal: None,
+            spawn_error: None,
+        };
+        let actions = s.start_cycle(0);
+        (s, actions)
+    }
+
+    pub fn cycle(&self) -> u32 {
+        self.cycle
+    }
+
+    pub fn config(&self) -> &SupervisorConfig {
+        &self.cfg
+    }
+
+    /// Failures of the current cycle, first observed first.
+    pub fn failures(&self) -> &[Failure] {
+        &self.failures
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.phase == Phase::Finished
+    }
+
+    /// Local rank of a rank leader's pid in the current cycle.
+    pub fn local_rank_of(&self, pid: i32) -> Option<u32> {
+        self.ranks
+            .iter()
+            .position(|r| r.pid == Some(pid))
+            .map(|i| i as u32)
+    }
+
+    pub fn next_deadline(&self) -> Option<Instant> {
+        match self.phase {
+            Phase::Stopping {
+                kill_at,
+                killed: false,
+                ..
+            } => Some(kill_at),
+            _ => None,
+        }
+    }
+
+    pub fn handle(&mut self, now: Instant, event: Event) -> Vec<Action> {
+        if self.phase == Phase::Finished {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        match event {
+            Event::RankSpawned { local_rank, pid } => {
+                if let Some(r) = self.ranks.get_mut(local_rank as usize) {
+                    r.pid = Some(pid);
+                    r.state = RankState::Running;
+                    out.push(Action::Record(Record::RankStarted {
+                        cycle: self.cycle,
+                        local_rank,
+                        rank: self.cfg.rank_offset + local_rank,
+                        pid,
+                    }));
+                    // A stop that began while the group was being spawned must reach this rank too.
+                    if let Phase::Stopping { killed, .. } = self.phase {
+                        let signal = if killed { SIGKILL } else { SIGTERM };
+                        out.push(Action::SignalGroups {
+                            pgids: vec![pid],
+                            signal,
+                        });
+                    }
+                }
+            }
+            Event::SpawnFailed { local_rank, error } => {
+                if let Some(r) = self.ranks.get_mut(local_rank as usize) {
+                    r.state = RankState::SpawnFailed;
+                    // The runtime starts no further rank of this cycle after a failed spawn.
+                    for r in self.ranks.iter_mut() {
+                        if r.state == RankState::NotStarted {
+                            r.state = RankState::SpawnFailed;
+                        }
+                    }
+                    out.push(Action::Record(Record::RankSpawnFailed {
+                        cycle: self.cycle,
+                        local_rank,
+                        error: error.clone(),
+                    }));
+                    if self.spawn_error.is_none() {
+                        self.spawn_error = Some((local_rank, error));
+                    }
+                    self.begin_stop(now, StopReason::SpawnFailed, SIGTERM, &mut out);
+                }
+            }
+            Event::Reaped { pid, how } => self.on_reaped(now, pid, how, &mut out),
+            Event::Signal(sig) => self.on_signal(now, sig, &mut out),
+            Event::Tick => {
+                if let Phase::Stopping {
+                    kill_at,
+                    killed: false,
+                    reason,
+                } = self.phase
+                {
+                    if now >= kill_at {
+                        self.phase = Phase::Stopping {
+                            reason,
+                            kill_at,
+                            killed: true,
+                        };
+                        let pids = self.live_pids();
+                        out.push(Action::Record(Record::Escalate {
+                            cycle: self.cycle,
+                            signal: SIGKILL,
+                            pids: pids.clone(),
+                        }));
+                        out.push(Action::SignalGroups {
+                            pgids: pids,
+                            signal: SIGKILL,
+                        });
+                    }
+                }
+            }
+        }
+        self.settle(&mut out);
+        out
+    }
+
+    fn start_cycle(&mut self, cycle: u32) -> Vec<Action> {
+        self.cycle = cycle;
+        self.phase = Phase::Running;
+        self.failures.clear();
+        self.ranks = (0..self.cfg.nproc)
+            .map(|_| Rank {
+                pid: None,
+                state: RankState::NotStarted,
+            })
+            .collect();
+        vec![
+            Action::Record(Record::CycleStart {
+                cycle,
+                restart_count: cycle,
+                nproc: self.cfg.nproc,
+            }),
+            Action::SpawnCycle { cycle },
+        ]
+    }
+
+    fn live_pids(&self) -> Vec<i32> {
+        self.ranks
+            .iter()
+            .filter(|r| r.state == RankState::Running)
+            .filter_map(|r| r.pid)
+            .collect()
+    }
+
+    fn on_reaped(&mut self, now: Instant, pid: i32, how: ExitKind, out: &mut Vec<Action>) {
+        let Some(local_rank) = self.local_rank_of(pid) else {
+            return;
+        };
+        let rank = &mut self.ranks[local_rank as usize];
+        if rank.state != RankState::Running {
+            return;
+        }
+        rank.state = RankState::Exited(how);
+        // A rank that ends while we are stopping the cycle was stopped by us, whatever its status.
+        let stopping = matches!(self.phase, Phase::Stopping { .. });
+        let failed = !how.success() && !stopping;
+        let (exit_code, signal) = match how {
+            ExitKind::Code(c) => (Some(c), None),
+            ExitKind::Signal(s) => (None, Some(s)),
+        };
+        out.push(Action::Record(Record::RankExited {
+            cycle: self.cycle,
+            local_rank,
+            rank: self.cfg.rank_offset + local_rank,
+            pid,
+            exit_code,
+            signal,
+            expected: !failed,
+        }));
+        if failed {
+            self.failures.push(Failure {
+                cycle: self.cycle,
+                local_rank,
+                rank: self.cfg.rank_offset + local_rank,
+                pid,
+                how,
+                at: now,
+            });
+            self.begin_stop(now, StopReason::RankFailed, SIGTERM, out);
+        }
+    }
+
+    fn on_signal(&mut self, now: Instant, sig: i32, out: &mut Vec<Action>) {
+        match self.phase {
+            Phase::Stopping {
+                reason: StopReason::Signal,
+                killed,
+                ..
+            } => {
+                // A second SIGINT (Ctrl-C twice) means "now".
+                if sig == SIGINT && !killed {
+                    self.phase = Phase::Stopping {
+                        reason: StopReason::Signal,
+                        kill_at: now,
+                        killed: false,
+                    };
+                }
+            }
+            _ => {
+                self.signal = Some(sig);
+                if let Phase::Stopping { reason, .. } = &mut self.phase {
+                    // Already stopping after a failure: no restart any more, and forward the signal.
+                    *reason = StopReason::Signal;
+                }
+                self.begin_stop(now, StopReason::Signal, sig, out);
+            }
+        }
+    }
+
+    /// Signal every live rank and arm the escalation deadline. A stop already under way keeps its
+    /// earlier deadline but takes the stronger reason (a signal to the agent beats a restart).
+    fn begin_stop(&mut self, now: Instant, reason: StopReason, signal: i32, out: &mut Vec<Action>) {
+        let grace = match reason {
+            StopReason::Signal => self.cfg.term_timeout,
+            StopReason::RankFailed | StopReason::SpawnFailed => self.cfg.workers_stop_timeout,
+        };
+        let kill_at = now + grace;
+        match &mut self.phase {
+            Phase::Running => {
+                self.phase = Phase::Stopping {
+                    reason,
+                    kill_at,
+                    killed: false,
+                };
+            }
+            Phase::Stopping {
+                reason: r,
+                kill_at: k,
+                ..
+            } => {
+                if reason == StopReason::Signal {
+                    *r = reason;
+                    *k = (*k).min(kill_at);
+                } else {
+                    return;
+                }
+            }
+            Phase::Finished => return,
+        }
+        let pids = self.live_pids();
+        out.push(Action::Record(Record::Stop {
+            cycle: self.cycle,
+            reason,
+            signal,
+            grace_ms: grace.as_millis() as u64,
+            pids: pids.clone(),
+        }));
+        if !pids.is_empty() {
+            out.push(Action::SignalGroups {
+                pgids: pids,
+                signal,
+            });
+        }
+    }
+
+    /// Once no rank of the cycle is running, decide what comes next.
+    fn settle(&mut self, out: &mut Vec<Action>) {
+        if self
+            .ranks
+            .iter()
+            .any(|r| matches!(r.state, RankState::Running | RankState::NotStarted))
+        {
+            return;
+        }
+        let pgids: Vec<i32> = self.ranks.iter().filter_map(|r| r.pid).collect();
+        let outcome = match self.phase {
+            Phase::Finished => return,
+            Phase::Running => Some(Outcome::Succeeded),
+            Phase::Stopping { reason, .. } => match reason {
+                StopReason::Signal => Some(Outcome::Signaled {
+                    signal: self.signal.unwrap_or(SIGTERM),
+                }),
+                StopReason::SpawnFailed => {
+                    let (local_rank, error) = self.spawn_error.clone().unwrap_or_default();
+                    Some(Outcome::SpawnFailed { local_rank, error })
+                }
+                StopReason::RankFailed if self.cycle < self.cfg.max_restarts => None,
+                StopReason::RankFailed => Some(Outcome::Failed {
+                    restarts: self.cycle,
+                }),
+            },
+        };
+        if !pgids.is_empty() {
+            out.push(Action::ReapGroups { pgids });
+        }
+        match outcome {
+            Some(outcome) => {
+                self.phase = Phase::Finished;
+                out.push(Action::Record(Record::Result {
+                    exit_code: outcome.exit_code(),
+                    outcome: outcome.clone(),
+                }));
+                out.push(Action::Finish(outcome));
+            }
+            None => {
+                let next = self.cycle + 1;
+                out.push(Action::Record(Record::Restart {
+                    from_cycle: self.cycle,
+                    to_cycle: next,
+                    restarts_left: self.cfg.max_restarts - next,
+                }));
+                out.extend(self.start_cycle(next));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(nproc: u32, max_restarts: u32) -> SupervisorConfig {
+        SupervisorConfig {
+            nproc,
+            rank_offset: 0,
+            max_restarts,
+            workers_stop_timeout: Duration::from_secs(15),
+            term_timeout: Duration::from_secs(30),
+        }
+    }
+
+    /// Spawns every rank of the current cycle with pids `base + local_rank`.
+    fn spawn_all(s: &mut Supervisor, now: Instant, base: i32) -> Vec<Action> {
+        let mut out = Vec::new();
+        for lr in 0..s.config().nproc {
+            out.extend(s.handle(
+                now,
+                Event::RankSpawned {
+                    local_rank: lr,
+                    pid: base + lr as i32,
+                },
+            ));
+        }
+        out
+    }
+
+    fn finish(actions: &[Action]) -> Option<&Outcome> {
+        actions.iter().find_map(|a| match a {
+            Action::Finish(o) => Some(o),
+            _ => None,
+        })
+    }
+
+    fn signals(actions: &[Action]) -> Vec<(Vec<i32>, i32)> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::SignalGroups { pgids, signal } => Some((pgids.clone(), *signal)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn spawns(actions: &[Action]) -> Vec<u32> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::SpawnCycle { cycle } => Some(*cycle),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn starts_cycle_zero() {
+        let (_, actions) = Supervisor::new(cfg(2, 0));
+        assert_eq!(spawns(&actions), vec![0]);
+    }
+
+    #[test]
+    fn all_ranks_zero_is_success() {
+        let t = Instant::now();
+        let (mut s, _) = Supervisor::new(cfg(2, 3));
+        spawn_all(&mut s, t, 100);
+        let a = s.handle(
+            t,
+            Event::Reaped {
+                pid: 100,
+                how: ExitKind::Code(0),
+            },
+        );
+        assert!(finish(&a).is_none());
+        let a = s.handle(
+            t,
+            Event::Reaped {
+                pid: 101,
+                how: ExitKind::Code(0),
+            },
+        );
+        assert_eq!(finish(&a), Some(&Outcome::Succeeded));
+        assert!(a.contains(&Action::ReapGroups {
+            pgids: vec![100, 101]
+        }));
+        assert!(s.is_finished());
+    }
+
+    #[test]
+    fn failure_stops_others_then_restarts_with_next_cycle() {
+        let t = Instant::now();
+        let (mut s, _) = Supervisor::new(cfg(3, 1));
+        spawn_all(&mut s, t, 100);
+        let a = s.handle(
+            t,
+            Event::Reaped {
+                pid: 101,
+                how: ExitKind::Code(3),
+            },
+        );
+        assert_eq!(signals(&a), vec![(vec![100, 102], SIGTERM)]);
+        assert_eq!(s.next_deadline(), Some(t + Duration::from_secs(15)));
+        assert_eq!(s.failures()[0].local_rank, 1);
+        // The ranks we stopped are not failures.
+        s.handle(
+            t,
+            Event::Reaped {
+                pid: 100,
+                how: ExitKind::Signal(SIGTERM),
+            },
+        );
+        let a = s.handle(
+            t,
+            Event::Reaped {
+                pid: 102,
+                how: ExitKind::Code(1),
+            },
+        );
+        assert_eq!(spawns(&a), vec![1]);
+        assert_eq!(s.cycle(), 1);
+        assert!(s.failures().is_empty());
+        assert_eq!(s.next_deadline(), None);
+    }
+
+    #[test]
+    fn budget_spent_fails_with_root_cause() {
+        let t = Instant::now();
+        let (mut s, _) = Supervisor::new(cfg(1, 1));
+        spawn_all(&mut s, t, 10);
+        let a = s.handle(
+            t,
+            Event::Reaped {
+                pid: 10,
+                how: ExitKind::Code(1),
+            },
+        );
+        assert_eq!(spawns(&a), vec![1]);
+        spawn_all(&mut s, t, 20);
+        let a = s.handle(
+            t,
+            Event::Reaped {
+                pid: 20,
+                how: ExitKind::Signal(libc::SIGSEGV),
+            },
+        );
+        assert_eq!(finish(&a), Some(&Outcome::Failed { restarts: 1 }));
+        assert_eq!(s.failures()[0].how, ExitKind::Signal(libc::SIGSEGV));
+        assert_eq!(finish(&a).unwrap().exit_code(), 1);
+    }
+
+    #[test]
+    fn rank_ignoring_sigterm_is_killed_at_deadline() {
+        let t = Instant::now();
+        let (mut s, _) = Supervisor::new(cfg(2, 0));
+        spawn_all(&mut s, t, 100);
+        s.handle(
+            t,
+            Event::Reaped {
+                pid: 100,
+                how: ExitKind::Code(1),
+            },
+        );
+        let early = s.handle(t + Duration::from_secs(14), Event::Tick);
+        assert!(signals(&early).is_empty());
+        let a = s.handle(t + Duration::from_secs(15), Event::Tick);
+        assert_eq!(signals(&a), vec![(vec![101], SIGKILL)]);
+        assert_eq!(s.next_deadline(), None);
+        let a = s.handle(
+            t + Duration::from_secs(15),
+            Event::Reaped {
+                pid: 101,
+                how: ExitKind::Signal(SIGKILL),
+            },
+        );
+        assert_eq!(finish(&a), Some(&Outcome::Failed { restarts: 0 }));
+    }
+
+    #[test]
+    fn signal_is_forwarded_and_never_restarts() {
+        let t = Instant::now();
+        let (mut s, _) = Supervisor::new(cfg(2, 5));
+        spawn_all(&mut s, t, 100);
+        let a = s.handle(t, Event::Signal(libc::SIGHUP));
+        assert_eq!(signals(&a), vec![(vec![100, 101], libc::SIGHUP)]);
+        assert_eq!(s.next_deadline(), Some(t + Duration::from_secs(30)));
+        s.handle(
+            t,
+            Event::Reaped {
+                pid: 100,
+                how: ExitKind::Code(1),
+            },
+        );
+        let a = s.handle(
+            t,
+            Event::Reaped {
+                pid: 101,
+                how: ExitKind::Signal(libc::SIGHUP),
+            },
+        );
+        let o = finish(&a).unwrap();
+        assert_eq!(
+            o,
+            &Outcome::Signaled {
+                signal: libc::SIGHUP
+            }
+        );
+        assert_eq!(o.exit_code(), 128 + libc::SIGHUP);
+        assert!(spawns(&a).is_empty());
+    }
+
+    #[test]
+    fn second_sigint_escalates_at_once() {
+        let t = Instant::now();
+        let (mut s, _) = Supervisor::new(cfg(1, 0));
+        spawn_all(&mut s, t, 100);
+        s.handle(t, Event::Signal(SIGINT));
+        let t1 = t + Duration::from_millis(200);
+        s.handle(t1, Event::Signal(SIGINT));
+        assert_eq!(s.next_deadline(), Some(t1));
+        let a = s.handle(t1, Event::Tick);
+        assert_eq!(signals(&a), vec![(vec![100], SIGKILL)]);
+    }
+
+    #[test]
+    fn signal_during_failure_stop_cancels_restart() {
+        let t = Instant::now();
+        let (mut s, _) = Supervisor::new(cfg(2, 5));
+        spawn_all(&mut s, t, 100);
+        s.handle(
+            t,
+            Event::Reaped {
+                pid: 100,
+                how: ExitKind::Code(1),
+            },
+        );
+        let a = s.handle(t, Event::Signal(SIGTERM));
+        assert_eq!(signals(&a), vec![(vec![101], SIGTERM)]);
+        let a = s.handle(
+            t,
+            Event::Reaped {
+                pid: 101,
+                how: ExitKind::Code(0),
+            },
+        );
+        assert_eq!(finish(&a), Some(&Outcome::Signaled { signal: SIGTERM }));
+    }
+
+    #[test]
+    fn spawn_failure_stops_started_ranks_and_never_restarts() {
+        let t = Instant::now();
+        let (mut s, _) = Supervisor::new(cfg(2, 5));
+        s.handle(
+            t,
+            Event::RankSpawned {
+                local_rank: 0,
+                pid: 100,
+            },
+        );
+        let a = s.handle(
+            t,
+            Event::SpawnFailed {
+                local_rank: 1,
+                error: "no such file".into(),
+            },
+        );
+        assert_eq!(signals(&a), vec![(vec![100], SIGTERM)]);
+        let a = s.handle(
+            t,
+            Event::Reaped {
+                pid: 100,
+                how: ExitKind::Signal(SIGTERM),
+            },
+        );
+        let o = finish(&a).unwrap();
+        assert_eq!(o.exit_code(), 2);
+        assert!(spawns(&a).is_empty());
+    }
+
+    #[test]
+    fn orphans_and_unknown_pids_are_ignored() {
+        let t = Instant::now();
+        let (mut s, _) = Supervisor::new(cfg(1, 0));
+        spawn_all(&mut s, t, 100);
+        let a = s.handle(
+            t,
+            Event::Reaped {
+                pid: 4242,
+                how: ExitKind::Code(1),
+            },
+        );
+        assert!(a.is_empty());
+    }
+
+    #[test]
+    fn rank_spawned_during_stop_is_signalled() {
+        let t = Instant::now();
+        let (mut s, _) = Supervisor::new(cfg(2, 0));
+        s.handle(
+            t,
+            Event::RankSpawned {
+                local_rank: 0,
+                pid: 100,
+            },
+        );
+        s.handle(t, Event::Signal(SIGTERM));
+        let a = s.handle(
+            t,
+            Event::RankSpawned {
+                local_rank: 1,
+                pid: 101,
+            },
+        );
+        assert_eq!(signals(&a), vec![(vec![101], SIGTERM)]);
+    }
+
+    proptest::proptest! {
+        /// Whatever order ranks exit in, the supervisor ends exactly once, restarts at most
+        /// `max_restarts` times and only ever signals pids of its own cycle.
+        #[test]
+        fn ends_once_within_budget(
+            nproc in 1u32..5,
+            max_restarts in 0u32..4,
+            codes in proptest::collection::vec(0i32..3, 1..60),
+        ) {
+            let t = Instant::now();
+            let (mut s, _) = Supervisor::new(cfg(nproc, max_restarts));
+            let mut base = 1000;
+            spawn_all(&mut s, t, base);
+            let mut finishes = 0;
+            let mut restarts = 0;
+            for (i, code) in codes.iter().enumerate() {
+                if s.is_finished() { break; }
+                let lr = (i as u32) % nproc;
+                let pid = base + lr as i32;
+                let a = s.handle(t, Event::Reaped { pid, how: ExitKind::Code(*code) });
+                for (pgids, _) in signals(&a) {
+                    for p in pgids { proptest::prop_assert!(p >= base && p < base + nproc as i32); }
+                }
+                if finish(&a).is_some() { finishes += 1; }
+                if !spawns(&a).is_empty() {
+                    restarts += 1;
+                    base += 100;
+                    spawn_all(&mut s, t, base);
+                }
+            }
+            proptest::prop_assert!(finishes <= 1);
+            proptest::prop_assert!(restarts <= max_restarts);
+        }
+    }
+}
