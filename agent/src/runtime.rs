@@ -57,7 +57,8 @@ pub fn make_run_dir(cfg: &LaunchConfig) -> Result<PathBuf, StartError> {
             dir.display()
         ))
     })?;
-    Ok(dir)
+    // Ranks may change directory; every path they are given must be absolute.
+    fs::canonicalize(&dir).map_err(|e| StartError(format!("cannot resolve {}: {e}", dir.display())))
 }
 
 /// Checks that every rank's command can be executed, before anything starts.

@@ -1,0 +1,53 @@
+"""Real torch.distributed under vigil: the environment is what torch expects."""
+import os
+
+import pytest
+
+from conftest import base_env, events, run_vigil, write
+
+try:
+    import torch  # noqa: F401
+    HAVE_TORCH = True
+except ImportError:  # pragma: no cover - depends on the machine
+    HAVE_TORCH = False
+
+if not HAVE_TORCH:
+    if os.environ.get("VIGIL_REQUIRE_TORCH") == "1":
+        raise RuntimeError("VIGIL_REQUIRE_TORCH=1 but torch is not importable: pip install torch")
+    pytest.skip("torch is not installed (set VIGIL_REQUIRE_TORCH=1 to make this an error)", allow_module_level=True)
+
+ALL_REDUCE = """
+import os, sys
+import torch
+import torch.distributed as dist
+dist.init_process_group("gloo")  # env:// from vigil's variables, as under torchrun
+rank, world = dist.get_rank(), dist.get_world_size()
+assert rank == int(os.environ["RANK"]) and world == int(os.environ["WORLD_SIZE"])
+t = torch.tensor([float(rank + 1)])
+dist.all_reduce(t)
+print("sum", int(t.item()), "attempt", os.environ["TORCHELASTIC_RESTART_COUNT"], flush=True)
+dist.barrier()
+if rank == 1 and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0" and len(sys.argv) > 1:
+    os._exit(13)  # a crash after the collective; the next attempt must rendezvous again
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def test_gloo_all_reduce_two_ranks(job):
+    write(job / "ar.py", ALL_REDUCE)
+    r = run_vigil(["run", "--nproc-per-node", "2", "ar.py"], cwd=job, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "[default0]:sum 3 attempt 0" in r.stdout
+    assert "[default1]:sum 3 attempt 0" in r.stdout
+
+
+def test_gloo_job_survives_a_rank_crash_and_restart(job):
+    write(job / "ar.py", ALL_REDUCE)
+    r = run_vigil(["run", "--nproc-per-node", "2", "--max-restarts", "1", "--workers-stop-timeout", "5",
+                   "--log-dir", "logs", "ar.py", "crash"], cwd=job, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "[default0]:sum 3 attempt 1" in r.stdout and "[default1]:sum 3 attempt 1" in r.stdout
+    ev = events(job / "logs")
+    assert [e["to_cycle"] for e in ev if e["event"] == "restart"] == [1]
+    assert ev[-1]["outcome"] == "succeeded"
