@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import base_env, events, pid_alive, run_dirs, run_vigil, start_vigil, wait_for, write, vigil_bin
+from harness import base_env, events, pid_alive, run_dirs, run_vigil, start_vigil, wait_for, write, vigil_bin
 
 ENV_DUMP = """
 import json, os, sys

@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from conftest import base_env, events, run_vigil, write
+from harness import base_env, events, run_vigil, write
 
 try:
     import torch  # noqa: F401

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Runs every test of vigil: formatting, lints, Rust unit and property tests, then the end-to-end
+# and shim suites against the real binary. Installs the Python test dependencies it lacks.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+
+need() { "$PY" -c "import $1" 2>/dev/null || "$PY" -m pip install -q --disable-pip-version-check "$2"; }
+need pytest pytest
+need torch torch   # about 1 minute and 5 GB the first time: the torch.distributed tests need it
+
+cargo fmt --all --check
+cargo clippy --workspace --all-targets -- -D warnings
+cargo build --workspace --bins
+cargo test --workspace
+VIGIL_BIN="$PWD/target/debug/vigil" "$PY" -m pytest -q -p no:cacheprovider tests python-shim/tests

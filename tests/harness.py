@@ -1,0 +1,95 @@
+"""Shared harness for vigil's end-to-end tests: the real binary, real child processes."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SHIM = REPO / "python-shim"
+
+
+def vigil_bin() -> str:
+    path = os.environ.get("VIGIL_BIN") or str(REPO / "target" / "debug" / "vigil")
+    if not os.access(path, os.X_OK):
+        pytest.fail(f"vigil binary {path} not found: run `cargo build` first or set VIGIL_BIN")
+    return path
+
+
+def base_env(**extra):
+    env = dict(os.environ)
+    # Ranks run the interpreter that runs the tests, with the in-tree shim importable.
+    env["PYTHON_EXEC"] = sys.executable
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SHIM), env.get("PYTHONPATH")]))
+    for k in list(env):
+        if k.startswith("PET_") or k.startswith("SLURM_") or k.startswith("VIGIL_"):
+            del env[k]
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def run_vigil(args, cwd, env=None, timeout=120, **kw):
+    return subprocess.run(
+        [vigil_bin(), *args],
+        cwd=cwd,
+        env=env or base_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        **kw,
+    )
+
+
+def start_vigil(args, cwd, env=None, **kw):
+    return subprocess.Popen(
+        [vigil_bin(), *args],
+        cwd=cwd,
+        env=env or base_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
+
+
+def wait_for(pred, timeout=30.0, what="condition"):
+    """Polls an observable condition with a generous bound; the bound is a failure, not a timing goal."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def run_dirs(log_dir: Path):
+    return sorted(p for p in Path(log_dir).iterdir() if p.is_dir() and p.name.startswith("vigil_"))
+
+
+def events(log_dir: Path):
+    (d,) = run_dirs(log_dir)
+    return [json.loads(l) for l in (d / "events.jsonl").read_text().splitlines() if l.strip()]
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is dead for our purposes.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
