@@ -1,0 +1,111 @@
+//! The rank <-> agent wire protocol (see docs/protocol.md).
+//!
+//! Every message is one frame: an 8-byte header (`magic, version, kind, flags, payload_len u32 LE`)
+//! followed by `payload_len` bytes of payload. Integers are little-endian. Pure codec, no I/O.
+
+mod decode;
+mod encode;
+mod error;
+
+pub use decode::{decode_agent_frame, decode_rank_frame, AgentDecoder, RankDecoder};
+pub use encode::{encode_agent, encode_rank};
+pub use error::DecodeError;
+
+/// First byte of every frame (`'V'`).
+pub const MAGIC: u8 = 0x56;
+/// The major protocol version; a peer speaking another one is refused.
+pub const PROTOCOL_VERSION: u8 = 1;
+/// Bytes in a frame header.
+pub const HEADER_LEN: usize = 8;
+/// Largest payload accepted (64 KiB); a header announcing more is an error.
+pub const MAX_PAYLOAD: usize = 64 * 1024;
+/// Longest section name in bytes (UTF-8).
+pub const MAX_NAME_LEN: usize = 255;
+/// Longest `StopRequest` reason in bytes (UTF-8).
+pub const MAX_REASON_LEN: usize = 1024;
+/// Most sections one `Timeouts` message may carry.
+pub const MAX_SECTIONS: usize = 128;
+
+/// Message kind codes (header byte 2). Rank -> agent kinds are below 0x80, agent -> rank above.
+pub mod kind {
+    pub const REGISTER: u8 = 0x01;
+    pub const HEARTBEAT: u8 = 0x02;
+    pub const SECTION_START: u8 = 0x03;
+    pub const SECTION_END: u8 = 0x04;
+    pub const END_ALL_SECTIONS: u8 = 0x05;
+    pub const STEP_TIMING: u8 = 0x06;
+    pub const FINISHED: u8 = 0x07;
+    pub const TIMEOUTS: u8 = 0x81;
+    pub const STOP_REQUEST: u8 = 0x82;
+}
+
+/// A message sent by a training rank to its agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RankMsg {
+    /// First message on every connection. `cycle` is `TORCHELASTIC_RESTART_COUNT`.
+    Register {
+        rank: u32,
+        local_rank: u32,
+        pid: u32,
+        cycle: u32,
+    },
+    Heartbeat {
+        step: Option<u64>,
+    },
+    SectionStart {
+        name: String,
+    },
+    SectionEnd {
+        name: String,
+    },
+    EndAllSections,
+    /// How long one training step took.
+    StepTiming {
+        step: u64,
+        duration_us: u64,
+    },
+    /// Training finished: the job should not be requeued.
+    Finished,
+}
+
+/// A message sent by the agent to a rank.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AgentMsg {
+    /// The timeouts in force, in milliseconds; `None` means that check is off.
+    Timeouts {
+        initial_ms: Option<u64>,
+        heartbeat_ms: Option<u64>,
+        out_of_section_ms: Option<u64>,
+        sections: Vec<(String, u64)>,
+    },
+    /// Checkpoint and exit at `at_step` (or as soon as possible when `None`).
+    StopRequest {
+        reason: String,
+        at_step: Option<u64>,
+    },
+}
+
+impl RankMsg {
+    /// The kind code this message is framed with.
+    pub fn kind(&self) -> u8 {
+        match self {
+            RankMsg::Register { .. } => kind::REGISTER,
+            RankMsg::Heartbeat { .. } => kind::HEARTBEAT,
+            RankMsg::SectionStart { .. } => kind::SECTION_START,
+            RankMsg::SectionEnd { .. } => kind::SECTION_END,
+            RankMsg::EndAllSections => kind::END_ALL_SECTIONS,
+            RankMsg::StepTiming { .. } => kind::STEP_TIMING,
+            RankMsg::Finished => kind::FINISHED,
+        }
+    }
+}
+
+impl AgentMsg {
+    /// The kind code this message is framed with.
+    pub fn kind(&self) -> u8 {
+        match self {
+            AgentMsg::Timeouts { .. } => kind::TIMEOUTS,
+            AgentMsg::StopRequest { .. } => kind::STOP_REQUEST,
+        }
+    }
+}

@@ -1,0 +1,221 @@
+"""vigil.compat (NVRx RankMonitorClient surface) and vigil.lightning against a fake agent."""
+
+import json
+
+from conftest import child_env, finish, spawn
+
+TIMEOUTS = {
+    "type": "Timeouts",
+    "initial_ms": 600000,
+    "heartbeat_ms": 30000,
+    "out_of_section_ms": 5000,
+    "sections": [["setup", 900000], ["step", 20000], ["checkpointing", 120000]],
+}
+
+
+def test_rank_monitor_client_maps_onto_the_shim(agent):
+    proc = spawn(
+        """
+import json, sys, time
+from vigil.compat import RankMonitorClient, RankMonitorClientError
+c = RankMonitorClient()
+try:
+    c.send_heartbeat()
+    sys.exit("heartbeat before init must raise")
+except RankMonitorClientError:
+    pass
+c.load_state_dict({"current_timeouts": {"heartbeat": {"initial": 1.0, "subsequent": 2.0, "were_calculated": True}}})
+c.init_workload_monitoring()
+before = [c.calculate_and_set_hb_timeouts(skip_if_not_ready=True),
+          c.calculate_and_set_section_timeouts(), c.state_dict()]
+c.send_heartbeat()
+c.send_heartbeat({"ignored": 1})
+c.start_section("step")
+c.end_section("step")
+c.end_all_sections()
+deadline = time.time() + 10
+while not c.calculate_and_set_hb_timeouts():
+    assert time.time() < deadline
+    time.sleep(0.005)
+after = [c.calculate_and_set_section_timeouts(selected_sections=["step", "setup"]),
+         c.calculate_and_set_section_timeouts(selected_sections=["missing"]),
+         c.state_dict(), c.hb_timeouts.are_valid]
+c.shutdown_workload_monitoring()
+c.init_workload_monitoring()
+c.send_heartbeat()
+print(json.dumps({"before": before, "after": after}))
+""",
+        child_env(agent),
+    )
+    first = agent.accept()
+    assert first.next()["type"] == "Register"
+    assert [first.next() for _ in range(5)] == [
+        {"type": "Heartbeat", "step": None},
+        {"type": "Heartbeat", "step": None},
+        {"type": "SectionStart", "name": "step"},
+        {"type": "SectionEnd", "name": "step"},
+        {"type": "EndAllSections"},
+    ]
+    first.send(TIMEOUTS)
+    second = agent.accept()
+    out, _ = finish(proc)
+    assert first.drain() == []  # shutdown closed the first connection
+    assert [m["type"] for m in second.drain()] == ["Register", "Heartbeat"]
+    got = json.loads(out)
+    hb_loaded = {"initial": 1.0, "subsequent": 2.0, "were_calculated": True}
+    assert got["before"] == [False, False, {"current_timeouts": {"heartbeat": hb_loaded}}]
+    ok_sections, ok_missing, state, valid = got["after"]
+    assert (ok_sections, ok_missing, valid) == (True, False, True)
+    assert state == {
+        "current_timeouts": {
+            "heartbeat": {"initial": 600.0, "subsequent": 30.0, "were_calculated": None},
+            "section": {
+                "section": {"setup": 900.0, "step": 20.0, "checkpointing": 120.0},
+                "out_of_section": 5.0,
+                "calculated_sections": [],
+                "is_out_of_section_calculated": False,
+            },
+        }
+    }
+
+
+BLOCK_LIGHTNING = """
+import sys
+class _NoLightning:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("lightning", "pytorch_lightning"):
+            raise ImportError("blocked for the test")
+        return None
+sys.meta_path.insert(0, _NoLightning())
+"""
+
+
+def test_lightning_callback_without_lightning_fails_only_when_created():
+    proc = spawn(
+        BLOCK_LIGHTNING
+        + """
+import vigil.lightning as vl
+assert vl.LIGHTNING_AVAILABLE is False
+try:
+    vl.FaultToleranceCallback()
+except ImportError as e:
+    print(e)
+else:
+    sys.exit("no ImportError")
+""",
+        child_env(None),
+    )
+    out, _ = finish(proc)
+    assert "needs PyTorch Lightning" in out and "lightning" in out
+
+
+FAKE_LIGHTNING = """
+import sys, types
+for name in ("lightning", "lightning.pytorch", "lightning.pytorch.callbacks"):
+    sys.modules[name] = types.ModuleType(name)
+class Callback:
+    pass
+sys.modules["lightning.pytorch.callbacks"].Callback = Callback
+
+class Strategy:
+    def __init__(self):
+        self.checkpoint_io = types.SimpleNamespace()
+        self.saved = []
+    def save_checkpoint(self, ckpt, path):
+        self.saved.append(path)
+    def remove_checkpoint(self, path):
+        pass
+
+class Trainer:
+    def __init__(self):
+        self.strategy = Strategy()
+        self.global_step = 0
+        self.current_epoch = 0
+        self.max_steps = 3
+        self.max_epochs = None
+        self.should_stop = False
+"""
+
+
+def test_lightning_callback_drives_heartbeats_sections_and_stop(agent):
+    proc = spawn(
+        FAKE_LIGHTNING
+        + """
+import json, time, vigil
+from vigil.lightning import FaultToleranceCallback
+cb = FaultToleranceCallback(autoresume=True, calculate_timeouts=True)
+t = Trainer()
+cb.setup(t, None, "fit")
+cb.on_train_start(t, None)
+stopped_at = None
+for step in range(1, 4):
+    cb.on_train_batch_start(t, None, None, step - 1)
+    t.global_step = step
+    cb.on_train_batch_end(t, None, None, None, step - 1)
+    if step == 1:
+        t.strategy.save_checkpoint({}, "ckpt-1")
+        deadline = time.time() + 10
+        while not vigil.should_stop():
+            assert time.time() < deadline
+            time.sleep(0.005)
+    if t.should_stop:
+        stopped_at = step
+        break
+cb.teardown(t, None, "fit")
+print(json.dumps({"stopped_at": stopped_at, "saved": t.strategy.saved}))
+""",
+        child_env(agent),
+    )
+    conn = agent.accept()
+    msgs = []
+    while not (msgs and msgs[-1] == {"type": "SectionEnd", "name": "checkpointing"}):
+        msgs.append(conn.next())
+    conn.send({"type": "StopRequest", "reason": "time limit", "at_step": 2})
+    out, _ = finish(proc)
+    msgs += conn.drain()
+    got = json.loads(out)
+    assert got == {"stopped_at": 2, "saved": ["ckpt-1"]}
+    timing = [m for m in msgs if m["type"] == "StepTiming"]
+    assert [m["step"] for m in timing] == [1, 2]
+    assert all(0 <= m["duration_us"] < 5_000_000 for m in timing)
+    assert [m for m in msgs if m["type"] != "StepTiming"] == [
+        {"type": "Register", "rank": 0, "local_rank": 0, "pid": proc.pid, "cycle": 0},
+        {"type": "SectionStart", "name": "setup"},
+        {"type": "Heartbeat", "step": None},
+        {"type": "Heartbeat", "step": None},
+        {"type": "SectionEnd", "name": "setup"},
+        {"type": "SectionStart", "name": "step"},
+        {"type": "SectionEnd", "name": "step"},
+        {"type": "Heartbeat", "step": 1},
+        {"type": "SectionStart", "name": "checkpointing"},
+        {"type": "SectionEnd", "name": "checkpointing"},
+        {"type": "SectionStart", "name": "step"},
+        {"type": "SectionEnd", "name": "step"},
+        {"type": "Heartbeat", "step": 2},
+        {"type": "EndAllSections"},
+        {"type": "Heartbeat", "step": None},
+        # Stopped by the agent before max_steps: not finished, so no Finished message.
+    ]
+
+
+def test_lightning_callback_marks_a_completed_fit_finished(agent):
+    proc = spawn(
+        FAKE_LIGHTNING
+        + """
+from vigil.lightning import FaultToleranceCallback
+cb = FaultToleranceCallback(autoresume=True, calculate_timeouts=False)
+t = Trainer()
+cb.setup(t, None, "fit")
+for step in range(1, 4):
+    cb.on_train_batch_start(t, None, None, step - 1)
+    t.global_step = step
+    cb.on_train_batch_end(t, None, None, None, step - 1)
+cb.teardown(t, None, "fit")
+""",
+        child_env(agent),
+    )
+    conn = agent.accept()
+    finish(proc)
+    msgs = conn.drain()
+    assert [m["step"] for m in msgs if m["type"] == "Heartbeat"] == [None, 1, 2, 3, None]
+    assert msgs[-1] == {"type": "Finished"}

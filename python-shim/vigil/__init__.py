@@ -1,0 +1,422 @@
+"""Rank-side shim of the vigil agent: heartbeats, sections and stop requests from a training loop.
+
+Every call is safe outside vigil (it does nothing and warns once) and never raises into the
+training loop when the agent goes away (it warns once and becomes a no-op). The connection to the
+Unix socket named by ``VIGIL_SOCKET`` is opened on the first call; the rank registers itself with
+``RANK``, ``LOCAL_RANK``, its pid and ``TORCHELASTIC_RESTART_COUNT``.
+
+    import vigil
+    for step, batch in enumerate(loader):
+        with vigil.section("step"):
+            train_step(batch)
+        vigil.heartbeat(step)
+        if vigil.should_stop():
+            save_checkpoint(); break
+"""
+
+import _thread
+import os as _os
+import sys as _sys
+import warnings as _warnings
+from struct import error as _StructError
+
+from . import _protocol
+
+__version__ = "0.1.0"
+__all__ = [
+    "VigilWarning",
+    "heartbeat",
+    "section",
+    "start_section",
+    "end_section",
+    "end_all_sections",
+    "step_timing",
+    "should_stop",
+    "stop_step",
+    "stop_reason",
+    "timeouts",
+    "mark_finished",
+    "is_connected",
+    "close",
+]
+
+SOCKET_ENV = "VIGIL_SOCKET"
+STACK_FILE_ENV = "VIGIL_STACK_FILE"
+#: Longest a message that must not be dropped (section, timing, finished) waits for buffer space.
+SEND_TIMEOUT_S = 5.0
+CONNECT_TIMEOUT_S = 5.0
+
+
+class VigilWarning(RuntimeWarning):
+    """Emitted (once per process) when vigil calls become no-ops."""
+
+
+_HB = _protocol.HEARTBEAT_FRAME
+_hb_step_frame = _protocol.heartbeat_step_frame
+_getpid = _os.getpid
+
+_sock = None  # connected non-blocking socket, owned by process _pid
+_pid = None
+_flags = 0  # MSG_NOSIGNAL where available: a vanished agent must not SIGPIPE the rank
+_disabled = None  # why the shim is a no-op for good; None while usable
+_warned = False
+_bad_step_warned = False
+_lock = _thread.allocate_lock()
+_decoder = None
+_stop_requested = False
+_stop_reason = None
+_stop_step = None
+_timeouts = None
+_stack_file = None
+
+
+def _warn(message):
+    global _warned
+    if _warned:
+        return
+    _warned = True
+    depth, f = 2, _sys._getframe(1)
+    while f is not None and (f.f_globals.get("__name__") or "").split(".")[0] == __name__:
+        depth += 1
+        f = f.f_back
+    _warnings.warn("vigil: " + message, VigilWarning, stacklevel=depth)
+
+
+def _disable(reason, warn_now=True):
+    global _disabled
+    if _disabled is None:
+        _disabled = reason
+    if warn_now:
+        _warn(_disabled)
+
+
+def _env_u32(name):
+    try:
+        v = int(_os.environ.get(name) or 0)
+    except ValueError:
+        return 0
+    return v if 0 <= v < 2**32 else 0
+
+
+def _connect():
+    """The usable socket, connecting (and registering) on first use; None when disabled."""
+    global _sock, _pid, _flags, _decoder
+    if _disabled is not None:
+        if not _warned:
+            _warn(_disabled)
+        return None
+    with _lock:
+        if _sock is not None:
+            if _pid == _getpid():
+                return _sock
+            _drop_inherited_connection()
+            _disable(_disabled)
+            return None
+        if _disabled is not None:
+            return None
+        path = _os.environ.get(SOCKET_ENV)
+        if not path:
+            _disable(SOCKET_ENV + " is not set (not running under the vigil agent); vigil calls do nothing")
+            return None
+        import socket
+
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.settimeout(CONNECT_TIMEOUT_S)
+            s.connect(path)
+            s.sendall(
+                _protocol.encode_register(
+                    _env_u32("RANK"),
+                    _env_u32("LOCAL_RANK"),
+                    _getpid(),
+                    _env_u32("TORCHELASTIC_RESTART_COUNT"),
+                )
+            )
+            s.setblocking(False)
+        except OSError as e:
+            s.close()
+            _disable("cannot reach the vigil agent at %s (%s); vigil calls do nothing" % (path, e))
+            return None
+        _flags = getattr(socket, "MSG_NOSIGNAL", 0)
+        _decoder = _protocol.agent_decoder()
+        _pid = _getpid()
+        _sock = s
+        return s
+
+
+def _drop_inherited_connection():
+    global _sock
+    s, _sock = _sock, None
+    if s is not None:
+        # close() only drops this process's descriptor; the parent's connection is untouched.
+        s.close()
+    _disable(
+        "this process was forked from a rank connected to vigil; it must not speak for that rank, "
+        "so vigil calls are ignored here",
+        warn_now=False,
+    )
+
+
+def _after_fork_in_child():
+    global _lock
+    _lock = _thread.allocate_lock()
+    if _sock is not None:
+        _drop_inherited_connection()
+
+
+if hasattr(_os, "register_at_fork"):
+    _os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _broken(cause):
+    global _sock
+    s, _sock = _sock, None
+    if s is not None:
+        try:
+            s.close()
+        except OSError:
+            pass
+    _disable("lost the connection to the vigil agent (%s); vigil calls are now no-ops" % (cause,))
+
+
+def _finish(s, frame, sent):
+    """Sends the rest of a frame with a bounded wait: a half-sent frame would corrupt the stream."""
+    try:
+        s.settimeout(SEND_TIMEOUT_S)
+        s.sendall(memoryview(frame)[sent:], _flags)
+        s.setblocking(False)
+    except OSError as e:
+        _broken("the agent stopped reading: %s" % (e,))
+        return False
+    return True
+
+
+def _send(frame):
+    s = _sock
+    if s is None or _pid != _getpid():
+        s = _connect()
+        if s is None:
+            return False
+    try:
+        sent = s.send(frame, _flags)
+    except BlockingIOError:
+        sent = 0
+    except OSError as e:
+        _broken(e)
+        return False
+    if sent != len(frame):
+        return _finish(s, frame, sent)
+    return True
+
+
+def heartbeat(step=None):
+    """Tells the agent this rank is alive, optionally at training step ``step`` (an int >= 0).
+
+    Fire and forget: when the agent is not reading (socket buffer full) the heartbeat is dropped.
+    """
+    # No pid check on this path: the os.register_at_fork hook clears _sock in forked children.
+    s = _sock
+    if s is None:
+        s = _connect()
+        if s is None:
+            return
+    try:
+        if step is None:
+            sent = s.send(_HB, _flags)
+            if sent != 8:
+                _finish(s, _HB, sent)
+        else:
+            frame = _hb_step_frame(step)
+            sent = s.send(frame, _flags)
+            if sent != 16:
+                _finish(s, frame, sent)
+    except BlockingIOError:
+        pass
+    except OSError as e:
+        _broken(e)
+    except _StructError:
+        _bad_step(step)
+
+
+def _bad_step(step):
+    global _bad_step_warned
+    if not _bad_step_warned:
+        _bad_step_warned = True
+        _warnings.warn(
+            "vigil: heartbeat step must be an int in [0, 2**64), got %r; sent without a step" % (step,),
+            VigilWarning,
+            stacklevel=3,
+        )
+    heartbeat()
+
+
+def start_section(name):
+    """Opens the named section (e.g. ``"step"``, ``"checkpointing"``); names over 255 UTF-8 bytes are cut."""
+    _send(_protocol.encode_section_start(name))
+
+
+def end_section(name):
+    """Closes the named section."""
+    _send(_protocol.encode_section_end(name))
+
+
+def end_all_sections():
+    """Closes every open section."""
+    _send(_protocol.END_ALL_SECTIONS_FRAME)
+
+
+class _Section:
+    __slots__ = ("name",)
+
+    def __init__(self, name):
+        self.name = name
+
+    def __enter__(self):
+        start_section(self.name)
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        end_section(self.name)
+        return False
+
+
+def section(name):
+    """Context manager wrapping a block in the named section."""
+    return _Section(name)
+
+
+def step_timing(step, seconds):
+    """Reports that training step ``step`` took ``seconds`` (used for straggler detection)."""
+    try:
+        us = int(round(float(seconds) * 1e6))
+        frame = _protocol.encode_step_timing(int(step), min(max(us, 0), 2**64 - 1))
+    except (_StructError, TypeError, ValueError, OverflowError):
+        _warnings.warn("vigil: bad step_timing(%r, %r) ignored" % (step, seconds), VigilWarning, stacklevel=2)
+        return
+    _send(frame)
+
+
+def mark_finished():
+    """Tells the agent training is complete: the job must not be requeued."""
+    _send(_protocol.FINISHED_FRAME)
+
+
+def _poll():
+    """Reads whatever the agent sent, without blocking."""
+    global _stop_requested, _stop_reason, _stop_step, _timeouts
+    s = _sock
+    if s is None or _pid != _getpid():
+        s = _connect()
+        if s is None:
+            return
+    with _lock:
+        while True:
+            try:
+                data = s.recv(65536)
+            except BlockingIOError:
+                return
+            except OSError as e:
+                _broken(e)
+                return
+            if not data:
+                _broken("the agent closed the connection")
+                return
+            _decoder.feed(data)
+            try:
+                msgs = _decoder.messages()
+            except _protocol.DecodeError as e:
+                _broken("malformed message from the agent: %s" % (e,))
+                return
+            for m in msgs:
+                if m["type"] == "StopRequest":
+                    _stop_requested = True
+                    _stop_reason = m["reason"]
+                    _stop_step = m["at_step"]
+                else:
+                    _timeouts = {
+                        "initial_ms": m["initial_ms"],
+                        "heartbeat_ms": m["heartbeat_ms"],
+                        "out_of_section_ms": m["out_of_section_ms"],
+                        "sections": dict(m["sections"]),
+                    }
+            if _decoder.failed is not None:
+                _broken("malformed message from the agent: %s" % (_decoder.failed,))
+                return
+
+
+def should_stop():
+    """True once the agent asked this rank to checkpoint and exit (see ``stop_step()``). Never blocks."""
+    _poll()
+    return _stop_requested
+
+
+def stop_step():
+    """The step at which the agent asked to stop, or None (stop as soon as possible / no request)."""
+    _poll()
+    return _stop_step
+
+
+def stop_reason():
+    """Why the agent asked to stop, or None."""
+    _poll()
+    return _stop_reason
+
+
+def timeouts():
+    """The latest timeouts the agent reported, or None.
+
+    A dict: ``initial_ms``, ``heartbeat_ms``, ``out_of_section_ms`` (int or None = check off) and
+    ``sections`` ({name: ms}).
+    """
+    _poll()
+    if _timeouts is None:
+        return None
+    t = dict(_timeouts)
+    t["sections"] = dict(t["sections"])
+    return t
+
+
+def is_connected():
+    """True while this process holds a live connection to the agent (connecting if needed)."""
+    return _connect() is not None if _disabled is None else False
+
+
+def close():
+    """Closes the connection: the agent stops watching this rank's heartbeats and sections.
+
+    The next vigil call connects and registers again (NVRx's shutdown/init cycle maps onto this).
+    """
+    global _sock
+    with _lock:
+        s, _sock = _sock, None
+        if s is not None and _pid == _getpid():
+            s.close()
+
+
+def _install_stack_dumps():
+    """SIGUSR2 dumps every thread's Python stack to VIGIL_STACK_FILE (even with the GIL held)."""
+    global _stack_file
+    path = _os.environ.get(STACK_FILE_ENV)
+    if not path or not _os.environ.get(SOCKET_ENV):
+        return
+    import faulthandler
+    import signal
+
+    if not hasattr(signal, "SIGUSR2") or not hasattr(faulthandler, "register"):
+        return
+    try:
+        f = open(path, "a")
+    except OSError as e:
+        _warnings.warn("vigil: cannot open %s=%s (%s)" % (STACK_FILE_ENV, path, e), VigilWarning, stacklevel=3)
+        return
+    try:
+        # chain=True re-raises the signal to the previous disposition; the default one would kill.
+        if signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL:
+            signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    except ValueError:
+        pass  # not the main thread: keep whatever is installed
+    faulthandler.register(signal.SIGUSR2, file=f, all_threads=True, chain=True)
+    _stack_file = f
+
+
+_install_stack_dumps()
