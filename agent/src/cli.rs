@@ -186,6 +186,53 @@ pub struct RunArgs {
     #[arg(long = "term-timeout", alias = "term_timeout", default_value_t = 30.0)]
     pub term_timeout: f64,
 
+    /// Seconds from a rank's start to its first heartbeat (catches ranks that never connect).
+    #[arg(
+        long = "initial-heartbeat-timeout",
+        alias = "initial_heartbeat_timeout"
+    )]
+    pub initial_heartbeat_timeout: Option<f64>,
+
+    /// Seconds allowed between two heartbeats of a rank.
+    #[arg(long = "heartbeat-timeout", alias = "heartbeat_timeout")]
+    pub heartbeat_timeout: Option<f64>,
+
+    /// Per-section timeouts `step=60,checkpointing=600`; `warmup=S` applies to every section during the first --warmup-steps heartbeats.
+    #[arg(long = "section-timeouts", alias = "section_timeouts")]
+    pub section_timeouts: Option<String>,
+
+    /// Seconds a rank may spend outside every section (after it connected).
+    #[arg(long = "out-of-section-timeout", alias = "out_of_section_timeout")]
+    pub out_of_section_timeout: Option<f64>,
+
+    /// Heartbeats during which the `warmup` section timeout applies.
+    #[arg(long = "warmup-steps", alias = "warmup_steps", default_value_t = 5)]
+    pub warmup_steps: u32,
+
+    /// Calculated timeouts are this many times the longest observed.
+    #[arg(long = "safety-factor", alias = "safety_factor", default_value_t = 5.0)]
+    pub safety_factor: f64,
+
+    /// Signal a hung rank gets once its stacks are captured (SIGKILL follows after --workers-stop-timeout).
+    #[arg(
+        long = "rank-termination-signal",
+        alias = "rank_termination_signal",
+        default_value = "SIGTERM"
+    )]
+    pub rank_termination_signal: String,
+
+    /// Seconds to wait for a hung rank's Python stack dump before terminating it.
+    #[arg(
+        long = "stack-dump-timeout",
+        alias = "stack_dump_timeout",
+        default_value_t = 2.0
+    )]
+    pub stack_dump_timeout: f64,
+
+    /// State file for calculated timeouts (default: vigil_timeouts_<run id>.json in the log dir).
+    #[arg(long = "timeouts-file", alias = "timeouts_file")]
+    pub timeouts_file: Option<PathBuf>,
+
     /// JSON-lines event log (default: events.jsonl in the run directory).
     #[arg(long = "event-log", alias = "event_log")]
     pub event_log: Option<PathBuf>,

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::cli::RunArgs;
+use crate::monitor::{parse_section_timeouts, Timeouts};
 
 /// A launch request that cannot be carried out; the message names the problem and the fix.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -23,7 +24,7 @@ pub struct Console {
     pub stderr: bool,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct LaunchConfig {
     pub nproc: u32,
     pub nnodes: u32,
@@ -44,6 +45,13 @@ pub struct LaunchConfig {
     pub event_log: Option<PathBuf>,
     /// Per local rank.
     pub console: Vec<Console>,
+    pub timeouts: Timeouts,
+    pub warmup_steps: u32,
+    pub safety_factor: f64,
+    pub termination_signal: i32,
+    pub stack_wait: Duration,
+    /// Where calculated timeouts are kept between runs of the job.
+    pub timeouts_file: PathBuf,
 }
 
 /// What the machine says, for resolving `--nproc-per-node cpu|gpu|auto` and the interpreter.
@@ -196,6 +204,53 @@ pub fn rank_command(a: &RunArgs, python: &str) -> Result<Vec<String>, ConfigErro
     Ok(cmd)
 }
 
+/// `SIGTERM`, `TERM`, `15`: a signal number.
+pub fn parse_signal(flag: &str, s: &str) -> Result<i32, ConfigError> {
+    let t = s.trim();
+    if let Ok(n) = t.parse::<i32>() {
+        if nix::sys::signal::Signal::try_from(n).is_ok() {
+            return Ok(n);
+        }
+    }
+    let name = t.trim_start_matches("signal.").to_ascii_uppercase();
+    let name = if name.starts_with("SIG") {
+        name
+    } else {
+        format!("SIG{name}")
+    };
+    name.parse::<nix::sys::signal::Signal>()
+        .map(|s| s as i32)
+        .map_err(|_| {
+            ConfigError(format!(
+                "{flag} {s:?} is not a signal: give a name such as SIGTERM or SIGKILL, or a number"
+            ))
+        })
+}
+
+fn opt_secs(flag: &str, v: Option<f64>) -> Result<Option<Duration>, ConfigError> {
+    match v {
+        None => Ok(None),
+        Some(x) if x.is_finite() && x > 0.0 => Ok(Some(Duration::from_secs_f64(x))),
+        Some(x) => err(format!(
+            "{flag} {x}: give a positive number of seconds, or leave it out to disable the check"
+        )),
+    }
+}
+
+pub fn resolve_timeouts(a: &RunArgs) -> Result<Timeouts, ConfigError> {
+    let (sections, warmup) = match &a.section_timeouts {
+        Some(s) => parse_section_timeouts(s).map_err(ConfigError)?,
+        None => Default::default(),
+    };
+    Ok(Timeouts {
+        initial: opt_secs("--initial-heartbeat-timeout", a.initial_heartbeat_timeout)?,
+        heartbeat: opt_secs("--heartbeat-timeout", a.heartbeat_timeout)?,
+        sections,
+        out_of_section: opt_secs("--out-of-section-timeout", a.out_of_section_timeout)?,
+        warmup,
+    })
+}
+
 pub fn resolve(a: &RunArgs, host: &Host) -> Result<LaunchConfig, ConfigError> {
     let (_, max_nodes) = parse_nnodes(&a.nnodes)?;
     if max_nodes > 1 && !a.standalone {
@@ -259,6 +314,35 @@ pub fn resolve(a: &RunArgs, host: &Host) -> Result<LaunchConfig, ConfigError> {
         log_dir: a.log_dir.clone(),
         event_log: a.event_log.clone(),
         console,
+        timeouts: resolve_timeouts(a)?,
+        warmup_steps: a.warmup_steps,
+        safety_factor: if a.safety_factor.is_finite() && a.safety_factor >= 1.0 {
+            a.safety_factor
+        } else {
+            return err(format!(
+                "--safety-factor {}: give a number >= 1.0",
+                a.safety_factor
+            ));
+        },
+        termination_signal: parse_signal("--rank-termination-signal", &a.rank_termination_signal)?,
+        stack_wait: secs("--stack-dump-timeout", a.stack_dump_timeout)?,
+        timeouts_file: a.timeouts_file.clone().unwrap_or_else(|| {
+            let dir = a.log_dir.clone().unwrap_or_else(|| {
+                PathBuf::from((host.env)("TMPDIR").unwrap_or_else(|| "/tmp".into()))
+            });
+            let id: String = a
+                .rdzv_id
+                .chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || "-_.".contains(c) {
+                        c
+                    } else {
+                        '_'
+                    }
+                })
+                .collect();
+            dir.join(format!("vigil_timeouts_{id}.json"))
+        }),
     })
 }
 
@@ -446,6 +530,44 @@ mod tests {
             "/opt/py"
         );
         assert!(resolve(&args(&["-m", "--no-python", "x"]), &h).is_err());
+    }
+
+    #[test]
+    fn monitoring_flags() {
+        let none = || Ok(0);
+        let c = resolve(
+            &args(&[
+                "--heartbeat-timeout",
+                "2.5",
+                "--section-timeouts",
+                "step=60,warmup=600",
+                "--rank-termination-signal",
+                "KILL",
+                "--log-dir",
+                "/l",
+                "--rdzv-id",
+                "j/1",
+                "t.py",
+            ]),
+            &host_with(&none),
+        )
+        .unwrap();
+        assert_eq!(c.timeouts.heartbeat, Some(Duration::from_millis(2500)));
+        assert_eq!(c.timeouts.sections["step"], Duration::from_secs(60));
+        assert_eq!(c.timeouts.warmup, Some(Duration::from_secs(600)));
+        assert_eq!(c.termination_signal, libc::SIGKILL);
+        assert_eq!(c.timeouts_file, PathBuf::from("/l/vigil_timeouts_j_1.json"));
+        assert_eq!(parse_signal("x", "15"), Ok(15));
+        assert_eq!(parse_signal("x", "signal.SIGTERM"), Ok(15));
+        assert!(parse_signal("--rank-termination-signal", "SIGNOPE")
+            .unwrap_err()
+            .0
+            .contains("SIGNOPE"));
+        assert!(resolve(
+            &args(&["--heartbeat-timeout", "0", "t.py"]),
+            &host_with(&none)
+        )
+        .is_err());
     }
 
     #[test]

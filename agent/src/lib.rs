@@ -6,8 +6,11 @@
 pub mod cli;
 pub mod config;
 pub mod gpu;
+pub mod ipc_server;
+pub mod monitor;
 pub mod output;
 pub mod proc;
 pub mod runtime;
+pub mod stacks;
 pub mod summary;
 pub mod supervisor;

@@ -7,20 +7,83 @@ use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::io::AsyncReadExt;
 use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use crate::config::{worker_env, LaunchConfig, RankSlot};
+use crate::ipc_server::{self, IpcIn, Shared};
+use crate::monitor::Timeouts;
 use crate::output::{ConsoleStream, LineSplitter, Sink, Tail};
 use crate::proc::{self, Watchdog};
+use crate::stacks::{self, StackReport};
 use crate::summary::{self, FailedRank};
 use crate::supervisor::{Action, Event, Outcome, Record, Supervisor, SupervisorConfig};
 
 /// How long to wait, once everything is reaped, for rank output still in the pipes.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(3);
+/// The loop wakes at least this often, so a longer gap means the agent itself was not running
+/// (SIGSTOP, `scontrol suspend`, a frozen VM): that time is not counted against any rank.
+const CLOCK_TICK: Duration = Duration::from_millis(200);
+const SUSPEND_SLACK: Duration = Duration::from_millis(800);
+
+/// Monotonic time minus the time the agent was suspended: the clock every timeout runs on.
+struct JobClock {
+    paused: Duration,
+    last_wake: Instant,
+}
+
+impl JobClock {
+    fn new() -> Self {
+        JobClock {
+            paused: Duration::ZERO,
+            last_wake: Instant::now(),
+        }
+    }
+
+    /// Called on every wake-up; returns the job time now and how long a suspension just ended, if any.
+    fn wake(&mut self) -> (Instant, Option<Duration>) {
+        let now = Instant::now();
+        let gap = now.saturating_duration_since(self.last_wake);
+        self.last_wake = now;
+        let mut suspended = None;
+        if gap > CLOCK_TICK + SUSPEND_SLACK {
+            let away = gap - CLOCK_TICK;
+            self.paused += away;
+            suspended = Some(away);
+        }
+        (now - self.paused, suspended)
+    }
+
+    fn to_real(&self, job: Instant) -> Instant {
+        job + self.paused
+    }
+}
+
+/// Reads timeouts calculated by an earlier run of the job; a broken file is reported and ignored.
+pub fn load_timeouts(path: &Path) -> Option<Timeouts> {
+    let text = fs::read_to_string(path).ok()?;
+    match serde_json::from_str(&text) {
+        Ok(t) => Some(t),
+        Err(e) => {
+            console_note(&format!(
+                "ignoring the timeouts file {}: {e}; delete it or fix it to use calculated timeouts",
+                path.display()
+            ));
+            None
+        }
+    }
+}
+
+fn save_timeouts(path: &Path, t: &Timeouts) -> std::io::Result<()> {
+    let tmp = path.with_extension("json.tmp");
+    fs::write(&tmp, serde_json::to_vec_pretty(t).unwrap_or_default())?;
+    fs::rename(&tmp, path)
+}
 
 /// A problem found before any rank starts; printed as one line, exit status 2.
 #[derive(Debug, thiserror::Error)]
@@ -96,11 +159,14 @@ struct EventLog {
 
 impl EventLog {
     fn write(&mut self, rec: &Record) {
+        self.write_value(serde_json::to_value(rec).unwrap_or_default());
+    }
+
+    fn write_value(&mut self, mut v: serde_json::Value) {
         let ts = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs_f64())
             .unwrap_or(0.0);
-        let mut v = serde_json::to_value(rec).unwrap_or_default();
         if let Some(o) = v.as_object_mut() {
             o.insert("ts".into(), ts.into());
             o.insert("host".into(), self.host.clone().into());
@@ -128,14 +194,33 @@ struct Agent {
     readers: Vec<JoinHandle<()>>,
     queue: VecDeque<Event>,
     outcome: Option<Outcome>,
+    shared: Rc<Shared>,
+    socket: PathBuf,
+    stacks_tx: mpsc::UnboundedSender<(u32, u32, StackReport)>,
+    /// Stack reports per (cycle, local rank), for the failure summary.
+    stack_reports: Vec<(u32, u32, StackReport)>,
 }
 
 fn console_note(msg: &str) {
     let _ = writeln!(std::io::stderr().lock(), "[vigil] {msg}");
 }
 
-pub fn now_rfc3339() -> String {
-    humantime::format_rfc3339_seconds(SystemTime::now()).to_string()
+fn describe_timeouts(t: &Timeouts) -> String {
+    let f =
+        |d: Option<Duration>| d.map_or("off".to_string(), |d| format!("{:.2}s", d.as_secs_f64()));
+    let mut s = format!(
+        "initial {}, heartbeat {}, out-of-section {}",
+        f(t.initial),
+        f(t.heartbeat),
+        f(t.out_of_section)
+    );
+    for (k, v) in &t.sections {
+        s.push_str(&format!(", section {k} {:.2}s", v.as_secs_f64()));
+    }
+    if let Some(w) = t.warmup {
+        s.push_str(&format!(", warmup {:.2}s", w.as_secs_f64()));
+    }
+    s
 }
 
 impl Agent {
@@ -159,6 +244,8 @@ impl Agent {
     fn spawn_cycle(&mut self, cycle: u32) {
         let port = self.master_port();
         self.tails = (0..self.cfg.nproc).map(|_| Tail::default()).collect();
+        self.shared.cycle.set(cycle);
+        *self.shared.rank_pids.borrow_mut() = vec![None; self.cfg.nproc as usize];
         let env_of = |k: &str| std::env::var(k).ok();
         for lr in 0..self.cfg.nproc {
             let dir = self.attempt_dir(cycle, lr);
@@ -191,11 +278,20 @@ impl Agent {
                 "VIGIL_RUN_DIR".into(),
                 self.run_dir.to_string_lossy().into_owned(),
             ));
+            env.push((
+                "VIGIL_SOCKET".into(),
+                self.socket.to_string_lossy().into_owned(),
+            ));
+            env.push((
+                "VIGIL_STACK_FILE".into(),
+                dir.join("stacks.txt").to_string_lossy().into_owned(),
+            ));
             match proc::spawn_rank(&self.cfg.command, &env) {
                 Ok(sp) => {
                     if let Some(w) = &mut self.watchdog {
                         w.guard(sp.pid);
                     }
+                    self.shared.rank_pids.borrow_mut()[lr as usize] = Some(sp.pid);
                     let prefix = format!("[{}{}]:", self.cfg.role, lr);
                     let console = self.cfg.console[lr as usize];
                     self.readers.push(pump(
@@ -271,6 +367,16 @@ impl Agent {
                 pids.len()
             )),
             Record::RankSpawnFailed { error, .. } => console_note(error),
+            Record::Hang { rank, pid, hang, .. } => console_note(&format!(
+                "rank {rank} (pid {pid}) is hung: {} of {:.1}s passed (silent for {:.1}s); capturing its stacks",
+                hang.timeout,
+                hang.limit_ms as f64 / 1000.0,
+                hang.silent_ms as f64 / 1000.0
+            )),
+            Record::TimeoutsUpdated { source, timeouts } => console_note(&format!(
+                "timeouts ({source}): {}",
+                describe_timeouts(timeouts)
+            )),
             _ => {}
         }
     }
@@ -297,12 +403,65 @@ impl Agent {
                     self.events.write(&rec);
                 }
                 Action::Finish(o) => self.outcome = Some(o),
+                Action::CaptureStacks {
+                    local_rank,
+                    pid,
+                    via_shim,
+                } => {
+                    let dir = self.attempt_dir(self.shared.cycle.get(), local_rank);
+                    let cycle = self.shared.cycle.get();
+                    let wait = self.cfg.stack_wait;
+                    let tx = self.stacks_tx.clone();
+                    tokio::task::spawn_local(async move {
+                        let report = stacks::capture(pid, &dir, via_shim, wait).await;
+                        let _ = tx.send((cycle, local_rank, report));
+                    });
+                }
+                Action::SendToRank { local_rank, msg } => self.shared.send(local_rank, msg),
+                Action::SendToAll(msg) => self.shared.send_all(&msg),
+                Action::SaveTimeouts(t) => {
+                    if let Err(e) = save_timeouts(&self.cfg.timeouts_file, &t) {
+                        console_note(&format!(
+                            "cannot save calculated timeouts to {}: {e}",
+                            self.cfg.timeouts_file.display()
+                        ));
+                    }
+                }
             }
         }
     }
 
-    fn failure_summary(&self, sup: &Supervisor) -> String {
-        let now_i = Instant::now();
+    fn on_stacks(&mut self, cycle: u32, local_rank: u32, report: StackReport) {
+        let rank = self.cfg.node_rank * self.cfg.nproc + local_rank;
+        let mut msg = format!("rank {rank} stacks captured");
+        match &report.python {
+            Some(p) => msg.push_str(&format!(" (Python: {})", p.display())),
+            None => msg.push_str(" (no Python stacks: the rank has not imported the vigil shim)"),
+        }
+        if let Some(p) = &report.proc {
+            msg.push_str(&format!(", kernel view: {}", p.display()));
+        }
+        if !report.innermost.is_empty() {
+            msg.push_str("; innermost frames:");
+            for f in &report.innermost {
+                msg.push_str(&format!("\n    {f}"));
+            }
+        }
+        console_note(&msg);
+        let v = serde_json::json!({
+            "event": "stacks",
+            "cycle": cycle,
+            "local_rank": local_rank,
+            "rank": rank,
+            "python_stacks": report.python,
+            "proc_stacks": report.proc,
+            "innermost": report.innermost,
+        });
+        self.events.write_value(v);
+        self.stack_reports.push((cycle, local_rank, report));
+    }
+
+    fn failure_summary(&self, sup: &Supervisor, now_i: Instant) -> String {
         let now_s = SystemTime::now();
         let failed: Vec<FailedRank> = sup
             .failures()
@@ -313,12 +472,19 @@ impl Agent {
                     .ok()
                     .and_then(|t| summary::parse_error_file(&t));
                 let when = now_s - now_i.saturating_duration_since(f.at);
+                let stacks = self
+                    .stack_reports
+                    .iter()
+                    .find(|(c, lr, _)| *c == f.cycle && *lr == f.local_rank)
+                    .map(|(_, _, r)| r.clone());
                 FailedRank {
                     time: humantime::format_rfc3339_seconds(when).to_string(),
                     host: self.host.clone(),
                     rank: f.rank,
                     local_rank: f.local_rank,
                     how: f.how,
+                    hang: f.hang.clone(),
+                    stacks,
                     pid: f.pid,
                     error_file: error
                         .as_ref()
@@ -424,6 +590,19 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf) -> i32 {
         eprintln!("vigil: error: cannot watch child processes (SIGCHLD)");
         return 70;
     };
+    let shared = Rc::new(Shared::default());
+    let (ipc_tx, mut ipc_rx) = mpsc::unbounded_channel();
+    let server = match ipc_server::start(&std::env::temp_dir(), shared.clone(), ipc_tx) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!(
+                "vigil: error: cannot create the ranks' socket under {}: {e}; set TMPDIR to a writable local directory",
+                std::env::temp_dir().display()
+            );
+            return 2;
+        }
+    };
+    let (stacks_tx, mut stacks_rx) = mpsc::unbounded_channel();
 
     let mut agent = Agent {
         events: EventLog {
@@ -438,26 +617,49 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf) -> i32 {
         readers: Vec::new(),
         queue: VecDeque::new(),
         outcome: None,
+        shared,
+        socket: server.path.clone(),
+        stacks_tx,
+        stack_reports: Vec::new(),
         cfg,
     };
+    let calculated = load_timeouts(&agent.cfg.timeouts_file);
+    let mut clock = JobClock::new();
     let (mut sup, first) = Supervisor::new(SupervisorConfig {
         nproc: agent.cfg.nproc,
         rank_offset: agent.cfg.node_rank * agent.cfg.nproc,
         max_restarts: agent.cfg.max_restarts,
         workers_stop_timeout: agent.cfg.workers_stop_timeout,
         term_timeout: agent.cfg.term_timeout,
+        timeouts: agent.cfg.timeouts.clone(),
+        warmup_steps: agent.cfg.warmup_steps,
+        safety_factor: agent.cfg.safety_factor,
+        termination_signal: agent.cfg.termination_signal,
+        stack_wait: agent.cfg.stack_wait,
+        calculated,
     });
     agent.execute(first);
+    let mut ticker = tokio::time::interval(CLOCK_TICK);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
     loop {
+        let (now, suspended) = clock.wake();
+        if let Some(away) = suspended {
+            let v = serde_json::json!({"event": "suspended", "seconds": away.as_secs_f64()});
+            agent.events.write_value(v);
+            console_note(&format!(
+                "the agent was suspended for {:.1}s; that time does not count against any timeout",
+                away.as_secs_f64()
+            ));
+        }
         while let Some(ev) = agent.queue.pop_front() {
-            let actions = sup.handle(Instant::now(), ev);
+            let actions = sup.handle(now, ev);
             agent.execute(actions);
         }
         if agent.outcome.is_some() {
             break;
         }
-        let deadline = sup.next_deadline();
+        let deadline = sup.next_deadline().map(|d| clock.to_real(d));
         let sleep = tokio::time::sleep_until(
             deadline
                 .map(tokio::time::Instant::from_std)
@@ -471,7 +673,29 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf) -> i32 {
                 }
             }
             num = sig_futs => agent.queue.push_back(Event::Signal(num)),
+            Some(m) = ipc_rx.recv() => match m {
+                IpcIn::Message { cycle, local_rank, msg } if cycle == sup.cycle() => {
+                    agent.queue.push_back(Event::Message { local_rank, msg });
+                }
+                IpcIn::Message { .. } => {}
+                IpcIn::Rejected { peer_pid, reason } => {
+                    console_note(&format!("refused a connection on the ranks' socket: {reason}"));
+                    agent.events.write_value(serde_json::json!({
+                        "event": "ipc_rejected", "peer_pid": peer_pid, "reason": reason,
+                    }));
+                }
+            },
+            Some((cycle, local_rank, report)) = stacks_rx.recv() => {
+                agent.on_stacks(cycle, local_rank, report);
+                if cycle == sup.cycle() {
+                    agent.queue.push_back(Event::StacksCaptured { local_rank });
+                }
+            }
+            _ = ticker.tick() => {}
             _ = sleep, if deadline.is_some() => agent.queue.push_back(Event::Tick),
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) && agent.queue.is_empty() {
+            agent.queue.push_back(Event::Tick);
         }
     }
 
@@ -483,9 +707,10 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf) -> i32 {
     })
     .await;
     let outcome = agent.outcome.clone().unwrap_or(Outcome::Succeeded);
+    let (job_now, _) = clock.wake();
     match &outcome {
         Outcome::Succeeded => console_note("all ranks finished successfully"),
-        Outcome::Failed { .. } => eprint!("{}", agent.failure_summary(&sup)),
+        Outcome::Failed { .. } => eprint!("{}", agent.failure_summary(&sup, job_now)),
         Outcome::Signaled { signal } => console_note(&format!(
             "stopped by {}; exit status {}",
             summary::signal_name(*signal),
@@ -493,6 +718,7 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf) -> i32 {
         )),
         Outcome::SpawnFailed { error, .. } => eprintln!("vigil: error: {error}"),
     }
+    drop(server);
     outcome.exit_code()
 }
 

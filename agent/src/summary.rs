@@ -3,7 +3,8 @@
 
 use std::fmt::Write;
 
-use crate::supervisor::ExitKind;
+use crate::stacks::StackReport;
+use crate::supervisor::{ExitKind, Hang};
 
 /// What the summary says about one failed rank.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -12,7 +13,11 @@ pub struct FailedRank {
     pub host: String,
     pub rank: u32,
     pub local_rank: u32,
-    pub how: ExitKind,
+    /// How it ended (unknown if it never did).
+    pub how: Option<ExitKind>,
+    /// Why it was declared hung, if it was.
+    pub hang: Option<Hang>,
+    pub stacks: Option<StackReport>,
     pub pid: i32,
     pub error_file: Option<String>,
     /// From the error file: the exception message and Python traceback.
@@ -54,10 +59,11 @@ pub fn signal_name(sig: i32) -> String {
         .unwrap_or_else(|_| format!("signal {sig}"))
 }
 
-fn describe_exit(how: ExitKind) -> String {
+fn describe_exit(how: Option<ExitKind>) -> String {
     match how {
-        ExitKind::Code(c) => c.to_string(),
-        ExitKind::Signal(s) => format!("-{s} ({})", signal_name(s)),
+        Some(ExitKind::Code(c)) => c.to_string(),
+        Some(ExitKind::Signal(s)) => format!("-{s} ({})", signal_name(s)),
+        None => "<still running>".into(),
     }
 }
 
@@ -86,6 +92,27 @@ fn rank_block(out: &mut String, idx: usize, f: &FailedRank) {
             let _ = writeln!(out, "    {l}");
         }
     };
+    if let Some(h) = &f.hang {
+        let _ = writeln!(
+            out,
+            "  hang      : {} of {:.1}s passed (silent for {:.1}s)",
+            h.timeout,
+            h.limit_ms as f64 / 1000.0,
+            h.silent_ms as f64 / 1000.0
+        );
+    }
+    if let Some(st) = &f.stacks {
+        if let Some(p) = &st.python {
+            let _ = writeln!(out, "  stacks    : {}", p.display());
+        }
+        if let Some(p) = &st.proc {
+            let _ = writeln!(out, "  kernel    : {}", p.display());
+        }
+        if !st.innermost.is_empty() {
+            let _ = writeln!(out, "  hung at   :");
+            indent(out, &st.innermost.join("\n"));
+        }
+    }
     match &f.error {
         Some(e) => {
             let _ = writeln!(out, "  message   : {}", e.message);
@@ -160,7 +187,9 @@ mod tests {
             host: "node1".into(),
             rank,
             local_rank: rank,
-            how,
+            how: Some(how),
+            hang: None,
+            stacks: None,
             pid: 100 + rank as i32,
             error_file: None,
             error: None,

@@ -8,6 +8,9 @@
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
+use vigil_ipc::{AgentMsg, RankMsg};
+
+use crate::monitor::{self, Due, HangKind, Observed, RankMonitor, Timeouts};
 
 /// How a rank's process ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -33,7 +36,7 @@ impl ExitKind {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct SupervisorConfig {
     pub nproc: u32,
     /// Global rank of local rank 0 on this node.
@@ -43,6 +46,37 @@ pub struct SupervisorConfig {
     pub workers_stop_timeout: Duration,
     /// Grace between a forwarded signal and SIGKILL when the agent itself is asked to stop.
     pub term_timeout: Duration,
+    /// Hang-detection timeouts as configured (`None`/empty: that check is off).
+    pub timeouts: Timeouts,
+    /// Heartbeats during which the `warmup` section timeout replaces the per-section ones.
+    pub warmup_steps: u32,
+    /// Calculated timeouts are this many times the longest observed.
+    pub safety_factor: f64,
+    /// What a hung rank gets after its stacks are captured (SIGTERM by default, then SIGKILL).
+    pub termination_signal: i32,
+    /// How long to wait for a hung rank's stack dump before terminating it anyway.
+    pub stack_wait: Duration,
+    /// Timeouts calculated by an earlier run of this job (the state file), if any.
+    pub calculated: Option<Timeouts>,
+}
+
+impl SupervisorConfig {
+    /// A configuration with hang detection off, for tests and simple launches.
+    pub fn basic(nproc: u32, max_restarts: u32) -> Self {
+        SupervisorConfig {
+            nproc,
+            rank_offset: 0,
+            max_restarts,
+            workers_stop_timeout: Duration::from_secs(15),
+            term_timeout: Duration::from_secs(30),
+            timeouts: Timeouts::default(),
+            warmup_steps: 0,
+            safety_factor: 5.0,
+            termination_signal: SIGTERM,
+            stack_wait: Duration::from_secs(2),
+            calculated: None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,6 +90,10 @@ pub enum Event {
     Reaped { pid: i32, how: ExitKind },
     /// The agent received a signal (SIGTERM, SIGINT, SIGHUP, SIGQUIT).
     Signal(i32),
+    /// A message from a rank of the current cycle, on a connection registered to `local_rank`.
+    Message { local_rank: u32, msg: RankMsg },
+    /// The hung rank's stacks were captured (or the capture gave up).
+    StacksCaptured { local_rank: u32 },
     /// Time passed; sent when `next_deadline` is reached.
     Tick,
 }
@@ -103,6 +141,22 @@ impl Outcome {
     }
 }
 
+/// `loaded` values for the checks that are enabled in `configured`; the rest as configured.
+fn overlay(configured: &Timeouts, loaded: &Timeouts) -> Timeouts {
+    let pick = |c: Option<Duration>, l: Option<Duration>| c.and(l).or(c);
+    Timeouts {
+        initial: pick(configured.initial, loaded.initial),
+        heartbeat: pick(configured.heartbeat, loaded.heartbeat),
+        sections: configured
+            .sections
+            .iter()
+            .map(|(k, v)| (k.clone(), loaded.sections.get(k).copied().unwrap_or(*v)))
+            .collect(),
+        out_of_section: pick(configured.out_of_section, loaded.out_of_section),
+        warmup: configured.warmup,
+    }
+}
+
 /// One rank that failed on its own (not because we stopped it).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Failure {
@@ -110,9 +164,20 @@ pub struct Failure {
     pub local_rank: u32,
     pub rank: u32,
     pub pid: i32,
-    pub how: ExitKind,
+    /// How the process ended; for a hung rank, filled in once it is reaped.
+    pub how: Option<ExitKind>,
+    pub hang: Option<Hang>,
     #[serde(skip)]
     pub at: Instant,
+}
+
+/// Why a rank was declared hung.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Hang {
+    pub timeout: HangKind,
+    pub limit_ms: u64,
+    /// How long the rank had been silent (or in its section) when it was declared hung.
+    pub silent_ms: u64,
 }
 
 /// A line of the event log, without the fields the runtime adds (time, host).
@@ -160,6 +225,29 @@ pub enum Record {
         signal: i32,
         pids: Vec<i32>,
     },
+    Registered {
+        cycle: u32,
+        local_rank: u32,
+        rank: u32,
+    },
+    Hang {
+        cycle: u32,
+        local_rank: u32,
+        rank: u32,
+        pid: i32,
+        #[serde(flatten)]
+        hang: Hang,
+    },
+    TrainingFinished {
+        cycle: u32,
+        local_rank: u32,
+        rank: u32,
+    },
+    TimeoutsUpdated {
+        /// `configured`, `loaded` (from the state file) or `calculated`.
+        source: &'static str,
+        timeouts: Timeouts,
+    },
     Restart {
         from_cycle: u32,
         to_cycle: u32,
@@ -189,6 +277,22 @@ pub enum Action {
         pgids: Vec<i32>,
     },
     Record(Record),
+    /// Capture where this hung rank is (Python stacks through its shim when `via_shim`, and
+    /// /proc), then report `StacksCaptured`.
+    CaptureStacks {
+        local_rank: u32,
+        pid: i32,
+        via_shim: bool,
+    },
+    /// Send to one rank's registered connection.
+    SendToRank {
+        local_rank: u32,
+        msg: AgentMsg,
+    },
+    /// Send to every registered rank of the cycle.
+    SendToAll(AgentMsg),
+    /// Persist calculated timeouts for the next run of the job.
+    SaveTimeouts(Timeouts),
     /// The agent is done: print the summary and exit with `outcome.exit_code()`.
     Finish(Outcome),
 }
@@ -229,6 +333,15 @@ pub struct Supervisor {
     /// The signal that ended the agent, if any.
     signal: Option<i32>,
     spawn_error: Option<(u32, String)>,
+    monitors: Vec<RankMonitor>,
+    /// The timeouts in force now.
+    timeouts: Timeouts,
+    /// The last calculated timeouts (loaded or from this run), blended into the next calculation.
+    calculated: Option<Timeouts>,
+    calculated_this_cycle: bool,
+    /// A hung rank whose stacks are being captured: rank, why, and when to stop waiting.
+    diagnosing: Option<(u32, Due, Instant)>,
+    training_finished: bool,
 }
 
 pub const SIGKILL: i32 = libc::SIGKILL;
@@ -246,8 +359,34 @@ impl Supervisor {
             failures: Vec::new(),
             signal: None,
             spawn_error: None,
+            monitors: Vec::new(),
+            timeouts: Timeouts::default(),
+            calculated: None,
+            calculated_this_cycle: false,
+            diagnosing: None,
+            training_finished: false,
         };
-        let actions = s.start_cycle(0);
+        let mut actions = Vec::new();
+        s.timeouts = s.cfg.timeouts.clone();
+        if s.timeouts.any() {
+            actions.push(Action::Record(Record::TimeoutsUpdated {
+                source: "configured",
+                timeouts: s.timeouts.clone(),
+            }));
+        }
+        if let Some(loaded) = s.cfg.calculated.clone() {
+            // Loaded values replace configured ones only for checks that are enabled now.
+            let merged = overlay(&s.timeouts, &loaded);
+            if merged != s.timeouts {
+                s.timeouts = merged;
+                actions.push(Action::Record(Record::TimeoutsUpdated {
+                    source: "loaded",
+                    timeouts: s.timeouts.clone(),
+                }));
+            }
+            s.calculated = Some(loaded);
+        }
+        actions.extend(s.start_cycle(0));
         (s, actions)
     }
 
@@ -262,6 +401,16 @@ impl Supervisor {
     /// Failures of the current cycle, first observed first.
     pub fn failures(&self) -> &[Failure] {
         &self.failures
+    }
+
+    /// The timeouts in force now.
+    pub fn timeouts(&self) -> &Timeouts {
+        &self.timeouts
+    }
+
+    /// Whether any rank said "training finished" (the job must not be requeued).
+    pub fn training_finished(&self) -> bool {
+        self.training_finished
     }
 
     pub fn is_finished(&self) -> bool {
@@ -283,8 +432,26 @@ impl Supervisor {
                 killed: false,
                 ..
             } => Some(kill_at),
+            Phase::Running => match &self.diagnosing {
+                Some((_, _, until)) => Some(*until),
+                None => self.earliest_hang().map(|(_, due)| due.at),
+            },
             _ => None,
         }
+    }
+
+    /// The running rank that will be hung first, and when.
+    fn earliest_hang(&self) -> Option<(u32, Due)> {
+        self.ranks
+            .iter()
+            .zip(&self.monitors)
+            .enumerate()
+            .filter(|(_, (r, _))| r.state == RankState::Running)
+            .filter_map(|(i, (_, m))| {
+                m.deadline(&self.timeouts, self.cfg.warmup_steps)
+                    .map(|d| (i as u32, d))
+            })
+            .min_by_key(|(_, d)| d.at)
     }
 
     pub fn handle(&mut self, now: Instant, event: Event) -> Vec<Action> {
@@ -297,6 +464,7 @@ impl Supervisor {
                 if let Some(r) = self.ranks.get_mut(local_rank as usize) {
                     r.pid = Some(pid);
                     r.state = RankState::Running;
+                    self.monitors[local_rank as usize] = RankMonitor::new(now);
                     out.push(Action::Record(Record::RankStarted {
                         cycle: self.cycle,
                         local_rank,
@@ -335,6 +503,29 @@ impl Supervisor {
             }
             Event::Reaped { pid, how } => self.on_reaped(now, pid, how, &mut out),
             Event::Signal(sig) => self.on_signal(now, sig, &mut out),
+            Event::Message { local_rank, msg } => self.on_message(now, local_rank, msg, &mut out),
+            Event::StacksCaptured { local_rank } => {
+                if self
+                    .diagnosing
+                    .as_ref()
+                    .is_some_and(|(lr, _, _)| *lr == local_rank)
+                {
+                    self.conclude_hang(now, &mut out);
+                }
+            }
+            Event::Tick if self.phase == Phase::Running => {
+                if self
+                    .diagnosing
+                    .as_ref()
+                    .is_some_and(|(_, _, until)| now >= *until)
+                {
+                    self.conclude_hang(now, &mut out);
+                } else if self.diagnosing.is_none() {
+                    if let Some((lr, due)) = self.earliest_hang().filter(|(_, d)| now >= d.at) {
+                        self.begin_diagnosis(now, lr, due, &mut out);
+                    }
+                }
+            }
             Event::Tick => {
                 if let Phase::Stopping {
                     kill_at,
@@ -370,6 +561,11 @@ impl Supervisor {
         self.cycle = cycle;
         self.phase = Phase::Running;
         self.failures.clear();
+        self.diagnosing = None;
+        self.calculated_this_cycle = false;
+        self.monitors = (0..self.cfg.nproc)
+            .map(|_| RankMonitor::new(Instant::now()))
+            .collect();
         self.ranks = (0..self.cfg.nproc)
             .map(|_| Rank {
                 pid: None,
@@ -403,6 +599,21 @@ impl Supervisor {
             return;
         }
         rank.state = RankState::Exited(how);
+        if let Some(f) = self
+            .failures
+            .iter_mut()
+            .find(|f| f.pid == pid && f.how.is_none())
+        {
+            f.how = Some(how);
+        }
+        if self
+            .diagnosing
+            .as_ref()
+            .is_some_and(|(lr, _, _)| *lr == local_rank)
+        {
+            // The hung rank ended on its own while its stacks were being taken.
+            self.diagnosing = None;
+        }
         // A rank that ends while we are stopping the cycle was stopped by us, whatever its status.
         let stopping = matches!(self.phase, Phase::Stopping { .. });
         let failed = !how.success() && !stopping;
@@ -425,10 +636,138 @@ impl Supervisor {
                 local_rank,
                 rank: self.cfg.rank_offset + local_rank,
                 pid,
-                how,
+                how: Some(how),
+                hang: None,
                 at: now,
             });
             self.begin_stop(now, StopReason::RankFailed, SIGTERM, out);
+        }
+    }
+
+    fn on_message(&mut self, now: Instant, local_rank: u32, msg: RankMsg, out: &mut Vec<Action>) {
+        let lr = local_rank as usize;
+        if self
+            .ranks
+            .get(lr)
+            .is_none_or(|r| r.state != RankState::Running)
+        {
+            return;
+        }
+        let rank = self.cfg.rank_offset + local_rank;
+        match &msg {
+            RankMsg::Register { .. } if !self.monitors[lr].registered() => {
+                out.push(Action::Record(Record::Registered {
+                    cycle: self.cycle,
+                    local_rank,
+                    rank,
+                }));
+                out.push(Action::SendToRank {
+                    local_rank,
+                    msg: self.timeouts.to_msg(),
+                });
+            }
+            RankMsg::Finished if !self.monitors[lr].finished() => {
+                self.training_finished = true;
+                out.push(Action::Record(Record::TrainingFinished {
+                    cycle: self.cycle,
+                    local_rank,
+                    rank,
+                }));
+            }
+            _ => {}
+        }
+        self.monitors[lr].on_msg(now, &msg);
+        if matches!(msg, RankMsg::Heartbeat { .. } | RankMsg::SectionEnd { .. }) {
+            self.maybe_calculate(out);
+        }
+    }
+
+    /// Once every rank has been observed long enough, set the timeouts from what they needed.
+    fn maybe_calculate(&mut self, out: &mut Vec<Action>) {
+        if self.calculated_this_cycle || !self.timeouts.any() {
+            return;
+        }
+        let merged = self
+            .monitors
+            .iter()
+            .map(|m| m.observed.clone())
+            .reduce(|a, b| a.merge(&b))
+            .unwrap_or_else(Observed::default);
+        if !merged.ready() {
+            return;
+        }
+        self.calculated_this_cycle = true;
+        let fresh = monitor::calculate(
+            &self.timeouts,
+            &merged,
+            self.calculated.as_ref(),
+            self.cfg.safety_factor,
+        );
+        self.calculated = Some(fresh.clone());
+        out.push(Action::SaveTimeouts(fresh.clone()));
+        if fresh != self.timeouts {
+            self.timeouts = fresh;
+            out.push(Action::Record(Record::TimeoutsUpdated {
+                source: "calculated",
+                timeouts: self.timeouts.clone(),
+            }));
+            out.push(Action::SendToAll(self.timeouts.to_msg()));
+        }
+    }
+
+    fn begin_diagnosis(&mut self, now: Instant, local_rank: u32, due: Due, out: &mut Vec<Action>) {
+        let Some(pid) = self.ranks[local_rank as usize].pid else {
+            return;
+        };
+        let hang = Hang {
+            timeout: due.kind.clone(),
+            limit_ms: due.limit.as_millis() as u64,
+            silent_ms: now.saturating_duration_since(due.since).as_millis() as u64,
+        };
+        out.push(Action::Record(Record::Hang {
+            cycle: self.cycle,
+            local_rank,
+            rank: self.cfg.rank_offset + local_rank,
+            pid,
+            hang,
+        }));
+        out.push(Action::CaptureStacks {
+            local_rank,
+            pid,
+            via_shim: self.monitors[local_rank as usize].registered(),
+        });
+        self.diagnosing = Some((local_rank, due, now + self.cfg.stack_wait));
+    }
+
+    /// The hung rank's stacks are taken (or the wait is over): terminate it and stop the cycle.
+    fn conclude_hang(&mut self, now: Instant, out: &mut Vec<Action>) {
+        let Some((local_rank, due, _)) = self.diagnosing.take() else {
+            return;
+        };
+        let r = &self.ranks[local_rank as usize];
+        let (Some(pid), RankState::Running) = (r.pid, r.state) else {
+            return;
+        };
+        self.failures.push(Failure {
+            cycle: self.cycle,
+            local_rank,
+            rank: self.cfg.rank_offset + local_rank,
+            pid,
+            how: None,
+            hang: Some(Hang {
+                timeout: due.kind,
+                limit_ms: due.limit.as_millis() as u64,
+                silent_ms: now.saturating_duration_since(due.since).as_millis() as u64,
+            }),
+            at: now,
+        });
+        let term = self.cfg.termination_signal;
+        self.begin_stop(now, StopReason::RankFailed, SIGTERM, out);
+        if term != SIGTERM {
+            out.push(Action::SignalGroups {
+                pgids: vec![pid],
+                signal: term,
+            });
         }
     }
 
@@ -562,13 +901,7 @@ mod tests {
     use super::*;
 
     fn cfg(nproc: u32, max_restarts: u32) -> SupervisorConfig {
-        SupervisorConfig {
-            nproc,
-            rank_offset: 0,
-            max_restarts,
-            workers_stop_timeout: Duration::from_secs(15),
-            term_timeout: Duration::from_secs(30),
-        }
+        SupervisorConfig::basic(nproc, max_restarts)
     }
 
     /// Spawns every rank of the current cycle with pids `base + local_rank`.
@@ -704,7 +1037,7 @@ mod tests {
             },
         );
         assert_eq!(finish(&a), Some(&Outcome::Failed { restarts: 1 }));
-        assert_eq!(s.failures()[0].how, ExitKind::Signal(libc::SIGSEGV));
+        assert_eq!(s.failures()[0].how, Some(ExitKind::Signal(libc::SIGSEGV)));
         assert_eq!(finish(&a).unwrap().exit_code(), 1);
     }
 

@@ -1,0 +1,256 @@
+//! The node's Unix socket that ranks talk to through the shim.
+//!
+//! The socket lives in a directory only this user can enter. Every peer is checked with
+//! SO_PEERCRED: another uid, or a process that is not one of the current ranks or their
+//! descendants, is refused. A connection's first message must register it as one rank of the
+//! current cycle; any malformed or oversized frame closes that connection alone.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::fs::DirBuilder;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::mpsc;
+use vigil_ipc::{encode_agent, AgentMsg, RankDecoder, RankMsg};
+
+/// What the connections tell the event loop.
+#[derive(Debug)]
+pub enum IpcIn {
+    Message {
+        cycle: u32,
+        local_rank: u32,
+        msg: RankMsg,
+    },
+    Rejected {
+        peer_pid: Option<i32>,
+        reason: String,
+    },
+}
+
+/// State the event loop shares with the connection tasks (one thread, so plain `Rc`).
+#[derive(Default)]
+pub struct Shared {
+    pub cycle: Cell<u32>,
+    /// Process (and session) id of each local rank of the current cycle.
+    pub rank_pids: RefCell<Vec<Option<i32>>>,
+    /// Where to send messages for each registered local rank, with the cycle it registered in.
+    pub senders: RefCell<HashMap<u32, (u32, mpsc::UnboundedSender<AgentMsg>)>>,
+}
+
+impl Shared {
+    pub fn send(&self, local_rank: u32, msg: AgentMsg) {
+        if let Some((cycle, tx)) = self.senders.borrow().get(&local_rank) {
+            if *cycle == self.cycle.get() {
+                let _ = tx.send(msg);
+            }
+        }
+    }
+
+    pub fn send_all(&self, msg: &AgentMsg) {
+        for (cycle, tx) in self.senders.borrow().values() {
+            if *cycle == self.cycle.get() {
+                let _ = tx.send(msg.clone());
+            }
+        }
+    }
+}
+
+pub struct IpcServer {
+    dir: PathBuf,
+    pub path: PathBuf,
+}
+
+impl Drop for IpcServer {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// Binds the socket in a fresh private directory under `base` and starts accepting.
+pub fn start(
+    base: &Path,
+    shared: Rc<Shared>,
+    tx: mpsc::UnboundedSender<IpcIn>,
+) -> std::io::Result<IpcServer> {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let dir = base.join(format!("vigil-{}-{:x}", std::process::id(), nanos));
+    DirBuilder::new().mode(0o700).create(&dir)?;
+    let path = dir.join("agent.sock");
+    let listener = UnixListener::bind(&path)?;
+    let uid = nix::unistd::getuid().as_raw();
+    tokio::task::spawn_local(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            tokio::task::spawn_local(serve(stream, uid, shared.clone(), tx.clone()));
+        }
+    });
+    Ok(IpcServer { dir, path })
+}
+
+fn ppid_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may contain spaces and parentheses; fields resume after the last ')'.
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// Whether `pid` is `root` or descends from it: by parent chain, or by session (a rank leads its
+/// session, and orphaned descendants are reparented to the agent, breaking the chain).
+pub fn belongs_to(pid: i32, root: i32) -> bool {
+    if nix::unistd::getsid(Some(nix::unistd::Pid::from_raw(pid)))
+        .is_ok_and(|sid| sid.as_raw() == root)
+    {
+        return true;
+    }
+    let mut p = pid;
+    for _ in 0..64 {
+        if p == root {
+            return true;
+        }
+        match ppid_of(p) {
+            Some(pp) if pp > 1 => p = pp,
+            _ => return false,
+        }
+    }
+    false
+}
+
+async fn serve(stream: UnixStream, uid: u32, shared: Rc<Shared>, tx: mpsc::UnboundedSender<IpcIn>) {
+    let reject = |peer_pid: Option<i32>, reason: String| {
+        let _ = tx.send(IpcIn::Rejected { peer_pid, reason });
+    };
+    let cred = match stream.peer_cred() {
+        Ok(c) => c,
+        Err(e) => return reject(None, format!("cannot read peer credentials: {e}")),
+    };
+    let peer_pid = cred.pid();
+    if cred.uid() != uid {
+        return reject(
+            peer_pid,
+            format!("peer uid {} is not the job's uid {uid}", cred.uid()),
+        );
+    }
+    let Some(pid) = peer_pid else {
+        return reject(None, "peer pid unknown".into());
+    };
+    let is_ours = |pid: i32| {
+        shared
+            .rank_pids
+            .borrow()
+            .iter()
+            .flatten()
+            .any(|r| belongs_to(pid, *r))
+    };
+    if !is_ours(pid) {
+        return reject(
+            Some(pid),
+            format!("process {pid} is not a rank of this agent nor a descendant of one"),
+        );
+    }
+    let (mut rd, mut wr) = stream.into_split();
+    let mut dec = RankDecoder::new();
+    let mut buf = vec![0u8; 8192];
+    let mut me: Option<(u32, u32)> = None; // (cycle, local_rank)
+    let (out_tx, mut out_rx) = mpsc::unbounded_channel::<AgentMsg>();
+    let writer = tokio::task::spawn_local(async move {
+        let mut frame = Vec::new();
+        while let Some(msg) = out_rx.recv().await {
+            frame.clear();
+            encode_agent(&msg, &mut frame);
+            if wr.write_all(&frame).await.is_err() {
+                break;
+            }
+        }
+    });
+    'conn: loop {
+        let n = match rd.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        dec.push(&buf[..n]);
+        loop {
+            let msg = match dec.next() {
+                Ok(Some(m)) => m,
+                Ok(None) => break,
+                Err(e) => {
+                    reject(
+                        Some(pid),
+                        format!("malformed frame from process {pid}: {e}; connection closed"),
+                    );
+                    break 'conn;
+                }
+            };
+            let (cycle, local_rank) = match (me, &msg) {
+                (
+                    None,
+                    RankMsg::Register {
+                        local_rank, cycle, ..
+                    },
+                ) => {
+                    let lr = *local_rank;
+                    let expected = shared
+                        .rank_pids
+                        .borrow()
+                        .get(lr as usize)
+                        .copied()
+                        .flatten();
+                    let ok = *cycle == shared.cycle.get()
+                        && expected.is_some_and(|r| belongs_to(pid, r));
+                    if !ok {
+                        reject(Some(pid), format!(
+                            "process {pid} registered as local rank {lr} of cycle {cycle}, which it is not (current cycle {})",
+                            shared.cycle.get()
+                        ));
+                        break 'conn;
+                    }
+                    me = Some((*cycle, lr));
+                    shared
+                        .senders
+                        .borrow_mut()
+                        .insert(lr, (*cycle, out_tx.clone()));
+                    (*cycle, lr)
+                }
+                (None, _) => {
+                    reject(
+                        Some(pid),
+                        format!(
+                            "process {pid} sent a message before registering; connection closed"
+                        ),
+                    );
+                    break 'conn;
+                }
+                (Some(m), _) => m,
+            };
+            if cycle != shared.cycle.get() {
+                break 'conn;
+            }
+            let _ = tx.send(IpcIn::Message {
+                cycle,
+                local_rank,
+                msg,
+            });
+        }
+    }
+    if let Some((cycle, lr)) = me {
+        let mut senders = shared.senders.borrow_mut();
+        if senders.get(&lr).is_some_and(|(c, _)| *c == cycle) {
+            senders.remove(&lr);
+        }
+    }
+    drop(out_tx);
+    writer.abort();
+}

@@ -1,0 +1,579 @@
+//! Hang detection and calculated timeouts, as plain functions over plain data.
+//!
+//! A [`RankMonitor`] follows one rank's heartbeats and sections and says when it would be hung
+//! ([`RankMonitor::deadline`]); it also records what it observed (longest initial delay, heartbeat
+//! gap, section durations, out-of-section time) so [`calculate`] can set timeouts from them.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use vigil_ipc::RankMsg;
+
+/// Heartbeats every rank must have sent before timeouts are calculated (NVRx waits for >16 steps).
+pub const CALC_MIN_STEPS: u32 = 16;
+/// No calculated timeout is shorter than this: a rank's ordinary jitter (GC, page faults) must not
+/// look like a hang because its steps happened to be short while it was observed.
+pub const CALC_FLOOR: Duration = Duration::from_secs(1);
+/// The section name whose completion, when sections are used, calculation also waits for.
+pub const CHECKPOINT_SECTION: &str = "checkpointing";
+
+/// The timeouts in force. `None` disables that check.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Timeouts {
+    #[serde(with = "opt_secs", default)]
+    pub initial: Option<Duration>,
+    #[serde(with = "opt_secs", default)]
+    pub heartbeat: Option<Duration>,
+    #[serde(with = "map_secs", default)]
+    pub sections: BTreeMap<String, Duration>,
+    #[serde(with = "opt_secs", default)]
+    pub out_of_section: Option<Duration>,
+    /// Applies to every section during the first `warmup_steps` heartbeats.
+    #[serde(with = "opt_secs", default)]
+    pub warmup: Option<Duration>,
+}
+
+impl Timeouts {
+    pub fn any(&self) -> bool {
+        self.initial.is_some()
+            || self.heartbeat.is_some()
+            || !self.sections.is_empty()
+            || self.out_of_section.is_some()
+    }
+
+    pub fn to_msg(&self) -> vigil_ipc::AgentMsg {
+        let ms = |d: Option<Duration>| d.map(|d| d.as_millis() as u64);
+        vigil_ipc::AgentMsg::Timeouts {
+            initial_ms: ms(self.initial),
+            heartbeat_ms: ms(self.heartbeat),
+            out_of_section_ms: ms(self.out_of_section),
+            sections: self
+                .sections
+                .iter()
+                .map(|(k, v)| (k.clone(), v.as_millis() as u64))
+                .collect(),
+        }
+    }
+}
+
+mod opt_secs {
+    use super::*;
+    pub fn serialize<S: serde::Serializer>(v: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        v.map(|d| d.as_secs_f64()).serialize(s)
+    }
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<Duration>, D::Error> {
+        let v: Option<f64> = Option::deserialize(d)?;
+        Ok(v.filter(|x| x.is_finite() && *x > 0.0)
+            .map(Duration::from_secs_f64))
+    }
+}
+
+mod map_secs {
+    use super::*;
+    pub fn serialize<S: serde::Serializer>(
+        v: &BTreeMap<String, Duration>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        v.iter()
+            .map(|(k, d)| (k.clone(), d.as_secs_f64()))
+            .collect::<BTreeMap<_, _>>()
+            .serialize(s)
+    }
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(
+        d: D,
+    ) -> Result<BTreeMap<String, Duration>, D::Error> {
+        let v: BTreeMap<String, f64> = BTreeMap::deserialize(d)?;
+        Ok(v.into_iter()
+            .filter(|(_, x)| x.is_finite() && *x > 0.0)
+            .map(|(k, x)| (k, Duration::from_secs_f64(x)))
+            .collect())
+    }
+}
+
+/// Parses `step=60,checkpointing=600,warmup=900` (seconds; `:` works as well as `=`).
+/// Returns the per-section timeouts and the `warmup` one.
+#[allow(clippy::type_complexity)]
+pub fn parse_section_timeouts(
+    s: &str,
+) -> Result<(BTreeMap<String, Duration>, Option<Duration>), String> {
+    let mut sections = BTreeMap::new();
+    let mut warmup = None;
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let Some((name, secs)) = part.split_once(['=', ':']) else {
+            return Err(format!(
+                "--section-timeouts {s:?}: expected NAME=SECONDS pairs such as step=60,checkpointing=600"
+            ));
+        };
+        let name = name.trim();
+        let secs: f64 = secs.trim().parse().map_err(|_| {
+            format!("--section-timeouts {s:?}: {secs:?} is not a number of seconds for section {name:?}")
+        })?;
+        if !(secs.is_finite() && secs > 0.0) || name.is_empty() || name.len() > 255 {
+            return Err(format!(
+                "--section-timeouts {s:?}: {name:?}={secs} needs a section name and a positive number of seconds"
+            ));
+        }
+        if name == "warmup" {
+            warmup = Some(Duration::from_secs_f64(secs));
+        } else {
+            sections.insert(name.to_string(), Duration::from_secs_f64(secs));
+        }
+    }
+    Ok((sections, warmup))
+}
+
+/// Which timeout a hung rank ran past.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HangKind {
+    /// No heartbeat since the rank started (it may never have connected).
+    Initial,
+    Heartbeat,
+    Section(String),
+    OutOfSection,
+}
+
+impl std::fmt::Display for HangKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HangKind::Initial => write!(f, "initial heartbeat timeout"),
+            HangKind::Heartbeat => write!(f, "heartbeat timeout"),
+            HangKind::Section(s) => write!(f, "section {s:?} timeout"),
+            HangKind::OutOfSection => write!(f, "out-of-section timeout"),
+        }
+    }
+}
+
+/// A deadline and what passing it means: the timeout, how long it is, and since when it ran.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Due {
+    pub at: Instant,
+    pub kind: HangKind,
+    pub limit: Duration,
+    pub since: Instant,
+}
+
+/// What one rank was seen to need, for calculating timeouts.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Observed {
+    pub initial: Option<Duration>,
+    pub heartbeat: Option<Duration>,
+    pub sections: BTreeMap<String, Duration>,
+    pub out_of_section: Option<Duration>,
+    pub steps: u32,
+    pub sections_used: bool,
+    pub checkpoint_seen: bool,
+}
+
+fn max_opt(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
+    match (a, b) {
+        (Some(x), Some(y)) => Some(x.max(y)),
+        (x, None) => x,
+        (None, y) => y,
+    }
+}
+
+impl Observed {
+    /// The maximum over ranks; `steps` is the minimum, since every rank must be past warm-up.
+    pub fn merge(&self, o: &Observed) -> Observed {
+        let mut sections = self.sections.clone();
+        for (k, v) in &o.sections {
+            let e = sections.entry(k.clone()).or_default();
+            *e = (*e).max(*v);
+        }
+        Observed {
+            initial: max_opt(self.initial, o.initial),
+            heartbeat: max_opt(self.heartbeat, o.heartbeat),
+            sections,
+            out_of_section: max_opt(self.out_of_section, o.out_of_section),
+            steps: self.steps.min(o.steps),
+            sections_used: self.sections_used || o.sections_used,
+            checkpoint_seen: self.checkpoint_seen || o.checkpoint_seen,
+        }
+    }
+
+    pub fn ready(&self) -> bool {
+        self.steps >= CALC_MIN_STEPS && (!self.sections_used || self.checkpoint_seen)
+    }
+}
+
+/// New timeouts from observations: `factor` times the longest observed, averaged with the previous
+/// calculated value when there is one, never below [`CALC_FLOOR`]. Only checks that are enabled in
+/// `current` are calculated; the others stay as they are.
+pub fn calculate(
+    current: &Timeouts,
+    obs: &Observed,
+    previous: Option<&Timeouts>,
+    factor: f64,
+) -> Timeouts {
+    let calc = |enabled: Option<Duration>, seen: Option<Duration>, prev: Option<Duration>| {
+        let (Some(_), Some(seen)) = (enabled, seen) else {
+            return enabled;
+        };
+        let fresh = seen.mul_f64(factor).max(CALC_FLOOR);
+        Some(match prev {
+            Some(p) => (fresh + p) / 2,
+            None => fresh,
+        })
+    };
+    let mut sections = current.sections.clone();
+    for (name, t) in sections.iter_mut() {
+        if let Some(v) = calc(
+            Some(*t),
+            obs.sections.get(name).copied(),
+            previous.and_then(|p| p.sections.get(name).copied()),
+        ) {
+            *t = v;
+        }
+    }
+    Timeouts {
+        initial: calc(
+            current.initial,
+            obs.initial,
+            previous.and_then(|p| p.initial),
+        ),
+        heartbeat: calc(
+            current.heartbeat,
+            obs.heartbeat,
+            previous.and_then(|p| p.heartbeat),
+        ),
+        sections,
+        out_of_section: calc(
+            current.out_of_section,
+            obs.out_of_section,
+            previous.and_then(|p| p.out_of_section),
+        ),
+        warmup: current.warmup,
+    }
+}
+
+/// One rank's liveness, from its start.
+#[derive(Debug, Clone)]
+pub struct RankMonitor {
+    started: Instant,
+    registered: bool,
+    last_heartbeat: Option<Instant>,
+    section: Option<(String, Instant)>,
+    /// When the rank last left a section (or registered): out-of-section time runs from here.
+    out_since: Option<Instant>,
+    finished: bool,
+    pub observed: Observed,
+}
+
+impl RankMonitor {
+    pub fn new(started: Instant) -> Self {
+        RankMonitor {
+            started,
+            registered: false,
+            last_heartbeat: None,
+            section: None,
+            out_since: None,
+            finished: false,
+            observed: Observed::default(),
+        }
+    }
+
+    pub fn registered(&self) -> bool {
+        self.registered
+    }
+
+    pub fn finished(&self) -> bool {
+        self.finished
+    }
+
+    pub fn on_msg(&mut self, now: Instant, msg: &RankMsg) {
+        match msg {
+            RankMsg::Register { .. } => {
+                if !self.registered {
+                    self.registered = true;
+                    self.out_since = Some(now);
+                }
+            }
+            RankMsg::Heartbeat { .. } => {
+                match self.last_heartbeat {
+                    None => {
+                        let d = now.saturating_duration_since(self.started);
+                        self.observed.initial = max_opt(self.observed.initial, Some(d));
+                    }
+                    Some(last) => {
+                        let d = now.saturating_duration_since(last);
+                        self.observed.heartbeat = max_opt(self.observed.heartbeat, Some(d));
+                    }
+                }
+                self.last_heartbeat = Some(now);
+                self.observed.steps = self.observed.steps.saturating_add(1);
+            }
+            RankMsg::SectionStart { name } => {
+                self.end_section(now);
+                if let Some(out) = self.out_since.take() {
+                    let d = now.saturating_duration_since(out);
+                    self.observed.out_of_section = max_opt(self.observed.out_of_section, Some(d));
+                }
+                self.observed.sections_used = true;
+                self.section = Some((name.clone(), now));
+            }
+            RankMsg::SectionEnd { name } => {
+                if self.section.as_ref().is_some_and(|(open, _)| open == name) {
+                    self.end_section(now);
+                }
+            }
+            RankMsg::EndAllSections => self.end_section(now),
+            RankMsg::Finished => self.finished = true,
+            RankMsg::StepTiming { .. } => {}
+        }
+    }
+
+    fn end_section(&mut self, now: Instant) {
+        if let Some((name, since)) = self.section.take() {
+            let d = now.saturating_duration_since(since);
+            let e = self.observed.sections.entry(name.clone()).or_default();
+            *e = (*e).max(d);
+            if name == CHECKPOINT_SECTION {
+                self.observed.checkpoint_seen = true;
+            }
+            self.out_since = Some(now);
+        }
+    }
+
+    /// The earliest moment this rank counts as hung under `t`, if any check applies.
+    pub fn deadline(&self, t: &Timeouts, warmup_steps: u32) -> Option<Due> {
+        if self.finished {
+            return None;
+        }
+        let mut best: Option<Due> = None;
+        let mut offer = |since: Instant, limit: Option<Duration>, kind: HangKind| {
+            if let Some(limit) = limit {
+                let at = since + limit;
+                if best.as_ref().is_none_or(|b| at < b.at) {
+                    best = Some(Due {
+                        at,
+                        kind,
+                        limit,
+                        since,
+                    });
+                }
+            }
+        };
+        match self.last_heartbeat {
+            None => offer(self.started, t.initial, HangKind::Initial),
+            Some(last) => offer(last, t.heartbeat, HangKind::Heartbeat),
+        }
+        match &self.section {
+            Some((name, since)) => {
+                let in_warmup = self.observed.steps < warmup_steps && t.warmup.is_some();
+                let limit = if in_warmup {
+                    t.warmup
+                } else {
+                    t.sections.get(name).copied()
+                };
+                offer(*since, limit, HangKind::Section(name.clone()));
+            }
+            None => {
+                if let Some(out) = self.out_since {
+                    offer(out, t.out_of_section, HangKind::OutOfSection);
+                }
+            }
+        }
+        best
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(x: u64) -> Duration {
+        Duration::from_secs(x)
+    }
+
+    fn hb() -> RankMsg {
+        RankMsg::Heartbeat { step: None }
+    }
+
+    fn reg() -> RankMsg {
+        RankMsg::Register {
+            rank: 0,
+            local_rank: 0,
+            pid: 1,
+            cycle: 0,
+        }
+    }
+
+    fn start(n: &str) -> RankMsg {
+        RankMsg::SectionStart { name: n.into() }
+    }
+
+    fn end(n: &str) -> RankMsg {
+        RankMsg::SectionEnd { name: n.into() }
+    }
+
+    #[test]
+    fn initial_then_heartbeat_deadlines() {
+        let t0 = Instant::now();
+        let t = Timeouts {
+            initial: Some(s(100)),
+            heartbeat: Some(s(10)),
+            ..Default::default()
+        };
+        let mut m = RankMonitor::new(t0);
+        let d = m.deadline(&t, 0).unwrap();
+        assert_eq!((d.at, d.kind), (t0 + s(100), HangKind::Initial));
+        m.on_msg(t0 + s(3), &reg());
+        assert_eq!(
+            m.deadline(&t, 0).unwrap().at,
+            t0 + s(100),
+            "registering is not a heartbeat"
+        );
+        m.on_msg(t0 + s(5), &hb());
+        let d = m.deadline(&t, 0).unwrap();
+        assert_eq!((d.at, d.kind), (t0 + s(15), HangKind::Heartbeat));
+        m.on_msg(t0 + s(12), &RankMsg::Finished);
+        assert_eq!(m.deadline(&t, 0), None);
+    }
+
+    #[test]
+    fn sections_warmup_and_out_of_section() {
+        let t0 = Instant::now();
+        let t = Timeouts {
+            sections: [("step".to_string(), s(20))].into(),
+            out_of_section: Some(s(7)),
+            warmup: Some(s(300)),
+            ..Default::default()
+        };
+        let mut m = RankMonitor::new(t0);
+        assert_eq!(
+            m.deadline(&t, 2),
+            None,
+            "nothing applies before registration"
+        );
+        m.on_msg(t0, &reg());
+        assert_eq!(m.deadline(&t, 2).unwrap().kind, HangKind::OutOfSection);
+        m.on_msg(t0 + s(1), &start("step"));
+        let d = m.deadline(&t, 2).unwrap();
+        assert_eq!((d.at, d.limit), (t0 + s(301), s(300)), "warm-up override");
+        m.on_msg(t0 + s(2), &hb());
+        m.on_msg(t0 + s(3), &hb());
+        let d = m.deadline(&t, 2).unwrap();
+        assert_eq!(
+            (d.at, d.kind),
+            (t0 + s(21), HangKind::Section("step".into()))
+        );
+        m.on_msg(t0 + s(4), &end("step"));
+        assert_eq!(m.deadline(&t, 2).unwrap().at, t0 + s(11));
+        m.on_msg(t0 + s(5), &start("eval"));
+        assert_eq!(
+            m.deadline(&t, 2),
+            None,
+            "a section without a timeout has no deadline"
+        );
+    }
+
+    #[test]
+    fn observes_maxima_and_readiness() {
+        let t0 = Instant::now();
+        let mut m = RankMonitor::new(t0);
+        m.on_msg(t0, &reg());
+        m.on_msg(t0 + s(4), &hb());
+        let mut now = t0 + s(4);
+        for i in 0..CALC_MIN_STEPS {
+            now += if i == 3 { s(9) } else { s(1) };
+            m.on_msg(now, &start("step"));
+            m.on_msg(now + s(i as u64 % 3), &end("step"));
+            m.on_msg(now, &hb());
+        }
+        assert_eq!(m.observed.initial, Some(s(4)));
+        assert_eq!(m.observed.heartbeat, Some(s(9)));
+        assert_eq!(m.observed.sections["step"], s(2));
+        assert!(!m.observed.ready(), "sections used but no checkpoint yet");
+        m.on_msg(now, &start(CHECKPOINT_SECTION));
+        m.on_msg(now + s(30), &end(CHECKPOINT_SECTION));
+        assert!(m.observed.ready());
+    }
+
+    #[test]
+    fn calculation_blends_and_respects_enabled_checks() {
+        let cur = Timeouts {
+            heartbeat: Some(s(600)),
+            sections: [("step".to_string(), s(600))].into(),
+            ..Default::default()
+        };
+        let obs = Observed {
+            initial: Some(s(50)),
+            heartbeat: Some(s(4)),
+            sections: [("step".to_string(), s(3))].into(),
+            steps: 20,
+            ..Default::default()
+        };
+        let c = calculate(&cur, &obs, None, 5.0);
+        assert_eq!(c.heartbeat, Some(s(20)));
+        assert_eq!(c.sections["step"], s(15));
+        assert_eq!(c.initial, None, "a disabled check stays disabled");
+        let c2 = calculate(
+            &c,
+            &obs,
+            Some(&Timeouts {
+                heartbeat: Some(s(40)),
+                ..c.clone()
+            }),
+            5.0,
+        );
+        assert_eq!(c2.heartbeat, Some(s(30)));
+        let tiny = Observed {
+            heartbeat: Some(Duration::from_millis(10)),
+            ..obs
+        };
+        assert_eq!(
+            calculate(&cur, &tiny, None, 5.0).heartbeat,
+            Some(CALC_FLOOR)
+        );
+    }
+
+    #[test]
+    fn section_timeout_syntax() {
+        let (m, w) = parse_section_timeouts("step=60, checkpointing:600,warmup=900").unwrap();
+        assert_eq!(m["step"], s(60));
+        assert_eq!(m["checkpointing"], s(600));
+        assert_eq!(w, Some(s(900)));
+        assert!(parse_section_timeouts("step").is_err());
+        assert!(parse_section_timeouts("step=-1").is_err());
+        assert!(parse_section_timeouts("step=abc")
+            .unwrap_err()
+            .contains("abc"));
+    }
+
+    #[test]
+    fn state_file_round_trip() {
+        let t = Timeouts {
+            initial: Some(Duration::from_millis(1500)),
+            heartbeat: Some(s(20)),
+            sections: [("step".to_string(), s(15))].into(),
+            out_of_section: None,
+            warmup: None,
+        };
+        let text = serde_json::to_string(&t).unwrap();
+        assert_eq!(serde_json::from_str::<Timeouts>(&text).unwrap(), t);
+    }
+
+    proptest::proptest! {
+        /// The deadline is never before the moment its timeout started running.
+        #[test]
+        fn deadline_never_precedes_its_start(ops in proptest::collection::vec(0u8..6, 0..40), hb_s in 1u64..50, sec_s in 1u64..50) {
+            let t0 = Instant::now();
+            let t = Timeouts { initial: Some(s(99)), heartbeat: Some(s(hb_s)), sections: [("a".to_string(), s(sec_s))].into(), out_of_section: Some(s(5)), warmup: None };
+            let mut m = RankMonitor::new(t0);
+            let mut now = t0;
+            for op in ops {
+                now += Duration::from_millis(700);
+                let msg = match op { 0 => reg(), 1 => hb(), 2 => start("a"), 3 => end("a"), 4 => RankMsg::EndAllSections, _ => start("b") };
+                m.on_msg(now, &msg);
+                if let Some(d) = m.deadline(&t, 0) {
+                    proptest::prop_assert!(d.at >= d.since && d.at == d.since + d.limit);
+                    proptest::prop_assert!(d.since <= now);
+                }
+            }
+        }
+    }
+}

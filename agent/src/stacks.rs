@@ -1,0 +1,149 @@
+//! Where a hung rank is: its Python stacks (through the shim's faulthandler, on SIGUSR2) and what
+//! the kernel says of every thread (/proc wchan and stack).
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// The signal the shim's faulthandler listens on (docs/protocol.md).
+pub const DUMP_SIGNAL: i32 = libc::SIGUSR2;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StackReport {
+    /// File holding the Python stacks, when the rank dumped any.
+    pub python: Option<PathBuf>,
+    /// File holding the kernel's view of every thread.
+    pub proc: Option<PathBuf>,
+    /// Innermost frames, one line per thread: `thread: File "x.py", line 5 in f`.
+    pub innermost: Vec<String>,
+}
+
+/// From faulthandler's dump, each thread's innermost frames (most recent call first), at most
+/// `per_thread` frames for each of at most `threads` threads, the current thread first.
+pub fn innermost_frames(dump: &str, per_thread: usize, threads: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut blocks: Vec<(String, Vec<String>)> = Vec::new();
+    for line in dump.lines() {
+        let t = line.trim();
+        if t.ends_with("(most recent call first):") {
+            let name = t
+                .trim_end_matches("(most recent call first):")
+                .trim()
+                .to_string();
+            blocks.push((name, Vec::new()));
+        } else if t.starts_with("File ") {
+            if let Some((_, frames)) = blocks.last_mut() {
+                frames.push(t.to_string());
+            }
+        }
+    }
+    blocks.sort_by_key(|(name, _)| !name.starts_with("Current thread"));
+    for (name, frames) in blocks.into_iter().take(threads) {
+        for f in frames.into_iter().take(per_thread) {
+            out.push(format!("{name}: {f}"));
+        }
+    }
+    out
+}
+
+fn proc_snapshot(pid: i32) -> String {
+    let mut s = String::new();
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+    let _ = writeln!(s, "process {pid}: {} thread(s)", tasks.len());
+    for tid in tasks {
+        let read = |f: &str| {
+            std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/{f}"))
+                .map(|t| t.trim().to_string())
+                .unwrap_or_else(|e| format!("<{e}>"))
+        };
+        let state = read("stat")
+            .rsplit_once(')')
+            .and_then(|(_, r)| r.split_whitespace().next().map(str::to_string))
+            .unwrap_or_default();
+        let _ = writeln!(
+            s,
+            "\nthread {tid} ({}) state {state} wchan {}",
+            read("comm"),
+            read("wchan")
+        );
+        let _ = writeln!(s, "{}", read("stack"));
+    }
+    s
+}
+
+fn file_len(p: &Path) -> u64 {
+    std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)
+}
+
+/// Records the kernel's view, asks the shim for Python stacks and waits (up to `wait`) until the
+/// dump stops growing. A stopped rank is continued so its signal handler can run.
+pub async fn capture(pid: i32, dir: &Path, via_shim: bool, wait: Duration) -> StackReport {
+    let proc_path = dir.join("proc_stacks.txt");
+    let proc = std::fs::write(&proc_path, proc_snapshot(pid))
+        .ok()
+        .map(|_| proc_path);
+    let py_path = dir.join("stacks.txt");
+    let before = file_len(&py_path);
+    if via_shim {
+        // SAFETY: plain kill(2) calls.
+        unsafe {
+            libc::kill(pid, DUMP_SIGNAL);
+            libc::kill(pid, libc::SIGCONT);
+        }
+        let deadline = Instant::now() + wait;
+        let mut last = before;
+        let mut stable = 0;
+        while Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            let len = file_len(&py_path);
+            if len > before && len == last {
+                stable += 1;
+                if stable >= 2 {
+                    break;
+                }
+            } else {
+                stable = 0;
+            }
+            last = len;
+        }
+    }
+    let dump = std::fs::read(&py_path)
+        .ok()
+        .filter(|b| b.len() as u64 > before)
+        .map(|b| String::from_utf8_lossy(&b[before as usize..]).into_owned());
+    StackReport {
+        innermost: dump
+            .as_deref()
+            .map(|d| innermost_frames(d, 3, 4))
+            .unwrap_or_default(),
+        python: dump.map(|_| py_path),
+        proc,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_faulthandler_dump_current_thread_first() {
+        let dump = "Thread 0x00007f01 (most recent call first):\n  File \"/x/loader.py\", line 10 in get\n  File \"/usr/lib/python3.11/threading.py\", line 975 in run\n\nCurrent thread 0x00007f00 (most recent call first):\n  File \"/x/train.py\", line 5 in spin\n  File \"/x/train.py\", line 9 in step\n  File \"/x/train.py\", line 12 in main\n  File \"/x/train.py\", line 14 in <module>\n";
+        let f = innermost_frames(dump, 2, 4);
+        assert_eq!(
+            f,
+            vec![
+                "Current thread 0x00007f00: File \"/x/train.py\", line 5 in spin",
+                "Current thread 0x00007f00: File \"/x/train.py\", line 9 in step",
+                "Thread 0x00007f01: File \"/x/loader.py\", line 10 in get",
+                "Thread 0x00007f01: File \"/usr/lib/python3.11/threading.py\", line 975 in run",
+            ]
+        );
+        assert!(innermost_frames("garbage\n", 3, 3).is_empty());
+    }
+}
