@@ -253,7 +253,7 @@ pub fn resolve_timeouts(a: &RunArgs) -> Result<Timeouts, ConfigError> {
 
 pub fn resolve(a: &RunArgs, host: &Host) -> Result<LaunchConfig, ConfigError> {
     let (_, max_nodes) = parse_nnodes(&a.nnodes)?;
-    if max_nodes > 1 && !a.standalone {
+    if max_nodes > 1 {
         return err(format!(
             "--nnodes {}: this build of vigil runs one node per job; multi-node rendezvous is not available yet. Run with --nnodes 1",
             a.nnodes

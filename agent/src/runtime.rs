@@ -22,7 +22,7 @@ use crate::output::{ConsoleStream, LineSplitter, Sink, Tail};
 use crate::proc::{self, Watchdog};
 use crate::stacks::{self, StackReport};
 use crate::summary::{self, FailedRank};
-use crate::supervisor::{Action, Event, Outcome, Record, Supervisor, SupervisorConfig};
+use crate::supervisor::{Action, Event, Outcome, Record, StopReason, Supervisor, SupervisorConfig};
 
 /// How long to wait, once everything is reaped, for rank output still in the pipes.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(3);
@@ -357,8 +357,13 @@ impl Agent {
                 pids,
                 ..
             } if !pids.is_empty() => console_note(&format!(
-                "stopping {} rank(s) ({reason:?}): {} then SIGKILL after {:.1}s",
+                "stopping {} rank(s) {}: {} then SIGKILL after {:.1}s",
                 pids.len(),
+                match reason {
+                    StopReason::RankFailed => "after a rank failed",
+                    StopReason::Signal => "on a signal to the agent",
+                    StopReason::SpawnFailed => "after a rank could not start",
+                },
                 summary::signal_name(*signal),
                 *grace_ms as f64 / 1000.0
             )),
