@@ -6,6 +6,7 @@
 pub mod cli;
 pub mod config;
 pub mod gpu;
+pub mod hostlist;
 pub mod ipc_server;
 pub mod monitor;
 pub mod output;
