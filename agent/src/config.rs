@@ -204,6 +204,19 @@ pub fn rank_command(a: &RunArgs, python: &str) -> Result<Vec<String>, ConfigErro
     Ok(cmd)
 }
 
+/// A job id made safe for a file name: anything but `[A-Za-z0-9._-]` becomes `_`.
+pub fn file_safe(id: &str) -> String {
+    id.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "-_.".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
 /// `SIGTERM`, `TERM`, `15`: a signal number.
 pub fn parse_signal(flag: &str, s: &str) -> Result<i32, ConfigError> {
     let t = s.trim();
@@ -330,18 +343,7 @@ pub fn resolve(a: &RunArgs, host: &Host) -> Result<LaunchConfig, ConfigError> {
             let dir = a.log_dir.clone().unwrap_or_else(|| {
                 PathBuf::from((host.env)("TMPDIR").unwrap_or_else(|| "/tmp".into()))
             });
-            let id: String = a
-                .rdzv_id
-                .chars()
-                .map(|c| {
-                    if c.is_ascii_alphanumeric() || "-_.".contains(c) {
-                        c
-                    } else {
-                        '_'
-                    }
-                })
-                .collect();
-            dir.join(format!("vigil_timeouts_{id}.json"))
+            dir.join(format!("vigil_timeouts_{}.json", file_safe(&a.rdzv_id)))
         }),
     })
 }

@@ -15,7 +15,7 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use crate::config::{worker_env, LaunchConfig, RankSlot};
+use crate::config::{file_safe, worker_env, LaunchConfig, RankSlot};
 use crate::ipc_server::{self, IpcIn, Shared};
 use crate::monitor::Timeouts;
 use crate::output::{ConsoleStream, LineSplitter, Sink, Tail};
@@ -101,18 +101,7 @@ pub fn make_run_dir(cfg: &LaunchConfig) -> Result<PathBuf, StartError> {
         .map(|d| d.subsec_nanos())
         .unwrap_or(0);
     let suffix = format!("{:08x}", (std::process::id() << 16) ^ nanos);
-    let run_id: String = cfg
-        .run_id
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || "-_.".contains(c) {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    let dir = base.join(format!("vigil_{run_id}_{suffix}"));
+    let dir = base.join(format!("vigil_{}_{suffix}", file_safe(&cfg.run_id)));
     fs::create_dir_all(&dir).map_err(|e| {
         StartError(format!(
             "{flag} {}: cannot create {}: {e}; choose a directory you can write",
