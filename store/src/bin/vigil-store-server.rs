@@ -1,0 +1,149 @@
+//! `vigil-store-server`: a standalone TCPStore-compatible server.
+//!
+//! Prints `listening on HOST:PORT` as its first stdout line, then serves until
+//! SIGTERM, SIGINT or end of stdin (unless `--ignore-stdin`).
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::process::ExitCode;
+
+use tokio::io::AsyncReadExt;
+use tokio::signal::unix::{signal, SignalKind};
+use vigil_store::StoreServer;
+
+const USAGE: &str =
+    "usage: vigil-store-server [--host HOST] [--port PORT] [--threads N] [--ignore-stdin]
+
+  --host HOST      address to bind (default 0.0.0.0)
+  --port PORT      port to bind, 0 picks a free one (default 29500)
+  --threads N      worker threads; 1 runs everything on one thread (default 1)
+  --ignore-stdin   keep serving when stdin reaches end of file
+";
+
+struct Args {
+    host: String,
+    port: u16,
+    threads: usize,
+    ignore_stdin: bool,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut a = Args {
+        host: "0.0.0.0".into(),
+        port: 29500,
+        threads: 1,
+        ignore_stdin: false,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        let (name, inline) = match arg.split_once('=') {
+            Some((n, v)) if n.starts_with("--") => (n.to_string(), Some(v.to_string())),
+            _ => (arg.clone(), None),
+        };
+        let mut value = |n: &str| {
+            inline
+                .clone()
+                .or_else(|| it.next())
+                .ok_or_else(|| format!("{n} needs a value"))
+        };
+        match name.as_str() {
+            "--host" => a.host = value("--host")?,
+            "--port" => {
+                a.port = value("--port")?
+                    .parse()
+                    .map_err(|e| format!("bad --port: {e}"))?
+            }
+            "--threads" => {
+                a.threads = value("--threads")?
+                    .parse()
+                    .map_err(|e| format!("bad --threads: {e}"))?
+            }
+            "--ignore-stdin" => a.ignore_stdin = true,
+            "-h" | "--help" => {
+                print!("{USAGE}");
+                std::process::exit(0);
+            }
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    Ok(a)
+}
+
+fn resolve(host: &str, port: u16) -> Result<SocketAddr, String> {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    (host, port)
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve {host}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("{host} resolves to no address"))
+}
+
+async fn run(args: Args) -> Result<(), String> {
+    let addr = resolve(&args.host, args.port)?;
+    let server = StoreServer::bind(addr)
+        .await
+        .map_err(|e| format!("cannot bind {addr}: {e}"))?;
+    let local = server.local_addr().map_err(|e| e.to_string())?;
+    println!("listening on {local}");
+    let handle = server.spawn();
+
+    let mut term = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
+    let mut int = signal(SignalKind::interrupt()).map_err(|e| e.to_string())?;
+    let stdin_eof = async {
+        if args.ignore_stdin {
+            return std::future::pending::<()>().await;
+        }
+        let mut stdin = tokio::io::stdin();
+        let mut buf = [0u8; 256];
+        loop {
+            match stdin.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+        _ = stdin_eof => {}
+    }
+    handle.shutdown().await;
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("vigil-store-server: {e}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let rt = if args.threads <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(args.threads)
+            .enable_all()
+            .build()
+    };
+    let rt = match rt {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("vigil-store-server: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = rt.block_on(run(args));
+    // The stdin watcher is a blocking read that never returns on a signal:
+    // do not wait for it.
+    rt.shutdown_background();
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("vigil-store-server: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,541 @@
+//! An async client speaking the c10d TCPStore protocol, for vigil agents.
+//!
+//! It behaves like torch's `TCPStore(is_master=False)`: user keys get a `/`
+//! in front (so `set("x")` here and `store.set("x")` in torch name the same
+//! key), `get` and `multi_get` wait for their keys first, `wait` answers a
+//! timeout with `CANCEL_WAIT`. It works against vigil's server and against
+//! torch's own.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use crate::protocol::{
+    Request, CHECK_NOT_READY, CHECK_READY, VALIDATION_MAGIC, WAIT_CANCELED, WAIT_STOP_WAITING,
+};
+
+/// Largest reply value the client accepts.
+const MAX_REPLY_LEN: u64 = 1 << 30;
+
+/// Default per-operation timeout (torch's default store timeout is 300 s).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("cannot connect to the store at {addr} within {timeout:?}: {source}")]
+    Connect {
+        addr: SocketAddr,
+        timeout: Duration,
+        source: std::io::Error,
+    },
+    #[error("store I/O error: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("store {op} timed out after {timeout:?}")]
+    Timeout { op: &'static str, timeout: Duration },
+    #[error("store protocol error: {0}")]
+    Protocol(String),
+    #[error("queue is empty")]
+    QueueEmpty,
+    #[error("the store connection is unusable after an interrupted or failed operation")]
+    Broken,
+}
+
+impl StoreError {
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, StoreError::Timeout { .. })
+    }
+}
+
+pub type Result<T> = std::result::Result<T, StoreError>;
+
+/// One persistent connection to a TCPStore server. Operations take `&mut
+/// self`: one request in flight at a time, as in torch. If an operation's
+/// future is dropped half way, or fails on I/O, the connection is marked
+/// broken and every later call returns [`StoreError::Broken`]; reconnect.
+pub struct StoreClient {
+    stream: BufReader<TcpStream>,
+    wbuf: Vec<u8>,
+    timeout: Duration,
+    peer: SocketAddr,
+    broken: bool,
+}
+
+fn user_key(key: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(key.len() + 1);
+    k.push(b'/');
+    k.extend_from_slice(key.as_bytes());
+    k
+}
+
+fn next_nonce() -> u32 {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    std::process::id() ^ COUNTER.fetch_add(1, Ordering::Relaxed).rotate_left(16)
+}
+
+impl StoreClient {
+    /// Connects, retrying refused connections until `timeout` has passed
+    /// (the server may still be starting), then validates and pings like
+    /// torch's client. `timeout` also becomes the default timeout of every
+    /// operation (see [`StoreClient::set_timeout`]).
+    pub async fn connect(addr: SocketAddr, timeout: Duration) -> Result<StoreClient> {
+        let deadline = Instant::now() + timeout;
+        let mut delay = Duration::from_millis(10);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let attempt = tokio::time::timeout(left, TcpStream::connect(addr)).await;
+            let err = match attempt {
+                Ok(Ok(stream)) => {
+                    stream.set_nodelay(true)?;
+                    let mut c = StoreClient {
+                        stream: BufReader::new(stream),
+                        wbuf: Vec::with_capacity(256),
+                        timeout,
+                        peer: addr,
+                        broken: false,
+                    };
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    match c.handshake(left.max(Duration::from_millis(100))).await {
+                        Ok(()) => return Ok(c),
+                        // A full backlog can accept and then reset: retry.
+                        Err(StoreError::Io(e)) => e,
+                        Err(StoreError::Timeout { .. }) => {
+                            std::io::Error::new(std::io::ErrorKind::TimedOut, "handshake timed out")
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+                Ok(Err(e)) => e,
+                Err(_) => std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"),
+            };
+            if Instant::now() + delay >= deadline {
+                return Err(StoreError::Connect {
+                    addr,
+                    timeout,
+                    source: err,
+                });
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_millis(500));
+        }
+    }
+
+    async fn handshake(&mut self, timeout: Duration) -> Result<()> {
+        let nonce = next_nonce();
+        self.wbuf.clear();
+        Request::Validate {
+            magic: VALIDATION_MAGIC,
+        }
+        .encode(&mut self.wbuf);
+        Request::Ping { nonce }.encode(&mut self.wbuf);
+        let got = self
+            .guarded("connect", timeout, |s| {
+                Box::pin(async move {
+                    s.flush_wbuf().await?;
+                    Ok(s.stream.read_u32_le().await?)
+                })
+            })
+            .await?;
+        if got != nonce {
+            return Err(StoreError::Protocol(format!(
+                "ping returned {got:#x}, expected {nonce:#x}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The default timeout of operations (connect's `timeout` unless changed).
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout;
+    }
+
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.peer
+    }
+
+    /// True after an interrupted or failed operation; reconnect then.
+    pub fn is_broken(&self) -> bool {
+        self.broken
+    }
+
+    async fn flush_wbuf(&mut self) -> std::io::Result<()> {
+        self.stream.get_mut().write_all(&self.wbuf).await
+    }
+
+    async fn read_bytes(&mut self) -> Result<Vec<u8>> {
+        let n = self.stream.read_u64_le().await?;
+        if n > MAX_REPLY_LEN {
+            return Err(StoreError::Protocol(format!("reply of {n} bytes")));
+        }
+        let mut v = vec![0u8; n as usize];
+        self.stream.read_exact(&mut v).await?;
+        Ok(v)
+    }
+
+    /// Runs `f` (which writes `wbuf` and reads the reply) under `timeout`,
+    /// marking the connection broken unless it completes cleanly.
+    async fn guarded<T>(
+        &mut self,
+        op: &'static str,
+        timeout: Duration,
+        f: impl for<'a> FnOnce(
+            &'a mut StoreClient,
+        ) -> std::pin::Pin<
+            Box<dyn std::future::Future<Output = Result<T>> + Send + 'a>,
+        >,
+    ) -> Result<T> {
+        if self.broken {
+            return Err(StoreError::Broken);
+        }
+        self.broken = true;
+        match tokio::time::timeout(timeout, f(self)).await {
+            Ok(Ok(v)) => {
+                self.broken = false;
+                Ok(v)
+            }
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(StoreError::Timeout { op, timeout }),
+        }
+    }
+
+    fn encode(&mut self, req: Request) {
+        self.wbuf.clear();
+        req.encode(&mut self.wbuf);
+    }
+
+    /// Sends a request that has no reply.
+    async fn send_only(&mut self, op: &'static str, req: Request) -> Result<()> {
+        self.encode(req);
+        let t = self.timeout;
+        self.guarded(op, t, |s| {
+            Box::pin(async move {
+                s.flush_wbuf().await?;
+                Ok(())
+            })
+        })
+        .await
+    }
+
+    async fn call_i64(&mut self, op: &'static str, req: Request) -> Result<i64> {
+        self.encode(req);
+        let t = self.timeout;
+        self.guarded(op, t, |s| {
+            Box::pin(async move {
+                s.flush_wbuf().await?;
+                Ok(s.stream.read_i64_le().await?)
+            })
+        })
+        .await
+    }
+
+    async fn call_u8(&mut self, op: &'static str, req: Request) -> Result<u8> {
+        self.encode(req);
+        let t = self.timeout;
+        self.guarded(op, t, |s| {
+            Box::pin(async move {
+                s.flush_wbuf().await?;
+                Ok(s.stream.read_u8().await?)
+            })
+        })
+        .await
+    }
+
+    async fn call_bytes(
+        &mut self,
+        op: &'static str,
+        req: Request,
+        n: usize,
+    ) -> Result<Vec<Vec<u8>>> {
+        self.encode(req);
+        let t = self.timeout;
+        self.guarded(op, t, |s| {
+            Box::pin(async move {
+                s.flush_wbuf().await?;
+                let mut vals = Vec::with_capacity(n);
+                for _ in 0..n {
+                    vals.push(s.read_bytes().await?);
+                }
+                Ok(vals)
+            })
+        })
+        .await
+    }
+
+    /// Sends a request answered by one wait byte (WAIT, BARRIER); on timeout
+    /// sends CANCEL_WAIT and consumes the answers as torch's client does.
+    async fn parked(&mut self, op: &'static str, req: Request, timeout: Duration) -> Result<()> {
+        self.encode(req);
+        let t = self.timeout;
+        self.guarded(op, timeout.saturating_add(t), |s| {
+            Box::pin(async move {
+                s.flush_wbuf().await?;
+                // read_u8 is cancel-safe: a timeout consumes nothing.
+                if let Ok(r) = tokio::time::timeout(timeout, s.stream.read_u8()).await {
+                    return match r? {
+                        WAIT_STOP_WAITING => Ok(true),
+                        b => Err(StoreError::Protocol(format!("{op} answered {b}"))),
+                    };
+                }
+                s.wbuf.clear();
+                Request::CancelWait.encode(&mut s.wbuf);
+                s.flush_wbuf().await?;
+                let mut b = s.stream.read_u8().await?;
+                if b == WAIT_STOP_WAITING {
+                    // Released just before the cancel arrived; the cancel is
+                    // still acknowledged. torch reports a timeout here too.
+                    b = s.stream.read_u8().await?;
+                }
+                if b != WAIT_CANCELED {
+                    return Err(StoreError::Protocol(format!("cancel answered {b}")));
+                }
+                Ok(false)
+            })
+        })
+        .await
+        .and_then(|released| {
+            if released {
+                Ok(())
+            } else {
+                Err(StoreError::Timeout { op, timeout })
+            }
+        })
+    }
+
+    /// Sets `key` to `value`.
+    pub async fn set(&mut self, key: &str, value: &[u8]) -> Result<()> {
+        self.send_only(
+            "set",
+            Request::Set {
+                key: user_key(key),
+                value: value.to_vec(),
+            },
+        )
+        .await
+    }
+
+    /// Waits (up to the default timeout) until `key` exists, then reads it.
+    pub async fn get(&mut self, key: &str) -> Result<Vec<u8>> {
+        let t = self.timeout;
+        self.get_timeout(key, t).await
+    }
+
+    /// Waits up to `timeout` until `key` exists, then reads it.
+    pub async fn get_timeout(&mut self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+        self.wait(&[key], timeout).await?;
+        let mut v = self
+            .call_bytes("get", Request::Get { key: user_key(key) }, 1)
+            .await?;
+        Ok(v.pop().expect("one value"))
+    }
+
+    /// Adds `delta` to the decimal counter at `key` (created at 0) and returns
+    /// the new value.
+    pub async fn add(&mut self, key: &str, delta: i64) -> Result<i64> {
+        self.call_i64(
+            "add",
+            Request::Add {
+                key: user_key(key),
+                delta,
+            },
+        )
+        .await
+    }
+
+    /// True if every key exists (without waiting).
+    pub async fn check(&mut self, keys: &[&str]) -> Result<bool> {
+        let keys = keys.iter().map(|k| user_key(k)).collect();
+        match self.call_u8("check", Request::Check { keys }).await? {
+            CHECK_READY => Ok(true),
+            CHECK_NOT_READY => Ok(false),
+            b => Err(StoreError::Protocol(format!("check answered {b}"))),
+        }
+    }
+
+    /// Waits until every key exists; [`StoreError::Timeout`] after `timeout`.
+    pub async fn wait(&mut self, keys: &[&str], timeout: Duration) -> Result<()> {
+        let keys = keys.iter().map(|k| user_key(k)).collect();
+        self.parked("wait", Request::Wait { keys }, timeout).await
+    }
+
+    /// torch's compare-and-set: if `key` holds `expected`, or is missing and
+    /// `expected` is empty, it becomes `desired`. Returns the value after the
+    /// operation; for a missing key with a non-empty `expected`, returns
+    /// `expected` and changes nothing (as torch does).
+    pub async fn compare_set(
+        &mut self,
+        key: &str,
+        expected: &[u8],
+        desired: &[u8],
+    ) -> Result<Vec<u8>> {
+        let mut v = self
+            .call_bytes(
+                "compare_set",
+                Request::CompareSet {
+                    key: user_key(key),
+                    expected: expected.to_vec(),
+                    desired: desired.to_vec(),
+                },
+                1,
+            )
+            .await?;
+        Ok(v.pop().expect("one value"))
+    }
+
+    /// Deletes `key`; true if it existed.
+    pub async fn delete_key(&mut self, key: &str) -> Result<bool> {
+        Ok(self
+            .call_i64("delete_key", Request::DeleteKey { key: user_key(key) })
+            .await?
+            == 1)
+    }
+
+    /// Number of keys in the store (every key, not only `/`-prefixed ones).
+    pub async fn num_keys(&mut self) -> Result<i64> {
+        self.call_i64("num_keys", Request::GetNumKeys).await
+    }
+
+    /// Waits (default timeout) for all keys, then reads them in order.
+    pub async fn multi_get(&mut self, keys: &[&str]) -> Result<Vec<Vec<u8>>> {
+        let t = self.timeout;
+        self.wait(keys, t).await?;
+        let raw = keys.iter().map(|k| user_key(k)).collect();
+        self.call_bytes("multi_get", Request::MultiGet { keys: raw }, keys.len())
+            .await
+    }
+
+    /// Sets several keys in one request.
+    pub async fn multi_set(&mut self, pairs: &[(&str, &[u8])]) -> Result<()> {
+        let pairs = pairs
+            .iter()
+            .map(|(k, v)| (user_key(k), v.to_vec()))
+            .collect();
+        self.send_only("multi_set", Request::MultiSet { pairs })
+            .await
+    }
+
+    /// Appends `value` to `key` (created if missing).
+    pub async fn append(&mut self, key: &str, value: &[u8]) -> Result<()> {
+        self.send_only(
+            "append",
+            Request::Append {
+                key: user_key(key),
+                value: value.to_vec(),
+            },
+        )
+        .await
+    }
+
+    /// Round trip with a fresh nonce; returns how long it took.
+    pub async fn ping(&mut self) -> Result<Duration> {
+        let nonce = next_nonce();
+        self.encode(Request::Ping { nonce });
+        let t = self.timeout;
+        let start = Instant::now();
+        let got = self
+            .guarded("ping", t, |s| {
+                Box::pin(async move {
+                    s.flush_wbuf().await?;
+                    Ok(s.stream.read_u32_le().await?)
+                })
+            })
+            .await?;
+        if got != nonce {
+            return Err(StoreError::Protocol(format!(
+                "ping returned {got:#x}, expected {nonce:#x}"
+            )));
+        }
+        Ok(start.elapsed())
+    }
+
+    /// Appends `value` to the queue `key`.
+    pub async fn queue_push(&mut self, key: &str, value: &[u8]) -> Result<()> {
+        self.send_only(
+            "queue_push",
+            Request::QueuePush {
+                key: user_key(key),
+                value: value.to_vec(),
+            },
+        )
+        .await
+    }
+
+    /// Pops the oldest element of queue `key`. With `block`, waits (default
+    /// timeout) for one; without, an empty queue is [`StoreError::QueueEmpty`].
+    pub async fn queue_pop(&mut self, key: &str, block: bool) -> Result<Vec<u8>> {
+        if block {
+            let t = self.timeout;
+            self.wait(&[key], t).await?;
+        }
+        self.encode(Request::QueuePop { key: user_key(key) });
+        let t = self.timeout;
+        self.guarded("queue_pop", t, |s| {
+            Box::pin(async move {
+                s.flush_wbuf().await?;
+                let n = s.stream.read_i64_le().await?;
+                if n <= 0 {
+                    return Ok(None);
+                }
+                Ok(Some(s.read_bytes().await?))
+            })
+        })
+        .await?
+        .ok_or(StoreError::QueueEmpty)
+    }
+
+    /// Length of queue `key` (0 if it does not exist).
+    pub async fn queue_len(&mut self, key: &str) -> Result<i64> {
+        self.call_i64("queue_len", Request::QueueLen { key: user_key(key) })
+            .await
+    }
+
+    /// Every user key (those with the `/` prefix), prefix removed, in the
+    /// server's order.
+    pub async fn list_keys(&mut self) -> Result<Vec<String>> {
+        self.encode(Request::ListKeys);
+        let t = self.timeout;
+        let raw = self
+            .guarded("list_keys", t, |s| {
+                Box::pin(async move {
+                    s.flush_wbuf().await?;
+                    let n = s.stream.read_i64_le().await?;
+                    if !(0..=(1 << 24)).contains(&n) {
+                        return Err(StoreError::Protocol(format!("list_keys count {n}")));
+                    }
+                    let mut keys = Vec::with_capacity(n as usize);
+                    for _ in 0..n {
+                        keys.push(s.read_bytes().await?);
+                    }
+                    Ok(keys)
+                })
+            })
+            .await?;
+        Ok(raw
+            .into_iter()
+            .filter_map(|k| {
+                k.strip_prefix(b"/")
+                    .map(|k| String::from_utf8_lossy(k).into_owned())
+            })
+            .collect())
+    }
+
+    /// Blocks until `world_size` participants called `barrier` with the same
+    /// key (server-side counter, torch's BARRIER), or `timeout`.
+    pub async fn barrier(&mut self, key: &str, world_size: i64, timeout: Duration) -> Result<()> {
+        self.parked(
+            "barrier",
+            Request::Barrier {
+                key: user_key(key),
+                world_size,
+            },
+            timeout,
+        )
+        .await
+    }
+}

@@ -1,0 +1,30 @@
+//! vigil-store: a server that speaks PyTorch's c10d `TCPStore` wire protocol,
+//! so that unmodified `torch.distributed.TCPStore(host, port, is_master=False)`
+//! clients (and `init_process_group` with `TORCHELASTIC_USE_AGENT_STORE=True`)
+//! can use a store hosted by the vigil agent, plus an async client that the
+//! agents use for their own coordination.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//! use vigil_store::{StoreClient, StoreServer};
+//!
+//! let server = StoreServer::bind("127.0.0.1:0".parse()?).await?;
+//! let handle = server.spawn();
+//! let mut c = StoreClient::connect(handle.local_addr(), Duration::from_secs(10)).await?;
+//! c.set("vigil/attempt", b"0").await?;
+//! assert_eq!(c.add("counter", 2).await?, 2);
+//! handle.reset(); // keeps only /vigil/... keys for the next attempt
+//! handle.shutdown().await;
+//! # Ok(()) }
+//! ```
+//!
+//! See `docs/store.md` for the opcode table and the torch version checked.
+
+pub mod client;
+pub mod protocol;
+pub mod server;
+
+pub use client::{StoreClient, StoreError, DEFAULT_TIMEOUT};
+pub use protocol::{Opcode, VALIDATION_MAGIC};
+pub use server::{KeySpace, StoreHandle, StoreServer, StoreStats, AGENT_PREFIX, LISTEN_BACKLOG};

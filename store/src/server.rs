@@ -1,0 +1,743 @@
+//! The TCPStore-compatible server.
+//!
+//! One Tokio task per connection, one key space shared behind a mutex (no
+//! handler awaits while holding it). A `WAIT` whose keys are missing parks
+//! the connection's wait in the shared state; whoever creates the last missing
+//! key sends the wake-up to that connection's task through a channel, while
+//! still holding the lock, so a later `CANCEL_WAIT` on the same connection
+//! always sees a consistent picture (`STOP_WAITING` is written before
+//! `WAIT_CANCELED` if the wait was satisfied first, as torch's client expects).
+//! Nothing polls.
+
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::sync::{mpsc, watch};
+use tokio::task::{JoinHandle, JoinSet};
+
+use crate::protocol::{
+    parse_counter, parse_request, put_bytes, put_i64, Parsed, ProtocolError, Request,
+    CHECK_NOT_READY, CHECK_READY, VALIDATION_MAGIC, WAIT_CANCELED, WAIT_STOP_WAITING,
+};
+
+/// Raw-key prefix under which vigil agents keep their own coordination keys.
+///
+/// [`StoreClient`](crate::StoreClient) and torch's client both put `/` in front
+/// of the user's key, so an agent key `vigil/attempt` is stored as
+/// `/vigil/attempt`. [`KeySpace::reset`] keeps exactly these.
+pub const AGENT_PREFIX: &[u8] = b"/vigil/";
+
+/// Listen backlog requested from the kernel (it is capped by
+/// `net.core.somaxconn`). torch had connection failures at 4k+ ranks because
+/// of a small backlog (pytorch PR #129261).
+pub const LISTEN_BACKLOG: u32 = 16384;
+
+/// Largest read-buffer growth per read, so a huge declared length does not
+/// make us reserve its full size before the bytes arrive.
+const READ_CHUNK_MAX: usize = 1 << 20;
+const READ_CHUNK_MIN: usize = 4096;
+
+/// Counters describing the server's current state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StoreStats {
+    /// Keys in the key-value map (what GETNUMKEYS reports).
+    pub keys: usize,
+    /// Non-empty queues.
+    pub queues: usize,
+    /// Connections currently parked in WAIT or BARRIER.
+    pub pending_waits: usize,
+    /// Open client connections.
+    pub connections: usize,
+    /// Connections dropped because of a protocol violation.
+    pub dropped_for_protocol_errors: u64,
+}
+
+struct Waiter {
+    /// Keys still missing before this wait is released.
+    remaining: usize,
+    /// Keys it was registered under (to unregister on cancel).
+    keys: Vec<Vec<u8>>,
+    tx: mpsc::UnboundedSender<u64>,
+}
+
+#[derive(Default)]
+struct State {
+    kv: HashMap<Vec<u8>, Vec<u8>>,
+    queues: HashMap<Vec<u8>, VecDeque<Vec<u8>>>,
+    /// key -> ids of waits registered on it, oldest first.
+    waiting: HashMap<Vec<u8>, VecDeque<u64>>,
+    waits: HashMap<u64, Waiter>,
+}
+
+impl State {
+    /// A key "exists" for CHECK/WAIT if it holds a value or is a non-empty queue.
+    fn present(&self, key: &[u8]) -> bool {
+        self.kv.contains_key(key) || self.queues.get(key).is_some_and(|q| !q.is_empty())
+    }
+
+    fn fire(&mut self, id: u64) -> bool {
+        let Some(w) = self.waits.get_mut(&id) else {
+            return false;
+        };
+        w.remaining = w.remaining.saturating_sub(1);
+        if w.remaining > 0 {
+            return false;
+        }
+        let w = self.waits.remove(&id).expect("present");
+        // The receiving connection may be gone; its cleanup then finds nothing.
+        let _ = w.tx.send(id);
+        true
+    }
+
+    /// Releases every wait registered on `key` whose last missing key this was.
+    fn wake_all(&mut self, key: &[u8]) {
+        if self.waiting.is_empty() {
+            return;
+        }
+        if let Some(ids) = self.waiting.remove(key) {
+            for id in ids {
+                self.fire(id);
+            }
+        }
+    }
+
+    /// Releases one wait on `key` (a queue push makes one element available).
+    fn wake_one(&mut self, key: &[u8]) {
+        let Some(ids) = self.waiting.get_mut(key) else {
+            return;
+        };
+        let mut ids = std::mem::take(ids);
+        while let Some(id) = ids.pop_front() {
+            if self.fire(id) {
+                break;
+            }
+        }
+        if ids.is_empty() {
+            self.waiting.remove(key);
+        } else {
+            self.waiting.insert(key.to_vec(), ids);
+        }
+    }
+
+    /// Registers wait `id` on the missing keys. Returns true if nothing is
+    /// missing (the caller answers at once and nothing is registered).
+    fn register_wait(
+        &mut self,
+        id: u64,
+        keys: Vec<Vec<u8>>,
+        tx: &mpsc::UnboundedSender<u64>,
+    ) -> bool {
+        let missing: Vec<Vec<u8>> = keys.into_iter().filter(|k| !self.present(k)).collect();
+        if missing.is_empty() {
+            return true;
+        }
+        for k in &missing {
+            self.waiting.entry(k.clone()).or_default().push_back(id);
+        }
+        self.waits.insert(
+            id,
+            Waiter {
+                remaining: missing.len(),
+                keys: missing,
+                tx: tx.clone(),
+            },
+        );
+        false
+    }
+
+    /// Removes wait `id`. True if it was still pending (not yet released).
+    fn cancel_wait(&mut self, id: u64) -> bool {
+        let Some(w) = self.waits.remove(&id) else {
+            return false;
+        };
+        for k in &w.keys {
+            if let Some(ids) = self.waiting.get_mut(k) {
+                ids.retain(|x| *x != id);
+                if ids.is_empty() {
+                    self.waiting.remove(k);
+                }
+            }
+        }
+        true
+    }
+
+    fn set(&mut self, key: Vec<u8>, value: Vec<u8>) {
+        self.wake_all(&key);
+        self.kv.insert(key, value);
+    }
+
+    fn add(&mut self, key: Vec<u8>, delta: i64) -> Result<i64, ConnEnd> {
+        let old = match self.kv.get(&key) {
+            Some(v) => parse_counter(v).ok_or(ConnEnd::NotACounter)?,
+            None => 0,
+        };
+        let new = old.checked_add(delta).ok_or(ConnEnd::NotACounter)?;
+        self.set(key, new.to_string().into_bytes());
+        Ok(new)
+    }
+
+    fn remove_where(&mut self, mut doomed: impl FnMut(&[u8]) -> bool) -> usize {
+        let before = self.kv.len() + self.queues.len();
+        self.kv.retain(|k, _| !doomed(k));
+        self.queues.retain(|k, _| !doomed(k));
+        before - self.kv.len() - self.queues.len()
+    }
+}
+
+pub(crate) struct Shared {
+    state: Mutex<State>,
+    next_wait_id: AtomicU64,
+    connections: AtomicUsize,
+    protocol_drops: AtomicU64,
+    last_drop: Mutex<Option<String>>,
+}
+
+impl Shared {
+    fn new() -> Shared {
+        Shared {
+            state: Mutex::new(State::default()),
+            next_wait_id: AtomicU64::new(1),
+            connections: AtomicUsize::new(0),
+            protocol_drops: AtomicU64::new(0),
+            last_drop: Mutex::new(None),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // No handler panics while holding the lock; if one did, the map is
+        // still structurally sound, so keep serving.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A handle on the server's key space, for the agent that hosts the store:
+/// reset it between attempts, inspect it, or read and write keys without a
+/// TCP round trip. Cheap to clone.
+#[derive(Clone)]
+pub struct KeySpace {
+    shared: Arc<Shared>,
+}
+
+impl KeySpace {
+    /// Deletes every key and queue except those under [`AGENT_PREFIX`]
+    /// (`/vigil/`): a new attempt of the job starts from a clean key space
+    /// while the agents keep their own bookkeeping. Returns how many entries
+    /// were removed. Parked waiters stay parked (they are released when the
+    /// new attempt creates their keys).
+    pub fn reset(&self) -> usize {
+        self.reset_except(AGENT_PREFIX)
+    }
+
+    /// Deletes every key and queue whose raw name does not start with `keep`.
+    pub fn reset_except(&self, keep: &[u8]) -> usize {
+        self.shared.lock().remove_where(|k| !k.starts_with(keep))
+    }
+
+    /// Deletes every key and queue whose raw name starts with `prefix`.
+    pub fn clear_prefix(&self, prefix: &[u8]) -> usize {
+        self.shared.lock().remove_where(|k| k.starts_with(prefix))
+    }
+
+    /// Reads a raw key (no `/` is added).
+    pub fn get_raw(&self, key: &[u8]) -> Option<Vec<u8>> {
+        self.shared.lock().kv.get(key).cloned()
+    }
+
+    /// Writes a raw key (no `/` is added), releasing its waiters.
+    pub fn set_raw(&self, key: &[u8], value: &[u8]) {
+        self.shared.lock().set(key.to_vec(), value.to_vec());
+    }
+
+    /// All raw key names, sorted.
+    pub fn keys_raw(&self) -> Vec<Vec<u8>> {
+        let mut keys: Vec<Vec<u8>> = self.shared.lock().kv.keys().cloned().collect();
+        keys.sort();
+        keys
+    }
+
+    /// Why the most recent connection dropped for a protocol violation was dropped.
+    pub fn last_protocol_error(&self) -> Option<String> {
+        self.shared
+            .last_drop
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    pub fn stats(&self) -> StoreStats {
+        let st = self.shared.lock();
+        StoreStats {
+            keys: st.kv.len(),
+            queues: st.queues.values().filter(|q| !q.is_empty()).count(),
+            pending_waits: st.waits.len(),
+            connections: self.shared.connections.load(Ordering::Relaxed),
+            dropped_for_protocol_errors: self.shared.protocol_drops.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// A bound, not yet serving, TCPStore-compatible server.
+pub struct StoreServer {
+    listener: TcpListener,
+    shared: Arc<Shared>,
+}
+
+impl StoreServer {
+    /// Binds `addr` (port 0 picks a free port) with a large listen backlog
+    /// ([`LISTEN_BACKLOG`]) and `SO_REUSEADDR`. Must run inside a Tokio runtime.
+    pub async fn bind(addr: SocketAddr) -> io::Result<StoreServer> {
+        let sock = if addr.is_ipv4() {
+            TcpSocket::new_v4()?
+        } else {
+            TcpSocket::new_v6()?
+        };
+        sock.set_reuseaddr(true)?;
+        sock.bind(addr)?;
+        let listener = sock.listen(LISTEN_BACKLOG)?;
+        Ok(StoreServer {
+            listener,
+            shared: Arc::new(Shared::new()),
+        })
+    }
+
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    pub fn key_space(&self) -> KeySpace {
+        KeySpace {
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// Serves until this future is dropped (which also closes every
+    /// connection it accepted).
+    pub async fn serve(self) {
+        let (_tx, rx) = watch::channel(false);
+        accept_loop(self.listener, self.shared, rx).await;
+    }
+
+    /// Serves on a background task; the handle resets the key space and shuts
+    /// the server down.
+    pub fn spawn(self) -> StoreHandle {
+        let local_addr = self
+            .listener
+            .local_addr()
+            .expect("a bound listener has an address");
+        let (tx, rx) = watch::channel(false);
+        let keys = self.key_space();
+        let task = tokio::spawn(accept_loop(self.listener, self.shared, rx));
+        StoreHandle {
+            local_addr,
+            keys,
+            shutdown: tx,
+            task: Some(task),
+        }
+    }
+}
+
+/// A running server. Dropping it stops the server without waiting; prefer
+/// [`StoreHandle::shutdown`].
+pub struct StoreHandle {
+    local_addr: SocketAddr,
+    keys: KeySpace,
+    shutdown: watch::Sender<bool>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl StoreHandle {
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    pub fn key_space(&self) -> &KeySpace {
+        &self.keys
+    }
+
+    /// See [`KeySpace::reset`]: keeps only `/vigil/...` keys.
+    pub fn reset(&self) -> usize {
+        self.keys.reset()
+    }
+
+    /// See [`KeySpace::clear_prefix`].
+    pub fn clear_prefix(&self, prefix: &[u8]) -> usize {
+        self.keys.clear_prefix(prefix)
+    }
+
+    pub fn stats(&self) -> StoreStats {
+        self.keys.stats()
+    }
+
+    /// Stops accepting, closes every connection and waits until all of the
+    /// server's tasks have finished (the port is free afterwards).
+    pub async fn shutdown(mut self) {
+        let _ = self.shutdown.send(true);
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for StoreHandle {
+    fn drop(&mut self) {
+        let _ = self.shutdown.send(true);
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    // Dropping the JoinSet (when `serve()` is dropped) aborts every connection.
+    let mut conns = JoinSet::new();
+    loop {
+        if *shutdown.borrow() {
+            break;
+        }
+        tokio::select! {
+            r = listener.accept() => match r {
+                Ok((stream, _peer)) => {
+                    conns.spawn(serve_conn(stream, shared.clone()));
+                }
+                Err(_) => {
+                    // EMFILE and friends: back off instead of spinning; never exit.
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            },
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            r = shutdown.changed() => {
+                if r.is_err() {
+                    break;
+                }
+            }
+        }
+    }
+    drop(listener);
+    // Aborting a connection task drops its socket (closing it) and its `Conn`
+    // (whose Drop unregisters a parked wait).
+    conns.shutdown().await;
+}
+
+/// Why a connection ends.
+#[derive(Debug, thiserror::Error)]
+enum ConnEnd {
+    #[error("I/O error")]
+    Io,
+    #[error("{0}")]
+    Protocol(ProtocolError),
+    #[error("first request was not VALIDATE")]
+    NotValidated,
+    #[error("VALIDATE with a wrong magic number")]
+    BadMagic,
+    #[error("ADD or BARRIER on a value that is not a decimal counter, or overflow")]
+    NotACounter,
+    #[error("WAIT or BARRIER while another one is parked on the same connection")]
+    WaitAlreadyPending,
+}
+
+impl From<io::Error> for ConnEnd {
+    fn from(_: io::Error) -> ConnEnd {
+        ConnEnd::Io
+    }
+}
+
+struct Conn {
+    shared: Arc<Shared>,
+    validated: bool,
+    wait: Option<u64>,
+    tx: mpsc::UnboundedSender<u64>,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        if let Some(id) = self.wait.take() {
+            self.shared.lock().cancel_wait(id);
+        }
+        self.shared.connections.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+async fn serve_conn(stream: TcpStream, shared: Arc<Shared>) {
+    let _ = stream.set_nodelay(true);
+    shared.connections.fetch_add(1, Ordering::Relaxed);
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let mut conn = Conn {
+        shared: shared.clone(),
+        validated: false,
+        wait: None,
+        tx,
+    };
+    let (mut rd, mut wr) = stream.into_split();
+    let mut buf: Vec<u8> = Vec::with_capacity(READ_CHUNK_MIN);
+    let mut out: Vec<u8> = Vec::with_capacity(256);
+    let mut need = 1usize;
+
+    let end: Result<(), ConnEnd> = async {
+        loop {
+            let mut failed = None;
+            if buf.len() >= need {
+                let mut off = 0;
+                loop {
+                    match parse_request(&buf[off..]) {
+                        Ok(Parsed::Complete(req, n)) => {
+                            off += n;
+                            if let Err(e) = conn.handle(req, &mut rx, &mut out) {
+                                failed = Some(e);
+                                break;
+                            }
+                        }
+                        Ok(Parsed::Incomplete(n)) => {
+                            need = n;
+                            break;
+                        }
+                        Err(e) => {
+                            failed = Some(ConnEnd::Protocol(e));
+                            break;
+                        }
+                    }
+                }
+                buf.drain(..off);
+            }
+            // Answer every request before a bad one, then hang up.
+            if !out.is_empty() {
+                wr.write_all(&out).await?;
+                out.clear();
+            }
+            if let Some(e) = failed {
+                return Err(e);
+            }
+            let spare = buf.capacity() - buf.len();
+            if spare < READ_CHUNK_MIN {
+                let want = need
+                    .saturating_sub(buf.len())
+                    .clamp(READ_CHUNK_MIN, READ_CHUNK_MAX);
+                buf.reserve(want);
+            }
+            if conn.wait.is_none() {
+                // Wake-ups are only ever sent for a parked wait: just read.
+                if rd.read_buf(&mut buf).await? == 0 {
+                    return Ok(());
+                }
+                continue;
+            }
+            tokio::select! {
+                Some(id) = rx.recv() => conn.woken(id, &mut out),
+                r = rd.read_buf(&mut buf) => {
+                    if r? == 0 {
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
+    .await;
+
+    match end {
+        Ok(()) | Err(ConnEnd::Io) => {}
+        Err(e) => {
+            shared.protocol_drops.fetch_add(1, Ordering::Relaxed);
+            *shared.last_drop.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
+        }
+    }
+    // Dropping the halves closes the socket; dropping `conn` unregisters a wait.
+}
+
+impl Conn {
+    fn woken(&mut self, id: u64, out: &mut Vec<u8>) {
+        if self.wait == Some(id) {
+            self.wait = None;
+            out.push(WAIT_STOP_WAITING);
+        }
+    }
+
+    fn park(
+        &mut self,
+        st: &mut State,
+        keys: Vec<Vec<u8>>,
+        out: &mut Vec<u8>,
+    ) -> Result<(), ConnEnd> {
+        if self.wait.is_some() {
+            return Err(ConnEnd::WaitAlreadyPending);
+        }
+        let id = self.shared.next_wait_id.fetch_add(1, Ordering::Relaxed);
+        if st.register_wait(id, keys, &self.tx) {
+            out.push(WAIT_STOP_WAITING);
+        } else {
+            self.wait = Some(id);
+        }
+        Ok(())
+    }
+
+    fn handle(
+        &mut self,
+        req: Request,
+        rx: &mut mpsc::UnboundedReceiver<u64>,
+        out: &mut Vec<u8>,
+    ) -> Result<(), ConnEnd> {
+        if let Request::Validate { magic } = req {
+            if magic != VALIDATION_MAGIC {
+                return Err(ConnEnd::BadMagic);
+            }
+            self.validated = true;
+            return Ok(());
+        }
+        if !self.validated {
+            return Err(ConnEnd::NotValidated);
+        }
+        match req {
+            Request::Validate { .. } => unreachable!("handled above"),
+            Request::Ping { nonce } => out.extend_from_slice(&nonce.to_le_bytes()),
+            Request::Set { key, value } => self.shared.lock().set(key, value),
+            Request::CompareSet {
+                key,
+                expected,
+                desired,
+            } => {
+                let mut st = self.shared.lock();
+                match st.kv.get(&key) {
+                    // torch: a missing key is created only when `expected` is
+                    // empty; otherwise the reply is `expected` and nothing changes.
+                    None if expected.is_empty() => {
+                        put_bytes(out, &desired);
+                        st.set(key, desired);
+                    }
+                    None => put_bytes(out, &expected),
+                    Some(cur) if *cur == expected => {
+                        put_bytes(out, &desired);
+                        st.set(key, desired);
+                    }
+                    Some(cur) => put_bytes(out, cur),
+                }
+            }
+            Request::Get { key } => {
+                let st = self.shared.lock();
+                put_bytes(out, st.kv.get(&key).map_or(&[][..], |v| v));
+            }
+            Request::Add { key, delta } => {
+                let v = self.shared.lock().add(key, delta)?;
+                put_i64(out, v);
+            }
+            Request::Check { keys } => {
+                let st = self.shared.lock();
+                let ready = keys.iter().all(|k| st.present(k));
+                out.push(if ready { CHECK_READY } else { CHECK_NOT_READY });
+            }
+            Request::Wait { keys } => {
+                let shared = self.shared.clone();
+                let mut st = shared.lock();
+                self.park(&mut st, keys, out)?;
+            }
+            Request::GetNumKeys => {
+                let n = self.shared.lock().kv.len();
+                put_i64(out, n as i64);
+            }
+            Request::DeleteKey { key } => {
+                let removed = self.shared.lock().kv.remove(&key).is_some();
+                put_i64(out, removed as i64);
+            }
+            Request::Append { key, value } => {
+                let mut st = self.shared.lock();
+                st.wake_all(&key);
+                st.kv.entry(key).or_default().extend_from_slice(&value);
+            }
+            Request::MultiGet { keys } => {
+                let st = self.shared.lock();
+                for k in &keys {
+                    put_bytes(out, st.kv.get(k).map_or(&[][..], |v| v));
+                }
+            }
+            Request::MultiSet { pairs } => {
+                let mut st = self.shared.lock();
+                for (k, v) in pairs {
+                    st.set(k, v);
+                }
+            }
+            Request::CancelWait => {
+                if let Some(id) = self.wait.take() {
+                    let still_pending = self.shared.lock().cancel_wait(id);
+                    if !still_pending {
+                        // Released before the cancel: the wake-up was sent under
+                        // the lock, so it is already in the channel. Answer it
+                        // first, as torch's client expects.
+                        while let Ok(fired) = rx.try_recv() {
+                            if fired == id {
+                                out.push(WAIT_STOP_WAITING);
+                            }
+                        }
+                    }
+                }
+                out.push(WAIT_CANCELED);
+            }
+            Request::QueuePush { key, value } => {
+                let mut st = self.shared.lock();
+                st.queues.entry(key.clone()).or_default().push_back(value);
+                st.wake_one(&key);
+            }
+            Request::QueuePop { key } => {
+                let mut st = self.shared.lock();
+                match st.queues.get_mut(&key) {
+                    Some(q) if !q.is_empty() => {
+                        put_i64(out, q.len() as i64);
+                        let v = q.pop_front().expect("non-empty");
+                        put_bytes(out, &v);
+                        if q.is_empty() {
+                            st.queues.remove(&key);
+                        }
+                    }
+                    _ => put_i64(out, 0),
+                }
+            }
+            Request::QueueLen { key } => {
+                let n = self.shared.lock().queues.get(&key).map_or(0, |q| q.len());
+                put_i64(out, n as i64);
+            }
+            Request::ListKeys => {
+                let st = self.shared.lock();
+                put_i64(out, st.kv.len() as i64);
+                for k in st.kv.keys() {
+                    put_bytes(out, k);
+                }
+            }
+            Request::Barrier { key, world_size } => {
+                if self.wait.is_some() {
+                    return Err(ConnEnd::WaitAlreadyPending);
+                }
+                let shared = self.shared.clone();
+                let mut st = shared.lock();
+                let count = match st.kv.get(&key) {
+                    Some(v) => parse_counter(v)
+                        .and_then(|c| c.checked_add(1))
+                        .ok_or(ConnEnd::NotACounter)?,
+                    None => 1,
+                };
+                st.kv.insert(key.clone(), count.to_string().into_bytes());
+                if count >= world_size {
+                    st.wake_all(&key);
+                    out.push(WAIT_STOP_WAITING);
+                } else {
+                    // Parked on a key that exists: released by the last arrival
+                    // (or any other write of the key, as in torch).
+                    let id = self.shared.next_wait_id.fetch_add(1, Ordering::Relaxed);
+                    st.waiting.entry(key.clone()).or_default().push_back(id);
+                    st.waits.insert(
+                        id,
+                        Waiter {
+                            remaining: 1,
+                            keys: vec![key],
+                            tx: self.tx.clone(),
+                        },
+                    );
+                    self.wait = Some(id);
+                }
+            }
+        }
+        Ok(())
+    }
+}
