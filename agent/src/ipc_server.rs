@@ -29,6 +29,15 @@ pub enum IpcIn {
         peer_pid: Option<i32>,
         reason: String,
     },
+    /// The last registered connection of this rank closed.
+    Closed { cycle: u32, local_rank: u32 },
+}
+
+/// One registered connection's way back to its rank.
+struct Route {
+    conn: u64,
+    cycle: u32,
+    tx: mpsc::UnboundedSender<AgentMsg>,
 }
 
 /// State the event loop shares with the connection tasks (one thread, so plain `Rc`).
@@ -37,25 +46,51 @@ pub struct Shared {
     pub cycle: Cell<u32>,
     /// Process (and session) id of each local rank of the current cycle.
     pub rank_pids: RefCell<Vec<Option<i32>>>,
-    /// Where to send messages for each registered local rank, with the cycle it registered in.
-    pub senders: RefCell<HashMap<u32, (u32, mpsc::UnboundedSender<AgentMsg>)>>,
+    /// Registered connections of each local rank, oldest first; messages go to the newest one
+    /// of the current cycle.
+    routes: RefCell<HashMap<u32, Vec<Route>>>,
+    next_conn: Cell<u64>,
 }
 
 impl Shared {
     pub fn send(&self, local_rank: u32, msg: AgentMsg) {
-        if let Some((cycle, tx)) = self.senders.borrow().get(&local_rank) {
-            if *cycle == self.cycle.get() {
-                let _ = tx.send(msg);
-            }
+        let routes = self.routes.borrow();
+        let current = self.cycle.get();
+        if let Some(r) = routes
+            .get(&local_rank)
+            .and_then(|v| v.iter().rev().find(|r| r.cycle == current))
+        {
+            let _ = r.tx.send(msg);
         }
     }
 
     pub fn send_all(&self, msg: &AgentMsg) {
-        for (cycle, tx) in self.senders.borrow().values() {
-            if *cycle == self.cycle.get() {
-                let _ = tx.send(msg.clone());
-            }
+        let lrs: Vec<u32> = self.routes.borrow().keys().copied().collect();
+        for lr in lrs {
+            self.send(lr, msg.clone());
         }
+    }
+
+    fn add_route(&self, local_rank: u32, route: Route) {
+        self.routes
+            .borrow_mut()
+            .entry(local_rank)
+            .or_default()
+            .push(route);
+    }
+
+    /// Removes this connection's route; true if the rank has no connection of that cycle left.
+    fn remove_route(&self, local_rank: u32, conn: u64, cycle: u32) -> bool {
+        let mut routes = self.routes.borrow_mut();
+        let Some(v) = routes.get_mut(&local_rank) else {
+            return true;
+        };
+        v.retain(|r| r.conn != conn && r.cycle >= self.cycle.get());
+        let left = v.iter().any(|r| r.cycle == cycle);
+        if v.is_empty() {
+            routes.remove(&local_rank);
+        }
+        !left
     }
 }
 
@@ -165,6 +200,8 @@ async fn serve(stream: UnixStream, uid: u32, shared: Rc<Shared>, tx: mpsc::Unbou
     let mut dec = RankDecoder::new();
     let mut buf = vec![0u8; 8192];
     let mut me: Option<(u32, u32)> = None; // (cycle, local_rank)
+    let conn = shared.next_conn.get();
+    shared.next_conn.set(conn + 1);
     let (out_tx, mut out_rx) = mpsc::unbounded_channel::<AgentMsg>();
     let writer = tokio::task::spawn_local(async move {
         let mut frame = Vec::new();
@@ -218,10 +255,14 @@ async fn serve(stream: UnixStream, uid: u32, shared: Rc<Shared>, tx: mpsc::Unbou
                         break 'conn;
                     }
                     me = Some((*cycle, lr));
-                    shared
-                        .senders
-                        .borrow_mut()
-                        .insert(lr, (*cycle, out_tx.clone()));
+                    shared.add_route(
+                        lr,
+                        Route {
+                            conn,
+                            cycle: *cycle,
+                            tx: out_tx.clone(),
+                        },
+                    );
                     (*cycle, lr)
                 }
                 (None, _) => {
@@ -245,10 +286,9 @@ async fn serve(stream: UnixStream, uid: u32, shared: Rc<Shared>, tx: mpsc::Unbou
             });
         }
     }
-    if let Some((cycle, lr)) = me {
-        let mut senders = shared.senders.borrow_mut();
-        if senders.get(&lr).is_some_and(|(c, _)| *c == cycle) {
-            senders.remove(&lr);
+    if let Some((cycle, local_rank)) = me {
+        if shared.remove_route(local_rank, conn, cycle) {
+            let _ = tx.send(IpcIn::Closed { cycle, local_rank });
         }
     }
     drop(out_tx);

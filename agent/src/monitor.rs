@@ -260,6 +260,8 @@ pub struct RankMonitor {
     /// When the rank last left a section (or registered): out-of-section time runs from here.
     out_since: Option<Instant>,
     finished: bool,
+    /// Registered, then closed its connection: monitoring pauses until it registers again.
+    disconnected: bool,
     pub observed: Observed,
 }
 
@@ -272,6 +274,7 @@ impl RankMonitor {
             section: None,
             out_since: None,
             finished: false,
+            disconnected: false,
             observed: Observed::default(),
         }
     }
@@ -290,6 +293,14 @@ impl RankMonitor {
                 if !self.registered {
                     self.registered = true;
                     self.out_since = Some(now);
+                } else if self.disconnected {
+                    // Back after closing on purpose: every window starts afresh.
+                    self.disconnected = false;
+                    self.section = None;
+                    self.out_since = Some(now);
+                    if self.last_heartbeat.is_some() {
+                        self.last_heartbeat = Some(now);
+                    }
                 }
             }
             RankMsg::Heartbeat { .. } => {
@@ -326,6 +337,12 @@ impl RankMonitor {
         }
     }
 
+    pub fn on_disconnect(&mut self) {
+        if self.registered {
+            self.disconnected = true;
+        }
+    }
+
     fn end_section(&mut self, now: Instant) {
         if let Some((name, since)) = self.section.take() {
             let d = now.saturating_duration_since(since);
@@ -340,7 +357,7 @@ impl RankMonitor {
 
     /// The earliest moment this rank counts as hung under `t`, if any check applies.
     pub fn deadline(&self, t: &Timeouts, warmup_steps: u32) -> Option<Due> {
-        if self.finished {
+        if self.finished || self.disconnected {
             return None;
         }
         let mut best: Option<Due> = None;

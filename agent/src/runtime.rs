@@ -671,7 +671,10 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf) -> i32 {
                 IpcIn::Message { cycle, local_rank, msg } if cycle == sup.cycle() => {
                     agent.queue.push_back(Event::Message { local_rank, msg });
                 }
-                IpcIn::Message { .. } => {}
+                IpcIn::Closed { cycle, local_rank } if cycle == sup.cycle() => {
+                    agent.queue.push_back(Event::Disconnected { local_rank });
+                }
+                IpcIn::Message { .. } | IpcIn::Closed { .. } => {}
                 IpcIn::Rejected { peer_pid, reason } => {
                     console_note(&format!("refused a connection on the ranks' socket: {reason}"));
                     agent.events.write_value(serde_json::json!({

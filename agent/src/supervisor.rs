@@ -92,6 +92,9 @@ pub enum Event {
     Signal(i32),
     /// A message from a rank of the current cycle, on a connection registered to `local_rank`.
     Message { local_rank: u32, msg: RankMsg },
+    /// The last registered connection of this rank closed: its monitoring pauses until it
+    /// registers again (`vigil.close()`, NVRx's `shutdown_workload_monitoring`).
+    Disconnected { local_rank: u32 },
     /// The hung rank's stacks were captured (or the capture gave up).
     StacksCaptured { local_rank: u32 },
     /// Time passed; sent when `next_deadline` is reached.
@@ -504,6 +507,11 @@ impl Supervisor {
             Event::Reaped { pid, how } => self.on_reaped(now, pid, how, &mut out),
             Event::Signal(sig) => self.on_signal(now, sig, &mut out),
             Event::Message { local_rank, msg } => self.on_message(now, local_rank, msg, &mut out),
+            Event::Disconnected { local_rank } => {
+                if let Some(m) = self.monitors.get_mut(local_rank as usize) {
+                    m.on_disconnect();
+                }
+            }
             Event::StacksCaptured { local_rank } => {
                 if self
                     .diagnosing
@@ -762,13 +770,7 @@ impl Supervisor {
             at: now,
         });
         let term = self.cfg.termination_signal;
-        self.begin_stop(now, StopReason::RankFailed, SIGTERM, out);
-        if term != SIGTERM {
-            out.push(Action::SignalGroups {
-                pgids: vec![pid],
-                signal: term,
-            });
-        }
+        self.begin_stop_except(now, StopReason::RankFailed, SIGTERM, Some((pid, term)), out);
     }
 
     fn on_signal(&mut self, now: Instant, sig: i32, out: &mut Vec<Action>) {
@@ -801,6 +803,19 @@ impl Supervisor {
     /// Signal every live rank and arm the escalation deadline. A stop already under way keeps its
     /// earlier deadline but takes the stronger reason (a signal to the agent beats a restart).
     fn begin_stop(&mut self, now: Instant, reason: StopReason, signal: i32, out: &mut Vec<Action>) {
+        self.begin_stop_except(now, reason, signal, None, out)
+    }
+
+    /// As `begin_stop`, but the group `special.0` gets signal `special.1` instead (a hung rank
+    /// gets the rank termination signal, not the graceful SIGTERM).
+    fn begin_stop_except(
+        &mut self,
+        now: Instant,
+        reason: StopReason,
+        signal: i32,
+        special: Option<(i32, i32)>,
+        out: &mut Vec<Action>,
+    ) {
         let grace = match reason {
             StopReason::Signal => self.cfg.term_timeout,
             StopReason::RankFailed | StopReason::SpawnFailed => self.cfg.workers_stop_timeout,
@@ -836,10 +851,19 @@ impl Supervisor {
             grace_ms: grace.as_millis() as u64,
             pids: pids.clone(),
         }));
-        if !pids.is_empty() {
+        let (special_pids, rest): (Vec<i32>, Vec<i32>) = pids
+            .into_iter()
+            .partition(|p| special.is_some_and(|(sp, _)| sp == *p));
+        if !rest.is_empty() {
             out.push(Action::SignalGroups {
-                pgids: pids,
+                pgids: rest,
                 signal,
+            });
+        }
+        if let (Some((_, sig)), false) = (special, special_pids.is_empty()) {
+            out.push(Action::SignalGroups {
+                pgids: special_pids,
+                signal: sig,
             });
         }
     }
@@ -1167,6 +1191,118 @@ mod tests {
         let o = finish(&a).unwrap();
         assert_eq!(o.exit_code(), 2);
         assert!(spawns(&a).is_empty());
+    }
+
+    #[test]
+    fn hung_rank_gets_only_the_termination_signal() {
+        let t = Instant::now();
+        let mut c = cfg(2, 0);
+        c.timeouts.heartbeat = Some(Duration::from_secs(1));
+        c.termination_signal = SIGKILL;
+        let (mut s, _) = Supervisor::new(c);
+        spawn_all(&mut s, t, 100);
+        for lr in 0..2 {
+            let reg = RankMsg::Register {
+                rank: lr,
+                local_rank: lr,
+                pid: 100 + lr,
+                cycle: 0,
+            };
+            s.handle(
+                t,
+                Event::Message {
+                    local_rank: lr,
+                    msg: reg,
+                },
+            );
+            s.handle(
+                t,
+                Event::Message {
+                    local_rank: lr,
+                    msg: RankMsg::Heartbeat { step: None },
+                },
+            );
+        }
+        let t1 = t + Duration::from_millis(500);
+        s.handle(
+            t1,
+            Event::Message {
+                local_rank: 0,
+                msg: RankMsg::Heartbeat { step: None },
+            },
+        );
+        assert_eq!(
+            s.next_deadline(),
+            Some(t + Duration::from_secs(1)),
+            "rank 1 is due first"
+        );
+        let a = s.handle(t + Duration::from_secs(1), Event::Tick);
+        assert!(a.iter().any(|x| matches!(
+            x,
+            Action::CaptureStacks {
+                local_rank: 1,
+                pid: 101,
+                via_shim: true
+            }
+        )));
+        assert!(signals(&a).is_empty(), "stacks first, then signals");
+        let a = s.handle(
+            t + Duration::from_secs(1),
+            Event::StacksCaptured { local_rank: 1 },
+        );
+        assert_eq!(
+            signals(&a),
+            vec![(vec![100], SIGTERM), (vec![101], SIGKILL)]
+        );
+        assert_eq!(
+            s.failures()[0].hang.as_ref().unwrap().timeout,
+            HangKind::Heartbeat
+        );
+    }
+
+    #[test]
+    fn disconnect_pauses_monitoring_until_reregistration() {
+        let t = Instant::now();
+        let mut c = cfg(1, 0);
+        c.timeouts.heartbeat = Some(Duration::from_secs(1));
+        let (mut s, _) = Supervisor::new(c);
+        spawn_all(&mut s, t, 100);
+        let reg = RankMsg::Register {
+            rank: 0,
+            local_rank: 0,
+            pid: 100,
+            cycle: 0,
+        };
+        s.handle(
+            t,
+            Event::Message {
+                local_rank: 0,
+                msg: reg.clone(),
+            },
+        );
+        s.handle(
+            t,
+            Event::Message {
+                local_rank: 0,
+                msg: RankMsg::Heartbeat { step: None },
+            },
+        );
+        assert!(s.next_deadline().is_some());
+        s.handle(t, Event::Disconnected { local_rank: 0 });
+        assert_eq!(s.next_deadline(), None);
+        let t5 = t + Duration::from_secs(5);
+        s.handle(
+            t5,
+            Event::Message {
+                local_rank: 0,
+                msg: reg,
+            },
+        );
+        assert_eq!(
+            s.next_deadline(),
+            Some(t5 + Duration::from_secs(1)),
+            "a fresh window after reconnecting"
+        );
     }
 
     #[test]
