@@ -5,6 +5,7 @@
 
 pub mod cli;
 pub mod config;
+pub mod ftcompat;
 pub mod gpu;
 pub mod hostlist;
 pub mod ipc_server;

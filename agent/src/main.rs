@@ -5,18 +5,31 @@ use vigil::cli::{Cli, Command, RunArgs};
 use vigil::config::{self, Host};
 use vigil::runtime;
 
-/// Invoked as `ft_launcher` (a symlink), the binary is `vigil run`.
-fn args() -> Vec<std::ffi::OsString> {
-    let mut args: Vec<_> = std::env::args_os().collect();
+/// Invoked as `ft_launcher` (a symlink), the binary is `vigil run`; `vigil run` takes
+/// ft_launcher's flags (and `--ft-cfg-path` YAML), rewritten to vigil's before parsing.
+fn args() -> Result<Vec<String>, String> {
+    let mut args: Vec<String> = std::env::args_os()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
     let invoked_as = args.first().and_then(|a| {
         std::path::Path::new(a)
             .file_name()
-            .map(|f| f.to_os_string())
+            .map(|f| f.to_string_lossy().into_owned())
     });
-    if invoked_as.as_deref() == Some(std::ffi::OsStr::new("ft_launcher")) {
+    if invoked_as.as_deref() == Some("ft_launcher") {
         args.insert(1, "run".into());
     }
-    args
+    if args.get(1).map(String::as_str) != Some("run") {
+        return Ok(args);
+    }
+    let t = vigil::ftcompat::translate(&args[2..], &|p| std::fs::read_to_string(p))
+        .map_err(|e| e.to_string())?;
+    for note in &t.notes {
+        eprintln!("[vigil] {note}");
+    }
+    args.truncate(2);
+    args.extend(t.args);
+    Ok(args)
 }
 
 fn run(a: RunArgs) -> i32 {
@@ -49,7 +62,13 @@ fn run(a: RunArgs) -> i32 {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse_from(args());
+    let cli = match args() {
+        Ok(a) => Cli::parse_from(a),
+        Err(e) => {
+            eprintln!("vigil: error: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let code = match cli.command {
         Command::Run(a) => run(*a),
         Command::Watchdog => vigil::proc::watchdog_main(),
