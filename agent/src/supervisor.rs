@@ -343,7 +343,7 @@ pub struct Supervisor {
     calculated: Option<Timeouts>,
     calculated_this_cycle: bool,
     /// A hung rank whose stacks are being captured: rank, why, and when to stop waiting.
-    diagnosing: Option<(u32, Due, Instant)>,
+    diagnosing: Option<(u32, Hang, Instant)>,
     training_finished: bool,
 }
 
@@ -737,19 +737,19 @@ impl Supervisor {
             local_rank,
             rank: self.cfg.rank_offset + local_rank,
             pid,
-            hang,
+            hang: hang.clone(),
         }));
         out.push(Action::CaptureStacks {
             local_rank,
             pid,
             via_shim: self.monitors[local_rank as usize].registered(),
         });
-        self.diagnosing = Some((local_rank, due, now + self.cfg.stack_wait));
+        self.diagnosing = Some((local_rank, hang, now + self.cfg.stack_wait));
     }
 
     /// The hung rank's stacks are taken (or the wait is over): terminate it and stop the cycle.
     fn conclude_hang(&mut self, now: Instant, out: &mut Vec<Action>) {
-        let Some((local_rank, due, _)) = self.diagnosing.take() else {
+        let Some((local_rank, hang, _)) = self.diagnosing.take() else {
             return;
         };
         let r = &self.ranks[local_rank as usize];
@@ -762,11 +762,7 @@ impl Supervisor {
             rank: self.cfg.rank_offset + local_rank,
             pid,
             how: None,
-            hang: Some(Hang {
-                timeout: due.kind,
-                limit_ms: due.limit.as_millis() as u64,
-                silent_ms: now.saturating_duration_since(due.since).as_millis() as u64,
-            }),
+            hang: Some(hang),
             at: now,
         });
         let term = self.cfg.termination_signal;
