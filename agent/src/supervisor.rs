@@ -312,6 +312,8 @@ enum RankState {
 struct Rank {
     pid: Option<i32>,
     state: RankState,
+    /// Liveness, from the moment the rank was started.
+    monitor: Option<RankMonitor>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -336,7 +338,6 @@ pub struct Supervisor {
     /// The signal that ended the agent, if any.
     signal: Option<i32>,
     spawn_error: Option<(u32, String)>,
-    monitors: Vec<RankMonitor>,
     /// The timeouts in force now.
     timeouts: Timeouts,
     /// The last calculated timeouts (loaded or from this run), blended into the next calculation.
@@ -362,7 +363,6 @@ impl Supervisor {
             failures: Vec::new(),
             signal: None,
             spawn_error: None,
-            monitors: Vec::new(),
             timeouts: Timeouts::default(),
             calculated: None,
             calculated_this_cycle: false,
@@ -447,11 +447,12 @@ impl Supervisor {
     fn earliest_hang(&self) -> Option<(u32, Due)> {
         self.ranks
             .iter()
-            .zip(&self.monitors)
             .enumerate()
-            .filter(|(_, (r, _))| r.state == RankState::Running)
-            .filter_map(|(i, (_, m))| {
-                m.deadline(&self.timeouts, self.cfg.warmup_steps)
+            .filter(|(_, r)| r.state == RankState::Running)
+            .filter_map(|(i, r)| {
+                r.monitor
+                    .as_ref()?
+                    .deadline(&self.timeouts, self.cfg.warmup_steps)
                     .map(|d| (i as u32, d))
             })
             .min_by_key(|(_, d)| d.at)
@@ -467,7 +468,7 @@ impl Supervisor {
                 if let Some(r) = self.ranks.get_mut(local_rank as usize) {
                     r.pid = Some(pid);
                     r.state = RankState::Running;
-                    self.monitors[local_rank as usize] = RankMonitor::new(now);
+                    r.monitor = Some(RankMonitor::new(now));
                     out.push(Action::Record(Record::RankStarted {
                         cycle: self.cycle,
                         local_rank,
@@ -508,7 +509,11 @@ impl Supervisor {
             Event::Signal(sig) => self.on_signal(now, sig, &mut out),
             Event::Message { local_rank, msg } => self.on_message(now, local_rank, msg, &mut out),
             Event::Disconnected { local_rank } => {
-                if let Some(m) = self.monitors.get_mut(local_rank as usize) {
+                if let Some(m) = self
+                    .ranks
+                    .get_mut(local_rank as usize)
+                    .and_then(|r| r.monitor.as_mut())
+                {
                     m.on_disconnect();
                 }
             }
@@ -571,13 +576,11 @@ impl Supervisor {
         self.failures.clear();
         self.diagnosing = None;
         self.calculated_this_cycle = false;
-        self.monitors = (0..self.cfg.nproc)
-            .map(|_| RankMonitor::new(Instant::now()))
-            .collect();
         self.ranks = (0..self.cfg.nproc)
             .map(|_| Rank {
                 pid: None,
                 state: RankState::NotStarted,
+                monitor: None,
             })
             .collect();
         vec![
@@ -653,17 +656,19 @@ impl Supervisor {
     }
 
     fn on_message(&mut self, now: Instant, local_rank: u32, msg: RankMsg, out: &mut Vec<Action>) {
-        let lr = local_rank as usize;
-        if self
+        let Some(m) = self
             .ranks
-            .get(lr)
-            .is_none_or(|r| r.state != RankState::Running)
-        {
+            .get_mut(local_rank as usize)
+            .filter(|r| r.state == RankState::Running)
+            .and_then(|r| r.monitor.as_mut())
+        else {
             return;
-        }
+        };
+        let (registered, finished) = (m.registered(), m.finished());
+        m.on_msg(now, &msg);
         let rank = self.cfg.rank_offset + local_rank;
         match &msg {
-            RankMsg::Register { .. } if !self.monitors[lr].registered() => {
+            RankMsg::Register { .. } if !registered => {
                 out.push(Action::Record(Record::Registered {
                     cycle: self.cycle,
                     local_rank,
@@ -674,7 +679,7 @@ impl Supervisor {
                     msg: self.timeouts.to_msg(),
                 });
             }
-            RankMsg::Finished if !self.monitors[lr].finished() => {
+            RankMsg::Finished if !finished => {
                 self.training_finished = true;
                 out.push(Action::Record(Record::TrainingFinished {
                     cycle: self.cycle,
@@ -684,7 +689,6 @@ impl Supervisor {
             }
             _ => {}
         }
-        self.monitors[lr].on_msg(now, &msg);
         if matches!(msg, RankMsg::Heartbeat { .. } | RankMsg::SectionEnd { .. }) {
             self.maybe_calculate(out);
         }
@@ -696,9 +700,14 @@ impl Supervisor {
             return;
         }
         let merged = self
-            .monitors
+            .ranks
             .iter()
-            .map(|m| m.observed.clone())
+            .map(|r| {
+                r.monitor
+                    .as_ref()
+                    .map(|m| m.observed.clone())
+                    .unwrap_or_default()
+            })
             .reduce(|a, b| a.merge(&b))
             .unwrap_or_else(Observed::default);
         if !merged.ready() {
@@ -742,7 +751,10 @@ impl Supervisor {
         out.push(Action::CaptureStacks {
             local_rank,
             pid,
-            via_shim: self.monitors[local_rank as usize].registered(),
+            via_shim: self.ranks[local_rank as usize]
+                .monitor
+                .as_ref()
+                .is_some_and(RankMonitor::registered),
         });
         self.diagnosing = Some((local_rank, hang, now + self.cfg.stack_wait));
     }
