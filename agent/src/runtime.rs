@@ -233,6 +233,8 @@ impl Agent {
     fn spawn_cycle(&mut self, cycle: u32) {
         let port = self.master_port();
         self.tails = (0..self.cfg.nproc).map(|_| Tail::default()).collect();
+        // Pumps of earlier attempts that reached end-of-file need no waiting for at exit.
+        self.readers.retain(|h| !h.is_finished());
         self.shared.cycle.set(cycle);
         *self.shared.rank_pids.borrow_mut() = vec![None; self.cfg.nproc as usize];
         let env_of = |k: &str| std::env::var(k).ok();
