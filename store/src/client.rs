@@ -71,6 +71,14 @@ fn user_key(key: &str) -> Vec<u8> {
     k
 }
 
+/// `now + timeout`, or, when that overflows (`Duration::MAX`), a deadline 30
+/// years away: tokio's own "far future", in effect no timeout.
+fn far_deadline(timeout: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(timeout)
+        .unwrap_or_else(|| now + Duration::from_secs(30 * 365 * 86_400))
+}
+
 fn next_nonce() -> u32 {
     static COUNTER: AtomicU32 = AtomicU32::new(0);
     std::process::id() ^ COUNTER.fetch_add(1, Ordering::Relaxed).rotate_left(16)
@@ -80,9 +88,10 @@ impl StoreClient {
     /// Connects, retrying refused connections until `timeout` has passed
     /// (the server may still be starting), then validates and pings like
     /// torch's client. `timeout` also becomes the default timeout of every
-    /// operation (see [`StoreClient::set_timeout`]).
+    /// operation (see [`StoreClient::set_timeout`]). A timeout too large to
+    /// be a deadline (such as `Duration::MAX`) means no timeout.
     pub async fn connect(addr: SocketAddr, timeout: Duration) -> Result<StoreClient> {
-        let deadline = Instant::now() + timeout;
+        let deadline = far_deadline(timeout);
         let mut delay = Duration::from_millis(10);
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -158,6 +167,22 @@ impl StoreClient {
 
     pub fn peer_addr(&self) -> SocketAddr {
         self.peer
+    }
+
+    /// Turns on TCP keepalive and `TCP_USER_TIMEOUT` on this connection so
+    /// that a server that vanishes without closing (host lost, network cut)
+    /// fails the connection after roughly `t` instead of leaving an operation
+    /// hanging: `SO_KEEPALIVE`, `TCP_KEEPIDLE` = `TCP_KEEPINTVL` = `t / 3` in
+    /// whole seconds (at least 1), `TCP_KEEPCNT` = 3, `TCP_USER_TIMEOUT` = `t`.
+    /// See [`crate::server::set_peer_timeout`].
+    pub fn set_peer_timeout(&self, t: Duration) -> std::io::Result<()> {
+        crate::server::set_peer_timeout(self.stream.get_ref(), t)
+    }
+
+    /// The underlying socket, to read or set socket options. Reading from or
+    /// writing to it breaks the protocol.
+    pub fn socket(&self) -> &TcpStream {
+        self.stream.get_ref()
     }
 
     /// True after an interrupted or failed operation; reconnect then.
@@ -359,6 +384,8 @@ impl StoreClient {
     }
 
     /// Waits until every key exists; [`StoreError::Timeout`] after `timeout`.
+    /// `Duration::MAX` (or any timeout too large to be a deadline) waits
+    /// forever.
     pub async fn wait(&mut self, keys: &[&str], timeout: Duration) -> Result<()> {
         let keys = keys.iter().map(|k| user_key(k)).collect();
         self.parked("wait", Request::Wait { keys }, timeout).await

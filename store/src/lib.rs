@@ -19,6 +19,11 @@
 //! # Ok(()) }
 //! ```
 //!
+//! Keys under `vigil/lease/` are leases, deleted and reported
+//! ([`StoreServer::lease_events`]) when the connection that set them ends;
+//! [`StoreServer::set_peer_timeout`] and [`StoreClient::set_peer_timeout`]
+//! make a silent peer end its connection.
+//!
 //! See `docs/store.md` for the opcode table and the torch version checked.
 
 pub mod client;
@@ -27,4 +32,7 @@ pub mod server;
 
 pub use client::{StoreClient, StoreError, DEFAULT_TIMEOUT};
 pub use protocol::{Opcode, VALIDATION_MAGIC};
-pub use server::{KeySpace, StoreHandle, StoreServer, StoreStats, AGENT_PREFIX, LISTEN_BACKLOG};
+pub use server::{
+    set_peer_timeout, KeySpace, LeaseEvent, StoreHandle, StoreServer, StoreStats, AGENT_PREFIX,
+    LEASE_PREFIX, LISTEN_BACKLOG,
+};

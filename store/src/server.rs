@@ -8,11 +8,15 @@
 //! always sees a consistent picture (`STOP_WAITING` is written before
 //! `WAIT_CANCELED` if the wait was satisfied first, as torch's client expects).
 //! Nothing polls.
+//!
+//! Lease keys (under [`LEASE_PREFIX`]) are owned by the connection that last
+//! set them; when that connection ends, the server deletes the keys it still
+//! owns and reports them through [`StoreServer::lease_events`].
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -32,6 +36,31 @@ use crate::protocol::{
 /// of the user's key, so an agent key `vigil/attempt` is stored as
 /// `/vigil/attempt`. [`KeySpace::reset`] keeps exactly these.
 pub const AGENT_PREFIX: &[u8] = b"/vigil/";
+
+/// Raw-key prefix of lease keys: a client writes `vigil/lease/<name>` (stored
+/// as `/vigil/lease/<name>`). A lease key is owned by the connection that last
+/// stored it with SET, a COMPARE_SET that stored, or MULTI_SET; when that
+/// connection ends (EOF, I/O error, protocol error, but not server shutdown)
+/// the server deletes the key if it still holds that connection's write and
+/// reports a [`LeaseEvent`].
+pub const LEASE_PREFIX: &[u8] = b"/vigil/lease/";
+
+fn is_lease_key(key: &[u8]) -> bool {
+    key.starts_with(LEASE_PREFIX)
+}
+
+/// What happened to a lease key when the connection that owned it ended. See
+/// [`StoreServer::lease_events`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseEvent {
+    /// The key still held the value that connection wrote: the server deleted
+    /// it. `key` is the name after `/vigil/lease/` (lossy UTF-8); `value` is
+    /// what the key held.
+    Lost { key: String, value: Vec<u8> },
+    /// The key had been deleted or overwritten (by anyone, the owner included)
+    /// since that connection last wrote it: nothing was deleted.
+    Released { key: String },
+}
 
 /// Listen backlog requested from the kernel (it is capped by
 /// `net.core.somaxconn`). torch had connection failures at 4k+ ranks because
@@ -73,6 +102,11 @@ struct State {
     /// key -> ids of waits registered on it, oldest first.
     waiting: HashMap<Vec<u8>, VecDeque<u64>>,
     waits: HashMap<u64, Waiter>,
+    /// Lease key -> id of the connection that owns it. An entry exists only
+    /// while the key holds the value that connection stored.
+    lease_owner: HashMap<Vec<u8>, u64>,
+    /// The lease-event subscriber, if any.
+    lease_tx: Option<mpsc::UnboundedSender<LeaseEvent>>,
 }
 
 impl State {
@@ -167,9 +201,37 @@ impl State {
         true
     }
 
+    /// A write of `key` that takes no lease ownership (it ends any).
     fn set(&mut self, key: Vec<u8>, value: Vec<u8>) {
+        self.disown(&key);
         self.wake_all(&key);
         self.kv.insert(key, value);
+    }
+
+    /// A write of `key` by connection `conn` through SET, COMPARE_SET or
+    /// MULTI_SET: a lease key becomes owned by that connection.
+    fn set_by(&mut self, conn: &mut ConnLeaseSlot<'_>, key: Vec<u8>, value: Vec<u8>) {
+        if is_lease_key(&key) {
+            let id = conn.own(&key);
+            self.lease_owner.insert(key.clone(), id);
+            self.wake_all(&key);
+            self.kv.insert(key, value);
+        } else {
+            self.set(key, value);
+        }
+    }
+
+    /// `key` was modified or deleted other than by an owning write.
+    fn disown(&mut self, key: &[u8]) {
+        if !self.lease_owner.is_empty() {
+            self.lease_owner.remove(key);
+        }
+    }
+
+    /// Deletes a key (not a queue). True if it existed.
+    fn delete(&mut self, key: &[u8]) -> bool {
+        self.disown(key);
+        self.kv.remove(key).is_some()
     }
 
     fn add(&mut self, key: Vec<u8>, delta: i64) -> Result<i64, ConnEnd> {
@@ -186,13 +248,43 @@ impl State {
         let before = self.kv.len() + self.queues.len();
         self.kv.retain(|k, _| !doomed(k));
         self.queues.retain(|k, _| !doomed(k));
-        before - self.kv.len() - self.queues.len()
+        let removed = before - self.kv.len() - self.queues.len();
+        let kv = &self.kv;
+        self.lease_owner.retain(|k, _| kv.contains_key(k));
+        removed
+    }
+
+    /// Settles the leases of a connection that ended: deletes the keys it
+    /// still owns and reports every key it had set.
+    fn release_leases(&mut self, leases: ConnLeases) {
+        let mut keys: Vec<Vec<u8>> = leases.keys.into_iter().collect();
+        keys.sort();
+        for key in keys {
+            let name = String::from_utf8_lossy(&key[LEASE_PREFIX.len()..]).into_owned();
+            let event = if self.lease_owner.get(&key) == Some(&leases.id) {
+                self.lease_owner.remove(&key);
+                // A deletion: nobody is woken.
+                match self.kv.remove(&key) {
+                    Some(value) => LeaseEvent::Lost { key: name, value },
+                    None => LeaseEvent::Released { key: name },
+                }
+            } else {
+                LeaseEvent::Released { key: name }
+            };
+            // Sent under the lock so that events are in key-space order.
+            if let Some(tx) = &self.lease_tx {
+                let _ = tx.send(event);
+            }
+        }
     }
 }
 
 pub(crate) struct Shared {
     state: Mutex<State>,
     next_wait_id: AtomicU64,
+    next_lease_owner_id: AtomicU64,
+    /// Set before the server aborts its connections: leases are then left alone.
+    shutting_down: AtomicBool,
     connections: AtomicUsize,
     protocol_drops: AtomicU64,
     last_drop: Mutex<Option<String>>,
@@ -203,6 +295,8 @@ impl Shared {
         Shared {
             state: Mutex::new(State::default()),
             next_wait_id: AtomicU64::new(1),
+            next_lease_owner_id: AtomicU64::new(1),
+            shutting_down: AtomicBool::new(false),
             connections: AtomicUsize::new(0),
             protocol_drops: AtomicU64::new(0),
             last_drop: Mutex::new(None),
@@ -286,6 +380,7 @@ impl KeySpace {
 pub struct StoreServer {
     listener: TcpListener,
     shared: Arc<Shared>,
+    peer_timeout: Option<Duration>,
 }
 
 impl StoreServer {
@@ -303,6 +398,7 @@ impl StoreServer {
         Ok(StoreServer {
             listener,
             shared: Arc::new(Shared::new()),
+            peer_timeout: None,
         })
     }
 
@@ -316,11 +412,34 @@ impl StoreServer {
         }
     }
 
+    /// Subscribes to lease events (see [`LEASE_PREFIX`]): one
+    /// [`LeaseEvent`] per lease key that a connection had set, when that
+    /// connection ends other than by the server shutting down. Call before
+    /// [`spawn`](StoreServer::spawn) or [`serve`](StoreServer::serve). There is
+    /// one subscriber: a second call replaces the first (whose receiver then
+    /// ends). Without a subscriber, lost leases are still deleted, silently.
+    pub fn lease_events(&mut self) -> mpsc::UnboundedReceiver<LeaseEvent> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.shared.lock().lease_tx = Some(tx);
+        rx
+    }
+
+    /// With `Some(t)`, every accepted connection gets TCP keepalive and
+    /// `TCP_USER_TIMEOUT` so that a peer that vanishes without closing (host
+    /// lost, network cut) is detected after roughly `t` (see
+    /// [`set_peer_timeout`]); its connection then ends with an I/O error,
+    /// which releases its leases. `None` (the default) leaves the system
+    /// defaults. Call before [`spawn`](StoreServer::spawn) or
+    /// [`serve`](StoreServer::serve).
+    pub fn set_peer_timeout(&mut self, t: Option<Duration>) {
+        self.peer_timeout = t;
+    }
+
     /// Serves until this future is dropped (which also closes every
-    /// connection it accepted).
+    /// connection it accepted, without settling their leases).
     pub async fn serve(self) {
         let (_tx, rx) = watch::channel(false);
-        accept_loop(self.listener, self.shared, rx).await;
+        accept_loop(self.listener, self.shared, self.peer_timeout, rx).await;
     }
 
     /// Serves on a background task; the handle resets the key space and shuts
@@ -332,7 +451,12 @@ impl StoreServer {
             .expect("a bound listener has an address");
         let (tx, rx) = watch::channel(false);
         let keys = self.key_space();
-        let task = tokio::spawn(accept_loop(self.listener, self.shared, rx));
+        let task = tokio::spawn(accept_loop(
+            self.listener,
+            self.shared,
+            self.peer_timeout,
+            rx,
+        ));
         StoreHandle {
             local_addr,
             keys,
@@ -375,7 +499,8 @@ impl StoreHandle {
     }
 
     /// Stops accepting, closes every connection and waits until all of the
-    /// server's tasks have finished (the port is free afterwards).
+    /// server's tasks have finished (the port is free afterwards). Leases are
+    /// not settled: no [`LeaseEvent`] is reported and lease keys stay.
     pub async fn shutdown(mut self) {
         let _ = self.shutdown.send(true);
         if let Some(task) = self.task.take() {
@@ -390,13 +515,25 @@ impl Drop for StoreHandle {
     }
 }
 
+/// Sets [`Shared::shutting_down`] when dropped.
+struct ShutdownMark(Arc<Shared>);
+
+impl Drop for ShutdownMark {
+    fn drop(&mut self) {
+        self.0.shutting_down.store(true, Ordering::SeqCst);
+    }
+}
+
 async fn accept_loop(
     listener: TcpListener,
     shared: Arc<Shared>,
+    peer_timeout: Option<Duration>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     // Dropping the JoinSet (when `serve()` is dropped) aborts every connection.
     let mut conns = JoinSet::new();
+    // Declared after `conns`, so dropped (marking the shutdown) before it.
+    let mark = ShutdownMark(shared.clone());
     loop {
         if *shutdown.borrow() {
             break;
@@ -404,7 +541,7 @@ async fn accept_loop(
         tokio::select! {
             r = listener.accept() => match r {
                 Ok((stream, _peer)) => {
-                    conns.spawn(serve_conn(stream, shared.clone()));
+                    conns.spawn(serve_conn(stream, shared.clone(), peer_timeout));
                 }
                 Err(_) => {
                     // EMFILE and friends: back off instead of spinning; never exit.
@@ -420,9 +557,37 @@ async fn accept_loop(
         }
     }
     drop(listener);
+    drop(mark);
     // Aborting a connection task drops its socket (closing it) and its `Conn`
-    // (whose Drop unregisters a parked wait).
+    // (whose Drop unregisters a parked wait). An aborted task does not reach
+    // the end of `serve_conn`, so its leases are not settled.
     conns.shutdown().await;
+}
+
+/// Applies the peer-timeout socket options to a connected TCP socket:
+/// `SO_KEEPALIVE` on, `TCP_KEEPIDLE` = `TCP_KEEPINTVL` = `t / 3` in whole
+/// seconds (at least 1, at most 32767, the kernel's limit), `TCP_KEEPCNT` = 3,
+/// and on Linux `TCP_USER_TIMEOUT` = `t` in milliseconds (at least 1 ms, at
+/// most `i32::MAX` ms, about 24.8 days). A peer that stops answering (no FIN,
+/// no RST) then fails the connection after roughly `t`: idle connections
+/// through the keepalive probes, connections with unacknowledged data through
+/// the user timeout. Used by [`StoreServer::set_peer_timeout`] and
+/// [`StoreClient::set_peer_timeout`](crate::StoreClient::set_peer_timeout).
+pub fn set_peer_timeout(stream: &TcpStream, t: Duration) -> io::Result<()> {
+    let sock = socket2::SockRef::from(stream);
+    let probe = Duration::from_secs((t.as_secs() / 3).clamp(1, 32767));
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(probe)
+        .with_interval(probe)
+        .with_retries(3);
+    sock.set_tcp_keepalive(&keepalive)?;
+    // The kernel reads the option as an int and rejects negative values.
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    sock.set_tcp_user_timeout(Some(t.clamp(
+        Duration::from_millis(1),
+        Duration::from_millis(i32::MAX as u64),
+    )))?;
+    Ok(())
 }
 
 /// Why a connection ends.
@@ -453,6 +618,39 @@ struct Conn {
     validated: bool,
     wait: Option<u64>,
     tx: mpsc::UnboundedSender<u64>,
+    /// Lease keys this connection has set (allocated on the first one).
+    leases: Option<Box<ConnLeases>>,
+}
+
+struct ConnLeases {
+    /// This connection's id in [`State::lease_owner`].
+    id: u64,
+    /// Every lease key it has stored, whether or not it still owns it.
+    keys: HashSet<Vec<u8>>,
+}
+
+/// A connection's lease bookkeeping, borrowed apart from its `shared` (whose
+/// lock is held while it is used).
+struct ConnLeaseSlot<'a> {
+    leases: &'a mut Option<Box<ConnLeases>>,
+    ids: &'a AtomicU64,
+}
+
+impl ConnLeaseSlot<'_> {
+    /// Records that the connection stored lease `key`; returns its owner id.
+    fn own(&mut self, key: &[u8]) -> u64 {
+        let ids = self.ids;
+        let leases = self.leases.get_or_insert_with(|| {
+            Box::new(ConnLeases {
+                id: ids.fetch_add(1, Ordering::Relaxed),
+                keys: HashSet::new(),
+            })
+        });
+        if !leases.keys.contains(key) {
+            leases.keys.insert(key.to_vec());
+        }
+        leases.id
+    }
 }
 
 impl Drop for Conn {
@@ -464,8 +662,12 @@ impl Drop for Conn {
     }
 }
 
-async fn serve_conn(stream: TcpStream, shared: Arc<Shared>) {
+async fn serve_conn(stream: TcpStream, shared: Arc<Shared>, peer_timeout: Option<Duration>) {
     let _ = stream.set_nodelay(true);
+    if let Some(t) = peer_timeout {
+        // Best effort, like TCP_NODELAY: the connection works without it.
+        let _ = set_peer_timeout(&stream, t);
+    }
     shared.connections.fetch_add(1, Ordering::Relaxed);
     let (tx, mut rx) = mpsc::unbounded_channel();
     let mut conn = Conn {
@@ -473,6 +675,7 @@ async fn serve_conn(stream: TcpStream, shared: Arc<Shared>) {
         validated: false,
         wait: None,
         tx,
+        leases: None,
     };
     let (mut rd, mut wr) = stream.into_split();
     let mut buf: Vec<u8> = Vec::with_capacity(READ_CHUNK_MIN);
@@ -546,6 +749,13 @@ async fn serve_conn(stream: TcpStream, shared: Arc<Shared>) {
             *shared.last_drop.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
         }
     }
+    // Only a connection that ended by itself gets here (an aborted task is
+    // dropped at an await point), but a shutdown may race with its end.
+    if let Some(leases) = conn.leases.take() {
+        if !shared.shutting_down.load(Ordering::SeqCst) {
+            shared.lock().release_leases(*leases);
+        }
+    }
     // Dropping the halves closes the socket; dropping `conn` unregisters a wait.
 }
 
@@ -594,24 +804,34 @@ impl Conn {
         match req {
             Request::Validate { .. } => unreachable!("handled above"),
             Request::Ping { nonce } => out.extend_from_slice(&nonce.to_le_bytes()),
-            Request::Set { key, value } => self.shared.lock().set(key, value),
+            Request::Set { key, value } => {
+                let mut slot = ConnLeaseSlot {
+                    leases: &mut self.leases,
+                    ids: &self.shared.next_lease_owner_id,
+                };
+                self.shared.lock().set_by(&mut slot, key, value);
+            }
             Request::CompareSet {
                 key,
                 expected,
                 desired,
             } => {
+                let mut slot = ConnLeaseSlot {
+                    leases: &mut self.leases,
+                    ids: &self.shared.next_lease_owner_id,
+                };
                 let mut st = self.shared.lock();
                 match st.kv.get(&key) {
                     // torch: a missing key is created only when `expected` is
                     // empty; otherwise the reply is `expected` and nothing changes.
                     None if expected.is_empty() => {
                         put_bytes(out, &desired);
-                        st.set(key, desired);
+                        st.set_by(&mut slot, key, desired);
                     }
                     None => put_bytes(out, &expected),
                     Some(cur) if *cur == expected => {
                         put_bytes(out, &desired);
-                        st.set(key, desired);
+                        st.set_by(&mut slot, key, desired);
                     }
                     Some(cur) => put_bytes(out, cur),
                 }
@@ -639,11 +859,12 @@ impl Conn {
                 put_i64(out, n as i64);
             }
             Request::DeleteKey { key } => {
-                let removed = self.shared.lock().kv.remove(&key).is_some();
+                let removed = self.shared.lock().delete(&key);
                 put_i64(out, removed as i64);
             }
             Request::Append { key, value } => {
                 let mut st = self.shared.lock();
+                st.disown(&key);
                 st.wake_all(&key);
                 st.kv.entry(key).or_default().extend_from_slice(&value);
             }
@@ -654,9 +875,13 @@ impl Conn {
                 }
             }
             Request::MultiSet { pairs } => {
+                let mut slot = ConnLeaseSlot {
+                    leases: &mut self.leases,
+                    ids: &self.shared.next_lease_owner_id,
+                };
                 let mut st = self.shared.lock();
                 for (k, v) in pairs {
-                    st.set(k, v);
+                    st.set_by(&mut slot, k, v);
                 }
             }
             Request::CancelWait => {
@@ -717,6 +942,7 @@ impl Conn {
                         .ok_or(ConnEnd::NotACounter)?,
                     None => 1,
                 };
+                st.disown(&key);
                 st.kv.insert(key.clone(), count.to_string().into_bytes());
                 if count >= world_size {
                     st.wake_all(&key);
