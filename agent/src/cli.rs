@@ -27,9 +27,9 @@ pub enum Command {
 
 #[derive(Debug, Clone, Args)]
 pub struct RunArgs {
-    /// Number of nodes, `N` or `MIN:MAX`.
-    #[arg(long, env = "PET_NNODES", default_value = "1:1")]
-    pub nnodes: String,
+    /// Number of nodes, `N` or `MIN:MAX` with MIN = MAX. Default: from Slurm or NGC, else 1.
+    #[arg(long, env = "PET_NNODES")]
+    pub nnodes: Option<String>,
 
     /// Ranks on this node: an integer, `cpu`, `gpu` or `auto`.
     #[arg(
@@ -40,25 +40,16 @@ pub struct RunArgs {
     )]
     pub nproc_per_node: String,
 
-    /// This node's rank among the nodes.
-    #[arg(
-        long = "node-rank",
-        alias = "node_rank",
-        env = "PET_NODE_RANK",
-        default_value_t = 0
-    )]
-    pub node_rank: u32,
+    /// This node's rank among the nodes. Default: from Slurm or NGC, else 0.
+    #[arg(long = "node-rank", alias = "node_rank", env = "PET_NODE_RANK")]
+    pub node_rank: Option<u32>,
 
-    /// Address of the rank-0 node (static rendezvous).
-    #[arg(
-        long = "master-addr",
-        alias = "master_addr",
-        env = "PET_MASTER_ADDR",
-        default_value = "127.0.0.1"
-    )]
-    pub master_addr: String,
+    /// Address of node rank 0, where vigil's store runs. Default: from Slurm or NGC, else 127.0.0.1.
+    #[arg(long = "master-addr", alias = "master_addr", env = "PET_MASTER_ADDR")]
+    pub master_addr: Option<String>,
 
-    /// Port on the rank-0 node (static rendezvous). Default: a free port on one node, 29500 on several.
+    /// Port of vigil's store on node rank 0. Default: a free port on one node; 29500 on several
+    /// (under Slurm, a port derived from the job id).
     #[arg(long = "master-port", alias = "master_port", env = "PET_MASTER_PORT")]
     pub master_port: Option<u16>,
 
@@ -173,6 +164,14 @@ pub struct RunArgs {
     /// Accepted for torchrun compatibility; vigil's log layout is fixed (docs/usage.md).
     #[arg(long = "logs-specs", alias = "logs_specs", env = "PET_LOGS_SPECS")]
     pub logs_specs: Option<String>,
+
+    /// Seconds the nodes wait for each other at each rendezvous (also `--rdzv-conf join_timeout=S`).
+    #[arg(long = "join-timeout", alias = "join_timeout")]
+    pub join_timeout: Option<f64>,
+
+    /// Seconds after which a node that went silent (machine lost, network cut) counts as lost.
+    #[arg(long = "node-timeout", alias = "node_timeout", default_value_t = 30.0)]
+    pub node_timeout: f64,
 
     /// Seconds between SIGTERM and SIGKILL when stopping ranks after a failure.
     #[arg(

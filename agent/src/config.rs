@@ -31,9 +31,16 @@ pub struct LaunchConfig {
     pub node_rank: u32,
     pub role: String,
     pub run_id: String,
+    /// Node rank 0's host name or address, where vigil's store runs.
     pub master_addr: String,
-    /// `None`: pick a free port for every cycle (single node without --master-port).
+    /// The store's port; `None`: a free one (single node without --master-port).
     pub master_port: Option<u16>,
+    /// `master_addr` is a Slurm node name: resolve it through Slurm if DNS does not know it.
+    pub master_is_slurm_node: bool,
+    /// How long the nodes wait for each other at a rendezvous.
+    pub join_timeout: Duration,
+    /// How long a silent peer agent has before it counts as lost.
+    pub node_timeout: Duration,
     pub max_restarts: u32,
     pub workers_stop_timeout: Duration,
     pub term_timeout: Duration,
@@ -264,20 +271,53 @@ pub fn resolve_timeouts(a: &RunArgs) -> Result<Timeouts, ConfigError> {
     })
 }
 
+/// `--rdzv-conf key=value,...`: the keys vigil uses (`join_timeout`); others are accepted and
+/// ignored, as torchrun's backends ignore keys they do not know.
+pub fn parse_rdzv_conf(s: &str) -> Result<Vec<(String, String)>, ConfigError> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            p.split_once('=')
+                .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+                .ok_or_else(|| {
+                    ConfigError(format!(
+                        "--rdzv-conf {s:?}: {p:?} is not key=value; give e.g. join_timeout=900"
+                    ))
+                })
+        })
+        .collect()
+}
+
+fn join_timeout(a: &RunArgs) -> Result<Duration, ConfigError> {
+    let from_conf = parse_rdzv_conf(&a.rdzv_conf)?
+        .into_iter()
+        .find(|(k, _)| k == "join_timeout")
+        .map(|(_, v)| {
+            v.parse::<f64>().map_err(|_| {
+                ConfigError(format!(
+                    "--rdzv-conf join_timeout={v:?} is not a number of seconds"
+                ))
+            })
+        })
+        .transpose()?;
+    let v = a.join_timeout.or(from_conf).unwrap_or(600.0);
+    opt_secs("--join-timeout", Some(v)).map(|d| d.unwrap_or_default())
+}
+
 pub fn resolve(a: &RunArgs, host: &Host) -> Result<LaunchConfig, ConfigError> {
-    let (_, max_nodes) = parse_nnodes(&a.nnodes)?;
-    if max_nodes > 1 {
-        return err(format!(
-            "--nnodes {}: this build of vigil runs one node per job; multi-node rendezvous is not available yet. Run with --nnodes 1",
-            a.nnodes
-        ));
-    }
-    if a.node_rank != 0 {
-        return err(format!(
-            "--node-rank {}: a one-node job has only node rank 0",
-            a.node_rank
-        ));
-    }
+    let nodes = crate::nodes::discover(
+        &crate::nodes::NodeFlags {
+            nnodes: a.nnodes.as_deref(),
+            node_rank: a.node_rank,
+            master_addr: a.master_addr.as_deref(),
+            master_port: a.master_port,
+            rdzv_endpoint: &a.rdzv_endpoint,
+            rdzv_id: &a.rdzv_id,
+            standalone: a.standalone,
+        },
+        host.env,
+    )?;
     match a.rdzv_backend.as_str() {
         "static" | "c10d" => {}
         other => {
@@ -313,12 +353,15 @@ pub fn resolve(a: &RunArgs, host: &Host) -> Result<LaunchConfig, ConfigError> {
         .unwrap_or_else(|| a.training_script.clone());
     Ok(LaunchConfig {
         nproc,
-        nnodes: 1,
-        node_rank: 0,
+        nnodes: nodes.nnodes,
+        node_rank: nodes.node_rank,
         role: a.role.clone(),
-        run_id: a.rdzv_id.clone(),
-        master_addr: a.master_addr.clone(),
-        master_port: a.master_port,
+        run_id: nodes.run_id.clone(),
+        master_addr: nodes.head_host,
+        master_port: nodes.port,
+        master_is_slurm_node: nodes.slurm_head,
+        join_timeout: join_timeout(a)?,
+        node_timeout: opt_secs("--node-timeout", Some(a.node_timeout))?.unwrap_or_default(),
         max_restarts: a.max_restarts,
         workers_stop_timeout: secs("--workers-stop-timeout", a.workers_stop_timeout)?,
         term_timeout: secs("--term-timeout", a.term_timeout)?,
@@ -343,7 +386,7 @@ pub fn resolve(a: &RunArgs, host: &Host) -> Result<LaunchConfig, ConfigError> {
             let dir = a.log_dir.clone().unwrap_or_else(|| {
                 PathBuf::from((host.env)("TMPDIR").unwrap_or_else(|| "/tmp".into()))
             });
-            dir.join(format!("vigil_timeouts_{}.json", file_safe(&a.rdzv_id)))
+            dir.join(format!("vigil_timeouts_{}.json", file_safe(&nodes.run_id)))
         }),
     })
 }
@@ -352,6 +395,11 @@ pub fn resolve(a: &RunArgs, host: &Host) -> Result<LaunchConfig, ConfigError> {
 pub struct RankSlot<'a> {
     pub local_rank: u32,
     pub restart_count: u32,
+    /// Global rank of this node's local rank 0, and the job's rank count, from the rendezvous.
+    pub rank_offset: u32,
+    pub world_size: u32,
+    /// vigil's store, as the ranks reach it.
+    pub master_addr: &'a str,
     pub master_port: u16,
     pub error_file: &'a str,
 }
@@ -363,8 +411,8 @@ pub fn worker_env(
     slot: &RankSlot,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Vec<(String, String)> {
-    let world = cfg.nproc * cfg.nnodes;
-    let rank = cfg.node_rank * cfg.nproc + slot.local_rank;
+    let world = slot.world_size;
+    let rank = slot.rank_offset + slot.local_rank;
     let mut v: Vec<(&str, String)> = vec![
         ("RANK", rank.to_string()),
         ("LOCAL_RANK", slot.local_rank.to_string()),
@@ -375,13 +423,14 @@ pub fn worker_env(
         ("ROLE_RANK", rank.to_string()),
         ("ROLE_NAME", cfg.role.clone()),
         ("ROLE_WORLD_SIZE", world.to_string()),
-        ("MASTER_ADDR", cfg.master_addr.clone()),
+        ("MASTER_ADDR", slot.master_addr.to_string()),
         ("MASTER_PORT", slot.master_port.to_string()),
         ("TORCHELASTIC_RESTART_COUNT", slot.restart_count.to_string()),
         ("TORCHELASTIC_MAX_RESTARTS", cfg.max_restarts.to_string()),
         ("TORCHELASTIC_RUN_ID", cfg.run_id.clone()),
-        // Rank 0 hosts the store on MASTER_PORT, as with torchrun's static rendezvous.
-        ("TORCHELASTIC_USE_AGENT_STORE", "False".into()),
+        // MASTER_ADDR:MASTER_PORT is vigil's store on node rank 0: ranks connect to it as
+        // clients (torch then prefixes their keys with /worker/attempt_<n>).
+        ("TORCHELASTIC_USE_AGENT_STORE", "True".into()),
         (
             "TORCH_NCCL_ASYNC_ERROR_HANDLING",
             env("TORCH_NCCL_ASYNC_ERROR_HANDLING").unwrap_or_else(|| "1".into()),
@@ -573,12 +622,34 @@ mod tests {
     }
 
     #[test]
-    fn multi_node_is_refused_clearly() {
+    fn multi_node_needs_to_know_its_place() {
         let none = || Ok(0);
         let e = resolve(&args(&["--nnodes", "2", "t.py"]), &host_with(&none))
             .unwrap_err()
             .0;
-        assert!(e.contains("--nnodes 2"), "{e}");
+        assert!(e.contains("--nnodes 2") && e.contains("--node-rank"), "{e}");
+        let c = resolve(
+            &args(&[
+                "--nnodes",
+                "2",
+                "--node-rank",
+                "1",
+                "--rdzv-endpoint",
+                "head:7000",
+                "--rdzv-conf",
+                "join_timeout=45,read_timeout=9",
+                "t.py",
+            ]),
+            &host_with(&none),
+        )
+        .unwrap();
+        assert_eq!((c.nnodes, c.node_rank), (2, 1));
+        assert_eq!(
+            (c.master_addr.as_str(), c.master_port),
+            ("head", Some(7000))
+        );
+        assert_eq!(c.join_timeout, Duration::from_secs(45));
+        assert!(resolve(&args(&["--rdzv-conf", "oops", "t.py"]), &host_with(&none)).is_err());
     }
 
     #[test]
@@ -600,27 +671,30 @@ mod tests {
         let slot = RankSlot {
             local_rank: 1,
             restart_count: 2,
+            rank_offset: 4,
+            world_size: 6,
+            master_addr: "10.0.0.9",
             master_port: 4000,
             error_file: "/e.json",
         };
         let env: std::collections::HashMap<_, _> =
             worker_env(&c, &slot, &no_env).into_iter().collect();
         let want = [
-            ("RANK", "1"),
+            ("RANK", "5"),
             ("LOCAL_RANK", "1"),
-            ("WORLD_SIZE", "2"),
+            ("WORLD_SIZE", "6"),
             ("LOCAL_WORLD_SIZE", "2"),
             ("GROUP_RANK", "0"),
             ("GROUP_WORLD_SIZE", "1"),
-            ("ROLE_RANK", "1"),
+            ("ROLE_RANK", "5"),
             ("ROLE_NAME", "default"),
-            ("ROLE_WORLD_SIZE", "2"),
-            ("MASTER_ADDR", "127.0.0.1"),
+            ("ROLE_WORLD_SIZE", "6"),
+            ("MASTER_ADDR", "10.0.0.9"),
             ("MASTER_PORT", "4000"),
             ("TORCHELASTIC_RESTART_COUNT", "2"),
             ("TORCHELASTIC_MAX_RESTARTS", "3"),
             ("TORCHELASTIC_RUN_ID", "job7"),
-            ("TORCHELASTIC_USE_AGENT_STORE", "False"),
+            ("TORCHELASTIC_USE_AGENT_STORE", "True"),
             ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
             ("TORCHELASTIC_ERROR_FILE", "/e.json"),
             ("OMP_NUM_THREADS", "1"),

@@ -69,6 +69,8 @@ pub const VALUE_FLAGS: &[&str] = &[
     "local-ranks-filter",
     "local-addr",
     "logs-specs",
+    "join-timeout",
+    "node-timeout",
     "workers-stop-timeout",
     "term-timeout",
     "initial-heartbeat-timeout",

@@ -5,6 +5,7 @@
 use std::collections::VecDeque;
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
+use std::net::SocketAddr;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
@@ -20,9 +21,12 @@ use crate::ipc_server::{self, IpcIn, Shared};
 use crate::monitor::Timeouts;
 use crate::output::{ConsoleStream, LineSplitter, Sink, Tail};
 use crate::proc::{self, Watchdog};
+use crate::rendezvous::{self, CoordConfig, FromCoord, HeadSide, ToCoord};
 use crate::stacks::{self, StackReport};
 use crate::summary::{self, FailedRank};
-use crate::supervisor::{Action, Event, Outcome, Record, StopReason, Supervisor, SupervisorConfig};
+use crate::supervisor::{
+    Action, Event, JobEnd, Outcome, Record, StopReason, Supervisor, SupervisorConfig,
+};
 
 /// How long to wait, once everything is reaped, for rank output still in the pipes.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(3);
@@ -188,6 +192,18 @@ struct Agent {
     stacks_tx: mpsc::UnboundedSender<(u32, u32, StackReport)>,
     /// Stack reports per (cycle, local rank), for the failure summary.
     stack_reports: Vec<(u32, u32, StackReport)>,
+    coord: mpsc::UnboundedSender<ToCoord>,
+    /// vigil's store as the ranks reach it (MASTER_ADDR, MASTER_PORT).
+    store_for_ranks: (String, u16),
+    /// The current cycle's assignment from the rendezvous.
+    rank_offset: u32,
+    world_size: u32,
+    /// The job's restart budget (node rank 0's).
+    max_restarts: u32,
+    /// Set when the supervisor decided to leave the job.
+    leave: Option<Option<(u32, JobEnd)>>,
+    /// How the last cycle ended, when another node ended it.
+    peer_end: Option<JobEnd>,
 }
 
 fn console_note(msg: &str) {
@@ -219,19 +235,7 @@ impl Agent {
             .join(local_rank.to_string())
     }
 
-    fn master_port(&self) -> u16 {
-        if let Some(p) = self.cfg.master_port {
-            return p;
-        }
-        // Like torchrun's standalone mode: a port that was free a moment ago, new every cycle.
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .unwrap_or(29500)
-    }
-
     fn spawn_cycle(&mut self, cycle: u32) {
-        let port = self.master_port();
         self.tails = (0..self.cfg.nproc).map(|_| Tail::default()).collect();
         // Pumps of earlier attempts that reached end-of-file need no waiting for at exit.
         self.readers.retain(|h| !h.is_finished());
@@ -261,7 +265,10 @@ impl Agent {
             let slot = RankSlot {
                 local_rank: lr,
                 restart_count: cycle,
-                master_port: port,
+                rank_offset: self.rank_offset,
+                world_size: self.world_size,
+                master_addr: &self.store_for_ranks.0,
+                master_port: self.store_for_ranks.1,
                 error_file: &error_file_s,
             };
             let mut env = worker_env(&self.cfg, &slot, &env_of);
@@ -322,10 +329,37 @@ impl Agent {
     fn note(&self, rec: &Record) {
         match rec {
             Record::CycleStart { cycle, nproc, .. } => console_note(&format!(
-                "starting {nproc} rank(s), attempt {cycle} (restarts left: {}); logs in {}",
-                self.cfg.max_restarts.saturating_sub(*cycle),
+                "starting {nproc} rank(s){}, attempt {cycle} (restarts left: {}); logs in {}",
+                if self.cfg.nnodes > 1 {
+                    format!(
+                        " as ranks {}-{} of {}",
+                        self.rank_offset,
+                        self.rank_offset + nproc - 1,
+                        self.world_size
+                    )
+                } else {
+                    String::new()
+                },
+                self.max_restarts.saturating_sub(*cycle),
                 self.run_dir.display()
             )),
+            Record::CycleEnded { cycle, end } => match end {
+                JobEnd::Done => {}
+                JobEnd::Failed { node, reason } if *node != self.cfg.node_rank => {
+                    console_note(&format!(
+                        "attempt {cycle} failed on node {node}: {reason}; every node stops its ranks"
+                    ))
+                }
+                JobEnd::Stopped { node, reason, .. } if *node != self.cfg.node_rank => {
+                    console_note(&format!(
+                        "the job is stopping ({reason}, on node {node}); stopping this node's ranks"
+                    ))
+                }
+                JobEnd::Lost { reason } => console_note(&format!(
+                    "{reason}; stopping this node's ranks, the job ends (requeue it to go on)"
+                )),
+                _ => {}
+            },
             Record::RankExited {
                 rank,
                 pid,
@@ -354,6 +388,7 @@ impl Agent {
                     StopReason::RankFailed => "after a rank failed",
                     StopReason::Signal => "on a signal to the agent",
                     StopReason::SpawnFailed => "after a rank could not start",
+                    StopReason::Peer => "as the job's other nodes do",
                 },
                 summary::signal_name(*signal),
                 *grace_ms as f64 / 1000.0
@@ -380,6 +415,23 @@ impl Agent {
     fn execute(&mut self, actions: Vec<Action>) {
         for a in actions {
             match a {
+                Action::Join { cycle, calculated } => {
+                    let _ = self.coord.send(ToCoord::Join {
+                        cycle,
+                        nproc: self.cfg.nproc,
+                        calculated,
+                    });
+                }
+                Action::ReportEnd { cycle, end } => {
+                    let _ = self.coord.send(ToCoord::ReportEnd { cycle, end });
+                }
+                Action::ReportDone { cycle } => {
+                    let _ = self.coord.send(ToCoord::ReportDone { cycle });
+                }
+                Action::ShareTimeouts { cycle, timeouts } => {
+                    let _ = self.coord.send(ToCoord::ShareTimeouts { cycle, timeouts });
+                }
+                Action::Leave { poison } => self.leave = Some(poison),
                 Action::SpawnCycle { cycle } => self.spawn_cycle(cycle),
                 Action::SignalGroups { pgids, signal } => {
                     for p in pgids {
@@ -428,7 +480,7 @@ impl Agent {
     }
 
     fn on_stacks(&mut self, cycle: u32, local_rank: u32, report: StackReport) {
-        let rank = self.cfg.node_rank * self.cfg.nproc + local_rank;
+        let rank = self.rank_offset + local_rank;
         let mut msg = format!("rank {rank} stacks captured");
         match &report.python {
             Some(p) => msg.push_str(&format!(" (Python: {})", p.display())),
@@ -494,8 +546,131 @@ impl Agent {
                 }
             })
             .collect();
-        summary::render(&self.cfg.entrypoint_name, sup.cycle(), &failed)
+        let elsewhere = match &self.peer_end {
+            Some(JobEnd::Failed { node, reason }) if failed.is_empty() => Some(format!(
+                "on node {node}: {reason} (its agent's log has the details)"
+            )),
+            _ => None,
+        };
+        summary::render(
+            &self.cfg.entrypoint_name,
+            sup.cycle(),
+            &failed,
+            elsewhere.as_deref(),
+        )
     }
+}
+
+/// Where this node's agent reaches vigil's store, where the ranks reach it, and, on node rank 0,
+/// the store itself.
+struct StoreSetup {
+    client_addr: SocketAddr,
+    for_ranks: (String, u16),
+    head: Option<HeadSide>,
+}
+
+fn scontrol_show_node(name: &str) -> Option<String> {
+    let out = std::process::Command::new("scontrol")
+        .args(["show", "node", name, "-o"])
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn setup_store(cfg: &LaunchConfig) -> Result<StoreSetup, String> {
+    let port = cfg.master_port.unwrap_or(0);
+    let head = crate::nodes::resolve_head(
+        &cfg.master_addr,
+        port,
+        cfg.master_is_slurm_node,
+        &scontrol_show_node,
+    )?;
+    if cfg.node_rank != 0 {
+        return Ok(StoreSetup {
+            client_addr: head,
+            for_ranks: (head.ip().to_string(), head.port()),
+            head: None,
+        });
+    }
+    // Alone, the store only needs to be reachable from this machine; with other nodes, from
+    // every address of it.
+    let bind = match (cfg.nnodes, head) {
+        (1, a) => a,
+        (_, SocketAddr::V4(_)) => SocketAddr::from(([0, 0, 0, 0], port)),
+        (_, SocketAddr::V6(_)) => SocketAddr::from(([0u16; 8], port)),
+    };
+    let (bound, keys, leases) = host_store(bind, cfg.node_timeout).map_err(|e| {
+        format!(
+            "cannot listen on {bind} for vigil's store: {e}; {}",
+            if e.kind() == std::io::ErrorKind::AddrInUse {
+                "another program uses that port: give a free one with --master-port"
+            } else {
+                "give an address of this machine with --master-addr"
+            }
+        )
+    })?;
+    let client_addr = match bound {
+        SocketAddr::V4(a) if a.ip().is_unspecified() => {
+            SocketAddr::from(([127, 0, 0, 1], a.port()))
+        }
+        SocketAddr::V6(a) if a.ip().is_unspecified() => {
+            SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, a.port()))
+        }
+        a => a,
+    };
+    Ok(StoreSetup {
+        client_addr,
+        for_ranks: (head.ip().to_string(), bound.port()),
+        head: Some(HeadSide { keys, leases }),
+    })
+}
+
+type HostedStore = (
+    SocketAddr,
+    vigil_store::KeySpace,
+    mpsc::UnboundedReceiver<vigil_store::LeaseEvent>,
+);
+
+/// Runs vigil's store on a thread of its own, so that the ranks' and agents' requests are
+/// answered whatever the agent's event loop is busy with.
+fn host_store(bind: SocketAddr, peer_timeout: Duration) -> std::io::Result<HostedStore> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("vigil-store".into())
+        .spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                    return;
+                }
+            };
+            rt.block_on(async move {
+                let mut server = match vigil_store::StoreServer::bind(bind).await {
+                    Ok(s) => s,
+                    Err(e) => {
+                        let _ = tx.send(Err(e));
+                        return;
+                    }
+                };
+                server.set_peer_timeout(Some(peer_timeout));
+                let leases = server.lease_events();
+                let hosted = server.local_addr().map(|a| (a, server.key_space(), leases));
+                let ok = hosted.is_ok();
+                let _ = tx.send(hosted);
+                if ok {
+                    server.serve().await;
+                }
+            });
+        })?;
+    rx.recv()
+        .unwrap_or_else(|_| Err(std::io::Error::other("the store's thread ended")))
 }
 
 fn pump(fd: OwnedFd, mut sink: Sink) -> JoinHandle<()> {
@@ -600,6 +775,41 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf) -> i32 {
     };
     let (stacks_tx, mut stacks_rx) = mpsc::unbounded_channel();
 
+    let store = match setup_store(&cfg) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("vigil: error: {e}");
+            return 2;
+        }
+    };
+    let (coord_tx, coord_rx_req) = mpsc::unbounded_channel();
+    let (coord_ev_tx, mut coord_rx) = mpsc::unbounded_channel();
+    let coord_cfg = CoordConfig {
+        nnodes: cfg.nnodes,
+        node_rank: cfg.node_rank,
+        store: store.client_addr,
+        join_timeout: cfg.join_timeout,
+        peer_timeout: cfg.node_timeout,
+        host: host.clone(),
+        max_restarts: cfg.max_restarts,
+    };
+    if cfg.nnodes > 1 {
+        console_note(&format!(
+            "node {} of {}; vigil's store is at {}:{}{}",
+            cfg.node_rank,
+            cfg.nnodes,
+            store.for_ranks.0,
+            store.for_ranks.1,
+            if cfg.node_rank == 0 { " (here)" } else { "" }
+        ));
+    }
+    tokio::task::spawn_local(rendezvous::run(
+        coord_cfg,
+        store.head,
+        coord_rx_req,
+        coord_ev_tx,
+    ));
+
     let mut agent = Agent {
         events: EventLog {
             file: Some(event_file),
@@ -617,14 +827,34 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf) -> i32 {
         socket: server.path.clone(),
         stacks_tx,
         stack_reports: Vec::new(),
+        coord: coord_tx,
+        store_for_ranks: store.for_ranks,
+        rank_offset: 0,
+        world_size: cfg.nproc * cfg.nnodes,
+        max_restarts: cfg.max_restarts,
+        leave: None,
+        peer_end: None,
         cfg,
     };
-    let calculated = load_timeouts(&agent.cfg.timeouts_file);
+    agent.events.write_value(serde_json::json!({
+        "event": "nodes",
+        "nnodes": agent.cfg.nnodes,
+        "store": format!("{}:{}", agent.store_for_ranks.0, agent.store_for_ranks.1),
+        "run_id": agent.cfg.run_id,
+    }));
+    // Node rank 0 keeps the job's calculated timeouts and hands them to every node.
+    let calculated = if agent.cfg.node_rank == 0 {
+        load_timeouts(&agent.cfg.timeouts_file)
+    } else {
+        None
+    };
     let mut clock = JobClock::new();
     let (mut sup, first) = Supervisor::new(SupervisorConfig {
         nproc: agent.cfg.nproc,
-        rank_offset: agent.cfg.node_rank * agent.cfg.nproc,
+        rank_offset: 0,
         max_restarts: agent.cfg.max_restarts,
+        node_rank: agent.cfg.node_rank,
+        saves_timeouts: agent.cfg.node_rank == 0,
         workers_stop_timeout: agent.cfg.workers_stop_timeout,
         term_timeout: agent.cfg.term_timeout,
         timeouts: agent.cfg.timeouts.clone(),
@@ -684,6 +914,26 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf) -> i32 {
                     }));
                 }
             },
+            Some(m) = coord_rx.recv() => match m {
+                FromCoord::Joined { cycle, rank_offset, world_size, max_restarts, calculated } => {
+                    agent.rank_offset = rank_offset;
+                    agent.world_size = world_size;
+                    agent.max_restarts = max_restarts;
+                    agent.queue.push_back(Event::Joined { cycle, rank_offset, max_restarts, calculated });
+                }
+                FromCoord::CycleEnded { cycle, end } => {
+                    if end != JobEnd::Done {
+                        agent.peer_end = Some(end.clone());
+                    }
+                    agent.queue.push_back(Event::CycleEnded { cycle, end });
+                }
+                FromCoord::JobTimeouts { cycle, timeouts } => {
+                    agent.queue.push_back(Event::JobTimeouts { cycle, timeouts });
+                }
+                FromCoord::Lost { reason, requeue } => {
+                    agent.queue.push_back(Event::CoordinationLost { reason, requeue });
+                }
+            },
             Some((cycle, local_rank, report)) = stacks_rx.recv() => {
                 agent.on_stacks(cycle, local_rank, report);
                 if cycle == sup.cycle() {
@@ -705,6 +955,16 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf) -> i32 {
         }
     })
     .await;
+    if let Some(poison) = agent.leave.take() {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        if agent
+            .coord
+            .send(ToCoord::Leave { poison, done: tx })
+            .is_ok()
+        {
+            let _ = tokio::time::timeout(agent.cfg.node_timeout + Duration::from_secs(1), rx).await;
+        }
+    }
     let outcome = agent.outcome.clone().unwrap_or(Outcome::Succeeded);
     let (job_now, _) = clock.wake();
     match &outcome {
@@ -716,6 +976,24 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf) -> i32 {
             outcome.exit_code()
         )),
         Outcome::SpawnFailed { error, .. } => eprintln!("vigil: error: {error}"),
+        Outcome::PeerStopped {
+            node,
+            reason,
+            exit_code,
+        } => console_note(&format!(
+            "stopped because node {node} stopped the job ({reason}); exit status {exit_code}"
+        )),
+        Outcome::Lost {
+            reason,
+            requeue: true,
+        } => eprintln!(
+            "vigil: {reason}; exit status {}: requeue the job to go on",
+            outcome.exit_code()
+        ),
+        Outcome::Lost {
+            reason,
+            requeue: false,
+        } => eprintln!("vigil: error: {reason}"),
     }
     drop(server);
     outcome.exit_code()

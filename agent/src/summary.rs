@@ -53,6 +53,14 @@ pub fn parse_error_file(text: &str) -> Option<ErrorRecord> {
     Some(ErrorRecord { message, traceback })
 }
 
+/// "exited with code 3" or "was killed by SIGKILL".
+pub fn exit_phrase(how: ExitKind) -> String {
+    match how {
+        ExitKind::Code(c) => format!("exited with code {c}"),
+        ExitKind::Signal(s) => format!("was killed by {}", signal_name(s)),
+    }
+}
+
 pub fn signal_name(sig: i32) -> String {
     nix::sys::signal::Signal::try_from(sig)
         .map(|s| s.as_str().to_string())
@@ -132,7 +140,13 @@ fn rank_block(out: &mut String, idx: usize, f: &FailedRank) {
 }
 
 /// Renders the summary: the first observed failure is the root cause, later ones are listed too.
-pub fn render(entrypoint: &str, restarts: u32, failures: &[FailedRank]) -> String {
+/// `elsewhere` names the root cause when it happened on another node (no local failure).
+pub fn render(
+    entrypoint: &str,
+    restarts: u32,
+    failures: &[FailedRank],
+    elsewhere: Option<&str>,
+) -> String {
     let rule = "=".repeat(60);
     let thin = "-".repeat(60);
     let mut out = String::new();
@@ -156,7 +170,7 @@ pub fn render(entrypoint: &str, restarts: u32, failures: &[FailedRank]) -> Strin
     match failures.first() {
         Some(f) => rank_block(&mut out, 0, f),
         None => {
-            let _ = writeln!(out, "  <unknown>");
+            let _ = writeln!(out, "  {}", elsewhere.unwrap_or("<unknown>"));
         }
     }
     let _ = writeln!(out, "{rule}");
@@ -202,6 +216,7 @@ mod tests {
                 f(1, ExitKind::Code(3), &["ValueError: bad batch"]),
                 f(0, ExitKind::Signal(9), &[]),
             ],
+            None,
         );
         assert!(text.contains("train.py FAILED after 2 restarts"));
         let root = text.split("Root Cause").nth(1).unwrap();

@@ -4,6 +4,12 @@
 //! maps `(state, now, event) -> actions`. It does no I/O and never reads a clock: the runtime feeds
 //! it events with the time they happened and carries out the actions it returns. `next_deadline`
 //! tells the runtime when to wake it with [`Event::Tick`] if nothing else happens first.
+//!
+//! Every node's supervisor goes through the same cycles in lockstep: it asks to [`Action::Join`] a
+//! cycle and starts its ranks once the job's rendezvous answers [`Event::Joined`]; it reports how
+//! its part of the cycle ended ([`Action::ReportEnd`], [`Action::ReportDone`]) and acts on the
+//! job's verdict ([`Event::CycleEnded`]), which is the same on every node. So the cycle number is
+//! the job's restart count and `--max-restarts` is one budget for the whole job.
 
 use std::time::{Duration, Instant};
 
@@ -42,6 +48,10 @@ pub struct SupervisorConfig {
     /// Global rank of local rank 0 on this node.
     pub rank_offset: u32,
     pub max_restarts: u32,
+    /// This node's rank among the job's nodes (named in what it reports to the others).
+    pub node_rank: u32,
+    /// Whether this node keeps the job's calculated timeouts (node rank 0 does, for the job).
+    pub saves_timeouts: bool,
     /// Grace between SIGTERM and SIGKILL when stopping ranks after a failure.
     pub workers_stop_timeout: Duration,
     /// Grace between a forwarded signal and SIGKILL when the agent itself is asked to stop.
@@ -67,6 +77,8 @@ impl SupervisorConfig {
             nproc,
             rank_offset: 0,
             max_restarts,
+            node_rank: 0,
+            saves_timeouts: true,
             workers_stop_timeout: Duration::from_secs(15),
             term_timeout: Duration::from_secs(30),
             timeouts: Timeouts::default(),
@@ -99,6 +111,40 @@ pub enum Event {
     StacksCaptured { local_rank: u32 },
     /// Time passed; sent when `next_deadline` is reached.
     Tick,
+    /// Every node joined this cycle: start the ranks. The job's rendezvous decides the global rank
+    /// of local rank 0, the job's restart budget and the calculated timeouts in force.
+    Joined {
+        cycle: u32,
+        rank_offset: u32,
+        max_restarts: u32,
+        calculated: Option<Timeouts>,
+    },
+    /// The job's verdict on this cycle, the same on every node.
+    CycleEnded { cycle: u32, end: JobEnd },
+    /// Timeouts calculated from every node's observations (the maximum over nodes).
+    JobTimeouts { cycle: u32, timeouts: Timeouts },
+    /// The job's coordination is gone (the store's node died or cannot be reached, or the
+    /// rendezvous failed): stop and end. `requeue` tells whether running the job again may help.
+    CoordinationLost { reason: String, requeue: bool },
+}
+
+/// How a cycle ended for the whole job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(tag = "end", rename_all = "snake_case")]
+pub enum JobEnd {
+    /// Every rank on every node exited 0.
+    Done,
+    /// A rank failed or hung on `node`: restart if the budget allows.
+    Failed { node: u32, reason: String },
+    /// `node` stopped for good (a signal, a command that cannot start): every node ends with
+    /// `exit_code`, without restarting.
+    Stopped {
+        node: u32,
+        reason: String,
+        exit_code: i32,
+    },
+    /// A node's agent was lost: the job cannot go on with fewer nodes; end so it can be requeued.
+    Lost { reason: String },
 }
 
 /// Why the ranks of a cycle are being stopped.
@@ -111,6 +157,8 @@ pub enum StopReason {
     Signal,
     /// A rank could not be started; the command is broken, so never restart.
     SpawnFailed,
+    /// Another node reported a failure or a stop, or a node was lost.
+    Peer,
 }
 
 /// What the agent ends with.
@@ -130,7 +178,21 @@ pub enum Outcome {
         local_rank: u32,
         error: String,
     },
+    /// Another node stopped the job for good; this node ends with that node's status.
+    PeerStopped {
+        node: u32,
+        reason: String,
+        exit_code: i32,
+    },
+    /// A node was lost or the job's coordination failed.
+    Lost {
+        reason: String,
+        requeue: bool,
+    },
 }
+
+/// Exit status when a node was lost: `EX_TEMPFAIL`, "try again later", so a job script can requeue.
+pub const EXIT_LOST: i32 = 75;
 
 impl Outcome {
     /// The agent's exit status (documented in docs/usage.md).
@@ -140,6 +202,9 @@ impl Outcome {
             Outcome::Failed { .. } => 1,
             Outcome::Signaled { signal } => 128 + signal,
             Outcome::SpawnFailed { .. } => 2,
+            Outcome::PeerStopped { exit_code, .. } => *exit_code,
+            Outcome::Lost { requeue: true, .. } => EXIT_LOST,
+            Outcome::Lost { requeue: false, .. } => 2,
         }
     }
 }
@@ -256,6 +321,15 @@ pub enum Record {
         to_cycle: u32,
         restarts_left: u32,
     },
+    Joined {
+        cycle: u32,
+        rank_offset: u32,
+    },
+    CycleEnded {
+        cycle: u32,
+        #[serde(flatten)]
+        end: JobEnd,
+    },
     Result {
         #[serde(flatten)]
         outcome: Outcome,
@@ -265,6 +339,32 @@ pub enum Record {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
+    /// Join this cycle's rendezvous with the other nodes; answer with `Joined`. Node rank 0
+    /// hands `calculated` to every node.
+    Join {
+        cycle: u32,
+        calculated: Option<Timeouts>,
+    },
+    /// Tell the other nodes this cycle failed or stopped here (the first report of a cycle wins);
+    /// the verdict comes back as `CycleEnded`.
+    ReportEnd {
+        cycle: u32,
+        end: JobEnd,
+    },
+    /// Every rank of this node exited 0 in this cycle.
+    ReportDone {
+        cycle: u32,
+    },
+    /// Timeouts calculated from this node's ranks, to be combined over all nodes (`JobTimeouts`).
+    ShareTimeouts {
+        cycle: u32,
+        timeouts: Timeouts,
+    },
+    /// The agent ends: leave the job; when `poison` is set, make any node waiting to join that
+    /// cycle end with that verdict instead of waiting for this node.
+    Leave {
+        poison: Option<(u32, JobEnd)>,
+    },
     /// Start every rank of this cycle; report each with `RankSpawned` or `SpawnFailed`.
     SpawnCycle {
         cycle: u32,
@@ -318,12 +418,16 @@ struct Rank {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Phase {
+    /// Waiting for the rendezvous of `cycle` (no rank runs).
+    Joining,
     Running,
     Stopping {
         reason: StopReason,
         kill_at: Instant,
         killed: bool,
     },
+    /// Every local rank exited 0; waiting for the other nodes.
+    Waiting,
     Finished,
 }
 
@@ -346,6 +450,14 @@ pub struct Supervisor {
     /// A hung rank whose stacks are being captured: rank, why, and when to stop waiting.
     diagnosing: Option<(u32, Hang, Instant)>,
     training_finished: bool,
+    /// The job's verdict on the current cycle, once known.
+    end: Option<JobEnd>,
+    /// Whether this node already reported how the current cycle ended here.
+    reported: bool,
+    /// For a `Lost` verdict that came from this node's own coordination: may a requeue help?
+    lost_requeue: bool,
+    /// Whether the current cycle's process groups were already swept.
+    reaped: bool,
 }
 
 pub const SIGKILL: i32 = libc::SIGKILL;
@@ -368,6 +480,10 @@ impl Supervisor {
             calculated_this_cycle: false,
             diagnosing: None,
             training_finished: false,
+            end: None,
+            reported: false,
+            lost_requeue: true,
+            reaped: false,
         };
         let mut actions = Vec::new();
         s.timeouts = s.cfg.timeouts.clone();
@@ -377,20 +493,27 @@ impl Supervisor {
                 timeouts: s.timeouts.clone(),
             }));
         }
-        if let Some(loaded) = s.cfg.calculated.clone() {
-            // Loaded values replace configured ones only for checks that are enabled now.
-            let merged = overlay(&s.timeouts, &loaded);
-            if merged != s.timeouts {
-                s.timeouts = merged;
-                actions.push(Action::Record(Record::TimeoutsUpdated {
-                    source: "loaded",
-                    timeouts: s.timeouts.clone(),
-                }));
-            }
-            s.calculated = Some(loaded);
-        }
-        actions.extend(s.start_cycle(0));
+        s.phase = Phase::Joining;
+        actions.push(Action::Join {
+            cycle: 0,
+            calculated: s.cfg.calculated.clone(),
+        });
         (s, actions)
+    }
+
+    /// Timeouts handed over by the job (loaded from the state file by node rank 0, or calculated
+    /// over all nodes) replace the ones in force for the checks that are enabled.
+    fn adopt_timeouts(&mut self, job: &Timeouts, source: &'static str, out: &mut Vec<Action>) {
+        let merged = overlay(&self.cfg.timeouts, job);
+        self.calculated = Some(job.clone());
+        if merged != self.timeouts {
+            self.timeouts = merged;
+            out.push(Action::Record(Record::TimeoutsUpdated {
+                source,
+                timeouts: self.timeouts.clone(),
+            }));
+            out.push(Action::SendToAll(self.timeouts.to_msg()));
+        }
     }
 
     pub fn cycle(&self) -> u32 {
@@ -500,9 +623,18 @@ impl Supervisor {
                         error: error.clone(),
                     }));
                     if self.spawn_error.is_none() {
-                        self.spawn_error = Some((local_rank, error));
+                        self.spawn_error = Some((local_rank, error.clone()));
                     }
                     self.begin_stop(now, StopReason::SpawnFailed, SIGTERM, &mut out);
+                    let end = JobEnd::Stopped {
+                        node: self.cfg.node_rank,
+                        reason: format!(
+                            "rank {} could not start: {error}",
+                            self.cfg.rank_offset + local_rank
+                        ),
+                        exit_code: 2,
+                    };
+                    self.report(end, &mut out);
                 }
             }
             Event::Reaped { pid, how } => self.on_reaped(now, pid, how, &mut out),
@@ -539,6 +671,59 @@ impl Supervisor {
                     }
                 }
             }
+            Event::Joined {
+                cycle,
+                rank_offset,
+                max_restarts,
+                calculated,
+            } => {
+                if self.phase == Phase::Joining && cycle == self.cycle {
+                    self.cfg.rank_offset = rank_offset;
+                    self.cfg.max_restarts = max_restarts;
+                    out.push(Action::Record(Record::Joined { cycle, rank_offset }));
+                    if let Some(t) = calculated.filter(|t| Some(t) != self.calculated.as_ref()) {
+                        let source = if cycle == 0 { "loaded" } else { "calculated" };
+                        self.adopt_timeouts(&t, source, &mut out);
+                    }
+                    out.extend(self.start_cycle(cycle));
+                }
+            }
+            Event::CycleEnded { cycle, end } => {
+                if cycle == self.cycle && self.end.is_none() {
+                    out.push(Action::Record(Record::CycleEnded {
+                        cycle,
+                        end: end.clone(),
+                    }));
+                    self.end = Some(end);
+                    if self.phase == Phase::Joining {
+                        // The rendezvous itself was ended by a node that stopped or was lost.
+                        self.phase = Phase::Waiting;
+                    }
+                    self.stop_for_peer(now, &mut out);
+                }
+            }
+            Event::JobTimeouts { cycle, timeouts } => {
+                if cycle == self.cycle {
+                    if self.cfg.saves_timeouts {
+                        out.push(Action::SaveTimeouts(timeouts.clone()));
+                    }
+                    self.adopt_timeouts(&timeouts, "calculated", &mut out);
+                }
+            }
+            Event::CoordinationLost { reason, requeue } => {
+                // Whatever the cycle's verdict was, no further cycle can be agreed on.
+                let end = JobEnd::Lost { reason };
+                out.push(Action::Record(Record::CycleEnded {
+                    cycle: self.cycle,
+                    end: end.clone(),
+                }));
+                self.lost_requeue = requeue;
+                self.end = Some(end);
+                if self.phase == Phase::Joining {
+                    self.phase = Phase::Waiting;
+                }
+                self.stop_for_peer(now, &mut out);
+            }
             Event::Tick => {
                 if let Phase::Stopping {
                     kill_at,
@@ -573,6 +758,9 @@ impl Supervisor {
     fn start_cycle(&mut self, cycle: u32) -> Vec<Action> {
         self.cycle = cycle;
         self.phase = Phase::Running;
+        self.end = None;
+        self.reported = false;
+        self.reaped = false;
         self.failures.clear();
         self.diagnosing = None;
         self.calculated_this_cycle = false;
@@ -652,6 +840,36 @@ impl Supervisor {
                 at: now,
             });
             self.begin_stop(now, StopReason::RankFailed, SIGTERM, out);
+            let reason = format!(
+                "rank {} {}",
+                self.cfg.rank_offset + local_rank,
+                crate::summary::exit_phrase(how)
+            );
+            self.report_failure(reason, out);
+        }
+    }
+
+    /// Tells the other nodes that this cycle failed here, once per cycle.
+    fn report_failure(&mut self, reason: String, out: &mut Vec<Action>) {
+        let node = self.cfg.node_rank;
+        self.report(JobEnd::Failed { node, reason }, out);
+    }
+
+    fn report(&mut self, end: JobEnd, out: &mut Vec<Action>) {
+        if !self.reported && self.end.is_none() {
+            self.reported = true;
+            out.push(Action::ReportEnd {
+                cycle: self.cycle,
+                end,
+            });
+        }
+    }
+
+    /// The job's verdict arrived: a node that is still running its ranks stops them.
+    fn stop_for_peer(&mut self, now: Instant, out: &mut Vec<Action>) {
+        if self.phase == Phase::Running && self.end != Some(JobEnd::Done) {
+            self.diagnosing = None;
+            self.begin_stop(now, StopReason::Peer, SIGTERM, out);
         }
     }
 
@@ -720,16 +938,11 @@ impl Supervisor {
             self.calculated.as_ref(),
             self.cfg.safety_factor,
         );
-        self.calculated = Some(fresh.clone());
-        out.push(Action::SaveTimeouts(fresh.clone()));
-        if fresh != self.timeouts {
-            self.timeouts = fresh;
-            out.push(Action::Record(Record::TimeoutsUpdated {
-                source: "calculated",
-                timeouts: self.timeouts.clone(),
-            }));
-            out.push(Action::SendToAll(self.timeouts.to_msg()));
-        }
+        // Applied when every node has calculated (`JobTimeouts`): the job's value is the maximum.
+        out.push(Action::ShareTimeouts {
+            cycle: self.cycle,
+            timeouts: fresh,
+        });
     }
 
     fn begin_diagnosis(&mut self, now: Instant, local_rank: u32, due: Due, out: &mut Vec<Action>) {
@@ -774,11 +987,18 @@ impl Supervisor {
             rank: self.cfg.rank_offset + local_rank,
             pid,
             how: None,
-            hang: Some(hang),
+            hang: Some(hang.clone()),
             at: now,
         });
         let term = self.cfg.termination_signal;
         self.begin_stop_except(now, StopReason::RankFailed, SIGTERM, Some((pid, term)), out);
+        let reason = format!(
+            "rank {} hung: {} of {:.1}s passed",
+            self.cfg.rank_offset + local_rank,
+            hang.timeout,
+            hang.limit_ms as f64 / 1000.0
+        );
+        self.report_failure(reason, out);
     }
 
     fn on_signal(&mut self, now: Instant, sig: i32, out: &mut Vec<Action>) {
@@ -799,11 +1019,26 @@ impl Supervisor {
             }
             _ => {
                 self.signal = Some(sig);
-                if let Phase::Stopping { reason, .. } = &mut self.phase {
-                    // Already stopping after a failure: no restart any more, and forward the signal.
-                    *reason = StopReason::Signal;
+                let end = JobEnd::Stopped {
+                    node: self.cfg.node_rank,
+                    reason: format!(
+                        "node {} received {}",
+                        self.cfg.node_rank,
+                        crate::summary::signal_name(sig)
+                    ),
+                    exit_code: 128 + sig,
+                };
+                self.report(end, out);
+                match &mut self.phase {
+                    // No rank runs: nothing to stop, `settle` ends the agent.
+                    Phase::Joining | Phase::Waiting => self.phase = Phase::Waiting,
+                    Phase::Stopping { reason, .. } => {
+                        // Already stopping after a failure: no restart any more, and forward the signal.
+                        *reason = StopReason::Signal;
+                        self.begin_stop(now, StopReason::Signal, sig, out);
+                    }
+                    _ => self.begin_stop(now, StopReason::Signal, sig, out),
                 }
-                self.begin_stop(now, StopReason::Signal, sig, out);
             }
         }
     }
@@ -826,7 +1061,13 @@ impl Supervisor {
     ) {
         let grace = match reason {
             StopReason::Signal => self.cfg.term_timeout,
-            StopReason::RankFailed | StopReason::SpawnFailed => self.cfg.workers_stop_timeout,
+            // A node stopped for good by a signal gives ours the same time to save their work.
+            StopReason::Peer if matches!(self.end, Some(JobEnd::Stopped { .. })) => {
+                self.cfg.term_timeout
+            }
+            StopReason::RankFailed | StopReason::SpawnFailed | StopReason::Peer => {
+                self.cfg.workers_stop_timeout
+            }
         };
         let kill_at = now + grace;
         match &mut self.phase {
@@ -849,7 +1090,7 @@ impl Supervisor {
                     return;
                 }
             }
-            Phase::Finished => return,
+            Phase::Finished | Phase::Joining | Phase::Waiting => return,
         }
         let pids = self.live_pids();
         out.push(Action::Record(Record::Stop {
@@ -876,68 +1117,177 @@ impl Supervisor {
         }
     }
 
-    /// Once no rank of the cycle is running, decide what comes next.
+    /// Once no rank of the cycle is running and the job's verdict is known, decide what comes next.
     fn settle(&mut self, out: &mut Vec<Action>) {
-        if self
-            .ranks
-            .iter()
-            .any(|r| matches!(r.state, RankState::Running | RankState::NotStarted))
+        if matches!(self.phase, Phase::Joining | Phase::Finished)
+            || self
+                .ranks
+                .iter()
+                .any(|r| matches!(r.state, RankState::Running | RankState::NotStarted))
         {
             return;
         }
-        let pgids: Vec<i32> = self.ranks.iter().filter_map(|r| r.pid).collect();
-        let outcome = match self.phase {
-            Phase::Finished => return,
-            Phase::Running => Some(Outcome::Succeeded),
-            Phase::Stopping { reason, .. } => match reason {
-                StopReason::Signal => Some(Outcome::Signaled {
-                    signal: self.signal.unwrap_or(SIGTERM),
-                }),
-                StopReason::SpawnFailed => {
-                    let (local_rank, error) = self.spawn_error.clone().unwrap_or_default();
-                    Some(Outcome::SpawnFailed { local_rank, error })
+        if !self.reaped {
+            self.reaped = true;
+            let pgids: Vec<i32> = self.ranks.iter().filter_map(|r| r.pid).collect();
+            if !pgids.is_empty() {
+                out.push(Action::ReapGroups { pgids });
+            }
+        }
+        if self.phase == Phase::Running {
+            // Every rank exited 0 on its own.
+            self.phase = Phase::Waiting;
+            if !self.reported {
+                self.reported = true;
+                out.push(Action::ReportDone { cycle: self.cycle });
+            }
+        }
+        let node = self.cfg.node_rank;
+        let outcome = if let Some(signal) = self.signal {
+            Outcome::Signaled { signal }
+        } else if let Some((local_rank, error)) = self.spawn_error.clone() {
+            Outcome::SpawnFailed { local_rank, error }
+        } else {
+            match self.end.clone() {
+                None => return,
+                Some(JobEnd::Done) => Outcome::Succeeded,
+                Some(JobEnd::Failed { .. }) if self.cycle < self.cfg.max_restarts => {
+                    let next = self.cycle + 1;
+                    out.push(Action::Record(Record::Restart {
+                        from_cycle: self.cycle,
+                        to_cycle: next,
+                        restarts_left: self.cfg.max_restarts - next,
+                    }));
+                    self.cycle = next;
+                    self.phase = Phase::Joining;
+                    out.push(Action::Join {
+                        cycle: next,
+                        calculated: self.calculated.clone(),
+                    });
+                    return;
                 }
-                StopReason::RankFailed if self.cycle < self.cfg.max_restarts => None,
-                StopReason::RankFailed => Some(Outcome::Failed {
+                Some(JobEnd::Failed { .. }) => Outcome::Failed {
                     restarts: self.cycle,
-                }),
-            },
+                },
+                Some(JobEnd::Stopped {
+                    node,
+                    reason,
+                    exit_code,
+                }) => Outcome::PeerStopped {
+                    node,
+                    reason,
+                    exit_code,
+                },
+                Some(JobEnd::Lost { reason }) => Outcome::Lost {
+                    reason,
+                    requeue: self.lost_requeue,
+                },
+            }
         };
-        if !pgids.is_empty() {
-            out.push(Action::ReapGroups { pgids });
-        }
-        match outcome {
-            Some(outcome) => {
-                self.phase = Phase::Finished;
-                out.push(Action::Record(Record::Result {
-                    exit_code: outcome.exit_code(),
-                    outcome: outcome.clone(),
-                }));
-                out.push(Action::Finish(outcome));
-            }
-            None => {
-                let next = self.cycle + 1;
-                out.push(Action::Record(Record::Restart {
-                    from_cycle: self.cycle,
-                    to_cycle: next,
-                    restarts_left: self.cfg.max_restarts - next,
-                }));
-                out.extend(self.start_cycle(next));
-            }
-        }
+        // Nodes still heading for another cycle must not wait for this one.
+        let poison = match &outcome {
+            Outcome::Signaled { signal } => Some(JobEnd::Stopped {
+                node,
+                reason: format!(
+                    "node {node} received {}",
+                    crate::summary::signal_name(*signal)
+                ),
+                exit_code: outcome.exit_code(),
+            }),
+            Outcome::SpawnFailed { error, .. } => Some(JobEnd::Stopped {
+                node,
+                reason: format!("node {node} could not start its ranks: {error}"),
+                exit_code: outcome.exit_code(),
+            }),
+            Outcome::Lost { reason, .. } => Some(JobEnd::Lost {
+                reason: reason.clone(),
+            }),
+            _ => None,
+        };
+        self.phase = Phase::Finished;
+        out.push(Action::Leave {
+            poison: poison.map(|p| (self.cycle, p)),
+        });
+        out.push(Action::Record(Record::Result {
+            exit_code: outcome.exit_code(),
+            outcome: outcome.clone(),
+        }));
+        out.push(Action::Finish(outcome));
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::VecDeque;
+
+    /// A supervisor whose coordination is looped back: what the job's rendezvous and store answer
+    /// when this is the only node. (`multi_node_*` tests below drive the coordination events by
+    /// hand instead.)
+    struct Solo {
+        s: Supervisor,
+    }
+
+    impl std::ops::Deref for Solo {
+        type Target = Supervisor;
+        fn deref(&self) -> &Supervisor {
+            &self.s
+        }
+    }
+
+    impl Solo {
+        fn new(cfg: SupervisorConfig) -> (Solo, Vec<Action>) {
+            let (s, first) = Supervisor::new(cfg);
+            let mut solo = Solo { s };
+            let out = solo.loopback(Instant::now(), first);
+            (solo, out)
+        }
+
+        fn handle(&mut self, now: Instant, ev: Event) -> Vec<Action> {
+            let a = self.s.handle(now, ev);
+            self.loopback(now, a)
+        }
+
+        fn loopback(&mut self, now: Instant, actions: Vec<Action>) -> Vec<Action> {
+            let mut out = Vec::new();
+            let mut queue: VecDeque<Action> = actions.into();
+            while let Some(a) = queue.pop_front() {
+                let reply = match &a {
+                    Action::Join { cycle, calculated } => Some(Event::Joined {
+                        cycle: *cycle,
+                        rank_offset: self.s.cfg.rank_offset,
+                        max_restarts: self.s.cfg.max_restarts,
+                        calculated: calculated.clone(),
+                    }),
+                    Action::ReportEnd { cycle, end } => Some(Event::CycleEnded {
+                        cycle: *cycle,
+                        end: end.clone(),
+                    }),
+                    Action::ReportDone { cycle } => Some(Event::CycleEnded {
+                        cycle: *cycle,
+                        end: JobEnd::Done,
+                    }),
+                    Action::ShareTimeouts { cycle, timeouts } => Some(Event::JobTimeouts {
+                        cycle: *cycle,
+                        timeouts: timeouts.clone(),
+                    }),
+                    _ => None,
+                };
+                out.push(a);
+                if let Some(ev) = reply {
+                    queue.extend(self.s.handle(now, ev));
+                }
+            }
+            out
+        }
+    }
 
     fn cfg(nproc: u32, max_restarts: u32) -> SupervisorConfig {
         SupervisorConfig::basic(nproc, max_restarts)
     }
 
     /// Spawns every rank of the current cycle with pids `base + local_rank`.
-    fn spawn_all(s: &mut Supervisor, now: Instant, base: i32) -> Vec<Action> {
+    fn spawn_all(s: &mut Solo, now: Instant, base: i32) -> Vec<Action> {
         let mut out = Vec::new();
         for lr in 0..s.config().nproc {
             out.extend(s.handle(
@@ -980,14 +1330,14 @@ mod tests {
 
     #[test]
     fn starts_cycle_zero() {
-        let (_, actions) = Supervisor::new(cfg(2, 0));
+        let (_, actions) = Solo::new(cfg(2, 0));
         assert_eq!(spawns(&actions), vec![0]);
     }
 
     #[test]
     fn all_ranks_zero_is_success() {
         let t = Instant::now();
-        let (mut s, _) = Supervisor::new(cfg(2, 3));
+        let (mut s, _) = Solo::new(cfg(2, 3));
         spawn_all(&mut s, t, 100);
         let a = s.handle(
             t,
@@ -1014,7 +1364,7 @@ mod tests {
     #[test]
     fn failure_stops_others_then_restarts_with_next_cycle() {
         let t = Instant::now();
-        let (mut s, _) = Supervisor::new(cfg(3, 1));
+        let (mut s, _) = Solo::new(cfg(3, 1));
         spawn_all(&mut s, t, 100);
         let a = s.handle(
             t,
@@ -1050,7 +1400,7 @@ mod tests {
     #[test]
     fn budget_spent_fails_with_root_cause() {
         let t = Instant::now();
-        let (mut s, _) = Supervisor::new(cfg(1, 1));
+        let (mut s, _) = Solo::new(cfg(1, 1));
         spawn_all(&mut s, t, 10);
         let a = s.handle(
             t,
@@ -1076,7 +1426,7 @@ mod tests {
     #[test]
     fn rank_ignoring_sigterm_is_killed_at_deadline() {
         let t = Instant::now();
-        let (mut s, _) = Supervisor::new(cfg(2, 0));
+        let (mut s, _) = Solo::new(cfg(2, 0));
         spawn_all(&mut s, t, 100);
         s.handle(
             t,
@@ -1103,7 +1453,7 @@ mod tests {
     #[test]
     fn signal_is_forwarded_and_never_restarts() {
         let t = Instant::now();
-        let (mut s, _) = Supervisor::new(cfg(2, 5));
+        let (mut s, _) = Solo::new(cfg(2, 5));
         spawn_all(&mut s, t, 100);
         let a = s.handle(t, Event::Signal(libc::SIGHUP));
         assert_eq!(signals(&a), vec![(vec![100, 101], libc::SIGHUP)]);
@@ -1136,7 +1486,7 @@ mod tests {
     #[test]
     fn second_sigint_escalates_at_once() {
         let t = Instant::now();
-        let (mut s, _) = Supervisor::new(cfg(1, 0));
+        let (mut s, _) = Solo::new(cfg(1, 0));
         spawn_all(&mut s, t, 100);
         s.handle(t, Event::Signal(SIGINT));
         let t1 = t + Duration::from_millis(200);
@@ -1149,7 +1499,7 @@ mod tests {
     #[test]
     fn signal_during_failure_stop_cancels_restart() {
         let t = Instant::now();
-        let (mut s, _) = Supervisor::new(cfg(2, 5));
+        let (mut s, _) = Solo::new(cfg(2, 5));
         spawn_all(&mut s, t, 100);
         s.handle(
             t,
@@ -1173,7 +1523,7 @@ mod tests {
     #[test]
     fn spawn_failure_stops_started_ranks_and_never_restarts() {
         let t = Instant::now();
-        let (mut s, _) = Supervisor::new(cfg(2, 5));
+        let (mut s, _) = Solo::new(cfg(2, 5));
         s.handle(
             t,
             Event::RankSpawned {
@@ -1207,7 +1557,7 @@ mod tests {
         let mut c = cfg(2, 0);
         c.timeouts.heartbeat = Some(Duration::from_secs(1));
         c.termination_signal = SIGKILL;
-        let (mut s, _) = Supervisor::new(c);
+        let (mut s, _) = Solo::new(c);
         spawn_all(&mut s, t, 100);
         for lr in 0..2 {
             let reg = RankMsg::Register {
@@ -1273,7 +1623,7 @@ mod tests {
         let t = Instant::now();
         let mut c = cfg(1, 0);
         c.timeouts.heartbeat = Some(Duration::from_secs(1));
-        let (mut s, _) = Supervisor::new(c);
+        let (mut s, _) = Solo::new(c);
         spawn_all(&mut s, t, 100);
         let reg = RankMsg::Register {
             rank: 0,
@@ -1316,7 +1666,7 @@ mod tests {
     #[test]
     fn orphans_and_unknown_pids_are_ignored() {
         let t = Instant::now();
-        let (mut s, _) = Supervisor::new(cfg(1, 0));
+        let (mut s, _) = Solo::new(cfg(1, 0));
         spawn_all(&mut s, t, 100);
         let a = s.handle(
             t,
@@ -1331,7 +1681,7 @@ mod tests {
     #[test]
     fn rank_spawned_during_stop_is_signalled() {
         let t = Instant::now();
-        let (mut s, _) = Supervisor::new(cfg(2, 0));
+        let (mut s, _) = Solo::new(cfg(2, 0));
         s.handle(
             t,
             Event::RankSpawned {
@@ -1360,7 +1710,7 @@ mod tests {
             codes in proptest::collection::vec(0i32..3, 1..60),
         ) {
             let t = Instant::now();
-            let (mut s, _) = Supervisor::new(cfg(nproc, max_restarts));
+            let (mut s, _) = Solo::new(cfg(nproc, max_restarts));
             let mut base = 1000;
             spawn_all(&mut s, t, base);
             let mut finishes = 0;

@@ -49,7 +49,7 @@ def test_environment_is_torchruns(job):
         ports.add(e["MASTER_PORT"])
         assert e["TORCHELASTIC_RESTART_COUNT"] == "0" and e["TORCHELASTIC_MAX_RESTARTS"] == "2"
         assert e["TORCHELASTIC_RUN_ID"] == "job42"
-        assert e["TORCHELASTIC_USE_AGENT_STORE"] == "False"
+        assert e["TORCHELASTIC_USE_AGENT_STORE"] == "True"
         assert e["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
         assert e["OMP_NUM_THREADS"] == "1"
         assert e["FROM_AGENT"] == "inherited"
@@ -119,10 +119,11 @@ def test_restart_then_success(job):
     assert [(e["rank"], e["exit_code"], e["cycle"]) for e in failed] == [(1, 7, 0), (1, 7, 1)]
     for cycle in range(3):
         assert f"[default1]:attempt {cycle} rank 1" in r.stdout
-    # Event order within a cycle: start, ranks started, failure, stop, restart.
+    # Event order within a cycle: joined, start, ranks started, failure, stop, verdict, restart.
     c0 = [e["event"] for e in ev if e.get("cycle") == 0 or e.get("from_cycle") == 0]
-    assert c0[:3] == ["cycle_start", "rank_started", "rank_started"]
+    assert c0[:4] == ["joined", "cycle_start", "rank_started", "rank_started"]
     assert c0.index("stop") > c0.index("rank_started") and c0[-1] == "restart"
+    assert c0.index("cycle_ended") > c0.index("stop")
 
 
 def test_budget_exhausted_prints_root_cause(job):

@@ -1,0 +1,625 @@
+//! Who the nodes of a job are: from torchrun's flags, from Slurm, or from NVIDIA Base Command
+//! (NGC). Pure: the environment is passed in as a function. A flag that contradicts the
+//! environment is an error naming both, never a silent choice.
+
+use crate::config::ConfigError;
+use crate::hostlist;
+
+/// torchrun's flags that say who the nodes are (`None`: not given).
+#[derive(Debug, Clone, Default)]
+pub struct NodeFlags<'a> {
+    pub nnodes: Option<&'a str>,
+    pub node_rank: Option<u32>,
+    pub master_addr: Option<&'a str>,
+    pub master_port: Option<u16>,
+    /// `host[:port]`; empty when not given.
+    pub rdzv_endpoint: &'a str,
+    /// `none` when not given (torchrun's default).
+    pub rdzv_id: &'a str,
+    pub standalone: bool,
+}
+
+/// Where the node facts came from, for messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    Flags,
+    Slurm,
+    Ngc,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Nodes {
+    pub nnodes: u32,
+    pub node_rank: u32,
+    pub run_id: String,
+    /// Host name or address of node rank 0, where vigil's store runs.
+    pub head_host: String,
+    /// The store's port; `None` on a single node without a port: pick a free one.
+    pub port: Option<u16>,
+    pub source: Source,
+    /// Under Slurm: the head's name is a Slurm node name (resolve it through Slurm if DNS fails).
+    pub slurm_head: bool,
+}
+
+/// torchrun's default port of a c10d rendezvous endpoint given without one.
+pub const RDZV_DEFAULT_PORT: u16 = 29400;
+/// torchrun's default `--master-port`.
+pub const MASTER_DEFAULT_PORT: u16 = 29500;
+
+/// Under Slurm without a port: one derived from the job id, so that jobs sharing a node do not
+/// collide, below Linux's ephemeral range (32768+).
+pub fn slurm_port(job_id: &str) -> u16 {
+    let id: u64 = job_id
+        .bytes()
+        .filter(u8::is_ascii_digit)
+        .fold(0u64, |a, b| {
+            a.wrapping_mul(10).wrapping_add((b - b'0') as u64)
+        });
+    20000 + (id % 12000) as u16
+}
+
+fn err<T>(msg: String) -> Result<T, ConfigError> {
+    Err(ConfigError(msg))
+}
+
+/// `host`, `host:port`, `[v6]:port` or `[v6]`.
+pub fn split_endpoint(ep: &str) -> Result<(String, Option<u16>), ConfigError> {
+    let bad = |why: &str| {
+        ConfigError(format!(
+            "--rdzv-endpoint {ep:?}: {why}; give host:port such as node001:29400"
+        ))
+    };
+    let (host, port) = if let Some(rest) = ep.strip_prefix('[') {
+        let (h, after) = rest.split_once(']').ok_or_else(|| bad("missing ]"))?;
+        match after.strip_prefix(':') {
+            Some(p) => (h, Some(p)),
+            None if after.is_empty() => (h, None),
+            None => return Err(bad("unexpected text after ]")),
+        }
+    } else if ep.matches(':').count() > 1 {
+        return Err(bad("an IPv6 address must be written in brackets"));
+    } else {
+        match ep.split_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (ep, None),
+        }
+    };
+    if host.is_empty() {
+        return Err(bad("no host"));
+    }
+    let port = match port {
+        None => None,
+        Some(p) => Some(
+            p.parse::<u16>()
+                .ok()
+                .filter(|&p| p > 0)
+                .ok_or_else(|| bad("the port must be a number from 1 to 65535"))?,
+        ),
+    };
+    Ok((host.to_string(), port))
+}
+
+fn env_u32(env: &dyn Fn(&str) -> Option<String>, var: &str) -> Result<Option<u32>, ConfigError> {
+    match env(var) {
+        None => Ok(None),
+        Some(v) => match v.trim().parse::<u32>() {
+            Ok(n) => Ok(Some(n)),
+            Err(_) => err(format!(
+                "{var}={v:?} is not a number; vigil reads it to find this job's nodes"
+            )),
+        },
+    }
+}
+
+/// What the environment says about the nodes.
+struct EnvNodes {
+    source: Source,
+    nnodes: u32,
+    nnodes_var: &'static str,
+    node_rank: u32,
+    node_rank_var: &'static str,
+    head: String,
+    run_id: Option<String>,
+    port: Option<u16>,
+}
+
+fn from_slurm(env: &dyn Fn(&str) -> Option<String>) -> Result<Option<EnvNodes>, ConfigError> {
+    let Some(job_id) = env("SLURM_JOB_ID") else {
+        return Ok(None);
+    };
+    // Inside `srun` the step's own values describe the nodes the agents run on.
+    let (nnodes, nnodes_var) = match env_u32(env, "SLURM_STEP_NUM_NODES")? {
+        Some(n) => (n, "SLURM_STEP_NUM_NODES"),
+        None => match env_u32(env, "SLURM_NNODES")? {
+            Some(n) => (n, "SLURM_NNODES"),
+            None => return Ok(None),
+        },
+    };
+    let node_rank = env_u32(env, "SLURM_NODEID")?.unwrap_or(0);
+    if nnodes > 1 && env("SLURM_STEP_ID").is_none() {
+        return err(format!(
+            "this is a {nnodes}-node Slurm job, but vigil is not running under srun (SLURM_STEP_ID is unset): \
+             start it with `srun vigil run ...` so that one agent runs on every node"
+        ));
+    }
+    if let Some(tasks) = env_u32(env, "SLURM_STEP_NUM_TASKS")? {
+        if tasks != nnodes {
+            return err(format!(
+                "srun started {tasks} vigil agents on {nnodes} nodes (SLURM_STEP_NUM_TASKS={tasks}, {nnodes_var}={nnodes}); \
+                 vigil runs once per node and starts the ranks itself: use `srun --ntasks-per-node=1 vigil run --nproc-per-node N ...`"
+            ));
+        }
+    }
+    let (list_var, list) = ["SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"]
+        .iter()
+        .find_map(|v| env(v).map(|l| (*v, l)))
+        .ok_or_else(|| {
+            ConfigError(
+                "SLURM_JOB_NODELIST is unset: cannot tell which node runs vigil's store; give --master-addr".into(),
+            )
+        })?;
+    let hosts = hostlist::expand(&list)
+        .map_err(|e| ConfigError(format!("{list_var}={list:?} is not a Slurm hostlist: {e}")))?;
+    let head = hosts.first().cloned().ok_or_else(|| {
+        ConfigError(format!(
+            "{list_var} is empty: cannot tell which node runs vigil's store; give --master-addr"
+        ))
+    })?;
+    Ok(Some(EnvNodes {
+        source: Source::Slurm,
+        nnodes,
+        nnodes_var,
+        node_rank,
+        node_rank_var: "SLURM_NODEID",
+        head,
+        port: Some(slurm_port(&job_id)),
+        run_id: Some(job_id),
+    }))
+}
+
+fn from_ngc(env: &dyn Fn(&str) -> Option<String>) -> Result<Option<EnvNodes>, ConfigError> {
+    let Some(nnodes) = env_u32(env, "NGC_ARRAY_SIZE")? else {
+        return Ok(None);
+    };
+    let node_rank = env_u32(env, "NGC_ARRAY_INDEX")?.unwrap_or(0);
+    let head = match env("NGC_MASTER_ADDR") {
+        Some(h) if !h.trim().is_empty() => h.trim().to_string(),
+        _ if nnodes <= 1 => "127.0.0.1".into(),
+        _ => {
+            return err(format!(
+                "NGC_ARRAY_SIZE={nnodes} but NGC_MASTER_ADDR is unset: cannot tell which node runs vigil's store; give --master-addr"
+            ))
+        }
+    };
+    Ok(Some(EnvNodes {
+        source: Source::Ngc,
+        nnodes,
+        nnodes_var: "NGC_ARRAY_SIZE",
+        node_rank,
+        node_rank_var: "NGC_ARRAY_INDEX",
+        head,
+        port: None,
+        run_id: env("NGC_JOB_ID"),
+    }))
+}
+
+/// Decides the job's nodes from the flags and the environment.
+pub fn discover(f: &NodeFlags, env: &dyn Fn(&str) -> Option<String>) -> Result<Nodes, ConfigError> {
+    let flag_nnodes = match f.nnodes {
+        None => None,
+        Some(s) => {
+            let (lo, hi) = crate::config::parse_nnodes(s)?;
+            if lo != hi {
+                return err(format!(
+                    "--nnodes {s}: vigil runs a fixed number of nodes; give one number (a lost node ends the job so that it can be requeued)"
+                ));
+            }
+            Some(lo)
+        }
+    };
+    if f.standalone {
+        if flag_nnodes.is_some_and(|n| n > 1) {
+            return err(format!(
+                "--standalone runs one node, but --nnodes is {}; drop one of them",
+                flag_nnodes.unwrap_or(1)
+            ));
+        }
+        return Ok(Nodes {
+            nnodes: 1,
+            node_rank: 0,
+            run_id: f.rdzv_id.to_string(),
+            head_host: "127.0.0.1".into(),
+            port: None,
+            source: Source::Flags,
+            slurm_head: false,
+        });
+    }
+    let envn = match from_slurm(env)? {
+        Some(e) => Some(e),
+        None => from_ngc(env)?,
+    };
+    let (ep_host, ep_port) = if f.rdzv_endpoint.trim().is_empty() {
+        (None, None)
+    } else {
+        let (h, p) = split_endpoint(f.rdzv_endpoint.trim())?;
+        (Some(h), Some(p.unwrap_or(RDZV_DEFAULT_PORT)))
+    };
+    if let (Some(_), Some(p), Some(mp)) = (&ep_host, ep_port, f.master_port) {
+        if p != mp {
+            return err(format!(
+                "--rdzv-endpoint {} (port {p}) and --master-port {mp} disagree: vigil runs one store on node rank 0; give one of them",
+                f.rdzv_endpoint
+            ));
+        }
+    }
+    let nnodes = match (flag_nnodes, &envn) {
+        (Some(n), Some(e)) if n != e.nnodes => {
+            return err(format!(
+                "--nnodes {n} contradicts {}={}: drop --nnodes, or run the job on {n} nodes",
+                e.nnodes_var, e.nnodes
+            ))
+        }
+        (Some(n), _) => n,
+        (None, Some(e)) => e.nnodes,
+        (None, None) => 1,
+    };
+    let node_rank = match (f.node_rank, &envn) {
+        (Some(r), Some(e)) if r != e.node_rank => {
+            return err(format!(
+                "--node-rank {r} contradicts {}={}: drop --node-rank and let vigil read it",
+                e.node_rank_var, e.node_rank
+            ))
+        }
+        (Some(r), _) => r,
+        (None, Some(e)) => e.node_rank,
+        (None, None) if nnodes > 1 => {
+            return err(format!(
+                "--nnodes {nnodes} needs --node-rank on every node (0 to {}), or run under Slurm (srun) or NGC, which say it",
+                nnodes - 1
+            ))
+        }
+        (None, None) => 0,
+    };
+    if node_rank >= nnodes {
+        return err(format!(
+            "node rank {node_rank} does not exist in a {nnodes}-node job: node ranks run from 0 to {}",
+            nnodes - 1
+        ));
+    }
+    let flag_head = ep_host.clone().or(f.master_addr.map(str::to_string));
+    let (head_host, slurm_head) = match (flag_head, &envn) {
+        (Some(h), _) => (h, false),
+        (None, Some(e)) => (e.head.clone(), e.source == Source::Slurm),
+        (None, None) if nnodes > 1 => {
+            return err(format!(
+                "--nnodes {nnodes} needs the address of node rank 0: give --master-addr (or --rdzv-endpoint host:port) on every node"
+            ))
+        }
+        (None, None) => ("127.0.0.1".into(), false),
+    };
+    let port = ep_port.or(f.master_port).or(match &envn {
+        Some(e) if nnodes > 1 => e.port.or(Some(MASTER_DEFAULT_PORT)),
+        _ if nnodes > 1 => Some(MASTER_DEFAULT_PORT),
+        _ => None,
+    });
+    let run_id = if f.rdzv_id != "none" {
+        f.rdzv_id.to_string()
+    } else {
+        envn.as_ref()
+            .and_then(|e| e.run_id.clone())
+            .unwrap_or_else(|| "none".into())
+    };
+    Ok(Nodes {
+        nnodes,
+        node_rank,
+        run_id,
+        head_host,
+        port,
+        source: envn.map_or(Source::Flags, |e| e.source),
+        slurm_head,
+    })
+}
+
+/// Node rank 0's address as this node reaches it. DNS first; a Slurm node name that DNS does not
+/// know (`NodeAddr` differs from `NodeName`) is asked of Slurm (`scontrol show node`).
+pub fn resolve_head(
+    host: &str,
+    port: u16,
+    slurm: bool,
+    scontrol: &dyn Fn(&str) -> Option<String>,
+) -> Result<std::net::SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    let dns = (host, port).to_socket_addrs().map(|mut a| a.next());
+    if let Ok(Some(a)) = dns {
+        return Ok(a);
+    }
+    if slurm {
+        if let Some(addr) = scontrol(host).as_deref().and_then(node_addr) {
+            if let Ok(Some(a)) = (addr.as_str(), port)
+                .to_socket_addrs()
+                .map(|mut a| a.next())
+            {
+                return Ok(a);
+            }
+        }
+    }
+    Err(format!(
+        "cannot resolve node rank 0's address {host:?}{}; give --master-addr with an address every node can reach",
+        match dns {
+            Err(e) => format!(" ({e})"),
+            Ok(_) => String::new(),
+        }
+    ))
+}
+
+/// `NodeAddr=` from `scontrol show node NAME -o`.
+pub fn node_addr(scontrol_line: &str) -> Option<String> {
+    scontrol_line
+        .split_whitespace()
+        .find_map(|f| f.strip_prefix("NodeAddr="))
+        .filter(|a| !a.is_empty())
+        .map(str::to_string)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let m: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k: &str| m.get(k).cloned()
+    }
+
+    fn flags() -> NodeFlags<'static> {
+        NodeFlags {
+            rdzv_id: "none",
+            ..Default::default()
+        }
+    }
+
+    const SLURM: &[(&str, &str)] = &[
+        ("SLURM_JOB_ID", "4242"),
+        ("SLURM_NNODES", "3"),
+        ("SLURM_NODEID", "2"),
+        ("SLURM_STEP_ID", "0"),
+        ("SLURM_STEP_NUM_NODES", "3"),
+        ("SLURM_STEP_NUM_TASKS", "3"),
+        ("SLURM_JOB_NODELIST", "gpu[007-009]"),
+    ];
+
+    #[test]
+    fn single_node_by_default() {
+        let n = discover(&flags(), &env_of(&[])).unwrap();
+        assert_eq!((n.nnodes, n.node_rank, n.port), (1, 0, None));
+        assert_eq!(n.head_host, "127.0.0.1");
+        assert_eq!(n.run_id, "none");
+    }
+
+    #[test]
+    fn slurm_alone_says_everything() {
+        let n = discover(&flags(), &env_of(SLURM)).unwrap();
+        assert_eq!((n.nnodes, n.node_rank), (3, 2));
+        assert_eq!(n.head_host, "gpu007");
+        assert_eq!(n.run_id, "4242");
+        assert_eq!(n.port, Some(slurm_port("4242")));
+        assert_eq!(n.source, Source::Slurm);
+        assert!(n.slurm_head);
+    }
+
+    #[test]
+    fn flags_that_agree_with_slurm_are_fine_and_win_for_the_address() {
+        let f = NodeFlags {
+            nnodes: Some("3"),
+            node_rank: Some(2),
+            rdzv_endpoint: "10.0.0.1:29500",
+            ..flags()
+        };
+        let n = discover(&f, &env_of(SLURM)).unwrap();
+        assert_eq!((n.head_host.as_str(), n.port), ("10.0.0.1", Some(29500)));
+        assert!(!n.slurm_head);
+    }
+
+    #[test]
+    fn contradictions_name_both_values() {
+        let f = NodeFlags {
+            nnodes: Some("4"),
+            ..flags()
+        };
+        let e = discover(&f, &env_of(SLURM)).unwrap_err().0;
+        assert!(
+            e.contains("--nnodes 4") && e.contains("SLURM_STEP_NUM_NODES=3"),
+            "{e}"
+        );
+        let f = NodeFlags {
+            node_rank: Some(0),
+            ..flags()
+        };
+        let e = discover(&f, &env_of(SLURM)).unwrap_err().0;
+        assert!(
+            e.contains("--node-rank 0") && e.contains("SLURM_NODEID=2"),
+            "{e}"
+        );
+        let ngc = [
+            ("NGC_ARRAY_SIZE", "2"),
+            ("NGC_ARRAY_INDEX", "1"),
+            ("NGC_MASTER_ADDR", "10.1.1.1"),
+        ];
+        let f = NodeFlags {
+            nnodes: Some("8"),
+            ..flags()
+        };
+        let e = discover(&f, &env_of(&ngc)).unwrap_err().0;
+        assert!(
+            e.contains("--nnodes 8") && e.contains("NGC_ARRAY_SIZE=2"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn ngc() {
+        let ngc = [
+            ("NGC_ARRAY_SIZE", "2"),
+            ("NGC_ARRAY_INDEX", "1"),
+            ("NGC_MASTER_ADDR", "10.1.1.1"),
+        ];
+        let n = discover(&flags(), &env_of(&ngc)).unwrap();
+        assert_eq!((n.nnodes, n.node_rank), (2, 1));
+        assert_eq!(n.head_host, "10.1.1.1");
+        assert_eq!(n.port, Some(MASTER_DEFAULT_PORT));
+        assert_eq!(n.source, Source::Ngc);
+    }
+
+    #[test]
+    fn explicit_flags() {
+        let f = NodeFlags {
+            nnodes: Some("2"),
+            node_rank: Some(1),
+            master_addr: Some("head"),
+            master_port: Some(1234),
+            ..flags()
+        };
+        let n = discover(&f, &env_of(&[])).unwrap();
+        assert_eq!(
+            (n.nnodes, n.node_rank, n.head_host.as_str(), n.port),
+            (2, 1, "head", Some(1234))
+        );
+        let f = NodeFlags {
+            nnodes: Some("2:2"),
+            node_rank: Some(0),
+            rdzv_endpoint: "head",
+            ..flags()
+        };
+        assert_eq!(
+            discover(&f, &env_of(&[])).unwrap().port,
+            Some(RDZV_DEFAULT_PORT)
+        );
+    }
+
+    #[test]
+    fn refusals() {
+        type Case<'a> = (NodeFlags<'a>, &'a [(&'a str, &'a str)], &'a str);
+        let cases: Vec<Case> = vec![
+            (
+                NodeFlags {
+                    nnodes: Some("1:4"),
+                    ..flags()
+                },
+                &[],
+                "fixed number of nodes",
+            ),
+            (
+                NodeFlags {
+                    nnodes: Some("2"),
+                    master_addr: Some("h"),
+                    ..flags()
+                },
+                &[],
+                "needs --node-rank",
+            ),
+            (
+                NodeFlags {
+                    nnodes: Some("2"),
+                    node_rank: Some(0),
+                    ..flags()
+                },
+                &[],
+                "--master-addr",
+            ),
+            (
+                NodeFlags {
+                    nnodes: Some("2"),
+                    node_rank: Some(2),
+                    master_addr: Some("h"),
+                    ..flags()
+                },
+                &[],
+                "from 0 to 1",
+            ),
+            (
+                NodeFlags {
+                    nnodes: Some("2"),
+                    standalone: true,
+                    ..flags()
+                },
+                &[],
+                "--standalone",
+            ),
+            (
+                NodeFlags {
+                    rdzv_endpoint: "h:1",
+                    master_port: Some(2),
+                    ..flags()
+                },
+                &[],
+                "disagree",
+            ),
+            (
+                flags(),
+                &[
+                    ("SLURM_JOB_ID", "1"),
+                    ("SLURM_NNODES", "2"),
+                    ("SLURM_JOB_NODELIST", "n[1-2]"),
+                ],
+                "not running under srun",
+            ),
+            (
+                flags(),
+                &[
+                    ("SLURM_JOB_ID", "1"),
+                    ("SLURM_STEP_ID", "0"),
+                    ("SLURM_STEP_NUM_NODES", "2"),
+                    ("SLURM_STEP_NUM_TASKS", "16"),
+                    ("SLURM_JOB_NODELIST", "n[1-2]"),
+                ],
+                "--ntasks-per-node=1",
+            ),
+            (
+                flags(),
+                &[
+                    ("SLURM_JOB_ID", "1"),
+                    ("SLURM_NNODES", "x"),
+                    ("SLURM_JOB_NODELIST", "n1"),
+                ],
+                "SLURM_NNODES=\"x\"",
+            ),
+        ];
+        for (f, env, want) in cases {
+            let e = discover(&f, &env_of(env)).unwrap_err().0;
+            assert!(e.contains(want), "{want:?} not in {e:?}");
+        }
+    }
+
+    #[test]
+    fn endpoints() {
+        assert_eq!(split_endpoint("h:5").unwrap(), ("h".into(), Some(5)));
+        assert_eq!(split_endpoint("h").unwrap(), ("h".into(), None));
+        assert_eq!(split_endpoint("[::1]:7").unwrap(), ("::1".into(), Some(7)));
+        for bad in ["::1:5", "h:0", "h:x", ":5", "[::1"] {
+            assert!(split_endpoint(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn head_address_through_slurm_when_dns_does_not_know_it() {
+        let sc = |name: &str| {
+            (name == "n1")
+                .then(|| "NodeName=n1 Arch=x86_64 NodeAddr=127.0.0.1 NodeHostName=box".into())
+        };
+        let a = resolve_head("n1", 7000, true, &sc).unwrap();
+        assert_eq!(a.to_string(), "127.0.0.1:7000");
+        assert!(resolve_head("n1.invalid", 7000, false, &sc).is_err());
+        assert_eq!(resolve_head("127.0.0.2", 9, false, &sc).unwrap().port(), 9);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn slurm_ports_stay_out_of_the_ephemeral_range(id in 0u64..u64::MAX) {
+            let p = slurm_port(&id.to_string());
+            proptest::prop_assert!((20000..32000).contains(&p));
+        }
+    }
+}

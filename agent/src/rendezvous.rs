@@ -1,0 +1,810 @@
+//! How the nodes of a job agree, through vigil's store on node rank 0 (docs/design.md,
+//! "Across nodes").
+//!
+//! Every cycle (attempt) of the job goes the same way on every node:
+//! 1. join: write `c<N>/join/<node>`, count `c<N>/joined`; the last to join sets `c<N>/all`;
+//! 2. node rank 0 wakes on `c<N>/all`, clears the ranks' keys of the last attempt, assigns global
+//!    ranks by node rank and writes the verdict `c<N>/go`; every node wakes on it and starts;
+//! 3. the first node whose ranks fail writes `c<N>/end` (compare-and-set, so the first report
+//!    wins); when every node's ranks exited 0, the last one writes `c<N>/end` = done. Every node
+//!    is parked in a `WAIT` on `c<N>/end` the whole time, so a failure reaches all nodes in one
+//!    round trip, with nothing polling.
+//!
+//! Node rank 0 also watches the other agents' leases (`lease/<node>`, held by their connection):
+//! a lease that disappears without the node leaving means the agent died or went silent (TCP
+//! keepalive and user timeout, `--node-timeout`), and the cycle ends `lost`. The other nodes
+//! notice a lost node rank 0 themselves: their connections to its store fail.
+//!
+//! The key names, the messages and the rank assignment are plain functions below; [`run`] does
+//! the talking.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, oneshot};
+use vigil_store::{KeySpace, LeaseEvent, StoreClient};
+
+use crate::monitor::Timeouts;
+use crate::supervisor::JobEnd;
+
+/// What a node says about itself when it joins a cycle.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeInfo {
+    pub nproc: u32,
+    pub host: String,
+    pub pid: u32,
+}
+
+/// The rendezvous' answer for one cycle: start, with these ranks.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Go {
+    pub cycle: u32,
+    pub world_size: u32,
+    /// Global rank of local rank 0, per node rank.
+    pub offsets: Vec<u32>,
+    /// The job's restart budget (node rank 0's `--max-restarts`).
+    pub max_restarts: u32,
+    /// Calculated timeouts node rank 0 hands to every node.
+    pub calculated: Option<Timeouts>,
+}
+
+/// The value of `c<N>/go`: start, or the job ended before this cycle could begin.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    Go(Go),
+    End(JobEnd),
+}
+
+/// Client key names (the store puts `/` in front; everything lives under `/vigil/`, which
+/// survives the reset between attempts).
+pub mod key {
+    pub fn owner(node: u32) -> String {
+        format!("vigil/owner/{node}")
+    }
+    pub fn lease(node: u32) -> String {
+        format!("vigil/lease/{node}")
+    }
+    pub const LEASE_PREFIX_RAW: &[u8] = b"/vigil/lease/";
+    pub fn join(c: u32, node: u32) -> String {
+        format!("vigil/c{c}/join/{node}")
+    }
+    pub fn joined(c: u32) -> String {
+        format!("vigil/c{c}/joined")
+    }
+    pub fn all(c: u32) -> String {
+        format!("vigil/c{c}/all")
+    }
+    pub fn go(c: u32) -> String {
+        format!("vigil/c{c}/go")
+    }
+    pub fn end(c: u32) -> String {
+        format!("vigil/c{c}/end")
+    }
+    pub fn done(c: u32) -> String {
+        format!("vigil/c{c}/done")
+    }
+    pub fn node_timeouts(c: u32, node: u32) -> String {
+        format!("vigil/c{c}/timeouts/{node}")
+    }
+    pub fn timeouts_count(c: u32) -> String {
+        format!("vigil/c{c}/timeouts_n")
+    }
+    pub fn timeouts(c: u32) -> String {
+        format!("vigil/c{c}/timeouts")
+    }
+    /// Raw prefix of one cycle's keys, removed once every node is in the next cycle.
+    pub fn cycle_prefix_raw(c: u32) -> Vec<u8> {
+        format!("/vigil/c{c}/").into_bytes()
+    }
+}
+
+/// Global ranks by node rank: node `n`'s local rank 0 is the sum of the ranks of nodes `0..n`.
+pub fn assign(
+    cycle: u32,
+    nodes: &[NodeInfo],
+    max_restarts: u32,
+    calculated: Option<Timeouts>,
+) -> Go {
+    let mut offsets = Vec::with_capacity(nodes.len());
+    let mut next = 0u32;
+    for n in nodes {
+        offsets.push(next);
+        next += n.nproc;
+    }
+    Go {
+        cycle,
+        world_size: next,
+        offsets,
+        max_restarts,
+        calculated,
+    }
+}
+
+/// The job-wide timeouts: for every check, the longest any node calculated.
+pub fn merge_timeouts(all: &[Timeouts]) -> Timeouts {
+    let max = |a: Option<Duration>, b: Option<Duration>| match (a, b) {
+        (Some(x), Some(y)) => Some(x.max(y)),
+        (x, y) => x.or(y),
+    };
+    let mut out = Timeouts::default();
+    for t in all {
+        out.initial = max(out.initial, t.initial);
+        out.heartbeat = max(out.heartbeat, t.heartbeat);
+        out.out_of_section = max(out.out_of_section, t.out_of_section);
+        out.warmup = max(out.warmup, t.warmup);
+        for (k, v) in &t.sections {
+            let e = out.sections.entry(k.clone()).or_insert(*v);
+            *e = (*e).max(*v);
+        }
+    }
+    out
+}
+
+fn to_json<T: Serialize>(v: &T) -> Vec<u8> {
+    serde_json::to_vec(v).expect("plain data serializes")
+}
+
+/// Requests from the agent's event loop.
+#[derive(Debug)]
+pub enum ToCoord {
+    Join {
+        cycle: u32,
+        nproc: u32,
+        calculated: Option<Timeouts>,
+    },
+    ReportEnd {
+        cycle: u32,
+        end: JobEnd,
+    },
+    ReportDone {
+        cycle: u32,
+    },
+    ShareTimeouts {
+        cycle: u32,
+        timeouts: Timeouts,
+    },
+    /// Leave the job; `done` is answered once it is safe for this process to exit.
+    Leave {
+        poison: Option<(u32, JobEnd)>,
+        done: oneshot::Sender<()>,
+    },
+}
+
+/// What the job decided, for the agent's event loop.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FromCoord {
+    Joined {
+        cycle: u32,
+        rank_offset: u32,
+        world_size: u32,
+        max_restarts: u32,
+        calculated: Option<Timeouts>,
+    },
+    CycleEnded {
+        cycle: u32,
+        end: JobEnd,
+    },
+    JobTimeouts {
+        cycle: u32,
+        timeouts: Timeouts,
+    },
+    Lost {
+        reason: String,
+        requeue: bool,
+    },
+}
+
+#[derive(Debug, Clone)]
+pub struct CoordConfig {
+    pub nnodes: u32,
+    pub node_rank: u32,
+    /// Where node rank 0's store listens, as this node reaches it.
+    pub store: SocketAddr,
+    /// How long every node waits for the others at a rendezvous (and to reach the store).
+    pub join_timeout: Duration,
+    /// After this long without an answer from a peer, it is lost.
+    pub peer_timeout: Duration,
+    pub host: String,
+    /// Node rank 0's value is the job's budget.
+    pub max_restarts: u32,
+}
+
+/// What node rank 0 has besides the clients: its store's key space and the other agents' leases.
+pub struct HeadSide {
+    pub keys: KeySpace,
+    pub leases: mpsc::UnboundedReceiver<LeaseEvent>,
+}
+
+/// Runs the coordination of one agent until it leaves. Everything it learns goes to `tx`; a
+/// store that cannot be reached or a rendezvous that cannot complete ends in one
+/// [`FromCoord::Lost`], after which requests are only answered for `Leave`.
+pub async fn run(
+    cfg: CoordConfig,
+    head: Option<HeadSide>,
+    mut rx: mpsc::UnboundedReceiver<ToCoord>,
+    tx: mpsc::UnboundedSender<FromCoord>,
+) {
+    let mut c = match Coordinator::connect(cfg, head, tx.clone()).await {
+        Ok(c) => c,
+        Err((reason, requeue)) => {
+            let _ = tx.send(FromCoord::Lost { reason, requeue });
+            while let Some(req) = rx.recv().await {
+                if let ToCoord::Leave { done, .. } = req {
+                    let _ = done.send(());
+                    return;
+                }
+            }
+            return;
+        }
+    };
+    c.serve(rx).await;
+}
+
+struct WaitReq {
+    key: String,
+    timeout: Duration,
+}
+
+struct WaitDone {
+    key: String,
+    result: Result<Vec<u8>, (bool, String)>,
+}
+
+/// One connection that does nothing but park in `WAIT`s, one after another, so the control
+/// connection stays free for reports while a wait is parked.
+async fn waiter(
+    mut client: StoreClient,
+    mut rx: mpsc::UnboundedReceiver<WaitReq>,
+    tx: mpsc::UnboundedSender<WaitDone>,
+) {
+    while let Some(WaitReq { key, timeout }) = rx.recv().await {
+        let r = match client.wait(&[&key], timeout).await {
+            Ok(()) => client.get(&key).await,
+            Err(e) => Err(e),
+        };
+        let result = r.map_err(|e| (e.is_timeout(), e.to_string()));
+        let failed = result.is_err();
+        if tx.send(WaitDone { key, result }).is_err() || failed {
+            return;
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    Idle,
+    /// Node rank 0 waits for every node to join cycle N.
+    WaitAll(u32),
+    WaitGo(u32),
+    /// Cycle N runs; parked on its end.
+    Running(u32),
+}
+
+struct Coordinator {
+    cfg: CoordConfig,
+    ctl: StoreClient,
+    wait_tx: mpsc::UnboundedSender<WaitReq>,
+    wait_rx: mpsc::UnboundedReceiver<WaitDone>,
+    tx: mpsc::UnboundedSender<FromCoord>,
+    head: Option<HeadSide>,
+    stage: Stage,
+    /// The highest cycle this node joined.
+    cycle: u32,
+    /// Node rank 0: the calculated timeouts to hand out with the next `go`.
+    calculated: Option<Timeouts>,
+    /// Node rank 0: a node was lost; every later cycle ends at once.
+    lost: Option<String>,
+    /// A task parked on this cycle's job-wide timeouts.
+    timeouts_task: Option<tokio::task::JoinHandle<()>>,
+    timeouts_tx: mpsc::UnboundedSender<(u32, Vec<u8>)>,
+    timeouts_rx: mpsc::UnboundedReceiver<(u32, Vec<u8>)>,
+    /// Set once a `Lost` was sent: nothing more is reported.
+    ended: bool,
+}
+
+type Fatal = (String, bool);
+
+async fn connect_client(cfg: &CoordConfig) -> Result<StoreClient, Fatal> {
+    let c = StoreClient::connect(cfg.store, cfg.join_timeout)
+        .await
+        .map_err(|e| {
+            (
+                format!(
+                    "cannot reach node rank 0's store at {} ({e}); check that node rank 0 runs vigil with the same --master-addr/--master-port or --rdzv-endpoint",
+                    cfg.store
+                ),
+                true,
+            )
+        })?;
+    let _ = c.set_peer_timeout(cfg.peer_timeout);
+    Ok(c)
+}
+
+impl Coordinator {
+    async fn connect(
+        cfg: CoordConfig,
+        head: Option<HeadSide>,
+        tx: mpsc::UnboundedSender<FromCoord>,
+    ) -> Result<Coordinator, Fatal> {
+        let mut ctl = connect_client(&cfg).await?;
+        let waiter_client = connect_client(&cfg).await?;
+        let lost_store = |e: vigil_store::StoreError| {
+            (
+                format!("lost node rank 0's store at {}: {e}", cfg.store),
+                true,
+            )
+        };
+        // Two agents claiming one node rank would silently corrupt the job: refuse.
+        let me = format!("{} (pid {})", cfg.host, std::process::id());
+        let owner = ctl
+            .compare_set(&key::owner(cfg.node_rank), b"", me.as_bytes())
+            .await
+            .map_err(lost_store)?;
+        if owner != me.as_bytes() {
+            return Err((
+                format!(
+                    "node rank {} is already taken by {}; give every node its own --node-rank (0 to {})",
+                    cfg.node_rank,
+                    String::from_utf8_lossy(&owner),
+                    cfg.nnodes - 1
+                ),
+                false,
+            ));
+        }
+        if cfg.node_rank != 0 {
+            ctl.set(&key::lease(cfg.node_rank), me.as_bytes())
+                .await
+                .map_err(lost_store)?;
+        }
+        let (wait_tx, req_rx) = mpsc::unbounded_channel();
+        let (done_tx, wait_rx) = mpsc::unbounded_channel();
+        tokio::task::spawn_local(waiter(waiter_client, req_rx, done_tx));
+        let (timeouts_tx, timeouts_rx) = mpsc::unbounded_channel();
+        Ok(Coordinator {
+            cfg,
+            ctl,
+            wait_tx,
+            wait_rx,
+            tx,
+            head,
+            stage: Stage::Idle,
+            cycle: 0,
+            calculated: None,
+            lost: None,
+            timeouts_task: None,
+            timeouts_tx,
+            timeouts_rx,
+            ended: false,
+        })
+    }
+
+    fn send(&mut self, m: FromCoord) {
+        if self.ended {
+            return;
+        }
+        if matches!(m, FromCoord::Lost { .. }) {
+            self.ended = true;
+        }
+        let _ = self.tx.send(m);
+    }
+
+    fn fail(&mut self, reason: String) {
+        self.stage = Stage::Idle;
+        self.send(FromCoord::Lost {
+            reason,
+            requeue: true,
+        });
+    }
+
+    fn store_error(&mut self, e: impl std::fmt::Display) {
+        let reason = format!(
+            "lost the connection to node rank 0's store at {}: {e}; node rank 0's agent died or the network failed",
+            self.cfg.store
+        );
+        self.fail(reason);
+    }
+
+    fn wait_for(&mut self, key: String, timeout: Duration) {
+        let _ = self.wait_tx.send(WaitReq { key, timeout });
+    }
+
+    async fn serve(&mut self, mut rx: mpsc::UnboundedReceiver<ToCoord>) {
+        loop {
+            let lease = async {
+                match self.head.as_mut() {
+                    Some(h) => h.leases.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                req = rx.recv() => match req {
+                    None => return,
+                    Some(ToCoord::Leave { poison, done }) => {
+                        self.leave(poison).await;
+                        let _ = done.send(());
+                        return;
+                    }
+                    Some(req) => {
+                        if !self.ended {
+                            if let Err(e) = self.request(req).await {
+                                self.store_error(e);
+                            }
+                        }
+                    }
+                },
+                Some(w) = self.wait_rx.recv() => {
+                    if let Err(e) = self.waited(w).await {
+                        self.store_error(e);
+                    }
+                }
+                Some((cycle, v)) = self.timeouts_rx.recv() => {
+                    if let Ok(timeouts) = serde_json::from_slice(&v) {
+                        self.send(FromCoord::JobTimeouts { cycle, timeouts });
+                    }
+                }
+                Some(ev) = lease => {
+                    if let Err(e) = self.lease_event(ev).await {
+                        self.store_error(e);
+                    }
+                }
+            }
+        }
+    }
+
+    async fn request(&mut self, req: ToCoord) -> Result<(), vigil_store::StoreError> {
+        let n = self.cfg.nnodes as i64;
+        match req {
+            ToCoord::Join {
+                cycle,
+                nproc,
+                calculated,
+            } => {
+                self.cycle = cycle;
+                if let Some(t) = self.timeouts_task.take() {
+                    t.abort();
+                }
+                if let Some(reason) = self.lost.clone() {
+                    let end = JobEnd::Lost { reason };
+                    self.poison(cycle, &end).await?;
+                    self.stage = Stage::Idle;
+                    self.send(FromCoord::CycleEnded { cycle, end });
+                    return Ok(());
+                }
+                let info = NodeInfo {
+                    nproc,
+                    host: self.cfg.host.clone(),
+                    pid: std::process::id(),
+                };
+                self.ctl
+                    .set(&key::join(cycle, self.cfg.node_rank), &to_json(&info))
+                    .await?;
+                if self.ctl.add(&key::joined(cycle), 1).await? == n {
+                    self.ctl.set(&key::all(cycle), b"").await?;
+                }
+                if self.head.is_some() {
+                    self.calculated = calculated;
+                    self.stage = Stage::WaitAll(cycle);
+                    self.wait_for(key::all(cycle), self.cfg.join_timeout);
+                } else {
+                    self.stage = Stage::WaitGo(cycle);
+                    self.wait_for(key::go(cycle), self.cfg.join_timeout);
+                }
+            }
+            ToCoord::ReportEnd { cycle, end } => {
+                self.ctl
+                    .compare_set(&key::end(cycle), b"", &to_json(&end))
+                    .await?;
+            }
+            ToCoord::ReportDone { cycle } => {
+                if self.ctl.add(&key::done(cycle), 1).await? == n {
+                    self.ctl
+                        .compare_set(&key::end(cycle), b"", &to_json(&JobEnd::Done))
+                        .await?;
+                }
+            }
+            ToCoord::ShareTimeouts { cycle, timeouts } => {
+                self.ctl
+                    .set(
+                        &key::node_timeouts(cycle, self.cfg.node_rank),
+                        &to_json(&timeouts),
+                    )
+                    .await?;
+                if self.timeouts_task.is_none() {
+                    self.spawn_timeouts_waiter(cycle);
+                }
+                if self.ctl.add(&key::timeouts_count(cycle), 1).await? == n {
+                    let keys: Vec<String> = (0..self.cfg.nnodes)
+                        .map(|i| key::node_timeouts(cycle, i))
+                        .collect();
+                    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+                    let all: Vec<Timeouts> = self
+                        .ctl
+                        .multi_get(&refs)
+                        .await?
+                        .iter()
+                        .filter_map(|v| serde_json::from_slice(v).ok())
+                        .collect();
+                    let merged = merge_timeouts(&all);
+                    self.ctl
+                        .set(&key::timeouts(cycle), &to_json(&merged))
+                        .await?;
+                }
+            }
+            ToCoord::Leave { .. } => unreachable!("handled by serve"),
+        }
+        Ok(())
+    }
+
+    /// A connection of its own, parked until every node has shared its timeouts for `cycle`;
+    /// dropped (and with it the wait) when the cycle ends first.
+    fn spawn_timeouts_waiter(&mut self, cycle: u32) {
+        let cfg = self.cfg.clone();
+        let tx = self.timeouts_tx.clone();
+        self.timeouts_task = Some(tokio::task::spawn_local(async move {
+            let Ok(mut c) = connect_client(&cfg).await else {
+                return;
+            };
+            let k = key::timeouts(cycle);
+            if c.wait(&[&k], Duration::MAX).await.is_ok() {
+                if let Ok(v) = c.get(&k).await {
+                    let _ = tx.send((cycle, v));
+                }
+            }
+        }));
+    }
+
+    async fn waited(&mut self, w: WaitDone) -> Result<(), vigil_store::StoreError> {
+        let value = match w.result {
+            Ok(v) => v,
+            Err((timed_out, e)) => {
+                if self.ended {
+                    return Ok(());
+                }
+                let reason = match self.stage {
+                    Stage::WaitAll(c) | Stage::WaitGo(c) if timed_out => {
+                        let joined = self
+                            .ctl
+                            .get_timeout(&key::joined(c), Duration::from_secs(2))
+                            .await
+                            .ok()
+                            .and_then(|v| String::from_utf8(v).ok())
+                            .unwrap_or_else(|| "?".into());
+                        format!(
+                            "only {joined} of {} nodes joined attempt {c} within {:.0}s (--join-timeout); check that vigil started on every node with the same --nnodes",
+                            self.cfg.nnodes,
+                            self.cfg.join_timeout.as_secs_f64()
+                        )
+                    }
+                    _ => format!(
+                        "lost the connection to node rank 0's store at {}: {e}; node rank 0's agent died or the network failed",
+                        self.cfg.store
+                    ),
+                };
+                self.fail(reason);
+                return Ok(());
+            }
+        };
+        match self.stage {
+            Stage::WaitAll(c) if w.key == key::all(c) => {
+                // A node that stopped for good ends the rendezvous by writing `go` before `all`.
+                if self.ctl.check(&[&key::go(c)]).await? {
+                    let v = self.ctl.get(&key::go(c)).await?;
+                    self.verdict(c, &v);
+                    return Ok(());
+                }
+                let head = self.head.as_ref().expect("only node rank 0 waits for all");
+                // Every node's ranks of the last attempt are gone: give this one a clean store.
+                head.keys.reset();
+                if c > 0 {
+                    head.keys.clear_prefix(&key::cycle_prefix_raw(c - 1));
+                }
+                let keys: Vec<String> = (0..self.cfg.nnodes).map(|i| key::join(c, i)).collect();
+                let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+                let mut nodes = Vec::with_capacity(keys.len());
+                for (i, v) in self.ctl.multi_get(&refs).await?.into_iter().enumerate() {
+                    match serde_json::from_slice::<NodeInfo>(&v) {
+                        Ok(info) => nodes.push(info),
+                        Err(e) => {
+                            self.fail(format!("node {i} joined attempt {c} with an unreadable record ({e}); every node must run the same vigil version"));
+                            return Ok(());
+                        }
+                    }
+                }
+                let go = assign(c, &nodes, self.cfg.max_restarts, self.calculated.clone());
+                let mine = to_json(&Verdict::Go(go));
+                let v = self.ctl.compare_set(&key::go(c), b"", &mine).await?;
+                self.verdict(c, &v);
+            }
+            Stage::WaitGo(c) if w.key == key::go(c) => self.verdict(c, &value),
+            Stage::Running(c) if w.key == key::end(c) => {
+                if let Some(t) = self.timeouts_task.take() {
+                    t.abort();
+                }
+                self.stage = Stage::Idle;
+                match serde_json::from_slice::<JobEnd>(&value) {
+                    Ok(end) => self.send(FromCoord::CycleEnded { cycle: c, end }),
+                    Err(e) => self.fail(format!("attempt {c} ended with an unreadable verdict ({e}); every node must run the same vigil version")),
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn verdict(&mut self, c: u32, value: &[u8]) {
+        match serde_json::from_slice::<Verdict>(value) {
+            Ok(Verdict::Go(go)) => {
+                let Some(&rank_offset) = go.offsets.get(self.cfg.node_rank as usize) else {
+                    self.fail(format!(
+                        "attempt {c} was assigned for {} nodes, but this is node rank {}; every node must use the same --nnodes",
+                        go.offsets.len(),
+                        self.cfg.node_rank
+                    ));
+                    return;
+                };
+                self.stage = Stage::Running(c);
+                self.wait_for(key::end(c), Duration::MAX);
+                self.send(FromCoord::Joined {
+                    cycle: c,
+                    rank_offset,
+                    world_size: go.world_size,
+                    max_restarts: go.max_restarts,
+                    calculated: go.calculated,
+                });
+            }
+            Ok(Verdict::End(end)) => {
+                self.stage = Stage::Idle;
+                self.send(FromCoord::CycleEnded { cycle: c, end });
+            }
+            Err(e) => self.fail(format!(
+                "attempt {c} started with an unreadable verdict ({e}); every node must run the same vigil version"
+            )),
+        }
+    }
+
+    /// Ends cycle `c` and the next one with `end` for every node still waiting on them; a verdict
+    /// already given stays (compare-and-set). `all` is set after `go` so that node rank 0, parked
+    /// until every node joined, wakes and finds the verdict.
+    async fn poison(&mut self, c: u32, end: &JobEnd) -> Result<(), vigil_store::StoreError> {
+        let verdict = to_json(&Verdict::End(end.clone()));
+        for cycle in [c, c + 1] {
+            self.ctl.compare_set(&key::go(cycle), b"", &verdict).await?;
+            self.ctl
+                .compare_set(&key::end(cycle), b"", &to_json(end))
+                .await?;
+            self.ctl.set(&key::all(cycle), b"").await?;
+        }
+        Ok(())
+    }
+
+    async fn lease_event(&mut self, ev: LeaseEvent) -> Result<(), vigil_store::StoreError> {
+        let LeaseEvent::Lost { key, value } = ev else {
+            return Ok(());
+        };
+        if self.lost.is_some() {
+            return Ok(());
+        }
+        let reason = format!(
+            "node {key} ({}) was lost: its agent's connection to the store closed or went silent for --node-timeout",
+            String::from_utf8_lossy(&value)
+        );
+        self.lost = Some(reason.clone());
+        self.poison(self.cycle, &JobEnd::Lost { reason }).await
+    }
+
+    async fn leave(&mut self, poison: Option<(u32, JobEnd)>) {
+        if let Some(t) = self.timeouts_task.take() {
+            t.abort();
+        }
+        if let Some((c, end)) = poison {
+            let _ = tokio::time::timeout(self.cfg.peer_timeout, self.poison(c, &end)).await;
+        }
+        match self.head.as_mut() {
+            None => {
+                let lease = key::lease(self.cfg.node_rank);
+                let _ =
+                    tokio::time::timeout(self.cfg.peer_timeout, self.ctl.delete_key(&lease)).await;
+            }
+            Some(h) => {
+                // The other agents may still read this cycle's verdict from our store: keep it
+                // up until each has left (or was lost), for at most one peer timeout.
+                let deadline = tokio::time::Instant::now() + self.cfg.peer_timeout;
+                let holders = |h: &HeadSide| {
+                    h.keys
+                        .keys_raw()
+                        .iter()
+                        .filter(|k| k.starts_with(key::LEASE_PREFIX_RAW))
+                        .count()
+                };
+                let mut open = holders(h);
+                while open > 0 {
+                    match tokio::time::timeout_at(deadline, h.leases.recv()).await {
+                        Ok(Some(_)) => open = holders(h),
+                        Ok(None) | Err(_) => break,
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(nproc: u32) -> NodeInfo {
+        NodeInfo {
+            nproc,
+            host: "h".into(),
+            pid: 1,
+        }
+    }
+
+    #[test]
+    fn ranks_follow_node_rank() {
+        let go = assign(3, &[node(2), node(4), node(1)], 5, None);
+        assert_eq!(go.offsets, vec![0, 2, 6]);
+        assert_eq!(go.world_size, 7);
+        assert_eq!(go.cycle, 3);
+        assert_eq!(go.max_restarts, 5);
+    }
+
+    #[test]
+    fn verdicts_round_trip() {
+        for v in [
+            Verdict::Go(assign(0, &[node(1)], 0, Some(Timeouts::default()))),
+            Verdict::End(JobEnd::Lost { reason: "x".into() }),
+        ] {
+            let back: Verdict = serde_json::from_slice(&to_json(&v)).unwrap();
+            assert_eq!(back, v);
+        }
+        let end = JobEnd::Failed {
+            node: 1,
+            reason: "rank 3 exited with code 1".into(),
+        };
+        let back: JobEnd = serde_json::from_slice(&to_json(&end)).unwrap();
+        assert_eq!(back, end);
+    }
+
+    #[test]
+    fn job_timeouts_are_the_maximum_over_nodes() {
+        let s = Duration::from_secs;
+        let a = Timeouts {
+            initial: Some(s(10)),
+            heartbeat: Some(s(3)),
+            sections: [("step".to_string(), s(5))].into(),
+            ..Default::default()
+        };
+        let b = Timeouts {
+            initial: Some(s(4)),
+            heartbeat: Some(s(9)),
+            sections: [("step".to_string(), s(2)), ("ckpt".to_string(), s(7))].into(),
+            ..Default::default()
+        };
+        let m = merge_timeouts(&[a, b]);
+        assert_eq!(m.initial, Some(s(10)));
+        assert_eq!(m.heartbeat, Some(s(9)));
+        assert_eq!(m.sections["step"], s(5));
+        assert_eq!(m.sections["ckpt"], s(7));
+        assert_eq!(m.out_of_section, None);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn offsets_partition_the_world(nprocs in proptest::collection::vec(1u32..9, 1..40)) {
+            let nodes: Vec<NodeInfo> = nprocs.iter().map(|&n| node(n)).collect();
+            let go = assign(0, &nodes, 0, None);
+            let mut seen = vec![false; go.world_size as usize];
+            for (i, n) in nprocs.iter().enumerate() {
+                for lr in 0..*n {
+                    let r = (go.offsets[i] + lr) as usize;
+                    proptest::prop_assert!(!seen[r]);
+                    seen[r] = true;
+                }
+            }
+            proptest::prop_assert!(seen.into_iter().all(|x| x));
+        }
+    }
+}
