@@ -51,3 +51,22 @@ def test_gloo_job_survives_a_rank_crash_and_restart(job):
     ev = events(job / "logs")
     assert [e["to_cycle"] for e in ev if e["event"] == "restart"] == [1]
     assert ev[-1]["outcome"] == "succeeded"
+
+
+def test_gloo_across_two_agents_through_the_agent_store_survives_a_crash(job):
+    """2 agents x 2 ranks; torch's ranks rendezvous through vigil's store on node rank 0
+    (TORCHELASTIC_USE_AGENT_STORE=True: no rank binds a port), and rank 1 on node 0 crashes once."""
+    from test_multinode import Nodes
+
+    write(job / "ar.py", ALL_REDUCE)
+    nodes = Nodes(job, 2, ["ar.py", "crash"], extra=["--max-restarts", "1", "--workers-stop-timeout", "5"])
+    res = nodes.wait(timeout=300)
+    assert [rc for rc, _, _ in res] == [0, 0], [e for _, _, e in res]
+    out = res[0][1] + res[1][1]
+    for lr in range(2):
+        assert out.count(f"[default{lr}]:sum 10 attempt 0") == 2, out
+        assert out.count(f"[default{lr}]:sum 10 attempt 1") == 2, out
+    for i in range(2):
+        ev = nodes.events(i)
+        assert [e["to_cycle"] for e in ev if e["event"] == "restart"] == [1]
+        assert ev[-1]["outcome"] == "succeeded"
