@@ -1,0 +1,103 @@
+"""Agents on separate network addresses: two Linux network namespaces joined by a veth pair,
+created by the test. Cutting the link must end the job on both sides within the node timeout,
+with the requeue status, and leave no rank behind.
+
+Needs root and iproute2 (`ip`); skipped otherwise, unless VIGIL_REQUIRE_NETNS=1 (set by .ci/run).
+"""
+import os
+import shutil
+import subprocess
+import uuid
+
+import pytest
+
+from harness import base_env, events, pid_alive, vigil_bin, wait_for, write
+from test_multinode import FLAKY, markers, of
+
+REQUIRED = os.environ.get("VIGIL_REQUIRE_NETNS") == "1"
+
+
+def ip(*args, check=True):
+    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
+
+
+@pytest.fixture
+def two_hosts():
+    """Namespaces `a` (10.77.<x>.1) and `b` (10.77.<x>.2) on one veth link; yields (a, b, cut)."""
+    why = None
+    if os.geteuid() != 0:
+        why = "network namespaces need root"
+    elif not shutil.which("ip"):
+        why = "iproute2 (`ip`) is not installed"
+    if why:
+        if REQUIRED:
+            pytest.fail(f"VIGIL_REQUIRE_NETNS=1 but {why}")
+        pytest.skip(why)
+    tag = uuid.uuid4().hex[:6]
+    a, b = f"vga{tag}", f"vgb{tag}"
+    va, vb = f"va{tag}", f"vb{tag}"
+    net = int(tag[:2], 16)
+    try:
+        ip("netns", "add", a)
+        ip("netns", "add", b)
+        ip("link", "add", va, "type", "veth", "peer", "name", vb)
+        ip("link", "set", va, "netns", a)
+        ip("link", "set", vb, "netns", b)
+        ip("-n", a, "addr", "add", f"10.77.{net}.1/24", "dev", va)
+        ip("-n", b, "addr", "add", f"10.77.{net}.2/24", "dev", vb)
+        for ns, dev in ((a, va), (b, vb)):
+            ip("-n", ns, "link", "set", dev, "up")
+            ip("-n", ns, "link", "set", "lo", "up")
+    except subprocess.CalledProcessError as e:
+        for ns in (a, b):
+            ip("netns", "del", ns, check=False)
+        if REQUIRED:
+            pytest.fail(f"cannot create network namespaces: {e.stderr}")
+        pytest.skip(f"cannot create network namespaces here: {e.stderr.strip()}")
+
+    def cut():
+        # Node b's cable is pulled: from then on neither side hears from the other.
+        ip("-n", b, "link", "set", vb, "down")
+
+    try:
+        yield (a, f"10.77.{net}.1"), (b, f"10.77.{net}.2"), cut
+    finally:
+        for ns in (a, b):
+            ip("netns", "del", ns, check=False)
+
+
+def start_in(ns, job, node_rank, head_addr, extra):
+    logs = job / f"node{node_rank}" / "logs"
+    logs.mkdir(parents=True)
+    args = ["ip", "netns", "exec", ns, vigil_bin(), "run", "--nnodes", "2", "--node-rank", str(node_rank),
+            "--master-addr", head_addr, "--master-port", "29500", "--nproc-per-node", "2",
+            "--log-dir", str(logs), *extra]
+    return subprocess.Popen(args, cwd=job, env=base_env(OUT_DIR=job), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def test_cutting_a_node_off_ends_the_job_on_both_sides(job, two_hosts):
+    (ns_a, addr_a), (ns_b, _), cut = two_hosts
+    write(job / "flaky.py", FLAKY)
+    extra = ["--max-restarts", "3", "--node-timeout", "3", "--workers-stop-timeout", "2", "flaky.py", "-1", "1"]
+    procs = [start_in(ns_a, job, 0, addr_a, extra), start_in(ns_b, job, 1, addr_a, extra)]
+    try:
+        wait_for(lambda: len(markers(job, "ran_")) == 4, timeout=60, what="four ranks running on two hosts")
+        pids = [int((job / n).read_text().split()[0]) for n in markers(job, "ran_")]
+        cut()
+        # Generous bound: detection is ~3 s (--node-timeout); a hang would run into this limit.
+        outs = [p.communicate(timeout=90) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    codes = [p.returncode for p in procs]
+    assert codes == [75, 75], [e for _, e in outs]
+    assert "node 1" in outs[0][1] and "was lost" in outs[0][1]
+    assert "lost the connection to node rank 0's store" in outs[1][1]
+    for i in range(2):
+        ev = events(job / f"node{i}" / "logs")
+        assert of(ev, "cycle_ended", cycle=0, end="lost")
+        assert ev[-1]["outcome"] == "lost" and not of(ev, "restart")
+    wait_for(lambda: not any(pid_alive(p) for p in pids), timeout=30, what="every rank gone")
