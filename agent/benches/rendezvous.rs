@@ -1,0 +1,175 @@
+//! Rendezvous time against the number of agents: N simulated agents, each running vigil's real
+//! coordination code (`vigil::rendezvous::run`) over real TCP connections to the real store, on
+//! loopback. The store runs on a thread of its own, as in the agent; every simulated agent shares
+//! one event loop, as they would share two cores. Prints a table.
+//!
+//!     cargo bench -p vigil --bench rendezvous [-- 1,16,128,512,1024]
+//!
+//! Columns: `connect` is every agent connecting and claiming its node rank; `join 0` is from all
+//! agents asking to join attempt 0 to the last one holding its rank assignment; `restart` is from
+//! one agent reporting a failure to every agent holding its assignment for attempt 1 (the verdict
+//! reaching everyone, everyone rejoining, node rank 0 clearing the store and answering).
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+use vigil::rendezvous::{self, CoordConfig, FromCoord, HeadSide, ToCoord};
+use vigil::supervisor::JobEnd;
+
+type Hosted = (
+    SocketAddr,
+    vigil_store::KeySpace,
+    mpsc::UnboundedReceiver<vigil_store::LeaseEvent>,
+);
+
+fn host_store() -> Hosted {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async move {
+            let mut s = vigil_store::StoreServer::bind("127.0.0.1:0".parse().unwrap())
+                .await
+                .expect("bind");
+            let leases = s.lease_events();
+            tx.send((s.local_addr().unwrap(), s.key_space(), leases))
+                .unwrap();
+            s.serve().await;
+        });
+    });
+    rx.recv().expect("store up")
+}
+
+fn raise_fd_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: plain getrlimit/setrlimit on a local struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+}
+
+struct Agent {
+    tx: mpsc::UnboundedSender<ToCoord>,
+    rx: mpsc::UnboundedReceiver<FromCoord>,
+}
+
+async fn expect_joined(a: &mut Agent, cycle: u32) {
+    match a.rx.recv().await {
+        Some(FromCoord::Joined { cycle: c, .. }) if c == cycle => {}
+        other => panic!("expected Joined({cycle}), got {other:?}"),
+    }
+}
+
+async fn one_round(n: u32) -> (Duration, Duration, Duration) {
+    let (addr, keys, leases) = host_store();
+    let mut head = Some(HeadSide { keys, leases });
+    let mut probe = vigil_store::StoreClient::connect(addr, Duration::from_secs(30))
+        .await
+        .expect("probe connects");
+    let t0 = Instant::now();
+    let mut agents = Vec::new();
+    for node in 0..n {
+        let cfg = CoordConfig {
+            nnodes: n,
+            node_rank: node,
+            store: addr,
+            join_timeout: Duration::from_secs(120),
+            peer_timeout: Duration::from_secs(30),
+            host: format!("sim{node}"),
+            max_restarts: 3,
+        };
+        let (tx, req_rx) = mpsc::unbounded_channel();
+        let (ev_tx, rx) = mpsc::unbounded_channel();
+        let h = if node == 0 { head.take() } else { None };
+        tokio::task::spawn_local(rendezvous::run(cfg, h, req_rx, ev_tx));
+        agents.push(Agent { tx, rx });
+    }
+    // Every agent has connected and claimed its node rank (`vigil/owner/<n>`).
+    let owners: Vec<String> = (0..n).map(|i| format!("vigil/owner/{i}")).collect();
+    let refs: Vec<&str> = owners.iter().map(String::as_str).collect();
+    probe
+        .wait(&refs, Duration::from_secs(120))
+        .await
+        .expect("every agent connects");
+    let connect_time = t0.elapsed();
+    let t1 = Instant::now();
+    for a in &agents {
+        a.tx.send(ToCoord::Join {
+            cycle: 0,
+            nproc: 8,
+            calculated: None,
+        })
+        .unwrap();
+    }
+    for a in agents.iter_mut() {
+        expect_joined(a, 0).await;
+    }
+    let join0 = t1.elapsed();
+    let t2 = Instant::now();
+    agents[n as usize - 1]
+        .tx
+        .send(ToCoord::ReportEnd {
+            cycle: 0,
+            end: JobEnd::Failed {
+                node: n - 1,
+                reason: "bench".into(),
+            },
+        })
+        .unwrap();
+    for a in agents.iter_mut() {
+        match a.rx.recv().await {
+            Some(FromCoord::CycleEnded { cycle: 0, .. }) => {}
+            other => panic!("expected CycleEnded(0), got {other:?}"),
+        }
+        a.tx.send(ToCoord::Join {
+            cycle: 1,
+            nproc: 8,
+            calculated: None,
+        })
+        .unwrap();
+    }
+    for a in agents.iter_mut() {
+        expect_joined(a, 1).await;
+    }
+    let restart = t2.elapsed();
+    for a in agents {
+        let (done, wait) = tokio::sync::oneshot::channel();
+        let _ = a.tx.send(ToCoord::Leave { poison: None, done });
+        let _ = wait.await;
+    }
+    (connect_time, join0, restart)
+}
+
+fn main() {
+    raise_fd_limit();
+    let sizes: Vec<u32> = std::env::args()
+        .skip(1)
+        .find(|a| !a.starts_with('-'))
+        .map(|s| s.split(',').filter_map(|x| x.parse().ok()).collect())
+        .unwrap_or_else(|| vec![1, 16, 128, 512, 1024]);
+    println!("| agents | connect + claim | join attempt 0 | failure to all rejoined (attempt 1) |");
+    println!("|---|---|---|---|");
+    for n in sizes {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let local = tokio::task::LocalSet::new();
+        let (c, j, r) = local.block_on(&rt, one_round(n));
+        println!(
+            "| {n} | {:.1} ms | {:.1} ms | {:.1} ms |",
+            c.as_secs_f64() * 1e3,
+            j.as_secs_f64() * 1e3,
+            r.as_secs_f64() * 1e3
+        );
+    }
+}
