@@ -282,3 +282,28 @@ def test_flags_from_pet_environment_work_across_nodes(job):
     got = [json.loads((job / f"env_{r}.json").read_text()) for r in range(2)]
     assert got == [{"RANK": str(r), "WORLD_SIZE": "2", "MASTER_PORT": str(port)} for r in range(2)]
     assert os.path.exists(job / "env_1.json")
+
+
+BEATS = """
+import os, time, vigil
+gap = 0.05 if os.environ["GROUP_RANK"] == "0" else 0.3
+for i in range(18):
+    vigil.heartbeat(i)
+    time.sleep(gap)
+"""
+
+
+def test_calculated_timeouts_are_job_wide_and_saved_once(job):
+    write(job / "beats.py", BEATS)
+    nodes = Nodes(job, 2, ["beats.py"], nproc=1, extra=["--heartbeat-timeout", "60", "--rdzv-id", "tj"])
+    res = nodes.wait()
+    assert [rc for rc, _, _ in res] == [0, 0], [e for _, _, e in res]
+    calc = [of(nodes.events(i), "timeouts_updated", source="calculated") for i in range(2)]
+    assert all(len(c) == 1 for c in calc), calc
+    hb = [c[0]["timeouts"]["heartbeat"] for c in calc]
+    # Node 1's ranks beat every 0.3 s (x5 safety factor), node 0's every 0.05 s (the 1 s floor):
+    # both nodes apply the larger.
+    assert hb[0] == hb[1] and hb[0] > 1.2, hb
+    saved = list((job / "node0" / "logs").glob("vigil_timeouts_tj.json"))
+    assert len(saved) == 1 and json.loads(saved[0].read_text())["heartbeat"] == hb[0]
+    assert not list((job / "node1" / "logs").glob("vigil_timeouts_*.json")), "only node rank 0 saves"

@@ -70,3 +70,23 @@ def test_gloo_across_two_agents_through_the_agent_store_survives_a_crash(job):
         ev = nodes.events(i)
         assert [e["to_cycle"] for e in ev if e["event"] == "restart"] == [1]
         assert ev[-1]["outcome"] == "succeeded"
+
+
+LEFTOVER = """
+import datetime, os, sys
+import torch.distributed as dist
+s = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                  timeout=datetime.timedelta(seconds=30))
+if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+    s.set("leftover", "from attempt 0")
+    assert s.check(["leftover"])
+    sys.exit(3)
+print("leftover present:", s.check(["leftover"]), flush=True)
+"""
+
+
+def test_each_attempt_starts_from_a_clean_store(job):
+    write(job / "left.py", LEFTOVER)
+    r = run_vigil(["run", "--max-restarts", "1", "left.py"], cwd=job, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "[default0]:leftover present: False" in r.stdout
