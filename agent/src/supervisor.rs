@@ -1700,6 +1700,319 @@ mod tests {
         assert_eq!(signals(&a), vec![(vec![101], SIGTERM)]);
     }
 
+    // Multi-node: the coordination events are driven by hand, as the store would deliver them.
+
+    fn joined(cycle: u32, rank_offset: u32, max_restarts: u32) -> Event {
+        Event::Joined {
+            cycle,
+            rank_offset,
+            max_restarts,
+            calculated: None,
+        }
+    }
+
+    fn node(node_rank: u32, nproc: u32, max_restarts: u32) -> (Supervisor, Vec<Action>) {
+        let mut c = cfg(nproc, max_restarts);
+        c.node_rank = node_rank;
+        c.saves_timeouts = node_rank == 0;
+        Supervisor::new(c)
+    }
+
+    fn started(s: &mut Supervisor, t: Instant, base: i32) {
+        for lr in 0..s.config().nproc {
+            s.handle(
+                t,
+                Event::RankSpawned {
+                    local_rank: lr,
+                    pid: base + lr as i32,
+                },
+            );
+        }
+    }
+
+    fn has(actions: &[Action], pred: impl Fn(&Action) -> bool) -> bool {
+        actions.iter().any(pred)
+    }
+
+    #[test]
+    fn multi_node_ranks_start_only_once_every_node_joined() {
+        let t = Instant::now();
+        let (mut s, first) = node(1, 2, 3);
+        assert!(spawns(&first).is_empty());
+        assert!(first.contains(&Action::Join {
+            cycle: 0,
+            calculated: None
+        }));
+        // The job's budget and this node's global ranks come from the rendezvous.
+        let a = s.handle(t, joined(0, 6, 1));
+        assert_eq!(spawns(&a), vec![0]);
+        assert_eq!(s.config().max_restarts, 1);
+        let a = s.handle(
+            t,
+            Event::RankSpawned {
+                local_rank: 1,
+                pid: 50,
+            },
+        );
+        assert!(a.contains(&Action::Record(Record::RankStarted {
+            cycle: 0,
+            local_rank: 1,
+            rank: 7,
+            pid: 50
+        })));
+        // A Joined for another cycle is not ours.
+        assert!(spawns(&s.handle(t, joined(5, 0, 1))).is_empty());
+    }
+
+    #[test]
+    fn multi_node_local_failure_is_reported_and_the_verdict_decides() {
+        let t = Instant::now();
+        let (mut s, _) = node(1, 2, 1);
+        s.handle(t, joined(0, 2, 1));
+        started(&mut s, t, 10);
+        let a = s.handle(
+            t,
+            Event::Reaped {
+                pid: 11,
+                how: ExitKind::Code(4),
+            },
+        );
+        let reported = a.iter().find_map(|x| match x {
+            Action::ReportEnd { cycle: 0, end } => Some(end.clone()),
+            _ => None,
+        });
+        assert_eq!(
+            reported,
+            Some(JobEnd::Failed {
+                node: 1,
+                reason: "rank 3 exited with code 4".into()
+            })
+        );
+        let a = s.handle(
+            t,
+            Event::Reaped {
+                pid: 10,
+                how: ExitKind::Signal(SIGTERM),
+            },
+        );
+        // Every local rank is down, but the job's verdict has not come: no decision yet.
+        assert!(!has(&a, |x| matches!(
+            x,
+            Action::Join { .. } | Action::Finish(_)
+        )));
+        let a = s.handle(
+            t,
+            Event::CycleEnded {
+                cycle: 0,
+                end: reported.unwrap(),
+            },
+        );
+        assert!(a.contains(&Action::Join {
+            cycle: 1,
+            calculated: None
+        }));
+        assert_eq!(s.cycle(), 1);
+    }
+
+    #[test]
+    fn multi_node_peer_failure_stops_ours_without_counting_them_as_failures() {
+        let t = Instant::now();
+        let (mut s, _) = node(0, 2, 0);
+        s.handle(t, joined(0, 0, 0));
+        started(&mut s, t, 10);
+        let end = JobEnd::Failed {
+            node: 3,
+            reason: "rank 9 hung".into(),
+        };
+        let a = s.handle(t, Event::CycleEnded { cycle: 0, end });
+        assert_eq!(signals(&a), vec![(vec![10, 11], SIGTERM)]);
+        assert!(!has(&a, |x| matches!(x, Action::ReportEnd { .. })));
+        s.handle(
+            t,
+            Event::Reaped {
+                pid: 10,
+                how: ExitKind::Code(1),
+            },
+        );
+        let a = s.handle(
+            t,
+            Event::Reaped {
+                pid: 11,
+                how: ExitKind::Signal(SIGTERM),
+            },
+        );
+        assert!(s.failures().is_empty());
+        // Budget 0: the job failed; nobody else needs poisoning, every node got the same verdict.
+        assert_eq!(finish(&a), Some(&Outcome::Failed { restarts: 0 }));
+        assert!(a.contains(&Action::Leave { poison: None }));
+    }
+
+    #[test]
+    fn multi_node_done_here_waits_for_the_others() {
+        let t = Instant::now();
+        let (mut s, _) = node(1, 1, 2);
+        s.handle(t, joined(0, 1, 2));
+        started(&mut s, t, 10);
+        let a = s.handle(
+            t,
+            Event::Reaped {
+                pid: 10,
+                how: ExitKind::Code(0),
+            },
+        );
+        assert!(a.contains(&Action::ReportDone { cycle: 0 }));
+        assert!(finish(&a).is_none());
+        // Another node failed after ours finished: this node restarts with the job.
+        let failed = JobEnd::Failed {
+            node: 0,
+            reason: "x".into(),
+        };
+        let a = s.handle(
+            t,
+            Event::CycleEnded {
+                cycle: 0,
+                end: failed,
+            },
+        );
+        assert!(a.contains(&Action::Join {
+            cycle: 1,
+            calculated: None
+        }));
+        s.handle(t, joined(1, 1, 2));
+        started(&mut s, t, 20);
+        s.handle(
+            t,
+            Event::Reaped {
+                pid: 20,
+                how: ExitKind::Code(0),
+            },
+        );
+        let a = s.handle(
+            t,
+            Event::CycleEnded {
+                cycle: 1,
+                end: JobEnd::Done,
+            },
+        );
+        assert_eq!(finish(&a), Some(&Outcome::Succeeded));
+    }
+
+    #[test]
+    fn multi_node_signal_stops_everyone_for_good() {
+        let t = Instant::now();
+        let (mut s, _) = node(2, 1, 5);
+        s.handle(t, joined(0, 2, 5));
+        started(&mut s, t, 10);
+        let a = s.handle(t, Event::Signal(SIGTERM));
+        let stopped = JobEnd::Stopped {
+            node: 2,
+            reason: "node 2 received SIGTERM".into(),
+            exit_code: 143,
+        };
+        assert!(a.contains(&Action::ReportEnd {
+            cycle: 0,
+            end: stopped.clone()
+        }));
+        let a = s.handle(
+            t,
+            Event::Reaped {
+                pid: 10,
+                how: ExitKind::Signal(SIGTERM),
+            },
+        );
+        assert_eq!(finish(&a), Some(&Outcome::Signaled { signal: SIGTERM }));
+        assert!(a.contains(&Action::Leave {
+            poison: Some((0, stopped))
+        }));
+        // Another node learns of it, even while joining, and ends with the same status.
+        let (mut other, _) = node(0, 1, 5);
+        let a = other.handle(
+            t,
+            Event::CycleEnded {
+                cycle: 0,
+                end: JobEnd::Stopped {
+                    node: 2,
+                    reason: "r".into(),
+                    exit_code: 143,
+                },
+            },
+        );
+        assert_eq!(finish(&a).map(Outcome::exit_code), Some(143));
+    }
+
+    #[test]
+    fn multi_node_lost_coordination_ends_with_the_requeue_status() {
+        let t = Instant::now();
+        let (mut s, _) = node(1, 2, 5);
+        s.handle(t, joined(0, 2, 5));
+        started(&mut s, t, 10);
+        let a = s.handle(
+            t,
+            Event::CoordinationLost {
+                reason: "gone".into(),
+                requeue: true,
+            },
+        );
+        assert_eq!(signals(&a), vec![(vec![10, 11], SIGTERM)]);
+        s.handle(
+            t,
+            Event::Reaped {
+                pid: 10,
+                how: ExitKind::Signal(SIGTERM),
+            },
+        );
+        let a = s.handle(
+            t,
+            Event::Reaped {
+                pid: 11,
+                how: ExitKind::Signal(SIGTERM),
+            },
+        );
+        let o = finish(&a).unwrap();
+        assert_eq!(o.exit_code(), EXIT_LOST);
+        assert!(!has(&a, |x| matches!(x, Action::Join { .. })));
+        // Refused before joining (a node rank taken twice): bad input, not a requeue.
+        let (mut r, _) = node(1, 1, 0);
+        let a = r.handle(
+            t,
+            Event::CoordinationLost {
+                reason: "taken".into(),
+                requeue: false,
+            },
+        );
+        assert_eq!(finish(&a).map(Outcome::exit_code), Some(2));
+    }
+
+    #[test]
+    fn multi_node_timeouts_apply_the_job_value_and_only_node_zero_saves() {
+        let t = Instant::now();
+        let job = Timeouts {
+            heartbeat: Some(Duration::from_secs(9)),
+            ..Default::default()
+        };
+        for node_rank in [0, 1] {
+            let mut c = cfg(1, 0);
+            c.node_rank = node_rank;
+            c.saves_timeouts = node_rank == 0;
+            c.timeouts.heartbeat = Some(Duration::from_secs(60));
+            let (mut s, _) = Supervisor::new(c);
+            s.handle(t, joined(0, node_rank, 0));
+            let a = s.handle(
+                t,
+                Event::JobTimeouts {
+                    cycle: 0,
+                    timeouts: job.clone(),
+                },
+            );
+            assert_eq!(s.timeouts().heartbeat, Some(Duration::from_secs(9)));
+            assert_eq!(
+                a.contains(&Action::SaveTimeouts(job.clone())),
+                node_rank == 0
+            );
+            assert!(a.contains(&Action::SendToAll(s.timeouts().to_msg())));
+        }
+    }
+
     proptest::proptest! {
         /// Whatever order ranks exit in, the supervisor ends exactly once, restarts at most
         /// `max_restarts` times and only ever signals pids of its own cycle.
