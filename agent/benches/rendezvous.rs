@@ -14,8 +14,8 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
-use vigil::rendezvous::{self, CoordConfig, FromCoord, HeadSide, ToCoord};
-use vigil::supervisor::JobEnd;
+use vigil::rendezvous::{self, CoordConfig, FromCoord, HeadSide};
+use vigil::supervisor::{JobEnd, JobRequest};
 
 type Hosted = (
     SocketAddr,
@@ -58,7 +58,8 @@ fn raise_fd_limit() {
 }
 
 struct Agent {
-    tx: mpsc::UnboundedSender<ToCoord>,
+    tx: mpsc::UnboundedSender<JobRequest>,
+    task: tokio::task::JoinHandle<()>,
     rx: mpsc::UnboundedReceiver<FromCoord>,
 }
 
@@ -81,6 +82,7 @@ async fn one_round(n: u32) -> (Duration, Duration, Duration) {
         let cfg = CoordConfig {
             nnodes: n,
             node_rank: node,
+            nproc: 8,
             store: addr,
             join_timeout: Duration::from_secs(120),
             peer_timeout: Duration::from_secs(30),
@@ -90,8 +92,8 @@ async fn one_round(n: u32) -> (Duration, Duration, Duration) {
         let (tx, req_rx) = mpsc::unbounded_channel();
         let (ev_tx, rx) = mpsc::unbounded_channel();
         let h = if node == 0 { head.take() } else { None };
-        tokio::task::spawn_local(rendezvous::run(cfg, h, req_rx, ev_tx));
-        agents.push(Agent { tx, rx });
+        let task = tokio::task::spawn_local(rendezvous::run(cfg, h, req_rx, ev_tx));
+        agents.push(Agent { tx, rx, task });
     }
     // Every agent has connected and claimed its node rank (`vigil/owner/<n>`).
     let owners: Vec<String> = (0..n).map(|i| format!("vigil/owner/{i}")).collect();
@@ -103,9 +105,8 @@ async fn one_round(n: u32) -> (Duration, Duration, Duration) {
     let connect_time = t0.elapsed();
     let t1 = Instant::now();
     for a in &agents {
-        a.tx.send(ToCoord::Join {
+        a.tx.send(JobRequest::Join {
             cycle: 0,
-            nproc: 8,
             calculated: None,
         })
         .unwrap();
@@ -117,7 +118,7 @@ async fn one_round(n: u32) -> (Duration, Duration, Duration) {
     let t2 = Instant::now();
     agents[n as usize - 1]
         .tx
-        .send(ToCoord::ReportEnd {
+        .send(JobRequest::ReportEnd {
             cycle: 0,
             end: JobEnd::Failed {
                 node: n - 1,
@@ -130,9 +131,8 @@ async fn one_round(n: u32) -> (Duration, Duration, Duration) {
             Some(FromCoord::CycleEnded { cycle: 0, .. }) => {}
             other => panic!("expected CycleEnded(0), got {other:?}"),
         }
-        a.tx.send(ToCoord::Join {
+        a.tx.send(JobRequest::Join {
             cycle: 1,
-            nproc: 8,
             calculated: None,
         })
         .unwrap();
@@ -142,9 +142,8 @@ async fn one_round(n: u32) -> (Duration, Duration, Duration) {
     }
     let restart = t2.elapsed();
     for a in agents {
-        let (done, wait) = tokio::sync::oneshot::channel();
-        let _ = a.tx.send(ToCoord::Leave { poison: None, done });
-        let _ = wait.await;
+        let _ = a.tx.send(JobRequest::Leave { poison: None });
+        let _ = a.task.await;
     }
     (connect_time, join0, restart)
 }

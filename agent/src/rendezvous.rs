@@ -22,11 +22,11 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use vigil_store::{KeySpace, LeaseEvent, StoreClient};
 
 use crate::monitor::Timeouts;
-use crate::supervisor::JobEnd;
+use crate::supervisor::{JobEnd, JobRequest};
 
 /// What a node says about itself when it joins a cycle.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -146,32 +146,6 @@ fn to_json<T: Serialize>(v: &T) -> Vec<u8> {
     serde_json::to_vec(v).expect("plain data serializes")
 }
 
-/// Requests from the agent's event loop.
-#[derive(Debug)]
-pub enum ToCoord {
-    Join {
-        cycle: u32,
-        nproc: u32,
-        calculated: Option<Timeouts>,
-    },
-    ReportEnd {
-        cycle: u32,
-        end: JobEnd,
-    },
-    ReportDone {
-        cycle: u32,
-    },
-    ShareTimeouts {
-        cycle: u32,
-        timeouts: Timeouts,
-    },
-    /// Leave the job; `done` is answered once it is safe for this process to exit.
-    Leave {
-        poison: Option<(u32, JobEnd)>,
-        done: oneshot::Sender<()>,
-    },
-}
-
 /// What the job decided, for the agent's event loop.
 #[derive(Debug, Clone, PartialEq)]
 pub enum FromCoord {
@@ -200,6 +174,8 @@ pub enum FromCoord {
 pub struct CoordConfig {
     pub nnodes: u32,
     pub node_rank: u32,
+    /// This node's ranks per attempt.
+    pub nproc: u32,
     /// Where node rank 0's store listens, as this node reaches it.
     pub store: SocketAddr,
     /// How long every node waits for the others at a rendezvous (and to reach the store).
@@ -217,29 +193,27 @@ pub struct HeadSide {
     pub leases: mpsc::UnboundedReceiver<LeaseEvent>,
 }
 
-/// Runs the coordination of one agent until it leaves. Everything it learns goes to `tx`; a
-/// store that cannot be reached or a rendezvous that cannot complete ends in one
-/// [`FromCoord::Lost`], after which requests are only answered for `Leave`.
+/// Carries out one agent's requests until it leaves: returns once `Leave` is done and it is safe
+/// for the process to exit. Everything it learns goes to `tx`; a store that cannot be reached or
+/// a rendezvous that cannot complete ends in one [`FromCoord::Lost`], after which only `Leave`
+/// does anything.
 pub async fn run(
     cfg: CoordConfig,
     head: Option<HeadSide>,
-    mut rx: mpsc::UnboundedReceiver<ToCoord>,
+    mut rx: mpsc::UnboundedReceiver<JobRequest>,
     tx: mpsc::UnboundedSender<FromCoord>,
 ) {
-    let mut c = match Coordinator::connect(cfg, head, tx.clone()).await {
-        Ok(c) => c,
+    match Coordinator::connect(cfg, head, tx.clone()).await {
+        Ok(mut c) => c.serve(rx).await,
         Err((reason, requeue)) => {
             let _ = tx.send(FromCoord::Lost { reason, requeue });
             while let Some(req) = rx.recv().await {
-                if let ToCoord::Leave { done, .. } = req {
-                    let _ = done.send(());
+                if matches!(req, JobRequest::Leave { .. }) {
                     return;
                 }
             }
-            return;
         }
-    };
-    c.serve(rx).await;
+    }
 }
 
 struct WaitReq {
@@ -410,7 +384,7 @@ impl Coordinator {
         let _ = self.wait_tx.send(WaitReq { key, timeout });
     }
 
-    async fn serve(&mut self, mut rx: mpsc::UnboundedReceiver<ToCoord>) {
+    async fn serve(&mut self, mut rx: mpsc::UnboundedReceiver<JobRequest>) {
         loop {
             let lease = async {
                 match self.head.as_mut() {
@@ -421,9 +395,8 @@ impl Coordinator {
             tokio::select! {
                 req = rx.recv() => match req {
                     None => return,
-                    Some(ToCoord::Leave { poison, done }) => {
+                    Some(JobRequest::Leave { poison }) => {
                         self.leave(poison).await;
-                        let _ = done.send(());
                         return;
                     }
                     Some(req) => {
@@ -453,14 +426,10 @@ impl Coordinator {
         }
     }
 
-    async fn request(&mut self, req: ToCoord) -> Result<(), vigil_store::StoreError> {
+    async fn request(&mut self, req: JobRequest) -> Result<(), vigil_store::StoreError> {
         let n = self.cfg.nnodes as i64;
         match req {
-            ToCoord::Join {
-                cycle,
-                nproc,
-                calculated,
-            } => {
+            JobRequest::Join { cycle, calculated } => {
                 self.cycle = cycle;
                 if let Some(t) = self.timeouts_task.take() {
                     t.abort();
@@ -473,7 +442,7 @@ impl Coordinator {
                     return Ok(());
                 }
                 let info = NodeInfo {
-                    nproc,
+                    nproc: self.cfg.nproc,
                     host: self.cfg.host.clone(),
                     pid: std::process::id(),
                 };
@@ -492,19 +461,19 @@ impl Coordinator {
                     self.wait_for(key::go(cycle), self.cfg.join_timeout);
                 }
             }
-            ToCoord::ReportEnd { cycle, end } => {
+            JobRequest::ReportEnd { cycle, end } => {
                 self.ctl
                     .compare_set(&key::end(cycle), b"", &to_json(&end))
                     .await?;
             }
-            ToCoord::ReportDone { cycle } => {
+            JobRequest::ReportDone { cycle } => {
                 if self.ctl.add(&key::done(cycle), 1).await? == n {
                     self.ctl
                         .compare_set(&key::end(cycle), b"", &to_json(&JobEnd::Done))
                         .await?;
                 }
             }
-            ToCoord::ShareTimeouts { cycle, timeouts } => {
+            JobRequest::ShareTimeouts { cycle, timeouts } => {
                 self.ctl
                     .set(
                         &key::node_timeouts(cycle, self.cfg.node_rank),
@@ -532,7 +501,7 @@ impl Coordinator {
                         .await?;
                 }
             }
-            ToCoord::Leave { .. } => unreachable!("handled by serve"),
+            JobRequest::Leave { .. } => unreachable!("handled by serve"),
         }
         Ok(())
     }

@@ -21,11 +21,11 @@ use crate::ipc_server::{self, IpcIn, Shared};
 use crate::monitor::Timeouts;
 use crate::output::{ConsoleStream, LineSplitter, Sink, Tail};
 use crate::proc::{self, Watchdog};
-use crate::rendezvous::{self, CoordConfig, FromCoord, HeadSide, ToCoord};
+use crate::rendezvous::{self, CoordConfig, FromCoord, HeadSide};
 use crate::stacks::{self, StackReport};
 use crate::summary::{self, FailedRank};
 use crate::supervisor::{
-    Action, Event, JobEnd, Outcome, Record, StopReason, Supervisor, SupervisorConfig,
+    Action, Event, JobEnd, JobRequest, Outcome, Record, StopReason, Supervisor, SupervisorConfig,
 };
 
 /// How long to wait, once everything is reaped, for rank output still in the pipes.
@@ -192,7 +192,7 @@ struct Agent {
     stacks_tx: mpsc::UnboundedSender<(u32, u32, StackReport)>,
     /// Stack reports per (cycle, local rank), for the failure summary.
     stack_reports: Vec<(u32, u32, StackReport)>,
-    coord: mpsc::UnboundedSender<ToCoord>,
+    coord: mpsc::UnboundedSender<JobRequest>,
     /// vigil's store as the ranks reach it (MASTER_ADDR, MASTER_PORT).
     store_for_ranks: (String, u16),
     /// The current cycle's assignment from the rendezvous.
@@ -201,7 +201,7 @@ struct Agent {
     /// The job's restart budget (node rank 0's).
     max_restarts: u32,
     /// Set when the supervisor decided to leave the job.
-    leave: Option<Option<(u32, JobEnd)>>,
+    leave: Option<JobRequest>,
     /// How the last cycle ended, when another node ended it.
     peer_end: Option<JobEnd>,
 }
@@ -415,23 +415,11 @@ impl Agent {
     fn execute(&mut self, actions: Vec<Action>) {
         for a in actions {
             match a {
-                Action::Join { cycle, calculated } => {
-                    let _ = self.coord.send(ToCoord::Join {
-                        cycle,
-                        nproc: self.cfg.nproc,
-                        calculated,
-                    });
+                // Leaving waits until the loop is over (the output drained).
+                Action::Job(leave @ JobRequest::Leave { .. }) => self.leave = Some(leave),
+                Action::Job(req) => {
+                    let _ = self.coord.send(req);
                 }
-                Action::ReportEnd { cycle, end } => {
-                    let _ = self.coord.send(ToCoord::ReportEnd { cycle, end });
-                }
-                Action::ReportDone { cycle } => {
-                    let _ = self.coord.send(ToCoord::ReportDone { cycle });
-                }
-                Action::ShareTimeouts { cycle, timeouts } => {
-                    let _ = self.coord.send(ToCoord::ShareTimeouts { cycle, timeouts });
-                }
-                Action::Leave { poison } => self.leave = Some(poison),
                 Action::SpawnCycle { cycle } => self.spawn_cycle(cycle),
                 Action::SignalGroups { pgids, signal } => {
                     for p in pgids {
@@ -787,6 +775,7 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf) -> i32 {
     let coord_cfg = CoordConfig {
         nnodes: cfg.nnodes,
         node_rank: cfg.node_rank,
+        nproc: cfg.nproc,
         store: store.client_addr,
         join_timeout: cfg.join_timeout,
         peer_timeout: cfg.node_timeout,
@@ -803,7 +792,7 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf) -> i32 {
             if cfg.node_rank == 0 { " (here)" } else { "" }
         ));
     }
-    tokio::task::spawn_local(rendezvous::run(
+    let coordinator = tokio::task::spawn_local(rendezvous::run(
         coord_cfg,
         store.head,
         coord_rx_req,
@@ -955,14 +944,12 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf) -> i32 {
         }
     })
     .await;
-    if let Some(poison) = agent.leave.take() {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        if agent
-            .coord
-            .send(ToCoord::Leave { poison, done: tx })
-            .is_ok()
-        {
-            let _ = tokio::time::timeout(agent.cfg.node_timeout + Duration::from_secs(1), rx).await;
+    if let Some(leave) = agent.leave.take() {
+        // The coordinator returns once this node has left the job (node rank 0: once the others
+        // have, or one node timeout).
+        if agent.coord.send(leave).is_ok() {
+            let bound = agent.cfg.node_timeout + Duration::from_secs(1);
+            let _ = tokio::time::timeout(bound, coordinator).await;
         }
     }
     let outcome = agent.outcome.clone().unwrap_or(Outcome::Succeeded);

@@ -5,9 +5,9 @@
 //! it events with the time they happened and carries out the actions it returns. `next_deadline`
 //! tells the runtime when to wake it with [`Event::Tick`] if nothing else happens first.
 //!
-//! Every node's supervisor goes through the same cycles in lockstep: it asks to [`Action::Join`] a
+//! Every node's supervisor goes through the same cycles in lockstep: it asks to [`JobRequest::Join`] a
 //! cycle and starts its ranks once the job's rendezvous answers [`Event::Joined`]; it reports how
-//! its part of the cycle ended ([`Action::ReportEnd`], [`Action::ReportDone`]) and acts on the
+//! its part of the cycle ended ([`JobRequest::ReportEnd`], [`JobRequest::ReportDone`]) and acts on the
 //! job's verdict ([`Event::CycleEnded`]), which is the same on every node. So the cycle number is
 //! the job's restart count and `--max-restarts` is one budget for the whole job.
 
@@ -337,8 +337,9 @@ pub enum Record {
     },
 }
 
+/// What a node asks of the job's coordination (carried out by `rendezvous` through the store).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Action {
+pub enum JobRequest {
     /// Join this cycle's rendezvous with the other nodes; answer with `Joined`. Node rank 0
     /// hands `calculated` to every node.
     Join {
@@ -347,24 +348,21 @@ pub enum Action {
     },
     /// Tell the other nodes this cycle failed or stopped here (the first report of a cycle wins);
     /// the verdict comes back as `CycleEnded`.
-    ReportEnd {
-        cycle: u32,
-        end: JobEnd,
-    },
+    ReportEnd { cycle: u32, end: JobEnd },
     /// Every rank of this node exited 0 in this cycle.
-    ReportDone {
-        cycle: u32,
-    },
+    ReportDone { cycle: u32 },
     /// Timeouts calculated from this node's ranks, to be combined over all nodes (`JobTimeouts`).
-    ShareTimeouts {
-        cycle: u32,
-        timeouts: Timeouts,
-    },
+    ShareTimeouts { cycle: u32, timeouts: Timeouts },
     /// The agent ends: leave the job; when `poison` is set, make any node waiting to join that
     /// cycle end with that verdict instead of waiting for this node.
-    Leave {
-        poison: Option<(u32, JobEnd)>,
-    },
+    Leave { poison: Option<(u32, JobEnd)> },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// A request to the job's coordination (`rendezvous`), answered with `Joined`, `CycleEnded`
+    /// or `JobTimeouts`.
+    Job(JobRequest),
     /// Start every rank of this cycle; report each with `RankSpawned` or `SpawnFailed`.
     SpawnCycle {
         cycle: u32,
@@ -494,10 +492,10 @@ impl Supervisor {
             }));
         }
         s.phase = Phase::Joining;
-        actions.push(Action::Join {
+        actions.push(Action::Job(JobRequest::Join {
             cycle: 0,
             calculated: s.cfg.calculated.clone(),
-        });
+        }));
         (s, actions)
     }
 
@@ -858,10 +856,10 @@ impl Supervisor {
     fn report(&mut self, end: JobEnd, out: &mut Vec<Action>) {
         if !self.reported && self.end.is_none() {
             self.reported = true;
-            out.push(Action::ReportEnd {
+            out.push(Action::Job(JobRequest::ReportEnd {
                 cycle: self.cycle,
                 end,
-            });
+            }));
         }
     }
 
@@ -939,10 +937,10 @@ impl Supervisor {
             self.cfg.safety_factor,
         );
         // Applied when every node has calculated (`JobTimeouts`): the job's value is the maximum.
-        out.push(Action::ShareTimeouts {
+        out.push(Action::Job(JobRequest::ShareTimeouts {
             cycle: self.cycle,
             timeouts: fresh,
-        });
+        }));
     }
 
     fn begin_diagnosis(&mut self, now: Instant, local_rank: u32, due: Due, out: &mut Vec<Action>) {
@@ -1139,7 +1137,7 @@ impl Supervisor {
             self.phase = Phase::Waiting;
             if !self.reported {
                 self.reported = true;
-                out.push(Action::ReportDone { cycle: self.cycle });
+                out.push(Action::Job(JobRequest::ReportDone { cycle: self.cycle }));
             }
         }
         let node = self.cfg.node_rank;
@@ -1160,10 +1158,10 @@ impl Supervisor {
                     }));
                     self.cycle = next;
                     self.phase = Phase::Joining;
-                    out.push(Action::Join {
+                    out.push(Action::Job(JobRequest::Join {
                         cycle: next,
                         calculated: self.calculated.clone(),
-                    });
+                    }));
                     return;
                 }
                 Some(JobEnd::Failed { .. }) => Outcome::Failed {
@@ -1205,9 +1203,9 @@ impl Supervisor {
             _ => None,
         };
         self.phase = Phase::Finished;
-        out.push(Action::Leave {
+        out.push(Action::Job(JobRequest::Leave {
             poison: poison.map(|p| (self.cycle, p)),
-        });
+        }));
         out.push(Action::Record(Record::Result {
             exit_code: outcome.exit_code(),
             outcome: outcome.clone(),
@@ -1253,24 +1251,26 @@ mod tests {
             let mut queue: VecDeque<Action> = actions.into();
             while let Some(a) = queue.pop_front() {
                 let reply = match &a {
-                    Action::Join { cycle, calculated } => Some(Event::Joined {
+                    Action::Job(JobRequest::Join { cycle, calculated }) => Some(Event::Joined {
                         cycle: *cycle,
                         rank_offset: self.s.cfg.rank_offset,
                         max_restarts: self.s.cfg.max_restarts,
                         calculated: calculated.clone(),
                     }),
-                    Action::ReportEnd { cycle, end } => Some(Event::CycleEnded {
+                    Action::Job(JobRequest::ReportEnd { cycle, end }) => Some(Event::CycleEnded {
                         cycle: *cycle,
                         end: end.clone(),
                     }),
-                    Action::ReportDone { cycle } => Some(Event::CycleEnded {
+                    Action::Job(JobRequest::ReportDone { cycle }) => Some(Event::CycleEnded {
                         cycle: *cycle,
                         end: JobEnd::Done,
                     }),
-                    Action::ShareTimeouts { cycle, timeouts } => Some(Event::JobTimeouts {
-                        cycle: *cycle,
-                        timeouts: timeouts.clone(),
-                    }),
+                    Action::Job(JobRequest::ShareTimeouts { cycle, timeouts }) => {
+                        Some(Event::JobTimeouts {
+                            cycle: *cycle,
+                            timeouts: timeouts.clone(),
+                        })
+                    }
                     _ => None,
                 };
                 out.push(a);
@@ -1739,10 +1739,10 @@ mod tests {
         let t = Instant::now();
         let (mut s, first) = node(1, 2, 3);
         assert!(spawns(&first).is_empty());
-        assert!(first.contains(&Action::Join {
+        assert!(first.contains(&Action::Job(JobRequest::Join {
             cycle: 0,
             calculated: None
-        }));
+        })));
         // The job's budget and this node's global ranks come from the rendezvous.
         let a = s.handle(t, joined(0, 6, 1));
         assert_eq!(spawns(&a), vec![0]);
@@ -1778,7 +1778,7 @@ mod tests {
             },
         );
         let reported = a.iter().find_map(|x| match x {
-            Action::ReportEnd { cycle: 0, end } => Some(end.clone()),
+            Action::Job(JobRequest::ReportEnd { cycle: 0, end }) => Some(end.clone()),
             _ => None,
         });
         assert_eq!(
@@ -1798,7 +1798,7 @@ mod tests {
         // Every local rank is down, but the job's verdict has not come: no decision yet.
         assert!(!has(&a, |x| matches!(
             x,
-            Action::Join { .. } | Action::Finish(_)
+            Action::Job(JobRequest::Join { .. }) | Action::Finish(_)
         )));
         let a = s.handle(
             t,
@@ -1807,10 +1807,10 @@ mod tests {
                 end: reported.unwrap(),
             },
         );
-        assert!(a.contains(&Action::Join {
+        assert!(a.contains(&Action::Job(JobRequest::Join {
             cycle: 1,
             calculated: None
-        }));
+        })));
         assert_eq!(s.cycle(), 1);
     }
 
@@ -1826,7 +1826,10 @@ mod tests {
         };
         let a = s.handle(t, Event::CycleEnded { cycle: 0, end });
         assert_eq!(signals(&a), vec![(vec![10, 11], SIGTERM)]);
-        assert!(!has(&a, |x| matches!(x, Action::ReportEnd { .. })));
+        assert!(!has(&a, |x| matches!(
+            x,
+            Action::Job(JobRequest::ReportEnd { .. })
+        )));
         s.handle(
             t,
             Event::Reaped {
@@ -1844,7 +1847,7 @@ mod tests {
         assert!(s.failures().is_empty());
         // Budget 0: the job failed; nobody else needs poisoning, every node got the same verdict.
         assert_eq!(finish(&a), Some(&Outcome::Failed { restarts: 0 }));
-        assert!(a.contains(&Action::Leave { poison: None }));
+        assert!(a.contains(&Action::Job(JobRequest::Leave { poison: None })));
     }
 
     #[test]
@@ -1860,7 +1863,7 @@ mod tests {
                 how: ExitKind::Code(0),
             },
         );
-        assert!(a.contains(&Action::ReportDone { cycle: 0 }));
+        assert!(a.contains(&Action::Job(JobRequest::ReportDone { cycle: 0 })));
         assert!(finish(&a).is_none());
         // Another node failed after ours finished: this node restarts with the job.
         let failed = JobEnd::Failed {
@@ -1874,10 +1877,10 @@ mod tests {
                 end: failed,
             },
         );
-        assert!(a.contains(&Action::Join {
+        assert!(a.contains(&Action::Job(JobRequest::Join {
             cycle: 1,
             calculated: None
-        }));
+        })));
         s.handle(t, joined(1, 1, 2));
         started(&mut s, t, 20);
         s.handle(
@@ -1909,10 +1912,10 @@ mod tests {
             reason: "node 2 received SIGTERM".into(),
             exit_code: 143,
         };
-        assert!(a.contains(&Action::ReportEnd {
+        assert!(a.contains(&Action::Job(JobRequest::ReportEnd {
             cycle: 0,
             end: stopped.clone()
-        }));
+        })));
         let a = s.handle(
             t,
             Event::Reaped {
@@ -1921,9 +1924,9 @@ mod tests {
             },
         );
         assert_eq!(finish(&a), Some(&Outcome::Signaled { signal: SIGTERM }));
-        assert!(a.contains(&Action::Leave {
+        assert!(a.contains(&Action::Job(JobRequest::Leave {
             poison: Some((0, stopped))
-        }));
+        })));
         // Another node learns of it, even while joining, and ends with the same status.
         let (mut other, _) = node(0, 1, 5);
         let a = other.handle(
@@ -1970,7 +1973,10 @@ mod tests {
         );
         let o = finish(&a).unwrap();
         assert_eq!(o.exit_code(), EXIT_LOST);
-        assert!(!has(&a, |x| matches!(x, Action::Join { .. })));
+        assert!(!has(&a, |x| matches!(
+            x,
+            Action::Job(JobRequest::Join { .. })
+        )));
         // Refused before joining (a node rank taken twice): bad input, not a requeue.
         let (mut r, _) = node(1, 1, 0);
         let a = r.handle(

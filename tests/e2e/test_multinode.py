@@ -188,12 +188,17 @@ def rank_pids(job):
     return [int((job / n).read_text().split()[0]) for n in markers(job, "ran_")]
 
 
-def test_agent_sigkilled_ends_the_job_everywhere(job):
+def running_job(job):
+    """Two agents whose four ranks are all running (and would never end on their own)."""
     write(job / "flaky.py", FLAKY)
     nodes = Nodes(job, 2, ["flaky.py", "-1", "1"], extra=["--max-restarts", "3", "--node-timeout", "5",
                                                           "--workers-stop-timeout", "3"])
     wait_for(lambda: len(markers(job, "ran_")) == 4, what="all four ranks running")
-    pids = rank_pids(job)
+    return nodes, rank_pids(job)
+
+
+def test_agent_sigkilled_ends_the_job_everywhere(job):
+    nodes, pids = running_job(job)
     nodes.procs[1].kill()
     rc0 = nodes.procs[0].wait(timeout=60)
     res = nodes.wait()
@@ -208,11 +213,7 @@ def test_agent_sigkilled_ends_the_job_everywhere(job):
 
 
 def test_head_sigkilled_no_agent_hangs(job):
-    write(job / "flaky.py", FLAKY)
-    nodes = Nodes(job, 2, ["flaky.py", "-1", "1"], extra=["--max-restarts", "3", "--node-timeout", "5",
-                                                          "--workers-stop-timeout", "3"])
-    wait_for(lambda: len(markers(job, "ran_")) == 4, what="all four ranks running")
-    pids = rank_pids(job)
+    nodes, pids = running_job(job)
     nodes.procs[0].kill()
     rc1 = nodes.procs[1].wait(timeout=60)
     res = nodes.wait()
