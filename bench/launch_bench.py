@@ -87,14 +87,24 @@ def by_hand(script, d):
     return time.perf_counter() - t0
 
 
-def rss_kib(pid):
+def mem_kib(pid, path, field):
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+        for line in Path(f"/proc/{pid}/{path}").read_text().splitlines():
+            if line.startswith(field):
                 return int(line.split()[1])
     except OSError:
         pass
     return 0
+
+
+def rss_kib(pid):
+    return mem_kib(pid, "status", "VmRSS:")
+
+
+def pss_kib(pid):
+    """Proportional set size: pages shared with other processes (vigil's watchdog runs the same
+    binary as the agent) count once over all of them, not once per process."""
+    return mem_kib(pid, "smaps_rollup", "Pss:")
 
 
 def launcher_pids(root_pid):
@@ -124,14 +134,15 @@ def idle_rss(cmd, script, d):
     while len(list(Path(d).glob("ready_*"))) < 8 and time.monotonic() < deadline:
         time.sleep(0.05)
     time.sleep(0.5)
-    total = sum(rss_kib(x) for x in launcher_pids(p.pid))
+    pids = launcher_pids(p.pid)
+    total = (sum(rss_kib(x) for x in pids), sum(pss_kib(x) for x in pids))
     p.terminate()
     try:
         p.wait(timeout=40)
     except subprocess.TimeoutExpired:
         p.kill()
         p.wait()
-    return total / 1024.0
+    return total[0] / 1024.0, total[1] / 1024.0
 
 
 def crash_to_running(cmd, script, d, nproc=4):
@@ -178,14 +189,16 @@ def main():
                 walls.append(w)
                 crash.append(crash_to_running(cmd, scripts["crash"], Path(tempfile.mkdtemp(dir=tmp))))
             rss.append(idle_rss(cmd, scripts["idle"], Path(tempfile.mkdtemp(dir=tmp))))
-            rows[name] = (median(firsts), median(walls), median(rss), median(crash))
+            rows[name] = (median(firsts), median(walls), rss[0], median(crash))
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, {a.reps} reps (medians)")
     print(f"running the trivial script once by hand: {hand:.3f} s\n")
-    print("| launcher | first line (2 ranks) | trivial 2-rank job | x by hand | launcher RSS, 8 idle ranks | crash to all running |")
+    print("| launcher | first line (2 ranks) | trivial 2-rank job | x by hand | launcher RSS (PSS), 8 idle ranks "
+          "| crash to all running |")
     print("|---|---|---|---|---|---|")
-    for name, (f, w, r, c) in rows.items():
+    for name, (f, w, (r, pss), c) in rows.items():
         ratio = "n/a" if w is None else f"{w / hand:.1f}x"
-        print(f"| {name} | {fmt(f, 's')} | {fmt(w, 's')} | {ratio} | {fmt(r, 'MiB')} | {fmt(c, 's')} |")
+        print(f"| {name} | {fmt(f, 's')} | {fmt(w, 's')} | {ratio} | {fmt(r, 'MiB')} ({fmt(pss, 'MiB')}) "
+              f"| {fmt(c, 's')} |")
     missing = [n for n in ("torchrun", "ft_launcher") if n not in ls]
     if missing:
         print(f"\nnot installed here: {', '.join(missing)}")
