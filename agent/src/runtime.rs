@@ -955,6 +955,10 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf) -> i32 {
     let outcome = agent.outcome.clone().unwrap_or(Outcome::Succeeded);
     let (job_now, _) = clock.wake();
     match &outcome {
+        Outcome::Succeeded if agent.cfg.nnodes > 1 => console_note(&format!(
+            "every rank on all {} nodes finished successfully",
+            agent.cfg.nnodes
+        )),
         Outcome::Succeeded => console_note("all ranks finished successfully"),
         Outcome::Failed { .. } => eprint!("{}", agent.failure_summary(&sup, job_now)),
         Outcome::Signaled { signal } => console_note(&format!(
