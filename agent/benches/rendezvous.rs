@@ -10,38 +10,11 @@
 //! one agent reporting a failure to every agent holding its assignment for attempt 1 (the verdict
 //! reaching everyone, everyone rejoining, node rank 0 clearing the store and answering).
 
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 use vigil::rendezvous::{self, CoordConfig, FromCoord, HeadSide};
 use vigil::supervisor::{JobEnd, JobRequest};
-
-type Hosted = (
-    SocketAddr,
-    vigil_store::KeySpace,
-    mpsc::UnboundedReceiver<vigil_store::LeaseEvent>,
-);
-
-fn host_store() -> Hosted {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(async move {
-            let mut s = vigil_store::StoreServer::bind("127.0.0.1:0".parse().unwrap())
-                .await
-                .expect("bind");
-            let leases = s.lease_events();
-            tx.send((s.local_addr().unwrap(), s.key_space(), leases))
-                .unwrap();
-            s.serve().await;
-        });
-    });
-    rx.recv().expect("store up")
-}
 
 fn raise_fd_limit() {
     let mut lim = libc::rlimit {
@@ -71,7 +44,10 @@ async fn expect_joined(a: &mut Agent, cycle: u32) {
 }
 
 async fn one_round(n: u32) -> (Duration, Duration, Duration) {
-    let (addr, keys, leases) = host_store();
+    // Hosted as the agent hosts it: a thread and runtime of its own.
+    let (addr, keys, leases) =
+        vigil::runtime::host_store("127.0.0.1:0".parse().unwrap(), Duration::from_secs(30))
+            .expect("store up");
     let mut head = Some(HeadSide { keys, leases });
     let mut probe = vigil_store::StoreClient::connect(addr, Duration::from_secs(30))
         .await

@@ -280,6 +280,13 @@ struct Coordinator {
 
 type Fatal = (String, bool);
 
+/// Why an agent lost the job's coordination when its connection to the store failed.
+fn store_lost(store: SocketAddr, e: impl std::fmt::Display) -> String {
+    format!(
+        "lost the connection to node rank 0's store at {store}: {e}; node rank 0's agent died or the network failed"
+    )
+}
+
 async fn connect_client(cfg: &CoordConfig) -> Result<StoreClient, Fatal> {
     let c = StoreClient::connect(cfg.store, cfg.join_timeout)
         .await
@@ -304,12 +311,7 @@ impl Coordinator {
     ) -> Result<Coordinator, Fatal> {
         let mut ctl = connect_client(&cfg).await?;
         let waiter_client = connect_client(&cfg).await?;
-        let lost_store = |e: vigil_store::StoreError| {
-            (
-                format!("lost node rank 0's store at {}: {e}", cfg.store),
-                true,
-            )
-        };
+        let lost_store = |e: vigil_store::StoreError| (store_lost(cfg.store, e), true);
         // Two agents claiming one node rank would silently corrupt the job: refuse.
         let me = format!("{} (pid {})", cfg.host, std::process::id());
         let owner = ctl
@@ -373,11 +375,7 @@ impl Coordinator {
     }
 
     fn store_error(&mut self, e: impl std::fmt::Display) {
-        let reason = format!(
-            "lost the connection to node rank 0's store at {}: {e}; node rank 0's agent died or the network failed",
-            self.cfg.store
-        );
-        self.fail(reason);
+        self.fail(store_lost(self.cfg.store, e));
     }
 
     fn wait_for(&mut self, key: String, timeout: Duration) {
@@ -546,10 +544,7 @@ impl Coordinator {
                             self.cfg.join_timeout.as_secs_f64()
                         )
                     }
-                    _ => format!(
-                        "lost the connection to node rank 0's store at {}: {e}; node rank 0's agent died or the network failed",
-                        self.cfg.store
-                    ),
+                    _ => store_lost(self.cfg.store, e),
                 };
                 self.fail(reason);
                 return Ok(());

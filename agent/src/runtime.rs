@@ -616,7 +616,8 @@ fn setup_store(cfg: &LaunchConfig) -> Result<StoreSetup, String> {
     })
 }
 
-type HostedStore = (
+/// A running store: its address, its key space and the other agents' lease events.
+pub type HostedStore = (
     SocketAddr,
     vigil_store::KeySpace,
     mpsc::UnboundedReceiver<vigil_store::LeaseEvent>,
@@ -624,7 +625,7 @@ type HostedStore = (
 
 /// Runs vigil's store on a thread of its own, so that the ranks' and agents' requests are
 /// answered whatever the agent's event loop is busy with.
-fn host_store(bind: SocketAddr, peer_timeout: Duration) -> std::io::Result<HostedStore> {
+pub fn host_store(bind: SocketAddr, peer_timeout: Duration) -> std::io::Result<HostedStore> {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::Builder::new()
         .name("vigil-store".into())

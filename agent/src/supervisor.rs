@@ -456,6 +456,9 @@ pub struct Supervisor {
     lost_requeue: bool,
     /// Whether the current cycle's process groups were already swept.
     reaped: bool,
+    /// How this node stopped the job for good (a signal beats a rank that could not start): what
+    /// nodes still heading for another cycle are told when this one leaves.
+    stopped: Option<JobEnd>,
 }
 
 pub const SIGKILL: i32 = libc::SIGKILL;
@@ -482,6 +485,7 @@ impl Supervisor {
             reported: false,
             lost_requeue: true,
             reaped: false,
+            stopped: None,
         };
         let mut actions = Vec::new();
         s.timeouts = s.cfg.timeouts.clone();
@@ -632,6 +636,7 @@ impl Supervisor {
                         ),
                         exit_code: 2,
                     };
+                    self.stopped.get_or_insert(end.clone());
                     self.report(end, &mut out);
                 }
             }
@@ -1026,6 +1031,7 @@ impl Supervisor {
                     ),
                     exit_code: 128 + sig,
                 };
+                self.stopped = Some(end.clone());
                 self.report(end, out);
                 match &mut self.phase {
                     // No rank runs: nothing to stop, `settle` ends the agent.
@@ -1140,7 +1146,6 @@ impl Supervisor {
                 out.push(Action::Job(JobRequest::ReportDone { cycle: self.cycle }));
             }
         }
-        let node = self.cfg.node_rank;
         let outcome = if let Some(signal) = self.signal {
             Outcome::Signaled { signal }
         } else if let Some((local_rank, error)) = self.spawn_error.clone() {
@@ -1184,19 +1189,7 @@ impl Supervisor {
         };
         // Nodes still heading for another cycle must not wait for this one.
         let poison = match &outcome {
-            Outcome::Signaled { signal } => Some(JobEnd::Stopped {
-                node,
-                reason: format!(
-                    "node {node} received {}",
-                    crate::summary::signal_name(*signal)
-                ),
-                exit_code: outcome.exit_code(),
-            }),
-            Outcome::SpawnFailed { error, .. } => Some(JobEnd::Stopped {
-                node,
-                reason: format!("node {node} could not start its ranks: {error}"),
-                exit_code: outcome.exit_code(),
-            }),
+            Outcome::Signaled { .. } | Outcome::SpawnFailed { .. } => self.stopped.clone(),
             Outcome::Lost { reason, .. } => Some(JobEnd::Lost {
                 reason: reason.clone(),
             }),
