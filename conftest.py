@@ -13,9 +13,10 @@ import pytest
 
 
 @pytest.fixture(autouse=True)
-def _private_tmpdir(monkeypatch):
+def _private_tmpdir(monkeypatch, tmp_path_factory):
+    # pytest's own base temp dir is fixed first, from the real $TMPDIR, so tmp_path stays valid.
+    tmp_path_factory.getbasetemp()
     d = tempfile.mkdtemp(prefix="vt-", dir=os.environ.get("VIGIL_TEST_TMP_ROOT", "/tmp"))
     monkeypatch.setenv("TMPDIR", d)
-    monkeypatch.setattr(tempfile, "tempdir", d)
     yield d
     shutil.rmtree(d, ignore_errors=True)

@@ -68,6 +68,7 @@ def wait_for(pred, timeout=30.0, what="condition"):
 
 
 def run_dirs(log_dir: Path):
+    """Run directories (`vigil_<id or script>_<time>_<hex>`), not a job's state (`vigil-job-<id>`)."""
     return sorted(p for p in Path(log_dir).iterdir() if p.is_dir() and p.name.startswith("vigil_"))
 
 

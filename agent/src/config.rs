@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::cli::RunArgs;
 use crate::monitor::{parse_section_timeouts, Timeouts};
+use crate::state::TimeoutsPlace;
 
 /// A launch request that cannot be carried out; the message names the problem and the fix.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -30,7 +31,14 @@ pub struct LaunchConfig {
     pub nnodes: u32,
     pub node_rank: u32,
     pub role: String,
+    /// `TORCHELASTIC_RUN_ID`: the job identity, else (one node, as torchrun) a fresh uuid, else
+    /// `none` (several nodes without an id, as torchrun's static rendezvous).
     pub run_id: String,
+    /// The job's identity (`--rdzv-id`, Slurm, NGC): only a job with one loads saved state.
+    pub job_id: Option<String>,
+    /// What the ranks run, as saved state records it: the script's absolute path, `-m module`,
+    /// or the command.
+    pub program: String,
     /// Node rank 0's host name or address, where vigil's store runs.
     pub master_addr: String,
     /// The store's port; `None`: a free one (single node without --master-port).
@@ -57,8 +65,8 @@ pub struct LaunchConfig {
     pub safety_factor: f64,
     pub termination_signal: i32,
     pub stack_wait: Duration,
-    /// Where calculated timeouts are kept between runs of the job.
-    pub timeouts_file: PathBuf,
+    /// Where calculated timeouts are loaded from and saved to.
+    pub timeouts_file: TimeoutsPlace,
 }
 
 /// What the machine says, for resolving `--nproc-per-node cpu|gpu|auto` and the interpreter.
@@ -211,6 +219,29 @@ pub fn rank_command(a: &RunArgs, python: &str) -> Result<Vec<String>, ConfigErro
     Ok(cmd)
 }
 
+/// A fresh uuid for `TORCHELASTIC_RUN_ID`, as torchrun gives a one-node job without an id.
+fn fresh_run_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/uuid")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| {
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default();
+            format!("{:x}-{:x}", t.as_nanos(), std::process::id())
+        })
+}
+
+/// The program a job runs, as saved state records it (so another script's state is not used).
+fn program_identity(a: &RunArgs) -> String {
+    if a.module {
+        format!("-m {}", a.training_script)
+    } else {
+        std::fs::canonicalize(&a.training_script)
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| a.training_script.clone())
+    }
+}
+
 /// A job id made safe for a file name: anything but `[A-Za-z0-9._-]` becomes `_`.
 pub fn file_safe(id: &str) -> String {
     id.chars()
@@ -356,7 +387,13 @@ pub fn resolve(a: &RunArgs, host: &Host) -> Result<LaunchConfig, ConfigError> {
         nnodes: nodes.nnodes,
         node_rank: nodes.node_rank,
         role: a.role.clone(),
-        run_id: nodes.run_id.clone(),
+        run_id: match (&nodes.job_id, nodes.nnodes) {
+            (Some(id), _) => id.clone(),
+            (None, 1) => fresh_run_id(),
+            (None, _) => "none".into(),
+        },
+        job_id: nodes.job_id.clone(),
+        program: program_identity(a),
         master_addr: nodes.head_host,
         master_port: nodes.port,
         master_is_slurm_node: nodes.slurm_head,
@@ -382,12 +419,13 @@ pub fn resolve(a: &RunArgs, host: &Host) -> Result<LaunchConfig, ConfigError> {
         },
         termination_signal: parse_signal("--rank-termination-signal", &a.rank_termination_signal)?,
         stack_wait: secs("--stack-dump-timeout", a.stack_dump_timeout)?,
-        timeouts_file: a.timeouts_file.clone().unwrap_or_else(|| {
-            let dir = a.log_dir.clone().unwrap_or_else(|| {
+        timeouts_file: TimeoutsPlace::resolve(
+            a.timeouts_file.as_deref(),
+            nodes.job_id.as_deref(),
+            &a.log_dir.clone().unwrap_or_else(|| {
                 PathBuf::from((host.env)("TMPDIR").unwrap_or_else(|| "/tmp".into()))
-            });
-            dir.join(format!("vigil_timeouts_{}.json", file_safe(&nodes.run_id)))
-        }),
+            }),
+        ),
     })
 }
 
@@ -607,7 +645,11 @@ mod tests {
         assert_eq!(c.timeouts.sections["step"], Duration::from_secs(60));
         assert_eq!(c.timeouts.warmup, Some(Duration::from_secs(600)));
         assert_eq!(c.termination_signal, libc::SIGKILL);
-        assert_eq!(c.timeouts_file, PathBuf::from("/l/vigil_timeouts_j_1.json"));
+        assert_eq!(
+            c.timeouts_file.load,
+            Some(PathBuf::from("/l/vigil-job-j_1/timeouts.json"))
+        );
+        assert_eq!(c.run_id, "j/1");
         assert_eq!(parse_signal("x", "15"), Ok(15));
         assert_eq!(parse_signal("x", "signal.SIGTERM"), Ok(15));
         assert!(parse_signal("--rank-termination-signal", "SIGNOPE")

@@ -16,5 +16,6 @@ pub mod proc;
 pub mod rendezvous;
 pub mod runtime;
 pub mod stacks;
+pub mod state;
 pub mod summary;
 pub mod supervisor;

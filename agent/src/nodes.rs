@@ -31,7 +31,8 @@ pub enum Source {
 pub struct Nodes {
     pub nnodes: u32,
     pub node_rank: u32,
-    pub run_id: String,
+    /// The job's identity, if something outside vigil names it (`--rdzv-id`, Slurm, NGC).
+    pub job_id: Option<String>,
     /// Host name or address of node rank 0, where vigil's store runs.
     pub head_host: String,
     /// The store's port; `None` on a single node without a port: pick a free one.
@@ -227,7 +228,7 @@ pub fn discover(f: &NodeFlags, env: &dyn Fn(&str) -> Option<String>) -> Result<N
         return Ok(Nodes {
             nnodes: 1,
             node_rank: 0,
-            run_id: f.rdzv_id.to_string(),
+            job_id: explicit_id(f.rdzv_id),
             head_host: "127.0.0.1".into(),
             port: None,
             source: Source::Flags,
@@ -302,22 +303,21 @@ pub fn discover(f: &NodeFlags, env: &dyn Fn(&str) -> Option<String>) -> Result<N
         _ if nnodes > 1 => Some(MASTER_DEFAULT_PORT),
         _ => None,
     });
-    let run_id = if f.rdzv_id != "none" {
-        f.rdzv_id.to_string()
-    } else {
-        envn.as_ref()
-            .and_then(|e| e.run_id.clone())
-            .unwrap_or_else(|| "none".into())
-    };
+    let job_id = explicit_id(f.rdzv_id).or_else(|| envn.as_ref().and_then(|e| e.run_id.clone()));
     Ok(Nodes {
         nnodes,
         node_rank,
-        run_id,
+        job_id,
         head_host,
         port,
         source: envn.map_or(Source::Flags, |e| e.source),
         slurm_head,
     })
+}
+
+/// `--rdzv-id`'s default, `none`, names no job.
+fn explicit_id(rdzv_id: &str) -> Option<String> {
+    (!rdzv_id.is_empty() && rdzv_id != "none").then(|| rdzv_id.to_string())
 }
 
 /// Node rank 0's address as this node reaches it. DNS first; a Slurm node name that DNS does not
@@ -396,7 +396,7 @@ mod tests {
         let n = discover(&flags(), &env_of(&[])).unwrap();
         assert_eq!((n.nnodes, n.node_rank, n.port), (1, 0, None));
         assert_eq!(n.head_host, "127.0.0.1");
-        assert_eq!(n.run_id, "none");
+        assert_eq!(n.job_id, None);
     }
 
     #[test]
@@ -404,7 +404,7 @@ mod tests {
         let n = discover(&flags(), &env_of(SLURM)).unwrap();
         assert_eq!((n.nnodes, n.node_rank), (3, 2));
         assert_eq!(n.head_host, "gpu007");
-        assert_eq!(n.run_id, "4242");
+        assert_eq!(n.job_id.as_deref(), Some("4242"));
         assert_eq!(n.port, Some(slurm_port("4242")));
         assert_eq!(n.source, Source::Slurm);
         assert!(n.slurm_head);

@@ -23,6 +23,7 @@ use crate::output::{ConsoleStream, LineSplitter, Sink, Tail};
 use crate::proc::{self, Watchdog};
 use crate::rendezvous::{self, CoordConfig, FromCoord, HeadSide};
 use crate::stacks::{self, StackReport};
+use crate::state::{self, Provenance};
 use crate::summary::{self, FailedRank};
 use crate::supervisor::{
     Action, Event, JobEnd, JobRequest, Outcome, Record, StopReason, Supervisor, SupervisorConfig,
@@ -68,25 +69,14 @@ impl JobClock {
     }
 }
 
-/// Reads timeouts calculated by an earlier run of the job; a broken file is reported and ignored.
-pub fn load_timeouts(path: &Path) -> Option<Timeouts> {
-    let text = fs::read_to_string(path).ok()?;
-    match serde_json::from_str(&text) {
-        Ok(t) => Some(t),
-        Err(e) => {
-            console_note(&format!(
-                "ignoring the timeouts file {}: {e}; delete it or fix it to use calculated timeouts",
-                path.display()
-            ));
-            None
-        }
+/// Who this node's saved state says wrote it.
+fn provenance(cfg: &LaunchConfig) -> Provenance {
+    Provenance {
+        job_id: cfg.job_id.clone(),
+        program: cfg.program.clone(),
+        nnodes: cfg.nnodes,
+        nproc_per_node: cfg.nproc,
     }
-}
-
-fn save_timeouts(path: &Path, t: &Timeouts) -> std::io::Result<()> {
-    let tmp = path.with_extension("json.tmp");
-    fs::write(&tmp, serde_json::to_vec_pretty(t).unwrap_or_default())?;
-    fs::rename(&tmp, path)
 }
 
 /// A problem found before any rank starts; printed as one line, exit status 2.
@@ -94,18 +84,22 @@ fn save_timeouts(path: &Path, t: &Timeouts) -> std::io::Result<()> {
 #[error("{0}")]
 pub struct StartError(pub String);
 
-/// Creates the run directory: `<log_dir>/<run_id>_<suffix>/`, or under the system temp dir.
+/// Creates the run directory, `<log_dir or $TMPDIR>/vigil_<job id or script>_<UTC time>_<hex>/`:
+/// a person finds a job's directory by its id or its script, and when it ran; the hex part keeps
+/// two agents that start in the same second apart.
 pub fn make_run_dir(cfg: &LaunchConfig) -> Result<PathBuf, StartError> {
     let (base, flag) = match &cfg.log_dir {
         Some(d) => (d.clone(), "--log-dir"),
         None => (std::env::temp_dir(), "the temp dir ($TMPDIR)"),
     };
-    let nanos = SystemTime::now()
+    let now = SystemTime::now();
+    let nanos = now
         .duration_since(UNIX_EPOCH)
         .map(|d| d.subsec_nanos())
         .unwrap_or(0);
-    let suffix = format!("{:08x}", (std::process::id() << 16) ^ nanos);
-    let dir = base.join(format!("vigil_{}_{suffix}", file_safe(&cfg.run_id)));
+    let suffix = format!("{:06x}", ((std::process::id() << 16) ^ nanos) & 0xff_ffff);
+    let name = run_dir_name(cfg.job_id.as_deref(), &cfg.program, now, &suffix);
+    let dir = base.join(name);
     fs::create_dir_all(&dir).map_err(|e| {
         StartError(format!(
             "{flag} {}: cannot create {}: {e}; choose a directory you can write",
@@ -115,6 +109,29 @@ pub fn make_run_dir(cfg: &LaunchConfig) -> Result<PathBuf, StartError> {
     })?;
     // Ranks may change directory; every path they are given must be absolute.
     fs::canonicalize(&dir).map_err(|e| StartError(format!("cannot resolve {}: {e}", dir.display())))
+}
+
+/// `vigil_<id or script stem>_<YYYYMMDD-HHMMSS>_<suffix>`.
+fn run_dir_name(job_id: Option<&str>, program: &str, now: SystemTime, suffix: &str) -> String {
+    let who = job_id
+        .map(str::to_string)
+        .unwrap_or_else(|| match program.strip_prefix("-m ") {
+            Some(module) => module.rsplit('.').next().unwrap_or(module).to_string(),
+            None => Path::new(program)
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+        });
+    let stamp: String = humantime::format_rfc3339_seconds(now)
+        .to_string()
+        .chars()
+        .filter_map(|c| match c {
+            '0'..='9' => Some(c),
+            'T' => Some('-'),
+            _ => None,
+        })
+        .collect();
+    format!("vigil_{}_{stamp}_{suffix}", file_safe(&who))
 }
 
 /// Checks that every rank's command can be executed, before anything starts.
@@ -456,10 +473,11 @@ impl Agent {
                 Action::SendToRank { local_rank, msg } => self.shared.send(local_rank, msg),
                 Action::SendToAll(msg) => self.shared.send_all(&msg),
                 Action::SaveTimeouts(t) => {
-                    if let Err(e) = save_timeouts(&self.cfg.timeouts_file, &t) {
+                    let path = self.cfg.timeouts_file.save_path(&self.run_dir);
+                    if let Err(e) = state::save_timeouts(&path, &provenance(&self.cfg), &t) {
                         console_note(&format!(
                             "cannot save calculated timeouts to {}: {e}",
-                            self.cfg.timeouts_file.display()
+                            path.display()
                         ));
                     }
                 }
@@ -833,10 +851,9 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf) -> i32 {
         "run_id": agent.cfg.run_id,
     }));
     // Node rank 0 keeps the job's calculated timeouts and hands them to every node.
-    let calculated = if agent.cfg.node_rank == 0 {
-        load_timeouts(&agent.cfg.timeouts_file)
-    } else {
-        None
+    let calculated = match (&agent.cfg.timeouts_file.load, agent.cfg.node_rank) {
+        (Some(path), 0) => state::load_timeouts(path, &provenance(&agent.cfg), &console_note),
+        _ => None,
     };
     let mut clock = JobClock::new();
     let (mut sup, first) = Supervisor::new(SupervisorConfig {
@@ -1002,4 +1019,26 @@ async fn futures_signal(sigs: &mut [(tokio::signal::unix::Signal, i32)]) -> i32 
         std::task::Poll::Pending
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_directories_say_whose_and_when() {
+        let t = UNIX_EPOCH + Duration::from_secs(1_795_000_000);
+        assert_eq!(
+            run_dir_name(None, "/w/my train.py", t, "abc123"),
+            "vigil_my_train_20261118-110640_abc123"
+        );
+        assert_eq!(
+            run_dir_name(None, "-m pkg.trainer", t, "1"),
+            "vigil_trainer_20261118-110640_1"
+        );
+        assert_eq!(
+            run_dir_name(Some("4242"), "/w/train.py", t, "1"),
+            "vigil_4242_20261118-110640_1"
+        );
+    }
 }

@@ -376,16 +376,31 @@ json.dump(res, open(os.path.join(os.environ["OUT_DIR"], "res.json"), "w"))
 
 def test_calculated_timeouts_survive_a_restart_of_the_agent(job):
     tfile = job / "timeouts.json"
-    write(job / "learn.py", """
+    # One program for both runs: saved timeouts apply only to the job, program and shape that
+    # learned them (tests/faults/test_job_identity.py shows the others are ignored).
+    write(job / "job.py", """
+import sys
 import time
 import vigil
-time.sleep(1.0)  # the observed initial delay is long: a loaded initial timeout would not bite run 2
-for i in range(25):
-    vigil.heartbeat(i)
-    time.sleep(0.05)
+
+def silent_for_three_seconds():
+    time.sleep(3)
+
+if sys.argv[1] == "learn":
+    time.sleep(1.0)  # the observed initial delay is long: a loaded initial timeout would not bite run 2
+    for i in range(25):
+        vigil.heartbeat(i)
+        time.sleep(0.05)
+else:
+    for i in range(3):
+        vigil.heartbeat(i)
+        time.sleep(0.05)
+    silent_for_three_seconds()
+    for i in range(3):
+        vigil.heartbeat(i)
 """)
-    r = run_vigil(["run", "--nproc-per-node", "2", "--heartbeat-timeout", "60", "--timeouts-file", str(tfile),
-                   "--log-dir", "logs", "learn.py"], cwd=job, timeout=60)
+    r = run_vigil(["run", "--nproc-per-node", "1", "--heartbeat-timeout", "60", "--timeouts-file", str(tfile),
+                   "--log-dir", "logs", "job.py", "learn"], cwd=job, timeout=60)
     assert r.returncode == 0, r.stderr
     ev = events(job / "logs")
     conf = one(ev, "timeouts_updated", source="configured")
@@ -397,26 +412,13 @@ for i in range(25):
     in_order(ev, conf, *of(ev, "registered"), calc, ev[-1])
     assert tfile.is_file()
     saved = json.loads(tfile.read_text())
-    assert saved["heartbeat"] == hb
+    assert saved["timeouts"]["heartbeat"] == hb
+    assert saved["written_by"]["job_id"] is None and saved["written_by"]["program"] == str(job / "job.py")
 
     # Run 2: a new agent process. The rank goes silent for 3 s, far below the configured 60 s.
     (job / "logs2").mkdir()
-    write(job / "silent.py", """
-import time
-import vigil
-
-def silent_for_three_seconds():
-    time.sleep(3)
-
-for i in range(3):
-    vigil.heartbeat(i)
-    time.sleep(0.05)
-silent_for_three_seconds()
-for i in range(3):
-    vigil.heartbeat(i)
-""")
-    r = run_vigil(["run", "--heartbeat-timeout", "60", "--timeouts-file", str(tfile), "--max-restarts", "0",
-                   "--log-dir", "logs2", "silent.py"], cwd=job, timeout=60)
+    r = run_vigil(["run", "--nproc-per-node", "1", "--heartbeat-timeout", "60", "--timeouts-file", str(tfile),
+                   "--max-restarts", "0", "--log-dir", "logs2", "job.py", "silent"], cwd=job, timeout=60)
     assert r.returncode == 1, r.stderr
     ev = events(job / "logs2")
     loaded = one(ev, "timeouts_updated", source="loaded")

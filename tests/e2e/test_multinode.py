@@ -305,6 +305,6 @@ def test_calculated_timeouts_are_job_wide_and_saved_once(job):
     # Node 1's ranks beat every 0.3 s (x5 safety factor), node 0's every 0.05 s (the 1 s floor):
     # both nodes apply the larger.
     assert hb[0] == hb[1] and hb[0] > 1.2, hb
-    saved = list((job / "node0" / "logs").glob("vigil_timeouts_tj.json"))
-    assert len(saved) == 1 and json.loads(saved[0].read_text())["heartbeat"] == hb[0]
-    assert not list((job / "node1" / "logs").glob("vigil_timeouts_*.json")), "only node rank 0 saves"
+    saved = list((job / "node0" / "logs").glob("vigil-job-tj/timeouts.json"))
+    assert len(saved) == 1 and json.loads(saved[0].read_text())["timeouts"]["heartbeat"] == hb[0]
+    assert not list((job / "node1" / "logs").glob("**/timeouts.json")), "only node rank 0 saves"
