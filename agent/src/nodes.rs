@@ -63,7 +63,7 @@ fn err<T>(msg: String) -> Result<T, ConfigError> {
     Err(ConfigError(msg))
 }
 
-/// `host`, `host:port`, `[v6]:port` or `[v6]`.
+/// `host`, `host:port`, `[v6]:port` or `[v6]`. Port 0 is torchrun's "any free port".
 pub fn split_endpoint(ep: &str) -> Result<(String, Option<u16>), ConfigError> {
     let bad = |why: &str| {
         ConfigError(format!(
@@ -92,9 +92,7 @@ pub fn split_endpoint(ep: &str) -> Result<(String, Option<u16>), ConfigError> {
         None => None,
         Some(p) => Some(
             p.parse::<u16>()
-                .ok()
-                .filter(|&p| p > 0)
-                .ok_or_else(|| bad("the port must be a number from 1 to 65535"))?,
+                .map_err(|_| bad("the port must be a number from 0 (any free port) to 65535"))?,
         ),
     };
     Ok((host.to_string(), port))
@@ -245,6 +243,9 @@ pub fn discover(f: &NodeFlags, env: &dyn Fn(&str) -> Option<String>) -> Result<N
         let (h, p) = split_endpoint(f.rdzv_endpoint.trim())?;
         (Some(h), Some(p.unwrap_or(RDZV_DEFAULT_PORT)))
     };
+    // `host:0`: a free port, as torchrun picks for a single node; other nodes could not find it.
+    let any_port = ep_port == Some(0);
+    let ep_port = ep_port.filter(|&p| p != 0);
     if let (Some(_), Some(p), Some(mp)) = (&ep_host, ep_port, f.master_port) {
         if p != mp {
             return err(format!(
@@ -281,6 +282,12 @@ pub fn discover(f: &NodeFlags, env: &dyn Fn(&str) -> Option<String>) -> Result<N
         }
         (None, None) => 0,
     };
+    if any_port && nnodes > 1 {
+        return err(format!(
+            "--rdzv-endpoint {}: port 0 (any free port) works on one node only; give the port every node should connect to",
+            f.rdzv_endpoint
+        ));
+    }
     if node_rank >= nnodes {
         return err(format!(
             "node rank {node_rank} does not exist in a {nnodes}-node job: node ranks run from 0 to {}",
@@ -594,11 +601,34 @@ mod tests {
     }
 
     #[test]
+    fn port_zero_is_any_free_port_on_one_node() {
+        for ep in ["localhost:0", "127.0.0.1:0"] {
+            let f = NodeFlags {
+                rdzv_endpoint: ep,
+                ..flags()
+            };
+            let n = discover(&f, &env_of(&[])).unwrap();
+            assert_eq!((n.nnodes, n.port), (1, None), "{ep}");
+            let two = NodeFlags {
+                nnodes: Some("2"),
+                node_rank: Some(0),
+                ..f
+            };
+            let e = discover(&two, &env_of(&[])).unwrap_err().0;
+            assert!(e.contains("one node only"), "{e}");
+        }
+    }
+
+    #[test]
     fn endpoints() {
         assert_eq!(split_endpoint("h:5").unwrap(), ("h".into(), Some(5)));
         assert_eq!(split_endpoint("h").unwrap(), ("h".into(), None));
         assert_eq!(split_endpoint("[::1]:7").unwrap(), ("::1".into(), Some(7)));
-        for bad in ["::1:5", "h:0", "h:x", ":5", "[::1"] {
+        assert_eq!(
+            split_endpoint("localhost:0").unwrap(),
+            ("localhost".into(), Some(0))
+        );
+        for bad in ["::1:5", "h:-1", "h:x", ":5", "[::1", "h:65536"] {
             assert!(split_endpoint(bad).is_err(), "{bad}");
         }
     }
