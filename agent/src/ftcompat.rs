@@ -18,6 +18,9 @@ use std::path::Path;
 pub struct Translated {
     /// Arguments for `vigil run`, ft_launcher flags replaced by vigil's.
     pub args: Vec<String>,
+    /// Where the training script (or a `--` before it) starts in `args`; `args.len()` if none.
+    /// Everything from here on belongs to the script and must not be parsed as vigil's flags.
+    pub script_at: usize,
     /// One line each, for the binary to print (accepted settings without effect, ignored ones).
     pub notes: Vec<String>,
 }
@@ -409,8 +412,13 @@ pub fn translate(
 
     let mut out = kept;
     out.extend(mapped);
+    let script_at = out.len();
     out.extend(args[tail_at..].iter().cloned());
-    Ok(Translated { args: out, notes })
+    Ok(Translated {
+        args: out,
+        script_at,
+        notes,
+    })
 }
 
 /// Recognise an ft_launcher flag by its normalised name (dashes, no leading `--`); `Ok(None)` for

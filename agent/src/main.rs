@@ -6,7 +6,9 @@ use vigil::config::{self, Host};
 use vigil::runtime;
 
 /// Invoked as `ft_launcher` (a symlink), the binary is `vigil run`; `vigil run` takes
-/// ft_launcher's flags (and `--ft-cfg-path` YAML), rewritten to vigil's before parsing.
+/// ft_launcher's flags (and `--ft-cfg-path` YAML), rewritten to vigil's before parsing. A `--` is
+/// put before the training script, so that nothing after it is read as vigil's flag (torchrun
+/// passes everything after the script untouched).
 fn args() -> Result<Vec<String>, String> {
     let mut args: Vec<String> = std::env::args_os()
         .map(|a| a.to_string_lossy().into_owned())
@@ -28,8 +30,36 @@ fn args() -> Result<Vec<String>, String> {
         eprintln!("[vigil] {note}");
     }
     args.truncate(2);
-    args.extend(t.args);
+    let (ours, script) = t.args.split_at(t.script_at);
+    args.extend(ours.iter().cloned());
+    if script.first().is_some_and(|s| s != "--") {
+        args.push("--".into());
+    }
+    args.extend(script.iter().cloned());
     Ok(args)
+}
+
+/// A clap error as one line: what is wrong with which flag and clap's tip, without the usage
+/// block, pointing at `--help` for the rest.
+fn one_line(e: &clap::Error) -> String {
+    let text = e.render().to_string();
+    let parts: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .take_while(|l| !l.starts_with("Usage:"))
+        .filter(|l| {
+            !l.is_empty()
+                && !l.starts_with("For more information")
+                && !l.starts_with("tip: to pass")
+        })
+        .map(|l| l.strip_prefix("error: ").unwrap_or(l))
+        .collect();
+    let hint = if e.kind() == clap::error::ErrorKind::UnknownArgument {
+        "; the script's own flags go after the script"
+    } else {
+        ""
+    };
+    format!("{}{hint}; see `vigil run --help`", parts.join(" "))
 }
 
 fn run(a: RunArgs) -> i32 {
@@ -62,10 +92,22 @@ fn run(a: RunArgs) -> i32 {
 }
 
 fn main() -> ExitCode {
-    let cli = match args() {
-        Ok(a) => Cli::parse_from(a),
+    let parsed = match args() {
+        Ok(a) => Cli::try_parse_from(a),
         Err(e) => {
             eprintln!("vigil: error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let cli = match parsed {
+        Ok(c) => c,
+        Err(e) if !e.use_stderr() => {
+            // --help, --version: clap's own text on stdout.
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("vigil: error: {}", one_line(&e));
             return ExitCode::from(2);
         }
     };
