@@ -5,6 +5,8 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::config::{count, factor, port, seconds};
+
 #[derive(Debug, Parser)]
 #[command(
     name = "vigil",
@@ -19,6 +21,8 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Launch this node's ranks as torchrun would, and supervise them.
+    // Negative numbers reach the value parsers, which say what a flag takes.
+    #[command(allow_negative_numbers = true)]
     Run(Box<RunArgs>),
     /// Internal: the helper that SIGKILLs rank process groups if the agent dies.
     #[command(name = "__watchdog", hide = true)]
@@ -41,7 +45,7 @@ pub struct RunArgs {
     pub nproc_per_node: String,
 
     /// This node's rank among the nodes. Default: from Slurm or NGC, else 0.
-    #[arg(long = "node-rank", alias = "node_rank", env = "PET_NODE_RANK")]
+    #[arg(long = "node-rank", alias = "node_rank", env = "PET_NODE_RANK", value_parser = count)]
     pub node_rank: Option<u32>,
 
     /// Address of node rank 0, where vigil's store runs. Default: from Slurm or NGC, else 127.0.0.1.
@@ -50,7 +54,7 @@ pub struct RunArgs {
 
     /// Port of vigil's store on node rank 0. Default: a free port on one node; 29500 on several
     /// (under Slurm, a port derived from the job id).
-    #[arg(long = "master-port", alias = "master_port", env = "PET_MASTER_PORT")]
+    #[arg(long = "master-port", alias = "master_port", env = "PET_MASTER_PORT", value_parser = port)]
     pub master_port: Option<u16>,
 
     /// Rendezvous backend: `static` or `c10d`.
@@ -98,7 +102,8 @@ pub struct RunArgs {
         long = "max-restarts",
         alias = "max_restarts",
         env = "PET_MAX_RESTARTS",
-        default_value_t = 0
+        default_value_t = 0,
+        value_parser = count
     )]
     pub max_restarts: u32,
 
@@ -107,7 +112,8 @@ pub struct RunArgs {
         long = "monitor-interval",
         alias = "monitor_interval",
         env = "PET_MONITOR_INTERVAL",
-        default_value_t = 0.1
+        default_value_t = 0.1,
+        value_parser = seconds
     )]
     pub monitor_interval: f64,
 
@@ -116,7 +122,8 @@ pub struct RunArgs {
         long = "start-method",
         alias = "start_method",
         env = "PET_START_METHOD",
-        default_value = "spawn"
+        default_value = "spawn",
+        value_parser = ["spawn", "fork", "forkserver"]
     )]
     pub start_method: String,
 
@@ -166,34 +173,36 @@ pub struct RunArgs {
     pub logs_specs: Option<String>,
 
     /// Seconds the nodes wait for each other at each rendezvous (also `--rdzv-conf join_timeout=S`).
-    #[arg(long = "join-timeout", alias = "join_timeout")]
+    #[arg(long = "join-timeout", alias = "join_timeout", value_parser = seconds)]
     pub join_timeout: Option<f64>,
 
     /// Seconds after which a node that went silent (machine lost, network cut) counts as lost.
-    #[arg(long = "node-timeout", alias = "node_timeout", default_value_t = 30.0)]
+    #[arg(long = "node-timeout", alias = "node_timeout", default_value_t = 30.0, value_parser = seconds)]
     pub node_timeout: f64,
 
     /// Seconds between SIGTERM and SIGKILL when stopping ranks after a failure.
     #[arg(
         long = "workers-stop-timeout",
         alias = "workers_stop_timeout",
-        default_value_t = 15.0
+        default_value_t = 15.0,
+        value_parser = seconds
     )]
     pub workers_stop_timeout: f64,
 
     /// Seconds a forwarded signal gives ranks before SIGKILL.
-    #[arg(long = "term-timeout", alias = "term_timeout", default_value_t = 30.0)]
+    #[arg(long = "term-timeout", alias = "term_timeout", default_value_t = 30.0, value_parser = seconds)]
     pub term_timeout: f64,
 
     /// Seconds from a rank's start to its first heartbeat (catches ranks that never connect).
     #[arg(
         long = "initial-heartbeat-timeout",
-        alias = "initial_heartbeat_timeout"
+        alias = "initial_heartbeat_timeout",
+        value_parser = seconds
     )]
     pub initial_heartbeat_timeout: Option<f64>,
 
     /// Seconds allowed between two heartbeats of a rank.
-    #[arg(long = "heartbeat-timeout", alias = "heartbeat_timeout")]
+    #[arg(long = "heartbeat-timeout", alias = "heartbeat_timeout", value_parser = seconds)]
     pub heartbeat_timeout: Option<f64>,
 
     /// Per-section timeouts `step=60,checkpointing=600`; `warmup=S` applies to every section during the first --warmup-steps heartbeats.
@@ -201,15 +210,19 @@ pub struct RunArgs {
     pub section_timeouts: Option<String>,
 
     /// Seconds a rank may spend outside every section (after it connected).
-    #[arg(long = "out-of-section-timeout", alias = "out_of_section_timeout")]
+    #[arg(
+        long = "out-of-section-timeout",
+        alias = "out_of_section_timeout",
+        value_parser = seconds
+    )]
     pub out_of_section_timeout: Option<f64>,
 
     /// Heartbeats during which the `warmup` section timeout applies.
-    #[arg(long = "warmup-steps", alias = "warmup_steps", default_value_t = 5)]
+    #[arg(long = "warmup-steps", alias = "warmup_steps", default_value_t = 5, value_parser = count)]
     pub warmup_steps: u32,
 
     /// Calculated timeouts are this many times the longest observed.
-    #[arg(long = "safety-factor", alias = "safety_factor", default_value_t = 5.0)]
+    #[arg(long = "safety-factor", alias = "safety_factor", default_value_t = 5.0, value_parser = factor)]
     pub safety_factor: f64,
 
     /// Signal a hung rank gets once its stacks are captured (SIGKILL follows after --workers-stop-timeout).
@@ -224,7 +237,8 @@ pub struct RunArgs {
     #[arg(
         long = "stack-dump-timeout",
         alias = "stack_dump_timeout",
-        default_value_t = 2.0
+        default_value_t = 2.0,
+        value_parser = seconds
     )]
     pub stack_dump_timeout: f64,
 

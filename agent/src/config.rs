@@ -18,6 +18,42 @@ fn err<T>(msg: impl Into<String>) -> Result<T, ConfigError> {
     Err(ConfigError(msg.into()))
 }
 
+/// The longest duration any flag takes: a year. Larger values overflow the clock arithmetic and
+/// are never meant; leave a timeout out to disable it.
+pub const MAX_SECONDS: f64 = 365.0 * 24.0 * 3600.0;
+
+/// Value parser of every seconds flag: a finite number from 0 to [`MAX_SECONDS`].
+pub fn seconds(s: &str) -> Result<f64, String> {
+    let fix =
+        format!("give a number of seconds from 0 to {MAX_SECONDS:.0} (a year), such as 30 or 2.5");
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && (0.0..=MAX_SECONDS).contains(&v) => Ok(v),
+        _ => Err(fix),
+    }
+}
+
+/// Value parser of every count flag: a whole number >= 0 that fits 32 bits.
+pub fn count(s: &str) -> Result<u32, String> {
+    s.trim()
+        .parse::<u32>()
+        .map_err(|_| format!("give a whole number from 0 to {}", u32::MAX))
+}
+
+/// Value parser of a TCP port flag.
+pub fn port(s: &str) -> Result<u16, String> {
+    s.trim()
+        .parse::<u16>()
+        .map_err(|_| "give a port number from 0 to 65535".to_string())
+}
+
+/// Value parser of `--safety-factor`: a finite number from 1 to 1000.
+pub fn factor(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && (1.0..=1000.0).contains(&v) => Ok(v),
+        _ => Err("give a number from 1 to 1000, such as 5".to_string()),
+    }
+}
+
 /// Which of a rank's streams reach the console.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Console {
@@ -72,6 +108,8 @@ pub struct LaunchConfig {
 /// What the machine says, for resolving `--nproc-per-node cpu|gpu|auto` and the interpreter.
 pub struct Host<'a> {
     pub cpus: u32,
+    /// The agent's open-file limit (soft RLIMIT_NOFILE), which bounds the ranks it can watch.
+    pub nofile: u64,
     /// GPU count, or why it is unknown.
     pub gpus: &'a dyn Fn() -> Result<u32, String>,
     pub env: &'a dyn Fn(&str) -> Option<String>,
@@ -119,6 +157,38 @@ pub fn parse_nproc(s: &str, host: &Host) -> Result<u32, ConfigError> {
             )),
         },
     }
+}
+
+/// Ranks a node may run per CPU (or per GPU, where it has more GPUs than CPUs): oversubscribing
+/// CPUs for tests is common, a thousand ranks on a laptop is a typo.
+pub const RANKS_PER_CPU: u32 = 16;
+/// File descriptors the agent holds per rank (two pipes, two log files, the rank's socket, spare).
+pub const FDS_PER_RANK: u64 = 8;
+/// File descriptors the agent keeps for itself (store, event log, listeners, watchdog).
+pub const FDS_RESERVED: u64 = 64;
+
+/// Refuses a rank count the node cannot run, before any rank starts: more than
+/// [`RANKS_PER_CPU`] per CPU or GPU, or more than the open-file limit lets the agent watch.
+pub fn check_nproc(nproc: u32, host: &Host) -> Result<(), ConfigError> {
+    let cpu_cap = host.cpus.max(1).saturating_mul(RANKS_PER_CPU);
+    if nproc > cpu_cap {
+        let gpus = (host.gpus)().unwrap_or(0);
+        let cap = host.cpus.max(gpus).max(1).saturating_mul(RANKS_PER_CPU);
+        if nproc > cap {
+            return err(format!(
+                "--nproc-per-node {nproc}: more ranks than this node can run ({} CPUs, {gpus} GPUs; vigil allows {RANKS_PER_CPU} ranks per CPU or GPU); give at most {cap}",
+                host.cpus
+            ));
+        }
+    }
+    let fd_cap = host.nofile.saturating_sub(FDS_RESERVED) / FDS_PER_RANK;
+    if u64::from(nproc) > fd_cap {
+        return err(format!(
+            "--nproc-per-node {nproc}: the open-file limit ({}) lets vigil watch at most {fd_cap} ranks ({FDS_PER_RANK} descriptors each); raise it with `ulimit -n` or give fewer ranks",
+            host.nofile
+        ));
+    }
+    Ok(())
 }
 
 /// torchrun's `--redirects`/`--tee` value: `0..3` for every rank, or `local_rank:value,...`.
@@ -187,10 +257,12 @@ pub fn parse_ranks_filter(s: &str, nproc: u32) -> Result<Option<Vec<u32>>, Confi
 }
 
 fn secs(flag: &str, v: f64) -> Result<Duration, ConfigError> {
-    if v.is_finite() && v >= 0.0 {
+    if v.is_finite() && (0.0..=MAX_SECONDS).contains(&v) {
         Ok(Duration::from_secs_f64(v))
     } else {
-        err(format!("{flag} {v}: give a number of seconds >= 0"))
+        err(format!(
+            "{flag} {v}: give a number of seconds from 0 to {MAX_SECONDS:.0} (a year)"
+        ))
     }
 }
 
@@ -281,9 +353,11 @@ pub fn parse_signal(flag: &str, s: &str) -> Result<i32, ConfigError> {
 fn opt_secs(flag: &str, v: Option<f64>) -> Result<Option<Duration>, ConfigError> {
     match v {
         None => Ok(None),
-        Some(x) if x.is_finite() && x > 0.0 => Ok(Some(Duration::from_secs_f64(x))),
+        Some(x) if x.is_finite() && x > 0.0 && x <= MAX_SECONDS => {
+            Ok(Some(Duration::from_secs_f64(x)))
+        }
         Some(x) => err(format!(
-            "{flag} {x}: give a positive number of seconds, or leave it out to disable the check"
+            "{flag} {x}: give a positive number of seconds up to {MAX_SECONDS:.0} (a year), or leave it out to disable the check"
         )),
     }
 }
@@ -325,11 +399,7 @@ fn join_timeout(a: &RunArgs) -> Result<Duration, ConfigError> {
         .into_iter()
         .find(|(k, _)| k == "join_timeout")
         .map(|(_, v)| {
-            v.parse::<f64>().map_err(|_| {
-                ConfigError(format!(
-                    "--rdzv-conf join_timeout={v:?} is not a number of seconds"
-                ))
-            })
+            seconds(&v).map_err(|fix| ConfigError(format!("--rdzv-conf join_timeout={v:?}: {fix}")))
         })
         .transpose()?;
     let v = a.join_timeout.or(from_conf).unwrap_or(600.0);
@@ -364,6 +434,7 @@ pub fn resolve(a: &RunArgs, host: &Host) -> Result<LaunchConfig, ConfigError> {
         return err("--role must not be empty");
     }
     let nproc = parse_nproc(&a.nproc_per_node, host)?;
+    check_nproc(nproc, host)?;
     let redirects = parse_std_spec("--redirects", &a.redirects, nproc)?;
     let tee = parse_std_spec("--tee", &a.tee, nproc)?;
     let filter = parse_ranks_filter(&a.local_ranks_filter, nproc)?;
@@ -502,9 +573,56 @@ mod tests {
     fn host_with(gpus: &dyn Fn() -> Result<u32, String>) -> Host<'_> {
         Host {
             cpus: 6,
+            nofile: 1024,
             gpus,
             env: &no_env,
         }
+    }
+
+    #[test]
+    fn value_parsers_take_only_sane_numbers() {
+        assert_eq!(seconds("2.5"), Ok(2.5));
+        assert_eq!(seconds(" 0 "), Ok(0.0));
+        assert_eq!(count("7"), Ok(7));
+        assert_eq!(port("0"), Ok(0));
+        assert_eq!(factor("5"), Ok(5.0));
+        for bad in [
+            "-1", "1e30", "inf", "-inf", "nan", "NaN", "abc", "", "31536001",
+        ] {
+            assert!(seconds(bad).is_err(), "{bad}");
+        }
+        for bad in ["-1", "1.5", "1e3", "4294967296", "x", ""] {
+            assert!(count(bad).is_err(), "{bad}");
+        }
+        for bad in ["65536", "-1", "80.0"] {
+            assert!(port(bad).is_err(), "{bad}");
+        }
+        for bad in ["0", "0.99", "1001", "nan", "inf"] {
+            assert!(factor(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn nproc_ceiling_follows_cpus_gpus_and_the_file_limit() {
+        let no_gpu = || Ok(0);
+        let eight = || Ok(8);
+        let host = |cpus, nofile, gpus| Host {
+            cpus,
+            nofile,
+            gpus,
+            env: &no_env,
+        };
+        assert!(check_nproc(32, &host(2, 4096, &no_gpu)).is_ok());
+        let e = check_nproc(33, &host(2, 4096, &no_gpu)).unwrap_err().0;
+        assert!(e.contains("give at most 32"), "{e}");
+        // More GPUs than CPUs: the GPU count sets the ceiling.
+        assert!(check_nproc(128, &host(1, 4096, &eight)).is_ok());
+        assert!(check_nproc(129, &host(1, 4096, &eight)).is_err());
+        // (1024 - 64) / 8 = 120 ranks fit the file limit.
+        assert!(check_nproc(120, &host(64, 1024, &no_gpu)).is_ok());
+        let e = check_nproc(121, &host(64, 1024, &no_gpu)).unwrap_err().0;
+        assert!(e.contains("ulimit -n") && e.contains("at most 120"), "{e}");
+        assert!(check_nproc(1, &host(1, 0, &no_gpu)).is_err());
     }
 
     #[test]
@@ -611,6 +729,7 @@ mod tests {
         let env = |k: &str| (k == "PYTHON_EXEC").then(|| "/opt/py".to_string());
         let h2 = Host {
             cpus: 1,
+            nofile: 1024,
             gpus: &none,
             env: &env,
         };

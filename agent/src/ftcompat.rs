@@ -421,6 +421,29 @@ pub fn translate(
     })
 }
 
+/// vigil's flags before the script with each `--flag value` of [`VALUE_FLAGS`] joined into
+/// `--flag=value`, so that clap takes a value such as `-inf` or `-1` as the value [`translate`]
+/// found it to be, and says what is wrong with it, instead of reading it as an unknown flag.
+pub fn join_values(args: &[String]) -> Vec<String> {
+    let mut out = Vec::with_capacity(args.len());
+    let mut i = 0;
+    while i < args.len() {
+        let a = &args[i];
+        let norm = a.strip_prefix("--").map(|n| n.replace('_', "-"));
+        match (norm, args.get(i + 1)) {
+            (Some(n), Some(v)) if VALUE_FLAGS.contains(&n.as_str()) => {
+                out.push(format!("{a}={v}"));
+                i += 2;
+            }
+            _ => {
+                out.push(a.clone());
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
 /// Recognise an ft_launcher flag by its normalised name (dashes, no leading `--`); `Ok(None)` for
 /// anything else (vigil's and torchrun's flags).
 fn classify(norm: &str, flag: &str) -> Result<Option<FtFlag>, FtError> {
@@ -852,6 +875,31 @@ fn one_line(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn values_are_joined_to_their_flags() {
+        let v = |xs: &[&str]| xs.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            join_values(&v(&[
+                "--max-restarts",
+                "-1",
+                "--standalone",
+                "--term_timeout",
+                "-inf",
+                "-m",
+                "--role=x"
+            ])),
+            v(&[
+                "--max-restarts=-1",
+                "--standalone",
+                "--term_timeout=-inf",
+                "-m",
+                "--role=x"
+            ])
+        );
+        // A value flag at the very end has no value to join (clap says it needs one).
+        assert_eq!(join_values(&v(&["--role"])), v(&["--role"]));
+    }
     use proptest::prelude::*;
 
     fn sv(args: &[&str]) -> Vec<String> {

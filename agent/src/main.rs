@@ -31,7 +31,7 @@ fn args() -> Result<Vec<String>, String> {
     }
     args.truncate(2);
     let (ours, script) = t.args.split_at(t.script_at);
-    args.extend(ours.iter().cloned());
+    args.extend(vigil::ftcompat::join_values(ours));
     if script.first().is_some_and(|s| s != "--") {
         args.push("--".into());
     }
@@ -62,6 +62,20 @@ fn one_line(e: &clap::Error) -> String {
     format!("{}{hint}; see `vigil run --help`", parts.join(" "))
 }
 
+/// The soft open-file limit, which bounds how many ranks the agent can watch.
+fn nofile() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit only writes the struct it is given.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
+        lim.rlim_cur
+    } else {
+        1024
+    }
+}
+
 fn run(a: RunArgs) -> i32 {
     let cpus = std::thread::available_parallelism()
         .map(|n| n.get() as u32)
@@ -69,6 +83,7 @@ fn run(a: RunArgs) -> i32 {
     let env = |k: &str| std::env::var(k).ok();
     let host = Host {
         cpus,
+        nofile: nofile(),
         gpus: &vigil::gpu::gpu_count,
         env: &env,
     };
@@ -81,6 +96,12 @@ fn run(a: RunArgs) -> i32 {
         Err(e) => return fail(e.0),
     };
     let script_is_file = !a.module && !a.no_python;
+    if (script_is_file || a.no_python) && std::path::Path::new(&a.training_script).is_dir() {
+        return fail(format!(
+            "the training script {:?} is a directory; give the path of a file (or -m and a module name to run a package)",
+            a.training_script
+        ));
+    }
     if let Err(e) = runtime::check_command(&cfg, script_is_file, &a.training_script) {
         return fail(e.0);
     }

@@ -111,9 +111,12 @@ pub fn parse_section_timeouts(
         let secs: f64 = secs.trim().parse().map_err(|_| {
             format!("--section-timeouts {s:?}: {secs:?} is not a number of seconds for section {name:?}")
         })?;
-        if !(secs.is_finite() && secs > 0.0) || name.is_empty() || name.len() > 255 {
+        if !(secs.is_finite() && secs > 0.0 && secs <= crate::config::MAX_SECONDS)
+            || name.is_empty()
+            || name.len() > 255
+        {
             return Err(format!(
-                "--section-timeouts {s:?}: {name:?}={secs} needs a section name and a positive number of seconds"
+                "--section-timeouts {s:?}: {name:?}={secs}: give a section name and a positive number of seconds up to a year"
             ));
         }
         if name == "warmup" {
