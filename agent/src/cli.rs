@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::config::{count, factor, port, seconds};
+use crate::config::{count, factor, pet_switch, port, seconds};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -94,7 +94,7 @@ pub struct RunArgs {
     pub rdzv_conf: String,
 
     /// Single-node job with a local rendezvous on a free port.
-    #[arg(long, env = "PET_STANDALONE")]
+    #[arg(long, env = "PET_STANDALONE", value_parser = pet_switch)]
     pub standalone: bool,
 
     /// In-job restarts of the whole group before giving up.
@@ -132,15 +132,25 @@ pub struct RunArgs {
     pub role: String,
 
     /// Run the script as a Python module (`python -m`).
-    #[arg(short = 'm', long, env = "PET_MODULE")]
+    #[arg(short = 'm', long, env = "PET_MODULE", value_parser = pet_switch)]
     pub module: bool,
 
     /// Run the script as a command without the Python interpreter.
-    #[arg(long = "no-python", alias = "no_python", env = "PET_NO_PYTHON")]
+    #[arg(
+        long = "no-python",
+        alias = "no_python",
+        env = "PET_NO_PYTHON",
+        value_parser = pet_switch
+    )]
     pub no_python: bool,
 
     /// Run the script with `runpy.run_path` (it must be a path to a Python file).
-    #[arg(long = "run-path", alias = "run_path", env = "PET_RUN_PATH")]
+    #[arg(
+        long = "run-path",
+        alias = "run_path",
+        env = "PET_RUN_PATH",
+        value_parser = pet_switch
+    )]
     pub run_path: bool,
 
     /// Directory for per-rank logs, error files and the event log of every attempt.
@@ -189,9 +199,83 @@ pub struct RunArgs {
     )]
     pub workers_stop_timeout: f64,
 
-    /// Seconds a forwarded signal gives ranks before SIGKILL.
-    #[arg(long = "term-timeout", alias = "term_timeout", default_value_t = 30.0, value_parser = seconds)]
-    pub term_timeout: f64,
+    /// Seconds a forwarded signal gives ranks before SIGKILL (default: --shutdown-timeout, else 30).
+    #[arg(long = "term-timeout", alias = "term_timeout", value_parser = seconds)]
+    pub term_timeout: Option<f64>,
+
+    /// torchrun's name for --term-timeout; also read from TORCH_ELASTIC_SHUTDOWN_TIMEOUT.
+    #[arg(
+        long = "shutdown-timeout",
+        alias = "shutdown_timeout",
+        env = "PET_SHUTDOWN_TIMEOUT",
+        value_parser = seconds
+    )]
+    pub shutdown_timeout: Option<f64>,
+
+    /// Signals the agent catches and forwards to the ranks before stopping them (comma-separated).
+    #[arg(
+        long = "signals-to-handle",
+        alias = "signals_to_handle",
+        env = "PET_SIGNALS_TO_HANDLE",
+        default_value = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+    )]
+    pub signals_to_handle: String,
+
+    /// Console prefix of each rank's lines; `${role_name}`, `${rank}`, `${local_rank}`,
+    /// `${hostname}` are replaced. Default: `[${role_name}${local_rank}]:`.
+    #[arg(
+        long = "log-line-prefix-template",
+        alias = "log_line_prefix_template",
+        env = "PET_LOG_LINE_PREFIX_TEMPLATE",
+        default_value = ""
+    )]
+    pub log_line_prefix_template: String,
+
+    /// Copy stdout lines containing any of these comma-separated strings (`,,` is a comma) to
+    /// attempt_<n>/filtered_stdout.log in the run directory.
+    #[arg(
+        long = "duplicate-stdout-filters",
+        alias = "duplicate_stdout_filters",
+        env = "PET_DUPLICATE_STDOUT_FILTERS",
+        default_value = ""
+    )]
+    pub duplicate_stdout_filters: String,
+
+    /// As --duplicate-stdout-filters, for stderr (attempt_<n>/filtered_stderr.log).
+    #[arg(
+        long = "duplicate-stderr-filters",
+        alias = "duplicate_stderr_filters",
+        env = "PET_DUPLICATE_STDERR_FILTERS",
+        default_value = ""
+    )]
+    pub duplicate_stderr_filters: String,
+
+    /// Every rank gets LOCAL_RANK=0 and sees only its own GPU (CUDA_VISIBLE_DEVICES), as device 0.
+    #[arg(
+        long = "virtual-local-rank",
+        alias = "virtual_local_rank",
+        env = "PET_VIRTUAL_LOCAL_RANK",
+        value_parser = pet_switch
+    )]
+    pub virtual_local_rank: bool,
+
+    /// Accepted for torchrun compatibility; vigil always writes its own event log (--event-log).
+    #[arg(
+        long = "event-log-handler",
+        alias = "event_log_handler",
+        env = "PET_EVENT_LOG_HANDLER",
+        default_value = "null",
+        value_parser = ["null", "console", "dynamic_rendezvous"]
+    )]
+    pub event_log_handler: String,
+
+    /// torchrun's NUMA binding mode; accepted, no effect yet (vigil says so at start).
+    #[arg(
+        long = "numa-binding",
+        alias = "numa_binding",
+        value_parser = ["node", "socket", "exclusive", "core-complex"]
+    )]
+    pub numa_binding: Option<String>,
 
     /// Seconds from a rank's start to its first heartbeat (catches ranks that never connect).
     #[arg(

@@ -39,6 +39,20 @@ pub fn count(s: &str) -> Result<u32, String> {
         .map_err(|_| format!("give a whole number from 0 to {}", u32::MAX))
 }
 
+/// Value parser of torchrun's switches (`--standalone`, `-m`, ...), which also come from `PET_*`
+/// as an integer: non-zero is on, as torchrun's `bool(int(value))`. `true`/`false` are clap's own
+/// values for a switch given or left out.
+pub fn pet_switch(s: &str) -> Result<bool, String> {
+    match s.trim() {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        t => t
+            .parse::<i64>()
+            .map(|n| n != 0)
+            .map_err(|_| "give 1 (on) or 0 (off)".to_string()),
+    }
+}
+
 /// Value parser of a TCP port flag.
 pub fn port(s: &str) -> Result<u16, String> {
     s.trim()
@@ -87,7 +101,19 @@ pub struct LaunchConfig {
     pub node_timeout: Duration,
     pub max_restarts: u32,
     pub workers_stop_timeout: Duration,
+    /// Grace between a forwarded signal and SIGKILL (torchrun's --shutdown-timeout).
     pub term_timeout: Duration,
+    /// Signals the agent catches and forwards to the ranks (torchrun's --signals-to-handle).
+    pub signals: Vec<i32>,
+    /// The flag as given; ranks see it as TORCHELASTIC_SIGNALS_TO_HANDLE, as under torchrun.
+    pub signals_to_handle: String,
+    /// `--log-line-prefix-template`; `None`: torchrun's default `[${role_name}${local_rank}]:`.
+    pub prefix_template: Option<String>,
+    /// Lines containing any of these are copied to `attempt_<n>/filtered_std{out,err}.log`.
+    pub dup_stdout: Vec<String>,
+    pub dup_stderr: Vec<String>,
+    /// Every rank gets LOCAL_RANK=0 and only its own GPU.
+    pub virtual_local_rank: bool,
     /// Program and arguments of every rank.
     pub command: Vec<String>,
     /// What the failure summary calls the job (`train.py FAILED`).
@@ -254,6 +280,177 @@ pub fn parse_ranks_filter(s: &str, nproc: u32) -> Result<Option<Vec<u32>>, Confi
         }
     }
     Ok(Some(out))
+}
+
+/// `--signals-to-handle SIGTERM,SIGINT`: signal numbers, in order, without repeats. The agent
+/// cannot catch SIGKILL or SIGSTOP, needs SIGCHLD itself, and lets the synchronous fault signals
+/// (SIGSEGV, SIGBUS, SIGILL, SIGFPE) kill it, as its own faults.
+pub fn parse_signal_list(s: &str) -> Result<Vec<i32>, ConfigError> {
+    let mut out = Vec::new();
+    for name in s.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        let n = parse_signal("--signals-to-handle", name)?;
+        if [
+            libc::SIGKILL,
+            libc::SIGSTOP,
+            libc::SIGCHLD,
+            libc::SIGSEGV,
+            libc::SIGBUS,
+            libc::SIGILL,
+            libc::SIGFPE,
+        ]
+        .contains(&n)
+        {
+            return err(format!(
+                "--signals-to-handle {s:?}: vigil cannot handle {name}; list signals such as SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
+            ));
+        }
+        if !out.contains(&n) {
+            out.push(n);
+        }
+    }
+    Ok(out)
+}
+
+/// torchrun's `--duplicate-std*-filters` list: comma-separated, `,,` stands for a comma. Empty
+/// items are dropped (torchrun would match every line with one), so `""` copies nothing.
+pub fn parse_filters(s: &str) -> Vec<String> {
+    const HOLD: &str = "\u{0}";
+    s.replace(",,", HOLD)
+        .split(',')
+        .map(|p| p.replace(HOLD, ","))
+        .filter(|p| !p.is_empty())
+        .collect()
+}
+
+/// torchrun's filter test: the line contains any of the filters.
+pub fn line_matches(filters: &[String], line: &[u8]) -> bool {
+    filters.iter().any(|f| {
+        let f = f.as_bytes();
+        line.windows(f.len()).any(|w| w == f)
+    })
+}
+
+/// A rank's console prefix from torchrun's `--log-line-prefix-template`, substituted like
+/// Python's `string.Template.safe_substitute`: `$name` and `${name}` for `role_name`, `rank`,
+/// `local_rank` and `hostname`; `$$` is `$`; anything else stays as written.
+pub fn render_prefix(
+    template: Option<&str>,
+    role: &str,
+    rank: u32,
+    local_rank: u32,
+    hostname: &str,
+) -> String {
+    let Some(t) = template else {
+        return format!("[{role}{local_rank}]:");
+    };
+    let value = |name: &str| -> Option<String> {
+        match name {
+            "role_name" => Some(role.to_string()),
+            "rank" => Some(rank.to_string()),
+            "local_rank" => Some(local_rank.to_string()),
+            "hostname" => Some(hostname.to_string()),
+            _ => None,
+        }
+    };
+    let is_start = |c: char| c.is_ascii_alphabetic() || c == '_';
+    let is_ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let mut out = String::new();
+    let mut rest = t;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + 1..];
+        if let Some(r) = after.strip_prefix('$') {
+            out.push('$');
+            rest = r;
+        } else if let Some(braced) = after.strip_prefix('{') {
+            let name_len = braced.find('}').filter(|&n| {
+                n > 0 && braced[..n].starts_with(is_start) && braced[..n].chars().all(is_ident)
+            });
+            match name_len.and_then(|n| value(&braced[..n]).map(|v| (n, v))) {
+                Some((n, v)) => {
+                    out.push_str(&v);
+                    rest = &braced[n + 1..];
+                }
+                None => {
+                    out.push('$');
+                    rest = after;
+                }
+            }
+        } else {
+            let n = if after.starts_with(is_start) {
+                after.find(|c: char| !is_ident(c)).unwrap_or(after.len())
+            } else {
+                0
+            };
+            match (n > 0).then(|| value(&after[..n])).flatten() {
+                Some(v) => {
+                    out.push_str(&v);
+                    rest = &after[n..];
+                }
+                None => {
+                    out.push('$');
+                    rest = after;
+                }
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// torchrun's `--virtual-local-rank`: the GPU a local rank may see, from the agent's
+/// HIP_VISIBLE_DEVICES (if set and not empty) or CUDA_VISIBLE_DEVICES, else the local rank itself.
+/// Returns the variable to follow and the device, or why this rank has no GPU.
+pub fn virtual_device(
+    local_rank: u32,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<String, ConfigError> {
+    let (var, list) = match env("HIP_VISIBLE_DEVICES").filter(|v| !v.is_empty()) {
+        Some(v) => ("HIP_VISIBLE_DEVICES", Some(v)),
+        None => ("CUDA_VISIBLE_DEVICES", env("CUDA_VISIBLE_DEVICES")),
+    };
+    match list {
+        None => Ok(local_rank.to_string()),
+        Some(l) => {
+            let devices: Vec<&str> = l.split(',').collect();
+            devices
+                .get(local_rank as usize)
+                .map(|d| d.trim().to_string())
+                .ok_or_else(|| {
+                    ConfigError(format!(
+                        "--virtual-local-rank: local rank {local_rank} has no GPU in {var}={l}; give --nproc-per-node {} or list more devices",
+                        devices.len()
+                    ))
+                })
+        }
+    }
+}
+
+/// The grace after a forwarded signal: --term-timeout, else --shutdown-timeout, else
+/// TORCH_ELASTIC_SHUTDOWN_TIMEOUT (as torchrun), else 30 s.
+fn term_timeout(
+    a: &RunArgs,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Duration, ConfigError> {
+    if let (Some(t), Some(s)) = (a.term_timeout, a.shutdown_timeout) {
+        if t != s {
+            return err(format!(
+                "--term-timeout {t} and --shutdown-timeout {s} name the same grace period; give one of them"
+            ));
+        }
+    }
+    let v = match a.term_timeout.or(a.shutdown_timeout) {
+        Some(v) => v,
+        None => match env("TORCH_ELASTIC_SHUTDOWN_TIMEOUT") {
+            Some(e) => seconds(&e).map_err(|fix| {
+                ConfigError(format!(
+                    "TORCH_ELASTIC_SHUTDOWN_TIMEOUT={e:?} is not valid: {fix}"
+                ))
+            })?,
+            None => 30.0,
+        },
+    };
+    secs("--shutdown-timeout", v)
 }
 
 fn secs(flag: &str, v: f64) -> Result<Duration, ConfigError> {
@@ -435,6 +632,9 @@ pub fn resolve(a: &RunArgs, host: &Host) -> Result<LaunchConfig, ConfigError> {
     }
     let nproc = parse_nproc(&a.nproc_per_node, host)?;
     check_nproc(nproc, host)?;
+    if a.virtual_local_rank {
+        virtual_device(nproc - 1, host.env)?;
+    }
     let redirects = parse_std_spec("--redirects", &a.redirects, nproc)?;
     let tee = parse_std_spec("--tee", &a.tee, nproc)?;
     let filter = parse_ranks_filter(&a.local_ranks_filter, nproc)?;
@@ -472,7 +672,17 @@ pub fn resolve(a: &RunArgs, host: &Host) -> Result<LaunchConfig, ConfigError> {
         node_timeout: opt_secs("--node-timeout", Some(a.node_timeout))?.unwrap_or_default(),
         max_restarts: a.max_restarts,
         workers_stop_timeout: secs("--workers-stop-timeout", a.workers_stop_timeout)?,
-        term_timeout: secs("--term-timeout", a.term_timeout)?,
+        term_timeout: term_timeout(a, host.env)?,
+        signals: parse_signal_list(&a.signals_to_handle)?,
+        signals_to_handle: a.signals_to_handle.clone(),
+        // As torchrun: the flag (or PET_*), else TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE.
+        prefix_template: Some(a.log_line_prefix_template.clone())
+            .filter(|t| !t.is_empty())
+            .or_else(|| (host.env)("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"))
+            .filter(|t| !t.is_empty()),
+        dup_stdout: parse_filters(&a.duplicate_stdout_filters),
+        dup_stderr: parse_filters(&a.duplicate_stderr_filters),
+        virtual_local_rank: a.virtual_local_rank,
         command,
         entrypoint_name,
         log_dir: a.log_dir.clone(),
@@ -545,9 +755,26 @@ pub fn worker_env(
             env("TORCH_NCCL_ASYNC_ERROR_HANDLING").unwrap_or_else(|| "1".into()),
         ),
         ("TORCHELASTIC_ERROR_FILE", slot.error_file.into()),
+        (
+            "TORCHELASTIC_SIGNALS_TO_HANDLE",
+            cfg.signals_to_handle.clone(),
+        ),
     ];
     if cfg.nproc > 1 && env("OMP_NUM_THREADS").is_none() {
         v.push(("OMP_NUM_THREADS", "1".into()));
+    }
+    if cfg.virtual_local_rank {
+        // As torchrun: the rank sees only its own GPU, as device 0. `resolve` checked that the
+        // agent's device list covers every local rank.
+        if let Some(lr) = v.iter_mut().find(|(k, _)| *k == "LOCAL_RANK") {
+            lr.1 = "0".into();
+        }
+        if let Ok(dev) = virtual_device(slot.local_rank, env) {
+            if env("HIP_VISIBLE_DEVICES").is_some_and(|h| !h.is_empty()) {
+                v.push(("HIP_VISIBLE_DEVICES", dev.clone()));
+            }
+            v.push(("CUDA_VISIBLE_DEVICES", dev));
+        }
     }
     v.into_iter().map(|(k, val)| (k.to_string(), val)).collect()
 }
@@ -577,6 +804,128 @@ mod tests {
             gpus,
             env: &no_env,
         }
+    }
+
+    #[test]
+    fn signal_lists_like_torchrun() {
+        assert_eq!(
+            parse_signal_list("SIGTERM,SIGINT,SIGHUP,SIGQUIT").unwrap(),
+            vec![libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT]
+        );
+        assert_eq!(
+            parse_signal_list(" SIGUSR1 , usr2,SIGUSR1,15").unwrap(),
+            vec![libc::SIGUSR1, libc::SIGUSR2, libc::SIGTERM]
+        );
+        assert_eq!(parse_signal_list("").unwrap(), Vec::<i32>::new());
+        for bad in [
+            "SIGKILL",
+            "SIGTERM,SIGSTOP",
+            "SIGCHLD",
+            "SIGSEGV",
+            "SIGNOPE",
+            "SIGTERM;SIGINT",
+        ] {
+            let e = parse_signal_list(bad).unwrap_err().0;
+            assert!(e.contains("--signals-to-handle"), "{e}");
+        }
+    }
+
+    #[test]
+    fn duplicate_filters_like_torchrun() {
+        assert_eq!(parse_filters("apple,orange"), vec!["apple", "orange"]);
+        assert_eq!(parse_filters("a,,b,c"), vec!["a,b", "c"]);
+        assert_eq!(parse_filters(""), Vec::<String>::new());
+        let f = parse_filters("loss=,WARN");
+        assert!(line_matches(&f, b"step 3 loss=0.1"));
+        assert!(line_matches(&f, b"[WARN] x"));
+        assert!(!line_matches(&f, b"warn lower case"));
+        assert!(!line_matches(&[], b"anything"));
+    }
+
+    #[test]
+    fn prefix_templates_like_string_template_safe_substitute() {
+        let r = |t: Option<&str>| render_prefix(t, "trainer", 13, 3, "node7");
+        assert_eq!(r(None), "[trainer3]:");
+        assert_eq!(r(Some("${hostname}:${rank}: ")), "node7:13: ");
+        assert_eq!(r(Some("[$role_name-$local_rank/$rank]")), "[trainer-3/13]");
+        // `$$` is a dollar; unknown or malformed placeholders stay as written.
+        assert_eq!(
+            r(Some("$$${rank} ${nope} $nope ${ $ ${rank")),
+            "$13 ${nope} $nope ${ $ ${rank"
+        );
+        assert_eq!(r(Some("${rank}x${local_rank}日本")), "13x3日本");
+    }
+
+    #[test]
+    fn virtual_local_rank_picks_the_ranks_own_device() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        assert_eq!(virtual_device(2, &no_env).unwrap(), "2");
+        let cuda = env(&[("CUDA_VISIBLE_DEVICES", "4, 6")]);
+        assert_eq!(virtual_device(1, &cuda).unwrap(), "6");
+        let e = virtual_device(2, &cuda).unwrap_err().0;
+        assert!(e.contains("CUDA_VISIBLE_DEVICES=4, 6"), "{e}");
+        let hip = env(&[
+            ("HIP_VISIBLE_DEVICES", "7,8"),
+            ("CUDA_VISIBLE_DEVICES", "0"),
+        ]);
+        assert_eq!(virtual_device(1, &hip).unwrap(), "8");
+        let c = resolve(
+            &args(&["--nproc-per-node", "2", "--virtual-local-rank", "t.py"]),
+            &host_with(&|| Ok(0)),
+        )
+        .unwrap();
+        let slot = RankSlot {
+            local_rank: 1,
+            restart_count: 0,
+            rank_offset: 0,
+            world_size: 2,
+            master_addr: "h",
+            master_port: 1,
+            error_file: "e",
+        };
+        let v: std::collections::HashMap<_, _> = worker_env(&c, &slot, &hip).into_iter().collect();
+        assert_eq!(v["LOCAL_RANK"], "0");
+        assert_eq!(v["RANK"], "1");
+        assert_eq!(v["HIP_VISIBLE_DEVICES"], "8");
+        assert_eq!(v["CUDA_VISIBLE_DEVICES"], "8");
+    }
+
+    #[test]
+    fn shutdown_timeout_precedence() {
+        let none = || Ok(0);
+        let grace = |a: &[&str], e: &dyn Fn(&str) -> Option<String>| {
+            let h = Host {
+                cpus: 6,
+                nofile: 1024,
+                gpus: &none,
+                env: e,
+            };
+            let mut full = a.to_vec();
+            full.push("t.py");
+            resolve(&args(&full), &h).map(|c| c.term_timeout.as_secs_f64())
+        };
+        let shut = |k: &str| (k == "TORCH_ELASTIC_SHUTDOWN_TIMEOUT").then(|| "7".to_string());
+        assert_eq!(grace(&[], &no_env).unwrap(), 30.0);
+        assert_eq!(grace(&[], &shut).unwrap(), 7.0);
+        assert_eq!(grace(&["--shutdown-timeout", "3"], &shut).unwrap(), 3.0);
+        assert_eq!(grace(&["--term-timeout", "4"], &shut).unwrap(), 4.0);
+        assert_eq!(
+            grace(&["--term-timeout", "4", "--shutdown_timeout", "4"], &no_env).unwrap(),
+            4.0
+        );
+        assert!(grace(&["--term-timeout", "4", "--shutdown-timeout", "5"], &no_env).is_err());
+        let bad = |k: &str| (k == "TORCH_ELASTIC_SHUTDOWN_TIMEOUT").then(|| "1e30".to_string());
+        assert!(grace(&[], &bad)
+            .unwrap_err()
+            .0
+            .contains("TORCH_ELASTIC_SHUTDOWN_TIMEOUT"));
     }
 
     #[test]
@@ -859,6 +1208,10 @@ mod tests {
             ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
             ("TORCHELASTIC_ERROR_FILE", "/e.json"),
             ("OMP_NUM_THREADS", "1"),
+            (
+                "TORCHELASTIC_SIGNALS_TO_HANDLE",
+                "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+            ),
         ];
         for (k, v) in want {
             assert_eq!(env.get(k).map(String::as_str), Some(v), "{k}");

@@ -95,6 +95,9 @@ fn run(a: RunArgs) -> i32 {
         Ok(c) => c,
         Err(e) => return fail(e.0),
     };
+    if let Some(mode) = &a.numa_binding {
+        eprintln!("[vigil] --numa-binding {mode}: accepted, no effect yet: vigil does not bind ranks to NUMA nodes; wrap the command in numactl to bind them");
+    }
     let script_is_file = !a.module && !a.no_python;
     if (script_is_file || a.no_python) && std::path::Path::new(&a.training_script).is_dir() {
         return fail(format!(

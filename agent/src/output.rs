@@ -60,6 +60,15 @@ pub struct Sink {
     pub console: Option<ConsoleStream>,
     pub file: Option<File>,
     pub tail: Option<Tail>,
+    /// torchrun's `--duplicate-std*-filters`: matching lines, prefixed, also go to this file.
+    pub dup: Option<Dup>,
+}
+
+/// A filtered log shared by every rank of an attempt (`filtered_stdout.log`).
+#[derive(Clone)]
+pub struct Dup {
+    pub filters: Rc<Vec<String>>,
+    pub file: Rc<RefCell<Option<File>>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,7 +82,15 @@ impl Sink {
     pub fn write(&mut self, splitter: &mut LineSplitter, bytes: &[u8], eof: bool) {
         let mut console = Vec::new();
         let mut file = Vec::new();
+        let mut dup = Vec::new();
         let mut on_line = |l: &[u8]| {
+            if let Some(d) = &self.dup {
+                if crate::config::line_matches(&d.filters, l) {
+                    dup.extend_from_slice(self.prefix.as_bytes());
+                    dup.extend_from_slice(l);
+                    dup.push(b'\n');
+                }
+            }
             if self.console.is_some() {
                 console.extend_from_slice(self.prefix.as_bytes());
                 console.extend_from_slice(l);
@@ -97,6 +114,12 @@ impl Sink {
             if !file.is_empty() && f.write_all(&file).is_err() {
                 // A full or vanished log disk must not stop supervision; the console still works.
                 self.file = None;
+            }
+        }
+        if let Some(d) = &self.dup {
+            let mut f = d.file.borrow_mut();
+            if !dup.is_empty() && f.as_mut().is_some_and(|f| f.write_all(&dup).is_err()) {
+                *f = None;
             }
         }
         if !console.is_empty() {

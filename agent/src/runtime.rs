@@ -19,7 +19,7 @@ use tokio::task::JoinHandle;
 use crate::config::{file_safe, worker_env, LaunchConfig, RankSlot};
 use crate::ipc_server::{self, IpcIn, Shared};
 use crate::monitor::Timeouts;
-use crate::output::{ConsoleStream, LineSplitter, Sink, Tail};
+use crate::output::{ConsoleStream, Dup, LineSplitter, Sink, Tail};
 use crate::proc::{self, Watchdog};
 use crate::rendezvous::{self, CoordConfig, FromCoord, HeadSide};
 use crate::stacks::{self, StackReport};
@@ -259,6 +259,25 @@ impl Agent {
         self.shared.cycle.set(cycle);
         *self.shared.rank_pids.borrow_mut() = vec![None; self.cfg.nproc as usize];
         let env_of = |k: &str| std::env::var(k).ok();
+        let dups = [
+            (&self.cfg.dup_stdout, "filtered_stdout.log"),
+            (&self.cfg.dup_stderr, "filtered_stderr.log"),
+        ]
+        .map(|(filters, name)| {
+            (!filters.is_empty()).then(|| {
+                let dir = self.run_dir.join(format!("attempt_{cycle}"));
+                let file = fs::create_dir_all(&dir)
+                    .and_then(|_| File::create(dir.join(name)))
+                    .ok();
+                Dup {
+                    filters: Rc::new(filters.clone()),
+                    file: Rc::new(std::cell::RefCell::new(file)),
+                }
+            })
+        });
+        let hostname = nix::unistd::gethostname()
+            .map(|h| h.to_string_lossy().into_owned())
+            .unwrap_or_default();
         for lr in 0..self.cfg.nproc {
             let dir = self.attempt_dir(cycle, lr);
             let error_file = dir.join("error.json");
@@ -307,7 +326,13 @@ impl Agent {
                         w.guard(sp.pid);
                     }
                     self.shared.rank_pids.borrow_mut()[lr as usize] = Some(sp.pid);
-                    let prefix = format!("[{}{}]:", self.cfg.role, lr);
+                    let prefix = crate::config::render_prefix(
+                        self.cfg.prefix_template.as_deref(),
+                        &self.cfg.role,
+                        self.rank_offset + lr,
+                        lr,
+                        &hostname,
+                    );
                     let console = self.cfg.console[lr as usize];
                     self.readers.push(pump(
                         sp.stdout,
@@ -316,6 +341,7 @@ impl Agent {
                             console: console.stdout.then_some(ConsoleStream::Stdout),
                             file: Some(out_log),
                             tail: None,
+                            dup: dups[0].clone(),
                         },
                     ));
                     self.readers.push(pump(
@@ -325,6 +351,7 @@ impl Agent {
                             console: console.stderr.then_some(ConsoleStream::Stderr),
                             file: Some(err_log),
                             tail: Some(self.tails[lr as usize].clone()),
+                            dup: dups[1].clone(),
                         },
                     ));
                     self.queue.push_back(Event::RankSpawned {
@@ -750,13 +777,9 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf) -> i32 {
         }
     };
     let mut sigs = Vec::new();
-    for (kind, num) in [
-        (SignalKind::terminate(), libc::SIGTERM),
-        (SignalKind::interrupt(), libc::SIGINT),
-        (SignalKind::hangup(), libc::SIGHUP),
-        (SignalKind::quit(), libc::SIGQUIT),
-    ] {
-        match signal(kind) {
+    // torchrun's --signals-to-handle: the others keep their default action.
+    for num in cfg.signals.clone() {
+        match signal(SignalKind::from_raw(num)) {
             Ok(s) => sigs.push((s, num)),
             Err(e) => {
                 eprintln!("vigil: error: cannot install a signal handler: {e}");

@@ -171,3 +171,283 @@ def test_endpoint_port_zero_on_several_nodes_is_refused(job):
     (line,) = r.stderr.strip().splitlines()
     assert "localhost:0" in line and "one node" in line, line
     assert not dumps(job)
+
+
+# --- torchrun 2.15's flags ----------------------------------------------------------------------
+
+PRINTS = """
+import os, sys
+r = os.environ["RANK"]
+print("out", r, flush=True)
+print("err", r, file=sys.stderr, flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["flag", "underscore", "PET", "TORCHELASTIC"])
+def test_log_line_prefix_template(job, how):
+    write(job / "t.py", PRINTS)
+    tmpl = "${hostname}|${rank}|${local_rank}|${role_name}|$$|${nope}: "
+    args, env = {
+        "flag": (["--log-line-prefix-template", tmpl], {}),
+        "underscore": ([f"--log_line_prefix_template={tmpl}"], {}),
+        "PET": ([], {"PET_LOG_LINE_PREFIX_TEMPLATE": tmpl}),
+        "TORCHELASTIC": ([], {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": tmpl}),
+    }[how]
+    r = run_vigil(["run", "--nproc-per-node", "2", "--role", "trainer", *args, "t.py"], cwd=job,
+                  env=base_env(**env))
+    assert r.returncode == 0, r.stderr
+    host = socket.gethostname()
+    assert sorted(l for l in r.stdout.splitlines() if "out" in l) == [
+        f"{host}|0|0|trainer|$|${{nope}}: out 0", f"{host}|1|1|trainer|$|${{nope}}: out 1"]
+    assert sorted(l for l in r.stderr.splitlines() if l.endswith(("err 0", "err 1"))) == [
+        f"{host}|0|0|trainer|$|${{nope}}: err 0", f"{host}|1|1|trainer|$|${{nope}}: err 1"]
+
+
+# Records every signal it gets, per rank; ends on SIGTERM or SIGUSR1.
+CATCHER = """
+import os, signal, sys, time
+out = os.environ["OUT_DIR"]
+def on(sig, frame):
+    open(os.path.join(out, "got_%d_%s" % (sig, os.environ["RANK"])), "w").close()
+    if sig in (signal.SIGTERM, signal.SIGUSR1):
+        sys.exit(0)
+for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+    signal.signal(s, on)
+open(os.path.join(out, "ready_" + os.environ["RANK"]), "w").close()
+while True:
+    time.sleep(0.05)
+"""
+
+
+def start_catchers(job, args, env=None):
+    write(job / "t.py", CATCHER)
+    p = start_vigil(["run", "--nproc-per-node", "2", "--log-dir", "logs", *args, "t.py"], cwd=job,
+                    env=base_env(OUT_DIR=job, **(env or {})))
+    wait_for(lambda: (job / "ready_0").exists() and (job / "ready_1").exists(), what="ranks ready")
+    return p
+
+
+@pytest.mark.parametrize("how", ["flag", "underscore", "PET"])
+def test_signals_to_handle_adds_a_forwarded_signal(job, how):
+    spec = "SIGTERM,SIGUSR1"
+    args, env = {
+        "flag": (["--signals-to-handle", spec], {}),
+        "underscore": ([f"--signals_to_handle={spec}"], {}),
+        "PET": ([], {"PET_SIGNALS_TO_HANDLE": spec}),
+    }[how]
+    p = start_catchers(job, args, env)
+    p.send_signal(signal.SIGUSR1)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 128 + signal.SIGUSR1, err
+    assert (job / f"got_{signal.SIGUSR1}_0").exists() and (job / f"got_{signal.SIGUSR1}_1").exists()
+    stop = next(e for e in events(job / "logs") if e["event"] == "stop")
+    assert stop["reason"] == "signal" and stop["signal"] == signal.SIGUSR1
+
+
+def test_a_signal_left_out_of_the_list_is_not_forwarded(job):
+    # Only SIGUSR1 is handled: SIGHUP keeps its default action and ends the agent itself, whose
+    # ranks then die with it (parent-death signal and watchdog) without ever seeing a SIGHUP.
+    p = start_catchers(job, ["--signals-to-handle", "SIGUSR1"])
+    pids = [e["pid"] for e in wait_for(
+        lambda: [e for e in events(job / "logs") if e["event"] == "rank_started"][1:] and
+        [e for e in events(job / "logs") if e["event"] == "rank_started"], what="rank_started events")]
+    p.send_signal(signal.SIGHUP)
+    p.communicate(timeout=60)
+    assert p.returncode == -signal.SIGHUP
+    from harness import pid_alive
+    wait_for(lambda: not any(pid_alive(x) for x in pids), timeout=30, what="ranks to die with the agent")
+    assert not list(job.glob(f"got_{signal.SIGHUP}_*"))
+
+
+def test_signals_to_handle_is_what_ranks_see(job):
+    write(job / "t.py", DUMP)
+    r = run_vigil(["run", "--signals-to-handle", "SIGTERM,SIGUSR2", "t.py"], cwd=job, env=base_env(OUT_DIR=job))
+    assert r.returncode == 0, r.stderr
+    assert dumps(job)["dump_0_0.json"]["TORCHELASTIC_SIGNALS_TO_HANDLE"] == "SIGTERM,SIGUSR2"
+
+
+IGNORES_TERM = """
+import os, signal, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+open(os.path.join(os.environ["OUT_DIR"], "ready_" + os.environ["RANK"]), "w").close()
+while True:
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.parametrize("how", ["flag", "underscore", "PET", "TORCH_ELASTIC"])
+def test_shutdown_timeout_is_the_grace_before_sigkill(job, how):
+    write(job / "t.py", IGNORES_TERM)
+    args, env = {
+        "flag": (["--shutdown-timeout", "1"], {}),
+        "underscore": (["--shutdown_timeout=1"], {}),
+        "PET": ([], {"PET_SHUTDOWN_TIMEOUT": "1"}),
+        "TORCH_ELASTIC": ([], {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "1"}),
+    }[how]
+    p = start_vigil(["run", "--nproc-per-node", "2", "--log-dir", "logs", *args, "t.py"], cwd=job,
+                    env=base_env(OUT_DIR=job, **env))
+    wait_for(lambda: (job / "ready_0").exists() and (job / "ready_1").exists(), what="ranks ready")
+    p.send_signal(signal.SIGTERM)
+    # The default grace is 30 s; only the 1 s given ends the job inside this bound.
+    p.communicate(timeout=20)
+    assert p.returncode == 128 + signal.SIGTERM
+    ev = events(job / "logs")
+    esc = next(e for e in ev if e["event"] == "escalate")
+    assert esc["signal"] == signal.SIGKILL and len(esc["pids"]) == 2
+
+
+def test_shutdown_timeout_and_term_timeout_must_agree(job):
+    write(job / "t.py", PRINTS)
+    r = run_vigil(["run", "--shutdown-timeout", "5", "--term-timeout", "6", "t.py"], cwd=job)
+    assert r.returncode == 2
+    (line,) = r.stderr.strip().splitlines()
+    assert "--term-timeout" in line and "--shutdown-timeout" in line, line
+
+
+DUPS = """
+import os, sys
+r, attempt = os.environ["RANK"], os.environ["TORCHELASTIC_RESTART_COUNT"]
+for w in ("apple", "banana", "or,ange"):
+    print(w, r, attempt, flush=True)
+print("warn:", r, attempt, file=sys.stderr, flush=True)
+print("fine", r, attempt, file=sys.stderr, flush=True)
+open(os.path.join(os.environ["OUT_DIR"], "printed_%s_%s" % (r, attempt)), "w").close()
+if attempt == "0" and r == "0":
+    import time
+    # Fail only once rank 1 has printed, or stopping it could cut its lines short.
+    while not os.path.exists(os.path.join(os.environ["OUT_DIR"], "printed_1_0")):
+        time.sleep(0.01)
+    sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("how", ["flag", "PET"])
+def test_duplicate_filters_copy_matching_lines_per_attempt(job, how):
+    write(job / "t.py", DUPS)
+    args, env = {
+        "flag": (["--duplicate-stdout-filters", "apple,or,,ange", "--duplicate_stderr_filters=warn"], {}),
+        "PET": ([], {"PET_DUPLICATE_STDOUT_FILTERS": "apple,or,,ange", "PET_DUPLICATE_STDERR_FILTERS": "warn"}),
+    }[how]
+    r = run_vigil(["run", "--nproc-per-node", "2", "--max-restarts", "1", "--log-dir", "logs",
+                   "--log-line-prefix-template", "<${rank}> ", *args, "t.py"], cwd=job, env=base_env(OUT_DIR=job, **env))
+    assert r.returncode == 0, r.stderr
+    (rd,) = run_dirs(job / "logs")
+    for attempt in (0, 1):
+        d = rd / f"attempt_{attempt}"
+        out = sorted((d / "filtered_stdout.log").read_text().splitlines())
+        assert out == [f"<{k}> {w} {k} {attempt}" for k in (0, 1) for w in ("apple", "or,ange")], out
+        err = sorted((d / "filtered_stderr.log").read_text().splitlines())
+        assert err == [f"<{k}> warn: {k} {attempt}" for k in (0, 1)], err
+        # The rank's own logs keep everything.
+        assert "banana" in (d / "0" / "stdout.log").read_text()
+
+
+def test_no_filters_no_filtered_files(job):
+    write(job / "t.py", PRINTS)
+    r = run_vigil(["run", "--log-dir", "logs", "--duplicate-stdout-filters", "", "t.py"], cwd=job)
+    assert r.returncode == 0, r.stderr
+    (rd,) = run_dirs(job / "logs")
+    assert not list(rd.rglob("filtered_*"))
+
+
+@pytest.mark.parametrize("visible,var,expect", [
+    (None, None, ["0", "1", "2"]),
+    ("5,6,7", "CUDA_VISIBLE_DEVICES", ["5", "6", "7"]),
+    ("3,2,1", "HIP_VISIBLE_DEVICES", ["3", "2", "1"]),
+])
+@pytest.mark.parametrize("how", ["flag", "underscore", "PET"])
+def test_virtual_local_rank(job, visible, var, expect, how):
+    write(job / "t.py", DUMP)
+    env = {"OUT_DIR": job}
+    if visible:
+        env[var] = visible
+    args = {"flag": ["--virtual-local-rank"], "underscore": ["--virtual_local_rank"], "PET": []}[how]
+    if how == "PET":
+        env["PET_VIRTUAL_LOCAL_RANK"] = "1"
+    r = run_vigil(["run", "--nproc-per-node", "3", *args, "t.py"], cwd=job, env=base_env(**env))
+    assert r.returncode == 0, r.stderr
+    d = dumps(job)
+    for rank in range(3):
+        got = d[f"dump_{rank}_0.json"]
+        assert got["LOCAL_RANK"] == "0" and got["RANK"] == str(rank), got
+        assert got["CUDA_VISIBLE_DEVICES"] == expect[rank], got
+        if var == "HIP_VISIBLE_DEVICES":
+            assert got["HIP_VISIBLE_DEVICES"] == expect[rank], got
+
+
+def test_without_virtual_local_rank_nothing_changes(job):
+    write(job / "t.py", DUMP)
+    r = run_vigil(["run", "--nproc-per-node", "2", "t.py"], cwd=job,
+                  env=base_env(OUT_DIR=job, CUDA_VISIBLE_DEVICES="5,6"))
+    assert r.returncode == 0, r.stderr
+    d = dumps(job)
+    assert [d[f"dump_{k}_0.json"]["LOCAL_RANK"] for k in (0, 1)] == ["0", "1"]
+    assert {d[f"dump_{k}_0.json"]["CUDA_VISIBLE_DEVICES"] for k in (0, 1)} == {"5,6"}
+
+
+def test_virtual_local_rank_with_too_few_devices_is_refused(job):
+    write(job / "t.py", DUMP)
+    r = run_vigil(["run", "--nproc-per-node", "3", "--virtual-local-rank", "t.py"], cwd=job,
+                  env=base_env(OUT_DIR=job, CUDA_VISIBLE_DEVICES="5,6"))
+    assert r.returncode == 2
+    (line,) = r.stderr.strip().splitlines()
+    assert "--virtual-local-rank" in line and "CUDA_VISIBLE_DEVICES=5,6" in line, line
+    assert not dumps(job)
+
+
+@pytest.mark.parametrize("args,env", [
+    (["--event-log-handler", "null"], {}),
+    (["--event_log_handler=console"], {}),
+    (["--event-log-handler", "dynamic_rendezvous"], {}),
+    ([], {"PET_EVENT_LOG_HANDLER": "console"}),
+])
+def test_event_log_handler_is_accepted_and_the_event_log_still_written(job, args, env):
+    write(job / "t.py", PRINTS)
+    r = run_vigil(["run", "--log-dir", "logs", *args, "t.py"], cwd=job, env=base_env(**env))
+    assert r.returncode == 0, r.stderr
+    assert any(e["event"] == "cycle_start" for e in events(job / "logs"))
+
+
+@pytest.mark.parametrize("mode", ["node", "socket", "exclusive", "core-complex"])
+def test_numa_binding_is_accepted_with_a_note(job, mode):
+    write(job / "t.py", PRINTS)
+    r = run_vigil(["run", "--numa_binding" if mode == "socket" else "--numa-binding", mode, "t.py"], cwd=job)
+    assert r.returncode == 0, r.stderr
+    notes = [l for l in r.stderr.splitlines() if "--numa-binding" in l]
+    assert len(notes) == 1 and mode in notes[0] and "no effect" in notes[0], r.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ["--numa-binding", "everything"],
+    ["--event-log-handler", "syslog"],
+    ["--signals-to-handle", "SIGKILL"],
+    ["--signals-to-handle", "SIGNOPE"],
+    ["--shutdown-timeout", "-1"],
+    ["--shutdown-timeout", "1e30"],
+])
+def test_bad_values_of_the_new_flags(job, args):
+    write(job / "t.py", DUMP)
+    r = run_vigil(["run", *args, "t.py"], cwd=job, env=base_env(OUT_DIR=job))
+    assert r.returncode == 2, r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith("vigil: error:") and args[0] in line, line
+    assert not dumps(job)
+
+
+@pytest.mark.parametrize("var,value,main_ran", [
+    ("PET_MODULE", "1", "module"), ("PET_MODULE", "0", "file"), ("PET_STANDALONE", "1", "file"),
+])
+def test_switches_from_pet_variables_take_torchruns_integers(scripts, var, value, main_ran):
+    job = scripts
+    target = "pkg.train" if main_ran == "module" else "train.py"
+    r = run_vigil(["run", target], cwd=job, env=base_env(OUT_DIR=job, **{var: value}))
+    assert r.returncode == 0, r.stderr
+    assert dumps(job)["dump_0_0.json"]["main"] == "__main__"
+
+
+def test_a_switch_from_pet_that_is_not_an_integer_is_refused(scripts):
+    r = run_vigil(["run", "train.py"], cwd=scripts, env=base_env(OUT_DIR=scripts, PET_NO_PYTHON="yes please"))
+    assert r.returncode == 2
+    (line,) = r.stderr.strip().splitlines()
+    assert "--no-python" in line and "give 1 (on) or 0 (off)" in line, line
+
