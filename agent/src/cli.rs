@@ -330,6 +330,15 @@ pub struct RunArgs {
     #[arg(long = "timeouts-file", alias = "timeouts_file")]
     pub timeouts_file: Option<PathBuf>,
 
+    /// Print vigil's shell completion script for `bash` or `zsh` and exit (torchrun's, from shtab).
+    #[arg(
+        long = "print-completion",
+        alias = "print_completion",
+        value_name = "SHELL",
+        value_parser = ["bash", "zsh", "tcsh"]
+    )]
+    pub print_completion: Option<String>,
+
     /// JSON-lines event log (default: events.jsonl in the run directory).
     #[arg(long = "event-log", alias = "event_log")]
     pub event_log: Option<PathBuf>,

@@ -93,6 +93,7 @@ pub const VALUE_FLAGS: &[&str] = &[
     "stack-dump-timeout",
     "timeouts-file",
     "event-log",
+    "print-completion",
 ];
 
 /// Short flags of `vigil run` that take a value (`-r 3`, `-r3`).

@@ -1,6 +1,6 @@
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 use vigil::cli::{Cli, Command, RunArgs};
 use vigil::config::{self, Host};
 use vigil::runtime;
@@ -37,6 +37,33 @@ fn args() -> Result<Vec<String>, String> {
     }
     args.extend(script.iter().cloned());
     Ok(args)
+}
+
+/// torchrun's `--print-completion SHELL` (shtab's): like torchrun, it prints the completion
+/// script and exits before a training script is required. `None` when it is not given.
+fn print_completion(args: &[String]) -> Option<i32> {
+    let ours = args.split(|a| a == "--").next().unwrap_or_default();
+    let value = ours.iter().find_map(|a| {
+        let (name, value) = a.split_once('=').unwrap_or((a, ""));
+        (name == "--print-completion" || name == "--print_completion").then_some(value)
+    })?;
+    let shell = match value {
+        "bash" => clap_complete::Shell::Bash,
+        "zsh" => clap_complete::Shell::Zsh,
+        "tcsh" => {
+            eprintln!("vigil: error: --print-completion tcsh: vigil writes completion scripts for bash and zsh only; give bash or zsh");
+            return Some(2);
+        }
+        other => {
+            eprintln!("vigil: error: --print-completion {other:?}: give the shell, bash or zsh");
+            return Some(2);
+        }
+    };
+    let mut text = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "vigil", &mut text);
+    // A closed stdout (`| head`) is the reader's choice, not an error.
+    let _ = std::io::Write::write_all(&mut std::io::stdout(), &text);
+    Some(0)
 }
 
 /// A clap error as one line: what is wrong with which flag and clap's tip, without the usage
@@ -117,7 +144,12 @@ fn run(a: RunArgs) -> i32 {
 
 fn main() -> ExitCode {
     let parsed = match args() {
-        Ok(a) => Cli::try_parse_from(a),
+        Ok(a) => {
+            if let Some(code) = print_completion(&a) {
+                return ExitCode::from(code as u8);
+            }
+            Cli::try_parse_from(a)
+        }
         Err(e) => {
             eprintln!("vigil: error: {e}");
             return ExitCode::from(2);

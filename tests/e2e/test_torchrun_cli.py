@@ -451,3 +451,97 @@ def test_a_switch_from_pet_that_is_not_an_integer_is_refused(scripts):
     (line,) = r.stderr.strip().splitlines()
     assert "--no-python" in line and "give 1 (on) or 0 (off)" in line, line
 
+
+# --- every flag of the installed torchrun ----------------------------------------------------------
+
+# A plausible value for each torchrun flag that takes one (dash spelling). A torchrun release that
+# adds a flag fails the test below until the flag is known here and vigil accepts it.
+PLAUSIBLE = {
+    "--nnodes": "1", "--nproc-per-node": "2", "--rdzv-backend": "c10d", "--rdzv-endpoint": "localhost:0",
+    "--rdzv-id": "job7", "--rdzv-conf": "join_timeout=60", "--max-restarts": "1", "--monitor-interval": "0.5",
+    "--event-log-handler": "console", "--role": "trainer", "--log-dir": "logs", "--redirects": "3",
+    "--tee": "3", "--log-line-prefix-template": "[${rank}]:", "--local-ranks-filter": "0",
+    "--duplicate-stdout-filters": "ran", "--duplicate-stderr-filters": "ran", "--node-rank": "0",
+    "--master-addr": "127.0.0.1", "--master-port": "FREE", "--local-addr": "127.0.0.1", "--logs-specs": "default",
+    "--signals-to-handle": "SIGTERM,SIGINT,SIGUSR1", "--shutdown-timeout": "5", "-r": "3", "-t": "3",
+}
+OK = """
+import os, sys
+print("ran", os.environ["RANK"], sys.argv[1:])
+open(os.path.join(os.environ["OUT_DIR"], "ran_" + os.environ["RANK"]), "w").close()
+"""
+
+
+def torchrun_options():
+    """(option strings, takes a value, its choices) for every option `torchrun --help` lists."""
+    import importlib.util
+    if importlib.util.find_spec("torch") is None:
+        if os.environ.get("VIGIL_REQUIRE_TORCH") == "1":
+            raise RuntimeError("VIGIL_REQUIRE_TORCH=1 but torch is not importable: pip install torch")
+        pytest.skip("torch is not installed (set VIGIL_REQUIRE_TORCH=1 to make this an error)")
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--help"], capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "COLUMNS": "400"})
+    assert r.returncode == 0, r.stderr
+    text = r.stdout.split("options:", 1)[1]
+    opts = []
+    for line in text.splitlines():
+        m = re.match(r"^  (-[^ ].*?)(?:  +\S.*)?$", line)
+        if not m:
+            continue
+        strings, value, choices = [], False, []
+        for part in m.group(1).split(", "):
+            name, _, metavar = part.partition(" ")
+            strings.append(name)
+            if metavar:
+                value = True
+                if metavar.startswith("{"):
+                    choices = metavar.strip("{}").split(",")
+        opts.append((strings, value, choices))
+    return opts
+
+
+def test_vigil_accepts_every_flag_of_the_installed_torchrun(job):
+    opts = torchrun_options()
+    names = {s for strings, _, _ in opts for s in strings}
+    # The parse found the whole list, both spellings included.
+    assert {"--nproc-per-node", "--nproc_per_node", "--max-restarts", "--no-python", "-m", "--tee",
+            "--signals-to-handle", "--virtual-local-rank"} <= names, names
+    write(job / "ok.py", OK)
+    write(job / "okmod.py", OK)
+    rejected = []
+    for i, (strings, takes_value, choices) in enumerate(opts):
+        for flag in strings:
+            if flag in ("-h", "--help"):
+                r = run_vigil(["run", flag], cwd=job)
+                if r.returncode != 0 or "--nproc-per-node" not in r.stdout:
+                    rejected.append((flag, r.stderr.strip()))
+                continue
+            norm = flag if flag.startswith("--") is False else "--" + flag[2:].replace("_", "-")
+            if norm == "--print-completion":
+                # As under torchrun, it prints a completion script and exits without running anything.
+                r = run_vigil(["run", flag, "bash"], cwd=job)
+                if r.returncode != 0 or "complete" not in r.stdout:
+                    rejected.append((flag, r.stderr.strip()))
+                continue
+            out = job / f"out_{i}_{flag.strip('-')}"
+            out.mkdir()
+            if takes_value:
+                value = choices[0] if choices else PLAUSIBLE.get(norm)
+                assert value is not None, f"torchrun has a new flag {flag}: add a plausible value to PLAUSIBLE"
+                if value == "FREE":
+                    with socket.socket() as s:
+                        s.bind(("127.0.0.1", 0))
+                        value = str(s.getsockname()[1])
+                head = [flag, value, "ok.py"]
+            elif norm in ("-m", "--module"):
+                head = [flag, "okmod"]
+            elif norm == "--no-python":
+                head = [flag, sys.executable, "ok.py"]
+            elif norm == "--run-path":
+                head = [flag, str(job / "ok.py")]
+            else:
+                head = [flag, "ok.py"]
+            r = run_vigil(["run", *head, "--arg"], cwd=job, env=base_env(OUT_DIR=out), timeout=120)
+            if r.returncode != 0 or not (out / "ran_0").exists():
+                rejected.append((" ".join(head), r.returncode, r.stderr.strip()[-300:]))
+    assert not rejected, rejected
