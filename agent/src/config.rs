@@ -806,6 +806,36 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        #[test]
+        fn a_template_without_dollars_is_the_prefix(t in "[^$]{0,40}", rank in 0u32..10_000) {
+            proptest::prop_assert_eq!(render_prefix(Some(&t), "r", rank, rank % 8, "h"), t);
+        }
+
+        #[test]
+        fn rendering_never_panics_and_keeps_text_around_placeholders(
+            a in "[^$]{0,10}", b in "[^$]{0,10}", junk in "[$a-z{}_]{0,12}", rank in 0u32..100,
+        ) {
+            let t = format!("{a}${{rank}}{b}{junk}");
+            let out = render_prefix(Some(&t), "role", rank, 0, "host");
+            let want_start = format!("{a}{rank}{b}");
+            proptest::prop_assert!(out.starts_with(&want_start), "{} -> {}", t, out);
+        }
+
+        #[test]
+        fn filters_round_trip_through_torchruns_comma_escape(
+            items in proptest::collection::vec("[a-z ,=]{1,8}", 0..5),
+        ) {
+            // Items that start or end with a comma are ambiguous in torchrun's format too.
+            let items: Vec<String> = items
+                .into_iter()
+                .filter(|i| !i.starts_with(',') && !i.ends_with(','))
+                .collect();
+            let joined = items.iter().map(|i| i.replace(',', ",,")).collect::<Vec<_>>().join(",");
+            proptest::prop_assert_eq!(parse_filters(&joined), items);
+        }
+    }
+
     #[test]
     fn signal_lists_like_torchrun() {
         assert_eq!(
