@@ -243,10 +243,16 @@ pub fn discover(f: &NodeFlags, env: &dyn Fn(&str) -> Option<String>) -> Result<N
         let (h, p) = split_endpoint(f.rdzv_endpoint.trim())?;
         (Some(h), Some(p.unwrap_or(RDZV_DEFAULT_PORT)))
     };
-    // `host:0`: a free port, as torchrun picks for a single node; other nodes could not find it.
-    let any_port = ep_port == Some(0);
+    // `host:0` (or `--master-port 0`): a free port, as torchrun picks for a single node; other
+    // nodes could not find it.
+    let any_port = match (ep_port, f.master_port) {
+        (Some(0), _) => Some(format!("--rdzv-endpoint {}", f.rdzv_endpoint)),
+        (_, Some(0)) => Some("--master-port 0".to_string()),
+        _ => None,
+    };
     let ep_port = ep_port.filter(|&p| p != 0);
-    if let (Some(_), Some(p), Some(mp)) = (&ep_host, ep_port, f.master_port) {
+    let master_port = f.master_port.filter(|&p| p != 0);
+    if let (Some(_), Some(p), Some(mp)) = (&ep_host, ep_port, master_port) {
         if p != mp {
             return err(format!(
                 "--rdzv-endpoint {} (port {p}) and --master-port {mp} disagree: vigil runs one store on node rank 0; give one of them",
@@ -282,10 +288,9 @@ pub fn discover(f: &NodeFlags, env: &dyn Fn(&str) -> Option<String>) -> Result<N
         }
         (None, None) => 0,
     };
-    if any_port && nnodes > 1 {
+    if let Some(flag) = any_port.filter(|_| nnodes > 1) {
         return err(format!(
-            "--rdzv-endpoint {}: port 0 (any free port) works on one node only; give the port every node should connect to",
-            f.rdzv_endpoint
+            "{flag}: port 0 (any free port) works on one node only; give the port every node should connect to"
         ));
     }
     if node_rank >= nnodes {
@@ -305,7 +310,7 @@ pub fn discover(f: &NodeFlags, env: &dyn Fn(&str) -> Option<String>) -> Result<N
         }
         (None, None) => ("127.0.0.1".into(), false),
     };
-    let port = ep_port.or(f.master_port).or(match &envn {
+    let port = ep_port.or(master_port).or(match &envn {
         Some(e) if nnodes > 1 => e.port.or(Some(MASTER_DEFAULT_PORT)),
         _ if nnodes > 1 => Some(MASTER_DEFAULT_PORT),
         _ => None,
@@ -617,6 +622,22 @@ mod tests {
             let e = discover(&two, &env_of(&[])).unwrap_err().0;
             assert!(e.contains("one node only"), "{e}");
         }
+        let mp0 = NodeFlags {
+            master_port: Some(0),
+            ..flags()
+        };
+        assert_eq!(discover(&mp0, &env_of(&[])).unwrap().port, None);
+        let two = NodeFlags {
+            nnodes: Some("2"),
+            node_rank: Some(1),
+            master_addr: Some("10.0.0.1"),
+            ..mp0
+        };
+        let e = discover(&two, &env_of(&[])).unwrap_err().0;
+        assert!(
+            e.contains("--master-port 0") && e.contains("one node only"),
+            "{e}"
+        );
     }
 
     #[test]

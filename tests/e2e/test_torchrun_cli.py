@@ -163,13 +163,25 @@ def test_endpoint_port_zero_is_any_free_port(job, endpoint, backend):
     assert len(d) == 2 and len(ports) == 1 and int(ports.pop()) > 0, d
 
 
-def test_endpoint_port_zero_on_several_nodes_is_refused(job):
+def test_master_port_zero_is_any_free_port(job):
+    write(job / "t.py", CONNECT)
+    r = run_vigil(["run", "--master-port", "0", "--nproc-per-node", "2", "t.py"], cwd=job, env=base_env(OUT_DIR=job))
+    assert r.returncode == 0, r.stderr
+    ports = {v["MASTER_PORT"] for v in dumps(job).values()}
+    assert len(ports) == 1 and int(ports.pop()) > 0
+
+
+@pytest.mark.parametrize("args,named", [
+    (["--rdzv-endpoint", "localhost:0", "--node-rank", "0"], "localhost:0"),
+    (["--master-addr", "127.0.0.1", "--master-port", "0", "--node-rank", "1"], "--master-port 0"),
+])
+def test_port_zero_on_several_nodes_is_refused(job, args, named):
+    # A node other than rank 0 would wait forever for a store on port 0.
     write(job / "t.py", DUMP)
-    r = run_vigil(["run", "--rdzv-endpoint", "localhost:0", "--nnodes", "2", "--node-rank", "0", "t.py"], cwd=job,
-                  env=base_env(OUT_DIR=job))
+    r = run_vigil(["run", *args, "--nnodes", "2", "t.py"], cwd=job, env=base_env(OUT_DIR=job), timeout=60)
     assert r.returncode == 2
     (line,) = r.stderr.strip().splitlines()
-    assert "localhost:0" in line and "one node" in line, line
+    assert named in line and "one node" in line, line
     assert not dumps(job)
 
 
