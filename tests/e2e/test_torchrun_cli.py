@@ -304,6 +304,8 @@ def test_shutdown_timeout_is_the_grace_before_sigkill(job, how):
     p.communicate(timeout=20)
     assert p.returncode == 128 + signal.SIGTERM
     ev = events(job / "logs")
+    stop = next(e for e in ev if e["event"] == "stop")
+    assert stop["signal"] == signal.SIGTERM and stop["grace_ms"] == 1000, stop
     esc = next(e for e in ev if e["event"] == "escalate")
     assert esc["signal"] == signal.SIGKILL and len(esc["pids"]) == 2
 
