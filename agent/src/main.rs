@@ -68,7 +68,7 @@ fn print_completion(args: &[String]) -> Option<i32> {
 
 /// A clap error as one line: what is wrong with which flag and clap's tip, without the usage
 /// block, pointing at `--help` for the rest.
-fn one_line(e: &clap::Error) -> String {
+fn one_line(e: &clap::Error, help: &str) -> String {
     let text = e.render().to_string();
     let parts: Vec<&str> = text
         .lines()
@@ -86,7 +86,7 @@ fn one_line(e: &clap::Error) -> String {
     } else {
         ""
     };
-    format!("{}{hint}; see `vigil run --help`", parts.join(" "))
+    format!("{}{hint}; see `{help}`", parts.join(" "))
 }
 
 /// The soft open-file limit, which bounds how many ranks the agent can watch.
@@ -143,10 +143,14 @@ fn run(a: RunArgs) -> i32 {
 }
 
 fn main() -> ExitCode {
+    let mut help = "vigil --help";
     let parsed = match args() {
         Ok(a) => {
             if let Some(code) = print_completion(&a) {
                 return ExitCode::from(code as u8);
+            }
+            if a.get(1).is_some_and(|s| s == "run") {
+                help = "vigil run --help";
             }
             Cli::try_parse_from(a)
         }
@@ -162,8 +166,13 @@ fn main() -> ExitCode {
             let _ = e.print();
             return ExitCode::SUCCESS;
         }
+        Err(e) if e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            // `vigil` alone: the usage, as a usage error.
+            let _ = e.print();
+            return ExitCode::from(2);
+        }
         Err(e) => {
-            eprintln!("vigil: error: {}", one_line(&e));
+            eprintln!("vigil: error: {}", one_line(&e, help));
             return ExitCode::from(2);
         }
     };

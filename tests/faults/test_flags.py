@@ -121,3 +121,12 @@ def test_unicode_paths_work(job):
         "[default0]:args ['ärg', '引数']", "[default1]:args ['ärg', '引数']"]
     (rd,) = run_dirs(logs)
     assert (rd / "attempt_0" / "1" / "stdout.log").read_text().startswith("ran 1\n")
+
+
+def test_no_subcommand_or_an_unknown_one(job):
+    r = run_vigil([], cwd=job)
+    assert r.returncode == 2 and "Usage: vigil <COMMAND>" in r.stderr, r.stderr
+    r = run_vigil(["bogus"], cwd=job)
+    assert r.returncode == 2
+    (line,) = r.stderr.strip().splitlines()
+    assert "'bogus'" in line and "`vigil --help`" in line, line
