@@ -559,3 +559,19 @@ def test_vigil_accepts_every_flag_of_the_installed_torchrun(job):
             if r.returncode != 0 or not (out / "ran_0").exists():
                 rejected.append((" ".join(head), r.returncode, r.stderr.strip()[-300:]))
     assert not rejected, rejected
+
+
+def test_nemo_run_ft_launcher_line_with_port_zero(job, tmp_path):
+    # NeMo-Run's single-node ft_launcher line, as it writes it.
+    link = tmp_path / "ft_launcher"
+    link.symlink_to(vigil_bin())
+    write(job / "t.py", CONNECT)
+    r = subprocess.run([str(link), "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", "--rdzv-id", "1234",
+                        "--nnodes", "1", "--nproc-per-node", "2", "--max-restarts", "0",
+                        "--ft-param-rank_heartbeat_timeout", "600", "--ft-param-initial_rank_heartbeat_timeout", "1200",
+                        "t.py", "--nnodes", "8"], cwd=job, env=base_env(OUT_DIR=job), capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    d = dumps(job)
+    assert len(d) == 2 and {v["MASTER_PORT"] for v in d.values()} != {"0"}
+    assert all(v["argv"] == ["--nnodes", "8"] for v in d.values()), d
