@@ -508,7 +508,7 @@ impl Agent {
         let mut msg = format!("rank {rank} stacks captured");
         match &report.python {
             Some(p) => msg.push_str(&format!(" (Python: {})", p.display())),
-            None => msg.push_str(" (no Python stacks: the rank has not imported the vigil shim)"),
+            None => msg.push_str(&format!(" (no Python stacks: {})", report.missing)),
         }
         if let Some(p) = &report.proc {
             msg.push_str(&format!(", kernel view: {}", p.display()));
