@@ -33,6 +33,8 @@ use crate::supervisor::{
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(3);
 /// How long, at exit, to wait for a console that is not being read.
 const CONSOLE_FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
+/// At most one refused-connection notice on the console per this long; the rest are counted.
+const REFUSED_NOTICE_WINDOW: Duration = Duration::from_secs(10);
 /// The loop wakes at least this often, so a longer gap means the agent itself was not running
 /// (SIGSTOP, `scontrol suspend`, a frozen VM): that time is not counted against any rank.
 const CLOCK_TICK: Duration = Duration::from_millis(200);
@@ -231,6 +233,12 @@ struct Agent {
 
 fn console_note(msg: &str) {
     output::note(msg);
+}
+
+fn note_refused(n: u64) {
+    console_note(&format!(
+        "refused {n} more connection(s) on the ranks' socket (each is in the event log)"
+    ));
 }
 
 /// A line for the console's stderr (never blocks: see `output`).
@@ -792,7 +800,8 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf) -> i32 {
         return 70;
     };
     let shared = Rc::new(Shared::default());
-    let (ipc_tx, mut ipc_rx) = mpsc::unbounded_channel();
+    let (ipc_tx, mut ipc_rx) = mpsc::channel(ipc_server::QUEUE);
+    let mut refused = ipc_server::NoticeLimit::new(REFUSED_NOTICE_WINDOW);
     let server = match ipc_server::start(&std::env::temp_dir(), shared.clone(), ipc_tx) {
         Ok(s) => s,
         Err(e) => {
@@ -939,7 +948,9 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf) -> i32 {
                 }
                 IpcIn::Message { .. } | IpcIn::Closed { .. } => {}
                 IpcIn::Rejected { peer_pid, reason } => {
-                    console_note(&format!("refused a connection on the ranks' socket: {reason}"));
+                    if refused.admit(Instant::now()) {
+                        console_note(&format!("refused a connection on the ranks' socket: {reason}"));
+                    }
                     agent.events.write_value(serde_json::json!({
                         "event": "ipc_rejected", "peer_pid": peer_pid, "reason": reason,
                     }));
@@ -971,7 +982,11 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf) -> i32 {
                     agent.queue.push_back(Event::StacksCaptured { local_rank });
                 }
             }
-            _ = ticker.tick() => {}
+            _ = ticker.tick() => {
+                if let Some(n) = refused.due(Instant::now(), false) {
+                    note_refused(n);
+                }
+            }
             _ = sleep, if deadline.is_some() => agent.queue.push_back(Event::Tick),
         }
         if deadline.is_some_and(|d| Instant::now() >= d) && agent.queue.is_empty() {
@@ -979,6 +994,9 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf) -> i32 {
         }
     }
 
+    if let Some(n) = refused.due(Instant::now(), true) {
+        note_refused(n);
+    }
     let readers = std::mem::take(&mut agent.readers);
     let _ = tokio::time::timeout(DRAIN_TIMEOUT, async {
         for r in readers {
