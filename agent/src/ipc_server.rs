@@ -94,13 +94,21 @@ impl Shared {
     }
 }
 
+/// Messages waiting for the event loop. When it is full the connections stop reading, their
+/// socket buffers fill and the shim drops heartbeats (it never blocks on one): the agent's memory
+/// stays bounded however fast ranks send.
+pub const QUEUE: usize = 256;
+
 pub struct IpcServer {
     dir: PathBuf,
     pub path: PathBuf,
+    accept: tokio::task::JoinHandle<()>,
 }
 
 impl Drop for IpcServer {
     fn drop(&mut self) {
+        // Aborting the accept task drops its JoinSet, which closes every connection.
+        self.accept.abort();
         let _ = std::fs::remove_file(&self.path);
         let _ = std::fs::remove_dir(&self.dir);
     }
@@ -110,7 +118,7 @@ impl Drop for IpcServer {
 pub fn start(
     base: &Path,
     shared: Rc<Shared>,
-    tx: mpsc::UnboundedSender<IpcIn>,
+    tx: mpsc::Sender<IpcIn>,
 ) -> std::io::Result<IpcServer> {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -121,15 +129,85 @@ pub fn start(
     let path = dir.join("agent.sock");
     let listener = UnixListener::bind(&path)?;
     let uid = nix::unistd::getuid().as_raw();
-    tokio::task::spawn_local(async move {
+    let accept = tokio::task::spawn_local(async move {
+        let mut conns = tokio::task::JoinSet::new();
         loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                continue;
-            };
-            tokio::task::spawn_local(serve(stream, uid, shared.clone(), tx.clone()));
+            tokio::select! {
+                r = listener.accept() => match r {
+                    Ok((stream, _)) => {
+                        conns.spawn_local(serve(stream, uid, shared.clone(), tx.clone()));
+                    }
+                    // EMFILE and friends: back off instead of spinning; never stop accepting.
+                    Err(_) => tokio::time::sleep(ACCEPT_BACKOFF).await,
+                },
+                Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            }
         }
     });
-    Ok(IpcServer { dir, path })
+    Ok(IpcServer { dir, path, accept })
+}
+
+const ACCEPT_BACKOFF: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// Keeps the last of every run of heartbeats: they arrived together, so only the latest step
+/// tells the monitor anything. Other messages keep their order.
+pub fn coalesce(msgs: Vec<RankMsg>) -> Vec<RankMsg> {
+    let mut out: Vec<RankMsg> = Vec::with_capacity(msgs.len());
+    for m in msgs {
+        if matches!(m, RankMsg::Heartbeat { .. })
+            && matches!(out.last(), Some(RankMsg::Heartbeat { .. }))
+        {
+            out.pop();
+        }
+        out.push(m);
+    }
+    out
+}
+
+/// Refused-connection notices: the first of a burst is shown, the rest counted and summed up
+/// once per `window`, so a thousand refused connections make two console lines, not a thousand.
+#[derive(Debug)]
+pub struct NoticeLimit {
+    window: std::time::Duration,
+    shown_at: Option<std::time::Instant>,
+    held: u64,
+}
+
+impl NoticeLimit {
+    pub fn new(window: std::time::Duration) -> Self {
+        NoticeLimit {
+            window,
+            shown_at: None,
+            held: 0,
+        }
+    }
+
+    /// Whether this notice is shown now; if not it is counted for `due`.
+    pub fn admit(&mut self, now: std::time::Instant) -> bool {
+        match self.shown_at {
+            Some(t) if now.saturating_duration_since(t) < self.window => {
+                self.held += 1;
+                false
+            }
+            _ => {
+                self.shown_at = Some(now);
+                true
+            }
+        }
+    }
+
+    /// How many notices were held back, once the window since the last shown one is over (or at
+    /// the end, with `force`).
+    pub fn due(&mut self, now: std::time::Instant, force: bool) -> Option<u64> {
+        let over = self
+            .shown_at
+            .is_some_and(|t| now.saturating_duration_since(t) >= self.window);
+        if self.held > 0 && (over || force) {
+            self.shown_at = Some(now);
+            return Some(std::mem::take(&mut self.held));
+        }
+        None
+    }
 }
 
 fn ppid_of(pid: i32) -> Option<i32> {
@@ -164,38 +242,47 @@ pub fn belongs_to(pid: i32, root: i32) -> bool {
     false
 }
 
-async fn serve(stream: UnixStream, uid: u32, shared: Rc<Shared>, tx: mpsc::UnboundedSender<IpcIn>) {
-    let reject = |peer_pid: Option<i32>, reason: String| {
-        let _ = tx.send(IpcIn::Rejected { peer_pid, reason });
-    };
-    let cred = match stream.peer_cred() {
-        Ok(c) => c,
-        Err(e) => return reject(None, format!("cannot read peer credentials: {e}")),
-    };
+/// Why a new connection is refused, if it is.
+fn check_peer(
+    stream: &UnixStream,
+    uid: u32,
+    shared: &Shared,
+) -> Result<i32, (Option<i32>, String)> {
+    let cred = stream
+        .peer_cred()
+        .map_err(|e| (None, format!("cannot read peer credentials: {e}")))?;
     let peer_pid = cred.pid();
     if cred.uid() != uid {
-        return reject(
+        return Err((
             peer_pid,
             format!("peer uid {} is not the job's uid {uid}", cred.uid()),
-        );
+        ));
     }
-    let Some(pid) = peer_pid else {
-        return reject(None, "peer pid unknown".into());
-    };
-    let is_ours = |pid: i32| {
-        shared
-            .rank_pids
-            .borrow()
-            .iter()
-            .flatten()
-            .any(|r| belongs_to(pid, *r))
-    };
-    if !is_ours(pid) {
-        return reject(
+    let pid = peer_pid.ok_or((None, "peer pid unknown".to_string()))?;
+    let ours = shared
+        .rank_pids
+        .borrow()
+        .iter()
+        .flatten()
+        .any(|r| belongs_to(pid, *r));
+    if !ours {
+        return Err((
             Some(pid),
             format!("process {pid} is not a rank of this agent nor a descendant of one"),
-        );
+        ));
     }
+    Ok(pid)
+}
+
+async fn serve(stream: UnixStream, uid: u32, shared: Rc<Shared>, tx: mpsc::Sender<IpcIn>) {
+    let pid = match check_peer(&stream, uid, &shared) {
+        Ok(pid) => pid,
+        Err((peer_pid, reason)) => {
+            drop(stream);
+            let _ = tx.send(IpcIn::Rejected { peer_pid, reason }).await;
+            return;
+        }
+    };
     let (mut rd, mut wr) = stream.into_split();
     let mut dec = RankDecoder::new();
     let mut buf = vec![0u8; 8192];
@@ -213,24 +300,25 @@ async fn serve(stream: UnixStream, uid: u32, shared: Rc<Shared>, tx: mpsc::Unbou
             }
         }
     });
+    let mut batch = Vec::new();
     'conn: loop {
         let n = match rd.read(&mut buf).await {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
         dec.push(&buf[..n]);
+        let mut bad = None;
         loop {
-            let msg = match dec.next() {
-                Ok(Some(m)) => m,
+            match dec.next() {
+                Ok(Some(m)) => batch.push(m),
                 Ok(None) => break,
                 Err(e) => {
-                    reject(
-                        Some(pid),
-                        format!("malformed frame from process {pid}: {e}; connection closed"),
-                    );
-                    break 'conn;
+                    bad = Some(e);
+                    break;
                 }
-            };
+            }
+        }
+        for msg in coalesce(std::mem::take(&mut batch)) {
             let (cycle, local_rank) = match (me, &msg) {
                 (
                     None,
@@ -248,10 +336,16 @@ async fn serve(stream: UnixStream, uid: u32, shared: Rc<Shared>, tx: mpsc::Unbou
                     let ok = *cycle == shared.cycle.get()
                         && expected.is_some_and(|r| belongs_to(pid, r));
                     if !ok {
-                        reject(Some(pid), format!(
+                        let reason = format!(
                             "process {pid} registered as local rank {lr} of cycle {cycle}, which it is not (current cycle {})",
                             shared.cycle.get()
-                        ));
+                        );
+                        let _ = tx
+                            .send(IpcIn::Rejected {
+                                peer_pid: Some(pid),
+                                reason,
+                            })
+                            .await;
                         break 'conn;
                     }
                     me = Some((*cycle, lr));
@@ -266,12 +360,15 @@ async fn serve(stream: UnixStream, uid: u32, shared: Rc<Shared>, tx: mpsc::Unbou
                     (*cycle, lr)
                 }
                 (None, _) => {
-                    reject(
-                        Some(pid),
-                        format!(
-                            "process {pid} sent a message before registering; connection closed"
-                        ),
+                    let reason = format!(
+                        "process {pid} sent a message before registering; connection closed"
                     );
+                    let _ = tx
+                        .send(IpcIn::Rejected {
+                            peer_pid: Some(pid),
+                            reason,
+                        })
+                        .await;
                     break 'conn;
                 }
                 (Some(m), _) => m,
@@ -279,18 +376,81 @@ async fn serve(stream: UnixStream, uid: u32, shared: Rc<Shared>, tx: mpsc::Unbou
             if cycle != shared.cycle.get() {
                 break 'conn;
             }
-            let _ = tx.send(IpcIn::Message {
-                cycle,
-                local_rank,
-                msg,
-            });
+            // Waits while the loop is behind: this connection stops reading meanwhile.
+            if tx
+                .send(IpcIn::Message {
+                    cycle,
+                    local_rank,
+                    msg,
+                })
+                .await
+                .is_err()
+            {
+                break 'conn;
+            }
+        }
+        if let Some(e) = bad {
+            let reason = format!("malformed frame from process {pid}: {e}; connection closed");
+            let _ = tx
+                .send(IpcIn::Rejected {
+                    peer_pid: Some(pid),
+                    reason,
+                })
+                .await;
+            break;
         }
     }
     if let Some((cycle, local_rank)) = me {
         if shared.remove_route(local_rank, conn, cycle) {
-            let _ = tx.send(IpcIn::Closed { cycle, local_rank });
+            let _ = tx.send(IpcIn::Closed { cycle, local_rank }).await;
         }
     }
     drop(out_tx);
     writer.abort();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn heartbeat_runs_keep_the_latest() {
+        let hb = |s| RankMsg::Heartbeat { step: Some(s) };
+        let got = coalesce(vec![
+            hb(1),
+            hb(2),
+            RankMsg::SectionStart { name: "x".into() },
+            hb(3),
+            hb(4),
+            hb(5),
+            RankMsg::Finished,
+        ]);
+        assert_eq!(
+            got,
+            vec![
+                hb(2),
+                RankMsg::SectionStart { name: "x".into() },
+                hb(5),
+                RankMsg::Finished
+            ]
+        );
+    }
+
+    #[test]
+    fn refused_notices_are_summed_per_window() {
+        let t0 = Instant::now();
+        let w = Duration::from_secs(10);
+        let mut l = NoticeLimit::new(w);
+        assert!(l.admit(t0));
+        for i in 0..2999 {
+            assert!(!l.admit(t0 + Duration::from_millis(i)));
+        }
+        assert_eq!(l.due(t0 + Duration::from_secs(1), false), None);
+        assert_eq!(l.due(t0 + w, false), Some(2999));
+        assert_eq!(l.due(t0 + w * 3, false), None);
+        assert!(l.admit(t0 + w * 3));
+        assert!(!l.admit(t0 + w * 3));
+        assert_eq!(l.due(t0 + w * 3, true), Some(1));
+    }
 }

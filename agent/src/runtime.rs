@@ -19,7 +19,7 @@ use tokio::task::JoinHandle;
 use crate::config::{file_safe, worker_env, LaunchConfig, RankSlot};
 use crate::ipc_server::{self, IpcIn, Shared};
 use crate::monitor::Timeouts;
-use crate::output::{ConsoleStream, Dup, LineSplitter, Sink, Tail};
+use crate::output::{self, ConsoleStream, Dup, LineSplitter, LogFile, Sink, Tail};
 use crate::proc::{self, Watchdog};
 use crate::rendezvous::{self, CoordConfig, FromCoord, HeadSide};
 use crate::stacks::{self, StackReport};
@@ -31,6 +31,10 @@ use crate::supervisor::{
 
 /// How long to wait, once everything is reaped, for rank output still in the pipes.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long, at exit, to wait for a console that is not being read.
+const CONSOLE_FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
+/// At most one refused-connection notice on the console per this long; the rest are counted.
+const REFUSED_NOTICE_WINDOW: Duration = Duration::from_secs(10);
 /// The loop wakes at least this often, so a longer gap means the agent itself was not running
 /// (SIGSTOP, `scontrol suspend`, a frozen VM): that time is not counted against any rank.
 const CLOCK_TICK: Duration = Duration::from_millis(200);
@@ -186,7 +190,9 @@ impl EventLog {
             let mut line = v.to_string();
             line.push('\n');
             if let Err(e) = f.write_all(line.as_bytes()) {
-                eprintln!("[vigil] event log write failed ({e}); continuing without it");
+                console_note(&format!(
+                    "cannot write the event log ({e}); continuing without it"
+                ));
                 self.file = None;
             }
         }
@@ -212,6 +218,8 @@ struct Agent {
     coord: mpsc::UnboundedSender<JobRequest>,
     /// vigil's store as the ranks reach it (MASTER_ADDR, MASTER_PORT).
     store_for_ranks: (String, u16),
+    /// Rank log files could not be created once already (said once).
+    log_create_failed: bool,
     /// The current cycle's assignment from the rendezvous.
     rank_offset: u32,
     world_size: u32,
@@ -224,7 +232,18 @@ struct Agent {
 }
 
 fn console_note(msg: &str) {
-    let _ = writeln!(std::io::stderr().lock(), "[vigil] {msg}");
+    output::note(msg);
+}
+
+fn note_refused(n: u64) {
+    console_note(&format!(
+        "refused {n} more connection(s) on the ranks' socket (each is in the event log)"
+    ));
+}
+
+/// A line for the console's stderr (never blocks: see `output`).
+fn console_err(line: String) {
+    output::console_text(ConsoleStream::Stderr, &(line + "\n"));
 }
 
 fn describe_timeouts(t: &Timeouts) -> String {
@@ -281,20 +300,27 @@ impl Agent {
         for lr in 0..self.cfg.nproc {
             let dir = self.attempt_dir(cycle, lr);
             let error_file = dir.join("error.json");
-            let prepared = fs::create_dir_all(&dir).and_then(|_| {
-                Ok((
-                    File::create(dir.join("stdout.log"))?,
-                    File::create(dir.join("stderr.log"))?,
-                ))
-            });
-            let (out_log, err_log) = match prepared {
-                Ok(files) => files,
-                Err(e) => {
-                    self.queue.push_back(Event::SpawnFailed {
-                        local_rank: lr,
-                        error: format!("cannot create the log files in {}: {e}", dir.display()),
-                    });
-                    return;
+            // A log directory that is full, read-only or gone costs the log files, not the job.
+            let open_log = |name: &str| -> std::io::Result<LogFile> {
+                fs::create_dir_all(&dir)?;
+                let path = dir.join(name);
+                Ok(LogFile {
+                    file: File::create(&path)?,
+                    path,
+                })
+            };
+            let (out_log, err_log) = match (open_log("stdout.log"), open_log("stderr.log")) {
+                (Ok(o), Ok(e)) => (Some(o), Some(e)),
+                (Err(e), _) | (_, Err(e)) => {
+                    if !self.log_create_failed {
+                        self.log_create_failed = true;
+                        console_note(&format!(
+                            "cannot create the rank logs in {}: {e}; ranks run without log files \
+                             (free space or fix --log-dir; the console still shows their output)",
+                            dir.display()
+                        ));
+                    }
+                    (None, None)
                 }
             };
             let error_file_s = error_file.to_string_lossy().into_owned();
@@ -339,7 +365,7 @@ impl Agent {
                         Sink {
                             prefix: prefix.clone(),
                             console: console.stdout.then_some(ConsoleStream::Stdout),
-                            file: Some(out_log),
+                            file: out_log,
                             tail: None,
                             dup: dups[0].clone(),
                         },
@@ -349,7 +375,7 @@ impl Agent {
                         Sink {
                             prefix,
                             console: console.stderr.then_some(ConsoleStream::Stderr),
-                            file: Some(err_log),
+                            file: err_log,
                             tail: Some(self.tails[lr as usize].clone()),
                             dup: dups[1].clone(),
                         },
@@ -517,7 +543,7 @@ impl Agent {
         let mut msg = format!("rank {rank} stacks captured");
         match &report.python {
             Some(p) => msg.push_str(&format!(" (Python: {})", p.display())),
-            None => msg.push_str(" (no Python stacks: the rank has not imported the vigil shim)"),
+            None => msg.push_str(&format!(" (no Python stacks: {})", report.missing)),
         }
         if let Some(p) = &report.proc {
             msg.push_str(&format!(", kernel view: {}", p.display()));
@@ -734,12 +760,15 @@ pub fn run(cfg: LaunchConfig, run_dir: PathBuf) -> i32 {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("vigil: error: cannot start the event loop: {e}");
+            console_err(format!("vigil: error: cannot start the event loop: {e}"));
             return 70;
         }
     };
     let local = tokio::task::LocalSet::new();
-    local.block_on(&rt, agent_main(cfg, run_dir))
+    let code = local.block_on(&rt, agent_main(cfg, run_dir));
+    // The console may be stalled (a stuck srun, `| less`): give it a while, then exit anyway.
+    output::flush_console(CONSOLE_FLUSH_TIMEOUT);
+    code
 }
 
 async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf) -> i32 {
@@ -757,10 +786,10 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf) -> i32 {
     {
         Ok(f) => f,
         Err(e) => {
-            eprintln!(
+            console_err(format!(
                 "vigil: error: cannot write the event log {}: {e}; choose a writable --log-dir or --event-log",
                 event_path.display()
-            );
+            ));
             return 2;
         }
     };
@@ -782,24 +811,27 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf) -> i32 {
         match signal(SignalKind::from_raw(num)) {
             Ok(s) => sigs.push((s, num)),
             Err(e) => {
-                eprintln!("vigil: error: cannot install a signal handler: {e}");
+                console_err(format!(
+                    "vigil: error: cannot install a signal handler: {e}"
+                ));
                 return 70;
             }
         }
     }
     let Ok(mut sigchld) = signal(SignalKind::child()) else {
-        eprintln!("vigil: error: cannot watch child processes (SIGCHLD)");
+        console_err("vigil: error: cannot watch child processes (SIGCHLD)".to_string());
         return 70;
     };
     let shared = Rc::new(Shared::default());
-    let (ipc_tx, mut ipc_rx) = mpsc::unbounded_channel();
+    let (ipc_tx, mut ipc_rx) = mpsc::channel(ipc_server::QUEUE);
+    let mut refused = ipc_server::NoticeLimit::new(REFUSED_NOTICE_WINDOW);
     let server = match ipc_server::start(&std::env::temp_dir(), shared.clone(), ipc_tx) {
         Ok(s) => s,
         Err(e) => {
-            eprintln!(
+            console_err(format!(
                 "vigil: error: cannot create the ranks' socket under {}: {e}; set TMPDIR to a writable local directory",
                 std::env::temp_dir().display()
-            );
+            ));
             return 2;
         }
     };
@@ -808,7 +840,7 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf) -> i32 {
     let store = match setup_store(&cfg) {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("vigil: error: {e}");
+            console_err(format!("vigil: error: {e}"));
             return 2;
         }
     };
@@ -858,6 +890,7 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf) -> i32 {
         socket: server.path.clone(),
         stacks_tx,
         stack_reports: Vec::new(),
+        log_create_failed: false,
         coord: coord_tx,
         store_for_ranks: store.for_ranks,
         rank_offset: 0,
@@ -938,7 +971,9 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf) -> i32 {
                 }
                 IpcIn::Message { .. } | IpcIn::Closed { .. } => {}
                 IpcIn::Rejected { peer_pid, reason } => {
-                    console_note(&format!("refused a connection on the ranks' socket: {reason}"));
+                    if refused.admit(Instant::now()) {
+                        console_note(&format!("refused a connection on the ranks' socket: {reason}"));
+                    }
                     agent.events.write_value(serde_json::json!({
                         "event": "ipc_rejected", "peer_pid": peer_pid, "reason": reason,
                     }));
@@ -970,7 +1005,11 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf) -> i32 {
                     agent.queue.push_back(Event::StacksCaptured { local_rank });
                 }
             }
-            _ = ticker.tick() => {}
+            _ = ticker.tick() => {
+                if let Some(n) = refused.due(Instant::now(), false) {
+                    note_refused(n);
+                }
+            }
             _ = sleep, if deadline.is_some() => agent.queue.push_back(Event::Tick),
         }
         if deadline.is_some_and(|d| Instant::now() >= d) && agent.queue.is_empty() {
@@ -978,6 +1017,9 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf) -> i32 {
         }
     }
 
+    if let Some(n) = refused.due(Instant::now(), true) {
+        note_refused(n);
+    }
     let readers = std::mem::take(&mut agent.readers);
     let _ = tokio::time::timeout(DRAIN_TIMEOUT, async {
         for r in readers {
@@ -1001,13 +1043,15 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf) -> i32 {
             agent.cfg.nnodes
         )),
         Outcome::Succeeded => console_note("all ranks finished successfully"),
-        Outcome::Failed { .. } => eprint!("{}", agent.failure_summary(&sup, job_now)),
+        Outcome::Failed { .. } => {
+            output::console_text(ConsoleStream::Stderr, &agent.failure_summary(&sup, job_now))
+        }
         Outcome::Signaled { signal } => console_note(&format!(
             "stopped by {}; exit status {}",
             summary::signal_name(*signal),
             outcome.exit_code()
         )),
-        Outcome::SpawnFailed { error, .. } => eprintln!("vigil: error: {error}"),
+        Outcome::SpawnFailed { error, .. } => console_err(format!("vigil: error: {error}")),
         Outcome::PeerStopped {
             node,
             reason,
@@ -1018,14 +1062,14 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf) -> i32 {
         Outcome::Lost {
             reason,
             requeue: true,
-        } => eprintln!(
+        } => console_err(format!(
             "vigil: {reason}; exit status {}: requeue the job to go on",
             outcome.exit_code()
-        ),
+        )),
         Outcome::Lost {
             reason,
             requeue: false,
-        } => eprintln!("vigil: error: {reason}"),
+        } => console_err(format!("vigil: error: {reason}")),
     }
     drop(server);
     outcome.exit_code()

@@ -16,6 +16,21 @@ pub struct StackReport {
     pub proc: Option<PathBuf>,
     /// Innermost frames, one line per thread: `thread: File "x.py", line 5 in f`.
     pub innermost: Vec<String>,
+    /// Why there are no Python stacks, when there are none.
+    pub missing: String,
+}
+
+/// Why a rank left no Python stacks: it never connected (no shim), the stacks' directory could
+/// not be written (the log disk), or it did not answer the signal in time.
+pub fn why_missing(via_shim: bool, write_error: Option<&str>, wait: Duration) -> String {
+    match (via_shim, write_error) {
+        (false, _) => "the rank has not imported the vigil shim".into(),
+        (true, Some(e)) => format!("the log directory cannot be written ({e})"),
+        (true, None) => format!(
+            "the rank did not write them within {:.1}s of the dump signal",
+            wait.as_secs_f64()
+        ),
+    }
 }
 
 /// From faulthandler's dump, each thread's innermost frames (most recent call first), at most
@@ -85,9 +100,10 @@ fn file_len(p: &Path) -> u64 {
 /// dump stops growing. A stopped rank is continued so its signal handler can run.
 pub async fn capture(pid: i32, dir: &Path, via_shim: bool, wait: Duration) -> StackReport {
     let proc_path = dir.join("proc_stacks.txt");
-    let proc = std::fs::write(&proc_path, proc_snapshot(pid))
-        .ok()
-        .map(|_| proc_path);
+    let (proc, write_error) = match std::fs::write(&proc_path, proc_snapshot(pid)) {
+        Ok(()) => (Some(proc_path), None),
+        Err(e) => (None, Some(format!("{}: {e}", proc_path.display()))),
+    };
     let py_path = dir.join("stacks.txt");
     let before = file_len(&py_path);
     if via_shim {
@@ -122,6 +138,11 @@ pub async fn capture(pid: i32, dir: &Path, via_shim: bool, wait: Duration) -> St
             .as_deref()
             .map(|d| innermost_frames(d, 3, 4))
             .unwrap_or_default(),
+        missing: if dump.is_some() {
+            String::new()
+        } else {
+            why_missing(via_shim, write_error.as_deref(), wait)
+        },
         python: dump.map(|_| py_path),
         proc,
     }
@@ -145,5 +166,17 @@ mod tests {
             ]
         );
         assert!(innermost_frames("garbage\n", 3, 3).is_empty());
+    }
+
+    #[test]
+    fn missing_stacks_name_the_disk_not_the_shim() {
+        let w = Duration::from_secs(2);
+        assert!(why_missing(false, None, w).contains("not imported the vigil shim"));
+        let disk = why_missing(true, Some("/l/proc_stacks.txt: No space left on device"), w);
+        assert!(
+            disk.contains("No space left") && !disk.contains("shim"),
+            "{disk}"
+        );
+        assert!(why_missing(true, None, w).contains("2.0s"));
     }
 }

@@ -325,7 +325,8 @@ if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0" and os.environ["RANK"] == "0"
     for attempt in (0, 1):
         for rank in (0, 1):
             d = rd / f"attempt_{attempt}" / str(rank)
-            assert (d / "stdout.log").read_text() == f"out of {rank} attempt {attempt}\nno newline at the end\n"
+            # Byte for byte what the rank wrote: no newline is added to its last line.
+            assert (d / "stdout.log").read_text() == f"out of {rank} attempt {attempt}\nno newline at the end"
             assert (d / "stderr.log").read_text() == f"err of {rank}\n"
     assert "[default0]:no newline at the end" in r.stdout.splitlines()
     for e in events(job / "logs"):
