@@ -199,6 +199,8 @@ struct Agent {
     host: String,
     events: EventLog,
     watchdog: Option<Watchdog>,
+    /// How every process the ranks started is found again at the end of an attempt.
+    containment: proc::Containment,
     /// stderr tails of the current cycle's ranks.
     tails: Vec<Tail>,
     readers: Vec<JoinHandle<()>>,
@@ -301,7 +303,8 @@ impl Agent {
                 "VIGIL_STACK_FILE".into(),
                 dir.join("stacks.txt").to_string_lossy().into_owned(),
             ));
-            match proc::spawn_rank(&self.cfg.command, &env) {
+            env.push(self.containment.env());
+            match proc::spawn_rank(&self.cfg.command, &env, self.containment.cgroup()) {
                 Ok(sp) => {
                     if let Some(w) = &mut self.watchdog {
                         w.guard(sp.pid);
@@ -444,8 +447,11 @@ impl Agent {
                     }
                 }
                 Action::ReapGroups { pgids } => {
+                    for p in &pgids {
+                        proc::signal_group(*p, libc::SIGKILL);
+                    }
+                    self.sweep(self.shared.cycle.get());
                     for p in pgids {
-                        proc::signal_group(p, libc::SIGKILL);
                         if let Some(w) = &mut self.watchdog {
                             w.release(p);
                         }
@@ -482,6 +488,23 @@ impl Agent {
                     }
                 }
             }
+        }
+    }
+
+    /// Kills whatever the ranks left running outside their process groups (daemons that called
+    /// setsid, double forks) and says so. Called once no rank of the attempt runs, so every child
+    /// of the agent but the watchdog is such a leftover.
+    fn sweep(&mut self, cycle: u32) {
+        let spare: Vec<i32> = self.watchdog.iter().map(Watchdog::pid).collect();
+        let me = std::process::id() as i32;
+        let killed = self.containment.sweep(Some((me, &spare)));
+        if killed > 0 {
+            console_note(&format!(
+                "killed {killed} process(es) the ranks of attempt {cycle} left running outside their process groups"
+            ));
+            self.events.write_value(serde_json::json!({
+                "event": "leftovers_killed", "cycle": cycle, "count": killed,
+            }));
         }
     }
 
@@ -742,7 +765,8 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf) -> i32 {
             "cannot become a child subreaper ({e}); orphaned rank descendants are reaped by init"
         ));
     }
-    let watchdog = match Watchdog::start() {
+    let containment = proc::Containment::create();
+    let watchdog = match Watchdog::start(&containment) {
         Ok(w) => Some(w),
         Err(e) => {
             console_note(&format!("cannot start the watchdog ({e}); ranks still die with the agent, their children may not"));
@@ -827,6 +851,7 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf) -> i32 {
         host,
         run_dir,
         watchdog,
+        containment,
         tails: Vec::new(),
         readers: Vec::new(),
         queue: VecDeque::new(),
@@ -844,6 +869,10 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf) -> i32 {
         peer_end: None,
         cfg,
     };
+    agent.events.write_value(serde_json::json!({
+        "event": "containment",
+        "cgroup": agent.containment.cgroup(),
+    }));
     agent.events.write_value(serde_json::json!({
         "event": "nodes",
         "nnodes": agent.cfg.nnodes,
@@ -970,6 +999,9 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf) -> i32 {
             let _ = tokio::time::timeout(bound, coordinator).await;
         }
     }
+    // Nothing the ranks started outlives the agent, whichever way the job ended.
+    agent.sweep(sup.cycle());
+    agent.containment.remove();
     let outcome = agent.outcome.clone().unwrap_or(Outcome::Succeeded);
     let (job_now, _) = clock.wake();
     match &outcome {
