@@ -52,6 +52,8 @@ pub struct LaunchConfig {
     pub max_restarts: u32,
     pub workers_stop_timeout: Duration,
     pub term_timeout: Duration,
+    /// The wait before each restart (`--restart-backoff*`).
+    pub backoff: crate::supervisor::Backoff,
     /// Program and arguments of every rank.
     pub command: Vec<String>,
     /// What the failure summary calls the job (`train.py FAILED`).
@@ -402,6 +404,11 @@ pub fn resolve(a: &RunArgs, host: &Host) -> Result<LaunchConfig, ConfigError> {
         max_restarts: a.max_restarts,
         workers_stop_timeout: secs("--workers-stop-timeout", a.workers_stop_timeout)?,
         term_timeout: secs("--term-timeout", a.term_timeout)?,
+        backoff: crate::supervisor::Backoff {
+            base: secs("--restart-backoff", a.restart_backoff)?,
+            cap: secs("--restart-backoff-max", a.restart_backoff_max)?,
+            reset_after: secs("--restart-backoff-reset", a.restart_backoff_reset)?,
+        },
         command,
         entrypoint_name,
         log_dir: a.log_dir.clone(),

@@ -424,6 +424,17 @@ impl Agent {
                 hang.limit_ms as f64 / 1000.0,
                 hang.silent_ms as f64 / 1000.0
             )),
+            Record::Restart {
+                to_cycle,
+                ran_ms,
+                backoff_ms,
+                ..
+            } if *backoff_ms > 0 => console_note(&format!(
+                "attempt {} failed after {:.1}s; waiting {:.1}s before attempt {to_cycle} (restart back-off)",
+                to_cycle - 1,
+                *ran_ms as f64 / 1000.0,
+                *backoff_ms as f64 / 1000.0
+            )),
             Record::TimeoutsUpdated { source, timeouts } => console_note(&format!(
                 "timeouts ({source}): {}",
                 describe_timeouts(timeouts)
@@ -899,6 +910,7 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf) -> i32 {
         termination_signal: agent.cfg.termination_signal,
         stack_wait: agent.cfg.stack_wait,
         calculated,
+        backoff: agent.cfg.backoff,
     });
     agent.execute(first);
     let mut ticker = tokio::time::interval(CLOCK_TICK);

@@ -68,6 +68,43 @@ pub struct SupervisorConfig {
     pub stack_wait: Duration,
     /// Timeouts calculated by an earlier run of this job (the state file), if any.
     pub calculated: Option<Timeouts>,
+    /// How long to wait before each restart.
+    pub backoff: Backoff,
+}
+
+/// The wait before a restart: none before the first of a streak, then `base`, doubling up to
+/// `cap`. An attempt that ran at least `reset_after` before it failed starts a new streak, so a
+/// job that fails once a day restarts at once every time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    /// The second restart's wait; zero turns back-off off.
+    pub base: Duration,
+    pub cap: Duration,
+    pub reset_after: Duration,
+}
+
+impl Backoff {
+    pub const OFF: Backoff = Backoff {
+        base: Duration::ZERO,
+        cap: Duration::ZERO,
+        reset_after: Duration::ZERO,
+    };
+
+    /// The wait before the restart that follows a failed attempt which ran for `ran`, given how
+    /// many restarts came before it in the current streak; returns the wait and the streak after
+    /// this restart. Every node computes it from the same job-wide facts (the attempt's verdict
+    /// arrives everywhere at once), so every node waits alike.
+    pub fn next(&self, streak: u32, ran: Duration) -> (Duration, u32) {
+        let streak = if ran >= self.reset_after { 0 } else { streak };
+        let wait = match streak {
+            0 => Duration::ZERO,
+            n => {
+                let factor = 1u32 << (n - 1).min(31);
+                self.base.saturating_mul(factor).min(self.cap)
+            }
+        };
+        (wait, streak.saturating_add(1))
+    }
 }
 
 impl SupervisorConfig {
@@ -87,6 +124,7 @@ impl SupervisorConfig {
             termination_signal: SIGTERM,
             stack_wait: Duration::from_secs(2),
             calculated: None,
+            backoff: Backoff::OFF,
         }
     }
 }
@@ -320,6 +358,10 @@ pub enum Record {
         from_cycle: u32,
         to_cycle: u32,
         restarts_left: u32,
+        /// How long the failed attempt ran, from its start to the job's verdict on it.
+        ran_ms: u64,
+        /// How long the agent waits before joining the next attempt.
+        backoff_ms: u64,
     },
     Joined {
         cycle: u32,
@@ -426,6 +468,10 @@ enum Phase {
     },
     /// Every local rank exited 0; waiting for the other nodes.
     Waiting,
+    /// The last attempt failed; join `cycle` (already the next one) at `until`.
+    BackingOff {
+        until: Instant,
+    },
     Finished,
 }
 
@@ -459,6 +505,11 @@ pub struct Supervisor {
     /// How this node stopped the job for good (a signal beats a rank that could not start): what
     /// nodes still heading for another cycle are told when this one leaves.
     stopped: Option<JobEnd>,
+    /// When the current cycle started and when the job's verdict on it came.
+    started_at: Option<Instant>,
+    ended_at: Option<Instant>,
+    /// Restarts in the current back-off streak.
+    streak: u32,
 }
 
 pub const SIGKILL: i32 = libc::SIGKILL;
@@ -486,6 +537,9 @@ impl Supervisor {
             lost_requeue: true,
             reaped: false,
             stopped: None,
+            started_at: None,
+            ended_at: None,
+            streak: 0,
         };
         let mut actions = Vec::new();
         s.timeouts = s.cfg.timeouts.clone();
@@ -564,6 +618,7 @@ impl Supervisor {
                 Some((_, _, until)) => Some(*until),
                 None => self.earliest_hang().map(|(_, due)| due.at),
             },
+            Phase::BackingOff { until } => Some(until),
             _ => None,
         }
     }
@@ -688,7 +743,7 @@ impl Supervisor {
                         let source = if cycle == 0 { "loaded" } else { "calculated" };
                         self.adopt_timeouts(&t, source, &mut out);
                     }
-                    out.extend(self.start_cycle(cycle));
+                    out.extend(self.start_cycle(now, cycle));
                 }
             }
             Event::CycleEnded { cycle, end } => {
@@ -698,6 +753,7 @@ impl Supervisor {
                         end: end.clone(),
                     }));
                     self.end = Some(end);
+                    self.ended_at = Some(now);
                     if self.phase == Phase::Joining {
                         // The rendezvous itself was ended by a node that stopped or was lost.
                         self.phase = Phase::Waiting;
@@ -722,12 +778,17 @@ impl Supervisor {
                 }));
                 self.lost_requeue = requeue;
                 self.end = Some(end);
-                if self.phase == Phase::Joining {
+                if matches!(self.phase, Phase::Joining | Phase::BackingOff { .. }) {
                     self.phase = Phase::Waiting;
                 }
                 self.stop_for_peer(now, &mut out);
             }
             Event::Tick => {
+                if let Phase::BackingOff { until } = self.phase {
+                    if now >= until {
+                        self.join_next(&mut out);
+                    }
+                }
                 if let Phase::Stopping {
                     kill_at,
                     killed: false,
@@ -758,8 +819,10 @@ impl Supervisor {
         out
     }
 
-    fn start_cycle(&mut self, cycle: u32) -> Vec<Action> {
+    fn start_cycle(&mut self, now: Instant, cycle: u32) -> Vec<Action> {
         self.cycle = cycle;
+        self.started_at = Some(now);
+        self.ended_at = None;
         self.phase = Phase::Running;
         self.end = None;
         self.reported = false;
@@ -1035,7 +1098,9 @@ impl Supervisor {
                 self.report(end, out);
                 match &mut self.phase {
                     // No rank runs: nothing to stop, `settle` ends the agent.
-                    Phase::Joining | Phase::Waiting => self.phase = Phase::Waiting,
+                    Phase::Joining | Phase::Waiting | Phase::BackingOff { .. } => {
+                        self.phase = Phase::Waiting
+                    }
                     Phase::Stopping { reason, .. } => {
                         // Already stopping after a failure: no restart any more, and forward the signal.
                         *reason = StopReason::Signal;
@@ -1094,7 +1159,7 @@ impl Supervisor {
                     return;
                 }
             }
-            Phase::Finished | Phase::Joining | Phase::Waiting => return,
+            Phase::Finished | Phase::Joining | Phase::Waiting | Phase::BackingOff { .. } => return,
         }
         let pids = self.live_pids();
         out.push(Action::Record(Record::Stop {
@@ -1121,13 +1186,24 @@ impl Supervisor {
         }
     }
 
+    /// Join the rendezvous of the (already incremented) next cycle.
+    fn join_next(&mut self, out: &mut Vec<Action>) {
+        self.phase = Phase::Joining;
+        out.push(Action::Job(JobRequest::Join {
+            cycle: self.cycle,
+            calculated: self.calculated.clone(),
+        }));
+    }
+
     /// Once no rank of the cycle is running and the job's verdict is known, decide what comes next.
     fn settle(&mut self, out: &mut Vec<Action>) {
-        if matches!(self.phase, Phase::Joining | Phase::Finished)
-            || self
-                .ranks
-                .iter()
-                .any(|r| matches!(r.state, RankState::Running | RankState::NotStarted))
+        if matches!(
+            self.phase,
+            Phase::Joining | Phase::Finished | Phase::BackingOff { .. }
+        ) || self
+            .ranks
+            .iter()
+            .any(|r| matches!(r.state, RankState::Running | RankState::NotStarted))
         {
             return;
         }
@@ -1156,17 +1232,26 @@ impl Supervisor {
                 Some(JobEnd::Done) => Outcome::Succeeded,
                 Some(JobEnd::Failed { .. }) if self.cycle < self.cfg.max_restarts => {
                     let next = self.cycle + 1;
+                    let ran = match (self.started_at, self.ended_at) {
+                        (Some(s), Some(e)) => e.saturating_duration_since(s),
+                        _ => Duration::ZERO,
+                    };
+                    let (wait, streak) = self.cfg.backoff.next(self.streak, ran);
+                    self.streak = streak;
                     out.push(Action::Record(Record::Restart {
                         from_cycle: self.cycle,
                         to_cycle: next,
                         restarts_left: self.cfg.max_restarts - next,
+                        ran_ms: ran.as_millis() as u64,
+                        backoff_ms: wait.as_millis() as u64,
                     }));
                     self.cycle = next;
-                    self.phase = Phase::Joining;
-                    out.push(Action::Job(JobRequest::Join {
-                        cycle: next,
-                        calculated: self.calculated.clone(),
-                    }));
+                    match self.ended_at {
+                        Some(at) if !wait.is_zero() => {
+                            self.phase = Phase::BackingOff { until: at + wait };
+                        }
+                        _ => self.join_next(out),
+                    }
                     return;
                 }
                 Some(JobEnd::Failed { .. }) => Outcome::Failed {
@@ -2012,7 +2097,145 @@ mod tests {
         }
     }
 
+    const B: Backoff = Backoff {
+        base: Duration::from_secs(1),
+        cap: Duration::from_secs(30),
+        reset_after: Duration::from_secs(300),
+    };
+
+    #[test]
+    fn backoff_is_immediate_first_then_doubles_to_the_cap() {
+        let quick = Duration::from_millis(10);
+        let mut streak = 0;
+        let mut waits = Vec::new();
+        for _ in 0..8 {
+            let (w, s) = B.next(streak, quick);
+            waits.push(w.as_secs());
+            streak = s;
+        }
+        assert_eq!(waits, vec![0, 1, 2, 4, 8, 16, 30, 30]);
+        // A long attempt starts a new streak: immediate again, then the base.
+        let (w, s) = B.next(streak, Duration::from_secs(300));
+        assert_eq!((w, s), (Duration::ZERO, 1));
+        assert_eq!(B.next(s, quick).0, Duration::from_secs(1));
+        assert_eq!(Backoff::OFF.next(7, quick).0, Duration::ZERO);
+    }
+
+    /// Fails the one rank of the current cycle at `t` (the verdict comes back at once).
+    fn fail_at(s: &mut Solo, t: Instant, pid: i32) -> Vec<Action> {
+        s.handle(
+            t,
+            Event::Reaped {
+                pid,
+                how: ExitKind::Code(1),
+            },
+        )
+    }
+
+    fn restart_waits(actions: &[Action]) -> Vec<u64> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Record(Record::Restart { backoff_ms, .. }) => Some(*backoff_ms),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn restarts_back_off_through_next_deadline() {
+        let t = Instant::now();
+        let (mut s, _) = Solo::new(SupervisorConfig {
+            backoff: B,
+            ..cfg(1, 10)
+        });
+        spawn_all(&mut s, t, 10);
+        let a = fail_at(&mut s, t, 10);
+        assert_eq!((restart_waits(&a), spawns(&a)), (vec![0], vec![1]));
+        spawn_all(&mut s, t, 20);
+        let failed = t + Duration::from_secs(1);
+        let a = fail_at(&mut s, failed, 20);
+        assert_eq!((restart_waits(&a), spawns(&a)), (vec![1000], vec![]));
+        let until = failed + Duration::from_secs(1);
+        assert_eq!(s.next_deadline(), Some(until));
+        let early = s.handle(until - Duration::from_millis(1), Event::Tick);
+        assert!(spawns(&early).is_empty());
+        assert_eq!(spawns(&s.handle(until, Event::Tick)), vec![2]);
+        assert_eq!(s.cycle(), 2);
+    }
+
+    #[test]
+    fn a_signal_during_a_backoff_ends_the_agent() {
+        let t = Instant::now();
+        let (mut s, _) = Solo::new(SupervisorConfig {
+            backoff: B,
+            ..cfg(1, 10)
+        });
+        spawn_all(&mut s, t, 10);
+        fail_at(&mut s, t, 10);
+        spawn_all(&mut s, t, 20);
+        fail_at(&mut s, t, 20);
+        assert!(s.next_deadline().is_some());
+        let a = s.handle(t, Event::Signal(SIGTERM));
+        assert_eq!(finish(&a), Some(&Outcome::Signaled { signal: SIGTERM }));
+        assert!(spawns(&a).is_empty());
+        assert_eq!(s.next_deadline(), None);
+    }
+
+    #[test]
+    fn lost_coordination_during_a_backoff_ends_the_agent() {
+        let t = Instant::now();
+        let (mut s, _) = Solo::new(SupervisorConfig {
+            backoff: B,
+            ..cfg(1, 10)
+        });
+        spawn_all(&mut s, t, 10);
+        fail_at(&mut s, t, 10);
+        spawn_all(&mut s, t, 20);
+        fail_at(&mut s, t, 20);
+        let a = s.handle(
+            t,
+            Event::CoordinationLost {
+                reason: "gone".into(),
+                requeue: true,
+            },
+        );
+        assert!(matches!(finish(&a), Some(Outcome::Lost { .. })));
+    }
+
     proptest::proptest! {
+        /// The first restart of a streak never waits; no wait exceeds the cap; within a streak
+        /// waits never shrink; a long attempt always restarts at once.
+        #[test]
+        fn backoff_bounds(
+            base_ms in 0u64..5_000,
+            cap_ms in 0u64..60_000,
+            reset_ms in 0u64..600_000,
+            rans in proptest::collection::vec(0u64..700_000, 1..40),
+        ) {
+            let b = Backoff {
+                base: Duration::from_millis(base_ms),
+                cap: Duration::from_millis(cap_ms),
+                reset_after: Duration::from_millis(reset_ms),
+            };
+            let mut streak = 0;
+            let mut last = Duration::ZERO;
+            for ran in rans {
+                let ran = Duration::from_millis(ran);
+                let (w, next) = b.next(streak, ran);
+                proptest::prop_assert!(w <= b.cap);
+                if streak == 0 || ran >= b.reset_after {
+                    proptest::prop_assert_eq!(w, Duration::ZERO);
+                    proptest::prop_assert_eq!(next, 1);
+                } else {
+                    proptest::prop_assert!(w >= last);
+                    proptest::prop_assert!(w <= b.base.saturating_mul(1 << (streak - 1).min(31)));
+                }
+                last = w;
+                streak = next;
+            }
+        }
+
         /// Whatever order ranks exit in, the supervisor ends exactly once, restarts at most
         /// `max_restarts` times and only ever signals pids of its own cycle.
         #[test]
