@@ -419,10 +419,15 @@ impl Agent {
             )),
             Record::RankSpawnFailed { error, .. } => console_note(error),
             Record::Hang { rank, pid, hang, .. } => console_note(&format!(
-                "rank {rank} (pid {pid}) is hung: {} of {:.1}s passed (silent for {:.1}s); capturing its stacks",
+                "rank {rank} (pid {pid}) is hung: {} of {:.1}s passed (silent for {:.1}s){}; capturing its stacks",
                 hang.timeout,
                 hang.limit_ms as f64 / 1000.0,
-                hang.silent_ms as f64 / 1000.0
+                hang.silent_ms as f64 / 1000.0,
+                if hang.stopped {
+                    ", its process is stopped (SIGSTOP?)"
+                } else {
+                    ""
+                }
             )),
             Record::Restart {
                 to_cycle,
@@ -486,6 +491,14 @@ impl Agent {
                         let report = stacks::capture(pid, &dir, via_shim, wait).await;
                         let _ = tx.send((cycle, local_rank, report));
                     });
+                }
+                Action::ProbeStopped { ranks } => {
+                    let stopped = ranks
+                        .into_iter()
+                        .filter(|(_, pid)| matches!(proc::process_state(*pid), Some('T' | 't')))
+                        .map(|(lr, _)| lr)
+                        .collect();
+                    self.queue.push_back(Event::Probed { stopped });
                 }
                 Action::SendToRank { local_rank, msg } => self.shared.send(local_rank, msg),
                 Action::SendToAll(msg) => self.shared.send_all(&msg),

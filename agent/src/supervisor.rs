@@ -147,6 +147,8 @@ pub enum Event {
     Disconnected { local_rank: u32 },
     /// The hung rank's stacks were captured (or the capture gave up).
     StacksCaptured { local_rank: u32 },
+    /// The answer to `ProbeStopped`: the local ranks whose process is stopped (state `T`).
+    Probed { stopped: Vec<u32> },
     /// Time passed; sent when `next_deadline` is reached.
     Tick,
     /// Every node joined this cycle: start the ranks. The job's rendezvous decides the global rank
@@ -284,6 +286,9 @@ pub struct Hang {
     pub limit_ms: u64,
     /// How long the rank had been silent (or in its section) when it was declared hung.
     pub silent_ms: u64,
+    /// The rank's process was stopped (SIGSTOP, a debugger): frozen, and so named the root cause
+    /// ahead of ranks whose timeout ran out first while they waited on it.
+    pub stopped: bool,
 }
 
 /// A line of the event log, without the fields the runtime adds (time, host).
@@ -427,6 +432,12 @@ pub enum Action {
         pid: i32,
         via_shim: bool,
     },
+    /// A hang is due: tell which of these ranks' processes are stopped, with `Probed`, before
+    /// the supervisor picks the hung rank (a frozen rank is the root cause, not the ranks that
+    /// wait on it).
+    ProbeStopped {
+        ranks: Vec<(u32, i32)>,
+    },
     /// Send to one rank's registered connection.
     SendToRank {
         local_rank: u32,
@@ -493,6 +504,8 @@ pub struct Supervisor {
     calculated_this_cycle: bool,
     /// A hung rank whose stacks are being captured: rank, why, and when to stop waiting.
     diagnosing: Option<(u32, Hang, Instant)>,
+    /// A hang is due and the runtime was asked which ranks are stopped (`ProbeStopped`).
+    probing: bool,
     training_finished: bool,
     /// The job's verdict on the current cycle, once known.
     end: Option<JobEnd>,
@@ -531,6 +544,7 @@ impl Supervisor {
             calculated: None,
             calculated_this_cycle: false,
             diagnosing: None,
+            probing: false,
             training_finished: false,
             end: None,
             reported: false,
@@ -723,9 +737,30 @@ impl Supervisor {
                     .is_some_and(|(_, _, until)| now >= *until)
                 {
                     self.conclude_hang(now, &mut out);
-                } else if self.diagnosing.is_none() {
+                } else if self.diagnosing.is_none()
+                    && !self.probing
+                    && self.earliest_hang().is_some_and(|(_, d)| now >= d.at)
+                {
+                    self.probing = true;
+                    let ranks = self
+                        .ranks
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, r)| r.state == RankState::Running)
+                        .filter_map(|(i, r)| Some((i as u32, r.pid?)))
+                        .collect();
+                    out.push(Action::ProbeStopped { ranks });
+                }
+            }
+            Event::Probed { stopped } => {
+                if std::mem::take(&mut self.probing)
+                    && self.phase == Phase::Running
+                    && self.diagnosing.is_none()
+                {
+                    // Still due? A message may have come in while the runtime looked.
                     if let Some((lr, due)) = self.earliest_hang().filter(|(_, d)| now >= d.at) {
-                        self.begin_diagnosis(now, lr, due, &mut out);
+                        let (lr, due, frozen) = self.root_of_hang(lr, due, &stopped);
+                        self.begin_diagnosis(now, lr, due, frozen, &mut out);
                     }
                 }
             }
@@ -829,6 +864,7 @@ impl Supervisor {
         self.reaped = false;
         self.failures.clear();
         self.diagnosing = None;
+        self.probing = false;
         self.calculated_this_cycle = false;
         self.ranks = (0..self.cfg.nproc)
             .map(|_| Rank {
@@ -1011,7 +1047,43 @@ impl Supervisor {
         }));
     }
 
-    fn begin_diagnosis(&mut self, now: Instant, local_rank: u32, due: Due, out: &mut Vec<Action>) {
+    /// The rank to declare hung when `due_rank`'s timeout ran out: a running rank whose process
+    /// is stopped, if any (the one silent longest), since ranks waiting on a frozen one (in a
+    /// barrier, a collective) go silent too and may run out first. Returns the rank, its own
+    /// timeout if it has one (else `due`'s), and whether it is stopped.
+    fn root_of_hang(&self, due_rank: u32, due: Due, stopped: &[u32]) -> (u32, Due, bool) {
+        if stopped.contains(&due_rank) {
+            return (due_rank, due, true);
+        }
+        let frozen = stopped
+            .iter()
+            .filter(|lr| {
+                self.ranks
+                    .get(**lr as usize)
+                    .is_some_and(|r| r.state == RankState::Running)
+            })
+            .map(|lr| {
+                let own = self.ranks[*lr as usize]
+                    .monitor
+                    .as_ref()
+                    .and_then(|m| m.deadline(&self.timeouts, self.cfg.warmup_steps));
+                (*lr, own)
+            })
+            .min_by_key(|(lr, own)| (own.is_none(), own.as_ref().map(|d| d.since), *lr));
+        match frozen {
+            Some((lr, own)) => (lr, own.unwrap_or(due), true),
+            None => (due_rank, due, false),
+        }
+    }
+
+    fn begin_diagnosis(
+        &mut self,
+        now: Instant,
+        local_rank: u32,
+        due: Due,
+        stopped: bool,
+        out: &mut Vec<Action>,
+    ) {
         let Some(pid) = self.ranks[local_rank as usize].pid else {
             return;
         };
@@ -1019,6 +1091,7 @@ impl Supervisor {
             timeout: due.kind.clone(),
             limit_ms: due.limit.as_millis() as u64,
             silent_ms: now.saturating_duration_since(due.since).as_millis() as u64,
+            stopped,
         };
         out.push(Action::Record(Record::Hang {
             cycle: self.cycle,
@@ -1302,6 +1375,8 @@ mod tests {
     /// hand instead.)
     struct Solo {
         s: Supervisor,
+        /// Local ranks whose process the loopback runtime reports stopped.
+        stopped: Vec<u32>,
     }
 
     impl std::ops::Deref for Solo {
@@ -1314,7 +1389,10 @@ mod tests {
     impl Solo {
         fn new(cfg: SupervisorConfig) -> (Solo, Vec<Action>) {
             let (s, first) = Supervisor::new(cfg);
-            let mut solo = Solo { s };
+            let mut solo = Solo {
+                s,
+                stopped: Vec::new(),
+            };
             let out = solo.loopback(Instant::now(), first);
             (solo, out)
         }
@@ -1342,6 +1420,13 @@ mod tests {
                     Action::Job(JobRequest::ReportDone { cycle }) => Some(Event::CycleEnded {
                         cycle: *cycle,
                         end: JobEnd::Done,
+                    }),
+                    Action::ProbeStopped { ranks } => Some(Event::Probed {
+                        stopped: ranks
+                            .iter()
+                            .map(|(lr, _)| *lr)
+                            .filter(|lr| self.stopped.contains(lr))
+                            .collect(),
                     }),
                     Action::Job(JobRequest::ShareTimeouts { cycle, timeouts }) => {
                         Some(Event::JobTimeouts {
@@ -1694,6 +1779,109 @@ mod tests {
             s.failures()[0].hang.as_ref().unwrap().timeout,
             HangKind::Heartbeat
         );
+    }
+
+    /// Two registered ranks that heartbeat at `t`; local rank 0 once more at `t + 500 ms`.
+    fn two_beating(t: Instant, stopped: Vec<u32>) -> Solo {
+        let mut c = cfg(2, 0);
+        c.timeouts.heartbeat = Some(Duration::from_secs(1));
+        let (mut s, _) = Solo::new(c);
+        s.stopped = stopped;
+        spawn_all(&mut s, t, 100);
+        for lr in 0..2 {
+            let reg = RankMsg::Register {
+                rank: lr,
+                local_rank: lr,
+                pid: 100 + lr,
+                cycle: 0,
+            };
+            for msg in [reg, RankMsg::Heartbeat { step: None }] {
+                s.handle(
+                    t,
+                    Event::Message {
+                        local_rank: lr,
+                        msg,
+                    },
+                );
+            }
+        }
+        let msg = RankMsg::Heartbeat { step: None };
+        s.handle(
+            t + Duration::from_millis(500),
+            Event::Message { local_rank: 0, msg },
+        );
+        s
+    }
+
+    fn hangs(actions: &[Action]) -> Vec<(u32, Hang)> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Record(Record::Hang {
+                    local_rank, hang, ..
+                }) => Some((*local_rank, hang.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_stopped_rank_is_named_hung_before_the_ranks_waiting_on_it() {
+        let t = Instant::now();
+        // Rank 1 went silent first (waiting on rank 0), but rank 0's process is stopped.
+        let mut s = two_beating(t, vec![0]);
+        let now = t + Duration::from_secs(1);
+        let a = s.handle(now, Event::Tick);
+        assert!(a.iter().any(
+            |x| matches!(x, Action::ProbeStopped { ranks } if ranks == &[(0, 100), (1, 101)])
+        ));
+        let h = hangs(&a);
+        assert_eq!(h.len(), 1);
+        assert_eq!(h[0].0, 0);
+        assert!(h[0].1.stopped);
+        assert_eq!(h[0].1.silent_ms, 500);
+        s.handle(now, Event::StacksCaptured { local_rank: 0 });
+        assert_eq!(s.failures().len(), 1);
+        assert_eq!(s.failures()[0].local_rank, 0);
+
+        // Nothing stopped: the rank that ran out first is hung, as before.
+        let mut s = two_beating(t, vec![]);
+        let h = hangs(&s.handle(now, Event::Tick));
+        assert_eq!((h[0].0, h[0].1.stopped), (1, false));
+    }
+
+    #[test]
+    fn a_probe_answer_after_the_rank_spoke_again_declares_nothing() {
+        let t = Instant::now();
+        let mut c = cfg(1, 0);
+        c.timeouts.heartbeat = Some(Duration::from_secs(1));
+        let (s, _) = Solo::new(c);
+        let mut s = s.s;
+        // Driven by hand: the probe's answer comes after a heartbeat.
+        s.handle(
+            t,
+            Event::RankSpawned {
+                local_rank: 0,
+                pid: 7,
+            },
+        );
+        let reg = RankMsg::Register {
+            rank: 0,
+            local_rank: 0,
+            pid: 7,
+            cycle: 0,
+        };
+        for msg in [reg, RankMsg::Heartbeat { step: None }] {
+            s.handle(t, Event::Message { local_rank: 0, msg });
+        }
+        let now = t + Duration::from_secs(2);
+        let a = s.handle(now, Event::Tick);
+        assert!(a.iter().any(|x| matches!(x, Action::ProbeStopped { .. })));
+        assert!(s.handle(now, Event::Tick).is_empty(), "one probe at a time");
+        let msg = RankMsg::Heartbeat { step: None };
+        s.handle(now, Event::Message { local_rank: 0, msg });
+        let a = s.handle(now, Event::Probed { stopped: vec![] });
+        assert!(hangs(&a).is_empty(), "{a:?}");
     }
 
     #[test]
