@@ -277,6 +277,34 @@ pub struct RunArgs {
     )]
     pub numa_binding: Option<String>,
 
+    /// Seconds before the second restart in a row; each further one waits twice as long (up to
+    /// --restart-backoff-max). The first restart is immediate; 0 turns back-off off.
+    #[arg(
+        long = "restart-backoff",
+        alias = "restart_backoff",
+        default_value_t = 1.0,
+        value_parser = seconds
+    )]
+    pub restart_backoff: f64,
+
+    /// The longest wait before a restart, in seconds.
+    #[arg(
+        long = "restart-backoff-max",
+        alias = "restart_backoff_max",
+        default_value_t = 30.0,
+        value_parser = seconds
+    )]
+    pub restart_backoff_max: f64,
+
+    /// An attempt that ran this many seconds before failing makes the next restart immediate again.
+    #[arg(
+        long = "restart-backoff-reset",
+        alias = "restart_backoff_reset",
+        default_value_t = 300.0,
+        value_parser = seconds
+    )]
+    pub restart_backoff_reset: f64,
+
     /// Seconds from a rank's start to its first heartbeat (catches ranks that never connect).
     #[arg(
         long = "initial-heartbeat-timeout",

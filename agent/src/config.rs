@@ -114,6 +114,8 @@ pub struct LaunchConfig {
     pub dup_stderr: Vec<String>,
     /// Every rank gets LOCAL_RANK=0 and only its own GPU.
     pub virtual_local_rank: bool,
+    /// The wait before each restart (`--restart-backoff*`).
+    pub backoff: crate::supervisor::Backoff,
     /// Program and arguments of every rank.
     pub command: Vec<String>,
     /// What the failure summary calls the job (`train.py FAILED`).
@@ -683,6 +685,11 @@ pub fn resolve(a: &RunArgs, host: &Host) -> Result<LaunchConfig, ConfigError> {
         dup_stdout: parse_filters(&a.duplicate_stdout_filters),
         dup_stderr: parse_filters(&a.duplicate_stderr_filters),
         virtual_local_rank: a.virtual_local_rank,
+        backoff: crate::supervisor::Backoff {
+            base: secs("--restart-backoff", a.restart_backoff)?,
+            cap: secs("--restart-backoff-max", a.restart_backoff_max)?,
+            reset_after: secs("--restart-backoff-reset", a.restart_backoff_reset)?,
+        },
         command,
         entrypoint_name,
         log_dir: a.log_dir.clone(),

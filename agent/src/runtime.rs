@@ -205,6 +205,8 @@ struct Agent {
     host: String,
     events: EventLog,
     watchdog: Option<Watchdog>,
+    /// How every process the ranks started is found again at the end of an attempt.
+    containment: proc::Containment,
     /// stderr tails of the current cycle's ranks.
     tails: Vec<Tail>,
     readers: Vec<JoinHandle<()>>,
@@ -346,7 +348,8 @@ impl Agent {
                 "VIGIL_STACK_FILE".into(),
                 dir.join("stacks.txt").to_string_lossy().into_owned(),
             ));
-            match proc::spawn_rank(&self.cfg.command, &env) {
+            env.push(self.containment.env());
+            match proc::spawn_rank(&self.cfg.command, &env, self.containment.cgroup()) {
                 Ok(sp) => {
                     if let Some(w) = &mut self.watchdog {
                         w.guard(sp.pid);
@@ -469,10 +472,26 @@ impl Agent {
             )),
             Record::RankSpawnFailed { error, .. } => console_note(error),
             Record::Hang { rank, pid, hang, .. } => console_note(&format!(
-                "rank {rank} (pid {pid}) is hung: {} of {:.1}s passed (silent for {:.1}s); capturing its stacks",
+                "rank {rank} (pid {pid}) is hung: {} of {:.1}s passed (silent for {:.1}s){}; capturing its stacks",
                 hang.timeout,
                 hang.limit_ms as f64 / 1000.0,
-                hang.silent_ms as f64 / 1000.0
+                hang.silent_ms as f64 / 1000.0,
+                if hang.stopped {
+                    ", its process is stopped (SIGSTOP?)"
+                } else {
+                    ""
+                }
+            )),
+            Record::Restart {
+                to_cycle,
+                ran_ms,
+                backoff_ms,
+                ..
+            } if *backoff_ms > 0 => console_note(&format!(
+                "attempt {} failed after {:.1}s; waiting {:.1}s before attempt {to_cycle} (restart back-off)",
+                to_cycle - 1,
+                *ran_ms as f64 / 1000.0,
+                *backoff_ms as f64 / 1000.0
             )),
             Record::TimeoutsUpdated { source, timeouts } => console_note(&format!(
                 "timeouts ({source}): {}",
@@ -497,8 +516,11 @@ impl Agent {
                     }
                 }
                 Action::ReapGroups { pgids } => {
+                    for p in &pgids {
+                        proc::signal_group(*p, libc::SIGKILL);
+                    }
+                    self.sweep(self.shared.cycle.get());
                     for p in pgids {
-                        proc::signal_group(p, libc::SIGKILL);
                         if let Some(w) = &mut self.watchdog {
                             w.release(p);
                         }
@@ -523,6 +545,14 @@ impl Agent {
                         let _ = tx.send((cycle, local_rank, report));
                     });
                 }
+                Action::ProbeStopped { ranks } => {
+                    let stopped = ranks
+                        .into_iter()
+                        .filter(|(_, pid)| matches!(proc::process_state(*pid), Some('T' | 't')))
+                        .map(|(lr, _)| lr)
+                        .collect();
+                    self.queue.push_back(Event::Probed { stopped });
+                }
                 Action::SendToRank { local_rank, msg } => self.shared.send(local_rank, msg),
                 Action::SendToAll(msg) => self.shared.send_all(&msg),
                 Action::SaveTimeouts(t) => {
@@ -535,6 +565,23 @@ impl Agent {
                     }
                 }
             }
+        }
+    }
+
+    /// Kills whatever the ranks left running outside their process groups (daemons that called
+    /// setsid, double forks) and says so. Called once no rank of the attempt runs, so every child
+    /// of the agent but the watchdog is such a leftover.
+    fn sweep(&mut self, cycle: u32) {
+        let spare: Vec<i32> = self.watchdog.iter().map(Watchdog::pid).collect();
+        let me = std::process::id() as i32;
+        let killed = self.containment.sweep(Some((me, &spare)));
+        if killed > 0 {
+            console_note(&format!(
+                "killed {killed} process(es) the ranks of attempt {cycle} left running outside their process groups"
+            ));
+            self.events.write_value(serde_json::json!({
+                "event": "leftovers_killed", "cycle": cycle, "count": killed,
+            }));
         }
     }
 
@@ -798,7 +845,8 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf) -> i32 {
             "cannot become a child subreaper ({e}); orphaned rank descendants are reaped by init"
         ));
     }
-    let watchdog = match Watchdog::start() {
+    let containment = proc::Containment::create();
+    let watchdog = match Watchdog::start(&containment) {
         Ok(w) => Some(w),
         Err(e) => {
             console_note(&format!("cannot start the watchdog ({e}); ranks still die with the agent, their children may not"));
@@ -882,6 +930,7 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf) -> i32 {
         host,
         run_dir,
         watchdog,
+        containment,
         tails: Vec::new(),
         readers: Vec::new(),
         queue: VecDeque::new(),
@@ -900,6 +949,10 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf) -> i32 {
         peer_end: None,
         cfg,
     };
+    agent.events.write_value(serde_json::json!({
+        "event": "containment",
+        "cgroup": agent.containment.cgroup(),
+    }));
     agent.events.write_value(serde_json::json!({
         "event": "nodes",
         "nnodes": agent.cfg.nnodes,
@@ -926,6 +979,7 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf) -> i32 {
         termination_signal: agent.cfg.termination_signal,
         stack_wait: agent.cfg.stack_wait,
         calculated,
+        backoff: agent.cfg.backoff,
     });
     agent.execute(first);
     let mut ticker = tokio::time::interval(CLOCK_TICK);
@@ -1035,6 +1089,9 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf) -> i32 {
             let _ = tokio::time::timeout(bound, coordinator).await;
         }
     }
+    // Nothing the ranks started outlives the agent, whichever way the job ended.
+    agent.sweep(sup.cycle());
+    agent.containment.remove();
     let outcome = agent.outcome.clone().unwrap_or(Outcome::Succeeded);
     let (job_now, _) = clock.wake();
     match &outcome {

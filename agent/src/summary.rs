@@ -103,10 +103,15 @@ fn rank_block(out: &mut String, idx: usize, f: &FailedRank) {
     if let Some(h) = &f.hang {
         let _ = writeln!(
             out,
-            "  hang      : {} of {:.1}s passed (silent for {:.1}s)",
+            "  hang      : {} of {:.1}s passed (silent for {:.1}s){}",
             h.timeout,
             h.limit_ms as f64 / 1000.0,
-            h.silent_ms as f64 / 1000.0
+            h.silent_ms as f64 / 1000.0,
+            if h.stopped {
+                "; the process was stopped (SIGSTOP or a debugger), so it is the root cause"
+            } else {
+                ""
+            }
         );
     }
     if let Some(st) = &f.stacks {
@@ -225,5 +230,32 @@ mod tests {
         assert!(root.contains("ValueError: bad batch"));
         let others = text.split("Root Cause").next().unwrap();
         assert!(others.contains("-9 (SIGKILL)"));
+    }
+
+    #[test]
+    fn a_stopped_hung_rank_is_said_to_be_stopped() {
+        let hang = |stopped| Hang {
+            timeout: crate::monitor::HangKind::Heartbeat,
+            limit_ms: 2000,
+            silent_ms: 2500,
+            stopped,
+        };
+        let f = |stopped| FailedRank {
+            time: "2026-11-21T10:00:00Z".into(),
+            host: "node1".into(),
+            rank: 0,
+            local_rank: 0,
+            how: Some(ExitKind::Signal(15)),
+            hang: Some(hang(stopped)),
+            stacks: None,
+            pid: 100,
+            error_file: None,
+            error: None,
+            stderr_tail: Vec::new(),
+        };
+        let text = render("train.py", 0, &[f(true)], None);
+        assert!(text.contains("(silent for 2.5s); the process was stopped (SIGSTOP"));
+        let text = render("train.py", 0, &[f(false)], None);
+        assert!(text.contains("(silent for 2.5s)\n"), "{text}");
     }
 }

@@ -68,6 +68,43 @@ pub struct SupervisorConfig {
     pub stack_wait: Duration,
     /// Timeouts calculated by an earlier run of this job (the state file), if any.
     pub calculated: Option<Timeouts>,
+    /// How long to wait before each restart.
+    pub backoff: Backoff,
+}
+
+/// The wait before a restart: none before the first of a streak, then `base`, doubling up to
+/// `cap`. An attempt that ran at least `reset_after` before it failed starts a new streak, so a
+/// job that fails once a day restarts at once every time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    /// The second restart's wait; zero turns back-off off.
+    pub base: Duration,
+    pub cap: Duration,
+    pub reset_after: Duration,
+}
+
+impl Backoff {
+    pub const OFF: Backoff = Backoff {
+        base: Duration::ZERO,
+        cap: Duration::ZERO,
+        reset_after: Duration::ZERO,
+    };
+
+    /// The wait before the restart that follows a failed attempt which ran for `ran`, given how
+    /// many restarts came before it in the current streak; returns the wait and the streak after
+    /// this restart. Every node computes it from the same job-wide facts (the attempt's verdict
+    /// arrives everywhere at once), so every node waits alike.
+    pub fn next(&self, streak: u32, ran: Duration) -> (Duration, u32) {
+        let streak = if ran >= self.reset_after { 0 } else { streak };
+        let wait = match streak {
+            0 => Duration::ZERO,
+            n => {
+                let factor = 1u32 << (n - 1).min(31);
+                self.base.saturating_mul(factor).min(self.cap)
+            }
+        };
+        (wait, streak.saturating_add(1))
+    }
 }
 
 impl SupervisorConfig {
@@ -87,6 +124,7 @@ impl SupervisorConfig {
             termination_signal: SIGTERM,
             stack_wait: Duration::from_secs(2),
             calculated: None,
+            backoff: Backoff::OFF,
         }
     }
 }
@@ -109,6 +147,8 @@ pub enum Event {
     Disconnected { local_rank: u32 },
     /// The hung rank's stacks were captured (or the capture gave up).
     StacksCaptured { local_rank: u32 },
+    /// The answer to `ProbeStopped`: the local ranks whose process is stopped (state `T`).
+    Probed { stopped: Vec<u32> },
     /// Time passed; sent when `next_deadline` is reached.
     Tick,
     /// Every node joined this cycle: start the ranks. The job's rendezvous decides the global rank
@@ -246,6 +286,9 @@ pub struct Hang {
     pub limit_ms: u64,
     /// How long the rank had been silent (or in its section) when it was declared hung.
     pub silent_ms: u64,
+    /// The rank's process was stopped (SIGSTOP, a debugger): frozen, and so named the root cause
+    /// ahead of ranks whose timeout ran out first while they waited on it.
+    pub stopped: bool,
 }
 
 /// A line of the event log, without the fields the runtime adds (time, host).
@@ -320,6 +363,10 @@ pub enum Record {
         from_cycle: u32,
         to_cycle: u32,
         restarts_left: u32,
+        /// How long the failed attempt ran, from its start to the job's verdict on it.
+        ran_ms: u64,
+        /// How long the agent waits before joining the next attempt.
+        backoff_ms: u64,
     },
     Joined {
         cycle: u32,
@@ -385,6 +432,12 @@ pub enum Action {
         pid: i32,
         via_shim: bool,
     },
+    /// A hang is due: tell which of these ranks' processes are stopped, with `Probed`, before
+    /// the supervisor picks the hung rank (a frozen rank is the root cause, not the ranks that
+    /// wait on it).
+    ProbeStopped {
+        ranks: Vec<(u32, i32)>,
+    },
     /// Send to one rank's registered connection.
     SendToRank {
         local_rank: u32,
@@ -426,6 +479,10 @@ enum Phase {
     },
     /// Every local rank exited 0; waiting for the other nodes.
     Waiting,
+    /// The last attempt failed; join `cycle` (already the next one) at `until`.
+    BackingOff {
+        until: Instant,
+    },
     Finished,
 }
 
@@ -447,6 +504,8 @@ pub struct Supervisor {
     calculated_this_cycle: bool,
     /// A hung rank whose stacks are being captured: rank, why, and when to stop waiting.
     diagnosing: Option<(u32, Hang, Instant)>,
+    /// A hang is due and the runtime was asked which ranks are stopped (`ProbeStopped`).
+    probing: bool,
     training_finished: bool,
     /// The job's verdict on the current cycle, once known.
     end: Option<JobEnd>,
@@ -459,6 +518,11 @@ pub struct Supervisor {
     /// How this node stopped the job for good (a signal beats a rank that could not start): what
     /// nodes still heading for another cycle are told when this one leaves.
     stopped: Option<JobEnd>,
+    /// When the current cycle started and when the job's verdict on it came.
+    started_at: Option<Instant>,
+    ended_at: Option<Instant>,
+    /// Restarts in the current back-off streak.
+    streak: u32,
 }
 
 pub const SIGKILL: i32 = libc::SIGKILL;
@@ -480,12 +544,16 @@ impl Supervisor {
             calculated: None,
             calculated_this_cycle: false,
             diagnosing: None,
+            probing: false,
             training_finished: false,
             end: None,
             reported: false,
             lost_requeue: true,
             reaped: false,
             stopped: None,
+            started_at: None,
+            ended_at: None,
+            streak: 0,
         };
         let mut actions = Vec::new();
         s.timeouts = s.cfg.timeouts.clone();
@@ -564,6 +632,7 @@ impl Supervisor {
                 Some((_, _, until)) => Some(*until),
                 None => self.earliest_hang().map(|(_, due)| due.at),
             },
+            Phase::BackingOff { until } => Some(until),
             _ => None,
         }
     }
@@ -668,9 +737,30 @@ impl Supervisor {
                     .is_some_and(|(_, _, until)| now >= *until)
                 {
                     self.conclude_hang(now, &mut out);
-                } else if self.diagnosing.is_none() {
+                } else if self.diagnosing.is_none()
+                    && !self.probing
+                    && self.earliest_hang().is_some_and(|(_, d)| now >= d.at)
+                {
+                    self.probing = true;
+                    let ranks = self
+                        .ranks
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, r)| r.state == RankState::Running)
+                        .filter_map(|(i, r)| Some((i as u32, r.pid?)))
+                        .collect();
+                    out.push(Action::ProbeStopped { ranks });
+                }
+            }
+            Event::Probed { stopped } => {
+                if std::mem::take(&mut self.probing)
+                    && self.phase == Phase::Running
+                    && self.diagnosing.is_none()
+                {
+                    // Still due? A message may have come in while the runtime looked.
                     if let Some((lr, due)) = self.earliest_hang().filter(|(_, d)| now >= d.at) {
-                        self.begin_diagnosis(now, lr, due, &mut out);
+                        let (lr, due, frozen) = self.root_of_hang(lr, due, &stopped);
+                        self.begin_diagnosis(now, lr, due, frozen, &mut out);
                     }
                 }
             }
@@ -688,7 +778,7 @@ impl Supervisor {
                         let source = if cycle == 0 { "loaded" } else { "calculated" };
                         self.adopt_timeouts(&t, source, &mut out);
                     }
-                    out.extend(self.start_cycle(cycle));
+                    out.extend(self.start_cycle(now, cycle));
                 }
             }
             Event::CycleEnded { cycle, end } => {
@@ -698,6 +788,7 @@ impl Supervisor {
                         end: end.clone(),
                     }));
                     self.end = Some(end);
+                    self.ended_at = Some(now);
                     if self.phase == Phase::Joining {
                         // The rendezvous itself was ended by a node that stopped or was lost.
                         self.phase = Phase::Waiting;
@@ -722,12 +813,17 @@ impl Supervisor {
                 }));
                 self.lost_requeue = requeue;
                 self.end = Some(end);
-                if self.phase == Phase::Joining {
+                if matches!(self.phase, Phase::Joining | Phase::BackingOff { .. }) {
                     self.phase = Phase::Waiting;
                 }
                 self.stop_for_peer(now, &mut out);
             }
             Event::Tick => {
+                if let Phase::BackingOff { until } = self.phase {
+                    if now >= until {
+                        self.join_next(&mut out);
+                    }
+                }
                 if let Phase::Stopping {
                     kill_at,
                     killed: false,
@@ -758,14 +854,17 @@ impl Supervisor {
         out
     }
 
-    fn start_cycle(&mut self, cycle: u32) -> Vec<Action> {
+    fn start_cycle(&mut self, now: Instant, cycle: u32) -> Vec<Action> {
         self.cycle = cycle;
+        self.started_at = Some(now);
+        self.ended_at = None;
         self.phase = Phase::Running;
         self.end = None;
         self.reported = false;
         self.reaped = false;
         self.failures.clear();
         self.diagnosing = None;
+        self.probing = false;
         self.calculated_this_cycle = false;
         self.ranks = (0..self.cfg.nproc)
             .map(|_| Rank {
@@ -948,7 +1047,43 @@ impl Supervisor {
         }));
     }
 
-    fn begin_diagnosis(&mut self, now: Instant, local_rank: u32, due: Due, out: &mut Vec<Action>) {
+    /// The rank to declare hung when `due_rank`'s timeout ran out: a running rank whose process
+    /// is stopped, if any (the one silent longest), since ranks waiting on a frozen one (in a
+    /// barrier, a collective) go silent too and may run out first. Returns the rank, its own
+    /// timeout if it has one (else `due`'s), and whether it is stopped.
+    fn root_of_hang(&self, due_rank: u32, due: Due, stopped: &[u32]) -> (u32, Due, bool) {
+        if stopped.contains(&due_rank) {
+            return (due_rank, due, true);
+        }
+        let frozen = stopped
+            .iter()
+            .filter(|lr| {
+                self.ranks
+                    .get(**lr as usize)
+                    .is_some_and(|r| r.state == RankState::Running)
+            })
+            .map(|lr| {
+                let own = self.ranks[*lr as usize]
+                    .monitor
+                    .as_ref()
+                    .and_then(|m| m.deadline(&self.timeouts, self.cfg.warmup_steps));
+                (*lr, own)
+            })
+            .min_by_key(|(lr, own)| (own.is_none(), own.as_ref().map(|d| d.since), *lr));
+        match frozen {
+            Some((lr, own)) => (lr, own.unwrap_or(due), true),
+            None => (due_rank, due, false),
+        }
+    }
+
+    fn begin_diagnosis(
+        &mut self,
+        now: Instant,
+        local_rank: u32,
+        due: Due,
+        stopped: bool,
+        out: &mut Vec<Action>,
+    ) {
         let Some(pid) = self.ranks[local_rank as usize].pid else {
             return;
         };
@@ -956,6 +1091,7 @@ impl Supervisor {
             timeout: due.kind.clone(),
             limit_ms: due.limit.as_millis() as u64,
             silent_ms: now.saturating_duration_since(due.since).as_millis() as u64,
+            stopped,
         };
         out.push(Action::Record(Record::Hang {
             cycle: self.cycle,
@@ -1035,7 +1171,9 @@ impl Supervisor {
                 self.report(end, out);
                 match &mut self.phase {
                     // No rank runs: nothing to stop, `settle` ends the agent.
-                    Phase::Joining | Phase::Waiting => self.phase = Phase::Waiting,
+                    Phase::Joining | Phase::Waiting | Phase::BackingOff { .. } => {
+                        self.phase = Phase::Waiting
+                    }
                     Phase::Stopping { reason, .. } => {
                         // Already stopping after a failure: no restart any more, and forward the signal.
                         *reason = StopReason::Signal;
@@ -1094,7 +1232,7 @@ impl Supervisor {
                     return;
                 }
             }
-            Phase::Finished | Phase::Joining | Phase::Waiting => return,
+            Phase::Finished | Phase::Joining | Phase::Waiting | Phase::BackingOff { .. } => return,
         }
         let pids = self.live_pids();
         out.push(Action::Record(Record::Stop {
@@ -1121,13 +1259,24 @@ impl Supervisor {
         }
     }
 
+    /// Join the rendezvous of the (already incremented) next cycle.
+    fn join_next(&mut self, out: &mut Vec<Action>) {
+        self.phase = Phase::Joining;
+        out.push(Action::Job(JobRequest::Join {
+            cycle: self.cycle,
+            calculated: self.calculated.clone(),
+        }));
+    }
+
     /// Once no rank of the cycle is running and the job's verdict is known, decide what comes next.
     fn settle(&mut self, out: &mut Vec<Action>) {
-        if matches!(self.phase, Phase::Joining | Phase::Finished)
-            || self
-                .ranks
-                .iter()
-                .any(|r| matches!(r.state, RankState::Running | RankState::NotStarted))
+        if matches!(
+            self.phase,
+            Phase::Joining | Phase::Finished | Phase::BackingOff { .. }
+        ) || self
+            .ranks
+            .iter()
+            .any(|r| matches!(r.state, RankState::Running | RankState::NotStarted))
         {
             return;
         }
@@ -1156,17 +1305,26 @@ impl Supervisor {
                 Some(JobEnd::Done) => Outcome::Succeeded,
                 Some(JobEnd::Failed { .. }) if self.cycle < self.cfg.max_restarts => {
                     let next = self.cycle + 1;
+                    let ran = match (self.started_at, self.ended_at) {
+                        (Some(s), Some(e)) => e.saturating_duration_since(s),
+                        _ => Duration::ZERO,
+                    };
+                    let (wait, streak) = self.cfg.backoff.next(self.streak, ran);
+                    self.streak = streak;
                     out.push(Action::Record(Record::Restart {
                         from_cycle: self.cycle,
                         to_cycle: next,
                         restarts_left: self.cfg.max_restarts - next,
+                        ran_ms: ran.as_millis() as u64,
+                        backoff_ms: wait.as_millis() as u64,
                     }));
                     self.cycle = next;
-                    self.phase = Phase::Joining;
-                    out.push(Action::Job(JobRequest::Join {
-                        cycle: next,
-                        calculated: self.calculated.clone(),
-                    }));
+                    match self.ended_at {
+                        Some(at) if !wait.is_zero() => {
+                            self.phase = Phase::BackingOff { until: at + wait };
+                        }
+                        _ => self.join_next(out),
+                    }
                     return;
                 }
                 Some(JobEnd::Failed { .. }) => Outcome::Failed {
@@ -1217,6 +1375,8 @@ mod tests {
     /// hand instead.)
     struct Solo {
         s: Supervisor,
+        /// Local ranks whose process the loopback runtime reports stopped.
+        stopped: Vec<u32>,
     }
 
     impl std::ops::Deref for Solo {
@@ -1229,7 +1389,10 @@ mod tests {
     impl Solo {
         fn new(cfg: SupervisorConfig) -> (Solo, Vec<Action>) {
             let (s, first) = Supervisor::new(cfg);
-            let mut solo = Solo { s };
+            let mut solo = Solo {
+                s,
+                stopped: Vec::new(),
+            };
             let out = solo.loopback(Instant::now(), first);
             (solo, out)
         }
@@ -1257,6 +1420,13 @@ mod tests {
                     Action::Job(JobRequest::ReportDone { cycle }) => Some(Event::CycleEnded {
                         cycle: *cycle,
                         end: JobEnd::Done,
+                    }),
+                    Action::ProbeStopped { ranks } => Some(Event::Probed {
+                        stopped: ranks
+                            .iter()
+                            .map(|(lr, _)| *lr)
+                            .filter(|lr| self.stopped.contains(lr))
+                            .collect(),
                     }),
                     Action::Job(JobRequest::ShareTimeouts { cycle, timeouts }) => {
                         Some(Event::JobTimeouts {
@@ -1609,6 +1779,109 @@ mod tests {
             s.failures()[0].hang.as_ref().unwrap().timeout,
             HangKind::Heartbeat
         );
+    }
+
+    /// Two registered ranks that heartbeat at `t`; local rank 0 once more at `t + 500 ms`.
+    fn two_beating(t: Instant, stopped: Vec<u32>) -> Solo {
+        let mut c = cfg(2, 0);
+        c.timeouts.heartbeat = Some(Duration::from_secs(1));
+        let (mut s, _) = Solo::new(c);
+        s.stopped = stopped;
+        spawn_all(&mut s, t, 100);
+        for lr in 0..2 {
+            let reg = RankMsg::Register {
+                rank: lr,
+                local_rank: lr,
+                pid: 100 + lr,
+                cycle: 0,
+            };
+            for msg in [reg, RankMsg::Heartbeat { step: None }] {
+                s.handle(
+                    t,
+                    Event::Message {
+                        local_rank: lr,
+                        msg,
+                    },
+                );
+            }
+        }
+        let msg = RankMsg::Heartbeat { step: None };
+        s.handle(
+            t + Duration::from_millis(500),
+            Event::Message { local_rank: 0, msg },
+        );
+        s
+    }
+
+    fn hangs(actions: &[Action]) -> Vec<(u32, Hang)> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Record(Record::Hang {
+                    local_rank, hang, ..
+                }) => Some((*local_rank, hang.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_stopped_rank_is_named_hung_before_the_ranks_waiting_on_it() {
+        let t = Instant::now();
+        // Rank 1 went silent first (waiting on rank 0), but rank 0's process is stopped.
+        let mut s = two_beating(t, vec![0]);
+        let now = t + Duration::from_secs(1);
+        let a = s.handle(now, Event::Tick);
+        assert!(a.iter().any(
+            |x| matches!(x, Action::ProbeStopped { ranks } if ranks == &[(0, 100), (1, 101)])
+        ));
+        let h = hangs(&a);
+        assert_eq!(h.len(), 1);
+        assert_eq!(h[0].0, 0);
+        assert!(h[0].1.stopped);
+        assert_eq!(h[0].1.silent_ms, 500);
+        s.handle(now, Event::StacksCaptured { local_rank: 0 });
+        assert_eq!(s.failures().len(), 1);
+        assert_eq!(s.failures()[0].local_rank, 0);
+
+        // Nothing stopped: the rank that ran out first is hung, as before.
+        let mut s = two_beating(t, vec![]);
+        let h = hangs(&s.handle(now, Event::Tick));
+        assert_eq!((h[0].0, h[0].1.stopped), (1, false));
+    }
+
+    #[test]
+    fn a_probe_answer_after_the_rank_spoke_again_declares_nothing() {
+        let t = Instant::now();
+        let mut c = cfg(1, 0);
+        c.timeouts.heartbeat = Some(Duration::from_secs(1));
+        let (s, _) = Solo::new(c);
+        let mut s = s.s;
+        // Driven by hand: the probe's answer comes after a heartbeat.
+        s.handle(
+            t,
+            Event::RankSpawned {
+                local_rank: 0,
+                pid: 7,
+            },
+        );
+        let reg = RankMsg::Register {
+            rank: 0,
+            local_rank: 0,
+            pid: 7,
+            cycle: 0,
+        };
+        for msg in [reg, RankMsg::Heartbeat { step: None }] {
+            s.handle(t, Event::Message { local_rank: 0, msg });
+        }
+        let now = t + Duration::from_secs(2);
+        let a = s.handle(now, Event::Tick);
+        assert!(a.iter().any(|x| matches!(x, Action::ProbeStopped { .. })));
+        assert!(s.handle(now, Event::Tick).is_empty(), "one probe at a time");
+        let msg = RankMsg::Heartbeat { step: None };
+        s.handle(now, Event::Message { local_rank: 0, msg });
+        let a = s.handle(now, Event::Probed { stopped: vec![] });
+        assert!(hangs(&a).is_empty(), "{a:?}");
     }
 
     #[test]
@@ -2012,7 +2285,145 @@ mod tests {
         }
     }
 
+    const B: Backoff = Backoff {
+        base: Duration::from_secs(1),
+        cap: Duration::from_secs(30),
+        reset_after: Duration::from_secs(300),
+    };
+
+    #[test]
+    fn backoff_is_immediate_first_then_doubles_to_the_cap() {
+        let quick = Duration::from_millis(10);
+        let mut streak = 0;
+        let mut waits = Vec::new();
+        for _ in 0..8 {
+            let (w, s) = B.next(streak, quick);
+            waits.push(w.as_secs());
+            streak = s;
+        }
+        assert_eq!(waits, vec![0, 1, 2, 4, 8, 16, 30, 30]);
+        // A long attempt starts a new streak: immediate again, then the base.
+        let (w, s) = B.next(streak, Duration::from_secs(300));
+        assert_eq!((w, s), (Duration::ZERO, 1));
+        assert_eq!(B.next(s, quick).0, Duration::from_secs(1));
+        assert_eq!(Backoff::OFF.next(7, quick).0, Duration::ZERO);
+    }
+
+    /// Fails the one rank of the current cycle at `t` (the verdict comes back at once).
+    fn fail_at(s: &mut Solo, t: Instant, pid: i32) -> Vec<Action> {
+        s.handle(
+            t,
+            Event::Reaped {
+                pid,
+                how: ExitKind::Code(1),
+            },
+        )
+    }
+
+    fn restart_waits(actions: &[Action]) -> Vec<u64> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Record(Record::Restart { backoff_ms, .. }) => Some(*backoff_ms),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn restarts_back_off_through_next_deadline() {
+        let t = Instant::now();
+        let (mut s, _) = Solo::new(SupervisorConfig {
+            backoff: B,
+            ..cfg(1, 10)
+        });
+        spawn_all(&mut s, t, 10);
+        let a = fail_at(&mut s, t, 10);
+        assert_eq!((restart_waits(&a), spawns(&a)), (vec![0], vec![1]));
+        spawn_all(&mut s, t, 20);
+        let failed = t + Duration::from_secs(1);
+        let a = fail_at(&mut s, failed, 20);
+        assert_eq!((restart_waits(&a), spawns(&a)), (vec![1000], vec![]));
+        let until = failed + Duration::from_secs(1);
+        assert_eq!(s.next_deadline(), Some(until));
+        let early = s.handle(until - Duration::from_millis(1), Event::Tick);
+        assert!(spawns(&early).is_empty());
+        assert_eq!(spawns(&s.handle(until, Event::Tick)), vec![2]);
+        assert_eq!(s.cycle(), 2);
+    }
+
+    #[test]
+    fn a_signal_during_a_backoff_ends_the_agent() {
+        let t = Instant::now();
+        let (mut s, _) = Solo::new(SupervisorConfig {
+            backoff: B,
+            ..cfg(1, 10)
+        });
+        spawn_all(&mut s, t, 10);
+        fail_at(&mut s, t, 10);
+        spawn_all(&mut s, t, 20);
+        fail_at(&mut s, t, 20);
+        assert!(s.next_deadline().is_some());
+        let a = s.handle(t, Event::Signal(SIGTERM));
+        assert_eq!(finish(&a), Some(&Outcome::Signaled { signal: SIGTERM }));
+        assert!(spawns(&a).is_empty());
+        assert_eq!(s.next_deadline(), None);
+    }
+
+    #[test]
+    fn lost_coordination_during_a_backoff_ends_the_agent() {
+        let t = Instant::now();
+        let (mut s, _) = Solo::new(SupervisorConfig {
+            backoff: B,
+            ..cfg(1, 10)
+        });
+        spawn_all(&mut s, t, 10);
+        fail_at(&mut s, t, 10);
+        spawn_all(&mut s, t, 20);
+        fail_at(&mut s, t, 20);
+        let a = s.handle(
+            t,
+            Event::CoordinationLost {
+                reason: "gone".into(),
+                requeue: true,
+            },
+        );
+        assert!(matches!(finish(&a), Some(Outcome::Lost { .. })));
+    }
+
     proptest::proptest! {
+        /// The first restart of a streak never waits; no wait exceeds the cap; within a streak
+        /// waits never shrink; a long attempt always restarts at once.
+        #[test]
+        fn backoff_bounds(
+            base_ms in 0u64..5_000,
+            cap_ms in 0u64..60_000,
+            reset_ms in 0u64..600_000,
+            rans in proptest::collection::vec(0u64..700_000, 1..40),
+        ) {
+            let b = Backoff {
+                base: Duration::from_millis(base_ms),
+                cap: Duration::from_millis(cap_ms),
+                reset_after: Duration::from_millis(reset_ms),
+            };
+            let mut streak = 0;
+            let mut last = Duration::ZERO;
+            for ran in rans {
+                let ran = Duration::from_millis(ran);
+                let (w, next) = b.next(streak, ran);
+                proptest::prop_assert!(w <= b.cap);
+                if streak == 0 || ran >= b.reset_after {
+                    proptest::prop_assert_eq!(w, Duration::ZERO);
+                    proptest::prop_assert_eq!(next, 1);
+                } else {
+                    proptest::prop_assert!(w >= last);
+                    proptest::prop_assert!(w <= b.base.saturating_mul(1 << (streak - 1).min(31)));
+                }
+                last = w;
+                streak = next;
+            }
+        }
+
         /// Whatever order ranks exit in, the supervisor ends exactly once, restarts at most
         /// `max_restarts` times and only ever signals pids of its own cycle.
         #[test]

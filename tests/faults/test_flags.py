@@ -20,6 +20,7 @@ print("ran", os.environ["RANK"])
 
 SECONDS_FLAGS = [
     "--monitor-interval", "--join-timeout", "--node-timeout", "--workers-stop-timeout", "--term-timeout", "--shutdown-timeout",
+    "--restart-backoff", "--restart-backoff-max", "--restart-backoff-reset",
     "--initial-heartbeat-timeout", "--heartbeat-timeout", "--out-of-section-timeout", "--stack-dump-timeout",
 ]
 COUNT_FLAGS = ["--max-restarts", "--warmup-steps", "--node-rank", "--master-port"]
