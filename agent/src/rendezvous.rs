@@ -19,6 +19,7 @@
 //! the talking.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -185,6 +186,9 @@ pub struct CoordConfig {
     pub host: String,
     /// Node rank 0's value is the job's budget.
     pub max_restarts: u32,
+    /// The job's secret, proven to node rank 0's store on every connection (`None`: the store
+    /// asks for none).
+    pub secret: Option<Arc<[u8]>>,
 }
 
 /// What node rank 0 has besides the clients: its store's key space and the other agents' leases.
@@ -288,7 +292,7 @@ fn store_lost(store: SocketAddr, e: impl std::fmt::Display) -> String {
 }
 
 async fn connect_client(cfg: &CoordConfig) -> Result<StoreClient, Fatal> {
-    let c = StoreClient::connect(cfg.store, cfg.join_timeout)
+    let mut c = StoreClient::connect(cfg.store, cfg.join_timeout)
         .await
         .map_err(|e| {
             (
@@ -300,6 +304,15 @@ async fn connect_client(cfg: &CoordConfig) -> Result<StoreClient, Fatal> {
             )
         })?;
     let _ = c.set_peer_timeout(cfg.peer_timeout);
+    c.authenticate(cfg.secret.as_deref())
+        .await
+        .map_err(|e| match e {
+            vigil_store::StoreError::Auth(why) => (
+                format!("node rank 0's store at {}: {why}", cfg.store),
+                false,
+            ),
+            e => (store_lost(cfg.store, e), true),
+        })?;
     Ok(c)
 }
 
