@@ -45,9 +45,12 @@ async fn expect_joined(a: &mut Agent, cycle: u32) {
 
 async fn one_round(n: u32) -> (Duration, Duration, Duration) {
     // Hosted as the agent hosts it: a thread and runtime of its own.
-    let (addr, keys, leases) =
-        vigil::runtime::host_store("127.0.0.1:0".parse().unwrap(), Duration::from_secs(30))
-            .expect("store up");
+    let (addr, keys, leases) = vigil::runtime::host_store(
+        "127.0.0.1:0".parse().unwrap(),
+        Duration::from_secs(30),
+        None,
+    )
+    .expect("store up");
     let mut head = Some(HeadSide { keys, leases });
     let mut probe = vigil_store::StoreClient::connect(addr, Duration::from_secs(30))
         .await
@@ -64,6 +67,7 @@ async fn one_round(n: u32) -> (Duration, Duration, Duration) {
             peer_timeout: Duration::from_secs(30),
             host: format!("sim{node}"),
             max_restarts: 3,
+            secret: None,
         };
         let (tx, req_rx) = mpsc::unbounded_channel();
         let (ev_tx, rx) = mpsc::unbounded_channel();

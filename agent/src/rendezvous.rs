@@ -15,11 +15,21 @@
 //! keepalive and user timeout, `--node-timeout`), and the cycle ends `lost`. The other nodes
 //! notice a lost node rank 0 themselves: their connections to its store fail.
 //!
+//! A frozen agent (SIGSTOP, a stuck event loop) keeps its connections: its kernel answers TCP for
+//! it. So every agent also adds 1 to `alive/<node>` every `--node-timeout / 8` on a connection of
+//! its own, and reads the counters it watches (node rank 0: every node's; the others: node rank
+//! 0's). A counter that does not move for `--node-timeout`, or a store that does not answer for
+//! that long, is a lost node. Silence is measured in the watcher's own running time
+//! ([`Liveness`]): a watcher that was itself stopped does not count the time it was away, so a
+//! whole job suspended and resumed loses nobody.
+//!
 //! The key names, the messages and the rank assignment are plain functions below; [`run`] does
 //! the talking.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
@@ -65,6 +75,10 @@ pub mod key {
     }
     pub fn lease(node: u32) -> String {
         format!("vigil/lease/{node}")
+    }
+    /// A counter the node adds 1 to while its agent runs.
+    pub fn alive(node: u32) -> String {
+        format!("vigil/alive/{node}")
     }
     pub const LEASE_PREFIX_RAW: &[u8] = b"/vigil/lease/";
     pub fn join(c: u32, node: u32) -> String {
@@ -185,6 +199,9 @@ pub struct CoordConfig {
     pub host: String,
     /// Node rank 0's value is the job's budget.
     pub max_restarts: u32,
+    /// The job's secret, proven to node rank 0's store on every connection (`None`: the store
+    /// asks for none).
+    pub secret: Option<Arc<[u8]>>,
 }
 
 /// What node rank 0 has besides the clients: its store's key space and the other agents' leases.
@@ -276,6 +293,15 @@ struct Coordinator {
     timeouts_rx: mpsc::UnboundedReceiver<(u32, Vec<u8>)>,
     /// Set once a `Lost` was sent: nothing more is reported.
     ended: bool,
+    /// Renews this node's counter and watches the others' ([`liveness`]).
+    liveness: tokio::task::JoinHandle<()>,
+    silent_rx: mpsc::UnboundedReceiver<String>,
+}
+
+impl Drop for Coordinator {
+    fn drop(&mut self) {
+        self.liveness.abort();
+    }
 }
 
 type Fatal = (String, bool);
@@ -288,7 +314,7 @@ fn store_lost(store: SocketAddr, e: impl std::fmt::Display) -> String {
 }
 
 async fn connect_client(cfg: &CoordConfig) -> Result<StoreClient, Fatal> {
-    let c = StoreClient::connect(cfg.store, cfg.join_timeout)
+    let mut c = StoreClient::connect(cfg.store, cfg.join_timeout)
         .await
         .map_err(|e| {
             (
@@ -300,7 +326,175 @@ async fn connect_client(cfg: &CoordConfig) -> Result<StoreClient, Fatal> {
             )
         })?;
     let _ = c.set_peer_timeout(cfg.peer_timeout);
+    c.authenticate(cfg.secret.as_deref())
+        .await
+        .map_err(|e| match e {
+            vigil_store::StoreError::Auth(why) => (
+                format!("node rank 0's store at {}: {why}", cfg.store),
+                false,
+            ),
+            e => (store_lost(cfg.store, e), true),
+        })?;
     Ok(c)
+}
+
+/// How silent each watched node has been, in the watcher's own running time. Pure: the caller
+/// says when it woke and what it read.
+#[derive(Debug)]
+pub struct Liveness {
+    timeout: Duration,
+    period: Duration,
+    last: Option<Instant>,
+    /// Watched node -> (its counter when last read, silence since it last moved).
+    seen: BTreeMap<u32, (Vec<u8>, Duration)>,
+    /// How long the read in flight has been unanswered.
+    unanswered: Option<Duration>,
+}
+
+/// Who [`Liveness`] found silent for the timeout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Silent {
+    /// The store did not answer a read.
+    Store(Duration),
+    /// This node's counter did not move.
+    Node(u32, Duration),
+}
+
+impl Liveness {
+    /// `period` is how often the caller wakes; a longer gap between wake-ups means the watcher
+    /// itself was not running, and counts as one period.
+    pub fn new(timeout: Duration, period: Duration) -> Self {
+        Liveness {
+            timeout,
+            period,
+            last: None,
+            seen: BTreeMap::new(),
+            unanswered: None,
+        }
+    }
+
+    /// The watcher woke at `now`: silence grows by the time it ran since the last wake-up.
+    pub fn wake(&mut self, now: Instant) {
+        let dt = match self.last {
+            Some(l) => now.saturating_duration_since(l).min(self.period),
+            None => Duration::ZERO,
+        };
+        self.last = Some(now);
+        for (_, silence) in self.seen.values_mut() {
+            *silence += dt;
+        }
+        if let Some(u) = self.unanswered.as_mut() {
+            *u += dt;
+        }
+    }
+
+    /// A read of the counters was sent.
+    pub fn asked(&mut self) {
+        self.unanswered.get_or_insert(Duration::ZERO);
+    }
+
+    /// The read came back: each watched node's counter, `None` if it has none (not started yet,
+    /// or left: it deletes its counter when it leaves).
+    pub fn answered(&mut self, values: impl IntoIterator<Item = (u32, Option<Vec<u8>>)>) {
+        self.unanswered = None;
+        for (node, v) in values {
+            match v {
+                Some(v) => match self.seen.get_mut(&node) {
+                    Some(e) if e.0 == v => {}
+                    _ => {
+                        self.seen.insert(node, (v, Duration::ZERO));
+                    }
+                },
+                None => {
+                    self.seen.remove(&node);
+                }
+            }
+        }
+    }
+
+    /// The first watched thing silent for the timeout, if any. While a read is unanswered, the
+    /// counters cannot move: the store is to blame.
+    pub fn silent(&self) -> Option<Silent> {
+        let node = self
+            .seen
+            .iter()
+            .find(|(_, (_, s))| *s >= self.timeout)
+            .map(|(n, (_, s))| Silent::Node(*n, *s));
+        match self.unanswered {
+            Some(u) if u >= self.timeout || node.is_some() => Some(Silent::Store(u)),
+            _ => node,
+        }
+    }
+}
+
+/// How often an agent renews its counter and reads the others'.
+pub fn liveness_period(node_timeout: Duration) -> Duration {
+    (node_timeout / 8).max(Duration::from_millis(50))
+}
+
+/// Renews this node's counter and watches the others' until a watched node or the store is
+/// silent for the node timeout, then says why. An error of the store ends it quietly: the other
+/// connections report that.
+async fn liveness(client: StoreClient, cfg: CoordConfig, tx: mpsc::UnboundedSender<String>) {
+    let period = liveness_period(cfg.peer_timeout);
+    let watched: Vec<u32> = if cfg.node_rank == 0 {
+        (1..cfg.nnodes).collect()
+    } else {
+        vec![0]
+    };
+    let me = key::alive(cfg.node_rank);
+    let mut live = Liveness::new(cfg.peer_timeout, period);
+    let mut ticker = tokio::time::interval(period);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    type Round = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Option<(StoreClient, Vec<(u32, Option<Vec<u8>>)>)>>>,
+    >;
+    // The client is either here or in the round in flight, which hands it back.
+    let mut client = Some(client);
+    let mut round: Option<Round> = None;
+    loop {
+        let in_flight = async {
+            match round.as_mut() {
+                Some(r) => r.await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = ticker.tick() => {
+                live.wake(Instant::now());
+                if let Some(s) = live.silent() {
+                    let t = cfg.peer_timeout.as_secs_f64();
+                    let why = match s {
+                        Silent::Store(_) if cfg.node_rank == 0 => format!("this node's own store did not answer for {t:.0}s (--node-timeout)"),
+                        Silent::Store(_) => format!("node rank 0 was lost: its store at {} did not answer for {t:.0}s (--node-timeout): its agent is frozen, overloaded or cut off", cfg.store),
+                        Silent::Node(n, _) => format!("node {n} was lost: its agent gave no sign of life for {t:.0}s (--node-timeout): frozen, overloaded or cut off"),
+                    };
+                    let _ = tx.send(why);
+                    return;
+                }
+                if let Some(mut c) = client.take() {
+                    live.asked();
+                    let (me, watched) = (me.clone(), watched.clone());
+                    round = Some(Box::pin(async move {
+                        c.add(&me, 1).await.ok()?;
+                        let mut out = Vec::with_capacity(watched.len());
+                        for n in watched {
+                            // ADD 0 reads without waiting; 0 or less: not started, or left.
+                            let v = c.add(&key::alive(n), 0).await.ok()?;
+                            out.push((n, (v > 0).then(|| v.to_string().into_bytes())));
+                        }
+                        Some((c, out))
+                    }));
+                }
+            }
+            r = in_flight => {
+                round = None;
+                let Some((c, values)) = r else { return };
+                live.answered(values);
+                client = Some(c);
+            }
+        }
+    }
 }
 
 impl Coordinator {
@@ -337,6 +531,12 @@ impl Coordinator {
         let (wait_tx, req_rx) = mpsc::unbounded_channel();
         let (done_tx, wait_rx) = mpsc::unbounded_channel();
         tokio::task::spawn_local(waiter(waiter_client, req_rx, done_tx));
+        let (silent_tx, silent_rx) = mpsc::unbounded_channel();
+        let liveness = tokio::task::spawn_local(liveness(
+            connect_client(&cfg).await?,
+            cfg.clone(),
+            silent_tx,
+        ));
         let (timeouts_tx, timeouts_rx) = mpsc::unbounded_channel();
         Ok(Coordinator {
             cfg,
@@ -353,6 +553,8 @@ impl Coordinator {
             timeouts_tx,
             timeouts_rx,
             ended: false,
+            liveness,
+            silent_rx,
         })
     }
 
@@ -417,6 +619,13 @@ impl Coordinator {
                 }
                 Some(ev) = lease => {
                     if let Err(e) = self.lease_event(ev).await {
+                        self.store_error(e);
+                    }
+                }
+                Some(why) = self.silent_rx.recv() => {
+                    if self.head.is_none() {
+                        self.fail(why);
+                    } else if let Err(e) = self.node_lost(why).await {
                         self.store_error(e);
                     }
                 }
@@ -654,6 +863,14 @@ impl Coordinator {
             "node {key} ({}) was lost: its agent's connection to the store closed or went silent for --node-timeout",
             String::from_utf8_lossy(&value)
         );
+        self.node_lost(reason).await
+    }
+
+    /// Node rank 0: a node is gone; this cycle and every later one end `lost`.
+    async fn node_lost(&mut self, reason: String) -> Result<(), vigil_store::StoreError> {
+        if self.lost.is_some() {
+            return Ok(());
+        }
         self.lost = Some(reason.clone());
         self.poison(self.cycle, &JobEnd::Lost { reason }).await
     }
@@ -662,14 +879,20 @@ impl Coordinator {
         if let Some(t) = self.timeouts_task.take() {
             t.abort();
         }
+        self.liveness.abort();
         if let Some((c, end)) = poison {
             let _ = tokio::time::timeout(self.cfg.peer_timeout, self.poison(c, &end)).await;
         }
         match self.head.as_mut() {
             None => {
                 let lease = key::lease(self.cfg.node_rank);
-                let _ =
-                    tokio::time::timeout(self.cfg.peer_timeout, self.ctl.delete_key(&lease)).await;
+                let alive = key::alive(self.cfg.node_rank);
+                let _ = tokio::time::timeout(self.cfg.peer_timeout, async {
+                    // Left, not lost: node rank 0 stops watching a counter below 1.
+                    let _ = self.ctl.set(&alive, b"-1").await;
+                    self.ctl.delete_key(&lease).await
+                })
+                .await;
             }
             Some(h) => {
                 // The other agents may still read this cycle's verdict from our store: keep it
@@ -753,6 +976,82 @@ mod tests {
         assert_eq!(m.sections["step"], s(5));
         assert_eq!(m.sections["ckpt"], s(7));
         assert_eq!(m.out_of_section, None);
+    }
+
+    const T: Duration = Duration::from_secs(8);
+    const P: Duration = Duration::from_secs(1);
+
+    fn counter(n: i64) -> Option<Vec<u8>> {
+        Some(n.to_string().into_bytes())
+    }
+
+    #[test]
+    fn a_moving_counter_is_never_silent() {
+        let t0 = Instant::now();
+        let mut l = Liveness::new(T, P);
+        for i in 0..100u32 {
+            l.wake(t0 + P * i);
+            assert_eq!(l.silent(), None);
+            l.asked();
+            l.answered([(1, counter(i as i64 + 1))]);
+        }
+    }
+
+    #[test]
+    fn a_frozen_node_is_silent_after_the_timeout_of_running_time() {
+        let t0 = Instant::now();
+        let mut l = Liveness::new(T, P);
+        l.wake(t0);
+        l.answered([(1, counter(5))]);
+        for i in 1..8u32 {
+            l.wake(t0 + P * i);
+            l.asked();
+            l.answered([(1, counter(5))]);
+            assert_eq!(l.silent(), None, "{i}s");
+        }
+        l.wake(t0 + P * 8);
+        assert_eq!(l.silent(), Some(Silent::Node(1, T)));
+    }
+
+    #[test]
+    fn a_watcher_that_was_stopped_counts_one_period_for_the_gap() {
+        let t0 = Instant::now();
+        let mut l = Liveness::new(T, P);
+        l.wake(t0);
+        l.answered([(1, counter(5))]);
+        // The whole job was stopped for an hour; on waking, nobody is to blame yet.
+        l.wake(t0 + Duration::from_secs(3600));
+        assert_eq!(l.silent(), None);
+        l.asked();
+        l.answered([(1, counter(6))]);
+        l.wake(t0 + Duration::from_secs(3601));
+        assert_eq!(l.silent(), None);
+    }
+
+    #[test]
+    fn an_unanswered_read_blames_the_store() {
+        let t0 = Instant::now();
+        let mut l = Liveness::new(T, P);
+        l.wake(t0);
+        l.answered([(0, counter(1))]);
+        l.asked();
+        for i in 1..=8u32 {
+            l.wake(t0 + P * i);
+        }
+        assert_eq!(l.silent(), Some(Silent::Store(T)));
+    }
+
+    #[test]
+    fn a_node_that_left_or_never_started_is_not_watched() {
+        let t0 = Instant::now();
+        let mut l = Liveness::new(T, P);
+        l.wake(t0);
+        l.answered([(1, counter(3)), (2, None)]);
+        l.answered([(1, None)]);
+        for i in 1..=20u32 {
+            l.wake(t0 + P * i);
+        }
+        assert_eq!(l.silent(), None);
     }
 
     proptest::proptest! {

@@ -42,6 +42,9 @@ pub enum StoreError {
     QueueEmpty,
     #[error("the store connection is unusable after an interrupted or failed operation")]
     Broken,
+    /// The store wants a secret this client does not have, or refused the one it has.
+    #[error("{0}")]
+    Auth(String),
 }
 
 impl StoreError {
@@ -152,6 +155,55 @@ impl StoreClient {
             return Err(StoreError::Protocol(format!(
                 "ping returned {got:#x}, expected {nonce:#x}"
             )));
+        }
+        Ok(())
+    }
+
+    /// Proves to a vigil store that this client holds the job's `secret`
+    /// (`crate::auth`), so that it may use the `/vigil/` keys. Succeeds
+    /// without sending anything secret if the store requires no secret. Fails
+    /// with [`StoreError::Auth`] if the store requires one and `secret` is
+    /// `None`, or refuses it (the store then closes the connection). torch's
+    /// own server knows nothing of this and closes the connection.
+    pub async fn authenticate(&mut self, secret: Option<&[u8]>) -> Result<()> {
+        self.encode(Request::AuthChallenge);
+        let t = self.timeout;
+        let (required, nonce) = self
+            .guarded("authenticate", t, |s| {
+                Box::pin(async move {
+                    s.flush_wbuf().await?;
+                    let required = s.stream.read_u8().await?;
+                    let mut nonce = [0u8; crate::auth::NONCE_LEN];
+                    s.stream.read_exact(&mut nonce).await?;
+                    Ok((required, nonce))
+                })
+            })
+            .await?;
+        let secret = match (required, secret) {
+            (0, _) => return Ok(()),
+            (_, None) => {
+                return Err(StoreError::Auth(
+                    "the store requires a secret and this agent has none: set the same VIGIL_STORE_SECRET on every node".into(),
+                ))
+            }
+            (_, Some(s)) => s,
+        };
+        let proof = crate::auth::proof(secret, &nonce);
+        self.encode(Request::AuthProof { proof });
+        let ok = self
+            .guarded("authenticate", t, |s| {
+                Box::pin(async move {
+                    s.flush_wbuf().await?;
+                    // A refusal is a 0 and then the end of the connection.
+                    Ok(s.stream.read_u8().await.unwrap_or(0))
+                })
+            })
+            .await?;
+        if ok != 1 {
+            self.broken = true;
+            return Err(StoreError::Auth(
+                "the store refused this agent's secret: every node needs the same VIGIL_STORE_SECRET".into(),
+            ));
         }
         Ok(())
     }

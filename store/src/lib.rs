@@ -26,6 +26,7 @@
 //!
 //! See `docs/store.md` for the opcode table and the torch version checked.
 
+pub mod auth;
 pub mod client;
 pub mod protocol;
 pub mod server;
@@ -33,6 +34,6 @@ pub mod server;
 pub use client::{StoreClient, StoreError, DEFAULT_TIMEOUT};
 pub use protocol::{Opcode, VALIDATION_MAGIC};
 pub use server::{
-    set_peer_timeout, KeySpace, LeaseEvent, StoreHandle, StoreServer, StoreStats, AGENT_PREFIX,
-    LEASE_PREFIX, LISTEN_BACKLOG,
+    set_peer_timeout, DropNotice, KeySpace, LeaseEvent, StoreHandle, StoreServer, StoreStats,
+    AGENT_PREFIX, DEFAULT_MAX_TOTAL, ENTRY_OVERHEAD, LEASE_PREFIX, LISTEN_BACKLOG, MAX_REPLY_LEN,
 };

@@ -22,8 +22,9 @@ pub const VALIDATION_MAGIC: u32 = 0x3C85_F7CE;
 
 /// Longest key accepted (torch's libuv server: 8 KiB; we are more lenient).
 pub const MAX_KEY_LEN: u64 = 64 * 1024;
-/// Largest value accepted (torch's libuv server: 8 MiB).
-pub const MAX_VALUE_LEN: u64 = 256 * 1024 * 1024;
+/// Largest value accepted (torch's libuv server: 8 MiB). A bigger one closes
+/// the connection before its bytes are buffered.
+pub const MAX_VALUE_LEN: u64 = 16 * 1024 * 1024;
 /// Most keys in one CHECK / WAIT / MULTI_GET / MULTI_SET (torch: 128 Ki).
 pub const MAX_KEY_COUNT: u64 = 1024 * 1024;
 
@@ -50,6 +51,12 @@ pub enum Opcode {
     QueueLen = 16,
     ListKeys = 17,
     Barrier = 18,
+    /// vigil's own, not torch's: the server answers `u8` 1 if it requires
+    /// agents to authenticate (0 if not) and a 32-byte nonce.
+    AuthChallenge = 0x60,
+    /// vigil's own: 32 bytes, HMAC-SHA256 of the last nonce under the job's
+    /// secret (`crate::auth`). The server answers `u8` 1, or `u8` 0 and closes.
+    AuthProof = 0x61,
 }
 
 impl Opcode {
@@ -77,7 +84,11 @@ impl Opcode {
     ];
 
     pub fn from_u8(b: u8) -> Option<Opcode> {
-        Opcode::ALL.get(b as usize).copied()
+        match b {
+            0x60 => Some(Opcode::AuthChallenge),
+            0x61 => Some(Opcode::AuthProof),
+            _ => Opcode::ALL.get(b as usize).copied(),
+        }
     }
 }
 
@@ -149,9 +160,40 @@ pub enum Request {
         key: Vec<u8>,
         world_size: i64,
     },
+    AuthChallenge,
+    AuthProof {
+        proof: [u8; crate::auth::PROOF_LEN],
+    },
 }
 
 impl Request {
+    /// Every key the request names (queues included).
+    pub fn keys(&self) -> Vec<&[u8]> {
+        match self {
+            Request::Set { key, .. }
+            | Request::CompareSet { key, .. }
+            | Request::Get { key }
+            | Request::Add { key, .. }
+            | Request::DeleteKey { key }
+            | Request::Append { key, .. }
+            | Request::QueuePush { key, .. }
+            | Request::QueuePop { key }
+            | Request::QueueLen { key }
+            | Request::Barrier { key, .. } => vec![key.as_slice()],
+            Request::Check { keys } | Request::Wait { keys } | Request::MultiGet { keys } => {
+                keys.iter().map(Vec::as_slice).collect()
+            }
+            Request::MultiSet { pairs } => pairs.iter().map(|(k, _)| k.as_slice()).collect(),
+            Request::Validate { .. }
+            | Request::GetNumKeys
+            | Request::CancelWait
+            | Request::Ping { .. }
+            | Request::ListKeys
+            | Request::AuthChallenge
+            | Request::AuthProof { .. } => Vec::new(),
+        }
+    }
+
     pub fn opcode(&self) -> Opcode {
         match self {
             Request::Validate { .. } => Opcode::Validate,
@@ -173,6 +215,8 @@ impl Request {
             Request::QueueLen { .. } => Opcode::QueueLen,
             Request::ListKeys => Opcode::ListKeys,
             Request::Barrier { .. } => Opcode::Barrier,
+            Request::AuthChallenge => Opcode::AuthChallenge,
+            Request::AuthProof { .. } => Opcode::AuthProof,
         }
     }
 
@@ -217,7 +261,11 @@ impl Request {
                     put_bytes(out, v);
                 }
             }
-            Request::GetNumKeys | Request::CancelWait | Request::ListKeys => {}
+            Request::GetNumKeys
+            | Request::CancelWait
+            | Request::ListKeys
+            | Request::AuthChallenge => {}
+            Request::AuthProof { proof } => out.extend_from_slice(proof),
             Request::Ping { nonce } => out.extend_from_slice(&nonce.to_le_bytes()),
             Request::Barrier { key, world_size } => {
                 put_bytes(out, key);
@@ -406,6 +454,13 @@ fn parse_inner(c: &mut Cursor<'_>) -> Result<Request, Stop> {
         Opcode::Barrier => Request::Barrier {
             key: c.key()?,
             world_size: c.i64()?,
+        },
+        Opcode::AuthChallenge => Request::AuthChallenge,
+        Opcode::AuthProof => Request::AuthProof {
+            proof: c
+                .take(crate::auth::PROOF_LEN)?
+                .try_into()
+                .expect("32 bytes"),
         },
     })
 }

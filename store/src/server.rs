@@ -25,16 +25,21 @@ use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tokio::task::{JoinHandle, JoinSet};
 
+use crate::auth;
 use crate::protocol::{
     parse_counter, parse_request, put_bytes, put_i64, Parsed, ProtocolError, Request,
-    CHECK_NOT_READY, CHECK_READY, VALIDATION_MAGIC, WAIT_CANCELED, WAIT_STOP_WAITING,
+    CHECK_NOT_READY, CHECK_READY, MAX_VALUE_LEN, VALIDATION_MAGIC, WAIT_CANCELED,
+    WAIT_STOP_WAITING,
 };
 
 /// Raw-key prefix under which vigil agents keep their own coordination keys.
 ///
 /// [`StoreClient`](crate::StoreClient) and torch's client both put `/` in front
 /// of the user's key, so an agent key `vigil/attempt` is stored as
-/// `/vigil/attempt`. [`KeySpace::reset`] keeps exactly these.
+/// `/vigil/attempt`. [`KeySpace::reset`] keeps exactly these. When the server
+/// has a secret ([`StoreServer::set_secret`]), only connections that proved
+/// they hold it may name these keys; any other connection that does is closed,
+/// and LIST_KEYS and GETNUMKEYS leave them out for it.
 pub const AGENT_PREFIX: &[u8] = b"/vigil/";
 
 /// Raw-key prefix of lease keys: a client writes `vigil/lease/<name>` (stored
@@ -72,6 +77,26 @@ pub const LISTEN_BACKLOG: u32 = 16384;
 const READ_CHUNK_MAX: usize = 1 << 20;
 const READ_CHUNK_MIN: usize = 4096;
 
+/// Default bound on what the server holds: stored keys and values (each key
+/// counted with [`ENTRY_OVERHEAD`]) plus the requests and replies being
+/// transferred. A write that would go over it closes the writer's connection.
+pub const DEFAULT_MAX_TOTAL: usize = 256 * 1024 * 1024;
+/// Bookkeeping charged per stored key or queued element, so that many empty
+/// keys are bounded too.
+pub const ENTRY_OVERHEAD: usize = 64;
+/// Largest reply to one request (MULTI_GET of many large values); a bigger
+/// one closes the connection.
+pub const MAX_REPLY_LEN: usize = 4 * MAX_VALUE_LEN as usize;
+/// Replies are written once this much has been produced, so that pipelined
+/// requests from a client that does not read cannot pile replies up.
+const OUT_FLUSH: usize = 256 * 1024;
+/// Connection buffers up to this size are not charged to the total.
+const FREE_BUFFER: usize = 64 * 1024;
+
+fn entry_size(key: &[u8], value: &[u8]) -> usize {
+    key.len() + value.len() + ENTRY_OVERHEAD
+}
+
 /// Counters describing the server's current state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct StoreStats {
@@ -85,6 +110,10 @@ pub struct StoreStats {
     pub connections: usize,
     /// Connections dropped because of a protocol violation.
     pub dropped_for_protocol_errors: u64,
+    /// What stored keys, values and queued elements take (see [`ENTRY_OVERHEAD`]).
+    pub stored_bytes: usize,
+    /// Charged buffers of connections: requests and replies being transferred.
+    pub buffered_bytes: usize,
 }
 
 struct Waiter {
@@ -107,12 +136,35 @@ struct State {
     lease_owner: HashMap<Vec<u8>, u64>,
     /// The lease-event subscriber, if any.
     lease_tx: Option<mpsc::UnboundedSender<LeaseEvent>>,
+    /// What the keys, values and queued elements take ([`entry_size`]).
+    bytes: usize,
 }
 
 impl State {
     /// A key "exists" for CHECK/WAIT if it holds a value or is a non-empty queue.
     fn present(&self, key: &[u8]) -> bool {
         self.kv.contains_key(key) || self.queues.get(key).is_some_and(|q| !q.is_empty())
+    }
+
+    /// Stores `key` (no waking, no lease bookkeeping), keeping `bytes` right.
+    fn kv_put(&mut self, key: Vec<u8>, value: Vec<u8>) {
+        self.bytes += entry_size(&key, &value);
+        if let Some(old) = self.kv.get(&key) {
+            self.bytes -= entry_size(&key, old);
+        }
+        self.kv.insert(key, value);
+    }
+
+    fn kv_take(&mut self, key: &[u8]) -> Option<Vec<u8>> {
+        let v = self.kv.remove(key)?;
+        self.bytes -= entry_size(key, &v);
+        Some(v)
+    }
+
+    /// How much storing `value` at `key` would add.
+    fn growth(&self, key: &[u8], value_len: usize) -> usize {
+        let old = self.kv.get(key).map_or(0, |v| entry_size(key, v));
+        (key.len() + value_len + ENTRY_OVERHEAD).saturating_sub(old)
     }
 
     fn fire(&mut self, id: u64) -> bool {
@@ -205,7 +257,7 @@ impl State {
     fn set(&mut self, key: Vec<u8>, value: Vec<u8>) {
         self.disown(&key);
         self.wake_all(&key);
-        self.kv.insert(key, value);
+        self.kv_put(key, value);
     }
 
     /// A write of `key` by connection `conn` through SET, COMPARE_SET or
@@ -215,7 +267,7 @@ impl State {
             let id = conn.own(&key);
             self.lease_owner.insert(key.clone(), id);
             self.wake_all(&key);
-            self.kv.insert(key, value);
+            self.kv_put(key, value);
         } else {
             self.set(key, value);
         }
@@ -231,7 +283,7 @@ impl State {
     /// Deletes a key (not a queue). True if it existed.
     fn delete(&mut self, key: &[u8]) -> bool {
         self.disown(key);
-        self.kv.remove(key).is_some()
+        self.kv_take(key).is_some()
     }
 
     fn add(&mut self, key: Vec<u8>, delta: i64) -> Result<i64, ConnEnd> {
@@ -246,8 +298,22 @@ impl State {
 
     fn remove_where(&mut self, mut doomed: impl FnMut(&[u8]) -> bool) -> usize {
         let before = self.kv.len() + self.queues.len();
-        self.kv.retain(|k, _| !doomed(k));
-        self.queues.retain(|k, _| !doomed(k));
+        let mut freed = 0;
+        self.kv.retain(|k, v| {
+            let gone = doomed(k);
+            if gone {
+                freed += entry_size(k, v);
+            }
+            !gone
+        });
+        self.queues.retain(|k, q| {
+            let gone = doomed(k);
+            if gone {
+                freed += q.iter().map(|v| entry_size(k, v)).sum::<usize>();
+            }
+            !gone
+        });
+        self.bytes -= freed;
         let removed = before - self.kv.len() - self.queues.len();
         let kv = &self.kv;
         self.lease_owner.retain(|k, _| kv.contains_key(k));
@@ -264,7 +330,7 @@ impl State {
             let event = if self.lease_owner.get(&key) == Some(&leases.id) {
                 self.lease_owner.remove(&key);
                 // A deletion: nobody is woken.
-                match self.kv.remove(&key) {
+                match self.kv_take(&key) {
                     Some(value) => LeaseEvent::Lost { key: name, value },
                     None => LeaseEvent::Released { key: name },
                 }
@@ -279,8 +345,17 @@ impl State {
     }
 }
 
+/// Told why a connection was closed for misbehaving: the peer and the reason.
+pub type DropNotice = Arc<dyn Fn(SocketAddr, &str) + Send + Sync>;
+
 pub(crate) struct Shared {
     state: Mutex<State>,
+    /// With a secret, only connections that proved they hold it may use `/vigil/` keys.
+    secret: Mutex<Option<Arc<[u8]>>>,
+    max_total: AtomicUsize,
+    /// Connection buffers charged against `max_total`.
+    buffered: AtomicUsize,
+    on_drop: Mutex<Option<DropNotice>>,
     next_wait_id: AtomicU64,
     next_lease_owner_id: AtomicU64,
     /// Set before the server aborts its connections: leases are then left alone.
@@ -294,6 +369,10 @@ impl Shared {
     fn new() -> Shared {
         Shared {
             state: Mutex::new(State::default()),
+            secret: Mutex::new(None),
+            max_total: AtomicUsize::new(DEFAULT_MAX_TOTAL),
+            buffered: AtomicUsize::new(0),
+            on_drop: Mutex::new(None),
             next_wait_id: AtomicU64::new(1),
             next_lease_owner_id: AtomicU64::new(1),
             shutting_down: AtomicBool::new(false),
@@ -308,6 +387,10 @@ impl Shared {
         // still structurally sound, so keep serving.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A handle on the server's key space, for the agent that hosts the store:
@@ -372,6 +455,8 @@ impl KeySpace {
             pending_waits: st.waits.len(),
             connections: self.shared.connections.load(Ordering::Relaxed),
             dropped_for_protocol_errors: self.shared.protocol_drops.load(Ordering::Relaxed),
+            stored_bytes: st.bytes,
+            buffered_bytes: self.shared.buffered.load(Ordering::Relaxed),
         }
     }
 }
@@ -433,6 +518,28 @@ impl StoreServer {
     /// [`serve`](StoreServer::serve).
     pub fn set_peer_timeout(&mut self, t: Option<Duration>) {
         self.peer_timeout = t;
+    }
+
+    /// Requires agents to authenticate with `secret` (see [`crate::auth`]):
+    /// only connections that did may name keys under [`AGENT_PREFIX`]. `None`
+    /// (the default) trusts every connection. Applies to connections
+    /// accepted afterwards.
+    pub fn set_secret(&mut self, secret: Option<Vec<u8>>) {
+        *lock(&self.shared.secret) = secret.map(Arc::from);
+    }
+
+    /// Bounds what the server holds (default [`DEFAULT_MAX_TOTAL`]): stored
+    /// keys and values plus the buffers of requests and replies in transfer.
+    /// A request that would go over it closes its connection.
+    pub fn set_max_total(&mut self, bytes: usize) {
+        self.shared.max_total.store(bytes, Ordering::Relaxed);
+    }
+
+    /// Called (on the server's thread) with the peer and the reason whenever a
+    /// connection is closed for a protocol violation, a failed or missing
+    /// authentication, or going over a limit.
+    pub fn on_drop(&mut self, f: DropNotice) {
+        *lock(&self.shared.on_drop) = Some(f);
     }
 
     /// Serves until this future is dropped (which also closes every
@@ -540,8 +647,8 @@ async fn accept_loop(
         }
         tokio::select! {
             r = listener.accept() => match r {
-                Ok((stream, _peer)) => {
-                    conns.spawn(serve_conn(stream, shared.clone(), peer_timeout));
+                Ok((stream, peer)) => {
+                    conns.spawn(serve_conn(stream, peer, shared.clone(), peer_timeout));
                 }
                 Err(_) => {
                     // EMFILE and friends: back off instead of spinning; never exit.
@@ -605,6 +712,18 @@ enum ConnEnd {
     NotACounter,
     #[error("WAIT or BARRIER while another one is parked on the same connection")]
     WaitAlreadyPending,
+    #[error("a request for vigil's control keys (/vigil/...) from a connection that did not authenticate; only vigil agents holding the job's secret may use them")]
+    Unauthorized,
+    #[error("an agent presented a wrong proof of the job's secret: every node needs the same VIGIL_STORE_SECRET")]
+    AuthFailed,
+    #[error("AUTH_PROOF without AUTH_CHALLENGE")]
+    AuthOutOfOrder,
+    #[error("the store is full: this request would take it over its limit of {0} bytes (keys, values and transfers together); store less, or delete keys no longer needed")]
+    Full(usize),
+    #[error(
+        "a reply of more than {MAX_REPLY_LEN} bytes was asked for; ask for fewer keys at a time"
+    )]
+    ReplyTooLarge,
 }
 
 impl From<io::Error> for ConnEnd {
@@ -616,6 +735,13 @@ impl From<io::Error> for ConnEnd {
 struct Conn {
     shared: Arc<Shared>,
     validated: bool,
+    /// May use `/vigil/` keys: the server has no secret, or the peer proved it holds it.
+    trusted: bool,
+    secret: Option<Arc<[u8]>>,
+    /// The nonce of the last AUTH_CHALLENGE.
+    nonce: Option<[u8; auth::NONCE_LEN]>,
+    /// Bytes of this connection's buffers charged to `Shared::buffered`.
+    charged: usize,
     wait: Option<u64>,
     tx: mpsc::UnboundedSender<u64>,
     /// Lease keys this connection has set (allocated on the first one).
@@ -658,11 +784,19 @@ impl Drop for Conn {
         if let Some(id) = self.wait.take() {
             self.shared.lock().cancel_wait(id);
         }
+        self.shared
+            .buffered
+            .fetch_sub(self.charged, Ordering::Relaxed);
         self.shared.connections.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
-async fn serve_conn(stream: TcpStream, shared: Arc<Shared>, peer_timeout: Option<Duration>) {
+async fn serve_conn(
+    stream: TcpStream,
+    peer: SocketAddr,
+    shared: Arc<Shared>,
+    peer_timeout: Option<Duration>,
+) {
     let _ = stream.set_nodelay(true);
     if let Some(t) = peer_timeout {
         // Best effort, like TCP_NODELAY: the connection works without it.
@@ -670,9 +804,14 @@ async fn serve_conn(stream: TcpStream, shared: Arc<Shared>, peer_timeout: Option
     }
     shared.connections.fetch_add(1, Ordering::Relaxed);
     let (tx, mut rx) = mpsc::unbounded_channel();
+    let secret = lock(&shared.secret).clone();
     let mut conn = Conn {
         shared: shared.clone(),
         validated: false,
+        trusted: secret.is_none(),
+        secret,
+        nonce: None,
+        charged: 0,
         wait: None,
         tx,
         leases: None,
@@ -695,6 +834,10 @@ async fn serve_conn(stream: TcpStream, shared: Arc<Shared>, peer_timeout: Option
                                 failed = Some(e);
                                 break;
                             }
+                            if out.len() >= OUT_FLUSH {
+                                // Written (the client reading it) before parsing on.
+                                break;
+                            }
                         }
                         Ok(Parsed::Incomplete(n)) => {
                             need = n;
@@ -710,11 +853,22 @@ async fn serve_conn(stream: TcpStream, shared: Arc<Shared>, peer_timeout: Option
             }
             // Answer every request before a bad one, then hang up.
             if !out.is_empty() {
+                conn.charge(buf.capacity() + out.capacity())?;
                 wr.write_all(&out).await?;
                 out.clear();
+                if out.capacity() > FREE_BUFFER {
+                    out.shrink_to(FREE_BUFFER);
+                }
             }
             if let Some(e) = failed {
                 return Err(e);
+            }
+            if buf.len() >= need {
+                // More complete requests are buffered (the replies were flushed first).
+                continue;
+            }
+            if buf.capacity() > FREE_BUFFER && need <= FREE_BUFFER {
+                buf.shrink_to(FREE_BUFFER);
             }
             let spare = buf.capacity() - buf.len();
             if spare < READ_CHUNK_MIN {
@@ -723,6 +877,7 @@ async fn serve_conn(stream: TcpStream, shared: Arc<Shared>, peer_timeout: Option
                     .clamp(READ_CHUNK_MIN, READ_CHUNK_MAX);
                 buf.reserve(want);
             }
+            conn.charge(buf.capacity() + out.capacity())?;
             if conn.wait.is_none() {
                 // Wake-ups are only ever sent for a parked wait: just read.
                 if rd.read_buf(&mut buf).await? == 0 {
@@ -742,11 +897,18 @@ async fn serve_conn(stream: TcpStream, shared: Arc<Shared>, peer_timeout: Option
     }
     .await;
 
+    drop(buf);
+    drop(out);
+    conn.charge(0).ok();
     match end {
         Ok(()) | Err(ConnEnd::Io) => {}
         Err(e) => {
             shared.protocol_drops.fetch_add(1, Ordering::Relaxed);
-            *shared.last_drop.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
+            let why = e.to_string();
+            if let Some(f) = lock(&shared.on_drop).clone() {
+                f(peer, &why);
+            }
+            *lock(&shared.last_drop) = Some(why);
         }
     }
     // Only a connection that ended by itself gets here (an aborted task is
@@ -760,6 +922,37 @@ async fn serve_conn(stream: TcpStream, shared: Arc<Shared>, peer_timeout: Option
 }
 
 impl Conn {
+    /// Charges this connection's buffers (`cap` bytes in all, the first
+    /// [`FREE_BUFFER`] free) against the server's total.
+    fn charge(&mut self, cap: usize) -> Result<(), ConnEnd> {
+        let want = cap.saturating_sub(FREE_BUFFER);
+        let buffered = &self.shared.buffered;
+        if want <= self.charged {
+            buffered.fetch_sub(self.charged - want, Ordering::Relaxed);
+            self.charged = want;
+            return Ok(());
+        }
+        let more = want - self.charged;
+        let before = buffered.fetch_add(more, Ordering::Relaxed);
+        self.charged = want;
+        let max = self.shared.max_total.load(Ordering::Relaxed);
+        let stored = self.shared.lock().bytes;
+        if before + more + stored > max {
+            return Err(ConnEnd::Full(max));
+        }
+        Ok(())
+    }
+
+    /// Refuses a write that would take the stored bytes over the limit.
+    fn admit(&self, st: &State, growth: usize) -> Result<(), ConnEnd> {
+        let max = self.shared.max_total.load(Ordering::Relaxed);
+        // The buffer holding this very request is about to be freed: not counted.
+        if st.bytes + growth > max {
+            return Err(ConnEnd::Full(max));
+        }
+        Ok(())
+    }
+
     fn woken(&mut self, id: u64, out: &mut Vec<u8>) {
         if self.wait == Some(id) {
             self.wait = None;
@@ -801,26 +994,53 @@ impl Conn {
         if !self.validated {
             return Err(ConnEnd::NotValidated);
         }
+        if !self.trusted && req.keys().iter().any(|k| k.starts_with(AGENT_PREFIX)) {
+            return Err(ConnEnd::Unauthorized);
+        }
         match req {
             Request::Validate { .. } => unreachable!("handled above"),
+            Request::AuthChallenge => {
+                let nonce = auth::random::<{ auth::NONCE_LEN }>()?;
+                out.push(self.secret.is_some() as u8);
+                out.extend_from_slice(&nonce);
+                self.nonce = Some(nonce);
+            }
+            Request::AuthProof { proof } => {
+                let nonce = self.nonce.take().ok_or(ConnEnd::AuthOutOfOrder)?;
+                match &self.secret {
+                    Some(secret) if !auth::verify(secret, &nonce, &proof) => {
+                        out.push(0);
+                        return Err(ConnEnd::AuthFailed);
+                    }
+                    _ => {
+                        self.trusted = true;
+                        out.push(1);
+                    }
+                }
+            }
             Request::Ping { nonce } => out.extend_from_slice(&nonce.to_le_bytes()),
             Request::Set { key, value } => {
+                let shared = self.shared.clone();
+                let mut st = shared.lock();
+                self.admit(&st, st.growth(&key, value.len()))?;
                 let mut slot = ConnLeaseSlot {
                     leases: &mut self.leases,
                     ids: &self.shared.next_lease_owner_id,
                 };
-                self.shared.lock().set_by(&mut slot, key, value);
+                st.set_by(&mut slot, key, value);
             }
             Request::CompareSet {
                 key,
                 expected,
                 desired,
             } => {
+                let shared = self.shared.clone();
+                let mut st = shared.lock();
+                self.admit(&st, st.growth(&key, desired.len()))?;
                 let mut slot = ConnLeaseSlot {
                     leases: &mut self.leases,
                     ids: &self.shared.next_lease_owner_id,
                 };
-                let mut st = self.shared.lock();
                 match st.kv.get(&key) {
                     // torch: a missing key is created only when `expected` is
                     // empty; otherwise the reply is `expected` and nothing changes.
@@ -841,7 +1061,10 @@ impl Conn {
                 put_bytes(out, st.kv.get(&key).map_or(&[][..], |v| v));
             }
             Request::Add { key, delta } => {
-                let v = self.shared.lock().add(key, delta)?;
+                let shared = self.shared.clone();
+                let mut st = shared.lock();
+                self.admit(&st, st.growth(&key, 20))?;
+                let v = st.add(key, delta)?;
                 put_i64(out, v);
             }
             Request::Check { keys } => {
@@ -855,7 +1078,15 @@ impl Conn {
                 self.park(&mut st, keys, out)?;
             }
             Request::GetNumKeys => {
-                let n = self.shared.lock().kv.len();
+                let st = self.shared.lock();
+                let n = if self.trusted {
+                    st.kv.len()
+                } else {
+                    st.kv
+                        .keys()
+                        .filter(|k| !k.starts_with(AGENT_PREFIX))
+                        .count()
+                };
                 put_i64(out, n as i64);
             }
             Request::DeleteKey { key } => {
@@ -863,23 +1094,43 @@ impl Conn {
                 put_i64(out, removed as i64);
             }
             Request::Append { key, value } => {
-                let mut st = self.shared.lock();
+                let shared = self.shared.clone();
+                let mut st = shared.lock();
+                let old = st.kv.get(&key).map_or(0, Vec::len);
+                if old + value.len() > MAX_VALUE_LEN as usize {
+                    return Err(ConnEnd::Protocol(ProtocolError::ValueTooLong(
+                        (old + value.len()) as u64,
+                    )));
+                }
+                self.admit(&st, st.growth(&key, old + value.len()))?;
                 st.disown(&key);
                 st.wake_all(&key);
-                st.kv.entry(key).or_default().extend_from_slice(&value);
+                let mut v = st.kv_take(&key).unwrap_or_default();
+                v.extend_from_slice(&value);
+                st.kv_put(key, v);
             }
             Request::MultiGet { keys } => {
                 let st = self.shared.lock();
+                let size: usize = keys
+                    .iter()
+                    .map(|k| 8 + st.kv.get(k).map_or(0, Vec::len))
+                    .sum();
+                if size > MAX_REPLY_LEN {
+                    return Err(ConnEnd::ReplyTooLarge);
+                }
                 for k in &keys {
                     put_bytes(out, st.kv.get(k).map_or(&[][..], |v| v));
                 }
             }
             Request::MultiSet { pairs } => {
+                let shared = self.shared.clone();
+                let mut st = shared.lock();
+                let growth = pairs.iter().map(|(k, v)| st.growth(k, v.len())).sum();
+                self.admit(&st, growth)?;
                 let mut slot = ConnLeaseSlot {
                     leases: &mut self.leases,
                     ids: &self.shared.next_lease_owner_id,
                 };
-                let mut st = self.shared.lock();
                 for (k, v) in pairs {
                     st.set_by(&mut slot, k, v);
                 }
@@ -901,7 +1152,11 @@ impl Conn {
                 out.push(WAIT_CANCELED);
             }
             Request::QueuePush { key, value } => {
-                let mut st = self.shared.lock();
+                let shared = self.shared.clone();
+                let mut st = shared.lock();
+                let size = entry_size(&key, &value);
+                self.admit(&st, size)?;
+                st.bytes += size;
                 st.queues.entry(key.clone()).or_default().push_back(value);
                 st.wake_one(&key);
             }
@@ -915,6 +1170,7 @@ impl Conn {
                         if q.is_empty() {
                             st.queues.remove(&key);
                         }
+                        st.bytes -= entry_size(&key, &v);
                     }
                     _ => put_i64(out, 0),
                 }
@@ -925,8 +1181,9 @@ impl Conn {
             }
             Request::ListKeys => {
                 let st = self.shared.lock();
-                put_i64(out, st.kv.len() as i64);
-                for k in st.kv.keys() {
+                let visible = |k: &&Vec<u8>| self.trusted || !k.starts_with(AGENT_PREFIX);
+                put_i64(out, st.kv.keys().filter(visible).count() as i64);
+                for k in st.kv.keys().filter(visible) {
                     put_bytes(out, k);
                 }
             }
@@ -936,6 +1193,7 @@ impl Conn {
                 }
                 let shared = self.shared.clone();
                 let mut st = shared.lock();
+                self.admit(&st, st.growth(&key, 20))?;
                 let count = match st.kv.get(&key) {
                     Some(v) => parse_counter(v)
                         .and_then(|c| c.checked_add(1))
@@ -943,7 +1201,7 @@ impl Conn {
                     None => 1,
                 };
                 st.disown(&key);
-                st.kv.insert(key.clone(), count.to_string().into_bytes());
+                st.kv_put(key.clone(), count.to_string().into_bytes());
                 if count >= world_size {
                     st.wake_all(&key);
                     out.push(WAIT_STOP_WAITING);

@@ -11,18 +11,24 @@ use tokio::signal::unix::{signal, SignalKind};
 use vigil_store::StoreServer;
 
 const USAGE: &str =
-    "usage: vigil-store-server [--host HOST] [--port PORT] [--threads N] [--ignore-stdin]
+    "usage: vigil-store-server [--host HOST] [--port PORT] [--threads N] [--max-total-bytes N] [--ignore-stdin]
 
   --host HOST      address to bind (default 0.0.0.0)
   --port PORT      port to bind, 0 picks a free one (default 29500)
   --threads N      worker threads; 1 runs everything on one thread (default 1)
+  --max-total-bytes N  most bytes of keys, values and transfers held at once
+                   (default 268435456); a request over it closes its connection
   --ignore-stdin   keep serving when stdin reaches end of file
+
+With VIGIL_STORE_SECRET set (16 characters or more), only clients that prove
+they hold it may use keys under /vigil/.
 ";
 
 struct Args {
     host: String,
     port: u16,
     threads: usize,
+    max_total: usize,
     ignore_stdin: bool,
 }
 
@@ -31,6 +37,7 @@ fn parse_args() -> Result<Args, String> {
         host: "0.0.0.0".into(),
         port: 29500,
         threads: 1,
+        max_total: vigil_store::DEFAULT_MAX_TOTAL,
         ignore_stdin: false,
     };
     let mut it = std::env::args().skip(1);
@@ -57,6 +64,11 @@ fn parse_args() -> Result<Args, String> {
                     .parse()
                     .map_err(|e| format!("bad --threads: {e}"))?
             }
+            "--max-total-bytes" => {
+                a.max_total = value("--max-total-bytes")?
+                    .parse()
+                    .map_err(|e| format!("bad --max-total-bytes: {e}"))?
+            }
             "--ignore-stdin" => a.ignore_stdin = true,
             "-h" | "--help" => {
                 print!("{USAGE}");
@@ -79,9 +91,21 @@ fn resolve(host: &str, port: u16) -> Result<SocketAddr, String> {
 
 async fn run(args: Args) -> Result<(), String> {
     let addr = resolve(&args.host, args.port)?;
-    let server = StoreServer::bind(addr)
+    let secret = match std::env::var_os("VIGIL_STORE_SECRET") {
+        None => None,
+        Some(s) => Some(
+            vigil_store::auth::check_secret(std::os::unix::ffi::OsStrExt::as_bytes(s.as_os_str()))?
+                .to_vec(),
+        ),
+    };
+    let mut server = StoreServer::bind(addr)
         .await
         .map_err(|e| format!("cannot bind {addr}: {e}"))?;
+    server.set_secret(secret);
+    server.set_max_total(args.max_total);
+    server.on_drop(std::sync::Arc::new(|peer, why| {
+        eprintln!("vigil-store-server: closed the connection from {peer}: {why}");
+    }));
     let local = server.local_addr().map_err(|e| e.to_string())?;
     println!("listening on {local}");
     let handle = server.spawn();
