@@ -49,6 +49,7 @@ except ft.RankMonitorClientError:
     pass
 after = [c.calculate_and_set_hb_timeouts(), c.hb_timeouts.are_valid,
          c.calculate_and_set_section_timeouts(selected_sections=["step"]), c.state_dict()]
+c.send_workload_control_request(ft.WorkloadControlRequest(ft.WorkloadAction.Continue, "fine"))
 c.shutdown_workload_monitoring()
 c.init_workload_monitoring()
 c.send_heartbeat()

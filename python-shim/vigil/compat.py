@@ -16,9 +16,11 @@ Replace ``import nvidia_resiliency_ext.fault_tolerance as ft`` with ``import vig
   calculated values; the agent keeps its calculated timeouts itself (``--timeouts-file``).
 * Heartbeats and sections are fire-and-forget (about a microsecond, no reply); a missing agent
   makes every call a no-op with one warning instead of ``RankMonitorClientError``.
+* ``send_workload_control_request()``: see its docstring for which actions vigil honours.
 """
 
 import dataclasses
+import enum
 import logging
 from typing import Any, Collection, Dict, Mapping, Optional, Set
 
@@ -27,6 +29,25 @@ import vigil
 
 class RankMonitorClientError(Exception):
     pass
+
+
+class WorkloadAction(enum.Enum):
+    """NVRx's actions a rank may request from the launcher."""
+
+    Continue = 0
+    ExcludeThisNode = 1
+    ShutdownWorkload = 2
+
+
+class WorkloadControlRequest:
+    """NVRx's request for an action from the launcher, with a description for the logs."""
+
+    def __init__(self, action: WorkloadAction, description="<not set>"):
+        self.action = action
+        self.description = description
+
+    def __str__(self):
+        return "WorkloadControlRequest(action=%s, description=%s)" % (self.action, self.description)
 
 
 @dataclasses.dataclass
@@ -202,3 +223,17 @@ class RankMonitorClient:
         """Keeps ``state`` for ``state_dict()``; sends nothing (the agent keeps its own)."""
         if self.CURRENT_TIMEOUTS_STATE_KEY in state:
             self.loaded_state = {self.CURRENT_TIMEOUTS_STATE_KEY: dict(state[self.CURRENT_TIMEOUTS_STATE_KEY])}
+
+    def send_workload_control_request(self, req: WorkloadControlRequest) -> None:
+        """NVRx asks ft_launcher for an action at the next rendezvous. vigil honours
+        ``Continue`` (nothing changes: the next attempt proceeds as usual). ``ExcludeThisNode``
+        and ``ShutdownWorkload`` are not honoured: vigil has no hot-spare nodes to replace this
+        one, and ends a job through ``--max-restarts`` or a rank's exit; the call logs a warning
+        that names the request and changes nothing.
+        """
+        self._ensure_is_ready()
+        action = getattr(req, "action", None)
+        if not isinstance(action, WorkloadAction):
+            raise RankMonitorClientError("expected a WorkloadControlRequest, got %r" % (req,))
+        if action is not WorkloadAction.Continue:
+            self.logger.warning("vigil does not honour %s; nothing changes", req)

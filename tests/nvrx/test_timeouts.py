@@ -2,7 +2,7 @@
 
 Code written for NVRx runs after `import nvidia_resiliency_ext.fault_tolerance as ft` became
 `import vigil.compat as ft`. Each test starts the real agent with real rank processes and
-reproduces a fault an attack found (fault-findings 6, 13); bounds are generous failure
+reproduces a fault an attack found (fault-findings 6, 13, 15); bounds are generous failure
 limits, never timing goals.
 """
 import json
@@ -255,3 +255,23 @@ time.sleep(2)
     assert calculated(evs) == []
     (d,) = run_dirs(job / "logs")
     assert not (d / "timeouts.json").exists()
+
+
+def test_workload_control_requests_are_accepted_and_only_continue_is_honoured(job):
+    write(job / "t.py", """
+import vigil.compat as ft
+c = ft.RankMonitorClient()
+c.init_workload_monitoring()
+c.send_workload_control_request(ft.WorkloadControlRequest(ft.WorkloadAction.Continue, "all good"))
+c.send_workload_control_request(ft.WorkloadControlRequest(ft.WorkloadAction.ShutdownWorkload, "bad data"))
+try:
+    c.send_workload_control_request("shutdown")
+except ft.RankMonitorClientError as e:
+    print("refused:", e, flush=True)
+""")
+    r = run_vigil(["run", "--log-dir", "logs", "t.py"], cwd=job, env=base_env())
+    assert r.returncode == 0, r.stderr
+    err = rank_log(job / "logs", 0, 0, "stderr")
+    assert "does not honour WorkloadControlRequest(action=WorkloadAction.ShutdownWorkload" in err
+    assert "Continue" not in err
+    assert "refused: expected a WorkloadControlRequest" in rank_log(job / "logs", 0, 0, "stdout")
