@@ -16,6 +16,8 @@ Replace ``import nvidia_resiliency_ext.fault_tolerance as ft`` with ``import vig
   calculated values; the agent keeps its calculated timeouts itself (``--timeouts-file``).
 * Heartbeats and sections are fire-and-forget (about a microsecond, no reply); a missing agent
   makes every call a no-op with one warning instead of ``RankMonitorClientError``.
+* A calculation that set values logs ``Updated heartbeat timeouts: ...`` / ``Updated section
+  timeouts: ...`` at INFO on the ``vigil.compat`` logger (NVRx's rank monitor logs the same).
 * ``send_workload_control_request()``: see its docstring for which actions vigil honours.
 """
 
@@ -173,6 +175,7 @@ class RankMonitorClient:
             return self._not_ready(skip_if_not_ready)
         self._refresh()
         self._hb.were_calculated = True
+        self.logger.info("Updated heartbeat timeouts: %s", self._hb)
         return True
 
     def calculate_and_set_section_timeouts(
@@ -197,6 +200,7 @@ class RankMonitorClient:
         self._refresh()
         self._sec.calculated_sections |= set(names if names is not None else self._sec.section)
         self._sec.is_out_of_section_calculated |= bool(calc_out_of_section)
+        self.logger.info("Updated section timeouts: %s", self._sec)
         return True
 
     def calculate_and_set_timeouts(self, skip_if_not_ready: bool = False) -> bool:

@@ -70,8 +70,9 @@ c.shutdown_workload_monitoring()
 
 
 HEARTBEATS = """
-import json, os, sys, time
+import json, logging, os, sys, time
 import vigil.compat as ft
+logging.basicConfig(level=logging.INFO)
 c = ft.RankMonitorClient()
 c.init_workload_monitoring()
 attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
@@ -81,7 +82,6 @@ if attempt == 0:
         c.send_heartbeat()
         time.sleep(0.3)
     assert c.calculate_and_set_hb_timeouts()
-    print("Updated heartbeat timeouts", c.hb_timeouts, flush=True)
     assert c.hb_timeouts.are_valid and c.hb_timeouts.were_calculated
     if os.environ["RANK"] == "1":
         print("Simulating fault: rank_hung; rank to fail: 1", file=sys.stderr, flush=True)
@@ -112,7 +112,7 @@ def test_null_heartbeat_timeouts_are_calculated_when_asked_and_then_catch_a_hang
     assert evs.index(calc) < evs.index(hang)
     assert (hang["cycle"], hang["rank"], hang["timeout"]) == (0, 1, "heartbeat")
     assert abs(hang["limit_ms"] - calc["timeouts"]["heartbeat"] * 1000) <= 1
-    assert "Updated heartbeat timeouts" in rank_log(job / "logs", 0, 0, "stdout")
+    assert "Updated heartbeat timeouts: HeartbeatTimeouts(initial=" in rank_log(job / "logs", 0, 0, "stderr")
     assert "Simulating fault" in rank_log(job / "logs", 0, 1, "stderr")
     for rank in (0, 1):
         initial, subsequent = json.loads((job / f"hb_{rank}.json").read_text())
@@ -140,8 +140,9 @@ assert not c.hb_timeouts.are_valid
 
 
 SECTIONS = """
-import os, sys, time
+import logging, os, sys, time
 import vigil.compat as ft
+logging.basicConfig(level=logging.INFO)
 c = ft.RankMonitorClient()
 c.init_workload_monitoring()
 c.start_section("init")
@@ -155,7 +156,6 @@ c.start_section("checkpoint")
 time.sleep(0.2)
 c.end_section("checkpoint")
 assert c.calculate_and_set_section_timeouts()
-print("Updated section timeouts", c.section_timeouts, flush=True)
 st = c.section_timeouts
 assert set(st.calculated_sections) == {"init", "step", "checkpoint"} and st.is_out_of_section_calculated
 if os.environ["RANK"] == "1":
@@ -185,7 +185,7 @@ def test_sections_example_config_calculates_the_sections_it_names_and_catches_a_
     assert (hang["rank"], hang["timeout"]) == (1, {"section": "step"})
     assert abs(hang["limit_ms"] - calc["timeouts"]["sections"]["step"] * 1000) <= 1
     assert r.returncode != 0
-    assert "Updated section timeouts" in rank_log(job / "logs", 0, 0, "stdout")
+    assert "Updated section timeouts: SectionTimeouts(section=" in rank_log(job / "logs", 0, 0, "stderr")
 
 
 def test_flags_mode_waits_for_the_sections_the_job_configured(job):
