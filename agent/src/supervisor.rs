@@ -441,6 +441,16 @@ enum Phase {
     Finished,
 }
 
+/// A calculation this node shared with the others, waiting for the job's result: what this node
+/// could calculate (and which sections), and which local ranks to answer.
+#[derive(Debug, Clone)]
+struct Answering {
+    round: u32,
+    done: Calculated,
+    sections: Vec<String>,
+    ranks: Vec<u32>,
+}
+
 #[derive(Debug, Clone)]
 pub struct Supervisor {
     cfg: SupervisorConfig,
@@ -464,9 +474,8 @@ pub struct Supervisor {
     calc_round: u32,
     /// The request being collected: what was asked and which local ranks asked.
     asking: Option<(CalcRequest, Vec<u32>)>,
-    /// The round shared with the other nodes, waiting for the job's result: what this node could
-    /// calculate and which local ranks to answer.
-    answering: Option<(u32, Calculated, Vec<u32>)>,
+    /// The round shared with the other nodes, waiting for the job's result.
+    answering: Option<Answering>,
     /// A rank of this cycle was declared hung: nothing it or the others do from then on says what
     /// the job needs, so nothing more is calculated in this cycle.
     hang_seen: bool,
@@ -1034,15 +1043,26 @@ impl Supervisor {
         let Some((req, ranks)) = self.asking.take() else {
             return;
         };
+        let observed = self.merged_observations();
         let (next, done) = monitor::calculate_requested(
             &self.timeouts,
-            &self.merged_observations(),
+            &observed,
             self.calculated.as_ref(),
             self.cfg.safety_factor,
             &req,
         );
+        let sections = match (done.sections, req.all_sections) {
+            (false, _) => Vec::new(),
+            (true, true) => observed.sections.keys().cloned().collect(),
+            (true, false) => req.sections,
+        };
         self.calc_round += 1;
-        self.answering = Some((self.calc_round, done, ranks));
+        self.answering = Some(Answering {
+            round: self.calc_round,
+            done,
+            sections,
+            ranks,
+        });
         out.push(Action::Job(JobRequest::ShareTimeouts {
             cycle: self.cycle,
             round: self.calc_round,
@@ -1053,7 +1073,13 @@ impl Supervisor {
     /// The job's result of a requested calculation: put it in force, keep and save what was
     /// calculated, and tell each rank that asked what was set.
     fn answer(&mut self, round: u32, job: Timeouts, out: &mut Vec<Action>) {
-        let Some((_, done, ranks)) = self.answering.take_if(|(r, _, _)| *r == round) else {
+        let Some(Answering {
+            done,
+            sections,
+            ranks,
+            ..
+        }) = self.answering.take_if(|a| a.round == round)
+        else {
             return;
         };
         let mut kept = self.calculated.clone().unwrap_or_default();
@@ -1061,11 +1087,9 @@ impl Supervisor {
             kept.initial = job.initial;
             kept.heartbeat = job.heartbeat;
         }
-        if done.sections {
-            for (name, d) in &job.sections {
-                if job.sections.get(name) != self.timeouts.sections.get(name) {
-                    kept.sections.insert(name.clone(), *d);
-                }
+        for name in &sections {
+            if let Some(d) = job.sections.get(name) {
+                kept.sections.insert(name.clone(), *d);
             }
         }
         if done.out_of_section {
@@ -2045,6 +2069,85 @@ mod tests {
 
     fn has(actions: &[Action], pred: impl Fn(&Action) -> bool) -> bool {
         actions.iter().any(pred)
+    }
+
+    #[test]
+    fn multi_node_requests_are_answered_with_the_job_value_of_their_round() {
+        let t = Instant::now();
+        let (mut s, _) = node(1, 1, 0);
+        s.handle(t, joined(0, 1, 0));
+        started(&mut s, t, 300);
+        let reg = RankMsg::Register {
+            rank: 1,
+            local_rank: 0,
+            pid: 300,
+            cycle: 0,
+        };
+        let msg = |m: RankMsg| Event::Message {
+            local_rank: 0,
+            msg: m,
+        };
+        s.handle(t, msg(reg));
+        for i in 1..=3 {
+            s.handle(
+                t + Duration::from_millis(100 * i),
+                msg(RankMsg::Heartbeat { step: None }),
+            );
+        }
+        let a = s.handle(t + Duration::from_millis(300), msg(calc_hb()));
+        let shared = a.iter().find_map(|x| match x {
+            Action::Job(JobRequest::ShareTimeouts {
+                cycle: 0,
+                round,
+                timeouts,
+            }) => Some((*round, timeouts.clone())),
+            _ => None,
+        });
+        let (round, mine) = shared.expect("this node shares its calculation");
+        assert_eq!(
+            round, 1,
+            "requests count from round 1; round 0 is vigil's own"
+        );
+        assert!(mine.heartbeat.is_some());
+        let job = Timeouts {
+            initial: Some(Duration::from_secs(40)),
+            heartbeat: Some(Duration::from_secs(9)),
+            ..Default::default()
+        };
+        let stale = s.handle(
+            t,
+            Event::JobTimeouts {
+                cycle: 0,
+                round: 7,
+                timeouts: job.clone(),
+            },
+        );
+        assert!(stale.is_empty(), "another round's result is not this one's");
+        let a = s.handle(
+            t,
+            Event::JobTimeouts {
+                cycle: 0,
+                round: 1,
+                timeouts: job.clone(),
+            },
+        );
+        assert_eq!(
+            s.timeouts(),
+            &job,
+            "the job's maximum over nodes is in force"
+        );
+        assert!(
+            !has(&a, |x| matches!(x, Action::SaveTimeouts(_))),
+            "node rank 0 saves"
+        );
+        assert!(a.contains(&Action::SendToRank {
+            local_rank: 0,
+            msg: AgentMsg::TimeoutsCalculated {
+                heartbeat: true,
+                sections: false,
+                out_of_section: false
+            }
+        }));
     }
 
     #[test]

@@ -275,3 +275,39 @@ except ft.RankMonitorClientError as e:
     assert "does not honour WorkloadControlRequest(action=WorkloadAction.ShutdownWorkload" in err
     assert "Continue" not in err
     assert "refused: expected a WorkloadControlRequest" in rank_log(job / "logs", 0, 0, "stdout")
+
+
+MULTI = """
+import json, os, time
+import vigil.compat as ft
+c = ft.RankMonitorClient()
+c.init_workload_monitoring()
+gap = 0.3 if os.environ["RANK"] == "1" else 0.05
+got = []
+for _ in range(2):  # two calculations in one attempt: two rounds
+    for _ in range(4):
+        c.send_heartbeat()
+        time.sleep(gap)
+    ok = c.calculate_and_set_hb_timeouts()
+    got.append([ok, c.hb_timeouts.initial, c.hb_timeouts.subsequent])
+with open(os.path.join(os.environ["OUT_DIR"], "calc_%s.json" % os.environ["RANK"]), "w") as f:
+    json.dump(got, f)
+"""
+
+
+def test_requests_across_nodes_get_the_job_wide_value_every_round(job):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "e2e"))
+    from test_multinode import Nodes
+
+    write(job / "t.py", MULTI)
+    nodes = Nodes(job, 2, ["t.py"], nproc=1, extra=["--rdzv-id", "nvrx-multi"])
+    res = nodes.wait(timeout=120)
+    assert [rc for rc, _, _ in res] == [0, 0], [e for _, _, e in res]
+    got = [json.loads((job / f"calc_{rank}.json").read_text()) for rank in (0, 1)]
+    assert got[0] == got[1], "every node applies the job's value"
+    for ok, initial, subsequent in got[0]:
+        assert ok and initial is not None
+        # Node 1's rank beats every 0.3 s (x5), node 0's every 0.05 s (the 1 s floor): the larger.
+        assert subsequent > 1.2, got
+    for i in range(2):
+        assert len(calculated(nodes.events(i))) == 2
