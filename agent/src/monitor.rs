@@ -166,7 +166,8 @@ pub struct Observed {
     pub sections: BTreeMap<String, Duration>,
     pub out_of_section: Option<Duration>,
     pub steps: u32,
-    /// Opened a section before its first heartbeat: watched through sections alone.
+    /// Opened a section before any heartbeat and has sent none since: watched through sections
+    /// alone.
     pub sections_only: bool,
 }
 
@@ -464,6 +465,8 @@ impl RankMonitor {
                 }
                 self.last_heartbeat = Some(now);
                 self.observed.steps = self.observed.steps.saturating_add(1);
+                // It heartbeats after all: calculation waits for its heartbeats too.
+                self.observed.sections_only = false;
             }
             RankMsg::SectionStart { name } => {
                 self.end_section(now);
@@ -690,6 +693,10 @@ mod tests {
         );
         m.on_msg(t0 + s(6), &hb());
         assert_eq!(m.deadline(&t, 0).unwrap().kind, HangKind::Heartbeat);
+        assert!(
+            !m.observed.ready_for(&t),
+            "once it heartbeats, calculation waits for its heartbeats"
+        );
     }
 
     #[test]
