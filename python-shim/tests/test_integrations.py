@@ -236,4 +236,7 @@ cb.teardown(t, None, "fit")
     finish(proc)
     msgs = conn.drain()
     assert [m["step"] for m in msgs if m["type"] == "Heartbeat"] == [None, 1, 2, 3, None]
+    # calculate_timeouts=False: the agent is told to leave the configured timeouts alone.
+    assert msgs[1]["type"] == "CalculateTimeouts" and not any(
+        msgs[1][k] for k in ("heartbeat", "out_of_section", "all_sections", "sections"))
     assert msgs[-1] == {"type": "Finished"}

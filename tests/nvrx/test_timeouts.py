@@ -311,3 +311,34 @@ def test_requests_across_nodes_get_the_job_wide_value_every_round(job):
         assert subsequent > 1.2, got
     for i in range(2):
         assert len(calculated(nodes.events(i))) == 2
+
+
+LIGHTNING = """
+import sys, time, types
+# A stand-in for Lightning's Callback base and Trainer: only what the callback touches.
+for name in ("lightning", "lightning.pytorch", "lightning.pytorch.callbacks"):
+    sys.modules[name] = types.ModuleType(name)
+sys.modules["lightning.pytorch.callbacks"].Callback = object
+from vigil.lightning import FaultToleranceCallback
+trainer = types.SimpleNamespace(strategy=None, global_step=0, current_epoch=0, max_steps=30,
+                                max_epochs=None, should_stop=False)
+cb = FaultToleranceCallback(calculate_timeouts=False)
+cb.setup(trainer, None, "fit")
+for step in range(1, 31):
+    cb.on_train_batch_start(trainer, None, None, step - 1)
+    trainer.global_step = step
+    cb.on_train_batch_end(trainer, None, None, None, step - 1)
+    if step == 20:
+        time.sleep(3)  # saving a checkpoint outside any section
+cb.teardown(trainer, None, "fit")
+"""
+
+
+def test_lightning_callback_without_calculate_timeouts_keeps_the_configured_ones(job):
+    # NVRx's callback calculates nothing unless calculate_timeouts=True; vigil's used to
+    # recalculate the configured 30 s to 1 s after 16 steps and kill the fit at the pause.
+    write(job / "t.py", LIGHTNING)
+    r = run_vigil(["run", "--log-dir", "logs", "--heartbeat-timeout", "30", "t.py"], cwd=job, env=base_env())
+    evs = events(job / "logs")
+    assert r.returncode == 0, (r.stderr, hangs(evs))
+    assert calculated(evs) == []
