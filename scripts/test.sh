@@ -8,6 +8,9 @@ PY=${PYTHON:-python3}
 need() { "$PY" -c "import $1" 2>/dev/null || "$PY" -m pip install -q --disable-pip-version-check "$2"; }
 need pytest pytest
 need torch torch   # about 1 minute and 5 GB the first time: the torch.distributed tests need it
+# NVRx's own examples (tests/nvrx/test_nvrx_examples.py) run only from a checkout of
+# github.com/NVIDIA/nvidia-resiliency-ext named by NVRX_SRC (they are in no PyPI package); they need numpy.
+if [ -n "${NVRX_SRC:-}" ]; then need numpy numpy; fi
 
 cargo fmt --all --check
 cargo clippy --workspace --all-targets -- -D warnings

@@ -10,13 +10,15 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use vigil_ipc::RankMsg;
 
-/// Heartbeats every rank must have sent before timeouts are calculated (NVRx waits for >16 steps).
-pub const CALC_MIN_STEPS: u32 = 16;
+/// Heartbeats every rank must have sent before vigil calculates timeouts on its own (flags mode;
+/// NVRx waits for >16 steps in its examples).
+pub const AUTO_MIN_STEPS: u32 = 16;
+/// Heartbeats every rank must have sent before heartbeat timeouts can be calculated on request:
+/// the first gives the initial delay, the second the first gap (as NVRx's calculator needs).
+pub const CALC_MIN_STEPS: u32 = 2;
 /// No calculated timeout is shorter than this: a rank's ordinary jitter (GC, page faults) must not
 /// look like a hang because its steps happened to be short while it was observed.
 pub const CALC_FLOOR: Duration = Duration::from_secs(1);
-/// The section name whose completion, when sections are used, calculation also waits for.
-pub const CHECKPOINT_SECTION: &str = "checkpointing";
 
 /// The timeouts in force. `None` disables that check.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -167,8 +169,9 @@ pub struct Observed {
     pub sections: BTreeMap<String, Duration>,
     pub out_of_section: Option<Duration>,
     pub steps: u32,
-    pub sections_used: bool,
-    pub checkpoint_seen: bool,
+    /// Opened a section before any heartbeat and has sent none since: watched through sections
+    /// alone.
+    pub sections_only: bool,
 }
 
 fn max_opt(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
@@ -193,14 +196,121 @@ impl Observed {
             sections,
             out_of_section: max_opt(self.out_of_section, o.out_of_section),
             steps: self.steps.min(o.steps),
-            sections_used: self.sections_used || o.sections_used,
-            checkpoint_seen: self.checkpoint_seen || o.checkpoint_seen,
+            sections_only: self.sections_only && o.sections_only,
         }
     }
 
-    pub fn ready(&self) -> bool {
-        self.steps >= CALC_MIN_STEPS && (!self.sections_used || self.checkpoint_seen)
+    /// Whether vigil calculates `configured` on its own (flags mode): every rank sent
+    /// [`AUTO_MIN_STEPS`] heartbeats (unless every rank is watched through sections alone), and
+    /// every section that has a timeout was seen closed at least once.
+    pub fn ready_for(&self, configured: &Timeouts) -> bool {
+        (self.sections_only || self.steps >= AUTO_MIN_STEPS)
+            && configured
+                .sections
+                .keys()
+                .all(|s| self.sections.contains_key(s))
     }
+}
+
+/// Which timeouts a job asked to have calculated (NVRx's `calculate_and_set_hb_timeouts` and
+/// `calculate_and_set_section_timeouts`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CalcRequest {
+    pub heartbeat: bool,
+    pub out_of_section: bool,
+    pub all_sections: bool,
+    pub sections: Vec<String>,
+}
+
+impl CalcRequest {
+    /// Both requests at once: what either asked for.
+    pub fn union(&self, o: &CalcRequest) -> CalcRequest {
+        let mut sections = self.sections.clone();
+        for s in &o.sections {
+            if !sections.contains(s) {
+                sections.push(s.clone());
+            }
+        }
+        CalcRequest {
+            heartbeat: self.heartbeat || o.heartbeat,
+            out_of_section: self.out_of_section || o.out_of_section,
+            all_sections: self.all_sections || o.all_sections,
+            sections,
+        }
+    }
+
+    fn wants_sections(&self) -> bool {
+        self.all_sections || !self.sections.is_empty()
+    }
+}
+
+/// Which of the asked-for timeouts could be calculated (enough was observed) and were set.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Calculated {
+    pub heartbeat: bool,
+    pub sections: bool,
+    pub out_of_section: bool,
+}
+
+/// The timeouts after a calculation the job asked for: each asked-for timeout that was observed
+/// becomes `factor` times the longest observed (see [`calculate`]), whether it was configured,
+/// disabled (`null`) or not; everything else stays as in `current`. A heartbeat calculation needs
+/// every rank's first heartbeat and one gap after it; a section calculation needs every named
+/// section observed (`all_sections`: those observed) and, when asked with it, an out-of-section
+/// observation: sections and out-of-section are set together or not at all.
+pub fn calculate_requested(
+    current: &Timeouts,
+    obs: &Observed,
+    previous: Option<&Timeouts>,
+    factor: f64,
+    req: &CalcRequest,
+) -> (Timeouts, Calculated) {
+    let mut done = Calculated::default();
+    let mut wanted = Timeouts {
+        warmup: current.warmup,
+        ..Timeouts::default()
+    };
+    if req.heartbeat
+        && obs.steps >= CALC_MIN_STEPS
+        && obs.initial.is_some()
+        && obs.heartbeat.is_some()
+    {
+        done.heartbeat = true;
+        wanted.initial = Some(Duration::MAX);
+        wanted.heartbeat = Some(Duration::MAX);
+    }
+    // As NVRx's calculator: the sections and the out-of-section timeout asked for together are
+    // set together, or not at all.
+    if req.wants_sections() || req.out_of_section {
+        let names: Vec<&String> = if req.all_sections {
+            obs.sections.keys().collect()
+        } else {
+            req.sections.iter().collect()
+        };
+        let sections_ok = names.iter().all(|n| obs.sections.contains_key(*n));
+        let oos_ok = !req.out_of_section || obs.out_of_section.is_some();
+        if sections_ok && oos_ok {
+            done.sections = req.wants_sections();
+            done.out_of_section = req.out_of_section;
+            for n in names {
+                wanted.sections.insert(n.clone(), Duration::MAX);
+            }
+            if req.out_of_section {
+                wanted.out_of_section = Some(Duration::MAX);
+            }
+        }
+    }
+    let fresh = calculate(&wanted, obs, previous, factor);
+    let mut next = current.clone();
+    if done.heartbeat {
+        next.initial = fresh.initial;
+        next.heartbeat = fresh.heartbeat;
+    }
+    next.sections.extend(fresh.sections);
+    if done.out_of_section {
+        next.out_of_section = fresh.out_of_section;
+    }
+    (next, done)
 }
 
 /// New timeouts from observations: `factor` times the longest observed, averaged with the previous
@@ -265,6 +375,11 @@ pub struct RankMonitor {
     finished: bool,
     /// Registered, then closed its connection: monitoring pauses until it registers again.
     disconnected: bool,
+    /// Opened a section before any heartbeat: a sections-only rank, which no heartbeat check
+    /// applies to until it sends one.
+    sections_only: bool,
+    /// What it does no longer counts as what it needs (it, or a rank of its attempt, was hung).
+    frozen: bool,
     pub observed: Observed,
 }
 
@@ -278,6 +393,8 @@ impl RankMonitor {
             out_since: None,
             finished: false,
             disconnected: false,
+            sections_only: false,
+            frozen: false,
             observed: Observed::default(),
         }
     }
@@ -290,7 +407,39 @@ impl RankMonitor {
         self.finished
     }
 
+    /// Registered and still connected: it speaks to the agent now.
+    pub fn watched(&self) -> bool {
+        self.registered && !self.disconnected
+    }
+
+    /// Stops learning from this rank: a hang's gap, or the time the attempt spent being stopped
+    /// after it, says nothing about what the job needs.
+    pub fn freeze(&mut self) {
+        self.frozen = true;
+    }
+
+    /// Counts the time since the rank left its last section as out-of-section time, when no
+    /// section is open: asked for a calculation between sections, the current stretch may be the
+    /// longest (NVRx does the same).
+    pub fn bump_out_of_section(&mut self, now: Instant) {
+        if self.frozen || self.section.is_some() {
+            return;
+        }
+        if let Some(out) = self.out_since {
+            let d = now.saturating_duration_since(out);
+            self.observed.out_of_section = max_opt(self.observed.out_of_section, Some(d));
+        }
+    }
+
     pub fn on_msg(&mut self, now: Instant, msg: &RankMsg) {
+        let kept = self.observed.clone();
+        self.track(now, msg);
+        if self.frozen {
+            self.observed = kept;
+        }
+    }
+
+    fn track(&mut self, now: Instant, msg: &RankMsg) {
         match msg {
             RankMsg::Register { .. } => {
                 if !self.registered {
@@ -319,6 +468,8 @@ impl RankMonitor {
                 }
                 self.last_heartbeat = Some(now);
                 self.observed.steps = self.observed.steps.saturating_add(1);
+                // It heartbeats after all: calculation waits for its heartbeats too.
+                self.observed.sections_only = false;
             }
             RankMsg::SectionStart { name } => {
                 self.end_section(now);
@@ -326,7 +477,10 @@ impl RankMonitor {
                     let d = now.saturating_duration_since(out);
                     self.observed.out_of_section = max_opt(self.observed.out_of_section, Some(d));
                 }
-                self.observed.sections_used = true;
+                if self.last_heartbeat.is_none() {
+                    self.sections_only = true;
+                    self.observed.sections_only = true;
+                }
                 self.section = Some((name.clone(), now));
             }
             RankMsg::SectionEnd { name } => {
@@ -336,7 +490,7 @@ impl RankMonitor {
             }
             RankMsg::EndAllSections => self.end_section(now),
             RankMsg::Finished => self.finished = true,
-            RankMsg::StepTiming { .. } => {}
+            RankMsg::StepTiming { .. } | RankMsg::CalculateTimeouts { .. } => {}
         }
     }
 
@@ -351,9 +505,6 @@ impl RankMonitor {
             let d = now.saturating_duration_since(since);
             let e = self.observed.sections.entry(name.clone()).or_default();
             *e = (*e).max(d);
-            if name == CHECKPOINT_SECTION {
-                self.observed.checkpoint_seen = true;
-            }
             self.out_since = Some(now);
         }
     }
@@ -378,6 +529,8 @@ impl RankMonitor {
             }
         };
         match self.last_heartbeat {
+            // A rank that monitors itself with sections alone never heartbeats.
+            None if self.sections_only => {}
             None => offer(self.started, t.initial, HangKind::Initial),
             Some(last) => offer(last, t.heartbeat, HangKind::Heartbeat),
         }
@@ -498,7 +651,7 @@ mod tests {
         m.on_msg(t0, &reg());
         m.on_msg(t0 + s(4), &hb());
         let mut now = t0 + s(4);
-        for i in 0..CALC_MIN_STEPS {
+        for i in 0..AUTO_MIN_STEPS {
             now += if i == 3 { s(9) } else { s(1) };
             m.on_msg(now, &start("step"));
             m.on_msg(now + s(i as u64 % 3), &end("step"));
@@ -507,10 +660,119 @@ mod tests {
         assert_eq!(m.observed.initial, Some(s(4)));
         assert_eq!(m.observed.heartbeat, Some(s(9)));
         assert_eq!(m.observed.sections["step"], s(2));
-        assert!(!m.observed.ready(), "sections used but no checkpoint yet");
-        m.on_msg(now, &start(CHECKPOINT_SECTION));
-        m.on_msg(now + s(30), &end(CHECKPOINT_SECTION));
-        assert!(m.observed.ready());
+        // Calculation waits for the sections the job configured, whatever they are called.
+        let configured = Timeouts {
+            sections: [
+                ("step".to_string(), s(60)),
+                ("checkpoint".to_string(), s(600)),
+            ]
+            .into(),
+            ..Default::default()
+        };
+        assert!(!m.observed.ready_for(&configured), "no checkpoint yet");
+        m.on_msg(now, &start("checkpoint"));
+        m.on_msg(now + s(30), &end("checkpoint"));
+        assert!(m.observed.ready_for(&configured));
+    }
+
+    #[test]
+    fn sections_only_rank_has_no_heartbeat_deadline_and_is_ready_without_heartbeats() {
+        let t0 = Instant::now();
+        let t = Timeouts {
+            initial: Some(s(2)),
+            heartbeat: Some(s(2)),
+            sections: [("step".to_string(), s(60))].into(),
+            ..Default::default()
+        };
+        let mut m = RankMonitor::new(t0);
+        m.on_msg(t0, &reg());
+        m.on_msg(t0 + s(1), &start("step"));
+        let d = m.deadline(&t, 0).unwrap();
+        assert_eq!(d.kind, HangKind::Section("step".into()));
+        m.on_msg(t0 + s(5), &end("step"));
+        assert!(
+            m.observed.ready_for(&t),
+            "a sections-only rank waits for no heartbeat"
+        );
+        m.on_msg(t0 + s(6), &hb());
+        assert_eq!(m.deadline(&t, 0).unwrap().kind, HangKind::Heartbeat);
+        assert!(
+            !m.observed.ready_for(&t),
+            "once it heartbeats, calculation waits for its heartbeats"
+        );
+    }
+
+    #[test]
+    fn requested_calculation_enables_disabled_checks_and_keeps_the_rest() {
+        let cur = Timeouts {
+            sections: [("step".to_string(), s(10))].into(),
+            out_of_section: Some(s(30)),
+            ..Default::default()
+        };
+        let obs = Observed {
+            initial: Some(s(3)),
+            heartbeat: Some(s(2)),
+            sections: [("step".to_string(), s(1)), ("checkpoint".to_string(), s(4))].into(),
+            out_of_section: None,
+            steps: 2,
+            sections_only: false,
+        };
+        let hb = CalcRequest {
+            heartbeat: true,
+            ..Default::default()
+        };
+        let (next, done) = calculate_requested(&cur, &obs, None, 5.0, &hb);
+        assert!(done.heartbeat && !done.sections && !done.out_of_section);
+        assert_eq!((next.initial, next.heartbeat), (Some(s(15)), Some(s(10))));
+        assert_eq!(next.sections, cur.sections, "sections were not asked for");
+        let too_early = Observed {
+            steps: 1,
+            ..obs.clone()
+        };
+        let (same, done) = calculate_requested(&cur, &too_early, None, 5.0, &hb);
+        assert_eq!((same, done), (cur.clone(), Calculated::default()));
+        // Sections and out-of-section asked together are set together: no out-of-section yet.
+        let sec = CalcRequest {
+            out_of_section: true,
+            sections: vec!["checkpoint".into()],
+            ..Default::default()
+        };
+        assert_eq!(
+            calculate_requested(&cur, &obs, None, 5.0, &sec),
+            (cur.clone(), Calculated::default())
+        );
+        let with_oos = Observed {
+            out_of_section: Some(s(2)),
+            ..obs.clone()
+        };
+        let (next, done) = calculate_requested(&cur, &with_oos, None, 5.0, &sec);
+        assert!(done.sections && done.out_of_section && !done.heartbeat);
+        assert_eq!(next.sections["checkpoint"], s(20));
+        assert_eq!(next.sections["step"], s(10), "not selected");
+        assert_eq!(next.out_of_section, Some(s(10)));
+        let all = CalcRequest {
+            all_sections: true,
+            ..Default::default()
+        };
+        let (next, _) = calculate_requested(&cur, &obs, None, 5.0, &all);
+        assert_eq!(
+            (next.sections["step"], next.sections["checkpoint"]),
+            (s(5), s(20))
+        );
+    }
+
+    #[test]
+    fn a_frozen_rank_learns_nothing() {
+        let t0 = Instant::now();
+        let mut m = RankMonitor::new(t0);
+        m.on_msg(t0, &reg());
+        m.on_msg(t0 + s(1), &hb());
+        m.on_msg(t0 + s(2), &hb());
+        let before = m.observed.clone();
+        m.freeze();
+        m.on_msg(t0 + s(5), &hb());
+        m.bump_out_of_section(t0 + s(9));
+        assert_eq!(m.observed, before, "the hang's gap is not observed");
     }
 
     #[test]

@@ -392,6 +392,7 @@ mod tests {
                 path: path.clone(),
             }),
             tail: Some(Tail::default()),
+            dup: None,
         };
         let mut want = Vec::new();
         let mut splitter = LineSplitter::default();

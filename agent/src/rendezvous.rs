@@ -99,14 +99,14 @@ pub mod key {
     pub fn done(c: u32) -> String {
         format!("vigil/c{c}/done")
     }
-    pub fn node_timeouts(c: u32, node: u32) -> String {
-        format!("vigil/c{c}/timeouts/{node}")
+    pub fn node_timeouts(c: u32, round: u32, node: u32) -> String {
+        format!("vigil/c{c}/r{round}/timeouts/{node}")
     }
-    pub fn timeouts_count(c: u32) -> String {
-        format!("vigil/c{c}/timeouts_n")
+    pub fn timeouts_count(c: u32, round: u32) -> String {
+        format!("vigil/c{c}/r{round}/timeouts_n")
     }
-    pub fn timeouts(c: u32) -> String {
-        format!("vigil/c{c}/timeouts")
+    pub fn timeouts(c: u32, round: u32) -> String {
+        format!("vigil/c{c}/r{round}/timeouts")
     }
     /// Raw prefix of one cycle's keys, removed once every node is in the next cycle.
     pub fn cycle_prefix_raw(c: u32) -> Vec<u8> {
@@ -176,6 +176,7 @@ pub enum FromCoord {
     },
     JobTimeouts {
         cycle: u32,
+        round: u32,
         timeouts: Timeouts,
     },
     Lost {
@@ -289,8 +290,8 @@ struct Coordinator {
     lost: Option<String>,
     /// A task parked on this cycle's job-wide timeouts.
     timeouts_task: Option<tokio::task::JoinHandle<()>>,
-    timeouts_tx: mpsc::UnboundedSender<(u32, Vec<u8>)>,
-    timeouts_rx: mpsc::UnboundedReceiver<(u32, Vec<u8>)>,
+    timeouts_tx: mpsc::UnboundedSender<(u32, u32, Vec<u8>)>,
+    timeouts_rx: mpsc::UnboundedReceiver<(u32, u32, Vec<u8>)>,
     /// Set once a `Lost` was sent: nothing more is reported.
     ended: bool,
     /// Renews this node's counter and watches the others' ([`liveness`]).
@@ -612,9 +613,9 @@ impl Coordinator {
                         self.store_error(e);
                     }
                 }
-                Some((cycle, v)) = self.timeouts_rx.recv() => {
+                Some((cycle, round, v)) = self.timeouts_rx.recv() => {
                     if let Ok(timeouts) = serde_json::from_slice(&v) {
-                        self.send(FromCoord::JobTimeouts { cycle, timeouts });
+                        self.send(FromCoord::JobTimeouts { cycle, round, timeouts });
                     }
                 }
                 Some(ev) = lease => {
@@ -680,19 +681,26 @@ impl Coordinator {
                         .await?;
                 }
             }
-            JobRequest::ShareTimeouts { cycle, timeouts } => {
+            JobRequest::ShareTimeouts {
+                cycle,
+                round,
+                timeouts,
+            } => {
                 self.ctl
                     .set(
-                        &key::node_timeouts(cycle, self.cfg.node_rank),
+                        &key::node_timeouts(cycle, round, self.cfg.node_rank),
                         &to_json(&timeouts),
                     )
                     .await?;
-                if self.timeouts_task.is_none() {
-                    self.spawn_timeouts_waiter(cycle);
+                // A node shares a round only once its previous one was answered (its ranks wait
+                // for the answer), so a waiter still parked belongs to a round nobody completes.
+                if let Some(t) = self.timeouts_task.take() {
+                    t.abort();
                 }
-                if self.ctl.add(&key::timeouts_count(cycle), 1).await? == n {
+                self.spawn_timeouts_waiter(cycle, round);
+                if self.ctl.add(&key::timeouts_count(cycle, round), 1).await? == n {
                     let keys: Vec<String> = (0..self.cfg.nnodes)
-                        .map(|i| key::node_timeouts(cycle, i))
+                        .map(|i| key::node_timeouts(cycle, round, i))
                         .collect();
                     let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
                     let all: Vec<Timeouts> = self
@@ -704,7 +712,7 @@ impl Coordinator {
                         .collect();
                     let merged = merge_timeouts(&all);
                     self.ctl
-                        .set(&key::timeouts(cycle), &to_json(&merged))
+                        .set(&key::timeouts(cycle, round), &to_json(&merged))
                         .await?;
                 }
             }
@@ -715,17 +723,17 @@ impl Coordinator {
 
     /// A connection of its own, parked until every node has shared its timeouts for `cycle`;
     /// dropped (and with it the wait) when the cycle ends first.
-    fn spawn_timeouts_waiter(&mut self, cycle: u32) {
+    fn spawn_timeouts_waiter(&mut self, cycle: u32, round: u32) {
         let cfg = self.cfg.clone();
         let tx = self.timeouts_tx.clone();
         self.timeouts_task = Some(tokio::task::spawn_local(async move {
             let Ok(mut c) = connect_client(&cfg).await else {
                 return;
             };
-            let k = key::timeouts(cycle);
+            let k = key::timeouts(cycle, round);
             if c.wait(&[&k], Duration::MAX).await.is_ok() {
                 if let Ok(v) = c.get(&k).await {
-                    let _ = tx.send((cycle, v));
+                    let _ = tx.send((cycle, round, v));
                 }
             }
         }));

@@ -1165,8 +1165,16 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
                     }
                     agent.queue.push_back(Event::CycleEnded { cycle, end });
                 }
-                FromCoord::JobTimeouts { cycle, timeouts } => {
-                    agent.queue.push_back(Event::JobTimeouts { cycle, timeouts });
+                FromCoord::JobTimeouts {
+                    cycle,
+                    round,
+                    timeouts,
+                } => {
+                    agent.queue.push_back(Event::JobTimeouts {
+                        cycle,
+                        round,
+                        timeouts,
+                    });
                 }
                 FromCoord::Lost { reason, requeue } => {
                     agent.queue.push_back(Event::CoordinationLost { reason, requeue });

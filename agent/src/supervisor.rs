@@ -16,7 +16,9 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use vigil_ipc::{AgentMsg, RankMsg};
 
-use crate::monitor::{self, Due, HangKind, Observed, RankMonitor, Timeouts};
+use crate::monitor::{
+    self, CalcRequest, Calculated, Due, HangKind, Observed, RankMonitor, Timeouts,
+};
 
 /// How a rank's process ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -161,8 +163,13 @@ pub enum Event {
     },
     /// The job's verdict on this cycle, the same on every node.
     CycleEnded { cycle: u32, end: JobEnd },
-    /// Timeouts calculated from every node's observations (the maximum over nodes).
-    JobTimeouts { cycle: u32, timeouts: Timeouts },
+    /// Timeouts calculated from every node's observations (the maximum over nodes) in calculation
+    /// `round` of the cycle (0: vigil's own; 1, 2, ...: the job's requests).
+    JobTimeouts {
+        cycle: u32,
+        round: u32,
+        timeouts: Timeouts,
+    },
     /// The job's coordination is gone (the store's node died or cannot be reached, or the
     /// rendezvous failed): stop and end. `requeue` tells whether running the job again may help.
     CoordinationLost { reason: String, requeue: bool },
@@ -399,7 +406,12 @@ pub enum JobRequest {
     /// Every rank of this node exited 0 in this cycle.
     ReportDone { cycle: u32 },
     /// Timeouts calculated from this node's ranks, to be combined over all nodes (`JobTimeouts`).
-    ShareTimeouts { cycle: u32, timeouts: Timeouts },
+    /// Round 0 is vigil's own calculation; rounds 1, 2, ... answer the job's requests in order.
+    ShareTimeouts {
+        cycle: u32,
+        round: u32,
+        timeouts: Timeouts,
+    },
     /// The agent ends: leave the job; when `poison` is set, make any node waiting to join that
     /// cycle end with that verdict instead of waiting for this node.
     Leave { poison: Option<(u32, JobEnd)> },
@@ -486,6 +498,16 @@ enum Phase {
     Finished,
 }
 
+/// A calculation this node shared with the others, waiting for the job's result: what this node
+/// could calculate (and which sections), and which local ranks to answer.
+#[derive(Debug, Clone)]
+struct Answering {
+    round: u32,
+    done: Calculated,
+    sections: Vec<String>,
+    ranks: Vec<u32>,
+}
+
 #[derive(Debug, Clone)]
 pub struct Supervisor {
     cfg: SupervisorConfig,
@@ -502,6 +524,18 @@ pub struct Supervisor {
     /// The last calculated timeouts (loaded or from this run), blended into the next calculation.
     calculated: Option<Timeouts>,
     calculated_this_cycle: bool,
+    /// The job's code calculates timeouts when it asks (NVRx's client announced itself or asked):
+    /// vigil then never calculates on its own.
+    on_request: bool,
+    /// Calculation requests of this cycle so far (the round of the latest one).
+    calc_round: u32,
+    /// The request being collected: what was asked and which local ranks asked.
+    asking: Option<(CalcRequest, Vec<u32>)>,
+    /// The round shared with the other nodes, waiting for the job's result.
+    answering: Option<Answering>,
+    /// A rank of this cycle was declared hung: nothing it or the others do from then on says what
+    /// the job needs, so nothing more is calculated in this cycle.
+    hang_seen: bool,
     /// A hung rank whose stacks are being captured: rank, why, and when to stop waiting.
     diagnosing: Option<(u32, Hang, Instant)>,
     /// A hang is due and the runtime was asked which ranks are stopped (`ProbeStopped`).
@@ -543,6 +577,11 @@ impl Supervisor {
             timeouts: Timeouts::default(),
             calculated: None,
             calculated_this_cycle: false,
+            on_request: false,
+            calc_round: 0,
+            asking: None,
+            answering: None,
+            hang_seen: false,
             diagnosing: None,
             probing: false,
             training_finished: false,
@@ -796,8 +835,14 @@ impl Supervisor {
                     self.stop_for_peer(now, &mut out);
                 }
             }
-            Event::JobTimeouts { cycle, timeouts } => {
-                if cycle == self.cycle {
+            Event::JobTimeouts {
+                cycle,
+                round,
+                timeouts,
+            } => {
+                if cycle == self.cycle && round > 0 {
+                    self.answer(round, timeouts, &mut out);
+                } else if cycle == self.cycle {
                     if self.cfg.saves_timeouts {
                         out.push(Action::SaveTimeouts(timeouts.clone()));
                     }
@@ -850,6 +895,8 @@ impl Supervisor {
                 }
             }
         }
+        // A rank that ended or closed its connection is no longer waited for.
+        self.maybe_answer_requests(&mut out);
         self.settle(&mut out);
         out
     }
@@ -866,6 +913,10 @@ impl Supervisor {
         self.diagnosing = None;
         self.probing = false;
         self.calculated_this_cycle = false;
+        self.calc_round = 0;
+        self.asking = None;
+        self.answering = None;
+        self.hang_seen = false;
         self.ranks = (0..self.cfg.nproc)
             .map(|_| Rank {
                 pid: None,
@@ -1009,28 +1060,212 @@ impl Supervisor {
             }
             _ => {}
         }
-        if matches!(msg, RankMsg::Heartbeat { .. } | RankMsg::SectionEnd { .. }) {
-            self.maybe_calculate(out);
+        match msg {
+            RankMsg::CalculateTimeouts {
+                heartbeat,
+                out_of_section,
+                all_sections,
+                sections,
+            } => {
+                let req = CalcRequest {
+                    heartbeat,
+                    out_of_section,
+                    all_sections,
+                    sections,
+                };
+                self.on_calc_request(now, local_rank, req, out);
+            }
+            RankMsg::Heartbeat { .. } | RankMsg::SectionEnd { .. } => self.maybe_calculate(out),
+            _ => {}
         }
     }
 
-    /// Once every rank has been observed long enough, set the timeouts from what they needed.
-    fn maybe_calculate(&mut self, out: &mut Vec<Action>) {
-        if self.calculated_this_cycle || !self.timeouts.any() {
+    /// A rank asks for timeouts to be calculated (NVRx's `calculate_and_set_*`, which every rank
+    /// calls together). Once every registered rank of the node asked, this node calculates what
+    /// was asked and shares it; the ranks are answered when the job's result comes (`answer`).
+    fn on_calc_request(
+        &mut self,
+        now: Instant,
+        local_rank: u32,
+        req: CalcRequest,
+        out: &mut Vec<Action>,
+    ) {
+        if !self.on_request {
+            self.on_request = true;
+            self.adopt_calculated_for_requests(out);
+        }
+        if req == CalcRequest::default() {
+            // Only the announcement that this code calculates when it asks.
             return;
         }
-        let merged = self
-            .ranks
+        if self.hang_seen || self.phase != Phase::Running {
+            out.push(Action::SendToRank {
+                local_rank,
+                msg: AgentMsg::TimeoutsCalculated {
+                    heartbeat: false,
+                    sections: false,
+                    out_of_section: false,
+                },
+            });
+            return;
+        }
+        if req.out_of_section {
+            if let Some(m) = self.ranks[local_rank as usize].monitor.as_mut() {
+                m.bump_out_of_section(now);
+            }
+        }
+        let (all, mut ranks) = self.asking.take().unwrap_or_default();
+        if !ranks.contains(&local_rank) {
+            ranks.push(local_rank);
+        }
+        self.asking = Some((all.union(&req), ranks));
+        self.maybe_answer_requests(out);
+    }
+
+    /// Calculates the collected request once every running, registered rank of the node asked
+    /// (a rank that ended or closed its connection is not waited for).
+    fn maybe_answer_requests(&mut self, out: &mut Vec<Action>) {
+        let Some((_, ranks)) = &self.asking else {
+            return;
+        };
+        if self.answering.is_some() || self.hang_seen || self.phase != Phase::Running {
+            return;
+        }
+        let waiting = self.ranks.iter().enumerate().any(|(i, r)| {
+            r.state == RankState::Running
+                && r.monitor.as_ref().is_some_and(|m| m.watched())
+                && !ranks.contains(&(i as u32))
+        });
+        if waiting {
+            return;
+        }
+        let Some((req, ranks)) = self.asking.take() else {
+            return;
+        };
+        let observed = self.merged_observations();
+        let (next, done) = monitor::calculate_requested(
+            &self.timeouts,
+            &observed,
+            self.calculated.as_ref(),
+            self.cfg.safety_factor,
+            &req,
+        );
+        let sections = match (done.sections, req.all_sections) {
+            (false, _) => Vec::new(),
+            (true, true) => observed.sections.keys().cloned().collect(),
+            (true, false) => req.sections,
+        };
+        self.calc_round += 1;
+        self.answering = Some(Answering {
+            round: self.calc_round,
+            done,
+            sections,
+            ranks,
+        });
+        out.push(Action::Job(JobRequest::ShareTimeouts {
+            cycle: self.cycle,
+            round: self.calc_round,
+            timeouts: next,
+        }));
+    }
+
+    /// The job's result of a requested calculation: put it in force, keep and save what was
+    /// calculated, and tell each rank that asked what was set.
+    fn answer(&mut self, round: u32, job: Timeouts, out: &mut Vec<Action>) {
+        let Some(Answering {
+            done,
+            sections,
+            ranks,
+            ..
+        }) = self.answering.take_if(|a| a.round == round)
+        else {
+            return;
+        };
+        let mut kept = self.calculated.clone().unwrap_or_default();
+        if done.heartbeat {
+            kept.initial = job.initial;
+            kept.heartbeat = job.heartbeat;
+        }
+        for name in &sections {
+            if let Some(d) = job.sections.get(name) {
+                kept.sections.insert(name.clone(), *d);
+            }
+        }
+        if done.out_of_section {
+            kept.out_of_section = job.out_of_section;
+        }
+        let calculated_any = done.heartbeat || done.sections || done.out_of_section;
+        if calculated_any {
+            self.calculated = Some(kept.clone());
+            if self.cfg.saves_timeouts {
+                out.push(Action::SaveTimeouts(kept));
+            }
+        }
+        if job != self.timeouts {
+            self.timeouts = job;
+            out.push(Action::Record(Record::TimeoutsUpdated {
+                source: "calculated",
+                timeouts: self.timeouts.clone(),
+            }));
+            out.push(Action::SendToAll(self.timeouts.to_msg()));
+        }
+        for local_rank in ranks {
+            out.push(Action::SendToRank {
+                local_rank,
+                msg: AgentMsg::TimeoutsCalculated {
+                    heartbeat: done.heartbeat,
+                    sections: done.sections,
+                    out_of_section: done.out_of_section,
+                },
+            });
+        }
+        self.maybe_answer_requests(out);
+    }
+
+    /// Under NVRx's rule calculated timeouts take precedence over configured ones, disabled ones
+    /// included: timeouts this job calculated before (the state file, an earlier cycle) apply to
+    /// every check once the job turns out to calculate on request.
+    fn adopt_calculated_for_requests(&mut self, out: &mut Vec<Action>) {
+        let Some(c) = self.calculated.clone() else {
+            return;
+        };
+        let mut next = self.timeouts.clone();
+        next.initial = c.initial.or(next.initial);
+        next.heartbeat = c.heartbeat.or(next.heartbeat);
+        next.out_of_section = c.out_of_section.or(next.out_of_section);
+        next.sections.extend(c.sections);
+        if next != self.timeouts {
+            self.timeouts = next;
+            out.push(Action::Record(Record::TimeoutsUpdated {
+                source: "loaded",
+                timeouts: self.timeouts.clone(),
+            }));
+            out.push(Action::SendToAll(self.timeouts.to_msg()));
+        }
+    }
+
+    /// What every rank of this node was seen to need (the maximum over ranks).
+    fn merged_observations(&self) -> Observed {
+        self.ranks
             .iter()
-            .map(|r| {
-                r.monitor
-                    .as_ref()
-                    .map(|m| m.observed.clone())
-                    .unwrap_or_default()
-            })
+            .filter_map(|r| r.monitor.as_ref().map(|m| m.observed.clone()))
             .reduce(|a, b| a.merge(&b))
-            .unwrap_or_else(Observed::default);
-        if !merged.ready() {
+            .unwrap_or_default()
+    }
+
+    /// Flags mode: once every rank has been observed long enough, set the timeouts from what they
+    /// needed. Never when the job's code calculates on request, or after a hang in this cycle.
+    fn maybe_calculate(&mut self, out: &mut Vec<Action>) {
+        if self.calculated_this_cycle
+            || self.on_request
+            || self.hang_seen
+            || !self.timeouts.any()
+            || self.ranks.iter().any(|r| r.monitor.is_none())
+        {
+            return;
+        }
+        let merged = self.merged_observations();
+        if !merged.ready_for(&self.cfg.timeouts) {
             return;
         }
         self.calculated_this_cycle = true;
@@ -1043,6 +1278,7 @@ impl Supervisor {
         // Applied when every node has calculated (`JobTimeouts`): the job's value is the maximum.
         out.push(Action::Job(JobRequest::ShareTimeouts {
             cycle: self.cycle,
+            round: 0,
             timeouts: fresh,
         }));
     }
@@ -1087,6 +1323,10 @@ impl Supervisor {
         let Some(pid) = self.ranks[local_rank as usize].pid else {
             return;
         };
+        self.hang_seen = true;
+        for m in self.ranks.iter_mut().filter_map(|r| r.monitor.as_mut()) {
+            m.freeze();
+        }
         let hang = Hang {
             timeout: due.kind.clone(),
             limit_ms: due.limit.as_millis() as u64,
@@ -1428,12 +1668,15 @@ mod tests {
                             .filter(|lr| self.stopped.contains(lr))
                             .collect(),
                     }),
-                    Action::Job(JobRequest::ShareTimeouts { cycle, timeouts }) => {
-                        Some(Event::JobTimeouts {
-                            cycle: *cycle,
-                            timeouts: timeouts.clone(),
-                        })
-                    }
+                    Action::Job(JobRequest::ShareTimeouts {
+                        cycle,
+                        round,
+                        timeouts,
+                    }) => Some(Event::JobTimeouts {
+                        cycle: *cycle,
+                        round: *round,
+                        timeouts: timeouts.clone(),
+                    }),
                     _ => None,
                 };
                 out.push(a);
@@ -1462,6 +1705,107 @@ mod tests {
             ));
         }
         out
+    }
+
+    fn send(s: &mut Solo, now: Instant, local_rank: u32, msg: RankMsg) -> Vec<Action> {
+        s.handle(now, Event::Message { local_rank, msg })
+    }
+
+    fn calc_hb() -> RankMsg {
+        RankMsg::CalculateTimeouts {
+            heartbeat: true,
+            out_of_section: false,
+            all_sections: false,
+            sections: vec![],
+        }
+    }
+
+    #[test]
+    fn on_request_configured_timeouts_stay_until_every_rank_asks() {
+        let t = Instant::now();
+        let mut c = cfg(2, 0);
+        c.timeouts.heartbeat = Some(Duration::from_secs(30));
+        let (mut s, _) = Solo::new(c);
+        spawn_all(&mut s, t, 100);
+        let announce = RankMsg::CalculateTimeouts {
+            heartbeat: false,
+            out_of_section: false,
+            all_sections: false,
+            sections: vec![],
+        };
+        for lr in 0..2 {
+            let reg = RankMsg::Register {
+                rank: lr,
+                local_rank: lr,
+                pid: 100 + lr,
+                cycle: 0,
+            };
+            send(&mut s, t, lr, reg);
+            assert!(
+                send(&mut s, t, lr, announce.clone()).is_empty(),
+                "not answered"
+            );
+        }
+        let mut now = t;
+        for _ in 0..40 {
+            now += Duration::from_millis(10);
+            for lr in 0..2 {
+                let a = send(&mut s, now, lr, RankMsg::Heartbeat { step: None });
+                assert!(a.is_empty(), "nothing calculated unasked: {a:?}");
+            }
+        }
+        assert_eq!(s.timeouts().heartbeat, Some(Duration::from_secs(30)));
+        let a = send(&mut s, now, 0, calc_hb());
+        assert!(a.is_empty(), "rank 1 has not asked yet: {a:?}");
+        let a = send(&mut s, now, 1, calc_hb());
+        assert!(a.contains(&Action::SaveTimeouts(s.timeouts().clone())));
+        assert_eq!(s.timeouts().heartbeat, Some(monitor::CALC_FLOOR));
+        let answer = AgentMsg::TimeoutsCalculated {
+            heartbeat: true,
+            sections: false,
+            out_of_section: false,
+        };
+        for local_rank in 0..2 {
+            assert!(a.contains(&Action::SendToRank {
+                local_rank,
+                msg: answer.clone()
+            }));
+        }
+    }
+
+    #[test]
+    fn nothing_is_learned_after_a_hang() {
+        let t = Instant::now();
+        let mut c = cfg(1, 0);
+        c.timeouts.heartbeat = Some(Duration::from_secs(2));
+        let (mut s, _) = Solo::new(c);
+        spawn_all(&mut s, t, 100);
+        let reg = RankMsg::Register {
+            rank: 0,
+            local_rank: 0,
+            pid: 100,
+            cycle: 0,
+        };
+        send(&mut s, t, 0, reg);
+        let mut now = t;
+        for _ in 0..5 {
+            now += Duration::from_millis(10);
+            send(&mut s, now, 0, RankMsg::Heartbeat { step: None });
+        }
+        let hung = now + Duration::from_secs(2);
+        s.handle(hung, Event::Tick);
+        // The rank wakes up after 3 s and heartbeats on while it is being stopped.
+        now += Duration::from_secs(3);
+        for _ in 0..20 {
+            now += Duration::from_millis(10);
+            let a = send(&mut s, now, 0, RankMsg::Heartbeat { step: None });
+            assert!(
+                !a.iter()
+                    .any(|x| matches!(x, Action::Job(JobRequest::ShareTimeouts { .. }))),
+                "the hang's gap must not be learned: {a:?}"
+            );
+        }
+        assert_eq!(s.timeouts().heartbeat, Some(Duration::from_secs(2)));
     }
 
     fn finish(actions: &[Action]) -> Option<&Outcome> {
@@ -2001,6 +2345,85 @@ mod tests {
     }
 
     #[test]
+    fn multi_node_requests_are_answered_with_the_job_value_of_their_round() {
+        let t = Instant::now();
+        let (mut s, _) = node(1, 1, 0);
+        s.handle(t, joined(0, 1, 0));
+        started(&mut s, t, 300);
+        let reg = RankMsg::Register {
+            rank: 1,
+            local_rank: 0,
+            pid: 300,
+            cycle: 0,
+        };
+        let msg = |m: RankMsg| Event::Message {
+            local_rank: 0,
+            msg: m,
+        };
+        s.handle(t, msg(reg));
+        for i in 1..=3 {
+            s.handle(
+                t + Duration::from_millis(100 * i),
+                msg(RankMsg::Heartbeat { step: None }),
+            );
+        }
+        let a = s.handle(t + Duration::from_millis(300), msg(calc_hb()));
+        let shared = a.iter().find_map(|x| match x {
+            Action::Job(JobRequest::ShareTimeouts {
+                cycle: 0,
+                round,
+                timeouts,
+            }) => Some((*round, timeouts.clone())),
+            _ => None,
+        });
+        let (round, mine) = shared.expect("this node shares its calculation");
+        assert_eq!(
+            round, 1,
+            "requests count from round 1; round 0 is vigil's own"
+        );
+        assert!(mine.heartbeat.is_some());
+        let job = Timeouts {
+            initial: Some(Duration::from_secs(40)),
+            heartbeat: Some(Duration::from_secs(9)),
+            ..Default::default()
+        };
+        let stale = s.handle(
+            t,
+            Event::JobTimeouts {
+                cycle: 0,
+                round: 7,
+                timeouts: job.clone(),
+            },
+        );
+        assert!(stale.is_empty(), "another round's result is not this one's");
+        let a = s.handle(
+            t,
+            Event::JobTimeouts {
+                cycle: 0,
+                round: 1,
+                timeouts: job.clone(),
+            },
+        );
+        assert_eq!(
+            s.timeouts(),
+            &job,
+            "the job's maximum over nodes is in force"
+        );
+        assert!(
+            !has(&a, |x| matches!(x, Action::SaveTimeouts(_))),
+            "node rank 0 saves"
+        );
+        assert!(a.contains(&Action::SendToRank {
+            local_rank: 0,
+            msg: AgentMsg::TimeoutsCalculated {
+                heartbeat: true,
+                sections: false,
+                out_of_section: false
+            }
+        }));
+    }
+
+    #[test]
     fn multi_node_ranks_start_only_once_every_node_joined() {
         let t = Instant::now();
         let (mut s, first) = node(1, 2, 3);
@@ -2273,6 +2696,7 @@ mod tests {
                 t,
                 Event::JobTimeouts {
                     cycle: 0,
+                    round: 0,
                     timeouts: job.clone(),
                 },
             );

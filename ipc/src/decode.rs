@@ -24,14 +24,15 @@ fn rank_payload_len_ok(k: u8, len: usize) -> Option<bool> {
         kind::REGISTER | kind::STEP_TIMING => len == 16,
         kind::HEARTBEAT => len == 0 || len == 8,
         kind::END_ALL_SECTIONS | kind::FINISHED => len == 0,
-        kind::SECTION_START | kind::SECTION_END => true,
+        kind::SECTION_START | kind::SECTION_END | kind::CALCULATE_TIMEOUTS => true,
         _ => return None,
     })
 }
 
-fn agent_payload_len_ok(k: u8, _len: usize) -> Option<bool> {
+fn agent_payload_len_ok(k: u8, len: usize) -> Option<bool> {
     match k {
         kind::TIMEOUTS | kind::STOP_REQUEST => Some(true),
+        kind::TIMEOUTS_CALCULATED => Some(len == 3),
         _ => None,
     }
 }
@@ -104,6 +105,25 @@ fn rank_payload(k: u8, payload: &[u8]) -> Result<RankMsg, DecodeError> {
             duration_us: r.u64()?,
         },
         kind::FINISHED => RankMsg::Finished,
+        kind::CALCULATE_TIMEOUTS => {
+            let heartbeat = r.bool()?;
+            let out_of_section = r.bool()?;
+            let all_sections = r.bool()?;
+            let n = r.u16()? as usize;
+            if n > MAX_SECTIONS {
+                return Err(DecodeError::TooManySections(n));
+            }
+            let mut sections = Vec::with_capacity(n);
+            for _ in 0..n {
+                sections.push(r.name()?);
+            }
+            RankMsg::CalculateTimeouts {
+                heartbeat,
+                out_of_section,
+                all_sections,
+                sections,
+            }
+        }
         other => return Err(DecodeError::UnknownKind(other)),
     };
     r.finish()?;
@@ -136,6 +156,11 @@ fn agent_payload(k: u8, payload: &[u8]) -> Result<AgentMsg, DecodeError> {
         kind::STOP_REQUEST => AgentMsg::StopRequest {
             reason: r.string(MAX_REASON_LEN, DecodeError::ReasonTooLong)?,
             at_step: r.opt()?,
+        },
+        kind::TIMEOUTS_CALCULATED => AgentMsg::TimeoutsCalculated {
+            heartbeat: r.bool()?,
+            sections: r.bool()?,
+            out_of_section: r.bool()?,
         },
         other => return Err(DecodeError::UnknownKind(other)),
     };
@@ -171,6 +196,15 @@ impl<'a> Reader<'a> {
         match self.take::<1>()?[0] {
             0 => Ok(None),
             1 => self.u64().map(Some),
+            b => Err(DecodeError::BadPresence(b)),
+        }
+    }
+
+    /// A flag byte, 0 or 1; anything else is refused like a bad presence byte.
+    fn bool(&mut self) -> Result<bool, DecodeError> {
+        match self.take::<1>()?[0] {
+            0 => Ok(false),
+            1 => Ok(true),
             b => Err(DecodeError::BadPresence(b)),
         }
     }

@@ -34,6 +34,19 @@ pub fn encode_rank(msg: &RankMsg, out: &mut Vec<u8>) {
             out.extend_from_slice(&step.to_le_bytes());
             out.extend_from_slice(&duration_us.to_le_bytes());
         }
+        RankMsg::CalculateTimeouts {
+            heartbeat,
+            out_of_section,
+            all_sections,
+            sections,
+        } => {
+            out.extend_from_slice(&[*heartbeat as u8, *out_of_section as u8, *all_sections as u8]);
+            let n = sections.len().min(MAX_SECTIONS);
+            out.extend_from_slice(&(n as u16).to_le_bytes());
+            for name in &sections[..n] {
+                put_str(out, name, MAX_NAME_LEN);
+            }
+        }
     }
     finish(out, start);
 }
@@ -66,6 +79,11 @@ pub fn encode_agent(msg: &AgentMsg, out: &mut Vec<u8>) {
             put_str(out, reason, MAX_REASON_LEN);
             put_opt(out, *at_step);
         }
+        AgentMsg::TimeoutsCalculated {
+            heartbeat,
+            sections,
+            out_of_section,
+        } => out.extend_from_slice(&[*heartbeat as u8, *sections as u8, *out_of_section as u8]),
     }
     finish(out, start);
 }

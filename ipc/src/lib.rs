@@ -35,8 +35,10 @@ pub mod kind {
     pub const END_ALL_SECTIONS: u8 = 0x05;
     pub const STEP_TIMING: u8 = 0x06;
     pub const FINISHED: u8 = 0x07;
+    pub const CALCULATE_TIMEOUTS: u8 = 0x08;
     pub const TIMEOUTS: u8 = 0x81;
     pub const STOP_REQUEST: u8 = 0x82;
+    pub const TIMEOUTS_CALCULATED: u8 = 0x83;
 }
 
 /// A message sent by a training rank to its agent.
@@ -66,6 +68,15 @@ pub enum RankMsg {
     },
     /// Training finished: the job should not be requeued.
     Finished,
+    /// Calculate these timeouts from what was observed (NVRx's `calculate_and_set_*`); every
+    /// rank of the node asks, and each gets `TimeoutsCalculated` once the agent decided.
+    CalculateTimeouts {
+        heartbeat: bool,
+        out_of_section: bool,
+        /// Every section that was observed; `sections` is then ignored.
+        all_sections: bool,
+        sections: Vec<String>,
+    },
 }
 
 /// A message sent by the agent to a rank.
@@ -83,6 +94,13 @@ pub enum AgentMsg {
         reason: String,
         at_step: Option<u64>,
     },
+    /// The answer to `CalculateTimeouts`: which of the asked-for timeouts were calculated and are
+    /// now in force (a `Timeouts` message with the values precedes it).
+    TimeoutsCalculated {
+        heartbeat: bool,
+        sections: bool,
+        out_of_section: bool,
+    },
 }
 
 impl RankMsg {
@@ -96,6 +114,7 @@ impl RankMsg {
             RankMsg::EndAllSections => kind::END_ALL_SECTIONS,
             RankMsg::StepTiming { .. } => kind::STEP_TIMING,
             RankMsg::Finished => kind::FINISHED,
+            RankMsg::CalculateTimeouts { .. } => kind::CALCULATE_TIMEOUTS,
         }
     }
 }
@@ -106,6 +125,7 @@ impl AgentMsg {
         match self {
             AgentMsg::Timeouts { .. } => kind::TIMEOUTS,
             AgentMsg::StopRequest { .. } => kind::STOP_REQUEST,
+            AgentMsg::TimeoutsCalculated { .. } => kind::TIMEOUTS_CALCULATED,
         }
     }
 }

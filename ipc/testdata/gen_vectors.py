@@ -53,6 +53,11 @@ rank.append((frame(0x05), msg("EndAllSections")))
 for step, dur in [(0, 0), (42, 1500000), (U64_MAX, U64_MAX)]:
     rank.append((frame(0x06, q(step) + q(dur)), msg("StepTiming", step=step, duration_us=dur)))
 rank.append((frame(0x07), msg("Finished")))
+for hb, oos, alls, secs in [(True, False, False, []), (False, True, True, []),
+                            (False, False, False, ["init", "checkpoint"]), (True, True, False, ["ü" * 127])]:
+    payload = bytes([hb, oos, alls]) + struct.pack("<H", len(secs)) + b"".join(s(n) for n in secs)
+    rank.append((frame(0x08, payload), msg("CalculateTimeouts", heartbeat=hb, out_of_section=oos,
+                                           all_sections=alls, sections=secs)))
 
 timeouts = [
     (None, None, None, []),
@@ -69,6 +74,9 @@ for ini, hb, oos, secs in timeouts:
 for reason, at in [("preemption: SIGTERM from Slurm", 1200), ("", None), ("время ✓", 0),
                    ("r" * 1024, U64_MAX)]:
     agent.append((frame(0x82, s(reason) + opt(at)), msg("StopRequest", reason=reason, at_step=at)))
+for hb, secs, oos in [(True, False, False), (False, True, True), (False, False, False)]:
+    agent.append((frame(0x83, bytes([hb, secs, oos])),
+                  msg("TimeoutsCalculated", heartbeat=hb, sections=secs, out_of_section=oos)))
 
 
 def err(direction, data, kind):
@@ -87,7 +95,12 @@ err("rank", frame(0x02, version=2), "unsupported_version")
 err("rank", frame(0x02, version=0), "unsupported_version")
 err("rank", b"\x56\x02", "unsupported_version")
 err("rank", frame(0x00), "unknown_kind")
-err("rank", frame(0x08), "unknown_kind")
+err("rank", frame(0x09), "unknown_kind")
+err("rank", frame(0x08), "truncated")
+err("rank", frame(0x08, b"\x02\x00\x00\x00\x00"), "bad_presence")
+err("rank", frame(0x08, b"\x01\x00\x00" + struct.pack("<H", 129)), "too_many_sections")
+err("rank", frame(0x08, b"\x01\x00\x00" + struct.pack("<H", 1) + s("a" * 256)), "name_too_long")
+err("rank", frame(0x08, b"\x01\x00\x00\x00\x00\x00"), "trailing_bytes")
 err("rank", frame(0x81, opt(None) * 3 + b"\x00\x00"), "unknown_kind")
 err("rank", frame(0x02, flags=1), "bad_flags")
 err("rank", frame(0x02, flags=0x80), "bad_flags")
@@ -114,7 +127,9 @@ err("rank", frame(0x04, struct.pack("<H", 65535)), "name_too_long")
 
 err("agent", frame(0x02), "unknown_kind")
 err("agent", frame(0x80), "unknown_kind")
-err("agent", frame(0x83), "unknown_kind")
+err("agent", frame(0x84), "unknown_kind")
+err("agent", frame(0x83, b"\x01\x00"), "bad_length")
+err("agent", frame(0x83, b"\x01\x00\x03"), "bad_presence")
 err("agent", frame(0x81, length=65536), "incomplete")
 err("agent", frame(0x81, length=65537), "payload_too_large")
 err("agent", frame(0x81, b"\x02"), "bad_presence")

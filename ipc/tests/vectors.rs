@@ -53,6 +53,13 @@ fn rank_to_json(m: &RankMsg) -> Value {
             json!({"type": "StepTiming", "step": step, "duration_us": duration_us})
         }
         RankMsg::Finished => json!({"type": "Finished"}),
+        RankMsg::CalculateTimeouts {
+            heartbeat,
+            out_of_section,
+            all_sections,
+            sections,
+        } => json!({"type": "CalculateTimeouts", "heartbeat": heartbeat,
+            "out_of_section": out_of_section, "all_sections": all_sections, "sections": sections}),
     }
 }
 
@@ -79,6 +86,17 @@ fn rank_from_json(v: &Value) -> RankMsg {
             duration_us: v["duration_us"].as_u64().expect("u64"),
         },
         "Finished" => RankMsg::Finished,
+        "CalculateTimeouts" => RankMsg::CalculateTimeouts {
+            heartbeat: v["heartbeat"].as_bool().expect("bool"),
+            out_of_section: v["out_of_section"].as_bool().expect("bool"),
+            all_sections: v["all_sections"].as_bool().expect("bool"),
+            sections: v["sections"]
+                .as_array()
+                .expect("array")
+                .iter()
+                .map(str_of)
+                .collect(),
+        },
         other => panic!("unknown rank message type {other}"),
     }
 }
@@ -100,6 +118,12 @@ fn agent_to_json(m: &AgentMsg) -> Value {
         AgentMsg::StopRequest { reason, at_step } => {
             json!({"type": "StopRequest", "reason": reason, "at_step": opt(*at_step)})
         }
+        AgentMsg::TimeoutsCalculated {
+            heartbeat,
+            sections,
+            out_of_section,
+        } => json!({"type": "TimeoutsCalculated", "heartbeat": heartbeat, "sections": sections,
+            "out_of_section": out_of_section}),
     }
 }
 
@@ -119,6 +143,11 @@ fn agent_from_json(v: &Value) -> AgentMsg {
         "StopRequest" => AgentMsg::StopRequest {
             reason: str_of(&v["reason"]),
             at_step: json_opt(&v["at_step"]),
+        },
+        "TimeoutsCalculated" => AgentMsg::TimeoutsCalculated {
+            heartbeat: v["heartbeat"].as_bool().expect("bool"),
+            sections: v["sections"].as_bool().expect("bool"),
+            out_of_section: v["out_of_section"].as_bool().expect("bool"),
         },
         other => panic!("unknown agent message type {other}"),
     }
@@ -203,6 +232,7 @@ fn every_vector_decodes_to_its_meaning_and_reencodes_identically() {
     assert_eq!(
         c.rank_types,
         all(&[
+            "CalculateTimeouts",
             "EndAllSections",
             "Finished",
             "Heartbeat",
@@ -212,7 +242,10 @@ fn every_vector_decodes_to_its_meaning_and_reencodes_identically() {
             "StepTiming"
         ])
     );
-    assert_eq!(c.agent_types, all(&["StopRequest", "Timeouts"]));
+    assert_eq!(
+        c.agent_types,
+        all(&["StopRequest", "Timeouts", "TimeoutsCalculated"])
+    );
     assert_eq!(
         c.error_kinds,
         all(&[

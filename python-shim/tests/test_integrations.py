@@ -13,33 +13,43 @@ TIMEOUTS = {
 }
 
 
+def _calc(heartbeat=False, out_of_section=False, all_sections=False, sections=()):
+    return {"type": "CalculateTimeouts", "heartbeat": heartbeat, "out_of_section": out_of_section,
+            "all_sections": all_sections, "sections": list(sections)}
+
+
+def _answer(heartbeat=False, sections=False, out_of_section=False):
+    return {"type": "TimeoutsCalculated", "heartbeat": heartbeat, "sections": sections,
+            "out_of_section": out_of_section}
+
+
 def test_rank_monitor_client_maps_onto_the_shim(agent):
     proc = spawn(
         """
 import json, sys, time
-from vigil.compat import RankMonitorClient, RankMonitorClientError
-c = RankMonitorClient()
+import vigil.compat as ft
+c = ft.RankMonitorClient()
 try:
     c.send_heartbeat()
     sys.exit("heartbeat before init must raise")
-except RankMonitorClientError:
+except ft.RankMonitorClientError:
     pass
 c.load_state_dict({"current_timeouts": {"heartbeat": {"initial": 1.0, "subsequent": 2.0, "were_calculated": True}}})
 c.init_workload_monitoring()
-before = [c.calculate_and_set_hb_timeouts(skip_if_not_ready=True),
-          c.calculate_and_set_section_timeouts(), c.state_dict()]
 c.send_heartbeat()
 c.send_heartbeat({"ignored": 1})
 c.start_section("step")
 c.end_section("step")
 c.end_all_sections()
-deadline = time.time() + 10
-while not c.calculate_and_set_hb_timeouts():
-    assert time.time() < deadline
-    time.sleep(0.005)
-after = [c.calculate_and_set_section_timeouts(selected_sections=["step", "setup"]),
-         c.calculate_and_set_section_timeouts(selected_sections=["missing"]),
-         c.state_dict(), c.hb_timeouts.are_valid]
+before = [c.calculate_and_set_hb_timeouts(skip_if_not_ready=True), c.state_dict()]
+try:
+    c.calculate_and_set_hb_timeouts()
+    sys.exit("not ready without skip_if_not_ready must raise")
+except ft.RankMonitorClientError:
+    pass
+after = [c.calculate_and_set_hb_timeouts(), c.hb_timeouts.are_valid,
+         c.calculate_and_set_section_timeouts(selected_sections=["step"]), c.state_dict()]
+c.send_workload_control_request(ft.WorkloadControlRequest(ft.WorkloadAction.Continue, "fine"))
 c.shutdown_workload_monitoring()
 c.init_workload_monitoring()
 c.send_heartbeat()
@@ -49,31 +59,39 @@ print(json.dumps({"before": before, "after": after}))
     )
     first = agent.accept()
     assert first.next()["type"] == "Register"
-    assert [first.next() for _ in range(5)] == [
+    assert [first.next() for _ in range(6)] == [
+        _calc(),  # the announcement: this code calculates when it asks
         {"type": "Heartbeat", "step": None},
         {"type": "Heartbeat", "step": None},
         {"type": "SectionStart", "name": "step"},
         {"type": "SectionEnd", "name": "step"},
         {"type": "EndAllSections"},
     ]
+    for _ in range(2):
+        assert first.next() == _calc(heartbeat=True)
+        first.send(_answer())
+    assert first.next() == _calc(heartbeat=True)
     first.send(TIMEOUTS)
+    first.send(_answer(heartbeat=True))
+    assert first.next() == _calc(out_of_section=True, sections=["step"])
+    first.send(_answer(sections=True, out_of_section=True))
     second = agent.accept()
     out, _ = finish(proc)
     assert first.drain() == []  # shutdown closed the first connection
-    assert [m["type"] for m in second.drain()] == ["Register", "Heartbeat"]
+    assert [m["type"] for m in second.drain()] == ["Register", "CalculateTimeouts", "Heartbeat"]
     got = json.loads(out)
     hb_loaded = {"initial": 1.0, "subsequent": 2.0, "were_calculated": True}
-    assert got["before"] == [False, False, {"current_timeouts": {"heartbeat": hb_loaded}}]
-    ok_sections, ok_missing, state, valid = got["after"]
-    assert (ok_sections, ok_missing, valid) == (True, False, True)
+    assert got["before"] == [False, {"current_timeouts": {"heartbeat": hb_loaded}}]
+    ok_hb, valid, ok_sections, state = got["after"]
+    assert (ok_hb, valid, ok_sections) == (True, True, True)
     assert state == {
         "current_timeouts": {
-            "heartbeat": {"initial": 600.0, "subsequent": 30.0, "were_calculated": None},
+            "heartbeat": {"initial": 600.0, "subsequent": 30.0, "were_calculated": True},
             "section": {
                 "section": {"setup": 900.0, "step": 20.0, "checkpointing": 120.0},
                 "out_of_section": 5.0,
-                "calculated_sections": [],
-                "is_out_of_section_calculated": False,
+                "calculated_sections": ["step"],
+                "is_out_of_section_calculated": True,
             },
         }
     }
@@ -218,4 +236,7 @@ cb.teardown(t, None, "fit")
     finish(proc)
     msgs = conn.drain()
     assert [m["step"] for m in msgs if m["type"] == "Heartbeat"] == [None, 1, 2, 3, None]
+    # calculate_timeouts=False: the agent is told to leave the configured timeouts alone.
+    assert msgs[1]["type"] == "CalculateTimeouts" and not any(
+        msgs[1][k] for k in ("heartbeat", "out_of_section", "all_sections", "sections"))
     assert msgs[-1] == {"type": "Finished"}

@@ -37,6 +37,7 @@ __all__ = [
     "timeouts",
     "mark_finished",
     "is_connected",
+    "calculate_timeouts",
     "close",
 ]
 
@@ -67,6 +68,7 @@ _stop_requested = False
 _stop_reason = None
 _stop_step = None
 _timeouts = None
+_calc_answers = []  # TimeoutsCalculated messages not yet taken by calculate_timeouts()
 _stack_file = None
 
 
@@ -332,6 +334,8 @@ def _poll():
                     _stop_requested = True
                     _stop_reason = m["reason"]
                     _stop_step = m["at_step"]
+                elif m["type"] == "TimeoutsCalculated":
+                    _calc_answers.append(m)
                 else:
                     _timeouts = {
                         "initial_ms": m["initial_ms"],
@@ -374,6 +378,44 @@ def timeouts():
     t = dict(_timeouts)
     t["sections"] = dict(t["sections"])
     return t
+
+
+def announce_calculation_on_request():
+    """Tells the agent that this job's code calculates timeouts only when it asks (NVRx's rule):
+    the agent then never recalculates on its own. Sent by ``vigil.compat`` on init."""
+    _send(_protocol.encode_calculate_timeouts(False, False, False, ()))
+
+
+def calculate_timeouts(heartbeat=False, sections=(), out_of_section=False):
+    """Asks the agent to calculate timeouts from what it observed and waits for its answer.
+
+    ``sections``: names of the sections to calculate (none by default), or ``None`` for every
+    section observed.
+    Every rank of the job must ask (as NVRx's ``calculate_and_set_*``, a collective): the agent
+    answers once every rank of its node asked and every node calculated. Returns a dict
+    ``{"heartbeat", "sections", "out_of_section"}`` of bools (what was calculated and is now in
+    force; ``timeouts()`` has the values), or None outside vigil or when the connection is lost.
+    While waiting, this rank sends no heartbeats: a rank that never asks leaves the others to be
+    caught by their heartbeat timeout, as a hung collective would.
+    """
+    names = [] if sections is None else list(sections)
+    frame = _protocol.encode_calculate_timeouts(bool(heartbeat), bool(out_of_section), sections is None, names)
+    if not _send(frame):
+        return None
+    import select
+
+    while True:
+        _poll()
+        if _calc_answers:
+            m = _calc_answers.pop(0)
+            return {k: m[k] for k in ("heartbeat", "sections", "out_of_section")}
+        s = _sock
+        if s is None:
+            return None
+        try:
+            select.select([s], [], [], 1.0)
+        except (OSError, ValueError):
+            return None
 
 
 def is_connected():

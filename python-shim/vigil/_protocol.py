@@ -21,11 +21,13 @@ SECTION_END = 0x04
 END_ALL_SECTIONS = 0x05
 STEP_TIMING = 0x06
 FINISHED = 0x07
+CALCULATE_TIMEOUTS = 0x08
 TIMEOUTS = 0x81
 STOP_REQUEST = 0x82
+TIMEOUTS_CALCULATED = 0x83
 
-RANK_KINDS = frozenset(range(REGISTER, FINISHED + 1))
-AGENT_KINDS = frozenset((TIMEOUTS, STOP_REQUEST))
+RANK_KINDS = frozenset(range(REGISTER, CALCULATE_TIMEOUTS + 1))
+AGENT_KINDS = frozenset((TIMEOUTS, STOP_REQUEST, TIMEOUTS_CALCULATED))
 
 _HEADER = struct.Struct("<BBBBI")
 _U16 = struct.Struct("<H")
@@ -118,6 +120,18 @@ def encode_stop_request(reason, at_step):
     return _frame(STOP_REQUEST, _str(reason, MAX_REASON_LEN) + _opt(at_step))
 
 
+def encode_calculate_timeouts(heartbeat, out_of_section, all_sections, sections):
+    sections = list(sections)[:MAX_SECTIONS]
+    parts = [bytes((bool(heartbeat), bool(out_of_section), bool(all_sections)))]
+    parts.append(_U16.pack(len(sections)))
+    parts.extend(_str(name, MAX_NAME_LEN) for name in sections)
+    return _frame(CALCULATE_TIMEOUTS, b"".join(parts))
+
+
+def encode_timeouts_calculated(heartbeat, sections, out_of_section):
+    return _frame(TIMEOUTS_CALCULATED, bytes((bool(heartbeat), bool(sections), bool(out_of_section))))
+
+
 def encode(msg):
     """Frame of a message dict (either direction)."""
     t = msg["type"]
@@ -141,6 +155,12 @@ def encode(msg):
         )
     if t == "StopRequest":
         return encode_stop_request(msg["reason"], msg["at_step"])
+    if t == "CalculateTimeouts":
+        return encode_calculate_timeouts(
+            msg["heartbeat"], msg["out_of_section"], msg["all_sections"], msg["sections"]
+        )
+    if t == "TimeoutsCalculated":
+        return encode_timeouts_calculated(msg["heartbeat"], msg["sections"], msg["out_of_section"])
     raise ValueError("unknown message type %r" % (t,))
 
 
@@ -151,9 +171,10 @@ _FIXED_LENGTHS = {
     STEP_TIMING: (16,),
     FINISHED: (0,),
 }
+_AGENT_FIXED_LENGTHS = {TIMEOUTS_CALCULATED: (3,)}
 
 
-def _split_frame(buf, kinds):
+def _split_frame(buf, kinds, fixed_lengths=_FIXED_LENGTHS):
     """(kind, payload) of the frame at the start of ``buf``; header checks in the order of Rust."""
     n = len(buf)
     if n >= 1 and buf[0] != MAGIC:
@@ -171,7 +192,7 @@ def _split_frame(buf, kinds):
     _, _, kind, _, length = _HEADER.unpack_from(buf)
     if length > MAX_PAYLOAD:
         raise DecodeError("payload_too_large", str(length))
-    fixed = _FIXED_LENGTHS.get(kind)
+    fixed = fixed_lengths.get(kind)
     if fixed is not None and length not in fixed:
         raise DecodeError("bad_length", "kind 0x%02x, %d bytes" % (kind, length))
     if n < HEADER_LEN + length:
@@ -204,6 +225,12 @@ class _Reader:
         if tag == 1:
             return self.u64()
         raise DecodeError("bad_presence", str(tag))
+
+    def flag(self):
+        tag = self.take(1)[0]
+        if tag > 1:
+            raise DecodeError("bad_presence", str(tag))
+        return tag == 1
 
     def string(self, limit, too_long):
         n = _U16.unpack(self.take(2))[0]
@@ -240,6 +267,18 @@ def decode_rank_frame(buf):
         msg = {"type": "EndAllSections"}
     elif kind == STEP_TIMING:
         msg = {"type": "StepTiming", "step": r.u64(), "duration_us": r.u64()}
+    elif kind == CALCULATE_TIMEOUTS:
+        heartbeat, out_of_section, all_sections = r.flag(), r.flag(), r.flag()
+        count = _U16.unpack(r.take(2))[0]
+        if count > MAX_SECTIONS:
+            raise DecodeError("too_many_sections", str(count))
+        msg = {
+            "type": "CalculateTimeouts",
+            "heartbeat": heartbeat,
+            "out_of_section": out_of_section,
+            "all_sections": all_sections,
+            "sections": [r.string(MAX_NAME_LEN, "name_too_long") for _ in range(count)],
+        }
     else:
         msg = {"type": "Finished"}
     r.finish()
@@ -248,7 +287,7 @@ def decode_rank_frame(buf):
 
 def decode_agent_frame(buf):
     """(message dict, bytes used) for the agent -> rank frame at the start of ``buf``."""
-    kind, payload = _split_frame(buf, AGENT_KINDS)
+    kind, payload = _split_frame(buf, AGENT_KINDS, _AGENT_FIXED_LENGTHS)
     r = _Reader(payload)
     if kind == TIMEOUTS:
         initial, heartbeat, out_of_section = r.opt(), r.opt(), r.opt()
@@ -265,6 +304,13 @@ def decode_agent_frame(buf):
             "heartbeat_ms": heartbeat,
             "out_of_section_ms": out_of_section,
             "sections": sections,
+        }
+    elif kind == TIMEOUTS_CALCULATED:
+        msg = {
+            "type": "TimeoutsCalculated",
+            "heartbeat": r.flag(),
+            "sections": r.flag(),
+            "out_of_section": r.flag(),
         }
     else:
         msg = {

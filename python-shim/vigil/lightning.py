@@ -41,9 +41,11 @@ SETUP, STEP, CHECKPOINTING = "setup", "step", "checkpointing"
 class FaultToleranceCallback(_Callback or object):
     """Heartbeats and sections for a Lightning ``fit``; see the module docstring.
 
-    The arguments mirror NVRx's. ``calculate_timeouts`` and ``exp_dir`` are accepted for
-    compatibility: the vigil agent calculates and stores timeouts itself. ``simulated_fault_params``
-    is not supported (vigil injects faults from the agent side).
+    The arguments mirror NVRx's. With ``calculate_timeouts=False`` (NVRx's default) the configured
+    timeouts stay as they are: the callback tells the agent so when the fit starts. With True the
+    agent calculates them from what it observes (docs/hangs.md) and stores them itself;
+    ``exp_dir`` is accepted for compatibility. ``simulated_fault_params`` is not supported (vigil
+    injects faults from the agent side).
     """
 
     def __init__(
@@ -122,6 +124,8 @@ class FaultToleranceCallback(_Callback or object):
             io = getattr(strategy, "checkpoint_io", None)
             if io is not None:
                 self._wrap(io, "maybe_finalize_save_checkpoint", CHECKPOINTING)
+        if not self.calculate_timeouts:
+            vigil.announce_calculation_on_request()
         self._start(SETUP)
         vigil.heartbeat()
 
