@@ -94,3 +94,20 @@ def write(path: Path, text: str) -> Path:
     path.write_text(text)
     return path
 
+
+def read_events(path: Path):
+    """The event log at `path` as far as it is written (empty if not yet there)."""
+    try:
+        return [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
+    except (FileNotFoundError, ValueError):
+        return []
+
+
+def of(ev, name, **match):
+    return [e for e in ev if e["event"] == name and all(e.get(k) == v for k, v in match.items())]
+
+
+def one(ev, name, **match):
+    found = of(ev, name, **match)
+    assert len(found) == 1, (name, match, [e["event"] for e in ev])
+    return found[0]

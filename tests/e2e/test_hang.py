@@ -11,7 +11,7 @@ import struct
 import time
 from pathlib import Path
 
-from harness import base_env, events, pid_alive, run_vigil, start_vigil, wait_for, write
+from harness import base_env, events, of, one, pid_alive, run_vigil, start_vigil, wait_for, write
 
 
 def current_events(log_dir: Path):
@@ -20,16 +20,6 @@ def current_events(log_dir: Path):
         return events(log_dir)
     except (ValueError, FileNotFoundError):
         return []
-
-
-def of(ev, name, **match):
-    return [e for e in ev if e["event"] == name and all(e.get(k) == v for k, v in match.items())]
-
-
-def one(ev, name, **match):
-    found = of(ev, name, **match)
-    assert len(found) == 1, (name, match, [e["event"] for e in ev])
-    return found[0]
 
 
 def pos(ev, record):

@@ -10,7 +10,7 @@ import signal
 import socket
 import subprocess
 
-from harness import base_env, events, pid_alive, start_vigil, wait_for, write
+from harness import base_env, events, of, pid_alive, start_vigil, wait_for, write
 
 
 def free_port():
@@ -55,10 +55,6 @@ class Nodes:
 
     def events(self, i):
         return events(self.job / f"node{i}" / "logs")
-
-
-def of(ev, name, **match):
-    return [e for e in ev if e["event"] == name and all(e.get(k) == v for k, v in match.items())]
 
 
 def markers(job, prefix):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "e2e"))
 
-from harness import base_env, start_vigil, wait_for, write  # noqa: E402
+from harness import base_env, read_events, start_vigil, wait_for, write  # noqa: E402
 
 FLOODERS = 8
 
@@ -42,13 +42,6 @@ while time.monotonic() - t0 < float(os.environ["HANG_AFTER"]):
 open(os.path.join(out, "last_heartbeat"), "w").write(repr(time.monotonic()))
 time.sleep(600)
 """
-
-
-def read_events(path: Path):
-    try:
-        return [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
-    except (FileNotFoundError, ValueError):
-        return []
 
 
 def rss_kb(pid: int) -> int:

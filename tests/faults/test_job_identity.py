@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "e2e"))
 
-from harness import base_env, events, run_dirs, run_vigil, start_vigil, wait_for, write  # noqa: E402
+from harness import base_env, events, of, run_dirs, run_vigil, start_vigil, wait_for, write  # noqa: E402
 from test_multinode import Nodes, free_port  # noqa: E402
 
 # Heartbeats every 50 ms: vigil calculates a heartbeat timeout of about 1 s and saves it.
@@ -33,10 +33,6 @@ for i in range(3):
     time.sleep(2.5)
 vigil.heartbeat(3)
 """
-
-
-def of(ev, name, **match):
-    return [e for e in ev if e["event"] == name and all(e.get(k) == v for k, v in match.items())]
 
 
 def learn(job, *extra, script="learn.py"):

@@ -15,19 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "e2e"))
 
-from harness import base_env, pid_alive, run_dirs, start_vigil, wait_for, write  # noqa: E402
-
-
-def read_events(path: Path):
-    import json
-    try:
-        return [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
-    except (FileNotFoundError, ValueError):
-        return []
-
-
-def of(ev, name, **match):
-    return [e for e in ev if e["event"] == name and all(e.get(k) == v for k, v in match.items())]
+from harness import base_env, of, pid_alive, read_events, run_dirs, start_vigil, wait_for, write  # noqa: E402
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "e2e"))
 
-from harness import base_env, events, pid_alive, run_dirs, vigil_bin, wait_for, write  # noqa: E402
+from harness import base_env, events, of, pid_alive, run_dirs, vigil_bin, wait_for, write  # noqa: E402
 
 
 def rss_kb(pid: int) -> int:
@@ -32,10 +32,6 @@ def current_events(log_dir: Path):
         return events(log_dir)
     except (ValueError, FileNotFoundError):
         return []
-
-
-def of(ev, name, **match):
-    return [e for e in ev if e["event"] == name and all(e.get(k) == v for k, v in match.items())]
 
 
 def log_path(log_dir: Path, attempt: int, rank: int, name: str = "stdout.log") -> Path:

@@ -18,18 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "e2e"))
 
-from harness import base_env, run_vigil, start_vigil, wait_for, write  # noqa: E402
-
-
-def read_events(path: Path):
-    try:
-        return [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
-    except (FileNotFoundError, ValueError):
-        return []
-
-
-def of(ev, name, **match):
-    return [e for e in ev if e["event"] == name and all(e.get(k) == v for k, v in match.items())]
+from harness import base_env, of, read_events, run_vigil, start_vigil, wait_for, write  # noqa: E402
 
 
 def cpu_ticks(pid: int) -> int:

@@ -15,7 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "e2e"))
 
-from harness import base_env, events, pid_alive, start_vigil, wait_for, write  # noqa: E402
+from harness import base_env, events, of, one, pid_alive, start_vigil, wait_for, write  # noqa: E402
 
 
 def current_events(log_dir):
@@ -23,16 +23,6 @@ def current_events(log_dir):
         return events(log_dir)
     except (ValueError, FileNotFoundError):
         return []
-
-
-def of(ev, name, **match):
-    return [e for e in ev if e["event"] == name and all(e.get(k) == v for k, v in match.items())]
-
-
-def one(ev, name, **match):
-    found = of(ev, name, **match)
-    assert len(found) == 1, (name, match, [e["event"] for e in ev])
-    return found[0]
 
 
 def in_order(ev, *records):
