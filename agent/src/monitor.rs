@@ -68,9 +68,23 @@ mod opt_secs {
         d: D,
     ) -> Result<Option<Duration>, D::Error> {
         let v: Option<f64> = Option::deserialize(d)?;
-        Ok(v.filter(|x| x.is_finite() && *x > 0.0)
-            .map(Duration::from_secs_f64))
+        Ok(match v {
+            Some(x) => secs(x)?,
+            None => None,
+        })
     }
+}
+
+/// A saved timeout in seconds: zero, negative or not finite is off; beyond a year is an error
+/// (a hand-edited file), never a panic.
+fn secs<E: serde::de::Error>(x: f64) -> Result<Option<Duration>, E> {
+    if !(x.is_finite() && x > 0.0) {
+        return Ok(None);
+    }
+    if x > crate::config::MAX_SECONDS {
+        return Err(E::custom(format!("a timeout of {x} s is more than a year")));
+    }
+    Ok(Some(Duration::from_secs_f64(x)))
 }
 
 mod map_secs {
@@ -88,10 +102,13 @@ mod map_secs {
         d: D,
     ) -> Result<BTreeMap<String, Duration>, D::Error> {
         let v: BTreeMap<String, f64> = BTreeMap::deserialize(d)?;
-        Ok(v.into_iter()
-            .filter(|(_, x)| x.is_finite() && *x > 0.0)
-            .map(|(k, x)| (k, Duration::from_secs_f64(x)))
-            .collect())
+        let mut out = BTreeMap::new();
+        for (k, x) in v {
+            if let Some(t) = secs(x)? {
+                out.insert(k, t);
+            }
+        }
+        Ok(out)
     }
 }
 

@@ -211,6 +211,18 @@ mod tests {
     }
 
     #[test]
+    fn an_absurd_hand_edited_value_is_ignored_not_a_panic() {
+        let p = prov(Some("77"));
+        let mut v: serde_json::Value = serde_json::from_str(&encoded(&p)).unwrap();
+        v["timeouts"]["heartbeat"] = serde_json::json!(1e30);
+        v["timeouts"]["sections"] = serde_json::json!({"step": 1e300});
+        match decode(&v.to_string(), &p) {
+            Loaded::Ignore(why) => assert!(why.contains("more than a year"), "{why}"),
+            other => panic!("loaded {other:?}"),
+        }
+    }
+
+    #[test]
     fn the_same_job_uses_what_it_saved() {
         let p = prov(Some("77"));
         assert_eq!(decode(&encoded(&p), &p), Loaded::Use(timeouts()));
