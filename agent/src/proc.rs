@@ -299,7 +299,9 @@ pub fn signal_group(pgid: i32, sig: i32) {
     };
     match killpg(Pid::from_raw(pgid), signal) {
         Ok(()) | Err(Errno::ESRCH) => {}
-        Err(e) => eprintln!("[vigil] cannot send {signal} to process group {pgid}: {e}"),
+        Err(e) => crate::output::note(&format!(
+            "cannot send {signal} to process group {pgid}: {e}"
+        )),
     }
     if signal != Signal::SIGKILL && signal != Signal::SIGCONT {
         let _ = killpg(Pid::from_raw(pgid), Signal::SIGCONT);
@@ -368,7 +370,9 @@ impl Watchdog {
     fn send(&mut self, line: String) {
         if let Some(s) = &mut self.stdin {
             if s.write_all(line.as_bytes()).is_err() {
-                eprintln!("[vigil] the watchdog is gone; ranks are still killed by their parent-death signal");
+                crate::output::note(
+                    "the watchdog is gone; ranks are still killed by their parent-death signal",
+                );
                 self.stdin = None;
             }
         }
