@@ -1,6 +1,9 @@
 //! Who may use the store and how much it holds: the job's secret guards the `/vigil/` keys,
 //! values and the total are bounded, and memory is given back. Real TCP on 127.0.0.1.
 
+mod common;
+use common::{raw, send, wait_until, T};
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -8,9 +11,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::{timeout, Instant};
 use vigil_store::protocol::{put_bytes, put_u64, Opcode, Request, MAX_VALUE_LEN};
-use vigil_store::{StoreClient, StoreError, StoreHandle, StoreServer, VALIDATION_MAGIC};
+use vigil_store::{StoreClient, StoreError, StoreHandle, StoreServer};
 
-const T: Duration = Duration::from_secs(10);
 const SECRET: &[u8] = b"0123456789abcdef-the-job";
 
 async fn start(secret: Option<&[u8]>, max_total: Option<usize>) -> StoreHandle {
@@ -30,24 +32,6 @@ async fn agent(addr: SocketAddr, secret: Option<&[u8]>) -> Result<StoreClient, S
     Ok(c)
 }
 
-/// A raw, validated connection, as torch's client opens one.
-async fn raw(addr: SocketAddr) -> TcpStream {
-    let mut s = TcpStream::connect(addr).await.unwrap();
-    let mut b = Vec::new();
-    Request::Validate {
-        magic: VALIDATION_MAGIC,
-    }
-    .encode(&mut b);
-    s.write_all(&b).await.unwrap();
-    s
-}
-
-async fn send(s: &mut TcpStream, req: Request) {
-    let mut b = Vec::new();
-    req.encode(&mut b);
-    s.write_all(&b).await.unwrap();
-}
-
 async fn expect_closed(s: &mut TcpStream) {
     let mut buf = vec![0u8; 1 << 16];
     let deadline = Instant::now() + T;
@@ -59,14 +43,6 @@ async fn expect_closed(s: &mut TcpStream) {
         if n == 0 {
             return;
         }
-    }
-}
-
-async fn wait_until(mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + T;
-    while !f() {
-        assert!(Instant::now() < deadline, "condition not reached in time");
-        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 

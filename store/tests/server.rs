@@ -1,5 +1,8 @@
 //! The server and the client over real TCP on 127.0.0.1.
 
+mod common;
+use common::{raw, send, wait_until, T};
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -7,9 +10,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::{sleep, timeout, Instant};
 use vigil_store::protocol::{put_bytes, put_u64, Request};
-use vigil_store::{StoreClient, StoreError, StoreHandle, StoreServer, VALIDATION_MAGIC};
-
-const T: Duration = Duration::from_secs(10);
+use vigil_store::{StoreClient, StoreError, StoreHandle, StoreServer};
 
 async fn start() -> StoreHandle {
     let server = StoreServer::bind("127.0.0.1:0".parse().unwrap())
@@ -26,24 +27,6 @@ async fn client(addr: SocketAddr) -> StoreClient {
     StoreClient::connect(addr, T).await.expect("connect")
 }
 
-/// A raw, validated connection for byte-level tests.
-async fn raw(addr: SocketAddr) -> TcpStream {
-    let mut s = TcpStream::connect(addr).await.unwrap();
-    let mut b = Vec::new();
-    Request::Validate {
-        magic: VALIDATION_MAGIC,
-    }
-    .encode(&mut b);
-    s.write_all(&b).await.unwrap();
-    s
-}
-
-async fn send(s: &mut TcpStream, req: Request) {
-    let mut b = Vec::new();
-    req.encode(&mut b);
-    s.write_all(&b).await.unwrap();
-}
-
 /// Reads until the server closes the connection (or fails on a timeout).
 async fn expect_closed(s: &mut TcpStream) {
     let mut buf = [0u8; 64];
@@ -52,14 +35,6 @@ async fn expect_closed(s: &mut TcpStream) {
         .expect("server should close the connection")
         .unwrap_or(0);
     assert_eq!(n, 0, "expected EOF, got {:?}", &buf[..n]);
-}
-
-async fn wait_until(mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + T;
-    while !f() {
-        assert!(Instant::now() < deadline, "condition not reached in time");
-        sleep(Duration::from_millis(5)).await;
-    }
 }
 
 #[tokio::test]
