@@ -1,5 +1,5 @@
 //! Rendezvous time against the number of agents: N simulated agents, each running vigil's real
-//! coordination code (`vigil::rendezvous::run`) over real TCP connections to the real store, on
+//! coordination code (`vigil::job::rendezvous::run`) over real TCP connections to the real store, on
 //! loopback. The store runs on a thread of its own, as in the agent; every simulated agent shares
 //! one event loop, as they would share two cores. Prints a table.
 //!
@@ -13,8 +13,8 @@
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
-use vigil::rendezvous::{self, CoordConfig, FromCoord, HeadSide};
-use vigil::supervisor::{JobEnd, JobRequest};
+use vigil::job::rendezvous::{self, CoordConfig, FromCoord, HeadSide};
+use vigil::supervise::{JobEnd, JobRequest};
 
 fn raise_fd_limit() {
     let mut lim = libc::rlimit {
@@ -45,7 +45,7 @@ async fn expect_joined(a: &mut Agent, cycle: u32) {
 
 async fn one_round(n: u32) -> (Duration, Duration, Duration) {
     // Hosted as the agent hosts it: a thread and runtime of its own.
-    let (addr, keys, leases) = vigil::runtime::host_store(
+    let (addr, keys, leases) = vigil::run::host_store(
         "127.0.0.1:0".parse().unwrap(),
         Duration::from_secs(30),
         None,

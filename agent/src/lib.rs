@@ -1,21 +1,17 @@
 //! vigil: an in-job resiliency agent for distributed training.
 //!
-//! Pure cores (`supervisor`, `config`, `output`'s splitter, `summary`) decide and format; the
-//! edges (`proc`, `runtime`, `gpu`) talk to the operating system.
+//! One folder per concern (docs/design.md has the map); arrows point inward to pure code:
+//! - `cli`: flags (torchrun, ft_launcher) -> a checked launch plan (`cli::config`); pure.
+//! - `supervise`: the supervisor, the one place that decides, and its timeout/hang checks; pure.
+//! - `job`: the nodes of the job, rendezvous between their agents, the job's saved state.
+//! - `run`: the runtime: event loop, processes, output, the ranks' socket, stacks, summaries (the
+//!   edges).
+//! - `perf`: GPU facts (later straggler scores and NVML telemetry).
+//! - `values`: plain values every layer parses; a leaf.
 
 pub mod cli;
-pub mod config;
-pub mod ftcompat;
-pub mod gpu;
-pub mod hostlist;
-pub mod ipc_server;
-pub mod monitor;
-pub mod nodes;
-pub mod output;
-pub mod proc;
-pub mod rendezvous;
-pub mod runtime;
-pub mod stacks;
-pub mod state;
-pub mod summary;
-pub mod supervisor;
+pub mod job;
+pub mod perf;
+pub mod run;
+pub mod supervise;
+pub mod values;

@@ -1,9 +1,9 @@
 use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser};
+use vigil::cli::config::{self, Host};
 use vigil::cli::{Cli, Command, RunArgs};
-use vigil::config::{self, Host};
-use vigil::runtime;
+use vigil::run;
 
 /// Invoked as `ft_launcher` (a symlink), the binary is `vigil run`; `vigil run` takes
 /// ft_launcher's flags (and `--ft-cfg-path` YAML), rewritten to vigil's before parsing. A `--` is
@@ -24,14 +24,14 @@ fn args() -> Result<Vec<String>, String> {
     if args.get(1).map(String::as_str) != Some("run") {
         return Ok(args);
     }
-    let t = vigil::ftcompat::translate(&args[2..], &|p| std::fs::read_to_string(p))
+    let t = vigil::cli::ftcompat::translate(&args[2..], &|p| std::fs::read_to_string(p))
         .map_err(|e| e.to_string())?;
     for note in &t.notes {
         eprintln!("[vigil] {note}");
     }
     args.truncate(2);
     let (ours, script) = t.args.split_at(t.script_at);
-    args.extend(vigil::ftcompat::join_values(ours));
+    args.extend(vigil::cli::ftcompat::join_values(ours));
     if script.first().is_some_and(|s| s != "--") {
         args.push("--".into());
     }
@@ -111,7 +111,7 @@ fn run(a: RunArgs) -> i32 {
     let host = Host {
         cpus,
         nofile: nofile(),
-        gpus: &vigil::gpu::gpu_count,
+        gpus: &vigil::perf::gpu::gpu_count,
         env: &env,
     };
     let fail = |msg: String| {
@@ -132,14 +132,14 @@ fn run(a: RunArgs) -> i32 {
             a.training_script
         ));
     }
-    if let Err(e) = runtime::check_command(&cfg, script_is_file, &a.training_script) {
+    if let Err(e) = run::check_command(&cfg, script_is_file, &a.training_script) {
         return fail(e.0);
     }
-    let run_dir = match runtime::make_run_dir(&cfg) {
+    let run_dir = match run::make_run_dir(&cfg) {
         Ok(d) => d,
         Err(e) => return fail(e.0),
     };
-    runtime::run(cfg, run_dir)
+    run::run(cfg, run_dir)
 }
 
 fn main() -> ExitCode {
@@ -178,7 +178,7 @@ fn main() -> ExitCode {
     };
     let code = match cli.command {
         Command::Run(a) => run(*a),
-        Command::Watchdog => vigil::proc::watchdog_main(),
+        Command::Watchdog => vigil::run::proc::watchdog_main(),
     };
     ExitCode::from(code.clamp(0, 255) as u8)
 }

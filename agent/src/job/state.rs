@@ -17,8 +17,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::file_safe;
-use crate::monitor::Timeouts;
+use crate::supervise::monitor::Timeouts;
+use crate::values::file_safe;
 
 /// Bumped when the file's meaning changes; an unknown version is ignored, never guessed at.
 pub const FORMAT: u32 = 1;

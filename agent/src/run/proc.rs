@@ -19,7 +19,7 @@ use nix::sys::signal::{kill, killpg, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
-use crate::supervisor::ExitKind;
+use crate::supervise::ExitKind;
 
 /// Orphaned descendants of ranks are reparented to the agent, so it can reap them and nothing is
 /// left as a zombie under init.
@@ -299,7 +299,7 @@ pub fn signal_group(pgid: i32, sig: i32) {
     };
     match killpg(Pid::from_raw(pgid), signal) {
         Ok(()) | Err(Errno::ESRCH) => {}
-        Err(e) => crate::output::note(&format!(
+        Err(e) => crate::run::output::note(&format!(
             "cannot send {signal} to process group {pgid}: {e}"
         )),
     }
@@ -370,7 +370,7 @@ impl Watchdog {
     fn send(&mut self, line: String) {
         if let Some(s) = &mut self.stdin {
             if s.write_all(line.as_bytes()).is_err() {
-                crate::output::note(
+                crate::run::output::note(
                     "the watchdog is gone; ranks are still killed by their parent-death signal",
                 );
                 self.stdin = None;

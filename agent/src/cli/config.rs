@@ -6,67 +6,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::cli::RunArgs;
-use crate::monitor::{parse_section_timeouts, Timeouts};
-use crate::state::TimeoutsPlace;
-
-/// A launch request that cannot be carried out; the message names the problem and the fix.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct ConfigError(pub String);
-
-fn err<T>(msg: impl Into<String>) -> Result<T, ConfigError> {
-    Err(ConfigError(msg.into()))
-}
-
-/// The longest duration any flag takes: a year. Larger values overflow the clock arithmetic and
-/// are never meant; leave a timeout out to disable it.
-pub const MAX_SECONDS: f64 = 365.0 * 24.0 * 3600.0;
-
-/// Value parser of every seconds flag: a finite number from 0 to [`MAX_SECONDS`].
-pub fn seconds(s: &str) -> Result<f64, String> {
-    let fix =
-        format!("give a number of seconds from 0 to {MAX_SECONDS:.0} (a year), such as 30 or 2.5");
-    match s.trim().parse::<f64>() {
-        Ok(v) if v.is_finite() && (0.0..=MAX_SECONDS).contains(&v) => Ok(v),
-        _ => Err(fix),
-    }
-}
-
-/// Value parser of every count flag: a whole number >= 0 that fits 32 bits.
-pub fn count(s: &str) -> Result<u32, String> {
-    s.trim()
-        .parse::<u32>()
-        .map_err(|_| format!("give a whole number from 0 to {}", u32::MAX))
-}
-
-/// Value parser of torchrun's switches (`--standalone`, `-m`, ...), which also come from `PET_*`
-/// as an integer: non-zero is on, as torchrun's `bool(int(value))`. `true`/`false` are clap's own
-/// values for a switch given or left out.
-pub fn pet_switch(s: &str) -> Result<bool, String> {
-    match s.trim() {
-        "true" => Ok(true),
-        "false" => Ok(false),
-        t => t
-            .parse::<i64>()
-            .map(|n| n != 0)
-            .map_err(|_| "give 1 (on) or 0 (off)".to_string()),
-    }
-}
-
-/// Value parser of a TCP port flag.
-pub fn port(s: &str) -> Result<u16, String> {
-    s.trim()
-        .parse::<u16>()
-        .map_err(|_| "give a port number from 0 to 65535".to_string())
-}
-
-/// Value parser of `--safety-factor`: a finite number from 1 to 1000.
-pub fn factor(s: &str) -> Result<f64, String> {
-    match s.trim().parse::<f64>() {
-        Ok(v) if v.is_finite() && (1.0..=1000.0).contains(&v) => Ok(v),
-        _ => Err("give a number from 1 to 1000, such as 5".to_string()),
-    }
-}
+use crate::job::state::TimeoutsPlace;
+use crate::supervise::monitor::{parse_section_timeouts, Timeouts};
+use crate::values::{err, parse_signal, seconds, ConfigError, MAX_SECONDS};
 
 /// Which of a rank's streams reach the console.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,7 +57,7 @@ pub struct LaunchConfig {
     /// Every rank gets LOCAL_RANK=0 and only its own GPU.
     pub virtual_local_rank: bool,
     /// The wait before each restart (`--restart-backoff*`).
-    pub backoff: crate::supervisor::Backoff,
+    pub backoff: crate::supervise::Backoff,
     /// Program and arguments of every rank.
     pub command: Vec<String>,
     /// What the failure summary calls the job (`train.py FAILED`).
@@ -141,26 +83,6 @@ pub struct Host<'a> {
     /// GPU count, or why it is unknown.
     pub gpus: &'a dyn Fn() -> Result<u32, String>,
     pub env: &'a dyn Fn(&str) -> Option<String>,
-}
-
-pub fn parse_nnodes(s: &str) -> Result<(u32, u32), ConfigError> {
-    let bad = || {
-        ConfigError(format!(
-            "--nnodes {s:?} is not a node count: give N or MIN:MAX with 1 <= MIN <= MAX"
-        ))
-    };
-    let num = |p: &str| p.trim().parse::<u32>().map_err(|_| bad());
-    let (lo, hi) = match s.split_once(':') {
-        Some((a, b)) => (num(a)?, num(b)?),
-        None => {
-            let n = num(s)?;
-            (n, n)
-        }
-    };
-    if lo == 0 || lo > hi {
-        return Err(bad());
-    }
-    Ok((lo, hi))
 }
 
 pub fn parse_nproc(s: &str, host: &Host) -> Result<u32, ConfigError> {
@@ -322,14 +244,6 @@ pub fn parse_filters(s: &str) -> Vec<String> {
         .map(|p| p.replace(HOLD, ","))
         .filter(|p| !p.is_empty())
         .collect()
-}
-
-/// torchrun's filter test: the line contains any of the filters.
-pub fn line_matches(filters: &[String], line: &[u8]) -> bool {
-    filters.iter().any(|f| {
-        let f = f.as_bytes();
-        line.windows(f.len()).any(|w| w == f)
-    })
 }
 
 /// A rank's console prefix from torchrun's `--log-line-prefix-template`, substituted like
@@ -513,42 +427,6 @@ fn program_identity(a: &RunArgs) -> String {
     }
 }
 
-/// A job id made safe for a file name: anything but `[A-Za-z0-9._-]` becomes `_`.
-pub fn file_safe(id: &str) -> String {
-    id.chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || "-_.".contains(c) {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect()
-}
-
-/// `SIGTERM`, `TERM`, `15`: a signal number.
-pub fn parse_signal(flag: &str, s: &str) -> Result<i32, ConfigError> {
-    let t = s.trim();
-    if let Ok(n) = t.parse::<i32>() {
-        if nix::sys::signal::Signal::try_from(n).is_ok() {
-            return Ok(n);
-        }
-    }
-    let name = t.trim_start_matches("signal.").to_ascii_uppercase();
-    let name = if name.starts_with("SIG") {
-        name
-    } else {
-        format!("SIG{name}")
-    };
-    name.parse::<nix::sys::signal::Signal>()
-        .map(|s| s as i32)
-        .map_err(|_| {
-            ConfigError(format!(
-                "{flag} {s:?} is not a signal: give a name such as SIGTERM or SIGKILL, or a number"
-            ))
-        })
-}
-
 fn opt_secs(flag: &str, v: Option<f64>) -> Result<Option<Duration>, ConfigError> {
     match v {
         None => Ok(None),
@@ -606,8 +484,8 @@ fn join_timeout(a: &RunArgs) -> Result<Duration, ConfigError> {
 }
 
 pub fn resolve(a: &RunArgs, host: &Host) -> Result<LaunchConfig, ConfigError> {
-    let nodes = crate::nodes::discover(
-        &crate::nodes::NodeFlags {
+    let nodes = crate::job::nodes::discover(
+        &crate::job::nodes::NodeFlags {
             nnodes: a.nnodes.as_deref(),
             node_rank: a.node_rank,
             master_addr: a.master_addr.as_deref(),
@@ -685,7 +563,7 @@ pub fn resolve(a: &RunArgs, host: &Host) -> Result<LaunchConfig, ConfigError> {
         dup_stdout: parse_filters(&a.duplicate_stdout_filters),
         dup_stderr: parse_filters(&a.duplicate_stderr_filters),
         virtual_local_rank: a.virtual_local_rank,
-        backoff: crate::supervisor::Backoff {
+        backoff: crate::supervise::Backoff {
             base: secs("--restart-backoff", a.restart_backoff)?,
             cap: secs("--restart-backoff-max", a.restart_backoff_max)?,
             reset_after: secs("--restart-backoff-reset", a.restart_backoff_reset)?,
@@ -872,11 +750,6 @@ mod tests {
         assert_eq!(parse_filters("apple,orange"), vec!["apple", "orange"]);
         assert_eq!(parse_filters("a,,b,c"), vec!["a,b", "c"]);
         assert_eq!(parse_filters(""), Vec::<String>::new());
-        let f = parse_filters("loss=,WARN");
-        assert!(line_matches(&f, b"step 3 loss=0.1"));
-        assert!(line_matches(&f, b"[WARN] x"));
-        assert!(!line_matches(&f, b"warn lower case"));
-        assert!(!line_matches(&[], b"anything"));
     }
 
     #[test]
@@ -966,29 +839,6 @@ mod tests {
     }
 
     #[test]
-    fn value_parsers_take_only_sane_numbers() {
-        assert_eq!(seconds("2.5"), Ok(2.5));
-        assert_eq!(seconds(" 0 "), Ok(0.0));
-        assert_eq!(count("7"), Ok(7));
-        assert_eq!(port("0"), Ok(0));
-        assert_eq!(factor("5"), Ok(5.0));
-        for bad in [
-            "-1", "1e30", "inf", "-inf", "nan", "NaN", "abc", "", "31536001",
-        ] {
-            assert!(seconds(bad).is_err(), "{bad}");
-        }
-        for bad in ["-1", "1.5", "1e3", "4294967296", "x", ""] {
-            assert!(count(bad).is_err(), "{bad}");
-        }
-        for bad in ["65536", "-1", "80.0"] {
-            assert!(port(bad).is_err(), "{bad}");
-        }
-        for bad in ["0", "0.99", "1001", "nan", "inf"] {
-            assert!(factor(bad).is_err(), "{bad}");
-        }
-    }
-
-    #[test]
     fn nproc_ceiling_follows_cpus_gpus_and_the_file_limit() {
         let no_gpu = || Ok(0);
         let eight = || Ok(8);
@@ -1028,15 +878,6 @@ mod tests {
             .0
             .contains("at least one"));
         assert!(parse_nproc("two", &host_with(&none)).is_err());
-    }
-
-    #[test]
-    fn nnodes_forms() {
-        assert_eq!(parse_nnodes("2"), Ok((2, 2)));
-        assert_eq!(parse_nnodes("1:4"), Ok((1, 4)));
-        assert!(parse_nnodes("0").is_err());
-        assert!(parse_nnodes("3:2").is_err());
-        assert!(parse_nnodes("x").is_err());
     }
 
     #[test]

@@ -11,14 +11,14 @@
 //! job's verdict ([`Event::CycleEnded`]), which is the same on every node. So the cycle number is
 //! the job's restart count and `--max-restarts` is one budget for the whole job.
 
+pub mod monitor;
+
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use vigil_ipc::{AgentMsg, RankMsg};
 
-use crate::monitor::{
-    self, CalcRequest, Calculated, Due, HangKind, Observed, RankMonitor, Timeouts,
-};
+use monitor::{CalcRequest, Calculated, Due, HangKind, Observed, RankMonitor, Timeouts};
 
 /// How a rank's process ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -41,6 +41,14 @@ impl ExitKind {
             ExitKind::Code(c) => c,
             ExitKind::Signal(s) => -s,
         }
+    }
+}
+
+/// "exited with code 3" or "was killed by SIGKILL".
+pub fn exit_phrase(how: ExitKind) -> String {
+    match how {
+        ExitKind::Code(c) => format!("exited with code {c}"),
+        ExitKind::Signal(s) => format!("was killed by {}", crate::values::signal_name(s)),
     }
 }
 
@@ -996,7 +1004,7 @@ impl Supervisor {
             let reason = format!(
                 "rank {} {}",
                 self.cfg.rank_offset + local_rank,
-                crate::summary::exit_phrase(how)
+                exit_phrase(how)
             );
             self.report_failure(reason, out);
         }
@@ -1403,7 +1411,7 @@ impl Supervisor {
                     reason: format!(
                         "node {} received {}",
                         self.cfg.node_rank,
-                        crate::summary::signal_name(sig)
+                        crate::values::signal_name(sig)
                     ),
                     exit_code: 128 + sig,
                 };

@@ -2,6 +2,12 @@
 //! supervisor events and carries out the supervisor's actions. All decisions live in
 //! `supervisor`; this file only does I/O.
 
+pub mod ipc_server;
+pub mod output;
+pub mod proc;
+pub mod stacks;
+pub mod summary;
+
 use std::collections::VecDeque;
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
@@ -17,18 +23,19 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use crate::config::{file_safe, worker_env, LaunchConfig, RankSlot};
-use crate::ipc_server::{self, IpcIn, Shared};
-use crate::monitor::Timeouts;
-use crate::output::{self, ConsoleStream, Dup, LineSplitter, LogFile, Sink, Tail};
-use crate::proc::{self, Watchdog};
-use crate::rendezvous::{self, CoordConfig, FromCoord, HeadSide};
-use crate::stacks::{self, StackReport};
-use crate::state::{self, Provenance};
-use crate::summary::{self, FailedRank};
-use crate::supervisor::{
+use crate::cli::config::{worker_env, LaunchConfig, RankSlot};
+use crate::job::rendezvous::{self, CoordConfig, FromCoord, HeadSide};
+use crate::job::state::{self, Provenance};
+use crate::supervise::monitor::Timeouts;
+use crate::supervise::{
     Action, Event, JobEnd, JobRequest, Outcome, Record, StopReason, Supervisor, SupervisorConfig,
 };
+use crate::values::file_safe;
+use ipc_server::{IpcIn, Shared};
+use output::{ConsoleStream, Dup, LineSplitter, LogFile, Sink, Tail};
+use proc::Watchdog;
+use stacks::StackReport;
+use summary::FailedRank;
 
 /// How long to wait, once everything is reaped, for rank output still in the pipes.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(3);
@@ -356,7 +363,7 @@ impl Agent {
                         w.guard(sp.pid);
                     }
                     self.shared.rank_pids.borrow_mut()[lr as usize] = Some(sp.pid);
-                    let prefix = crate::config::render_prefix(
+                    let prefix = crate::cli::config::render_prefix(
                         self.cfg.prefix_template.as_deref(),
                         &self.cfg.role,
                         self.rank_offset + lr,
@@ -445,7 +452,7 @@ impl Agent {
                 "rank {rank} (pid {pid}) failed: {}",
                 match (exit_code, signal) {
                     (Some(c), _) => format!("exit code {c}"),
-                    (_, Some(s)) => format!("killed by {}", summary::signal_name(*s)),
+                    (_, Some(s)) => format!("killed by {}", crate::values::signal_name(*s)),
                     _ => "unknown".into(),
                 }
             )),
@@ -464,7 +471,7 @@ impl Agent {
                     StopReason::SpawnFailed => "after a rank could not start",
                     StopReason::Peer => "as the job's other nodes do",
                 },
-                summary::signal_name(*signal),
+                crate::values::signal_name(*signal),
                 *grace_ms as f64 / 1000.0
             )),
             Record::Escalate { pids, .. } => console_note(&format!(
@@ -758,7 +765,7 @@ fn scontrol_show_node(name: &str) -> Option<String> {
 
 fn setup_store(cfg: &LaunchConfig, secret: Option<Vec<u8>>) -> Result<StoreSetup, String> {
     let port = cfg.master_port.unwrap_or(0);
-    let head = crate::nodes::resolve_head(
+    let head = crate::job::nodes::resolve_head(
         &cfg.master_addr,
         port,
         cfg.master_is_slurm_node,
@@ -1232,7 +1239,7 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
         }
         Outcome::Signaled { signal } => console_note(&format!(
             "stopped by {}; exit status {}",
-            summary::signal_name(*signal),
+            crate::values::signal_name(*signal),
             outcome.exit_code()
         )),
         Outcome::SpawnFailed { error, .. } => console_err(format!("vigil: error: {error}")),

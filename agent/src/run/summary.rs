@@ -3,8 +3,9 @@
 
 use std::fmt::Write;
 
-use crate::stacks::StackReport;
-use crate::supervisor::{ExitKind, Hang};
+use crate::run::stacks::StackReport;
+use crate::supervise::{ExitKind, Hang};
+use crate::values::signal_name;
 
 /// What the summary says about one failed rank.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,20 +52,6 @@ pub fn parse_error_file(text: &str) -> Option<ErrorRecord> {
         .and_then(|t| t.as_str())
         .map(str::to_string);
     Some(ErrorRecord { message, traceback })
-}
-
-/// "exited with code 3" or "was killed by SIGKILL".
-pub fn exit_phrase(how: ExitKind) -> String {
-    match how {
-        ExitKind::Code(c) => format!("exited with code {c}"),
-        ExitKind::Signal(s) => format!("was killed by {}", signal_name(s)),
-    }
-}
-
-pub fn signal_name(sig: i32) -> String {
-    nix::sys::signal::Signal::try_from(sig)
-        .map(|s| s.as_str().to_string())
-        .unwrap_or_else(|_| format!("signal {sig}"))
 }
 
 fn describe_exit(how: Option<ExitKind>) -> String {
@@ -235,7 +222,7 @@ mod tests {
     #[test]
     fn a_stopped_hung_rank_is_said_to_be_stopped() {
         let hang = |stopped| Hang {
-            timeout: crate::monitor::HangKind::Heartbeat,
+            timeout: crate::supervise::monitor::HangKind::Heartbeat,
             limit_ms: 2000,
             silent_ms: 2500,
             stopped,

@@ -2,8 +2,8 @@
 //! (NGC). Pure: the environment is passed in as a function. A flag that contradicts the
 //! environment is an error naming both, never a silent choice.
 
-use crate::config::ConfigError;
-use crate::hostlist;
+use super::hostlist;
+use crate::values::ConfigError;
 
 /// torchrun's flags that say who the nodes are (`None`: not given).
 #[derive(Debug, Clone, Default)]
@@ -202,12 +202,33 @@ fn from_ngc(env: &dyn Fn(&str) -> Option<String>) -> Result<Option<EnvNodes>, Co
     }))
 }
 
+/// `--nnodes`: `N` or `MIN:MAX`.
+pub fn parse_nnodes(s: &str) -> Result<(u32, u32), ConfigError> {
+    let bad = || {
+        ConfigError(format!(
+            "--nnodes {s:?} is not a node count: give N or MIN:MAX with 1 <= MIN <= MAX"
+        ))
+    };
+    let num = |p: &str| p.trim().parse::<u32>().map_err(|_| bad());
+    let (lo, hi) = match s.split_once(':') {
+        Some((a, b)) => (num(a)?, num(b)?),
+        None => {
+            let n = num(s)?;
+            (n, n)
+        }
+    };
+    if lo == 0 || lo > hi {
+        return Err(bad());
+    }
+    Ok((lo, hi))
+}
+
 /// Decides the job's nodes from the flags and the environment.
 pub fn discover(f: &NodeFlags, env: &dyn Fn(&str) -> Option<String>) -> Result<Nodes, ConfigError> {
     let flag_nnodes = match f.nnodes {
         None => None,
         Some(s) => {
-            let (lo, hi) = crate::config::parse_nnodes(s)?;
+            let (lo, hi) = parse_nnodes(s)?;
             if lo != hi {
                 return err(format!(
                     "--nnodes {s}: vigil runs a fixed number of nodes; give one number (a lost node ends the job so that it can be requeued)"
@@ -672,5 +693,14 @@ mod tests {
             let p = slurm_port(&id.to_string());
             proptest::prop_assert!((20000..32000).contains(&p));
         }
+    }
+
+    #[test]
+    fn nnodes_forms() {
+        assert_eq!(parse_nnodes("2"), Ok((2, 2)));
+        assert_eq!(parse_nnodes("1:4"), Ok((1, 4)));
+        assert!(parse_nnodes("0").is_err());
+        assert!(parse_nnodes("3:2").is_err());
+        assert!(parse_nnodes("x").is_err());
     }
 }

@@ -121,7 +121,7 @@ impl Sink {
         let mut lines = 0u64;
         let mut on_line = |l: &[u8]| {
             if let Some(d) = &self.dup {
-                if crate::config::line_matches(&d.filters, l) {
+                if line_matches(&d.filters, l) {
                     dup.extend_from_slice(self.prefix.as_bytes());
                     dup.extend_from_slice(l);
                     dup.push(b'\n');
@@ -335,6 +335,14 @@ impl ConsoleQueue {
     }
 }
 
+/// torchrun's filter test: the line contains any of the filters.
+pub fn line_matches(filters: &[String], line: &[u8]) -> bool {
+    filters.iter().any(|f| {
+        let f = f.as_bytes();
+        line.windows(f.len()).any(|w| w == f)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -421,5 +429,14 @@ mod tests {
             let want = split(&[&data]);
             proptest::prop_assert_eq!(split(&chunks), want);
         }
+    }
+
+    #[test]
+    fn duplicate_filters_match_like_torchrun() {
+        let f = crate::cli::config::parse_filters("loss=,WARN");
+        assert!(line_matches(&f, b"step 3 loss=0.1"));
+        assert!(line_matches(&f, b"[WARN] x"));
+        assert!(!line_matches(&f, b"warn lower case"));
+        assert!(!line_matches(&[], b"anything"));
     }
 }

@@ -81,7 +81,7 @@ fn secs<E: serde::de::Error>(x: f64) -> Result<Option<Duration>, E> {
     if !(x.is_finite() && x > 0.0) {
         return Ok(None);
     }
-    if x > crate::config::MAX_SECONDS {
+    if x > crate::values::MAX_SECONDS {
         return Err(E::custom(format!("a timeout of {x} s is more than a year")));
     }
     Ok(Some(Duration::from_secs_f64(x)))
@@ -130,7 +130,7 @@ pub fn parse_section_timeouts(
         let secs: f64 = secs.trim().parse().map_err(|_| {
             format!("--section-timeouts {s:?}: {secs:?} is not a number of seconds for section {name:?}")
         })?;
-        if !(secs.is_finite() && secs > 0.0 && secs <= crate::config::MAX_SECONDS)
+        if !(secs.is_finite() && secs > 0.0 && secs <= crate::values::MAX_SECONDS)
             || name.is_empty()
             || name.len() > 255
         {

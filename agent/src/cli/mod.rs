@@ -1,11 +1,14 @@
 //! Command-line interface. `vigil run` takes torchrun's flags with torchrun's meaning, in both the
 //! dash and the underscore spelling, each also read from `PET_<NAME>` like torchrun.
 
+pub mod config;
+pub mod ftcompat;
+
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::config::{count, factor, pet_switch, port, seconds};
+use crate::values::{count, factor, pet_switch, port, seconds};
 
 #[derive(Debug, Parser)]
 #[command(

@@ -35,8 +35,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use vigil_store::{KeySpace, LeaseEvent, StoreClient};
 
-use crate::monitor::Timeouts;
-use crate::supervisor::{JobEnd, JobRequest};
+use crate::supervise::monitor::Timeouts;
+use crate::supervise::{JobEnd, JobRequest};
 
 /// What a node says about itself when it joins a cycle.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
