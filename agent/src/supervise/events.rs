@@ -1,0 +1,408 @@
+//! What goes into the supervisor and what comes out: its configuration, events, actions, the
+//! records of the event log, the job's verdicts and the agent's outcome.
+
+use super::*;
+
+/// How a rank's process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExitKind {
+    /// `exit(code)`.
+    Code(i32),
+    /// Killed by this signal number.
+    Signal(i32),
+}
+
+impl ExitKind {
+    pub fn success(self) -> bool {
+        self == ExitKind::Code(0)
+    }
+
+    /// torch's convention for an exit code: negative signal number when killed by a signal.
+    pub fn torch_exitcode(self) -> i32 {
+        match self {
+            ExitKind::Code(c) => c,
+            ExitKind::Signal(s) => -s,
+        }
+    }
+}
+
+/// "exited with code 3" or "was killed by SIGKILL".
+pub fn exit_phrase(how: ExitKind) -> String {
+    match how {
+        ExitKind::Code(c) => format!("exited with code {c}"),
+        ExitKind::Signal(s) => format!("was killed by {}", crate::values::signal_name(s)),
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SupervisorConfig {
+    pub nproc: u32,
+    /// Global rank of local rank 0 on this node.
+    pub rank_offset: u32,
+    pub max_restarts: u32,
+    /// This node's rank among the job's nodes (named in what it reports to the others).
+    pub node_rank: u32,
+    /// Whether this node keeps the job's calculated timeouts (node rank 0 does, for the job).
+    pub saves_timeouts: bool,
+    /// Grace between SIGTERM and SIGKILL when stopping ranks after a failure.
+    pub workers_stop_timeout: Duration,
+    /// Grace between a forwarded signal and SIGKILL when the agent itself is asked to stop.
+    pub term_timeout: Duration,
+    /// Hang-detection timeouts as configured (`None`/empty: that check is off).
+    pub timeouts: Timeouts,
+    /// Heartbeats during which the `warmup` section timeout replaces the per-section ones.
+    pub warmup_steps: u32,
+    /// Calculated timeouts are this many times the longest observed.
+    pub safety_factor: f64,
+    /// What a hung rank gets after its stacks are captured (SIGTERM by default, then SIGKILL).
+    pub termination_signal: i32,
+    /// How long to wait for a hung rank's stack dump before terminating it anyway.
+    pub stack_wait: Duration,
+    /// Timeouts calculated by an earlier run of this job (the state file), if any.
+    pub calculated: Option<Timeouts>,
+    /// How long to wait before each restart.
+    pub backoff: Backoff,
+}
+
+impl SupervisorConfig {
+    /// A configuration with hang detection off, for tests and simple launches.
+    pub fn basic(nproc: u32, max_restarts: u32) -> Self {
+        SupervisorConfig {
+            nproc,
+            rank_offset: 0,
+            max_restarts,
+            node_rank: 0,
+            saves_timeouts: true,
+            workers_stop_timeout: Duration::from_secs(15),
+            term_timeout: Duration::from_secs(30),
+            timeouts: Timeouts::default(),
+            warmup_steps: 0,
+            safety_factor: 5.0,
+            termination_signal: SIGTERM,
+            stack_wait: Duration::from_secs(2),
+            calculated: None,
+            backoff: Backoff::OFF,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// The runtime started this rank of the current cycle; its process group id is `pid`.
+    RankSpawned { local_rank: u32, pid: i32 },
+    /// The runtime could not start this rank (the command cannot be executed).
+    SpawnFailed { local_rank: u32, error: String },
+    /// A child of the agent was reaped. Pids that are not ranks (orphaned grandchildren reparented
+    /// to the agent as subreaper) are ignored.
+    Reaped { pid: i32, how: ExitKind },
+    /// The agent received a signal (SIGTERM, SIGINT, SIGHUP, SIGQUIT).
+    Signal(i32),
+    /// A message from a rank of the current cycle, on a connection registered to `local_rank`.
+    Message { local_rank: u32, msg: RankMsg },
+    /// The last registered connection of this rank closed: its monitoring pauses until it
+    /// registers again (`vigil.close()`, NVRx's `shutdown_workload_monitoring`).
+    Disconnected { local_rank: u32 },
+    /// The hung rank's stacks were captured (or the capture gave up).
+    StacksCaptured { local_rank: u32 },
+    /// The answer to `ProbeStopped`: the local ranks whose process is stopped (state `T`).
+    Probed { stopped: Vec<u32> },
+    /// Time passed; sent when `next_deadline` is reached.
+    Tick,
+    /// Every node joined this cycle: start the ranks. The job's rendezvous decides the global rank
+    /// of local rank 0, the job's restart budget and the calculated timeouts in force.
+    Joined {
+        cycle: u32,
+        rank_offset: u32,
+        max_restarts: u32,
+        calculated: Option<Timeouts>,
+    },
+    /// The job's verdict on this cycle, the same on every node.
+    CycleEnded { cycle: u32, end: JobEnd },
+    /// Timeouts calculated from every node's observations (the maximum over nodes) in calculation
+    /// `round` of the cycle (0: vigil's own; 1, 2, ...: the job's requests).
+    JobTimeouts {
+        cycle: u32,
+        round: u32,
+        timeouts: Timeouts,
+    },
+    /// The job's coordination is gone (the store's node died or cannot be reached, or the
+    /// rendezvous failed): stop and end. `requeue` tells whether running the job again may help.
+    CoordinationLost { reason: String, requeue: bool },
+}
+
+/// How a cycle ended for the whole job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(tag = "end", rename_all = "snake_case")]
+pub enum JobEnd {
+    /// Every rank on every node exited 0.
+    Done,
+    /// A rank failed or hung on `node`: restart if the budget allows.
+    Failed { node: u32, reason: String },
+    /// `node` stopped for good (a signal, a command that cannot start): every node ends with
+    /// `exit_code`, without restarting.
+    Stopped {
+        node: u32,
+        reason: String,
+        exit_code: i32,
+    },
+    /// A node's agent was lost: the job cannot go on with fewer nodes; end so it can be requeued.
+    Lost { reason: String },
+}
+
+/// Why the ranks of a cycle are being stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    /// A rank failed; restart if the budget allows.
+    RankFailed,
+    /// The agent was signalled; forward it and end.
+    Signal,
+    /// A rank could not be started; the command is broken, so never restart.
+    SpawnFailed,
+    /// Another node reported a failure or a stop, or a node was lost.
+    Peer,
+}
+
+/// What the agent ends with.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum Outcome {
+    Succeeded,
+    /// The restart budget is spent; the first observed failure of the last cycle is the root cause.
+    Failed {
+        restarts: u32,
+    },
+    /// The agent was asked to stop by this signal.
+    Signaled {
+        signal: i32,
+    },
+    SpawnFailed {
+        local_rank: u32,
+        error: String,
+    },
+    /// Another node stopped the job for good; this node ends with that node's status.
+    PeerStopped {
+        node: u32,
+        reason: String,
+        exit_code: i32,
+    },
+    /// A node was lost or the job's coordination failed.
+    Lost {
+        reason: String,
+        requeue: bool,
+    },
+}
+
+/// Exit status when a node was lost: `EX_TEMPFAIL`, "try again later", so a job script can requeue.
+pub const EXIT_LOST: i32 = 75;
+
+impl Outcome {
+    /// The agent's exit status (documented in docs/usage.md).
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Outcome::Succeeded => 0,
+            Outcome::Failed { .. } => 1,
+            Outcome::Signaled { signal } => 128 + signal,
+            Outcome::SpawnFailed { .. } => 2,
+            Outcome::PeerStopped { exit_code, .. } => *exit_code,
+            Outcome::Lost { requeue: true, .. } => EXIT_LOST,
+            Outcome::Lost { requeue: false, .. } => 2,
+        }
+    }
+}
+
+/// One rank that failed on its own (not because we stopped it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Failure {
+    pub cycle: u32,
+    pub local_rank: u32,
+    pub rank: u32,
+    pub pid: i32,
+    /// How the process ended; for a hung rank, filled in once it is reaped.
+    pub how: Option<ExitKind>,
+    pub hang: Option<Hang>,
+    #[serde(skip)]
+    pub at: Instant,
+}
+
+/// Why a rank was declared hung.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Hang {
+    pub timeout: HangKind,
+    pub limit_ms: u64,
+    /// How long the rank had been silent (or in its section) when it was declared hung.
+    pub silent_ms: u64,
+    /// The rank's process was stopped (SIGSTOP, a debugger): frozen, and so named the root cause
+    /// ahead of ranks whose timeout ran out first while they waited on it.
+    pub stopped: bool,
+}
+
+/// A line of the event log, without the fields the runtime adds (time, host).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum Record {
+    CycleStart {
+        cycle: u32,
+        restart_count: u32,
+        nproc: u32,
+    },
+    RankStarted {
+        cycle: u32,
+        local_rank: u32,
+        rank: u32,
+        pid: i32,
+    },
+    RankSpawnFailed {
+        cycle: u32,
+        local_rank: u32,
+        error: String,
+    },
+    RankExited {
+        cycle: u32,
+        local_rank: u32,
+        rank: u32,
+        pid: i32,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        exit_code: Option<i32>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        signal: Option<i32>,
+        /// False when the rank ended on its own and not zero: a failure.
+        expected: bool,
+    },
+    Stop {
+        cycle: u32,
+        reason: StopReason,
+        /// The signal sent to every live rank's process group.
+        signal: i32,
+        grace_ms: u64,
+        pids: Vec<i32>,
+    },
+    Escalate {
+        cycle: u32,
+        signal: i32,
+        pids: Vec<i32>,
+    },
+    Registered {
+        cycle: u32,
+        local_rank: u32,
+        rank: u32,
+    },
+    Hang {
+        cycle: u32,
+        local_rank: u32,
+        rank: u32,
+        pid: i32,
+        #[serde(flatten)]
+        hang: Hang,
+    },
+    TrainingFinished {
+        cycle: u32,
+        local_rank: u32,
+        rank: u32,
+    },
+    TimeoutsUpdated {
+        /// `configured`, `loaded` (from the state file) or `calculated`.
+        source: &'static str,
+        timeouts: Timeouts,
+    },
+    Restart {
+        from_cycle: u32,
+        to_cycle: u32,
+        restarts_left: u32,
+        /// How long the failed attempt ran, from its start to the job's verdict on it.
+        ran_ms: u64,
+        /// How long the agent waits before joining the next attempt.
+        backoff_ms: u64,
+    },
+    Joined {
+        cycle: u32,
+        rank_offset: u32,
+    },
+    CycleEnded {
+        cycle: u32,
+        #[serde(flatten)]
+        end: JobEnd,
+    },
+    Result {
+        #[serde(flatten)]
+        outcome: Outcome,
+        exit_code: i32,
+    },
+}
+
+/// What a node asks of the job's coordination (carried out by `rendezvous` through the store).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JobRequest {
+    /// Join this cycle's rendezvous with the other nodes; answer with `Joined`. Node rank 0
+    /// hands `calculated` to every node.
+    Join {
+        cycle: u32,
+        calculated: Option<Timeouts>,
+    },
+    /// Tell the other nodes this cycle failed or stopped here (the first report of a cycle wins);
+    /// the verdict comes back as `CycleEnded`.
+    ReportEnd { cycle: u32, end: JobEnd },
+    /// Every rank of this node exited 0 in this cycle.
+    ReportDone { cycle: u32 },
+    /// Timeouts calculated from this node's ranks, to be combined over all nodes (`JobTimeouts`).
+    /// Round 0 is vigil's own calculation; rounds 1, 2, ... answer the job's requests in order.
+    ShareTimeouts {
+        cycle: u32,
+        round: u32,
+        timeouts: Timeouts,
+    },
+    /// The agent ends: leave the job; when `poison` is set, make any node waiting to join that
+    /// cycle end with that verdict instead of waiting for this node.
+    Leave { poison: Option<(u32, JobEnd)> },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// A request to the job's coordination (`rendezvous`), answered with `Joined`, `CycleEnded`
+    /// or `JobTimeouts`.
+    Job(JobRequest),
+    /// Start every rank of this cycle; report each with `RankSpawned` or `SpawnFailed`.
+    SpawnCycle {
+        cycle: u32,
+    },
+    /// Send `signal` to each of these process groups.
+    SignalGroups {
+        pgids: Vec<i32>,
+        signal: i32,
+    },
+    /// Every rank leader of the cycle is reaped: SIGKILL whatever is left in their groups
+    /// (a shell's background job, a data-loader worker) so nothing outlives its rank.
+    ReapGroups {
+        pgids: Vec<i32>,
+    },
+    Record(Record),
+    /// Capture where this hung rank is (Python stacks through its shim when `via_shim`, and
+    /// /proc), then report `StacksCaptured`.
+    CaptureStacks {
+        local_rank: u32,
+        pid: i32,
+        via_shim: bool,
+    },
+    /// A hang is due: tell which of these ranks' processes are stopped, with `Probed`, before
+    /// the supervisor picks the hung rank (a frozen rank is the root cause, not the ranks that
+    /// wait on it).
+    ProbeStopped {
+        ranks: Vec<(u32, i32)>,
+    },
+    /// Send to one rank's registered connection.
+    SendToRank {
+        local_rank: u32,
+        msg: AgentMsg,
+    },
+    /// Send to every registered rank of the cycle.
+    SendToAll(AgentMsg),
+    /// Persist calculated timeouts for the next run of the job.
+    SaveTimeouts(Timeouts),
+    /// The agent is done: print the summary and exit with `outcome.exit_code()`.
+    Finish(Outcome),
+}
+
+pub const SIGKILL: i32 = libc::SIGKILL;
+pub const SIGTERM: i32 = libc::SIGTERM;
+pub const SIGINT: i32 = libc::SIGINT;

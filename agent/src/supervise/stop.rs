@@ -1,0 +1,158 @@
+//! Stopping: signals to the agent, stopping the ranks with a grace, and the escalation to SIGKILL.
+
+use super::*;
+
+impl Supervisor {
+    pub(super) fn on_signal(&mut self, now: Instant, sig: i32, out: &mut Vec<Action>) {
+        match self.phase {
+            Phase::Stopping {
+                reason: StopReason::Signal,
+                killed,
+                ..
+            } => {
+                // A second SIGINT (Ctrl-C twice) means "now".
+                if sig == SIGINT && !killed {
+                    self.phase = Phase::Stopping {
+                        reason: StopReason::Signal,
+                        kill_at: now,
+                        killed: false,
+                    };
+                }
+            }
+            _ => {
+                self.signal = Some(sig);
+                let end = JobEnd::Stopped {
+                    node: self.cfg.node_rank,
+                    reason: format!(
+                        "node {} received {}",
+                        self.cfg.node_rank,
+                        crate::values::signal_name(sig)
+                    ),
+                    exit_code: 128 + sig,
+                };
+                self.stopped = Some(end.clone());
+                self.report(end, out);
+                match &mut self.phase {
+                    // No rank runs: nothing to stop, `settle` ends the agent.
+                    Phase::Joining | Phase::Waiting | Phase::BackingOff { .. } => {
+                        self.phase = Phase::Waiting
+                    }
+                    Phase::Stopping { reason, .. } => {
+                        // Already stopping after a failure: no restart any more, and forward the signal.
+                        *reason = StopReason::Signal;
+                        self.begin_stop(now, StopReason::Signal, sig, out);
+                    }
+                    _ => self.begin_stop(now, StopReason::Signal, sig, out),
+                }
+            }
+        }
+    }
+
+    /// Signal every live rank and arm the escalation deadline. A stop already under way keeps its
+    /// earlier deadline but takes the stronger reason (a signal to the agent beats a restart).
+    pub(super) fn begin_stop(
+        &mut self,
+        now: Instant,
+        reason: StopReason,
+        signal: i32,
+        out: &mut Vec<Action>,
+    ) {
+        self.begin_stop_except(now, reason, signal, None, out)
+    }
+
+    /// As `begin_stop`, but the group `special.0` gets signal `special.1` instead (a hung rank
+    /// gets the rank termination signal, not the graceful SIGTERM).
+    pub(super) fn begin_stop_except(
+        &mut self,
+        now: Instant,
+        reason: StopReason,
+        signal: i32,
+        special: Option<(i32, i32)>,
+        out: &mut Vec<Action>,
+    ) {
+        let grace = match reason {
+            StopReason::Signal => self.cfg.term_timeout,
+            // A node stopped for good by a signal gives ours the same time to save their work.
+            StopReason::Peer if matches!(self.end, Some(JobEnd::Stopped { .. })) => {
+                self.cfg.term_timeout
+            }
+            StopReason::RankFailed | StopReason::SpawnFailed | StopReason::Peer => {
+                self.cfg.workers_stop_timeout
+            }
+        };
+        let kill_at = now + grace;
+        match &mut self.phase {
+            Phase::Running => {
+                self.phase = Phase::Stopping {
+                    reason,
+                    kill_at,
+                    killed: false,
+                };
+            }
+            Phase::Stopping {
+                reason: r,
+                kill_at: k,
+                ..
+            } => {
+                if reason == StopReason::Signal {
+                    *r = reason;
+                    *k = (*k).min(kill_at);
+                } else {
+                    return;
+                }
+            }
+            Phase::Finished | Phase::Joining | Phase::Waiting | Phase::BackingOff { .. } => return,
+        }
+        let pids = self.live_pids();
+        out.push(Action::Record(Record::Stop {
+            cycle: self.cycle,
+            reason,
+            signal,
+            grace_ms: grace.as_millis() as u64,
+            pids: pids.clone(),
+        }));
+        let (special_pids, rest): (Vec<i32>, Vec<i32>) = pids
+            .into_iter()
+            .partition(|p| special.is_some_and(|(sp, _)| sp == *p));
+        if !rest.is_empty() {
+            out.push(Action::SignalGroups {
+                pgids: rest,
+                signal,
+            });
+        }
+        if let (Some((_, sig)), false) = (special, special_pids.is_empty()) {
+            out.push(Action::SignalGroups {
+                pgids: special_pids,
+                signal: sig,
+            });
+        }
+    }
+
+    /// A stop whose grace is over: every rank still alive gets SIGKILL, once.
+    pub(super) fn escalate_tick(&mut self, now: Instant, out: &mut Vec<Action>) {
+        if let Phase::Stopping {
+            kill_at,
+            killed: false,
+            reason,
+        } = self.phase
+        {
+            if now >= kill_at {
+                self.phase = Phase::Stopping {
+                    reason,
+                    kill_at,
+                    killed: true,
+                };
+                let pids = self.live_pids();
+                out.push(Action::Record(Record::Escalate {
+                    cycle: self.cycle,
+                    signal: SIGKILL,
+                    pids: pids.clone(),
+                }));
+                out.push(Action::SignalGroups {
+                    pgids: pids,
+                    signal: SIGKILL,
+                });
+            }
+        }
+    }
+}

@@ -1,0 +1,1274 @@
+use super::*;
+use std::collections::VecDeque;
+
+/// A supervisor whose coordination is looped back: what the job's rendezvous and store answer
+/// when this is the only node. (`multi_node_*` tests below drive the coordination events by
+/// hand instead.)
+struct Solo {
+    s: Supervisor,
+    /// Local ranks whose process the loopback runtime reports stopped.
+    stopped: Vec<u32>,
+}
+
+impl std::ops::Deref for Solo {
+    type Target = Supervisor;
+    fn deref(&self) -> &Supervisor {
+        &self.s
+    }
+}
+
+impl Solo {
+    fn new(cfg: SupervisorConfig) -> (Solo, Vec<Action>) {
+        let (s, first) = Supervisor::new(cfg);
+        let mut solo = Solo {
+            s,
+            stopped: Vec::new(),
+        };
+        let out = solo.loopback(Instant::now(), first);
+        (solo, out)
+    }
+
+    fn handle(&mut self, now: Instant, ev: Event) -> Vec<Action> {
+        let a = self.s.handle(now, ev);
+        self.loopback(now, a)
+    }
+
+    fn loopback(&mut self, now: Instant, actions: Vec<Action>) -> Vec<Action> {
+        let mut out = Vec::new();
+        let mut queue: VecDeque<Action> = actions.into();
+        while let Some(a) = queue.pop_front() {
+            let reply = match &a {
+                Action::Job(JobRequest::Join { cycle, calculated }) => Some(Event::Joined {
+                    cycle: *cycle,
+                    rank_offset: self.s.cfg.rank_offset,
+                    max_restarts: self.s.cfg.max_restarts,
+                    calculated: calculated.clone(),
+                }),
+                Action::Job(JobRequest::ReportEnd { cycle, end }) => Some(Event::CycleEnded {
+                    cycle: *cycle,
+                    end: end.clone(),
+                }),
+                Action::Job(JobRequest::ReportDone { cycle }) => Some(Event::CycleEnded {
+                    cycle: *cycle,
+                    end: JobEnd::Done,
+                }),
+                Action::ProbeStopped { ranks } => Some(Event::Probed {
+                    stopped: ranks
+                        .iter()
+                        .map(|(lr, _)| *lr)
+                        .filter(|lr| self.stopped.contains(lr))
+                        .collect(),
+                }),
+                Action::Job(JobRequest::ShareTimeouts {
+                    cycle,
+                    round,
+                    timeouts,
+                }) => Some(Event::JobTimeouts {
+                    cycle: *cycle,
+                    round: *round,
+                    timeouts: timeouts.clone(),
+                }),
+                _ => None,
+            };
+            out.push(a);
+            if let Some(ev) = reply {
+                queue.extend(self.s.handle(now, ev));
+            }
+        }
+        out
+    }
+}
+
+fn cfg(nproc: u32, max_restarts: u32) -> SupervisorConfig {
+    SupervisorConfig::basic(nproc, max_restarts)
+}
+
+/// Spawns every rank of the current cycle with pids `base + local_rank`.
+fn spawn_all(s: &mut Solo, now: Instant, base: i32) -> Vec<Action> {
+    let mut out = Vec::new();
+    for lr in 0..s.config().nproc {
+        out.extend(s.handle(
+            now,
+            Event::RankSpawned {
+                local_rank: lr,
+                pid: base + lr as i32,
+            },
+        ));
+    }
+    out
+}
+
+fn send(s: &mut Solo, now: Instant, local_rank: u32, msg: RankMsg) -> Vec<Action> {
+    s.handle(now, Event::Message { local_rank, msg })
+}
+
+fn calc_hb() -> RankMsg {
+    RankMsg::CalculateTimeouts {
+        heartbeat: true,
+        out_of_section: false,
+        all_sections: false,
+        sections: vec![],
+    }
+}
+
+#[test]
+fn on_request_configured_timeouts_stay_until_every_rank_asks() {
+    let t = Instant::now();
+    let mut c = cfg(2, 0);
+    c.timeouts.heartbeat = Some(Duration::from_secs(30));
+    let (mut s, _) = Solo::new(c);
+    spawn_all(&mut s, t, 100);
+    let announce = RankMsg::CalculateTimeouts {
+        heartbeat: false,
+        out_of_section: false,
+        all_sections: false,
+        sections: vec![],
+    };
+    for lr in 0..2 {
+        let reg = RankMsg::Register {
+            rank: lr,
+            local_rank: lr,
+            pid: 100 + lr,
+            cycle: 0,
+        };
+        send(&mut s, t, lr, reg);
+        assert!(
+            send(&mut s, t, lr, announce.clone()).is_empty(),
+            "not answered"
+        );
+    }
+    let mut now = t;
+    for _ in 0..40 {
+        now += Duration::from_millis(10);
+        for lr in 0..2 {
+            let a = send(&mut s, now, lr, RankMsg::Heartbeat { step: None });
+            assert!(a.is_empty(), "nothing calculated unasked: {a:?}");
+        }
+    }
+    assert_eq!(s.timeouts().heartbeat, Some(Duration::from_secs(30)));
+    let a = send(&mut s, now, 0, calc_hb());
+    assert!(a.is_empty(), "rank 1 has not asked yet: {a:?}");
+    let a = send(&mut s, now, 1, calc_hb());
+    assert!(a.contains(&Action::SaveTimeouts(s.timeouts().clone())));
+    assert_eq!(s.timeouts().heartbeat, Some(monitor::CALC_FLOOR));
+    let answer = AgentMsg::TimeoutsCalculated {
+        heartbeat: true,
+        sections: false,
+        out_of_section: false,
+    };
+    for local_rank in 0..2 {
+        assert!(a.contains(&Action::SendToRank {
+            local_rank,
+            msg: answer.clone()
+        }));
+    }
+}
+
+#[test]
+fn nothing_is_learned_after_a_hang() {
+    let t = Instant::now();
+    let mut c = cfg(1, 0);
+    c.timeouts.heartbeat = Some(Duration::from_secs(2));
+    let (mut s, _) = Solo::new(c);
+    spawn_all(&mut s, t, 100);
+    let reg = RankMsg::Register {
+        rank: 0,
+        local_rank: 0,
+        pid: 100,
+        cycle: 0,
+    };
+    send(&mut s, t, 0, reg);
+    let mut now = t;
+    for _ in 0..5 {
+        now += Duration::from_millis(10);
+        send(&mut s, now, 0, RankMsg::Heartbeat { step: None });
+    }
+    let hung = now + Duration::from_secs(2);
+    s.handle(hung, Event::Tick);
+    // The rank wakes up after 3 s and heartbeats on while it is being stopped.
+    now += Duration::from_secs(3);
+    for _ in 0..20 {
+        now += Duration::from_millis(10);
+        let a = send(&mut s, now, 0, RankMsg::Heartbeat { step: None });
+        assert!(
+            !a.iter()
+                .any(|x| matches!(x, Action::Job(JobRequest::ShareTimeouts { .. }))),
+            "the hang's gap must not be learned: {a:?}"
+        );
+    }
+    assert_eq!(s.timeouts().heartbeat, Some(Duration::from_secs(2)));
+}
+
+fn finish(actions: &[Action]) -> Option<&Outcome> {
+    actions.iter().find_map(|a| match a {
+        Action::Finish(o) => Some(o),
+        _ => None,
+    })
+}
+
+fn signals(actions: &[Action]) -> Vec<(Vec<i32>, i32)> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::SignalGroups { pgids, signal } => Some((pgids.clone(), *signal)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn spawns(actions: &[Action]) -> Vec<u32> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::SpawnCycle { cycle } => Some(*cycle),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn starts_cycle_zero() {
+    let (_, actions) = Solo::new(cfg(2, 0));
+    assert_eq!(spawns(&actions), vec![0]);
+}
+
+#[test]
+fn all_ranks_zero_is_success() {
+    let t = Instant::now();
+    let (mut s, _) = Solo::new(cfg(2, 3));
+    spawn_all(&mut s, t, 100);
+    let a = s.handle(
+        t,
+        Event::Reaped {
+            pid: 100,
+            how: ExitKind::Code(0),
+        },
+    );
+    assert!(finish(&a).is_none());
+    let a = s.handle(
+        t,
+        Event::Reaped {
+            pid: 101,
+            how: ExitKind::Code(0),
+        },
+    );
+    assert_eq!(finish(&a), Some(&Outcome::Succeeded));
+    assert!(a.contains(&Action::ReapGroups {
+        pgids: vec![100, 101]
+    }));
+    assert!(s.is_finished());
+}
+
+#[test]
+fn failure_stops_others_then_restarts_with_next_cycle() {
+    let t = Instant::now();
+    let (mut s, _) = Solo::new(cfg(3, 1));
+    spawn_all(&mut s, t, 100);
+    let a = s.handle(
+        t,
+        Event::Reaped {
+            pid: 101,
+            how: ExitKind::Code(3),
+        },
+    );
+    assert_eq!(signals(&a), vec![(vec![100, 102], SIGTERM)]);
+    assert_eq!(s.next_deadline(), Some(t + Duration::from_secs(15)));
+    assert_eq!(s.failures()[0].local_rank, 1);
+    // The ranks we stopped are not failures.
+    s.handle(
+        t,
+        Event::Reaped {
+            pid: 100,
+            how: ExitKind::Signal(SIGTERM),
+        },
+    );
+    let a = s.handle(
+        t,
+        Event::Reaped {
+            pid: 102,
+            how: ExitKind::Code(1),
+        },
+    );
+    assert_eq!(spawns(&a), vec![1]);
+    assert_eq!(s.cycle(), 1);
+    assert!(s.failures().is_empty());
+    assert_eq!(s.next_deadline(), None);
+}
+
+#[test]
+fn budget_spent_fails_with_root_cause() {
+    let t = Instant::now();
+    let (mut s, _) = Solo::new(cfg(1, 1));
+    spawn_all(&mut s, t, 10);
+    let a = s.handle(
+        t,
+        Event::Reaped {
+            pid: 10,
+            how: ExitKind::Code(1),
+        },
+    );
+    assert_eq!(spawns(&a), vec![1]);
+    spawn_all(&mut s, t, 20);
+    let a = s.handle(
+        t,
+        Event::Reaped {
+            pid: 20,
+            how: ExitKind::Signal(libc::SIGSEGV),
+        },
+    );
+    assert_eq!(finish(&a), Some(&Outcome::Failed { restarts: 1 }));
+    assert_eq!(s.failures()[0].how, Some(ExitKind::Signal(libc::SIGSEGV)));
+    assert_eq!(finish(&a).unwrap().exit_code(), 1);
+}
+
+#[test]
+fn rank_ignoring_sigterm_is_killed_at_deadline() {
+    let t = Instant::now();
+    let (mut s, _) = Solo::new(cfg(2, 0));
+    spawn_all(&mut s, t, 100);
+    s.handle(
+        t,
+        Event::Reaped {
+            pid: 100,
+            how: ExitKind::Code(1),
+        },
+    );
+    let early = s.handle(t + Duration::from_secs(14), Event::Tick);
+    assert!(signals(&early).is_empty());
+    let a = s.handle(t + Duration::from_secs(15), Event::Tick);
+    assert_eq!(signals(&a), vec![(vec![101], SIGKILL)]);
+    assert_eq!(s.next_deadline(), None);
+    let a = s.handle(
+        t + Duration::from_secs(15),
+        Event::Reaped {
+            pid: 101,
+            how: ExitKind::Signal(SIGKILL),
+        },
+    );
+    assert_eq!(finish(&a), Some(&Outcome::Failed { restarts: 0 }));
+}
+
+#[test]
+fn signal_is_forwarded_and_never_restarts() {
+    let t = Instant::now();
+    let (mut s, _) = Solo::new(cfg(2, 5));
+    spawn_all(&mut s, t, 100);
+    let a = s.handle(t, Event::Signal(libc::SIGHUP));
+    assert_eq!(signals(&a), vec![(vec![100, 101], libc::SIGHUP)]);
+    assert_eq!(s.next_deadline(), Some(t + Duration::from_secs(30)));
+    s.handle(
+        t,
+        Event::Reaped {
+            pid: 100,
+            how: ExitKind::Code(1),
+        },
+    );
+    let a = s.handle(
+        t,
+        Event::Reaped {
+            pid: 101,
+            how: ExitKind::Signal(libc::SIGHUP),
+        },
+    );
+    let o = finish(&a).unwrap();
+    assert_eq!(
+        o,
+        &Outcome::Signaled {
+            signal: libc::SIGHUP
+        }
+    );
+    assert_eq!(o.exit_code(), 128 + libc::SIGHUP);
+    assert!(spawns(&a).is_empty());
+}
+
+#[test]
+fn second_sigint_escalates_at_once() {
+    let t = Instant::now();
+    let (mut s, _) = Solo::new(cfg(1, 0));
+    spawn_all(&mut s, t, 100);
+    s.handle(t, Event::Signal(SIGINT));
+    let t1 = t + Duration::from_millis(200);
+    s.handle(t1, Event::Signal(SIGINT));
+    assert_eq!(s.next_deadline(), Some(t1));
+    let a = s.handle(t1, Event::Tick);
+    assert_eq!(signals(&a), vec![(vec![100], SIGKILL)]);
+}
+
+#[test]
+fn signal_during_failure_stop_cancels_restart() {
+    let t = Instant::now();
+    let (mut s, _) = Solo::new(cfg(2, 5));
+    spawn_all(&mut s, t, 100);
+    s.handle(
+        t,
+        Event::Reaped {
+            pid: 100,
+            how: ExitKind::Code(1),
+        },
+    );
+    let a = s.handle(t, Event::Signal(SIGTERM));
+    assert_eq!(signals(&a), vec![(vec![101], SIGTERM)]);
+    let a = s.handle(
+        t,
+        Event::Reaped {
+            pid: 101,
+            how: ExitKind::Code(0),
+        },
+    );
+    assert_eq!(finish(&a), Some(&Outcome::Signaled { signal: SIGTERM }));
+}
+
+#[test]
+fn spawn_failure_stops_started_ranks_and_never_restarts() {
+    let t = Instant::now();
+    let (mut s, _) = Solo::new(cfg(2, 5));
+    s.handle(
+        t,
+        Event::RankSpawned {
+            local_rank: 0,
+            pid: 100,
+        },
+    );
+    let a = s.handle(
+        t,
+        Event::SpawnFailed {
+            local_rank: 1,
+            error: "no such file".into(),
+        },
+    );
+    assert_eq!(signals(&a), vec![(vec![100], SIGTERM)]);
+    let a = s.handle(
+        t,
+        Event::Reaped {
+            pid: 100,
+            how: ExitKind::Signal(SIGTERM),
+        },
+    );
+    let o = finish(&a).unwrap();
+    assert_eq!(o.exit_code(), 2);
+    assert!(spawns(&a).is_empty());
+}
+
+#[test]
+fn hung_rank_gets_only_the_termination_signal() {
+    let t = Instant::now();
+    let mut c = cfg(2, 0);
+    c.timeouts.heartbeat = Some(Duration::from_secs(1));
+    c.termination_signal = SIGKILL;
+    let (mut s, _) = Solo::new(c);
+    spawn_all(&mut s, t, 100);
+    for lr in 0..2 {
+        let reg = RankMsg::Register {
+            rank: lr,
+            local_rank: lr,
+            pid: 100 + lr,
+            cycle: 0,
+        };
+        s.handle(
+            t,
+            Event::Message {
+                local_rank: lr,
+                msg: reg,
+            },
+        );
+        s.handle(
+            t,
+            Event::Message {
+                local_rank: lr,
+                msg: RankMsg::Heartbeat { step: None },
+            },
+        );
+    }
+    let t1 = t + Duration::from_millis(500);
+    s.handle(
+        t1,
+        Event::Message {
+            local_rank: 0,
+            msg: RankMsg::Heartbeat { step: None },
+        },
+    );
+    assert_eq!(
+        s.next_deadline(),
+        Some(t + Duration::from_secs(1)),
+        "rank 1 is due first"
+    );
+    let a = s.handle(t + Duration::from_secs(1), Event::Tick);
+    assert!(a.iter().any(|x| matches!(
+        x,
+        Action::CaptureStacks {
+            local_rank: 1,
+            pid: 101,
+            via_shim: true
+        }
+    )));
+    assert!(signals(&a).is_empty(), "stacks first, then signals");
+    let a = s.handle(
+        t + Duration::from_secs(1),
+        Event::StacksCaptured { local_rank: 1 },
+    );
+    assert_eq!(
+        signals(&a),
+        vec![(vec![100], SIGTERM), (vec![101], SIGKILL)]
+    );
+    assert_eq!(
+        s.failures()[0].hang.as_ref().unwrap().timeout,
+        HangKind::Heartbeat
+    );
+}
+
+/// Two registered ranks that heartbeat at `t`; local rank 0 once more at `t + 500 ms`.
+fn two_beating(t: Instant, stopped: Vec<u32>) -> Solo {
+    let mut c = cfg(2, 0);
+    c.timeouts.heartbeat = Some(Duration::from_secs(1));
+    let (mut s, _) = Solo::new(c);
+    s.stopped = stopped;
+    spawn_all(&mut s, t, 100);
+    for lr in 0..2 {
+        let reg = RankMsg::Register {
+            rank: lr,
+            local_rank: lr,
+            pid: 100 + lr,
+            cycle: 0,
+        };
+        for msg in [reg, RankMsg::Heartbeat { step: None }] {
+            s.handle(
+                t,
+                Event::Message {
+                    local_rank: lr,
+                    msg,
+                },
+            );
+        }
+    }
+    let msg = RankMsg::Heartbeat { step: None };
+    s.handle(
+        t + Duration::from_millis(500),
+        Event::Message { local_rank: 0, msg },
+    );
+    s
+}
+
+fn hangs(actions: &[Action]) -> Vec<(u32, Hang)> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Record(Record::Hang {
+                local_rank, hang, ..
+            }) => Some((*local_rank, hang.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_stopped_rank_is_named_hung_before_the_ranks_waiting_on_it() {
+    let t = Instant::now();
+    // Rank 1 went silent first (waiting on rank 0), but rank 0's process is stopped.
+    let mut s = two_beating(t, vec![0]);
+    let now = t + Duration::from_secs(1);
+    let a = s.handle(now, Event::Tick);
+    assert!(a
+        .iter()
+        .any(|x| matches!(x, Action::ProbeStopped { ranks } if ranks == &[(0, 100), (1, 101)])));
+    let h = hangs(&a);
+    assert_eq!(h.len(), 1);
+    assert_eq!(h[0].0, 0);
+    assert!(h[0].1.stopped);
+    assert_eq!(h[0].1.silent_ms, 500);
+    s.handle(now, Event::StacksCaptured { local_rank: 0 });
+    assert_eq!(s.failures().len(), 1);
+    assert_eq!(s.failures()[0].local_rank, 0);
+
+    // Nothing stopped: the rank that ran out first is hung, as before.
+    let mut s = two_beating(t, vec![]);
+    let h = hangs(&s.handle(now, Event::Tick));
+    assert_eq!((h[0].0, h[0].1.stopped), (1, false));
+}
+
+#[test]
+fn a_probe_answer_after_the_rank_spoke_again_declares_nothing() {
+    let t = Instant::now();
+    let mut c = cfg(1, 0);
+    c.timeouts.heartbeat = Some(Duration::from_secs(1));
+    let (s, _) = Solo::new(c);
+    let mut s = s.s;
+    // Driven by hand: the probe's answer comes after a heartbeat.
+    s.handle(
+        t,
+        Event::RankSpawned {
+            local_rank: 0,
+            pid: 7,
+        },
+    );
+    let reg = RankMsg::Register {
+        rank: 0,
+        local_rank: 0,
+        pid: 7,
+        cycle: 0,
+    };
+    for msg in [reg, RankMsg::Heartbeat { step: None }] {
+        s.handle(t, Event::Message { local_rank: 0, msg });
+    }
+    let now = t + Duration::from_secs(2);
+    let a = s.handle(now, Event::Tick);
+    assert!(a.iter().any(|x| matches!(x, Action::ProbeStopped { .. })));
+    assert!(s.handle(now, Event::Tick).is_empty(), "one probe at a time");
+    let msg = RankMsg::Heartbeat { step: None };
+    s.handle(now, Event::Message { local_rank: 0, msg });
+    let a = s.handle(now, Event::Probed { stopped: vec![] });
+    assert!(hangs(&a).is_empty(), "{a:?}");
+}
+
+#[test]
+fn disconnect_pauses_monitoring_until_reregistration() {
+    let t = Instant::now();
+    let mut c = cfg(1, 0);
+    c.timeouts.heartbeat = Some(Duration::from_secs(1));
+    let (mut s, _) = Solo::new(c);
+    spawn_all(&mut s, t, 100);
+    let reg = RankMsg::Register {
+        rank: 0,
+        local_rank: 0,
+        pid: 100,
+        cycle: 0,
+    };
+    s.handle(
+        t,
+        Event::Message {
+            local_rank: 0,
+            msg: reg.clone(),
+        },
+    );
+    s.handle(
+        t,
+        Event::Message {
+            local_rank: 0,
+            msg: RankMsg::Heartbeat { step: None },
+        },
+    );
+    assert!(s.next_deadline().is_some());
+    s.handle(t, Event::Disconnected { local_rank: 0 });
+    assert_eq!(s.next_deadline(), None);
+    let t5 = t + Duration::from_secs(5);
+    s.handle(
+        t5,
+        Event::Message {
+            local_rank: 0,
+            msg: reg,
+        },
+    );
+    assert_eq!(
+        s.next_deadline(),
+        Some(t5 + Duration::from_secs(1)),
+        "a fresh window after reconnecting"
+    );
+}
+
+#[test]
+fn orphans_and_unknown_pids_are_ignored() {
+    let t = Instant::now();
+    let (mut s, _) = Solo::new(cfg(1, 0));
+    spawn_all(&mut s, t, 100);
+    let a = s.handle(
+        t,
+        Event::Reaped {
+            pid: 4242,
+            how: ExitKind::Code(1),
+        },
+    );
+    assert!(a.is_empty());
+}
+
+#[test]
+fn rank_spawned_during_stop_is_signalled() {
+    let t = Instant::now();
+    let (mut s, _) = Solo::new(cfg(2, 0));
+    s.handle(
+        t,
+        Event::RankSpawned {
+            local_rank: 0,
+            pid: 100,
+        },
+    );
+    s.handle(t, Event::Signal(SIGTERM));
+    let a = s.handle(
+        t,
+        Event::RankSpawned {
+            local_rank: 1,
+            pid: 101,
+        },
+    );
+    assert_eq!(signals(&a), vec![(vec![101], SIGTERM)]);
+}
+
+// Multi-node: the coordination events are driven by hand, as the store would deliver them.
+
+fn joined(cycle: u32, rank_offset: u32, max_restarts: u32) -> Event {
+    Event::Joined {
+        cycle,
+        rank_offset,
+        max_restarts,
+        calculated: None,
+    }
+}
+
+fn node(node_rank: u32, nproc: u32, max_restarts: u32) -> (Supervisor, Vec<Action>) {
+    let mut c = cfg(nproc, max_restarts);
+    c.node_rank = node_rank;
+    c.saves_timeouts = node_rank == 0;
+    Supervisor::new(c)
+}
+
+fn started(s: &mut Supervisor, t: Instant, base: i32) {
+    for lr in 0..s.config().nproc {
+        s.handle(
+            t,
+            Event::RankSpawned {
+                local_rank: lr,
+                pid: base + lr as i32,
+            },
+        );
+    }
+}
+
+fn has(actions: &[Action], pred: impl Fn(&Action) -> bool) -> bool {
+    actions.iter().any(pred)
+}
+
+#[test]
+fn multi_node_requests_are_answered_with_the_job_value_of_their_round() {
+    let t = Instant::now();
+    let (mut s, _) = node(1, 1, 0);
+    s.handle(t, joined(0, 1, 0));
+    started(&mut s, t, 300);
+    let reg = RankMsg::Register {
+        rank: 1,
+        local_rank: 0,
+        pid: 300,
+        cycle: 0,
+    };
+    let msg = |m: RankMsg| Event::Message {
+        local_rank: 0,
+        msg: m,
+    };
+    s.handle(t, msg(reg));
+    for i in 1..=3 {
+        s.handle(
+            t + Duration::from_millis(100 * i),
+            msg(RankMsg::Heartbeat { step: None }),
+        );
+    }
+    let a = s.handle(t + Duration::from_millis(300), msg(calc_hb()));
+    let shared = a.iter().find_map(|x| match x {
+        Action::Job(JobRequest::ShareTimeouts {
+            cycle: 0,
+            round,
+            timeouts,
+        }) => Some((*round, timeouts.clone())),
+        _ => None,
+    });
+    let (round, mine) = shared.expect("this node shares its calculation");
+    assert_eq!(
+        round, 1,
+        "requests count from round 1; round 0 is vigil's own"
+    );
+    assert!(mine.heartbeat.is_some());
+    let job = Timeouts {
+        initial: Some(Duration::from_secs(40)),
+        heartbeat: Some(Duration::from_secs(9)),
+        ..Default::default()
+    };
+    let stale = s.handle(
+        t,
+        Event::JobTimeouts {
+            cycle: 0,
+            round: 7,
+            timeouts: job.clone(),
+        },
+    );
+    assert!(stale.is_empty(), "another round's result is not this one's");
+    let a = s.handle(
+        t,
+        Event::JobTimeouts {
+            cycle: 0,
+            round: 1,
+            timeouts: job.clone(),
+        },
+    );
+    assert_eq!(
+        s.timeouts(),
+        &job,
+        "the job's maximum over nodes is in force"
+    );
+    assert!(
+        !has(&a, |x| matches!(x, Action::SaveTimeouts(_))),
+        "node rank 0 saves"
+    );
+    assert!(a.contains(&Action::SendToRank {
+        local_rank: 0,
+        msg: AgentMsg::TimeoutsCalculated {
+            heartbeat: true,
+            sections: false,
+            out_of_section: false
+        }
+    }));
+}
+
+#[test]
+fn multi_node_ranks_start_only_once_every_node_joined() {
+    let t = Instant::now();
+    let (mut s, first) = node(1, 2, 3);
+    assert!(spawns(&first).is_empty());
+    assert!(first.contains(&Action::Job(JobRequest::Join {
+        cycle: 0,
+        calculated: None
+    })));
+    // The job's budget and this node's global ranks come from the rendezvous.
+    let a = s.handle(t, joined(0, 6, 1));
+    assert_eq!(spawns(&a), vec![0]);
+    assert_eq!(s.config().max_restarts, 1);
+    let a = s.handle(
+        t,
+        Event::RankSpawned {
+            local_rank: 1,
+            pid: 50,
+        },
+    );
+    assert!(a.contains(&Action::Record(Record::RankStarted {
+        cycle: 0,
+        local_rank: 1,
+        rank: 7,
+        pid: 50
+    })));
+    // A Joined for another cycle is not ours.
+    assert!(spawns(&s.handle(t, joined(5, 0, 1))).is_empty());
+}
+
+#[test]
+fn multi_node_local_failure_is_reported_and_the_verdict_decides() {
+    let t = Instant::now();
+    let (mut s, _) = node(1, 2, 1);
+    s.handle(t, joined(0, 2, 1));
+    started(&mut s, t, 10);
+    let a = s.handle(
+        t,
+        Event::Reaped {
+            pid: 11,
+            how: ExitKind::Code(4),
+        },
+    );
+    let reported = a.iter().find_map(|x| match x {
+        Action::Job(JobRequest::ReportEnd { cycle: 0, end }) => Some(end.clone()),
+        _ => None,
+    });
+    assert_eq!(
+        reported,
+        Some(JobEnd::Failed {
+            node: 1,
+            reason: "rank 3 exited with code 4".into()
+        })
+    );
+    let a = s.handle(
+        t,
+        Event::Reaped {
+            pid: 10,
+            how: ExitKind::Signal(SIGTERM),
+        },
+    );
+    // Every local rank is down, but the job's verdict has not come: no decision yet.
+    assert!(!has(&a, |x| matches!(
+        x,
+        Action::Job(JobRequest::Join { .. }) | Action::Finish(_)
+    )));
+    let a = s.handle(
+        t,
+        Event::CycleEnded {
+            cycle: 0,
+            end: reported.unwrap(),
+        },
+    );
+    assert!(a.contains(&Action::Job(JobRequest::Join {
+        cycle: 1,
+        calculated: None
+    })));
+    assert_eq!(s.cycle(), 1);
+}
+
+#[test]
+fn multi_node_peer_failure_stops_ours_without_counting_them_as_failures() {
+    let t = Instant::now();
+    let (mut s, _) = node(0, 2, 0);
+    s.handle(t, joined(0, 0, 0));
+    started(&mut s, t, 10);
+    let end = JobEnd::Failed {
+        node: 3,
+        reason: "rank 9 hung".into(),
+    };
+    let a = s.handle(t, Event::CycleEnded { cycle: 0, end });
+    assert_eq!(signals(&a), vec![(vec![10, 11], SIGTERM)]);
+    assert!(!has(&a, |x| matches!(
+        x,
+        Action::Job(JobRequest::ReportEnd { .. })
+    )));
+    s.handle(
+        t,
+        Event::Reaped {
+            pid: 10,
+            how: ExitKind::Code(1),
+        },
+    );
+    let a = s.handle(
+        t,
+        Event::Reaped {
+            pid: 11,
+            how: ExitKind::Signal(SIGTERM),
+        },
+    );
+    assert!(s.failures().is_empty());
+    // Budget 0: the job failed; nobody else needs poisoning, every node got the same verdict.
+    assert_eq!(finish(&a), Some(&Outcome::Failed { restarts: 0 }));
+    assert!(a.contains(&Action::Job(JobRequest::Leave { poison: None })));
+}
+
+#[test]
+fn multi_node_done_here_waits_for_the_others() {
+    let t = Instant::now();
+    let (mut s, _) = node(1, 1, 2);
+    s.handle(t, joined(0, 1, 2));
+    started(&mut s, t, 10);
+    let a = s.handle(
+        t,
+        Event::Reaped {
+            pid: 10,
+            how: ExitKind::Code(0),
+        },
+    );
+    assert!(a.contains(&Action::Job(JobRequest::ReportDone { cycle: 0 })));
+    assert!(finish(&a).is_none());
+    // Another node failed after ours finished: this node restarts with the job.
+    let failed = JobEnd::Failed {
+        node: 0,
+        reason: "x".into(),
+    };
+    let a = s.handle(
+        t,
+        Event::CycleEnded {
+            cycle: 0,
+            end: failed,
+        },
+    );
+    assert!(a.contains(&Action::Job(JobRequest::Join {
+        cycle: 1,
+        calculated: None
+    })));
+    s.handle(t, joined(1, 1, 2));
+    started(&mut s, t, 20);
+    s.handle(
+        t,
+        Event::Reaped {
+            pid: 20,
+            how: ExitKind::Code(0),
+        },
+    );
+    let a = s.handle(
+        t,
+        Event::CycleEnded {
+            cycle: 1,
+            end: JobEnd::Done,
+        },
+    );
+    assert_eq!(finish(&a), Some(&Outcome::Succeeded));
+}
+
+#[test]
+fn multi_node_signal_stops_everyone_for_good() {
+    let t = Instant::now();
+    let (mut s, _) = node(2, 1, 5);
+    s.handle(t, joined(0, 2, 5));
+    started(&mut s, t, 10);
+    let a = s.handle(t, Event::Signal(SIGTERM));
+    let stopped = JobEnd::Stopped {
+        node: 2,
+        reason: "node 2 received SIGTERM".into(),
+        exit_code: 143,
+    };
+    assert!(a.contains(&Action::Job(JobRequest::ReportEnd {
+        cycle: 0,
+        end: stopped.clone()
+    })));
+    let a = s.handle(
+        t,
+        Event::Reaped {
+            pid: 10,
+            how: ExitKind::Signal(SIGTERM),
+        },
+    );
+    assert_eq!(finish(&a), Some(&Outcome::Signaled { signal: SIGTERM }));
+    assert!(a.contains(&Action::Job(JobRequest::Leave {
+        poison: Some((0, stopped))
+    })));
+    // Another node learns of it, even while joining, and ends with the same status.
+    let (mut other, _) = node(0, 1, 5);
+    let a = other.handle(
+        t,
+        Event::CycleEnded {
+            cycle: 0,
+            end: JobEnd::Stopped {
+                node: 2,
+                reason: "r".into(),
+                exit_code: 143,
+            },
+        },
+    );
+    assert_eq!(finish(&a).map(Outcome::exit_code), Some(143));
+}
+
+#[test]
+fn multi_node_lost_coordination_ends_with_the_requeue_status() {
+    let t = Instant::now();
+    let (mut s, _) = node(1, 2, 5);
+    s.handle(t, joined(0, 2, 5));
+    started(&mut s, t, 10);
+    let a = s.handle(
+        t,
+        Event::CoordinationLost {
+            reason: "gone".into(),
+            requeue: true,
+        },
+    );
+    assert_eq!(signals(&a), vec![(vec![10, 11], SIGTERM)]);
+    s.handle(
+        t,
+        Event::Reaped {
+            pid: 10,
+            how: ExitKind::Signal(SIGTERM),
+        },
+    );
+    let a = s.handle(
+        t,
+        Event::Reaped {
+            pid: 11,
+            how: ExitKind::Signal(SIGTERM),
+        },
+    );
+    let o = finish(&a).unwrap();
+    assert_eq!(o.exit_code(), EXIT_LOST);
+    assert!(!has(&a, |x| matches!(
+        x,
+        Action::Job(JobRequest::Join { .. })
+    )));
+    // Refused before joining (a node rank taken twice): bad input, not a requeue.
+    let (mut r, _) = node(1, 1, 0);
+    let a = r.handle(
+        t,
+        Event::CoordinationLost {
+            reason: "taken".into(),
+            requeue: false,
+        },
+    );
+    assert_eq!(finish(&a).map(Outcome::exit_code), Some(2));
+}
+
+#[test]
+fn multi_node_timeouts_apply_the_job_value_and_only_node_zero_saves() {
+    let t = Instant::now();
+    let job = Timeouts {
+        heartbeat: Some(Duration::from_secs(9)),
+        ..Default::default()
+    };
+    for node_rank in [0, 1] {
+        let mut c = cfg(1, 0);
+        c.node_rank = node_rank;
+        c.saves_timeouts = node_rank == 0;
+        c.timeouts.heartbeat = Some(Duration::from_secs(60));
+        let (mut s, _) = Supervisor::new(c);
+        s.handle(t, joined(0, node_rank, 0));
+        let a = s.handle(
+            t,
+            Event::JobTimeouts {
+                cycle: 0,
+                round: 0,
+                timeouts: job.clone(),
+            },
+        );
+        assert_eq!(s.timeouts().heartbeat, Some(Duration::from_secs(9)));
+        assert_eq!(
+            a.contains(&Action::SaveTimeouts(job.clone())),
+            node_rank == 0
+        );
+        assert!(a.contains(&Action::SendToAll(s.timeouts().to_msg())));
+    }
+}
+
+const B: Backoff = Backoff {
+    base: Duration::from_secs(1),
+    cap: Duration::from_secs(30),
+    reset_after: Duration::from_secs(300),
+};
+
+#[test]
+fn backoff_is_immediate_first_then_doubles_to_the_cap() {
+    let quick = Duration::from_millis(10);
+    let mut streak = 0;
+    let mut waits = Vec::new();
+    for _ in 0..8 {
+        let (w, s) = B.next(streak, quick);
+        waits.push(w.as_secs());
+        streak = s;
+    }
+    assert_eq!(waits, vec![0, 1, 2, 4, 8, 16, 30, 30]);
+    // A long attempt starts a new streak: immediate again, then the base.
+    let (w, s) = B.next(streak, Duration::from_secs(300));
+    assert_eq!((w, s), (Duration::ZERO, 1));
+    assert_eq!(B.next(s, quick).0, Duration::from_secs(1));
+    assert_eq!(Backoff::OFF.next(7, quick).0, Duration::ZERO);
+}
+
+/// Fails the one rank of the current cycle at `t` (the verdict comes back at once).
+fn fail_at(s: &mut Solo, t: Instant, pid: i32) -> Vec<Action> {
+    s.handle(
+        t,
+        Event::Reaped {
+            pid,
+            how: ExitKind::Code(1),
+        },
+    )
+}
+
+fn restart_waits(actions: &[Action]) -> Vec<u64> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Record(Record::Restart { backoff_ms, .. }) => Some(*backoff_ms),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn restarts_back_off_through_next_deadline() {
+    let t = Instant::now();
+    let (mut s, _) = Solo::new(SupervisorConfig {
+        backoff: B,
+        ..cfg(1, 10)
+    });
+    spawn_all(&mut s, t, 10);
+    let a = fail_at(&mut s, t, 10);
+    assert_eq!((restart_waits(&a), spawns(&a)), (vec![0], vec![1]));
+    spawn_all(&mut s, t, 20);
+    let failed = t + Duration::from_secs(1);
+    let a = fail_at(&mut s, failed, 20);
+    assert_eq!((restart_waits(&a), spawns(&a)), (vec![1000], vec![]));
+    let until = failed + Duration::from_secs(1);
+    assert_eq!(s.next_deadline(), Some(until));
+    let early = s.handle(until - Duration::from_millis(1), Event::Tick);
+    assert!(spawns(&early).is_empty());
+    assert_eq!(spawns(&s.handle(until, Event::Tick)), vec![2]);
+    assert_eq!(s.cycle(), 2);
+}
+
+#[test]
+fn a_signal_during_a_backoff_ends_the_agent() {
+    let t = Instant::now();
+    let (mut s, _) = Solo::new(SupervisorConfig {
+        backoff: B,
+        ..cfg(1, 10)
+    });
+    spawn_all(&mut s, t, 10);
+    fail_at(&mut s, t, 10);
+    spawn_all(&mut s, t, 20);
+    fail_at(&mut s, t, 20);
+    assert!(s.next_deadline().is_some());
+    let a = s.handle(t, Event::Signal(SIGTERM));
+    assert_eq!(finish(&a), Some(&Outcome::Signaled { signal: SIGTERM }));
+    assert!(spawns(&a).is_empty());
+    assert_eq!(s.next_deadline(), None);
+}
+
+#[test]
+fn lost_coordination_during_a_backoff_ends_the_agent() {
+    let t = Instant::now();
+    let (mut s, _) = Solo::new(SupervisorConfig {
+        backoff: B,
+        ..cfg(1, 10)
+    });
+    spawn_all(&mut s, t, 10);
+    fail_at(&mut s, t, 10);
+    spawn_all(&mut s, t, 20);
+    fail_at(&mut s, t, 20);
+    let a = s.handle(
+        t,
+        Event::CoordinationLost {
+            reason: "gone".into(),
+            requeue: true,
+        },
+    );
+    assert!(matches!(finish(&a), Some(Outcome::Lost { .. })));
+}
+
+proptest::proptest! {
+    /// The first restart of a streak never waits; no wait exceeds the cap; within a streak
+    /// waits never shrink; a long attempt always restarts at once.
+    #[test]
+    fn backoff_bounds(
+        base_ms in 0u64..5_000,
+        cap_ms in 0u64..60_000,
+        reset_ms in 0u64..600_000,
+        rans in proptest::collection::vec(0u64..700_000, 1..40),
+    ) {
+        let b = Backoff {
+            base: Duration::from_millis(base_ms),
+            cap: Duration::from_millis(cap_ms),
+            reset_after: Duration::from_millis(reset_ms),
+        };
+        let mut streak = 0;
+        let mut last = Duration::ZERO;
+        for ran in rans {
+            let ran = Duration::from_millis(ran);
+            let (w, next) = b.next(streak, ran);
+            proptest::prop_assert!(w <= b.cap);
+            if streak == 0 || ran >= b.reset_after {
+                proptest::prop_assert_eq!(w, Duration::ZERO);
+                proptest::prop_assert_eq!(next, 1);
+            } else {
+                proptest::prop_assert!(w >= last);
+                proptest::prop_assert!(w <= b.base.saturating_mul(1 << (streak - 1).min(31)));
+            }
+            last = w;
+            streak = next;
+        }
+    }
+
+    /// Whatever order ranks exit in, the supervisor ends exactly once, restarts at most
+    /// `max_restarts` times and only ever signals pids of its own cycle.
+    #[test]
+    fn ends_once_within_budget(
+        nproc in 1u32..5,
+        max_restarts in 0u32..4,
+        codes in proptest::collection::vec(0i32..3, 1..60),
+    ) {
+        let t = Instant::now();
+        let (mut s, _) = Solo::new(cfg(nproc, max_restarts));
+        let mut base = 1000;
+        spawn_all(&mut s, t, base);
+        let mut finishes = 0;
+        let mut restarts = 0;
+        for (i, code) in codes.iter().enumerate() {
+            if s.is_finished() { break; }
+            let lr = (i as u32) % nproc;
+            let pid = base + lr as i32;
+            let a = s.handle(t, Event::Reaped { pid, how: ExitKind::Code(*code) });
+            for (pgids, _) in signals(&a) {
+                for p in pgids { proptest::prop_assert!(p >= base && p < base + nproc as i32); }
+            }
+            if finish(&a).is_some() { finishes += 1; }
+            if !spawns(&a).is_empty() {
+                restarts += 1;
+                base += 100;
+                spawn_all(&mut s, t, base);
+            }
+        }
+        proptest::prop_assert!(finishes <= 1);
+        proptest::prop_assert!(restarts <= max_restarts);
+    }
+}

@@ -1,0 +1,202 @@
+//! The job's verdicts: reporting how this node's part of a cycle ended, acting on the job's verdict
+//! (restart after a back-off, end), and settling the outcome once nothing runs.
+
+use super::*;
+
+impl Supervisor {
+    pub(super) fn on_joined(
+        &mut self,
+        now: Instant,
+        cycle: u32,
+        rank_offset: u32,
+        max_restarts: u32,
+        calculated: Option<Timeouts>,
+        out: &mut Vec<Action>,
+    ) {
+        if self.phase == Phase::Joining && cycle == self.cycle {
+            self.cfg.rank_offset = rank_offset;
+            self.cfg.max_restarts = max_restarts;
+            out.push(Action::Record(Record::Joined { cycle, rank_offset }));
+            if let Some(t) = calculated.filter(|t| Some(t) != self.calculated.as_ref()) {
+                let source = if cycle == 0 { "loaded" } else { "calculated" };
+                self.adopt_timeouts(&t, source, out);
+            }
+            out.extend(self.start_cycle(now, cycle));
+        }
+    }
+
+    pub(super) fn on_cycle_ended(
+        &mut self,
+        now: Instant,
+        cycle: u32,
+        end: JobEnd,
+        out: &mut Vec<Action>,
+    ) {
+        if cycle == self.cycle && self.end.is_none() {
+            out.push(Action::Record(Record::CycleEnded {
+                cycle,
+                end: end.clone(),
+            }));
+            self.end = Some(end);
+            self.ended_at = Some(now);
+            if self.phase == Phase::Joining {
+                // The rendezvous itself was ended by a node that stopped or was lost.
+                self.phase = Phase::Waiting;
+            }
+            self.stop_for_peer(now, out);
+        }
+    }
+
+    pub(super) fn on_coordination_lost(
+        &mut self,
+        now: Instant,
+        reason: String,
+        requeue: bool,
+        out: &mut Vec<Action>,
+    ) {
+        // Whatever the cycle's verdict was, no further cycle can be agreed on.
+        let end = JobEnd::Lost { reason };
+        out.push(Action::Record(Record::CycleEnded {
+            cycle: self.cycle,
+            end: end.clone(),
+        }));
+        self.lost_requeue = requeue;
+        self.end = Some(end);
+        if matches!(self.phase, Phase::Joining | Phase::BackingOff { .. }) {
+            self.phase = Phase::Waiting;
+        }
+        self.stop_for_peer(now, out);
+    }
+
+    /// A back-off that is over: join the next cycle's rendezvous.
+    pub(super) fn backoff_tick(&mut self, now: Instant, out: &mut Vec<Action>) {
+        if let Phase::BackingOff { until } = self.phase {
+            if now >= until {
+                self.join_next(out);
+            }
+        }
+    }
+
+    pub(super) fn report(&mut self, end: JobEnd, out: &mut Vec<Action>) {
+        if !self.reported && self.end.is_none() {
+            self.reported = true;
+            out.push(Action::Job(JobRequest::ReportEnd {
+                cycle: self.cycle,
+                end,
+            }));
+        }
+    }
+
+    /// The job's verdict arrived: a node that is still running its ranks stops them.
+    pub(super) fn stop_for_peer(&mut self, now: Instant, out: &mut Vec<Action>) {
+        if self.phase == Phase::Running && self.end != Some(JobEnd::Done) {
+            self.diagnosing = None;
+            self.begin_stop(now, StopReason::Peer, SIGTERM, out);
+        }
+    }
+
+    /// Join the rendezvous of the (already incremented) next cycle.
+    pub(super) fn join_next(&mut self, out: &mut Vec<Action>) {
+        self.phase = Phase::Joining;
+        out.push(Action::Job(JobRequest::Join {
+            cycle: self.cycle,
+            calculated: self.calculated.clone(),
+        }));
+    }
+
+    /// Once no rank of the cycle is running and the job's verdict is known, decide what comes next.
+    pub(super) fn settle(&mut self, out: &mut Vec<Action>) {
+        if matches!(
+            self.phase,
+            Phase::Joining | Phase::Finished | Phase::BackingOff { .. }
+        ) || self
+            .ranks
+            .iter()
+            .any(|r| matches!(r.state, RankState::Running | RankState::NotStarted))
+        {
+            return;
+        }
+        if !self.reaped {
+            self.reaped = true;
+            let pgids: Vec<i32> = self.ranks.iter().filter_map(|r| r.pid).collect();
+            if !pgids.is_empty() {
+                out.push(Action::ReapGroups { pgids });
+            }
+        }
+        if self.phase == Phase::Running {
+            // Every rank exited 0 on its own.
+            self.phase = Phase::Waiting;
+            if !self.reported {
+                self.reported = true;
+                out.push(Action::Job(JobRequest::ReportDone { cycle: self.cycle }));
+            }
+        }
+        let outcome = if let Some(signal) = self.signal {
+            Outcome::Signaled { signal }
+        } else if let Some((local_rank, error)) = self.spawn_error.clone() {
+            Outcome::SpawnFailed { local_rank, error }
+        } else {
+            match self.end.clone() {
+                None => return,
+                Some(JobEnd::Done) => Outcome::Succeeded,
+                Some(JobEnd::Failed { .. }) if self.cycle < self.cfg.max_restarts => {
+                    let next = self.cycle + 1;
+                    let ran = match (self.started_at, self.ended_at) {
+                        (Some(s), Some(e)) => e.saturating_duration_since(s),
+                        _ => Duration::ZERO,
+                    };
+                    let (wait, streak) = self.cfg.backoff.next(self.streak, ran);
+                    self.streak = streak;
+                    out.push(Action::Record(Record::Restart {
+                        from_cycle: self.cycle,
+                        to_cycle: next,
+                        restarts_left: self.cfg.max_restarts - next,
+                        ran_ms: ran.as_millis() as u64,
+                        backoff_ms: wait.as_millis() as u64,
+                    }));
+                    self.cycle = next;
+                    match self.ended_at {
+                        Some(at) if !wait.is_zero() => {
+                            self.phase = Phase::BackingOff { until: at + wait };
+                        }
+                        _ => self.join_next(out),
+                    }
+                    return;
+                }
+                Some(JobEnd::Failed { .. }) => Outcome::Failed {
+                    restarts: self.cycle,
+                },
+                Some(JobEnd::Stopped {
+                    node,
+                    reason,
+                    exit_code,
+                }) => Outcome::PeerStopped {
+                    node,
+                    reason,
+                    exit_code,
+                },
+                Some(JobEnd::Lost { reason }) => Outcome::Lost {
+                    reason,
+                    requeue: self.lost_requeue,
+                },
+            }
+        };
+        // Nodes still heading for another cycle must not wait for this one.
+        let poison = match &outcome {
+            Outcome::Signaled { .. } | Outcome::SpawnFailed { .. } => self.stopped.clone(),
+            Outcome::Lost { reason, .. } => Some(JobEnd::Lost {
+                reason: reason.clone(),
+            }),
+            _ => None,
+        };
+        self.phase = Phase::Finished;
+        out.push(Action::Job(JobRequest::Leave {
+            poison: poison.map(|p| (self.cycle, p)),
+        }));
+        out.push(Action::Record(Record::Result {
+            exit_code: outcome.exit_code(),
+            outcome: outcome.clone(),
+        }));
+        out.push(Action::Finish(outcome));
+    }
+}
