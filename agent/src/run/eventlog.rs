@@ -1,0 +1,37 @@
+//! The node's event log, `events.jsonl`: one JSON record per line.
+
+use super::*;
+
+pub(super) struct EventLog {
+    pub(super) file: Option<File>,
+    pub(super) host: String,
+    pub(super) node_rank: u32,
+}
+
+impl EventLog {
+    pub(super) fn write(&mut self, rec: &Record) {
+        self.write_value(serde_json::to_value(rec).unwrap_or_default());
+    }
+
+    pub(super) fn write_value(&mut self, mut v: serde_json::Value) {
+        let ts = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0);
+        if let Some(o) = v.as_object_mut() {
+            o.insert("ts".into(), ts.into());
+            o.insert("host".into(), self.host.clone().into());
+            o.insert("node_rank".into(), self.node_rank.into());
+        }
+        if let Some(f) = &mut self.file {
+            let mut line = v.to_string();
+            line.push('\n');
+            if let Err(e) = f.write_all(line.as_bytes()) {
+                console_note(&format!(
+                    "cannot write the event log ({e}); continuing without it"
+                ));
+                self.file = None;
+            }
+        }
+    }
+}

@@ -1,0 +1,192 @@
+//! All text the agent prints about the job: one line per event-log record worth telling, notes,
+//! the failure summary.
+
+use super::*;
+
+pub(super) fn console_note(msg: &str) {
+    output::note(msg);
+}
+
+pub(super) fn note_refused(n: u64) {
+    console_note(&format!(
+        "refused {n} more connection(s) on the ranks' socket (each is in the event log)"
+    ));
+}
+
+/// A line for the console's stderr (never blocks: see `output`).
+pub(super) fn console_err(line: String) {
+    output::console_text(ConsoleStream::Stderr, &(line + "\n"));
+}
+
+pub(super) fn describe_timeouts(t: &Timeouts) -> String {
+    let f =
+        |d: Option<Duration>| d.map_or("off".to_string(), |d| format!("{:.2}s", d.as_secs_f64()));
+    let mut s = format!(
+        "initial {}, heartbeat {}, out-of-section {}",
+        f(t.initial),
+        f(t.heartbeat),
+        f(t.out_of_section)
+    );
+    for (k, v) in &t.sections {
+        s.push_str(&format!(", section {k} {:.2}s", v.as_secs_f64()));
+    }
+    if let Some(w) = t.warmup {
+        s.push_str(&format!(", warmup {:.2}s", w.as_secs_f64()));
+    }
+    s
+}
+
+impl Agent {
+    pub(super) fn note(&self, rec: &Record) {
+        match rec {
+            Record::CycleStart { cycle, nproc, .. } => console_note(&format!(
+                "starting {nproc} rank(s){}, attempt {cycle} (restarts left: {}); logs in {}",
+                if self.cfg.nnodes > 1 {
+                    format!(
+                        " as ranks {}-{} of {}",
+                        self.rank_offset,
+                        self.rank_offset + nproc - 1,
+                        self.world_size
+                    )
+                } else {
+                    String::new()
+                },
+                self.max_restarts.saturating_sub(*cycle),
+                self.run_dir.display()
+            )),
+            Record::CycleEnded { cycle, end } => match end {
+                JobEnd::Done => {}
+                JobEnd::Failed { node, reason } if *node != self.cfg.node_rank => {
+                    console_note(&format!(
+                        "attempt {cycle} failed on node {node}: {reason}; every node stops its ranks"
+                    ))
+                }
+                JobEnd::Stopped { node, reason, .. } if *node != self.cfg.node_rank => {
+                    console_note(&format!(
+                        "the job is stopping ({reason}, on node {node}); stopping this node's ranks"
+                    ))
+                }
+                JobEnd::Lost { reason } => console_note(&format!(
+                    "{reason}; stopping this node's ranks, the job ends (requeue it to go on)"
+                )),
+                _ => {}
+            },
+            Record::RankExited {
+                rank,
+                pid,
+                exit_code,
+                signal,
+                expected: false,
+                ..
+            } => console_note(&format!(
+                "rank {rank} (pid {pid}) failed: {}",
+                match (exit_code, signal) {
+                    (Some(c), _) => format!("exit code {c}"),
+                    (_, Some(s)) => format!("killed by {}", crate::values::signal_name(*s)),
+                    _ => "unknown".into(),
+                }
+            )),
+            Record::Stop {
+                reason,
+                signal,
+                grace_ms,
+                pids,
+                ..
+            } if !pids.is_empty() => console_note(&format!(
+                "stopping {} rank(s) {}: {} then SIGKILL after {:.1}s",
+                pids.len(),
+                match reason {
+                    StopReason::RankFailed => "after a rank failed",
+                    StopReason::Signal => "on a signal to the agent",
+                    StopReason::SpawnFailed => "after a rank could not start",
+                    StopReason::Peer => "as the job's other nodes do",
+                },
+                crate::values::signal_name(*signal),
+                *grace_ms as f64 / 1000.0
+            )),
+            Record::Escalate { pids, .. } => console_note(&format!(
+                "{} rank(s) still running after the grace period: SIGKILL",
+                pids.len()
+            )),
+            Record::RankSpawnFailed { error, .. } => console_note(error),
+            Record::Hang { rank, pid, hang, .. } => console_note(&format!(
+                "rank {rank} (pid {pid}) is hung: {} of {:.1}s passed (silent for {:.1}s){}; capturing its stacks",
+                hang.timeout,
+                hang.limit_ms as f64 / 1000.0,
+                hang.silent_ms as f64 / 1000.0,
+                if hang.stopped {
+                    ", its process is stopped (SIGSTOP?)"
+                } else {
+                    ""
+                }
+            )),
+            Record::Restart {
+                to_cycle,
+                ran_ms,
+                backoff_ms,
+                ..
+            } if *backoff_ms > 0 => console_note(&format!(
+                "attempt {} failed after {:.1}s; waiting {:.1}s before attempt {to_cycle} (restart back-off)",
+                to_cycle - 1,
+                *ran_ms as f64 / 1000.0,
+                *backoff_ms as f64 / 1000.0
+            )),
+            Record::TimeoutsUpdated { source, timeouts } => console_note(&format!(
+                "timeouts ({source}): {}",
+                describe_timeouts(timeouts)
+            )),
+            _ => {}
+        }
+    }
+
+    pub(super) fn failure_summary(&self, sup: &Supervisor, now_i: Instant) -> String {
+        let now_s = SystemTime::now();
+        let failed: Vec<FailedRank> = sup
+            .failures()
+            .iter()
+            .map(|f| {
+                let error_path = self.attempt_dir(f.cycle, f.local_rank).join("error.json");
+                let error = fs::read_to_string(&error_path)
+                    .ok()
+                    .and_then(|t| summary::parse_error_file(&t));
+                let when = now_s - now_i.saturating_duration_since(f.at);
+                let stacks = self
+                    .stack_reports
+                    .iter()
+                    .find(|(c, lr, _)| *c == f.cycle && *lr == f.local_rank)
+                    .map(|(_, _, r)| r.clone());
+                FailedRank {
+                    time: humantime::format_rfc3339_seconds(when).to_string(),
+                    host: self.host.clone(),
+                    rank: f.rank,
+                    local_rank: f.local_rank,
+                    how: f.how,
+                    hang: f.hang.clone(),
+                    stacks,
+                    pid: f.pid,
+                    error_file: error
+                        .as_ref()
+                        .map(|_| error_path.to_string_lossy().into_owned()),
+                    error,
+                    stderr_tail: self
+                        .tails
+                        .get(f.local_rank as usize)
+                        .map(|t| t.borrow().iter().cloned().collect())
+                        .unwrap_or_default(),
+                }
+            })
+            .collect();
+        let elsewhere = match &self.peer_end {
+            Some(JobEnd::Failed { node, reason }) if failed.is_empty() => Some(format!(
+                "on node {node}: {reason} (its agent's log has the details)"
+            )),
+            _ => None,
+        };
+        summary::render(
+            &self.cfg.entrypoint_name,
+            sup.cycle(),
+            &failed,
+            elsewhere.as_deref(),
+        )
+    }
+}

@@ -1,0 +1,247 @@
+//! Hosting vigil's store on node rank 0 and finding it from every node: where it listens, the
+//! job's secret, and what the console hears of connections it closed.
+
+use super::*;
+
+/// Where this node's agent reaches vigil's store, where the ranks reach it, and, on node rank 0,
+/// the store itself.
+pub(super) struct StoreSetup {
+    pub(super) client_addr: SocketAddr,
+    pub(super) for_ranks: (String, u16),
+    pub(super) head: Option<HeadSide>,
+    /// What this node's agent proves to the store (docs/store.md, "Who may use the store").
+    pub(super) secret: Option<Arc<[u8]>>,
+}
+
+/// The environment variable that carries the job's store secret to every node's agent.
+pub const SECRET_ENV: &str = "VIGIL_STORE_SECRET";
+
+/// Takes the job's store secret out of the environment, so that no rank inherits it. Call before
+/// any other thread starts. A secret too short to be one is a one-line error.
+pub fn take_store_secret() -> Result<Option<Vec<u8>>, String> {
+    use std::os::unix::ffi::OsStrExt;
+    let Some(v) = std::env::var_os(SECRET_ENV) else {
+        return Ok(None);
+    };
+    std::env::remove_var(SECRET_ENV);
+    vigil_store::auth::check_secret(v.as_bytes()).map(|s| Some(s.to_vec()))
+}
+
+/// Where node rank 0 listens: one node, loopback only; several, the address `MASTER_ADDR`
+/// resolved to (`head`). `master_is_literal`: the user gave that address as an IP, not a name.
+pub(super) fn bind_addr(nnodes: u32, head: SocketAddr, master_is_literal: bool) -> SocketAddr {
+    let port = head.port();
+    let loopback: std::net::IpAddr = match head {
+        SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+        SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+    };
+    if nnodes == 1 {
+        return SocketAddr::new(loopback, port);
+    }
+    // A name that this machine alone resolves to loopback (Debian's 127.0.1.1 for its own
+    // hostname) says nothing about where the other nodes reach it.
+    if head.ip().is_loopback() && !master_is_literal {
+        return SocketAddr::new(unspecified(head), port);
+    }
+    head
+}
+
+pub(super) fn unspecified(a: SocketAddr) -> std::net::IpAddr {
+    match a {
+        SocketAddr::V4(_) => std::net::Ipv4Addr::UNSPECIFIED.into(),
+        SocketAddr::V6(_) => std::net::Ipv6Addr::UNSPECIFIED.into(),
+    }
+}
+
+/// At most one console line per this long about connections the store closed.
+pub(super) const DROP_NOTE_EVERY: Duration = Duration::from_secs(10);
+
+/// Tells the console why the store closed a connection, at most once per [`DROP_NOTE_EVERY`].
+pub(super) fn drop_notice() -> vigil_store::DropNotice {
+    let last: std::sync::Mutex<(Option<Instant>, u64)> = std::sync::Mutex::new((None, 0));
+    Arc::new(move |peer, why| {
+        let mut g = last.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        if g.0.is_some_and(|t| now.duration_since(t) < DROP_NOTE_EVERY) {
+            g.1 += 1;
+            return;
+        }
+        let more = std::mem::take(&mut g.1);
+        g.0 = Some(now);
+        drop(g);
+        console_note(&format!(
+            "vigil's store closed the connection from {peer}: {why}{}",
+            if more > 0 {
+                format!(" ({more} more closed since the last note)")
+            } else {
+                String::new()
+            }
+        ));
+    })
+}
+
+pub(super) fn scontrol_show_node(name: &str) -> Option<String> {
+    let out = std::process::Command::new("scontrol")
+        .args(["show", "node", name, "-o"])
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+pub(super) fn setup_store(
+    cfg: &LaunchConfig,
+    secret: Option<Vec<u8>>,
+) -> Result<StoreSetup, String> {
+    let port = cfg.master_port.unwrap_or(0);
+    let head = crate::job::nodes::resolve_head(
+        &cfg.master_addr,
+        port,
+        cfg.master_is_slurm_node,
+        &scontrol_show_node,
+    )?;
+    if cfg.node_rank != 0 {
+        return Ok(StoreSetup {
+            client_addr: head,
+            for_ranks: (head.ip().to_string(), head.port()),
+            head: None,
+            secret: secret.map(Arc::from),
+        });
+    }
+    let secret = match secret {
+        Some(s) => s,
+        // Alone, this agent is the store's only agent: a secret of its own is enough.
+        None if cfg.nnodes == 1 => vigil_store::auth::random_secret()
+            .map_err(|e| format!("cannot draw a random secret for vigil's store: {e}"))?,
+        None => {
+            console_note(&format!(
+                "{SECRET_ENV} is not set: anyone who can reach vigil's store can read and change the agents' control keys; export {SECRET_ENV}=$(openssl rand -hex 32) in the job script so that every node inherits the same one"
+            ));
+            Vec::new()
+        }
+    };
+    let secret = (!secret.is_empty()).then(|| Arc::<[u8]>::from(secret));
+    let literal = cfg.master_addr.parse::<std::net::IpAddr>().is_ok();
+    let mut bind = bind_addr(cfg.nnodes, head, literal);
+    let host = |bind| {
+        host_store(
+            bind,
+            cfg.node_timeout,
+            secret.as_deref().map(<[u8]>::to_vec),
+        )
+    };
+    let mut hosted = host(bind);
+    if matches!(&hosted, Err(e) if e.kind() == std::io::ErrorKind::AddrNotAvailable) {
+        // MASTER_ADDR is not an address of this machine (NAT, a proxy, a wrong name).
+        console_note(&format!(
+            "{} (MASTER_ADDR) is not an address of this machine, so vigil's store listens on every address of it",
+            head.ip()
+        ));
+        bind = SocketAddr::new(unspecified(head), port);
+        hosted = host(bind);
+    }
+    let (bound, keys, leases) = hosted.map_err(|e| {
+        format!(
+            "cannot listen on {bind} for vigil's store: {e}; {}",
+            if e.kind() == std::io::ErrorKind::AddrInUse {
+                "another program uses that port: give a free one with --master-port"
+            } else {
+                "give an address of this machine with --master-addr"
+            }
+        )
+    })?;
+    let client_addr = match bound {
+        SocketAddr::V4(a) if a.ip().is_unspecified() => {
+            SocketAddr::from(([127, 0, 0, 1], a.port()))
+        }
+        SocketAddr::V6(a) if a.ip().is_unspecified() => {
+            SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, a.port()))
+        }
+        a => a,
+    };
+    // Alone, the ranks reach the store where it listens: on loopback.
+    let ranks_ip = if cfg.nnodes == 1 {
+        bind.ip()
+    } else {
+        head.ip()
+    };
+    Ok(StoreSetup {
+        client_addr,
+        for_ranks: (ranks_ip.to_string(), bound.port()),
+        head: Some(HeadSide { keys, leases }),
+        secret,
+    })
+}
+
+/// A running store: its address, its key space and the other agents' lease events.
+pub type HostedStore = (
+    SocketAddr,
+    vigil_store::KeySpace,
+    mpsc::UnboundedReceiver<vigil_store::LeaseEvent>,
+);
+
+/// Runs vigil's store on a thread of its own, so that the ranks' and agents' requests are
+/// answered whatever the agent's event loop is busy with. With a `secret`, only agents that
+/// prove they hold it may use the `/vigil/` keys.
+pub fn host_store(
+    bind: SocketAddr,
+    peer_timeout: Duration,
+    secret: Option<Vec<u8>>,
+) -> std::io::Result<HostedStore> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("vigil-store".into())
+        .spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                    return;
+                }
+            };
+            rt.block_on(async move {
+                let mut server = match vigil_store::StoreServer::bind(bind).await {
+                    Ok(s) => s,
+                    Err(e) => {
+                        let _ = tx.send(Err(e));
+                        return;
+                    }
+                };
+                server.set_peer_timeout(Some(peer_timeout));
+                server.set_secret(secret);
+                server.on_drop(drop_notice());
+                let leases = server.lease_events();
+                let hosted = server.local_addr().map(|a| (a, server.key_space(), leases));
+                let ok = hosted.is_ok();
+                let _ = tx.send(hosted);
+                if ok {
+                    server.serve().await;
+                }
+            });
+        })?;
+    rx.recv()
+        .unwrap_or_else(|_| Err(std::io::Error::other("the store's thread ended")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_store_listens_where_the_nodes_need_it() {
+        let a = |s: &str| s.parse::<SocketAddr>().unwrap();
+        // Alone: loopback, whatever MASTER_ADDR says.
+        assert_eq!(bind_addr(1, a("10.1.2.3:5000"), true), a("127.0.0.1:5000"));
+        assert_eq!(bind_addr(1, a("[fd00::1]:5000"), true), a("[::1]:5000"));
+        // Several: MASTER_ADDR's address.
+        assert_eq!(bind_addr(4, a("10.1.2.3:5000"), false), a("10.1.2.3:5000"));
+        assert_eq!(bind_addr(2, a("127.0.0.1:5000"), true), a("127.0.0.1:5000"));
+        // A name only this machine resolves to loopback: every address.
+        assert_eq!(bind_addr(2, a("127.0.1.1:5000"), false), a("0.0.0.0:5000"));
+    }
+}
