@@ -49,7 +49,7 @@ def vigil_long_flags():
 
 def ft_flags():
     """Every ft_launcher flag vigil translates, in each spelling NVRx accepts (from ftcompat's table)."""
-    src = (REPO / "agent" / "src" / "cli" / "ftcompat.rs").read_text()
+    src = (REPO / "agent" / "src" / "cli" / "ftcompat" / "table.rs").read_text()
     fields = re.findall(r'^\s+(?:map|note)\("([a-z_]+)"', src, re.M)
     assert "rank_heartbeat_timeout" in fields and len(fields) > 30, fields
     out = []

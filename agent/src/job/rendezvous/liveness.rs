@@ -1,0 +1,167 @@
+//! Whether the other agents are alive: every agent renews a counter in the store; a counter that
+//! does not move for the node timeout, in the watcher's own running time, is a lost node.
+
+use super::*;
+
+/// How silent each watched node has been, in the watcher's own running time. Pure: the caller
+/// says when it woke and what it read.
+#[derive(Debug)]
+pub struct Liveness {
+    timeout: Duration,
+    period: Duration,
+    last: Option<Instant>,
+    /// Watched node -> (its counter when last read, silence since it last moved).
+    seen: BTreeMap<u32, (Vec<u8>, Duration)>,
+    /// How long the read in flight has been unanswered.
+    unanswered: Option<Duration>,
+}
+
+/// Who [`Liveness`] found silent for the timeout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Silent {
+    /// The store did not answer a read.
+    Store(Duration),
+    /// This node's counter did not move.
+    Node(u32, Duration),
+}
+
+impl Liveness {
+    /// `period` is how often the caller wakes; a longer gap between wake-ups means the watcher
+    /// itself was not running, and counts as one period.
+    pub fn new(timeout: Duration, period: Duration) -> Self {
+        Liveness {
+            timeout,
+            period,
+            last: None,
+            seen: BTreeMap::new(),
+            unanswered: None,
+        }
+    }
+
+    /// The watcher woke at `now`: silence grows by the time it ran since the last wake-up.
+    pub fn wake(&mut self, now: Instant) {
+        let dt = match self.last {
+            Some(l) => now.saturating_duration_since(l).min(self.period),
+            None => Duration::ZERO,
+        };
+        self.last = Some(now);
+        for (_, silence) in self.seen.values_mut() {
+            *silence += dt;
+        }
+        if let Some(u) = self.unanswered.as_mut() {
+            *u += dt;
+        }
+    }
+
+    /// A read of the counters was sent.
+    pub fn asked(&mut self) {
+        self.unanswered.get_or_insert(Duration::ZERO);
+    }
+
+    /// The read came back: each watched node's counter, `None` if it has none (not started yet,
+    /// or left: it deletes its counter when it leaves).
+    pub fn answered(&mut self, values: impl IntoIterator<Item = (u32, Option<Vec<u8>>)>) {
+        self.unanswered = None;
+        for (node, v) in values {
+            match v {
+                Some(v) => match self.seen.get_mut(&node) {
+                    Some(e) if e.0 == v => {}
+                    _ => {
+                        self.seen.insert(node, (v, Duration::ZERO));
+                    }
+                },
+                None => {
+                    self.seen.remove(&node);
+                }
+            }
+        }
+    }
+
+    /// The first watched thing silent for the timeout, if any. While a read is unanswered, the
+    /// counters cannot move: the store is to blame.
+    pub fn silent(&self) -> Option<Silent> {
+        let node = self
+            .seen
+            .iter()
+            .find(|(_, (_, s))| *s >= self.timeout)
+            .map(|(n, (_, s))| Silent::Node(*n, *s));
+        match self.unanswered {
+            Some(u) if u >= self.timeout || node.is_some() => Some(Silent::Store(u)),
+            _ => node,
+        }
+    }
+}
+
+/// How often an agent renews its counter and reads the others'.
+pub fn liveness_period(node_timeout: Duration) -> Duration {
+    (node_timeout / 8).max(Duration::from_millis(50))
+}
+
+/// Renews this node's counter and watches the others' until a watched node or the store is
+/// silent for the node timeout, then says why. An error of the store ends it quietly: the other
+/// connections report that.
+pub(super) async fn liveness(
+    client: StoreClient,
+    cfg: CoordConfig,
+    tx: mpsc::UnboundedSender<String>,
+) {
+    let period = liveness_period(cfg.peer_timeout);
+    let watched: Vec<u32> = if cfg.node_rank == 0 {
+        (1..cfg.nnodes).collect()
+    } else {
+        vec![0]
+    };
+    let me = key::alive(cfg.node_rank);
+    let mut live = Liveness::new(cfg.peer_timeout, period);
+    let mut ticker = tokio::time::interval(period);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    type Round = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Option<(StoreClient, Vec<(u32, Option<Vec<u8>>)>)>>>,
+    >;
+    // The client is either here or in the round in flight, which hands it back.
+    let mut client = Some(client);
+    let mut round: Option<Round> = None;
+    loop {
+        let in_flight = async {
+            match round.as_mut() {
+                Some(r) => r.await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = ticker.tick() => {
+                live.wake(Instant::now());
+                if let Some(s) = live.silent() {
+                    let t = cfg.peer_timeout.as_secs_f64();
+                    let why = match s {
+                        Silent::Store(_) if cfg.node_rank == 0 => format!("this node's own store did not answer for {t:.0}s (--node-timeout)"),
+                        Silent::Store(_) => format!("node rank 0 was lost: its store at {} did not answer for {t:.0}s (--node-timeout): its agent is frozen, overloaded or cut off", cfg.store),
+                        Silent::Node(n, _) => format!("node {n} was lost: its agent gave no sign of life for {t:.0}s (--node-timeout): frozen, overloaded or cut off"),
+                    };
+                    let _ = tx.send(why);
+                    return;
+                }
+                if let Some(mut c) = client.take() {
+                    live.asked();
+                    let (me, watched) = (me.clone(), watched.clone());
+                    round = Some(Box::pin(async move {
+                        c.add(&me, 1).await.ok()?;
+                        let mut out = Vec::with_capacity(watched.len());
+                        for n in watched {
+                            // ADD 0 reads without waiting; 0 or less: not started, or left.
+                            let v = c.add(&key::alive(n), 0).await.ok()?;
+                            out.push((n, (v > 0).then(|| v.to_string().into_bytes())));
+                        }
+                        Some((c, out))
+                    }));
+                }
+            }
+            r = in_flight => {
+                round = None;
+                let Some((c, values)) = r else { return };
+                live.answered(values);
+                client = Some(c);
+            }
+        }
+    }
+}

@@ -1,0 +1,131 @@
+//! What the agents write to the store: key names, the messages (JSON), and the pure functions
+//! over them (rank assignment, the job's timeouts).
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::supervise::monitor::Timeouts;
+use crate::supervise::JobEnd;
+
+/// What a node says about itself when it joins a cycle.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeInfo {
+    pub nproc: u32,
+    pub host: String,
+    pub pid: u32,
+}
+
+/// The rendezvous' answer for one cycle: start, with these ranks.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Go {
+    pub cycle: u32,
+    pub world_size: u32,
+    /// Global rank of local rank 0, per node rank.
+    pub offsets: Vec<u32>,
+    /// The job's restart budget (node rank 0's `--max-restarts`).
+    pub max_restarts: u32,
+    /// Calculated timeouts node rank 0 hands to every node.
+    pub calculated: Option<Timeouts>,
+}
+
+/// The value of `c<N>/go`: start, or the job ended before this cycle could begin.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    Go(Go),
+    End(JobEnd),
+}
+
+/// Client key names (the store puts `/` in front; everything lives under `/vigil/`, which
+/// survives the reset between attempts).
+pub mod key {
+    pub fn owner(node: u32) -> String {
+        format!("vigil/owner/{node}")
+    }
+    pub fn lease(node: u32) -> String {
+        format!("vigil/lease/{node}")
+    }
+    /// A counter the node adds 1 to while its agent runs.
+    pub fn alive(node: u32) -> String {
+        format!("vigil/alive/{node}")
+    }
+    pub const LEASE_PREFIX_RAW: &[u8] = b"/vigil/lease/";
+    pub fn join(c: u32, node: u32) -> String {
+        format!("vigil/c{c}/join/{node}")
+    }
+    pub fn joined(c: u32) -> String {
+        format!("vigil/c{c}/joined")
+    }
+    pub fn all(c: u32) -> String {
+        format!("vigil/c{c}/all")
+    }
+    pub fn go(c: u32) -> String {
+        format!("vigil/c{c}/go")
+    }
+    pub fn end(c: u32) -> String {
+        format!("vigil/c{c}/end")
+    }
+    pub fn done(c: u32) -> String {
+        format!("vigil/c{c}/done")
+    }
+    pub fn node_timeouts(c: u32, round: u32, node: u32) -> String {
+        format!("vigil/c{c}/r{round}/timeouts/{node}")
+    }
+    pub fn timeouts_count(c: u32, round: u32) -> String {
+        format!("vigil/c{c}/r{round}/timeouts_n")
+    }
+    pub fn timeouts(c: u32, round: u32) -> String {
+        format!("vigil/c{c}/r{round}/timeouts")
+    }
+    /// Raw prefix of one cycle's keys, removed once every node is in the next cycle.
+    pub fn cycle_prefix_raw(c: u32) -> Vec<u8> {
+        format!("/vigil/c{c}/").into_bytes()
+    }
+}
+
+/// Global ranks by node rank: node `n`'s local rank 0 is the sum of the ranks of nodes `0..n`.
+pub fn assign(
+    cycle: u32,
+    nodes: &[NodeInfo],
+    max_restarts: u32,
+    calculated: Option<Timeouts>,
+) -> Go {
+    let mut offsets = Vec::with_capacity(nodes.len());
+    let mut next = 0u32;
+    for n in nodes {
+        offsets.push(next);
+        next += n.nproc;
+    }
+    Go {
+        cycle,
+        world_size: next,
+        offsets,
+        max_restarts,
+        calculated,
+    }
+}
+
+/// The job-wide timeouts: for every check, the longest any node calculated.
+pub fn merge_timeouts(all: &[Timeouts]) -> Timeouts {
+    let max = |a: Option<Duration>, b: Option<Duration>| match (a, b) {
+        (Some(x), Some(y)) => Some(x.max(y)),
+        (x, y) => x.or(y),
+    };
+    let mut out = Timeouts::default();
+    for t in all {
+        out.initial = max(out.initial, t.initial);
+        out.heartbeat = max(out.heartbeat, t.heartbeat);
+        out.out_of_section = max(out.out_of_section, t.out_of_section);
+        out.warmup = max(out.warmup, t.warmup);
+        for (k, v) in &t.sections {
+            let e = out.sections.entry(k.clone()).or_insert(*v);
+            *e = (*e).max(*v);
+        }
+    }
+    out
+}
+
+pub(super) fn to_json<T: Serialize>(v: &T) -> Vec<u8> {
+    serde_json::to_vec(v).expect("plain data serializes")
+}
