@@ -2,7 +2,8 @@
 """Cost of the vigil Python shim, as seen from a training process.
 
 Prints one table: per-call heartbeat cost (median and p99, microseconds, wall clock around each
-call) with 1 and 4 processes sending at once, a section open+close pair, the shim's import time
+call) with 1 and 4 processes sending at once, a section open+close pair, ``should_stop(step)``
+with a new step every call (it sends ``Progress``) and ``should_stop()``, the shim's import time
 in a fresh interpreter and the RSS that importing it adds; and, when ``nvidia_resiliency_ext`` is
 importable, NVRx's ``RankMonitorClient.send_heartbeat`` measured the same way.
 
@@ -72,6 +73,14 @@ elif mode == "hb_step":
     def call():
         step[0] += 1
         hb(step[0])
+elif mode == "stop_step":
+    step = [0]
+    stop = vigil.should_stop
+    def call():
+        step[0] += 1
+        stop(step[0])
+elif mode == "stop":
+    call = vigil.should_stop
 elif mode == "section":
     start, end = vigil.start_section, vigil.end_section
     def call():
@@ -95,7 +104,7 @@ with open(out_path, "wb") as f:
 
 
 # Bytes one call puts on the wire (registration adds 24 per process).
-FRAME_BYTES = {"hb": 8, "hb_step": 16, "section": 2 * (8 + 2 + len("step"))}
+FRAME_BYTES = {"hb": 8, "hb_step": 16, "stop_step": 16, "stop": 0, "section": 2 * (8 + 2 + len("step"))}
 
 
 def percentile(sorted_values, q):
@@ -245,6 +254,8 @@ def main():
                 ("heartbeat()", "hb", 4),
                 ("heartbeat(step)", "hb_step", 4),
                 ("section open+close", "section", 1),
+                ("should_stop(step), new step", "stop_step", 1),
+                ("should_stop()", "stop", 1),
             ]:
                 s = run_senders(mode, procs, args.calls, path, workdir)
                 sent_bytes += procs * (24 + (2000 + args.calls) * FRAME_BYTES[mode])

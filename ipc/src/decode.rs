@@ -23,6 +23,7 @@ fn rank_payload_len_ok(k: u8, len: usize) -> Option<bool> {
     Some(match k {
         kind::REGISTER | kind::STEP_TIMING => len == 16,
         kind::HEARTBEAT => len == 0 || len == 8,
+        kind::PROGRESS => len == 8,
         kind::END_ALL_SECTIONS | kind::FINISHED => len == 0,
         kind::SECTION_START | kind::SECTION_END | kind::CALCULATE_TIMEOUTS => true,
         _ => return None,
@@ -105,6 +106,7 @@ fn rank_payload(k: u8, payload: &[u8]) -> Result<RankMsg, DecodeError> {
             duration_us: r.u64()?,
         },
         kind::FINISHED => RankMsg::Finished,
+        kind::PROGRESS => RankMsg::Progress { step: r.u64()? },
         kind::CALCULATE_TIMEOUTS => {
             let heartbeat = r.bool()?;
             let out_of_section = r.bool()?;

@@ -30,6 +30,7 @@ pub fn encode_rank(msg: &RankMsg, out: &mut Vec<u8>) {
             put_str(out, name, MAX_NAME_LEN);
         }
         RankMsg::EndAllSections | RankMsg::Finished => {}
+        RankMsg::Progress { step } => out.extend_from_slice(&step.to_le_bytes()),
         RankMsg::StepTiming { step, duration_us } => {
             out.extend_from_slice(&step.to_le_bytes());
             out.extend_from_slice(&duration_us.to_le_bytes());

@@ -36,6 +36,7 @@ pub mod kind {
     pub const STEP_TIMING: u8 = 0x06;
     pub const FINISHED: u8 = 0x07;
     pub const CALCULATE_TIMEOUTS: u8 = 0x08;
+    pub const PROGRESS: u8 = 0x09;
     pub const TIMEOUTS: u8 = 0x81;
     pub const STOP_REQUEST: u8 = 0x82;
     pub const TIMEOUTS_CALCULATED: u8 = 0x83;
@@ -77,6 +78,11 @@ pub enum RankMsg {
         all_sections: bool,
         sections: Vec<String>,
     },
+    /// This rank is now at training step `step` (sent by `should_stop(step)` when the step
+    /// changed). Not a heartbeat: it says where the rank is, not that it is alive.
+    Progress {
+        step: u64,
+    },
 }
 
 /// A message sent by the agent to a rank.
@@ -115,6 +121,7 @@ impl RankMsg {
             RankMsg::StepTiming { .. } => kind::STEP_TIMING,
             RankMsg::Finished => kind::FINISHED,
             RankMsg::CalculateTimeouts { .. } => kind::CALCULATE_TIMEOUTS,
+            RankMsg::Progress { .. } => kind::PROGRESS,
         }
     }
 }

@@ -55,7 +55,7 @@ impl Rng {
 }
 
 fn random_rank(r: &mut Rng) -> RankMsg {
-    match r.below(7) {
+    match r.below(8) {
         0 => RankMsg::Register {
             rank: r.next() as u32,
             local_rank: r.next() as u32,
@@ -70,6 +70,7 @@ fn random_rank(r: &mut Rng) -> RankMsg {
             step: r.u64(),
             duration_us: r.u64(),
         },
+        6 => RankMsg::Progress { step: r.u64() },
         _ => RankMsg::Finished,
     }
 }

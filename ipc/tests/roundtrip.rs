@@ -82,6 +82,16 @@ fn step_timing_and_finished_roundtrip() {
 }
 
 #[test]
+fn progress_roundtrips_as_a_fixed_8_byte_step() {
+    for step in [0, 41, u64::MAX] {
+        let b = rank_roundtrip(RankMsg::Progress { step });
+        assert_eq!(b.len(), HEADER_LEN + 8);
+        assert_eq!(b[2], kind::PROGRESS);
+        assert_eq!(b[HEADER_LEN..], step.to_le_bytes());
+    }
+}
+
+#[test]
 fn timeouts_roundtrip() {
     agent_roundtrip(AgentMsg::Timeouts {
         initial_ms: None,
@@ -331,6 +341,7 @@ fn rank_msg() -> impl Strategy<Value = RankMsg> {
         (any::<u64>(), any::<u64>())
             .prop_map(|(step, duration_us)| RankMsg::StepTiming { step, duration_us }),
         Just(RankMsg::Finished),
+        any::<u64>().prop_map(|step| RankMsg::Progress { step }),
     ]
 }
 

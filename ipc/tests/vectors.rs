@@ -53,6 +53,7 @@ fn rank_to_json(m: &RankMsg) -> Value {
             json!({"type": "StepTiming", "step": step, "duration_us": duration_us})
         }
         RankMsg::Finished => json!({"type": "Finished"}),
+        RankMsg::Progress { step } => json!({"type": "Progress", "step": step}),
         RankMsg::CalculateTimeouts {
             heartbeat,
             out_of_section,
@@ -86,6 +87,9 @@ fn rank_from_json(v: &Value) -> RankMsg {
             duration_us: v["duration_us"].as_u64().expect("u64"),
         },
         "Finished" => RankMsg::Finished,
+        "Progress" => RankMsg::Progress {
+            step: v["step"].as_u64().expect("u64"),
+        },
         "CalculateTimeouts" => RankMsg::CalculateTimeouts {
             heartbeat: v["heartbeat"].as_bool().expect("bool"),
             out_of_section: v["out_of_section"].as_bool().expect("bool"),
@@ -236,6 +240,7 @@ fn every_vector_decodes_to_its_meaning_and_reencodes_identically() {
             "EndAllSections",
             "Finished",
             "Heartbeat",
+            "Progress",
             "Register",
             "SectionEnd",
             "SectionStart",

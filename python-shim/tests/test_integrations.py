@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 from conftest import child_env, finish, spawn
 
 TIMEOUTS = {
@@ -135,7 +136,7 @@ class Callback:
     pass
 sys.modules["lightning.pytorch.callbacks"].Callback = Callback
 
-class Strategy:
+class FakeStrategy:
     def __init__(self):
         self.checkpoint_io = types.SimpleNamespace()
         self.saved = []
@@ -144,14 +145,31 @@ class Strategy:
     def remove_checkpoint(self, path):
         pass
 
-class Trainer:
-    def __init__(self):
-        self.strategy = Strategy()
+class FakeTrainer:
+    # Only what the callback touches; save_checkpoint goes through the strategy, as in Lightning.
+    def __init__(self, checkpoint_callback=None):
+        self.strategy = FakeStrategy()
+        self.checkpoint_callback = checkpoint_callback
         self.global_step = 0
         self.current_epoch = 0
         self.max_steps = 3
         self.max_epochs = None
         self.should_stop = False
+    def save_checkpoint(self, path):
+        assert not self.should_stop, "saved after the fit was told to stop"
+        self.strategy.save_checkpoint({"global_step": self.global_step}, path)
+
+class FakeModelCheckpoint:
+    # The ModelCheckpoint surface that NeMo's PreemptionCallback uses.
+    CHECKPOINT_NAME_LAST = "last"
+    FILE_EXTENSION = ".ckpt"
+    def __init__(self, dirpath, save_last):
+        self.dirpath, self.save_last, self.saved_last = dirpath, save_last, []
+    def _monitor_candidates(self, trainer):
+        return {"step": trainer.global_step}
+    def _save_last_checkpoint(self, trainer, candidates):
+        self.saved_last.append(candidates)
+        trainer.save_checkpoint(self.dirpath + "/last-by-callback.ckpt")
 """
 
 
@@ -162,7 +180,7 @@ def test_lightning_callback_drives_heartbeats_sections_and_stop(agent):
 import json, time, vigil
 from vigil.lightning import FaultToleranceCallback
 cb = FaultToleranceCallback(autoresume=True, calculate_timeouts=True)
-t = Trainer()
+t = FakeTrainer()
 cb.setup(t, None, "fit")
 cb.on_train_start(t, None)
 stopped_at = None
@@ -205,11 +223,13 @@ print(json.dumps({"stopped_at": stopped_at, "saved": t.strategy.saved}))
         {"type": "SectionStart", "name": "step"},
         {"type": "SectionEnd", "name": "step"},
         {"type": "Heartbeat", "step": 1},
+        {"type": "Progress", "step": 1},
         {"type": "SectionStart", "name": "checkpointing"},
         {"type": "SectionEnd", "name": "checkpointing"},
         {"type": "SectionStart", "name": "step"},
         {"type": "SectionEnd", "name": "step"},
         {"type": "Heartbeat", "step": 2},
+        {"type": "Progress", "step": 2},
         {"type": "EndAllSections"},
         {"type": "Heartbeat", "step": None},
         # Stopped by the agent before max_steps: not finished, so no Finished message.
@@ -222,7 +242,7 @@ def test_lightning_callback_marks_a_completed_fit_finished(agent):
         + """
 from vigil.lightning import FaultToleranceCallback
 cb = FaultToleranceCallback(autoresume=True, calculate_timeouts=False)
-t = Trainer()
+t = FakeTrainer()
 cb.setup(t, None, "fit")
 for step in range(1, 4):
     cb.on_train_batch_start(t, None, None, step - 1)
@@ -240,3 +260,95 @@ cb.teardown(t, None, "fit")
     assert msgs[1]["type"] == "CalculateTimeouts" and not any(
         msgs[1][k] for k in ("heartbeat", "out_of_section", "all_sections", "sections"))
     assert msgs[-1] == {"type": "Finished"}
+
+
+@pytest.mark.parametrize(
+    "how,expected",
+    [
+        ("save_last", ["/ck/last-by-callback.ckpt"]),  # NeMo's way: the callback's own last save
+        ("dirpath", ["/ck/last.ckpt"]),  # save_last off: trainer.save_checkpoint to <dirpath>/last.ckpt
+        ("path", ["/explicit/stop.ckpt"]),  # stop_checkpoint_path wins
+    ],
+)
+def test_lightning_callback_saves_at_the_agreed_step_then_stops_the_fit(agent, how, expected):
+    proc = spawn(
+        FAKE_LIGHTNING
+        + "how = %r\n" % how
+        + """
+import json, time, vigil
+from vigil.lightning import FaultToleranceCallback
+mc = FakeModelCheckpoint("/ck", save_last=(how == "save_last"))
+cb = FaultToleranceCallback(stop_checkpoint_path="/explicit/stop.ckpt" if how == "path" else None)
+t = FakeTrainer(checkpoint_callback=mc)
+t.max_steps = 10
+cb.setup(t, None, "fit")
+stopped_at = None
+for step in range(1, 11):
+    cb.on_train_batch_start(t, None, None, step - 1)
+    t.global_step = step
+    cb.on_train_batch_end(t, None, None, None, step - 1)
+    if step == 1:
+        deadline = time.time() + 10
+        while vigil.stop_step() is None:
+            assert time.time() < deadline
+            time.sleep(0.005)
+    if t.should_stop:
+        stopped_at = step
+        break
+cb.teardown(t, None, "fit")
+print(json.dumps({"stopped_at": stopped_at, "saved": t.strategy.saved, "by_callback": mc.saved_last}))
+""",
+        child_env(agent),
+    )
+    conn = agent.accept()
+    msgs = []
+    while {"type": "Progress", "step": 1} not in msgs:
+        msgs.append(conn.next())
+    conn.send({"type": "StopRequest", "reason": "time limit", "at_step": 3})
+    out, _ = finish(proc)
+    msgs += conn.drain()
+    got = json.loads(out)
+    assert got["stopped_at"] == 3 and got["saved"] == expected
+    assert got["by_callback"] == ([{"step": 3}] if how == "save_last" else [])
+    assert [m["step"] for m in msgs if m["type"] == "Progress"] == [1, 2, 3]
+    # The save is the checkpointing section, right after step 3 was reported, and no Finished.
+    tail = [m for m in msgs if m["type"] not in ("StepTiming",)]
+    i = tail.index({"type": "Progress", "step": 3})
+    assert tail[i + 1 : i + 3] == [
+        {"type": "SectionStart", "name": "checkpointing"},
+        {"type": "SectionEnd", "name": "checkpointing"},
+    ]
+    assert {"type": "Finished"} not in msgs
+
+
+def test_lightning_callback_without_a_checkpoint_callback_stops_and_says_it_did_not_save(agent):
+    proc = spawn(
+        FAKE_LIGHTNING
+        + """
+import json, logging, time, vigil
+from vigil.lightning import FaultToleranceCallback
+logging.basicConfig(level=logging.WARNING, format="%(message)s")
+cb = FaultToleranceCallback()
+t = FakeTrainer()
+cb.setup(t, None, "fit")
+cb.on_train_batch_start(t, None, None, 0)
+t.global_step = 1
+cb.on_train_batch_end(t, None, None, None, 0)
+deadline = time.time() + 10
+while vigil.stop_step() is None:
+    assert time.time() < deadline
+    time.sleep(0.005)
+cb.on_train_batch_start(t, None, None, 1)
+t.global_step = 2
+cb.on_train_batch_end(t, None, None, None, 1)
+print(json.dumps([t.should_stop, t.strategy.saved]))
+""",
+        child_env(agent),
+    )
+    conn = agent.accept()
+    while conn.next() != {"type": "Progress", "step": 1}:
+        pass
+    conn.send({"type": "StopRequest", "reason": "SIGTERM", "at_step": 2})
+    out, err = finish(proc)
+    assert json.loads(out) == [True, []]
+    assert "stopping without a checkpoint" in err and "stop_checkpoint_path" in err

@@ -29,7 +29,7 @@ def test_vector_file_covers_every_kind_and_error():
     types = {m["type"] for _, k, _, m in VECTOR_LINES if k != "error"}
     assert types == {
         "Register", "Heartbeat", "SectionStart", "SectionEnd", "EndAllSections", "StepTiming",
-        "Finished", "Timeouts", "StopRequest", "CalculateTimeouts", "TimeoutsCalculated",
+        "Finished", "Progress", "Timeouts", "StopRequest", "CalculateTimeouts", "TimeoutsCalculated",
     }
     errors = {m["error"] for _, k, _, m in VECTOR_LINES if k == "error"}
     assert len(errors) == 14
@@ -59,6 +59,14 @@ def test_constant_frames():
         p.heartbeat_step_frame(-1)
     with pytest.raises(Exception):
         p.heartbeat_step_frame(2**64)
+
+
+def test_progress_frame_is_a_fixed_16_bytes():
+    assert p.progress_frame(258) == bytes([0x56, 1, 9, 0, 8, 0, 0, 0, 2, 1, 0, 0, 0, 0, 0, 0])
+    assert p.encode({"type": "Progress", "step": 258}) == p.progress_frame(258)
+    for bad in (-1, 2**64):
+        with pytest.raises(Exception):
+            p.progress_frame(bad)
 
 
 def test_overlong_strings_are_cut_at_a_character_boundary_like_rust():

@@ -6,15 +6,16 @@ Unix socket named by ``VIGIL_SOCKET`` is opened on the first call; the rank regi
 ``RANK``, ``LOCAL_RANK``, its pid and ``TORCHELASTIC_RESTART_COUNT``.
 
     import vigil
-    for step, batch in enumerate(loader):
+    for step in range(start, total):
         with vigil.section("step"):
-            train_step(batch)
+            train_step(step)
         vigil.heartbeat(step)
-        if vigil.should_stop():
-            save_checkpoint(); break
+        if vigil.should_stop(step):  # every rank of the job gets True at the same step
+            save_checkpoint(step); break
 """
 
 import _thread
+import operator as _operator
 import os as _os
 import sys as _sys
 import warnings as _warnings
@@ -54,6 +55,7 @@ class VigilWarning(RuntimeWarning):
 
 _HB = _protocol.HEARTBEAT_FRAME
 _hb_step_frame = _protocol.heartbeat_step_frame
+_progress_frame = _protocol.progress_frame
 _getpid = _os.getpid
 
 _sock = None  # connected non-blocking socket, owned by process _pid
@@ -62,6 +64,9 @@ _flags = 0  # MSG_NOSIGNAL where available: a vanished agent must not SIGPIPE th
 _disabled = None  # why the shim is a no-op for good; None while usable
 _warned = False
 _bad_step_warned = False
+_bad_stop_step_warned = False
+_poller = None  # select.poll on _sock: a cheap "anything to read?" before recv
+_progress_sent = None  # the step last sent in Progress on the current connection
 _lock = _thread.allocate_lock()
 _decoder = None
 _stop_requested = False
@@ -102,7 +107,7 @@ def _env_u32(name):
 
 def _connect():
     """The usable socket, connecting (and registering) on first use; None when disabled."""
-    global _sock, _pid, _flags, _decoder
+    global _sock, _pid, _flags, _decoder, _poller, _progress_sent
     if _disabled is not None:
         if not _warned:
             _warn(_disabled)
@@ -141,6 +146,15 @@ def _connect():
             return None
         _flags = getattr(socket, "MSG_NOSIGNAL", 0)
         _decoder = _protocol.agent_decoder()
+        _progress_sent = None
+        _poller = None
+        try:
+            import select
+
+            _poller = select.poll()
+            _poller.register(s, select.POLLIN)
+        except (ImportError, AttributeError, OSError):
+            pass  # no poll(): every read goes straight to recv
         _pid = _getpid()
         _sock = s
         return s
@@ -311,6 +325,11 @@ def _poll():
         s = _connect()
         if s is None:
             return
+    p = _poller
+    # poll(0) costs a third of a recv that raises BlockingIOError, and nothing is waiting almost
+    # every time. A closed or replaced descriptor reports POLLNVAL and takes the recv path.
+    if p is not None and not p.poll(0):
+        return
     with _lock:
         while True:
             try:
@@ -348,14 +367,86 @@ def _poll():
                 return
 
 
-def should_stop():
-    """True once the agent asked this rank to checkpoint and exit (see ``stop_step()``). Never blocks."""
-    _poll()
-    return _stop_requested
+def should_stop(step=None):
+    """Whether this rank should checkpoint and exit now. Never blocks; cheap enough for every step.
+
+    ``should_stop(step)``, called after each training step with that step's number (an int >= 0),
+    tells the agent where this rank is (a ``Progress`` message, sent only when ``step`` changed)
+    and returns True exactly when the job's agreed stop step is reached: once the agent asked to
+    stop at step S, True iff ``step >= S``. Every rank of every node gets True at the same step,
+    so each saves its checkpoint for that step and exits 0. When the agent asked to stop as soon
+    as possible (no stop step), True at once.
+
+    ``should_stop()`` without a step: True once the agent asked this rank to stop at all (see
+    ``stop_step()`` for the step it named). An invalid ``step`` warns once and is treated as none.
+    """
+    if step is not None:
+        if step.__class__ is not int or step < 0:
+            step = _valid_step(step)
+        if step is not None and (step != _progress_sent or _sock is None):
+            _progress(step)
+    # The common case inline (this runs every step): connected, and nothing from the agent.
+    p = _poller
+    if p is None or _sock is None or p.poll(0):
+        _poll()
+    if not _stop_requested:
+        return False
+    at = _stop_step
+    return step is None or at is None or step >= at
+
+
+def _valid_step(step):
+    """``step`` as an int >= 0 (numpy and torch integers included), else None after a warning."""
+    try:
+        step = _operator.index(step)
+        if step >= 0:
+            return step
+    except TypeError:
+        pass
+    _bad_stop_step(step)
+    return None
+
+
+def _progress(step):
+    """Sends ``Progress`` (fire and forget, dropped when the agent is not reading, like a heartbeat)."""
+    global _progress_sent
+    s = _sock
+    if s is None:
+        s = _connect()
+        if s is None:
+            return
+    try:
+        frame = _progress_frame(step)
+    except _StructError:
+        _bad_stop_step(step)
+        return
+    try:
+        sent = s.send(frame, _flags)
+    except BlockingIOError:
+        return  # dropped; not recorded as sent, so the next call tries again
+    except OSError as e:
+        _broken(e)
+        return
+    if sent == 16 or _finish(s, frame, sent):
+        _progress_sent = step
+
+
+def _bad_stop_step(step):
+    global _bad_stop_step_warned
+    if not _bad_stop_step_warned:
+        _bad_stop_step_warned = True
+        _warnings.warn(
+            "vigil: should_stop step must be an int in [0, 2**64), got %r; treated as should_stop()" % (step,),
+            VigilWarning,
+            stacklevel=3,
+        )
 
 
 def stop_step():
-    """The step at which the agent asked to stop, or None (stop as soon as possible / no request)."""
+    """The step at which the agent asked to stop, or None (stop as soon as possible / no request).
+
+    A later request replaces an earlier one: the agent may move the step earlier, or to None.
+    """
     _poll()
     return _stop_step
 

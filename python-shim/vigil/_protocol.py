@@ -22,11 +22,12 @@ END_ALL_SECTIONS = 0x05
 STEP_TIMING = 0x06
 FINISHED = 0x07
 CALCULATE_TIMEOUTS = 0x08
+PROGRESS = 0x09
 TIMEOUTS = 0x81
 STOP_REQUEST = 0x82
 TIMEOUTS_CALCULATED = 0x83
 
-RANK_KINDS = frozenset(range(REGISTER, CALCULATE_TIMEOUTS + 1))
+RANK_KINDS = frozenset(range(REGISTER, PROGRESS + 1))
 AGENT_KINDS = frozenset((TIMEOUTS, STOP_REQUEST, TIMEOUTS_CALCULATED))
 
 _HEADER = struct.Struct("<BBBBI")
@@ -44,6 +45,7 @@ def _header(kind, length):
 _REGISTER_HEADER = _header(REGISTER, 16)
 _HEARTBEAT_STEP_HEADER = _header(HEARTBEAT, 8)
 _STEP_TIMING_HEADER = _header(STEP_TIMING, 16)
+_PROGRESS_HEADER = _header(PROGRESS, 8)
 
 #: The whole frame of a heartbeat without a step: a bare header.
 HEARTBEAT_FRAME = _header(HEARTBEAT, 0)
@@ -56,6 +58,11 @@ _pack_u64_frame = _FRAME_U64.pack
 def heartbeat_step_frame(step):
     """Frame of a heartbeat carrying ``step``; raises ``struct.error`` unless 0 <= step < 2**64."""
     return _pack_u64_frame(_HEARTBEAT_STEP_HEADER, step)
+
+
+def progress_frame(step):
+    """Frame of ``Progress`` (this rank is at ``step``); ``struct.error`` unless 0 <= step < 2**64."""
+    return _pack_u64_frame(_PROGRESS_HEADER, step)
 
 
 class DecodeError(ValueError):
@@ -149,6 +156,8 @@ def encode(msg):
         return encode_step_timing(msg["step"], msg["duration_us"])
     if t == "Finished":
         return FINISHED_FRAME
+    if t == "Progress":
+        return progress_frame(msg["step"])
     if t == "Timeouts":
         return encode_timeouts(
             msg["initial_ms"], msg["heartbeat_ms"], msg["out_of_section_ms"], msg["sections"]
@@ -170,6 +179,7 @@ _FIXED_LENGTHS = {
     END_ALL_SECTIONS: (0,),
     STEP_TIMING: (16,),
     FINISHED: (0,),
+    PROGRESS: (8,),
 }
 _AGENT_FIXED_LENGTHS = {TIMEOUTS_CALCULATED: (3,)}
 
@@ -267,6 +277,8 @@ def decode_rank_frame(buf):
         msg = {"type": "EndAllSections"}
     elif kind == STEP_TIMING:
         msg = {"type": "StepTiming", "step": r.u64(), "duration_us": r.u64()}
+    elif kind == PROGRESS:
+        msg = {"type": "Progress", "step": r.u64()}
     elif kind == CALCULATE_TIMEOUTS:
         heartbeat, out_of_section, all_sections = r.flag(), r.flag(), r.flag()
         count = _U16.unpack(r.take(2))[0]

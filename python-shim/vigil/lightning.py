@@ -3,15 +3,21 @@
 Sends a heartbeat (with ``trainer.global_step``) after every training batch, reports each step's
 duration, and wraps the run in the sections NVRx uses: ``setup`` (from ``setup`` to the first
 batch), ``step`` (each training / validation batch) and ``checkpointing`` (the strategy's
-``save_checkpoint`` / ``remove_checkpoint`` and async finalisation). When the agent asks the rank to
-stop, ``trainer.should_stop`` is set once the requested step is reached, so Lightning ends the fit
-cleanly. With ``autoresume=True`` a completed fit (``max_steps`` / ``max_epochs`` reached) tells
+``save_checkpoint`` / ``remove_checkpoint`` and async finalisation).
+
+When the agent asks the job to stop (time limit, preemption), every rank reaches the same agreed
+step (``vigil.should_stop(trainer.global_step)``, called after each training batch); there the
+callback does what NeMo's ``PreemptionCallback`` does in ``on_train_batch_end``: it saves the last
+checkpoint (the checkpoint callback's ``last`` checkpoint, as NeMo 1 did with
+``_save_last_checkpoint``) and sets ``trainer.should_stop`` so Lightning ends the fit cleanly and
+the script exits 0. No torch broadcast per step is needed: the agents agree on the step. With ``autoresume=True`` a completed fit (``max_steps`` / ``max_epochs`` reached) tells
 the agent the job is finished, in place of NVRx's finished-flag file.
 
 Importing this module works without Lightning; creating the callback then raises ImportError.
 """
 
 import logging
+import os
 import time
 
 import vigil
@@ -46,6 +52,12 @@ class FaultToleranceCallback(_Callback or object):
     agent calculates them from what it observes (docs/hangs.md) and stores them itself;
     ``exp_dir`` is accepted for compatibility. ``simulated_fault_params`` is not supported (vigil
     injects faults from the agent side).
+
+    ``stop_on_request`` (default True): stop the fit at the agreed step. ``save_on_stop`` (default
+    True): save a checkpoint there first, to ``stop_checkpoint_path`` when given, else the
+    trainer's checkpoint callback's last checkpoint (``save_last`` set: its own
+    ``_save_last_checkpoint``; otherwise ``<dirpath>/last.ckpt``); without either, the fit stops
+    without saving and a warning says so.
     """
 
     def __init__(
@@ -57,6 +69,8 @@ class FaultToleranceCallback(_Callback or object):
         logger_name="vigil.FaultToleranceCallback",
         exc_handling_policy=None,
         stop_on_request=True,
+        save_on_stop=True,
+        stop_checkpoint_path=None,
     ):
         if not LIGHTNING_AVAILABLE:
             raise ImportError(
@@ -71,6 +85,8 @@ class FaultToleranceCallback(_Callback or object):
         self.exp_dir = exp_dir
         self.exc_handling_policy = exc_handling_policy
         self.stop_on_request = stop_on_request
+        self.save_on_stop = save_on_stop
+        self.stop_checkpoint_path = stop_checkpoint_path
         self.logger = logging.getLogger(logger_name)
         self._active = False
         self._open = {}
@@ -150,14 +166,37 @@ class FaultToleranceCallback(_Callback or object):
             vigil.step_timing(step, time.perf_counter() - self._batch_start)
             self._batch_start = None
         vigil.heartbeat(step)
-        if self.stop_on_request and vigil.should_stop():
-            at = vigil.stop_step()
-            if at is None or step >= at:
-                self.logger.warning(
-                    "vigil agent asked to stop (%s) at step %s: stopping the fit", vigil.stop_reason(), step
-                )
-                trainer.should_stop = True
-                self._stopped_by_agent = True
+        if self.stop_on_request and not self._stopped_by_agent and vigil.should_stop(step):
+            self._stopped_by_agent = True
+            self.logger.warning(
+                "vigil agent asked to stop (%s): stopping the fit at step %s", vigil.stop_reason(), step
+            )
+            if self.save_on_stop:
+                self._save_stop_checkpoint(trainer)
+            trainer.should_stop = True
+
+    def _save_stop_checkpoint(self, trainer):
+        """Saves where the next allocation resumes. Every rank calls this at the same step, so the
+        collective inside ``trainer.save_checkpoint`` lines up as in any scheduled save."""
+        path = self.stop_checkpoint_path
+        cb = getattr(trainer, "checkpoint_callback", None)
+        if path is None and cb is not None:
+            if getattr(cb, "save_last", False) and hasattr(cb, "_save_last_checkpoint"):
+                # NeMo's PreemptionCallback (1.x) saves exactly so; it keeps the callback's own
+                # bookkeeping (last_model_path, the "last" symlink) right.
+                cb._save_last_checkpoint(trainer, cb._monitor_candidates(trainer))
+                return
+            dirpath = getattr(cb, "dirpath", None)
+            if dirpath:
+                name = getattr(cb, "CHECKPOINT_NAME_LAST", None) or "last"
+                path = os.path.join(dirpath, name + getattr(cb, "FILE_EXTENSION", ".ckpt"))
+        if path is None:
+            self.logger.warning(
+                "vigil: stopping without a checkpoint: the trainer has no checkpoint callback; pass "
+                "stop_checkpoint_path= to FaultToleranceCallback to save one"
+            )
+            return
+        trainer.save_checkpoint(path)
 
     def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, *args):
         if self._active:

@@ -507,7 +507,9 @@ impl RankMonitor {
             }
             RankMsg::EndAllSections => self.end_section(now),
             RankMsg::Finished => self.finished = true,
-            RankMsg::StepTiming { .. } | RankMsg::CalculateTimeouts { .. } => {}
+            RankMsg::StepTiming { .. }
+            | RankMsg::CalculateTimeouts { .. }
+            | RankMsg::Progress { .. } => {}
         }
     }
 
