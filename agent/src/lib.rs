@@ -3,6 +3,7 @@
 //! Pure cores (`supervisor`, `config`, `output`'s splitter, `summary`) decide and format; the
 //! edges (`proc`, `runtime`, `gpu`) talk to the operating system.
 
+pub mod allocation;
 pub mod cli;
 pub mod config;
 pub mod ftcompat;
