@@ -14,4 +14,5 @@
 
 pub mod endtime;
 pub mod lead;
+pub mod ledger;
 pub mod slurm;
