@@ -15,4 +15,5 @@
 pub mod endtime;
 pub mod lead;
 pub mod ledger;
+pub mod policy;
 pub mod slurm;
