@@ -192,7 +192,7 @@ pub fn next_index(records: &[Record]) -> u32 {
 
 const WIDTH: usize = 120;
 
-/// The ledger as an aligned table that fits 120 columns: a long `why` wraps onto up to four
+/// The ledger as an aligned table that fits 120 columns: a long `why` wraps onto up to five
 /// lines under its column and is shortened beyond them. The nodes column counts them; the nodes excluded from the next allocation lead the `why`.
 pub fn render_table(records: &[Record]) -> String {
     let header = [
@@ -272,7 +272,7 @@ pub fn render_table(records: &[Record]) -> String {
 }
 
 /// Lines a `why` may take in the table; beyond them it is shortened.
-const WHY_LINES: usize = 4;
+const WHY_LINES: usize = 5;
 
 /// Words of `s` in lines of at most `room` characters, at most `max` lines (the last one cut).
 fn wrap(s: &str, room: usize, max: usize) -> Vec<String> {
@@ -478,7 +478,7 @@ mod tests {
             stop_step: Some(u64::from(i) * 1000),
             stop_trigger: Some("time-limit".into()),
             decision: DecisionKind::Requeue,
-            why: "stopped after progress".into(),
+            why: "time-limit, reached step 1000".into(),
             excluded: vec![],
             stop_lead_s: 60.0,
             exit_status: 75,
@@ -601,7 +601,7 @@ mod tests {
             restarts: 1,
             stop_step: None,
             stop_trigger: None,
-            why: "a node was lost; 1 failed allocation in a row (max 2)".into(),
+            why: "node lost, 1 in a row (--max-requeues 2)".into(),
             excluded: vec!["gpu-a02".into()],
             end: rec(2).start + 3725.0,
             ..rec(2)
@@ -667,7 +667,7 @@ mod tests {
                 "0",
                 "1000@time-limit",
                 "requeue",
-                "stopped after progress"
+                "time-limit, reached step 1000"
             ]
         );
         assert_eq!(
@@ -682,7 +682,7 @@ mod tests {
                 "1",
                 "-",
                 "requeue",
-                "excluded gpu-a02; a node was lost; 1 failed allocation in a row (max 2)"
+                "excluded gpu-a02; node lost, 1 in a row (--max-requeues 2)"
             ]
         );
         assert_eq!(
@@ -702,10 +702,14 @@ mod tests {
         );
         // Aligned: every column starts at the same place on every line.
         let at = |l: &str, word: &str| l.find(word).unwrap();
-        assert_eq!(at(lines[0], "outcome"), at(lines[1], "stopped"));
-        assert_eq!(at(lines[0], "outcome"), at(lines[2], "lost"));
-        assert_eq!(at(lines[0], "decision"), at(lines[1], "requeue"));
-        assert_eq!(col, at(lines[2], "excluded"));
+        let row_line = |n: &str| *lines.iter().find(|l| l.starts_with(n)).unwrap();
+        assert_eq!(at(lines[0], "outcome"), at(row_line("1 "), "stopped"));
+        assert_eq!(at(lines[0], "outcome"), at(row_line("2 "), "lost"));
+        assert_eq!(
+            at(lines[0], "decision"),
+            at(row_line("3 "), "finished  the")
+        );
+        assert_eq!(col, at(row_line("2 "), "excluded"));
         assert!(lines.iter().all(|l| l.chars().count() <= 120), "{table}");
     }
 

@@ -282,7 +282,7 @@ pub fn decide(facts: &Facts, history: &[Record], limits: &Limits) -> Verdict {
         (Some(b), Some(h)) if stuck == 0 => format!("progress {b}..{h}"),
         (None, Some(h)) if stuck == 0 => format!("reached step {h}"),
         _ if stuck > 0 => format!(
-            "no progress ({stuck} of --max-no-progress {})",
+            "no progress ({stuck} of --max-no-progress {} in a row)",
             limits.max_no_progress
         ),
         _ => "no steps reported".to_string(),
@@ -291,8 +291,8 @@ pub fn decide(facts: &Facts, history: &[Record], limits: &Limits) -> Verdict {
     match facts.outcome {
         // 4. Stopped for the time limit or preemption.
         Outcome::Stopped => requeue(format!(
-            "stopped by {}; {}",
-            facts.stop_trigger.as_deref().unwrap_or("a stop request"),
+            "{}, {}",
+            facts.stop_trigger.as_deref().unwrap_or("stop request"),
             progress_note()
         )),
         // 5. Failed or lost: requeued while the consecutive failures allow.
@@ -303,20 +303,20 @@ pub fn decide(facts: &Facts, history: &[Record], limits: &Limits) -> Verdict {
                 .take_while(|r| r.outcome.is_failure())
                 .count();
             let what = if facts.outcome == Outcome::Lost {
-                "a node was lost"
+                "node lost"
             } else {
-                "failed after the in-job restarts"
+                "failed"
             };
             if failed <= limits.max_requeues as usize {
                 requeue(format!(
-                    "{what}; {failed} failed allocation(s) in a row, --max-requeues {} allows it",
+                    "{what}, {failed} in a row (--max-requeues {})",
                     limits.max_requeues
                 ))
             } else {
                 Verdict {
                     decision: Decision::Stop {
                         why: format!(
-                            "{what}; {failed} failed allocations in a row, more than --max-requeues {}",
+                            "{what}, {failed} in a row: more than --max-requeues {}",
                             limits.max_requeues
                         ),
                     },
@@ -418,8 +418,8 @@ mod tests {
             .collect();
         let ledger = run(&allocs, &l);
         assert!(decisions(&ledger).iter().all(|d| *d == (R, 75)));
-        assert_eq!(ledger[1].why, "stopped by time-limit; progress 100..200");
-        assert_eq!(ledger[0].why, "stopped by time-limit; reached step 100");
+        assert_eq!(ledger[1].why, "time-limit, progress 100..200");
+        assert_eq!(ledger[0].why, "time-limit, reached step 100");
     }
 
     #[test]
@@ -438,7 +438,7 @@ mod tests {
             let last = &ledger.last().unwrap().why;
             assert!(
                 last.contains(&format!(
-                    "{} failed allocations in a row, more than --max-requeues {max}",
+                    "failed, {} in a row: more than --max-requeues {max}",
                     max + 1
                 )),
                 "{last}"
@@ -464,11 +464,11 @@ mod tests {
             decisions(&ledger),
             [(R, 75), (R, 75), (R, 75), (R, 75), (R, 75), (S, 1)]
         );
-        assert!(
-            ledger[5].why.starts_with("a node was lost; 3 failed"),
-            "{}",
-            ledger[5].why
+        assert_eq!(
+            ledger[5].why,
+            "node lost, 3 in a row: more than --max-requeues 2"
         );
+        assert_eq!(ledger[4].why, "failed, 2 in a row (--max-requeues 2)");
     }
 
     #[test]
@@ -525,12 +525,9 @@ mod tests {
             ledger[3].why,
             "no progress: the highest step stayed at 500 over the last 3 allocations (--max-no-progress 3, --min-progress-steps 1)"
         );
-        assert!(
-            ledger[1]
-                .why
-                .contains("no progress (1 of --max-no-progress 3)"),
-            "{}",
-            ledger[1].why
+        assert_eq!(
+            ledger[1].why,
+            "time-limit, no progress (1 of --max-no-progress 3 in a row)"
         );
         // Growing by less than --min-progress-steps is no progress; 0 turns the check off.
         let l100 = Limits {
