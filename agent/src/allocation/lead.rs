@@ -6,6 +6,8 @@
 
 use std::time::{Duration, Instant, SystemTime};
 
+use serde::{Deserialize, Serialize};
+
 use crate::config::MAX_SECONDS;
 
 /// `max(floor, factor * (longest_checkpoint + margin_steps * step_time))`; an unknown part counts
@@ -28,6 +30,47 @@ pub fn stop_lead(
     floor
         .max(Duration::from_secs_f64(secs))
         .min(Duration::from_secs_f64(MAX_SECONDS))
+}
+
+/// What the lead is calculated from, kept in the job's state directory beside the calculated
+/// timeouts so the next allocation starts with it. Seconds; `None` until observed.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Observed {
+    #[serde(default)]
+    pub longest_checkpoint_s: Option<f64>,
+    #[serde(default)]
+    pub step_time_s: Option<f64>,
+}
+
+impl Observed {
+    /// The longer of each: a lead only grows with what any allocation saw.
+    pub fn merge(&self, other: &Observed) -> Observed {
+        let max = |a: Option<f64>, b: Option<f64>| match (clean(a), clean(b)) {
+            (Some(x), Some(y)) => Some(x.max(y)),
+            (x, y) => x.or(y),
+        };
+        Observed {
+            longest_checkpoint_s: max(self.longest_checkpoint_s, other.longest_checkpoint_s),
+            step_time_s: max(self.step_time_s, other.step_time_s),
+        }
+    }
+
+    /// [`stop_lead`] from these observations; values that are not a duration (a hand-edited
+    /// file: negative, not finite, beyond a year) count as unobserved.
+    pub fn lead(&self, floor: Duration, safety_factor: f64, margin_steps: u32) -> Duration {
+        let d = |x: Option<f64>| clean(x).map(Duration::from_secs_f64);
+        stop_lead(
+            floor,
+            safety_factor,
+            d(self.longest_checkpoint_s),
+            d(self.step_time_s),
+            margin_steps,
+        )
+    }
+}
+
+fn clean(x: Option<f64>) -> Option<f64> {
+    x.filter(|v| v.is_finite() && *v >= 0.0 && *v <= MAX_SECONDS)
 }
 
 /// How long from `now_wall` until the ranks must be asked to stop: zero when that is already due.
@@ -103,6 +146,34 @@ mod tests {
         assert_eq!(when_to_stop(end, s(900.0), now_wall, now), now);
         assert_eq!(when_to_stop(now_wall - s(5.0), s(1.0), now_wall, now), now);
         assert_eq!(when_to_stop(end, Duration::MAX, now_wall, now), now);
+    }
+
+    #[test]
+    fn observations_merge_to_the_longest_and_bad_values_count_as_unseen() {
+        let a = Observed {
+            longest_checkpoint_s: Some(30.0),
+            step_time_s: None,
+        };
+        let b = Observed {
+            longest_checkpoint_s: Some(f64::NAN),
+            step_time_s: Some(2.0),
+        };
+        let m = a.merge(&b);
+        assert_eq!(m.longest_checkpoint_s, Some(30.0));
+        assert_eq!(m.step_time_s, Some(2.0));
+        // 5 x (30 + 2 x 2) = 170 s.
+        assert_eq!(m.lead(s(60.0), 5.0, 2), s(170.0));
+        let wild = Observed {
+            longest_checkpoint_s: Some(-4.0),
+            step_time_s: Some(1e300),
+        };
+        assert_eq!(wild.lead(s(60.0), 5.0, 2), s(60.0));
+        let text = serde_json::to_string(&m).unwrap();
+        assert_eq!(text, r#"{"longest_checkpoint_s":30.0,"step_time_s":2.0}"#);
+        assert_eq!(
+            serde_json::from_str::<Observed>("{}").unwrap(),
+            Observed::default()
+        );
     }
 
     proptest! {

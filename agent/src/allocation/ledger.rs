@@ -118,7 +118,14 @@ pub fn append(dir: &Path, rec: &Record) -> std::io::Result<()> {
     }
     // One write of the whole line: with O_APPEND it lands at the end in one piece.
     f.write_all(&line)?;
-    f.sync_all()
+    f.sync_all()?;
+    if len == 0 {
+        // A new file's name is durable only once its directory is synced; best effort.
+        if let Ok(d) = std::fs::File::open(dir) {
+            let _ = d.sync_all();
+        }
+    }
+    Ok(())
 }
 
 /// The records of `<dir>/ledger.jsonl` in file order, and notes on what was skipped. A missing
