@@ -9,6 +9,7 @@
 //! - `perf`: GPU facts (later straggler scores and NVML telemetry).
 //! - `values`: plain values every layer parses; a leaf.
 
+pub mod allocation;
 pub mod cli;
 pub mod job;
 pub mod perf;

@@ -1,0 +1,824 @@
+//! The job's ledger: one JSON line per allocation in `<state dir>/ledger.jsonl`, appended by node
+//! rank 0 as the last thing it does, read back by the requeue policy and `vigil ledger`.
+//!
+//! Reading tolerates what a crash leaves (a last line cut short) and records of a format this
+//! vigil does not know (skipped, with a note); it never fails on the file's contents.
+
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use crate::values::file_safe;
+use crate::job::state::job_state_dir;
+
+/// Bumped when a record's meaning changes; records of another format are skipped.
+pub const FORMAT: u32 = 1;
+pub const FILE: &str = "ledger.jsonl";
+
+/// How an allocation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// The ranks called `mark_finished`, or all exited 0 with no stop asked.
+    Finished,
+    /// Stopped for the time limit or a signal (preemption), at the agreed step.
+    Stopped,
+    /// A rank failed (or hung) and the in-job restarts were spent.
+    Failed,
+    /// A node was lost.
+    Lost,
+    /// The in-job attempts stopped making progress.
+    NoProgress,
+}
+
+impl Outcome {
+    pub fn name(self) -> &'static str {
+        match self {
+            Outcome::Finished => "finished",
+            Outcome::Stopped => "stopped",
+            Outcome::Failed => "failed",
+            Outcome::Lost => "lost",
+            Outcome::NoProgress => "no_progress",
+        }
+    }
+
+    /// Counts towards `--max-requeues` (consecutive failed allocations).
+    pub fn is_failure(self) -> bool {
+        matches!(self, Outcome::Failed | Outcome::Lost | Outcome::NoProgress)
+    }
+}
+
+/// What node rank 0 decided after the allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DecisionKind {
+    Finished,
+    Requeue,
+    Stop,
+}
+
+impl DecisionKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            DecisionKind::Finished => "finished",
+            DecisionKind::Requeue => "requeue",
+            DecisionKind::Stop => "stop",
+        }
+    }
+}
+
+/// One allocation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Record {
+    pub format: u32,
+    /// 1-based.
+    pub allocation: u32,
+    pub job_id: Option<String>,
+    /// `SLURM_RESTART_COUNT`, or 0.
+    pub restart_count: u32,
+    pub nodes: Vec<String>,
+    /// Unix seconds.
+    pub start: f64,
+    pub end: f64,
+    pub outcome: Outcome,
+    pub highest_step: Option<u64>,
+    /// In-job restarts used.
+    pub restarts: u32,
+    pub stop_step: Option<u64>,
+    /// `SIGTERM`, `SIGUSR1`, `end-time`, `time-limit`, ...
+    pub stop_trigger: Option<String>,
+    pub decision: DecisionKind,
+    pub why: String,
+    pub excluded: Vec<String>,
+    pub stop_lead_s: f64,
+    pub exit_status: i32,
+}
+
+/// Appends `rec` as one line to `<dir>/ledger.jsonl` (created with the directory), and syncs it.
+/// A last line left unterminated by a crash is closed first, so the new record stays whole.
+pub fn append(dir: &Path, rec: &Record) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let mut line = serde_json::to_vec(rec)?;
+    line.push(b'\n');
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .append(true)
+        .create(true)
+        .open(dir.join(FILE))?;
+    let len = f.metadata()?.len();
+    if len > 0 {
+        let mut last = [0u8; 1];
+        f.seek(SeekFrom::Start(len - 1))?;
+        f.read_exact(&mut last)?;
+        if last[0] != b'\n' {
+            line.insert(0, b'\n');
+        }
+    }
+    // One write of the whole line: with O_APPEND it lands at the end in one piece.
+    f.write_all(&line)?;
+    f.sync_all()?;
+    if len == 0 {
+        // A new file's name is durable only once its directory is synced; best effort.
+        if let Ok(d) = std::fs::File::open(dir) {
+            let _ = d.sync_all();
+        }
+    }
+    Ok(())
+}
+
+/// The records of `<dir>/ledger.jsonl` in file order, and notes on what was skipped. A missing
+/// file is an empty ledger.
+pub fn read(dir: &Path) -> std::io::Result<(Vec<Record>, Vec<String>)> {
+    let path = dir.join(FILE);
+    let text = match std::fs::read(&path) {
+        Ok(b) => String::from_utf8_lossy(&b).into_owned(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((Vec::new(), Vec::new())),
+        Err(e) => return Err(e),
+    };
+    Ok(decode(&text, &path))
+}
+
+/// The pure part of [`read`].
+pub fn decode(text: &str, path: &Path) -> (Vec<Record>, Vec<String>) {
+    let mut records = Vec::new();
+    let mut notes = Vec::new();
+    let lines: Vec<&str> = text.split('\n').collect();
+    let unterminated = !text.is_empty() && !text.ends_with('\n');
+    for (i, line) in lines.iter().enumerate() {
+        let line = line.trim();
+        if line.is_empty() {
+            continue;
+        }
+        let n = i + 1;
+        let last = i + 1 == lines.len();
+        let v: serde_json::Value = match serde_json::from_str(line) {
+            Ok(v) => v,
+            Err(_) if last && unterminated => {
+                notes.push(format!(
+                    "{}: line {n} is cut short (a crash while it was written); ignored",
+                    path.display()
+                ));
+                continue;
+            }
+            Err(e) => {
+                notes.push(format!(
+                    "{}: line {n} is not JSON ({e}); ignored",
+                    path.display()
+                ));
+                continue;
+            }
+        };
+        match v.get("format").and_then(|f| f.as_u64()) {
+            Some(f) if f == u64::from(FORMAT) => {}
+            other => {
+                let what = other.map_or("no format".to_string(), |f| format!("format {f}"));
+                notes.push(format!(
+                    "{}: line {n} has {what}; this vigil reads format {FORMAT}; skipped",
+                    path.display()
+                ));
+                continue;
+            }
+        }
+        match serde_json::from_value::<Record>(v) {
+            Ok(r) => records.push(r),
+            Err(e) => notes.push(format!(
+                "{}: line {n} is not a ledger record ({e}); ignored",
+                path.display()
+            )),
+        }
+    }
+    (records, notes)
+}
+
+/// The index of the next allocation: one more than the highest recorded.
+pub fn next_index(records: &[Record]) -> u32 {
+    records.iter().map(|r| r.allocation).max().unwrap_or(0) + 1
+}
+
+const WIDTH: usize = 120;
+
+/// The ledger as an aligned table that fits 120 columns: a long `why` wraps onto up to five
+/// lines under its column and is shortened beyond them. The nodes column counts them; the nodes excluded from the next allocation lead the `why`.
+pub fn render_table(records: &[Record]) -> String {
+    let header = [
+        "#",
+        "start (UTC)",
+        "duration",
+        "nodes",
+        "outcome",
+        "steps",
+        "restarts",
+        "stop",
+        "decision",
+        "why",
+    ];
+    let mut rows: Vec<Vec<String>> = Vec::new();
+    let mut best: Option<u64> = None;
+    for r in records {
+        let steps = match (best, r.highest_step) {
+            (_, None) => "-".to_string(),
+            (Some(b), Some(h)) => format!("{b}..{h}"),
+            (None, Some(h)) => format!("..{h}"),
+        };
+        best = best.max(r.highest_step);
+        let stop = match (r.stop_step, &r.stop_trigger) {
+            (Some(s), Some(t)) => format!("{s}@{t}"),
+            (Some(s), None) => s.to_string(),
+            (None, Some(t)) => format!("@{t}"),
+            (None, None) => "-".to_string(),
+        };
+        let why = if r.excluded.is_empty() {
+            r.why.clone()
+        } else {
+            format!("excluded {}; {}", r.excluded.join(","), r.why)
+        };
+        rows.push(vec![
+            r.allocation.to_string(),
+            utc(r.start),
+            duration(r.end - r.start),
+            r.nodes.len().to_string(),
+            r.outcome.name().to_string(),
+            steps,
+            r.restarts.to_string(),
+            stop,
+            r.decision.name().to_string(),
+            one_line(&why),
+        ]);
+    }
+    let cols = header.len();
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row).take(cols - 1) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let fixed: usize = widths[..cols - 1].iter().map(|w| w + 2).sum();
+    let why_room = WIDTH.saturating_sub(fixed).max(20);
+    let mut out = String::new();
+    let mut emit = |l: &str| {
+        // Only columns wider than any real ledger has (steps near 2^64) need this cut.
+        out.push_str(&shorten(l.trim_end(), WIDTH));
+        out.push('\n');
+    };
+    for cells in std::iter::once(header.iter().map(|h| h.to_string()).collect()).chain(rows) {
+        let cells: Vec<String> = cells;
+        let mut l = String::new();
+        for (i, cell) in cells[..cols - 1].iter().enumerate() {
+            l.push_str(&format!("{cell:<w$}  ", w = widths[i]));
+        }
+        let why = wrap(&cells[cols - 1], why_room, WHY_LINES);
+        l.push_str(why.first().map_or("", String::as_str));
+        emit(&l);
+        for more in why.iter().skip(1) {
+            emit(&format!("{:fixed$}{more}", ""));
+        }
+    }
+    out
+}
+
+/// Lines a `why` may take in the table; beyond them it is shortened.
+const WHY_LINES: usize = 5;
+
+/// Words of `s` in lines of at most `room` characters, at most `max` lines (the last one cut).
+fn wrap(s: &str, room: usize, max: usize) -> Vec<String> {
+    let mut lines: Vec<String> = Vec::new();
+    let mut cur = String::new();
+    for word in s.split_whitespace() {
+        let len = cur.chars().count();
+        if len > 0 && len + 1 + word.chars().count() > room {
+            lines.push(std::mem::take(&mut cur));
+        }
+        if !cur.is_empty() {
+            cur.push(' ');
+        }
+        cur.push_str(word);
+    }
+    if !cur.is_empty() || lines.is_empty() {
+        lines.push(cur);
+    }
+    if lines.len() > max {
+        let rest = lines[max - 1..].join(" ");
+        lines.truncate(max - 1);
+        lines.push(rest);
+    }
+    lines.into_iter().map(|l| shorten(&l, room)).collect()
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+fn shorten(s: &str, room: usize) -> String {
+    if s.chars().count() <= room {
+        return s.to_string();
+    }
+    let mut t: String = s.chars().take(room.saturating_sub(3)).collect();
+    t.push_str("...");
+    t
+}
+
+fn utc(unix: f64) -> String {
+    if !(unix.is_finite() && unix >= 0.0) {
+        return "-".into();
+    }
+    let t = UNIX_EPOCH + Duration::from_secs(unix as u64);
+    let text = humantime::format_rfc3339_seconds(t).to_string();
+    // 2026-01-01T00:00:00Z -> 2026-01-01 00:00
+    text.get(..16).unwrap_or(&text).replacen('T', " ", 1)
+}
+
+fn duration(secs: f64) -> String {
+    if !(secs.is_finite() && secs >= 0.0) {
+        return "-".into();
+    }
+    let s = secs.round() as u64;
+    let (d, h, m, s) = (s / 86_400, s / 3600 % 24, s / 60 % 60, s % 60);
+    if d > 0 {
+        format!("{d}d{h:02}h{m:02}m")
+    } else if h > 0 {
+        format!("{h}h{m:02}m")
+    } else if m > 0 {
+        format!("{m}m{s:02}s")
+    } else {
+        format!("{s}s")
+    }
+}
+
+/// Why `vigil ledger` found nothing to print.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LedgerError(pub String);
+
+impl std::fmt::Display for LedgerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for LedgerError {}
+
+/// Which state directory `vigil ledger [TARGET]` means. TARGET is a state directory (it holds
+/// `ledger.jsonl` or is named `vigil-job-<id>`), a log directory holding `vigil-job-<id>/`, or a
+/// job id, looked up as `$TMPDIR/vigil-job-<id>` (the default state directory of a job run
+/// without `--log-dir`; for one with a log dir, give the log dir). No TARGET: `$SLURM_JOB_ID`.
+pub fn resolve_dir(
+    target: Option<&str>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<PathBuf, LedgerError> {
+    let tmp = || {
+        PathBuf::from(
+            env("TMPDIR")
+                .filter(|t| !t.is_empty())
+                .unwrap_or("/tmp".into()),
+        )
+    };
+    let by_id = |id: &str| -> Result<PathBuf, LedgerError> {
+        let dir = job_state_dir(&tmp(), id);
+        if dir.is_dir() {
+            Ok(dir)
+        } else {
+            Err(LedgerError(format!(
+                "no state directory for job {id}: looked for {} (a job run with --log-dir or --state-dir keeps it there: pass that directory)",
+                dir.display()
+            )))
+        }
+    };
+    let target = match target {
+        Some(t) => t,
+        None => {
+            return match env("SLURM_JOB_ID").filter(|j| !j.is_empty()) {
+                Some(id) => by_id(&id),
+                None => Err(LedgerError(
+                    "which job? pass a state directory, a log directory or a job id (SLURM_JOB_ID is not set)".into(),
+                )),
+            }
+        }
+    };
+    let path = Path::new(target);
+    if path.is_dir() {
+        let named = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with("vigil-job-"));
+        if named || path.join(FILE).exists() {
+            return Ok(path.to_path_buf());
+        }
+        let mut jobs: Vec<PathBuf> = std::fs::read_dir(path)
+            .map_err(|e| LedgerError(format!("cannot list {}: {e}", path.display())))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                p.is_dir()
+                    && p.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.starts_with("vigil-job-"))
+            })
+            .collect();
+        jobs.sort();
+        if let Some(id) = env("SLURM_JOB_ID").filter(|j| !j.is_empty()) {
+            let mine = path.join(format!("vigil-job-{}", file_safe(&id)));
+            if jobs.contains(&mine) {
+                return Ok(mine);
+            }
+        }
+        return match jobs.len() {
+            1 => Ok(jobs.remove(0)),
+            0 => Err(LedgerError(format!(
+                "{} holds no ledger: neither {FILE} nor a vigil-job-<id>/ directory",
+                path.display()
+            ))),
+            _ => Err(LedgerError(format!(
+                "{} holds the state of several jobs ({}): pass one of them",
+                path.display(),
+                jobs.iter()
+                    .filter_map(|p| p.file_name().and_then(|n| n.to_str()))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))),
+        };
+    }
+    if target.contains('/') || path.exists() {
+        return Err(LedgerError(format!("{target} is not a directory")));
+    }
+    by_id(target)
+}
+
+/// `vigil ledger [TARGET]`: the table, followed by notes on skipped lines.
+pub fn ledger_command(
+    target: Option<&str>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<String, LedgerError> {
+    let dir = resolve_dir(target, env)?;
+    let (records, notes) = read(&dir)
+        .map_err(|e| LedgerError(format!("cannot read {}: {e}", dir.join(FILE).display())))?;
+    let mut out = if records.is_empty() {
+        format!(
+            "no allocation recorded in {} yet (node rank 0 appends one when an allocation ends)\n",
+            dir.join(FILE).display()
+        )
+    } else {
+        render_table(&records)
+    };
+    for n in notes {
+        out.push_str(&format!("note: {n}\n"));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn rec(i: u32) -> Record {
+        Record {
+            format: FORMAT,
+            allocation: i,
+            job_id: Some("4242".into()),
+            restart_count: i - 1,
+            nodes: vec!["gpu-a01".into(), "gpu-a02".into(), "gpu-a03".into()],
+            start: 1_767_225_600.0 + f64::from(i - 1) * 20_000.0,
+            end: 1_767_225_600.0 + f64::from(i - 1) * 20_000.0 + 14_340.0,
+            outcome: Outcome::Stopped,
+            highest_step: Some(u64::from(i) * 1000),
+            restarts: 0,
+            stop_step: Some(u64::from(i) * 1000),
+            stop_trigger: Some("time-limit".into()),
+            decision: DecisionKind::Requeue,
+            why: "time-limit, reached step 1000".into(),
+            excluded: vec![],
+            stop_lead_s: 60.0,
+            exit_status: 75,
+        }
+    }
+
+    struct Dir(PathBuf);
+    impl Dir {
+        fn new(name: &str) -> Dir {
+            let d =
+                std::env::temp_dir().join(format!("vigil-ledger-{name}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&d);
+            std::fs::create_dir_all(&d).unwrap();
+            Dir(d)
+        }
+    }
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    #[test]
+    fn a_record_has_exactly_the_documented_fields() {
+        let v = serde_json::to_value(rec(1)).unwrap();
+        let mut keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+        keys.sort();
+        assert_eq!(
+            keys,
+            [
+                "allocation",
+                "decision",
+                "end",
+                "excluded",
+                "exit_status",
+                "format",
+                "highest_step",
+                "job_id",
+                "nodes",
+                "outcome",
+                "restart_count",
+                "restarts",
+                "start",
+                "stop_lead_s",
+                "stop_step",
+                "stop_trigger",
+                "why"
+            ]
+        );
+        assert_eq!(v["outcome"], "stopped");
+        assert_eq!(v["decision"], "requeue");
+        let np = Record {
+            outcome: Outcome::NoProgress,
+            ..rec(1)
+        };
+        assert_eq!(serde_json::to_value(np).unwrap()["outcome"], "no_progress");
+    }
+
+    #[test]
+    fn appended_records_read_back_in_order() {
+        let d = Dir::new("append");
+        let state = d.0.join("vigil-job-4242");
+        for i in 1..=3 {
+            append(&state, &rec(i)).unwrap();
+        }
+        let (records, notes) = read(&state).unwrap();
+        assert_eq!(records, vec![rec(1), rec(2), rec(3)]);
+        assert!(notes.is_empty());
+        assert_eq!(next_index(&records), 4);
+        assert_eq!(next_index(&[]), 1);
+        assert_eq!(read(&d.0.join("none")).unwrap(), (vec![], vec![]));
+    }
+
+    #[test]
+    fn a_line_cut_short_by_a_crash_is_skipped_and_the_next_append_stays_whole() {
+        let d = Dir::new("torn");
+        append(&d.0, &rec(1)).unwrap();
+        let whole = serde_json::to_string(&rec(2)).unwrap();
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(d.0.join(FILE))
+            .unwrap();
+        f.write_all(&whole.as_bytes()[..whole.len() / 2]).unwrap();
+        drop(f);
+        let (records, notes) = read(&d.0).unwrap();
+        assert_eq!(records, vec![rec(1)]);
+        assert_eq!(notes.len(), 1);
+        assert!(notes[0].contains("line 2 is cut short"), "{notes:?}");
+        append(&d.0, &rec(2)).unwrap();
+        let (records, notes) = read(&d.0).unwrap();
+        assert_eq!(records, vec![rec(1), rec(2)]);
+        assert!(notes[0].contains("line 2 is not JSON"), "{notes:?}");
+    }
+
+    #[test]
+    fn other_formats_and_garbage_are_skipped_with_a_note() {
+        let good = serde_json::to_string(&rec(1)).unwrap();
+        let text = format!(
+            "{good}\n{{\"format\": 2, \"allocation\": 2}}\n{{\"allocation\": 3}}\n[1,2]\n{{\"format\":1}}\n\n"
+        );
+        let (records, notes) = decode(&text, Path::new("/s/ledger.jsonl"));
+        assert_eq!(records, vec![rec(1)]);
+        let all = notes.join("\n");
+        assert!(
+            all.contains("line 2 has format 2; this vigil reads format 1"),
+            "{all}"
+        );
+        assert!(all.contains("line 3 has no format"), "{all}");
+        assert!(all.contains("line 4 has no format"), "{all}");
+        assert!(all.contains("line 5 is not a ledger record"), "{all}");
+        assert!(notes.iter().all(|n| n.starts_with("/s/ledger.jsonl: ")));
+    }
+
+    #[test]
+    fn the_table_of_three_allocations() {
+        let first = rec(1);
+        let second = Record {
+            outcome: Outcome::Lost,
+            highest_step: Some(1480),
+            restarts: 1,
+            stop_step: None,
+            stop_trigger: None,
+            why: "node lost, 1 in a row (--max-requeues 2)".into(),
+            excluded: vec!["gpu-a02".into()],
+            end: rec(2).start + 3725.0,
+            ..rec(2)
+        };
+        let third = Record {
+            nodes: vec!["gpu-a01".into(), "gpu-a03".into(), "gpu-a04".into()],
+            outcome: Outcome::Finished,
+            highest_step: Some(2500),
+            stop_step: None,
+            stop_trigger: None,
+            decision: DecisionKind::Finished,
+            why: "the ranks called mark_finished".into(),
+            exit_status: 0,
+            end: rec(3).start + 42.0,
+            ..rec(3)
+        };
+        let table = render_table(&[first, second, third]);
+        let lines: Vec<&str> = table.lines().collect();
+        let col = lines[0].find("why").unwrap();
+        // Rows start with their index; a `why` too long for its column goes on below it.
+        let mut rows: Vec<(Vec<String>, String)> = Vec::new();
+        for l in &lines {
+            let (left, why) = l.split_at(col.min(l.len()));
+            if left.trim().is_empty() {
+                let last = rows.last_mut().unwrap();
+                last.1 = format!("{} {}", last.1, why.trim());
+            } else {
+                let cells = left.split("  ").map(str::trim).filter(|c| !c.is_empty());
+                rows.push((cells.map(String::from).collect(), why.trim().to_string()));
+            }
+        }
+        let row = |i: usize| {
+            let (cells, why) = &rows[i];
+            let mut all = cells.clone();
+            all.push(why.clone());
+            all
+        };
+        assert_eq!(rows.len(), 4, "{table}");
+        assert_eq!(
+            row(0),
+            [
+                "#",
+                "start (UTC)",
+                "duration",
+                "nodes",
+                "outcome",
+                "steps",
+                "restarts",
+                "stop",
+                "decision",
+                "why"
+            ]
+        );
+        assert_eq!(
+            row(1),
+            [
+                "1",
+                "2026-01-01 00:00",
+                "3h59m",
+                "3",
+                "stopped",
+                "..1000",
+                "0",
+                "1000@time-limit",
+                "requeue",
+                "time-limit, reached step 1000"
+            ]
+        );
+        assert_eq!(
+            row(2),
+            [
+                "2",
+                "2026-01-01 05:33",
+                "1h02m",
+                "3",
+                "lost",
+                "1000..1480",
+                "1",
+                "-",
+                "requeue",
+                "excluded gpu-a02; node lost, 1 in a row (--max-requeues 2)"
+            ]
+        );
+        assert_eq!(
+            row(3),
+            [
+                "3",
+                "2026-01-01 11:06",
+                "42s",
+                "3",
+                "finished",
+                "1480..2500",
+                "0",
+                "-",
+                "finished",
+                "the ranks called mark_finished"
+            ]
+        );
+        // Aligned: every column starts at the same place on every line.
+        let at = |l: &str, word: &str| l.find(word).unwrap();
+        let row_line = |n: &str| *lines.iter().find(|l| l.starts_with(n)).unwrap();
+        assert_eq!(at(lines[0], "outcome"), at(row_line("1 "), "stopped"));
+        assert_eq!(at(lines[0], "outcome"), at(row_line("2 "), "lost"));
+        assert_eq!(
+            at(lines[0], "decision"),
+            at(row_line("3 "), "finished  the")
+        );
+        assert_eq!(col, at(row_line("2 "), "excluded"));
+        assert!(lines.iter().all(|l| l.chars().count() <= 120), "{table}");
+    }
+
+    #[test]
+    fn a_long_why_wraps_then_is_shortened_and_nodes_are_counted() {
+        let r = Record {
+            nodes: (1..=64).map(|i| format!("node{i:03}")).collect(),
+            why: "no progress: ".to_string() + &"word ".repeat(80) + "\nsecond line",
+            ..rec(1)
+        };
+        let table = render_table(&[r]);
+        let row = table.lines().nth(1).unwrap();
+        assert!(row.contains("  64  "), "{row}");
+        let col = table.lines().next().unwrap().find("why").unwrap();
+        let lines: Vec<&str> = table.lines().skip(1).collect();
+        assert_eq!(lines.len(), WHY_LINES, "{table}");
+        assert!(
+            lines[0][col..].starts_with("no progress: word word"),
+            "{table}"
+        );
+        assert!(lines[1][..col].trim().is_empty() && lines[1][col..].starts_with("word"));
+        assert!(lines[WHY_LINES - 1].ends_with("..."), "{table}");
+        assert!(lines.iter().all(|l| l.chars().count() <= 120), "{table}");
+    }
+
+    #[test]
+    fn ledger_command_finds_a_state_dir_a_log_dir_or_a_job_id() {
+        let d = Dir::new("cmd");
+        let logs = d.0.join("logs");
+        let state = job_state_dir(&logs, "4242");
+        append(&state, &rec(1)).unwrap();
+        let tmp = d.0.join("tmp");
+        let env_of = |pairs: Vec<(&'static str, String)>| {
+            move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone())
+        };
+        let none = env_of(vec![("TMPDIR", tmp.display().to_string())]);
+        // A state dir, and a log dir holding one.
+        for target in [&state, &logs] {
+            let out = ledger_command(Some(target.to_str().unwrap()), &none).unwrap();
+            assert!(out.starts_with("#  "), "{out}");
+            assert!(out.contains("1000@time-limit"), "{out}");
+        }
+        // A job id: looked up under $TMPDIR.
+        let e = ledger_command(Some("4242"), &none).unwrap_err().to_string();
+        assert!(
+            e.contains(&format!(
+                "looked for {}",
+                tmp.join("vigil-job-4242").display()
+            )),
+            "{e}"
+        );
+        append(&job_state_dir(&tmp, "4242"), &rec(1)).unwrap();
+        assert!(ledger_command(Some("4242"), &none)
+            .unwrap()
+            .contains("requeue"));
+        // No target: SLURM_JOB_ID, or an error that says what to pass.
+        let slurm = env_of(vec![
+            ("TMPDIR", tmp.display().to_string()),
+            ("SLURM_JOB_ID", "4242".into()),
+        ]);
+        assert!(ledger_command(None, &slurm).unwrap().contains("requeue"));
+        let e = ledger_command(None, &none).unwrap_err().to_string();
+        assert!(e.contains("SLURM_JOB_ID is not set"), "{e}");
+        // A log dir with two jobs: SLURM_JOB_ID picks, else the error names them.
+        append(&job_state_dir(&logs, "77"), &rec(1)).unwrap();
+        let e = ledger_command(Some(logs.to_str().unwrap()), &none)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("vigil-job-4242, vigil-job-77"), "{e}");
+        assert!(ledger_command(Some(logs.to_str().unwrap()), &slurm).is_ok());
+        // Nothing there.
+        let e = ledger_command(Some(d.0.join("nope/x").to_str().unwrap()), &none).unwrap_err();
+        assert!(e.to_string().contains("is not a directory"), "{e}");
+        let empty = d.0.join("empty");
+        std::fs::create_dir_all(&empty).unwrap();
+        let e = ledger_command(Some(empty.to_str().unwrap()), &none).unwrap_err();
+        assert!(e.to_string().contains("holds no ledger"), "{e}");
+        // A state dir with no allocation yet.
+        let fresh = job_state_dir(&d.0, "9");
+        std::fs::create_dir_all(&fresh).unwrap();
+        let out = ledger_command(Some(fresh.to_str().unwrap()), &none).unwrap();
+        assert!(out.starts_with("no allocation recorded"), "{out}");
+    }
+
+    proptest! {
+        #[test]
+        fn reading_any_text_never_panics(text in "\\PC{0,300}") {
+            let _ = decode(&text, Path::new("/x"));
+        }
+
+        #[test]
+        fn any_records_render_within_120_columns(
+            whys in proptest::collection::vec("\\PC{0,200}", 1..5),
+            steps in proptest::collection::vec(proptest::option::of(0u64..u64::MAX), 1..5),
+        ) {
+            let records: Vec<Record> = whys.iter().zip(steps.iter().cycle()).enumerate().map(|(i, (w, s))| Record {
+                why: w.clone(), highest_step: *s, ..rec(i as u32 + 1)
+            }).collect();
+            let table = render_table(&records);
+            for l in table.lines() {
+                prop_assert!(l.chars().count() <= 120, "{}", l);
+            }
+        }
+    }
+}

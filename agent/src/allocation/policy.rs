@@ -1,0 +1,672 @@
+//! What happens after an allocation: finished, requeue, or stop; and `vigil run`'s exit status.
+//!
+//! Pure: [`decide`] takes this allocation's facts, the ledger's earlier records and the limits.
+//! Node rank 0 applies the answer (ledger record, `scontrol update ExcNodeList=`, `scontrol
+//! requeue`) as the last thing it does.
+//!
+//! | this allocation | decision | exit status |
+//! |---|---|---|
+//! | the ranks called `mark_finished`, or all exited 0 with no stop asked | finished | 0 (the failure's own status if a rank failed after `mark_finished`) |
+//! | in-job attempts stopped making progress (outcome `no_progress`) | stop | `no_restart_exit_code`, else 1 |
+//! | the highest step did not grow by `--min-progress-steps` over the last `--max-no-progress` allocations, this one included | stop | `no_restart_exit_code`, else the failure's own status, else 1 |
+//! | stopped for the time limit or a signal (preemption) | requeue | 75 |
+//! | failed after the in-job restarts, or a node lost, and consecutive failed allocations (this one included) <= `--max-requeues` | requeue, excluding the nodes to blame | 75 |
+//! | failed or lost beyond `--max-requeues` | stop | `no_restart_exit_code`, else the failure's own status (75 becomes 1) |
+//! | any requeue when Slurm says `Requeue=0` (`--no-requeue`) | stop, saying so | 75 (the work is not done) |
+//!
+//! Rows are tried in order; the first that applies decides. Counting starts after the last
+//! record that ended in `finished` or `stop`: a job requeued by hand after vigil stopped it gets
+//! its full allowances again.
+//!
+//! Progress: an allocation made progress when its highest step is at least the highest of every
+//! earlier allocation plus `--min-progress-steps` (the first allocation that reports a step
+//! always has). While no allocation has ever reported a step, progress is unknown and neither
+//! counts nor resets (ranks that never call `should_stop(step)` are not judged on it).
+//! `--max-no-progress 0` turns the check off.
+//!
+//! ft_launcher (NVRx `TrainingProgressTracker`) compared: it counts *in-job cycles* whose
+//! iteration, read from `--ft-checkpoint-iteration-file`, grew by less than
+//! `min_progress_iterations` since the cycle started; when `max_no_progress_cycles` consecutive
+//! cycles (cycle 0 included) made none, every launcher exits `no_restart_exit_code` (default 93)
+//! "do not requeue"; without the file it stays inactive; 0 disables it. Running out of
+//! `--max-restarts` exits 1, not 93. vigil keeps the same counting and the same meaning of 0,
+//! with three differences: the step comes from the ranks (`should_stop(step)`), not a file; it
+//! counts allocations (from the ledger) as well as in-job attempts ([`attempt_no_progress`]);
+//! and vigil's do-not-requeue status is the failure's own status unless
+//! `--ft-no-restart-exit-code` is given, since 75 already says "requeue".
+
+use super::ledger::{DecisionKind, Outcome, Record};
+
+/// `vigil run`'s status for "run me again" (`EX_TEMPFAIL`).
+pub const REQUEUE_STATUS: i32 = 75;
+
+/// The limits, from `vigil run`'s flags.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// `--max-requeues`: consecutive failed allocations that are still requeued.
+    pub max_requeues: u32,
+    /// `--max-no-progress`: consecutive allocations (or in-job attempts) without progress that
+    /// end the job; 0 turns the check off.
+    pub max_no_progress: u32,
+    /// `--min-progress-steps`.
+    pub min_progress_steps: u64,
+    /// ft_launcher's `--ft-no-restart-exit-code`, when given.
+    pub no_restart_exit_code: Option<i32>,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            max_requeues: 2,
+            max_no_progress: 3,
+            min_progress_steps: 1,
+            no_restart_exit_code: None,
+        }
+    }
+}
+
+/// What this allocation did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Facts {
+    pub outcome: Outcome,
+    /// The agent's own status for how the allocation ended (the failure's status; 0 when all
+    /// ranks exited 0).
+    pub status: i32,
+    /// Some rank called `mark_finished`.
+    pub marked_finished: bool,
+    /// The highest step any rank reported.
+    pub highest_step: Option<u64>,
+    /// The stop's trigger, for a stopped allocation (`SIGTERM`, `time-limit`, ...).
+    pub stop_trigger: Option<String>,
+    /// Nodes to keep out of the next allocation (a lost node, one whose ranks failed or hung in
+    /// consecutive attempts).
+    pub blame: Vec<String>,
+    /// Slurm's `Requeue=`: `Some(false)` when the job was submitted with `--no-requeue`;
+    /// `None` outside Slurm or when unknown.
+    pub requeue_allowed: Option<bool>,
+}
+
+/// The decision and why, in one line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    Finished { why: String },
+    Requeue { exclude: Vec<String>, why: String },
+    Stop { why: String },
+}
+
+impl Decision {
+    pub fn kind(&self) -> DecisionKind {
+        match self {
+            Decision::Finished { .. } => DecisionKind::Finished,
+            Decision::Requeue { .. } => DecisionKind::Requeue,
+            Decision::Stop { .. } => DecisionKind::Stop,
+        }
+    }
+
+    pub fn why(&self) -> &str {
+        match self {
+            Decision::Finished { why } | Decision::Requeue { why, .. } | Decision::Stop { why } => {
+                why
+            }
+        }
+    }
+
+    pub fn exclude(&self) -> &[String] {
+        match self {
+            Decision::Requeue { exclude, .. } => exclude,
+            _ => &[],
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    pub decision: Decision,
+    pub exit_status: i32,
+}
+
+/// A status that means "do not requeue": never 0 or 75, always 1..=255.
+fn do_not_requeue(status: i32) -> i32 {
+    match status {
+        0 | REQUEUE_STATUS => 1,
+        s if (1..=255).contains(&s) => s,
+        _ => 1,
+    }
+}
+
+/// Whether each entry of `highest` (in order) made progress over the best before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Progress {
+    Made,
+    None,
+    /// No step was ever reported up to here.
+    Unknown,
+}
+
+fn progress(highest: &[Option<u64>], min: u64) -> Vec<Progress> {
+    let mut best: Option<u64> = None;
+    highest
+        .iter()
+        .map(|h| {
+            let p = match (best, *h) {
+                (None, None) => Progress::Unknown,
+                (None, Some(_)) => Progress::Made,
+                (Some(_), None) => Progress::None,
+                (Some(b), Some(h)) if h >= b.saturating_add(min) => Progress::Made,
+                (Some(_), Some(_)) => Progress::None,
+            };
+            best = best.max(*h);
+            p
+        })
+        .collect()
+}
+
+/// Entries without progress at the end of `highest`, counted back to the last with progress;
+/// only the last `window` entries may count.
+fn trailing_no_progress(highest: &[Option<u64>], min: u64, window: usize) -> usize {
+    let p = progress(highest, min);
+    let mut n = 0;
+    for x in p.iter().rev().take(window) {
+        match x {
+            Progress::Made => break,
+            Progress::None => n += 1,
+            Progress::Unknown => {}
+        }
+    }
+    n
+}
+
+/// In-job attempts: true when the last `n` attempts of this allocation (each one's highest
+/// step, in order) made no progress of `min` steps over the best before them. `n == 0`: never.
+pub fn attempt_no_progress(highest: &[Option<u64>], n: u32, min: u64) -> bool {
+    n > 0 && trailing_no_progress(highest, min, highest.len()) >= n as usize
+}
+
+fn step(s: Option<u64>) -> String {
+    s.map_or("none".into(), |s| s.to_string())
+}
+
+/// Decides what follows this allocation. `history` is the ledger's earlier records, in order.
+pub fn decide(facts: &Facts, history: &[Record], limits: &Limits) -> Verdict {
+    let failed_status = || {
+        limits
+            .no_restart_exit_code
+            .unwrap_or(do_not_requeue(facts.status))
+    };
+    // Records after the last one that ended the job's run: a hand requeue starts afresh.
+    let since = history
+        .iter()
+        .rposition(|r| r.decision != DecisionKind::Requeue)
+        .map_or(0, |i| i + 1);
+    let window = &history[since..];
+
+    // 1. Finished.
+    if facts.marked_finished || facts.outcome == Outcome::Finished {
+        let why = if facts.marked_finished {
+            "the ranks called mark_finished"
+        } else {
+            "every rank exited 0 with no stop asked"
+        };
+        let (why, status) = if facts.outcome.is_failure() {
+            (
+                format!(
+                    "{why}; the {} after it is not requeued",
+                    facts.outcome.name()
+                ),
+                do_not_requeue(facts.status),
+            )
+        } else {
+            (why.to_string(), 0)
+        };
+        return Verdict {
+            decision: Decision::Finished { why },
+            exit_status: status,
+        };
+    }
+
+    // 2. No progress over the in-job attempts.
+    if facts.outcome == Outcome::NoProgress {
+        return Verdict {
+            decision: Decision::Stop {
+                why: format!(
+                    "no progress: the in-job attempts stayed at step {} (--max-no-progress {}, --min-progress-steps {})",
+                    step(facts.highest_step),
+                    limits.max_no_progress,
+                    limits.min_progress_steps
+                ),
+            },
+            exit_status: limits.no_restart_exit_code.unwrap_or(1),
+        };
+    }
+
+    // 3. No progress over the allocations.
+    let mut highest: Vec<Option<u64>> = history.iter().map(|r| r.highest_step).collect();
+    highest.push(facts.highest_step);
+    let stuck = trailing_no_progress(&highest, limits.min_progress_steps, window.len() + 1);
+    let best_before = history.iter().filter_map(|r| r.highest_step).max();
+    if limits.max_no_progress > 0 && stuck >= limits.max_no_progress as usize {
+        return Verdict {
+            decision: Decision::Stop {
+                why: format!(
+                    "no progress: the highest step stayed at {} over the last {stuck} allocations (--max-no-progress {}, --min-progress-steps {})",
+                    step(best_before.max(facts.highest_step)),
+                    limits.max_no_progress,
+                    limits.min_progress_steps
+                ),
+            },
+            exit_status: failed_status(),
+        };
+    }
+
+    let requeue = |why: String| -> Verdict {
+        if facts.requeue_allowed == Some(false) {
+            return Verdict {
+                decision: Decision::Stop {
+                    why: format!(
+                        "{why}, but Slurm cannot requeue this job (Requeue=0: submitted with --no-requeue); resubmit it to go on"
+                    ),
+                },
+                exit_status: REQUEUE_STATUS,
+            };
+        }
+        Verdict {
+            decision: Decision::Requeue {
+                exclude: facts.blame.clone(),
+                why,
+            },
+            exit_status: REQUEUE_STATUS,
+        }
+    };
+
+    let progress_note = || match (best_before, facts.highest_step) {
+        (Some(b), Some(h)) if stuck == 0 => format!("progress {b}..{h}"),
+        (None, Some(h)) if stuck == 0 => format!("reached step {h}"),
+        _ if stuck > 0 => format!(
+            "no progress ({stuck} of --max-no-progress {} in a row)",
+            limits.max_no_progress
+        ),
+        _ => "no steps reported".to_string(),
+    };
+
+    match facts.outcome {
+        // 4. Stopped for the time limit or preemption.
+        Outcome::Stopped => requeue(format!(
+            "{}, {}",
+            facts.stop_trigger.as_deref().unwrap_or("stop request"),
+            progress_note()
+        )),
+        // 5. Failed or lost: requeued while the consecutive failures allow.
+        _ => {
+            let failed = 1 + window
+                .iter()
+                .rev()
+                .take_while(|r| r.outcome.is_failure())
+                .count();
+            let what = if facts.outcome == Outcome::Lost {
+                "node lost"
+            } else {
+                "failed"
+            };
+            if failed <= limits.max_requeues as usize {
+                requeue(format!(
+                    "{what}, {failed} in a row (--max-requeues {})",
+                    limits.max_requeues
+                ))
+            } else {
+                Verdict {
+                    decision: Decision::Stop {
+                        why: format!(
+                            "{what}, {failed} in a row: more than --max-requeues {}",
+                            limits.max_requeues
+                        ),
+                    },
+                    exit_status: failed_status(),
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::allocation::ledger::FORMAT;
+    use proptest::prelude::*;
+
+    fn facts(outcome: Outcome, highest: Option<u64>) -> Facts {
+        Facts {
+            outcome,
+            status: match outcome {
+                Outcome::Finished | Outcome::Stopped => 0,
+                Outcome::Lost => 75,
+                _ => 1,
+            },
+            marked_finished: false,
+            highest_step: highest,
+            stop_trigger: (outcome == Outcome::Stopped).then(|| "time-limit".into()),
+            blame: vec![],
+            requeue_allowed: Some(true),
+        }
+    }
+
+    fn record(i: u32, f: &Facts, limits: &Limits, history: &[Record]) -> Record {
+        let v = decide(f, history, limits);
+        Record {
+            format: FORMAT,
+            allocation: i,
+            job_id: Some("1".into()),
+            restart_count: i - 1,
+            nodes: vec!["n1".into()],
+            start: 0.0,
+            end: 1.0,
+            outcome: f.outcome,
+            highest_step: f.highest_step,
+            restarts: 0,
+            stop_step: None,
+            stop_trigger: None,
+            decision: v.decision.kind(),
+            why: v.decision.why().into(),
+            excluded: v.decision.exclude().to_vec(),
+            stop_lead_s: 60.0,
+            exit_status: v.exit_status,
+        }
+    }
+
+    /// Runs allocations one after another, each decided on the ledger so far.
+    fn run(allocs: &[Facts], limits: &Limits) -> Vec<Record> {
+        let mut ledger = Vec::new();
+        for (i, f) in allocs.iter().enumerate() {
+            let r = record(i as u32 + 1, f, limits, &ledger);
+            ledger.push(r);
+        }
+        ledger
+    }
+
+    fn decisions(ledger: &[Record]) -> Vec<(DecisionKind, i32)> {
+        ledger.iter().map(|r| (r.decision, r.exit_status)).collect()
+    }
+
+    use DecisionKind::{Finished as F, Requeue as R, Stop as S};
+
+    #[test]
+    fn a_finished_job_is_never_requeued() {
+        let l = Limits::default();
+        let v = decide(&facts(Outcome::Finished, Some(10)), &[], &l);
+        assert_eq!((v.decision.kind(), v.exit_status), (F, 0));
+        assert_eq!(v.decision.why(), "every rank exited 0 with no stop asked");
+        // mark_finished wins even over a stop or a failure after it.
+        let stopped = Facts {
+            marked_finished: true,
+            ..facts(Outcome::Stopped, Some(10))
+        };
+        assert_eq!(decide(&stopped, &[], &l).decision.kind(), F);
+        let failed = Facts {
+            marked_finished: true,
+            status: 75,
+            ..facts(Outcome::Failed, Some(10))
+        };
+        let v = decide(&failed, &[], &l);
+        assert_eq!((v.decision.kind(), v.exit_status), (F, 1));
+        assert!(v.decision.why().contains("failed after it is not requeued"));
+    }
+
+    #[test]
+    fn a_stop_after_progress_always_requeues() {
+        let l = Limits::default();
+        let allocs: Vec<Facts> = (1..=10)
+            .map(|i| facts(Outcome::Stopped, Some(i * 100)))
+            .collect();
+        let ledger = run(&allocs, &l);
+        assert!(decisions(&ledger).iter().all(|d| *d == (R, 75)));
+        assert_eq!(ledger[1].why, "time-limit, progress 100..200");
+        assert_eq!(ledger[0].why, "time-limit, reached step 100");
+    }
+
+    #[test]
+    fn an_always_failing_job_is_requeued_exactly_max_requeues_times() {
+        for max in [0u32, 1, 2, 5] {
+            let l = Limits {
+                max_requeues: max,
+                max_no_progress: 0,
+                ..Limits::default()
+            };
+            let allocs = vec![facts(Outcome::Failed, None); max as usize + 1];
+            let ledger = run(&allocs, &l);
+            let mut want = vec![(R, 75); max as usize];
+            want.push((S, 1));
+            assert_eq!(decisions(&ledger), want, "max {max}");
+            let last = &ledger.last().unwrap().why;
+            assert!(
+                last.contains(&format!(
+                    "failed, {} in a row: more than --max-requeues {max}",
+                    max + 1
+                )),
+                "{last}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_stopped_allocation_breaks_the_run_of_failures() {
+        let l = Limits::default();
+        let ledger = run(
+            &[
+                facts(Outcome::Failed, Some(100)),
+                facts(Outcome::Lost, Some(200)),
+                facts(Outcome::Stopped, Some(300)),
+                facts(Outcome::Failed, Some(400)),
+                facts(Outcome::Failed, Some(500)),
+                facts(Outcome::Lost, Some(600)),
+            ],
+            &l,
+        );
+        assert_eq!(
+            decisions(&ledger),
+            [(R, 75), (R, 75), (R, 75), (R, 75), (R, 75), (S, 1)]
+        );
+        assert_eq!(
+            ledger[5].why,
+            "node lost, 3 in a row: more than --max-requeues 2"
+        );
+        assert_eq!(ledger[4].why, "failed, 2 in a row (--max-requeues 2)");
+    }
+
+    #[test]
+    fn the_failure_status_or_no_restart_exit_code_says_do_not_requeue() {
+        let failed = Facts {
+            status: 137,
+            ..facts(Outcome::Failed, None)
+        };
+        let l = Limits {
+            max_requeues: 0,
+            ..Limits::default()
+        };
+        assert_eq!(decide(&failed, &[], &l).exit_status, 137);
+        let lost = facts(Outcome::Lost, None);
+        assert_eq!(
+            decide(&lost, &[], &l).exit_status,
+            1,
+            "75 would say requeue"
+        );
+        let ft = Limits {
+            no_restart_exit_code: Some(93),
+            ..l
+        };
+        assert_eq!(decide(&failed, &[], &ft).exit_status, 93);
+        assert_eq!(decide(&lost, &[], &ft).exit_status, 93);
+    }
+
+    #[test]
+    fn a_lost_node_is_excluded_from_the_next_allocation() {
+        let lost = Facts {
+            blame: vec!["n2".into()],
+            ..facts(Outcome::Lost, Some(5))
+        };
+        let v = decide(&lost, &[], &Limits::default());
+        assert_eq!(v.decision.exclude(), ["n2".to_string()]);
+        assert_eq!(v.exit_status, 75);
+        // A stop excludes nobody.
+        let l = Limits {
+            max_requeues: 0,
+            ..Limits::default()
+        };
+        assert!(decide(&lost, &[], &l).decision.exclude().is_empty());
+    }
+
+    #[test]
+    fn no_progress_over_the_allocations_stops_requeueing_and_says_so() {
+        let l = Limits::default();
+        // Preempted again and again at the same step.
+        let mut allocs = vec![facts(Outcome::Stopped, Some(500))];
+        allocs.extend(vec![facts(Outcome::Stopped, Some(500)); 3]);
+        let ledger = run(&allocs, &l);
+        assert_eq!(decisions(&ledger), [(R, 75), (R, 75), (R, 75), (S, 1)]);
+        assert_eq!(
+            ledger[3].why,
+            "no progress: the highest step stayed at 500 over the last 3 allocations (--max-no-progress 3, --min-progress-steps 1)"
+        );
+        assert_eq!(
+            ledger[1].why,
+            "time-limit, no progress (1 of --max-no-progress 3 in a row)"
+        );
+        // Growing by less than --min-progress-steps is no progress; 0 turns the check off.
+        let l100 = Limits {
+            min_progress_steps: 100,
+            ..l.clone()
+        };
+        let slow: Vec<Facts> = (0..4)
+            .map(|i| facts(Outcome::Stopped, Some(500 + i * 10)))
+            .collect();
+        assert_eq!(decisions(&run(&slow, &l100)).last(), Some(&(S, 1)));
+        let off = Limits {
+            max_no_progress: 0,
+            ..l
+        };
+        assert!(decisions(&run(&allocs, &off)).iter().all(|d| *d == (R, 75)));
+    }
+
+    #[test]
+    fn ranks_that_never_report_a_step_are_not_judged_on_progress() {
+        let l = Limits::default();
+        let allocs = vec![facts(Outcome::Stopped, None); 6];
+        assert!(decisions(&run(&allocs, &l)).iter().all(|d| *d == (R, 75)));
+        // But once steps were reported, an allocation without any made none.
+        let mut allocs = vec![facts(Outcome::Stopped, Some(7))];
+        allocs.extend(vec![facts(Outcome::Stopped, None); 3]);
+        assert_eq!(decisions(&run(&allocs, &l)).last(), Some(&(S, 1)));
+    }
+
+    #[test]
+    fn in_job_no_progress_stops() {
+        let v = decide(
+            &facts(Outcome::NoProgress, Some(40)),
+            &[],
+            &Limits::default(),
+        );
+        assert_eq!((v.decision.kind(), v.exit_status), (S, 1));
+        assert!(
+            v.decision.why().contains("stayed at step 40"),
+            "{}",
+            v.decision.why()
+        );
+        let ft = Limits {
+            no_restart_exit_code: Some(93),
+            ..Limits::default()
+        };
+        assert_eq!(
+            decide(&facts(Outcome::NoProgress, None), &[], &ft).exit_status,
+            93
+        );
+    }
+
+    #[test]
+    fn attempts_without_progress() {
+        let a = |v: &[Option<u64>], n| attempt_no_progress(v, n, 1);
+        assert!(!a(&[Some(10), Some(20), Some(30)], 2));
+        assert!(a(&[Some(10), Some(20), Some(20), Some(15)], 2));
+        assert!(!a(&[Some(10), Some(20), Some(20), Some(21)], 2));
+        assert!(a(&[Some(10), None, None], 2));
+        assert!(
+            !a(&[None, None, None], 1),
+            "no step ever: unknown, not stuck"
+        );
+        assert!(!a(&[Some(10), Some(10)], 0), "0 turns it off");
+        assert!(!a(&[], 1));
+        assert!(attempt_no_progress(&[Some(10), Some(50)], 1, 100));
+    }
+
+    #[test]
+    fn a_job_that_cannot_be_requeued_ends_with_a_clear_message() {
+        let stopped = Facts {
+            requeue_allowed: Some(false),
+            ..facts(Outcome::Stopped, Some(10))
+        };
+        let v = decide(&stopped, &[], &Limits::default());
+        assert_eq!((v.decision.kind(), v.exit_status), (S, 75));
+        assert!(
+            v.decision
+                .why()
+                .contains("Requeue=0: submitted with --no-requeue"),
+            "{}",
+            v.decision.why()
+        );
+    }
+
+    #[test]
+    fn a_requeue_by_hand_after_a_stop_starts_the_counts_afresh() {
+        let l = Limits {
+            max_requeues: 1,
+            ..Limits::default()
+        };
+        let mut ledger = run(&vec![facts(Outcome::Failed, Some(1)); 2], &l);
+        assert_eq!(decisions(&ledger), [(R, 75), (S, 1)]);
+        let again = record(3, &facts(Outcome::Failed, Some(2)), &l, &ledger);
+        assert_eq!((again.decision, again.exit_status), (R, 75));
+        ledger.push(again);
+    }
+
+    proptest! {
+        #[test]
+        fn decisions_and_statuses_agree(
+            outcomes in proptest::collection::vec(0u8..5, 1..12),
+            steps in proptest::collection::vec(proptest::option::of(0u64..1000), 12),
+            status in -5i32..300,
+            max_requeues in 0u32..4, max_np in 0u32..4, min in 0u64..50,
+            no_restart in proptest::option::of(1i32..255),
+            allowed in proptest::option::of(proptest::bool::ANY),
+            marked in proptest::bool::ANY,
+        ) {
+            let l = Limits { max_requeues, max_no_progress: max_np, min_progress_steps: min, no_restart_exit_code: no_restart };
+            let mut ledger: Vec<Record> = Vec::new();
+            for (i, o) in outcomes.iter().enumerate() {
+                let outcome = [Outcome::Finished, Outcome::Stopped, Outcome::Failed, Outcome::Lost, Outcome::NoProgress][*o as usize];
+                let f = Facts { status, marked_finished: marked && i % 3 == 0, requeue_allowed: allowed, ..facts(outcome, steps[i]) };
+                let v = decide(&f, &ledger, &l);
+                match v.decision.kind() {
+                    DecisionKind::Finished => {
+                        prop_assert!(f.marked_finished || outcome == Outcome::Finished);
+                        prop_assert!(v.exit_status != 75);
+                    }
+                    DecisionKind::Requeue => {
+                        prop_assert_eq!(v.exit_status, 75);
+                        prop_assert!(allowed != Some(false));
+                        prop_assert!(matches!(outcome, Outcome::Stopped | Outcome::Failed | Outcome::Lost));
+                    }
+                    DecisionKind::Stop => {
+                        prop_assert!(v.exit_status != 0);
+                        prop_assert!((1..=255).contains(&v.exit_status));
+                    }
+                }
+                prop_assert!(!v.decision.why().is_empty() && !v.decision.why().contains('\n'));
+                let r = record(i as u32 + 1, &f, &l, &ledger);
+                ledger.push(r);
+            }
+            // Never more consecutive requeued failures than allowed.
+            let mut run = 0;
+            for r in &ledger {
+                if r.outcome.is_failure() && r.decision == DecisionKind::Requeue { run += 1; } else if !r.outcome.is_failure() || r.decision != DecisionKind::Requeue { run = 0; }
+                prop_assert!(run <= max_requeues);
+            }
+        }
+    }
+}

@@ -1,0 +1,436 @@
+//! Slurm's commands as plain data, their answers parsed, and a blocking runner.
+//!
+//! [`run_command`] must only be used where the agent's event loop is not running (before it
+//! starts, after it ended): the loop reaps every child with `waitpid(-1)`, since the agent is a
+//! subreaper, and would take the command's exit status from under the runner.
+
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::process::Stdio;
+use std::sync::mpsc;
+use std::time::{Duration, SystemTime};
+
+use super::endtime::{local_to_epoch, parse_slurm_time, parse_slurm_time_limit, Civil};
+use crate::job::hostlist;
+
+/// A command line to run: program, arguments and the variables added to the environment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cmd {
+    pub program: String,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+}
+
+impl Cmd {
+    fn new(program: &str, args: &[&str]) -> Cmd {
+        Cmd {
+            program: program.into(),
+            args: args.iter().map(|a| a.to_string()).collect(),
+            env: vec![("SLURM_TIME_FORMAT".into(), "%s".into())],
+        }
+    }
+}
+
+impl std::fmt::Display for Cmd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (k, v) in &self.env {
+            write!(f, "{k}={v} ")?;
+        }
+        write!(f, "{}", self.program)?;
+        for a in &self.args {
+            write!(f, " {a}")?;
+        }
+        Ok(())
+    }
+}
+
+/// `SLURM_TIME_FORMAT=%s squeue -h -j ID -o %e`: the job's end time, as epoch seconds.
+pub fn squeue_end_time(job_id: &str) -> Cmd {
+    Cmd::new("squeue", &["-h", "-j", job_id, "-o", "%e"])
+}
+
+/// `SLURM_TIME_FORMAT=%s scontrol show job ID`.
+pub fn show_job(job_id: &str) -> Cmd {
+    Cmd::new("scontrol", &["show", "job", job_id])
+}
+
+/// `scontrol requeue ID`.
+pub fn requeue(job_id: &str) -> Cmd {
+    Cmd::new("scontrol", &["requeue", job_id])
+}
+
+/// `scontrol update JobId=ID ExcNodeList=a,b`: the list replaces the job's, so pass the union of
+/// what it excluded already and the new nodes ([`merge_excluded`]).
+pub fn exclude_nodes(job_id: &str, nodes: &[String]) -> Cmd {
+    Cmd::new(
+        "scontrol",
+        &[
+            "update",
+            &format!("JobId={job_id}"),
+            &format!("ExcNodeList={}", nodes.join(",")),
+        ],
+    )
+}
+
+/// The nodes a job already excludes followed by the new ones, without repeats.
+pub fn merge_excluded(current: &[String], new: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for n in current.iter().chain(new) {
+        if !out.contains(n) {
+            out.push(n.clone());
+        }
+    }
+    out
+}
+
+/// What `scontrol show job` says about the job, as far as vigil needs it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct JobInfo {
+    pub state: Option<String>,
+    pub end_time: Option<SystemTime>,
+    pub time_limit: Option<Duration>,
+    /// `Requeue=1`: the job may be requeued; `Requeue=0`: it was submitted with `--no-requeue`.
+    pub requeue: Option<bool>,
+    pub restarts: Option<u32>,
+    pub nodes: Vec<String>,
+    pub excluded: Vec<String>,
+}
+
+/// Parses `scontrol show job ID` (`Key=Value` words; `EndTime=` as epoch seconds or local time).
+pub fn parse_show_job(out: &str) -> Result<JobInfo, String> {
+    parse_show_job_with(out, &local_to_epoch)
+}
+
+pub fn parse_show_job_with(
+    out: &str,
+    local: &dyn Fn(Civil) -> Option<i64>,
+) -> Result<JobInfo, String> {
+    let field = |key: &str| -> Option<&str> {
+        out.split_whitespace()
+            .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+    };
+    if field("JobId").is_none() {
+        let first = out.lines().next().unwrap_or("").trim();
+        return Err(format!(
+            "scontrol show job did not describe a job (it printed {first:?})"
+        ));
+    }
+    let hosts = |key: &str| -> Result<Vec<String>, String> {
+        match field(key) {
+            None | Some("") | Some("(null)") | Some("None") => Ok(Vec::new()),
+            Some(list) => hostlist::expand(list).map_err(|e| format!("{key}={list}: {e}")),
+        }
+    };
+    Ok(JobInfo {
+        state: field("JobState").map(str::to_string),
+        end_time: match field("EndTime") {
+            None => None,
+            Some(t) => parse_slurm_time(t, local)?,
+        },
+        time_limit: field("TimeLimit").and_then(parse_slurm_time_limit),
+        requeue: match field("Requeue") {
+            Some("1") => Some(true),
+            Some("0") => Some(false),
+            _ => None,
+        },
+        restarts: field("Restarts").and_then(|r| r.parse().ok()),
+        nodes: hosts("NodeList")?,
+        excluded: hosts("ExcNodeList")?,
+    })
+}
+
+/// Why a command gave no answer; one line each.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunError {
+    Spawn {
+        cmd: String,
+        why: String,
+    },
+    TimedOut {
+        cmd: String,
+        after: Duration,
+    },
+    Failed {
+        cmd: String,
+        status: String,
+        stderr: String,
+    },
+}
+
+impl std::fmt::Display for RunError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RunError::Spawn { cmd, why } => write!(f, "cannot run `{cmd}`: {why}"),
+            RunError::TimedOut { cmd, after } => {
+                write!(
+                    f,
+                    "`{cmd}` did not finish in {} s and was killed",
+                    after.as_secs_f64()
+                )
+            }
+            RunError::Failed {
+                cmd,
+                status,
+                stderr,
+            } => {
+                write!(f, "`{cmd}` failed ({status})")?;
+                match stderr.lines().map(str::trim).find(|l| !l.is_empty()) {
+                    Some(line) => write!(f, ": {line}"),
+                    None => Ok(()),
+                }
+            }
+        }
+    }
+}
+
+impl std::error::Error for RunError {}
+
+/// Runs `cmd` to its end and returns its standard output; kills it (its whole process group) at
+/// `timeout`. Blocking: never call it while the agent's event loop runs (see the module doc).
+pub fn run_command(cmd: &Cmd, timeout: Duration) -> Result<String, RunError> {
+    let shown = cmd.to_string();
+    let mut child = std::process::Command::new(&cmd.program)
+        .args(&cmd.args)
+        .envs(cmd.env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .map_err(|e| RunError::Spawn {
+            cmd: shown.clone(),
+            why: match e.kind() {
+                std::io::ErrorKind::NotFound => format!("{} is not on PATH", cmd.program),
+                _ => e.to_string(),
+            },
+        })?;
+    let pid = child.id() as i32;
+    let mut stdout = child.stdout.take();
+    let mut stderr = child.stderr.take();
+    let (tx, rx) = mpsc::channel();
+    // The pipes are read on threads so that a command that writes much cannot block on a full
+    // pipe while we wait for it; the waiting thread reports when all is read and it has exited.
+    std::thread::spawn(move || {
+        let err_reader = std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(e) = stderr.as_mut() {
+                let _ = e.read_to_end(&mut buf);
+            }
+            buf
+        });
+        let mut out = Vec::new();
+        if let Some(o) = stdout.as_mut() {
+            let _ = o.read_to_end(&mut out);
+        }
+        let err = err_reader.join().unwrap_or_default();
+        let status = child.wait();
+        let _ = tx.send((status, out, err));
+    });
+    let (status, out, err) = match rx.recv_timeout(timeout) {
+        Ok(r) => r,
+        Err(_) => {
+            // SAFETY-free: a negative pid signals the command's own process group.
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(-pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            // Its reader thread finishes once the group is gone; nothing waits for it.
+            return Err(RunError::TimedOut {
+                cmd: shown,
+                after: timeout,
+            });
+        }
+    };
+    let status = status.map_err(|e| RunError::Spawn {
+        cmd: shown.clone(),
+        why: e.to_string(),
+    })?;
+    let text = |b: Vec<u8>| String::from_utf8_lossy(&b).into_owned();
+    if status.success() {
+        Ok(text(out))
+    } else {
+        Err(RunError::Failed {
+            cmd: shown,
+            status: status.to_string(),
+            stderr: text(err),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::allocation::endtime::civil_to_epoch;
+    use std::time::UNIX_EPOCH;
+
+    const SHOW_EPOCH: &str = "JobId=75 JobName=pretrain
+   UserId=root(0) GroupId=root(0) MCS_label=N/A
+   Priority=4294901757 Nice=0 Account=(null) QOS=(null)
+   JobState=RUNNING Reason=None Dependency=(null)
+   Requeue=1 Restarts=2 BatchFlag=1 Reboot=0 ExitCode=0:0
+   RunTime=00:00:05 TimeLimit=00:10:00 TimeMin=N/A
+   SubmitTime=1767225000 EligibleTime=1767225000
+   StartTime=1767225600 EndTime=1767226200 Deadline=N/A
+   Partition=debug AllocNode:Sid=host:123
+   ReqNodeList=(null) ExcNodeList=n[3-4]
+   NodeList=n[1-2]
+   BatchHost=n1
+   NumNodes=2 NumCPUs=2 NumTasks=2 CPUs/Task=1 ReqB:S:C:T=0:0:*:*
+";
+
+    fn utc(c: Civil) -> Option<i64> {
+        Some(civil_to_epoch(c))
+    }
+
+    fn names(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn show_job_gives_end_limit_requeue_restarts_and_nodes() {
+        let j = parse_show_job_with(SHOW_EPOCH, &utc).unwrap();
+        assert_eq!(
+            j,
+            JobInfo {
+                state: Some("RUNNING".into()),
+                end_time: Some(UNIX_EPOCH + Duration::from_secs(1_767_226_200)),
+                time_limit: Some(Duration::from_secs(600)),
+                requeue: Some(true),
+                restarts: Some(2),
+                nodes: names(&["n1", "n2"]),
+                excluded: names(&["n3", "n4"]),
+            }
+        );
+    }
+
+    #[test]
+    fn show_job_in_local_time_with_no_requeue_and_no_limit() {
+        let text = SHOW_EPOCH
+            .replace("EndTime=1767226200", "EndTime=2026-01-01T00:10:00")
+            .replace("Requeue=1", "Requeue=0")
+            .replace("TimeLimit=00:10:00", "TimeLimit=UNLIMITED")
+            .replace("ExcNodeList=n[3-4]", "ExcNodeList=(null)");
+        let j = parse_show_job_with(&text, &utc).unwrap();
+        assert_eq!(
+            j.end_time,
+            Some(UNIX_EPOCH + Duration::from_secs(1_767_226_200))
+        );
+        assert_eq!(j.requeue, Some(false));
+        assert_eq!(j.time_limit, None);
+        assert_eq!(j.excluded, Vec::<String>::new());
+        // `ReqNodeList=` is not `NodeList=`.
+        assert_eq!(j.nodes, names(&["n1", "n2"]));
+        let unknown = SHOW_EPOCH.replace("EndTime=1767226200", "EndTime=Unknown");
+        assert_eq!(parse_show_job_with(&unknown, &utc).unwrap().end_time, None);
+    }
+
+    #[test]
+    fn show_job_errors_are_one_line_and_name_what_was_wrong() {
+        let e = parse_show_job_with("slurm_load_jobs error: Invalid job id specified\n", &utc)
+            .unwrap_err();
+        assert!(e.contains("Invalid job id"), "{e}");
+        let e = parse_show_job_with(&SHOW_EPOCH.replace("n[1-2]", "n[1-"), &utc).unwrap_err();
+        assert!(e.starts_with("NodeList=n[1-"), "{e}");
+        let e = parse_show_job_with(
+            &SHOW_EPOCH.replace("EndTime=1767226200", "EndTime=soon"),
+            &utc,
+        )
+        .unwrap_err();
+        assert!(e.contains("\"soon\""), "{e}");
+    }
+
+    #[test]
+    fn command_lines_as_data() {
+        assert_eq!(
+            squeue_end_time("75").to_string(),
+            "SLURM_TIME_FORMAT=%s squeue -h -j 75 -o %e"
+        );
+        assert_eq!(show_job("75").args, names(&["show", "job", "75"]));
+        assert_eq!(requeue("75").args, names(&["requeue", "75"]));
+        let nodes = merge_excluded(&names(&["n3", "n4"]), &names(&["n4", "n1"]));
+        assert_eq!(nodes, names(&["n3", "n4", "n1"]));
+        assert_eq!(
+            exclude_nodes("75", &nodes).args,
+            names(&["update", "JobId=75", "ExcNodeList=n3,n4,n1"])
+        );
+    }
+
+    fn sh(script: &str) -> Cmd {
+        Cmd {
+            program: "sh".into(),
+            args: names(&["-c", script]),
+            env: vec![("SLURM_TIME_FORMAT".into(), "%s".into())],
+        }
+    }
+
+    #[test]
+    fn the_runner_returns_stdout_with_the_environment_given() {
+        let out = run_command(
+            &sh("echo \"end $SLURM_TIME_FORMAT\""),
+            Duration::from_secs(60),
+        );
+        assert_eq!(out, Ok("end %s\n".into()));
+    }
+
+    #[test]
+    fn the_runner_reports_failure_with_its_first_stderr_line() {
+        let e = run_command(
+            &sh("echo; echo 'Invalid job id' >&2; exit 3"),
+            Duration::from_secs(60),
+        )
+        .unwrap_err();
+        let line = e.to_string();
+        assert!(
+            line.contains("exit status: 3") && line.ends_with(": Invalid job id"),
+            "{line}"
+        );
+        let e = run_command(
+            &Cmd {
+                program: "vigil-no-such-program".into(),
+                args: vec![],
+                env: vec![],
+            },
+            Duration::from_secs(60),
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("vigil-no-such-program is not on PATH"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_runner_kills_a_command_that_overruns_with_its_children() {
+        let dir = std::env::temp_dir().join(format!("vigil-run-cmd-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let pidfile = dir.join("child.pid");
+        let script = format!("sleep 300 & echo $! > {}; wait", pidfile.display());
+        let e = run_command(&sh(&script), Duration::from_millis(500)).unwrap_err();
+        assert!(matches!(e, RunError::TimedOut { .. }), "{e}");
+        assert!(e.to_string().contains("did not finish in 0.5 s"), "{e}");
+        // The background sleep was in the command's process group: it is gone (or a zombie
+        // about to be reaped by init), never left running.
+        let pid: i32 = std::fs::read_to_string(&pidfile)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let state = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|s| s.rsplit(')').next().map(|r| r.trim().chars().next()))
+                .flatten();
+            if matches!(state, None | Some('Z') | Some('X')) {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "sleep {pid} still {state:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
