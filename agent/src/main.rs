@@ -179,6 +179,19 @@ fn main() -> ExitCode {
     let code = match cli.command {
         Command::Run(a) => run(*a),
         Command::Watchdog => vigil::run::proc::watchdog_main(),
+        Command::Ledger { target } => {
+            let env = |k: &str| std::env::var(k).ok();
+            match vigil::allocation::ledger::ledger_command(target.as_deref(), &env) {
+                Ok(table) => {
+                    print!("{table}");
+                    0
+                }
+                Err(e) => {
+                    eprintln!("vigil ledger: error: {e}");
+                    2
+                }
+            }
+        }
     };
     ExitCode::from(code.clamp(0, 255) as u8)
 }

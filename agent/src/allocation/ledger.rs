@@ -10,8 +10,8 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::values::file_safe;
 use crate::job::state::job_state_dir;
+use crate::values::file_safe;
 
 /// Bumped when a record's meaning changes; records of another format are skipped.
 pub const FORMAT: u32 = 1;

@@ -73,6 +73,35 @@ pub struct LaunchConfig {
     pub stack_wait: Duration,
     /// Where calculated timeouts are loaded from and saved to.
     pub timeouts_file: TimeoutsPlace,
+    /// What happens across allocations: when this one ends, the stop lead, the requeue limits.
+    pub allocation: AllocationPlan,
+}
+
+/// When the allocation ends, as the flags or Slurm say.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EndSpec {
+    /// Nothing says: no stop ahead of an end.
+    Unknown,
+    /// `--end-time`, or Slurm's `SLURM_JOB_END_TIME`.
+    At(std::time::SystemTime),
+    /// `--time-limit`: this long after the agent started.
+    After(Duration),
+}
+
+/// `vigil run`'s across-allocations settings (docs/allocations.md).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AllocationPlan {
+    pub end: EndSpec,
+    /// `--end-time` or `--time-limit` said it (fixed), rather than Slurm (re-read as it moves).
+    pub end_from_flags: bool,
+    /// Under Slurm, the job whose end time is re-read (`squeue`) and which is requeued.
+    pub slurm_job_id: Option<String>,
+    /// The floor of the stop lead (`--stop-lead`).
+    pub stop_lead: Duration,
+    pub limits: crate::allocation::policy::Limits,
+    /// Where the ledger lives: `--state-dir`, else the job's state dir, else (no job identity)
+    /// `None`: the run directory.
+    pub state_dir: Option<PathBuf>,
 }
 
 /// What the machine says, for resolving `--nproc-per-node cpu|gpu|auto` and the interpreter.
@@ -484,6 +513,10 @@ fn join_timeout(a: &RunArgs) -> Result<Duration, ConfigError> {
 }
 
 pub fn resolve(a: &RunArgs, host: &Host) -> Result<LaunchConfig, ConfigError> {
+    let state_base = a
+        .log_dir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from((host.env)("TMPDIR").unwrap_or_else(|| "/tmp".into())));
     let nodes = crate::job::nodes::discover(
         &crate::job::nodes::NodeFlags {
             nnodes: a.nnodes.as_deref(),
@@ -588,11 +621,48 @@ pub fn resolve(a: &RunArgs, host: &Host) -> Result<LaunchConfig, ConfigError> {
         timeouts_file: TimeoutsPlace::resolve(
             a.timeouts_file.as_deref(),
             nodes.job_id.as_deref(),
-            &a.log_dir.clone().unwrap_or_else(|| {
-                PathBuf::from((host.env)("TMPDIR").unwrap_or_else(|| "/tmp".into()))
-            }),
+            &state_base,
         ),
+        allocation: AllocationPlan {
+            end: end_spec(a, host)?,
+            end_from_flags: a.end_time.is_some() || a.time_limit.is_some(),
+            slurm_job_id: (host.env)("SLURM_JOB_ID").filter(|s| !s.trim().is_empty()),
+            stop_lead: secs("--stop-lead", a.stop_lead)?,
+            limits: crate::allocation::policy::Limits {
+                max_requeues: a.max_requeues,
+                max_no_progress: a.max_no_progress,
+                min_progress_steps: u64::from(a.min_progress_steps),
+                no_restart_exit_code: a.no_restart_exit_code,
+            },
+            state_dir: a.state_dir.clone().or_else(|| {
+                nodes
+                    .job_id
+                    .as_deref()
+                    .map(|id| crate::job::state::job_state_dir(&state_base, id))
+            }),
+        },
     })
+}
+
+/// When the allocation ends: `--end-time`, `--time-limit`, else Slurm's `SLURM_JOB_END_TIME`
+/// (Slurm >= 23.02; older ones are asked with `squeue` at start, by the runtime).
+fn end_spec(a: &RunArgs, host: &Host) -> Result<EndSpec, ConfigError> {
+    use crate::allocation::endtime;
+    match (&a.end_time, &a.time_limit) {
+        (Some(_), Some(_)) => {
+            err("--end-time and --time-limit both say when the allocation ends: give one of them")
+        }
+        (Some(t), None) => endtime::parse_end_time(t)
+            .map(EndSpec::At)
+            .map_err(ConfigError),
+        (None, Some(d)) => endtime::parse_time_limit(d)
+            .map(EndSpec::After)
+            .map_err(ConfigError),
+        (None, None) => Ok(endtime::parse_slurm_end_env(
+            (host.env)("SLURM_JOB_END_TIME").as_deref(),
+        )
+        .map_or(EndSpec::Unknown, EndSpec::At)),
+    }
 }
 
 /// Everything a rank's environment depends on besides the launch plan.

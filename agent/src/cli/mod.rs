@@ -27,6 +27,12 @@ pub enum Command {
     // Negative numbers reach the value parsers, which say what a flag takes.
     #[command(allow_negative_numbers = true)]
     Run(Box<RunArgs>),
+    /// Print a job's ledger: one line per allocation (docs/allocations.md).
+    Ledger {
+        /// A state directory, a log directory holding vigil-job-<id>/, or a job id
+        /// (default: $SLURM_JOB_ID's).
+        target: Option<String>,
+    },
     /// Internal: the helper that SIGKILLs rank process groups if the agent dies.
     #[command(name = "__watchdog", hide = true)]
     Watchdog,
@@ -369,6 +375,46 @@ pub struct RunArgs {
         value_parser = ["bash", "zsh", "tcsh"]
     )]
     pub print_completion: Option<String>,
+
+    /// Across allocations (docs/allocations.md): seconds before the allocation's end at which
+    /// the ranks are asked to checkpoint at one step and exit, at least; vigil raises it to what
+    /// it measured a checkpoint and the steps to the stop step take (times --safety-factor).
+    #[arg(long = "stop-lead", alias = "stop_lead", default_value_t = 60.0, value_parser = seconds)]
+    pub stop_lead: f64,
+
+    /// When the allocation ends: unix seconds or RFC 3339 (2026-11-23T18:00:00Z). Default under
+    /// Slurm: the job's end time, re-read as it changes.
+    #[arg(long = "end-time", alias = "end_time", value_name = "TIME")]
+    pub end_time: Option<String>,
+
+    /// How long the allocation lasts from the agent's start, as BCP's --total-runtime: Slurm's
+    /// forms (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS) or 90s, 45m, 2h, 1d.
+    #[arg(long = "time-limit", alias = "time_limit", value_name = "DURATION")]
+    pub time_limit: Option<String>,
+
+    /// Consecutive failed allocations after which the job is not requeued any more.
+    #[arg(long = "max-requeues", alias = "max_requeues", default_value_t = 2, value_parser = count)]
+    pub max_requeues: u32,
+
+    /// Allocations in a row without progress (highest step grown by --min-progress-steps) after
+    /// which the job is not requeued any more (ft_launcher's max_no_progress_cycles).
+    #[arg(long = "max-no-progress", alias = "max_no_progress", default_value_t = 3, value_parser = count)]
+    pub max_no_progress: u32,
+
+    /// Steps the highest step must grow by to count as progress (ft_launcher's
+    /// min_progress_iterations).
+    #[arg(long = "min-progress-steps", alias = "min_progress_steps", default_value_t = 1, value_parser = count)]
+    pub min_progress_steps: u32,
+
+    /// The exit status for "do not requeue" (ft_launcher's no_restart_exit_code); default: the
+    /// failure's own status.
+    #[arg(long = "no-restart-exit-code", alias = "no_restart_exit_code", hide = true, value_parser = clap::value_parser!(i32).range(1..=255))]
+    pub no_restart_exit_code: Option<i32>,
+
+    /// Where the job's ledger and calculated values live across allocations (default: the job's
+    /// state directory, <log-dir or $TMPDIR>/vigil-job-<id>/).
+    #[arg(long = "state-dir", alias = "state_dir", value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
 
     /// JSON-lines event log (default: events.jsonl in the run directory).
     #[arg(long = "event-log", alias = "event_log")]

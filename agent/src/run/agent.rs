@@ -207,7 +207,13 @@ impl Agent {
     /// setsid, double forks) and says so. Called once no rank of the attempt runs, so every child
     /// of the agent but the watchdog is such a leftover.
     pub(super) fn sweep(&mut self, cycle: u32) {
-        let spare: Vec<i32> = self.watchdog.iter().map(Watchdog::pid).collect();
+        let mut spare: Vec<i32> = self.watchdog.iter().map(Watchdog::pid).collect();
+        spare.extend(
+            self.helper_pids
+                .lock()
+                .map(|h| h.clone())
+                .unwrap_or_default(),
+        );
         let me = std::process::id() as i32;
         let killed = self.containment.sweep(Some((me, &spare)));
         if killed > 0 {

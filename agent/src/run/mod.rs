@@ -12,6 +12,7 @@
 //!   console. `ipc_server.rs`: the ranks' socket. `stacks.rs`: capturing a hung rank's stacks.
 
 mod agent;
+mod allocation;
 mod clock;
 mod eventlog;
 pub mod ipc_server;
@@ -72,6 +73,8 @@ struct Agent {
     host: String,
     events: EventLog,
     watchdog: Option<Watchdog>,
+    /// Children of the agent that are its own commands (`squeue`), not a rank's leftovers.
+    helper_pids: Arc<std::sync::Mutex<Vec<i32>>>,
     /// How every process the ranks started is found again at the end of an attempt.
     containment: proc::Containment,
     /// stderr tails of the current cycle's ranks.
@@ -182,8 +185,16 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
         }
     };
     let mut sigs = Vec::new();
-    // torchrun's --signals-to-handle: the others keep their default action.
-    for num in cfg.signals.clone() {
+    // torchrun's --signals-to-handle: the others keep their default action. SIGUSR1 and SIGUSR2
+    // always ask for a stop at a step (Slurm's `--signal=USR1@N`); their default would kill the
+    // agent and with it the job.
+    let mut handled = cfg.signals.clone();
+    for extra in [libc::SIGUSR1, libc::SIGUSR2] {
+        if !handled.contains(&extra) {
+            handled.push(extra);
+        }
+    }
+    for num in handled {
         match signal(SignalKind::from_raw(num)) {
             Ok(s) => sigs.push((s, num)),
             Err(e) => {
@@ -258,6 +269,7 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
         },
         host,
         run_dir,
+        helper_pids: Default::default(),
         watchdog,
         containment,
         tails: Vec::new(),
@@ -311,6 +323,15 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
         backoff: agent.cfg.backoff,
     });
     agent.execute(first);
+    let started_wall = SystemTime::now();
+    let mut endw = allocation::EndWatch::start(
+        &agent.cfg,
+        allocation::carried_lead(&agent.cfg, &agent.run_dir),
+    );
+    endw.helpers = agent.helper_pids.clone();
+    if let Some(ev) = endw.tick(&sup, clock.wake().0) {
+        agent.queue.push_back(ev);
+    }
     let mut ticker = tokio::time::interval(CLOCK_TICK);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
@@ -389,6 +410,12 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
                 FromCoord::Lost { reason, requeue } => {
                     agent.queue.push_back(Event::CoordinationLost { reason, requeue });
                 }
+                FromCoord::StopAsked { cycle, trigger } => {
+                    agent.queue.push_back(Event::StopAsked { cycle, trigger });
+                }
+                FromCoord::StopStep { cycle, step } => {
+                    agent.queue.push_back(Event::StopStep { cycle, step });
+                }
             },
             Some((cycle, local_rank, report)) = stacks_rx.recv() => {
                 agent.on_stacks(cycle, local_rank, report);
@@ -399,6 +426,10 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
             _ = ticker.tick() => {
                 if let Some(n) = refused.due(Instant::now(), false) {
                     note_refused(n);
+                }
+                endw.maybe_reread();
+                if let Some(ev) = endw.tick(&sup, clock.wake().0) {
+                    agent.queue.push_back(ev);
                 }
             }
             _ = sleep, if deadline.is_some() => agent.queue.push_back(Event::Tick),
@@ -464,9 +495,32 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
             reason,
             requeue: false,
         } => console_err(format!("vigil: error: {reason}")),
+        Outcome::Stopped { trigger, step } => console_note(&match step {
+            Some(s) => format!(
+                "stopped for {trigger} at step {s}; exit status {}: run the job again to go on from its checkpoint",
+                outcome.exit_code()
+            ),
+            None => format!(
+                "stopped for {trigger}; exit status {}: run the job again to go on",
+                outcome.exit_code()
+            ),
+        }),
     }
+    let status = if agent.cfg.node_rank == 0 {
+        allocation::conclude(allocation::Ending {
+            cfg: &agent.cfg,
+            run_dir: &agent.run_dir,
+            outcome: &outcome,
+            sup: &sup,
+            started: started_wall,
+            lead: endw.lead(&sup),
+            blame: Vec::new(),
+        })
+    } else {
+        outcome.exit_code()
+    };
     drop(server);
-    outcome.exit_code()
+    status
 }
 
 /// Waits for the first of the agent's stop signals and returns its number.

@@ -135,6 +135,27 @@ impl Agent {
                 "timeouts ({source}): {}",
                 describe_timeouts(timeouts)
             )),
+            Record::StopTriggered {
+                trigger, window_ms, ..
+            } => console_note(&format!(
+                "{trigger}: asking every rank to checkpoint at one agreed step and exit (they have {:.0}s)",
+                *window_ms as f64 / 1000.0
+            )),
+            Record::StopAgreed { step, .. } => console_note(&match step {
+                Some(s) => format!("every rank stops after step {s}"),
+                None => "no rank reported a step: every rank stops now".to_string(),
+            }),
+            Record::StopOverdue {
+                ranks, window_ms, ..
+            } => console_note(&format!(
+                "rank(s) {} did not stop within {:.0}s of being asked: stopping them",
+                ranks
+                    .iter()
+                    .map(|r| r.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                *window_ms as f64 / 1000.0
+            )),
             _ => {}
         }
     }

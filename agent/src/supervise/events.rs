@@ -129,6 +129,16 @@ pub enum Event {
     /// The job's coordination is gone (the store's node died or cannot be reached, or the
     /// rendezvous failed): stop and end. `requeue` tells whether running the job again may help.
     CoordinationLost { reason: String, requeue: bool },
+    /// When to ask for a stop ahead of the allocation's end (`None`: no end known), and how long
+    /// the ranks then get to stop on their own. From the runtime, again whenever the end moves.
+    StopAt {
+        at: Option<Instant>,
+        window: Duration,
+    },
+    /// A node (maybe this one) asked the job to stop at a step, for `trigger`.
+    StopAsked { cycle: u32, trigger: String },
+    /// The job's stop step (`None`: no rank reported a step; stop now).
+    StopStep { cycle: u32, step: Option<u64> },
 }
 
 /// How a cycle ended for the whole job.
@@ -192,6 +202,12 @@ pub enum Outcome {
         reason: String,
         requeue: bool,
     },
+    /// Every rank stopped at the agreed step (or was stopped) because of `trigger`; the job is
+    /// to go on in the next allocation.
+    Stopped {
+        trigger: String,
+        step: Option<u64>,
+    },
 }
 
 /// Exit status when a node was lost: `EX_TEMPFAIL`, "try again later", so a job script can requeue.
@@ -208,6 +224,7 @@ impl Outcome {
             Outcome::PeerStopped { exit_code, .. } => *exit_code,
             Outcome::Lost { requeue: true, .. } => EXIT_LOST,
             Outcome::Lost { requeue: false, .. } => 2,
+            Outcome::Stopped { .. } => EXIT_LOST,
         }
     }
 }
@@ -329,10 +346,29 @@ pub enum Record {
         outcome: Outcome,
         exit_code: i32,
     },
+    /// This node saw a stop trigger (a signal, the allocation's end within the lead).
+    StopTriggered {
+        cycle: u32,
+        node: u32,
+        trigger: String,
+        window_ms: u64,
+    },
+    /// The job's stop step, told to every rank that speaks to the shim.
+    StopAgreed {
+        cycle: u32,
+        step: Option<u64>,
+        trigger: String,
+    },
+    /// These ranks were still running when the stop window ended; they are stopped now.
+    StopOverdue {
+        cycle: u32,
+        ranks: Vec<u32>,
+        window_ms: u64,
+    },
 }
 
 /// What a node asks of the job's coordination (carried out by `rendezvous` through the store).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum JobRequest {
     /// Join this cycle's rendezvous with the other nodes; answer with `Joined`. Node rank 0
     /// hands `calculated` to every node.
@@ -355,9 +391,15 @@ pub enum JobRequest {
     /// The agent ends: leave the job; when `poison` is set, make any node waiting to join that
     /// cycle end with that verdict instead of waiting for this node.
     Leave { poison: Option<(u32, JobEnd)> },
+    /// Record a stop trigger for the job (the first one recorded wins); every node then gets
+    /// `StopAsked`.
+    StopTrigger { cycle: u32, trigger: String },
+    /// This node's steps, once a stop was asked; when every node reported, every node gets
+    /// `StopStep`.
+    StopSteps { cycle: u32, report: StepReport },
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Action {
     /// A request to the job's coordination (`rendezvous`), answered with `Joined`, `CycleEnded`
     /// or `JobTimeouts`.

@@ -26,11 +26,14 @@ mod hangs;
 pub mod monitor;
 mod ranks;
 mod stop;
+mod stopstep;
 mod timeouts;
 mod verdict;
 
 pub use backoff::Backoff;
 pub use events::*;
+pub use stopstep::{choose_stop_step, is_stop_signal, StepReport, AGREEMENT_BUDGET};
+use stopstep::{Pace, StopState};
 
 use std::time::{Duration, Instant};
 
@@ -53,6 +56,12 @@ struct Rank {
     state: RankState,
     /// Liveness, from the moment the rank was started.
     monitor: Option<RankMonitor>,
+    /// The steps it reported (`should_stop(step)`, heartbeats with a step).
+    pace: Option<Pace>,
+    /// It reported its step through `vigil.should_stop(step)`, so it stops at the agreed step.
+    listens: bool,
+    /// It cannot be asked to stop at a step and was signalled instead: its exit is expected.
+    told_to_stop: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -133,6 +142,14 @@ pub struct Supervisor {
     ended_at: Option<Instant>,
     /// Restarts in the current back-off streak.
     streak: u32,
+    /// A stop at an agreed step, once asked for (by any node); it ends the allocation.
+    stop: Option<StopState>,
+    /// The stop signal this agent received, forwarded to ranks that cannot be asked.
+    stop_sig: Option<i32>,
+    /// When to ask for a stop ahead of the allocation's end, and the window the ranks then get.
+    stop_at: Option<(Instant, Duration)>,
+    /// The highest step any local rank reported in this allocation.
+    highest_step: Option<u64>,
 }
 
 impl Supervisor {
@@ -165,6 +182,10 @@ impl Supervisor {
             started_at: None,
             ended_at: None,
             streak: 0,
+            stop: None,
+            stop_sig: None,
+            stop_at: None,
+            highest_step: None,
         };
         let mut actions = Vec::new();
         s.timeouts = s.cfg.timeouts.clone();
@@ -205,6 +226,18 @@ impl Supervisor {
         self.training_finished
     }
 
+    /// The highest step any local rank reported in this allocation.
+    pub fn highest_step(&self) -> Option<u64> {
+        self.highest_step
+    }
+
+    /// The trigger and agreed step of the stop under way, if one was asked for.
+    pub fn stop_asked(&self) -> Option<(String, Option<u64>)> {
+        self.stop
+            .as_ref()
+            .map(|s| (s.trigger.clone(), s.agreed.flatten()))
+    }
+
     pub fn is_finished(&self) -> bool {
         self.phase == Phase::Finished
     }
@@ -218,7 +251,7 @@ impl Supervisor {
     }
 
     pub fn next_deadline(&self) -> Option<Instant> {
-        match self.phase {
+        let own = match self.phase {
             Phase::Stopping {
                 kill_at,
                 killed: false,
@@ -230,7 +263,13 @@ impl Supervisor {
             },
             Phase::BackingOff { until } => Some(until),
             _ => None,
-        }
+        };
+        let stop = match &self.stop {
+            None => self.stop_at.map(|(at, _)| at),
+            Some(st) if !st.overdue && self.phase == Phase::Running => Some(st.deadline),
+            Some(_) => None,
+        };
+        [own, stop].into_iter().flatten().min()
     }
 
     /// Decides what `event`, which happened at `now`, means: the one entry point. Each kind of event
@@ -256,11 +295,23 @@ impl Supervisor {
                 self.on_stacks_captured(now, local_rank, &mut out)
             }
             // While ranks run, a tick is about hangs; otherwise about a back-off or an escalation.
-            Event::Tick if self.phase == Phase::Running => self.hang_tick(now, &mut out),
+            Event::Tick if self.phase == Phase::Running => {
+                self.stop_at_tick(now, &mut out);
+                self.stop_window_tick(now, &mut out);
+                if self.phase == Phase::Running {
+                    self.hang_tick(now, &mut out);
+                }
+            }
             Event::Tick => {
+                self.stop_at_tick(now, &mut out);
                 self.backoff_tick(now, &mut out);
                 self.escalate_tick(now, &mut out);
             }
+            Event::StopAt { at, window } => self.stop_at = at.map(|a| (a, window)),
+            Event::StopAsked { cycle, trigger } => {
+                self.on_stop_asked(now, cycle, trigger, &mut out)
+            }
+            Event::StopStep { cycle, step } => self.on_stop_step(cycle, step, &mut out),
             Event::Probed { stopped } => self.on_probed(now, stopped, &mut out),
             Event::Joined {
                 cycle,

@@ -100,6 +100,9 @@ impl Supervisor {
                 pid: None,
                 state: RankState::NotStarted,
                 monitor: None,
+                pace: None,
+                listens: false,
+                told_to_stop: false,
             })
             .collect();
         vec![
@@ -135,6 +138,7 @@ impl Supervisor {
             return;
         }
         rank.state = RankState::Exited(how);
+        let told_to_stop = rank.told_to_stop;
         if let Some(f) = self
             .failures
             .iter_mut()
@@ -151,7 +155,7 @@ impl Supervisor {
             self.diagnosing = None;
         }
         // A rank that ends while we are stopping the cycle was stopped by us, whatever its status.
-        let stopping = matches!(self.phase, Phase::Stopping { .. });
+        let stopping = matches!(self.phase, Phase::Stopping { .. }) || told_to_stop;
         let failed = !how.success() && !stopping;
         let (exit_code, signal) = match how {
             ExitKind::Code(c) => (Some(c), None),

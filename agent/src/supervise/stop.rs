@@ -4,6 +4,21 @@ use super::*;
 
 impl Supervisor {
     pub(super) fn on_signal(&mut self, now: Instant, sig: i32, out: &mut Vec<Action>) {
+        // SIGTERM/SIGUSR1/SIGUSR2 while ranks that call `should_stop(step)` run: checkpoint at one
+        // agreed step instead of being signalled. A second signal is obeyed at once, as below.
+        if is_stop_signal(sig)
+            && self.stop.is_none()
+            && self.phase == Phase::Running
+            && self
+                .ranks
+                .iter()
+                .any(|r| r.state == RankState::Running && r.listens)
+        {
+            self.stop_sig = Some(sig);
+            let window = self.cfg.term_timeout;
+            self.trigger_stop(now, crate::values::signal_name(sig), window, out);
+            return;
+        }
         match self.phase {
             Phase::Stopping {
                 reason: StopReason::Signal,

@@ -86,6 +86,13 @@ impl Supervisor {
                     local_rank,
                     msg: self.timeouts.to_msg(),
                 });
+                // A rank that connects after the stop step was agreed is told it too.
+                if self.stop.as_ref().is_some_and(|s| s.agreed.is_some()) {
+                    out.push(Action::SendToRank {
+                        local_rank,
+                        msg: self.stop_msg(),
+                    });
+                }
             }
             RankMsg::Finished if !finished => {
                 self.training_finished = true;
@@ -112,7 +119,19 @@ impl Supervisor {
                 };
                 self.on_calc_request(now, local_rank, req, out);
             }
-            RankMsg::Heartbeat { .. } | RankMsg::SectionEnd { .. } => self.maybe_calculate(out),
+            RankMsg::Heartbeat { step } => {
+                if let Some(step) = step {
+                    self.on_step(now, local_rank, step);
+                }
+                self.maybe_calculate(out)
+            }
+            RankMsg::SectionEnd { .. } => self.maybe_calculate(out),
+            RankMsg::Progress { step } => {
+                if let Some(r) = self.ranks.get_mut(local_rank as usize) {
+                    r.listens = true;
+                }
+                self.on_step(now, local_rank, step);
+            }
             _ => {}
         }
     }

@@ -71,7 +71,17 @@ impl Supervisor {
     /// A back-off that is over: join the next cycle's rendezvous.
     pub(super) fn backoff_tick(&mut self, now: Instant, out: &mut Vec<Action>) {
         if let Phase::BackingOff { until } = self.phase {
-            if now >= until {
+            if self.stop.is_some() {
+                // The allocation ends before the next attempt could do anything: no restart, and
+                // nodes that did not see the stop must not wait for this one at the next attempt.
+                self.phase = Phase::Waiting;
+                self.stopped.get_or_insert(JobEnd::Stopped {
+                    node: self.cfg.node_rank,
+                    reason: "the allocation ends".into(),
+                    exit_code: EXIT_LOST,
+                });
+                self.settle(out);
+            } else if now >= until {
                 self.join_next(out);
             }
         }
@@ -138,8 +148,14 @@ impl Supervisor {
         } else {
             match self.end.clone() {
                 None => return,
-                Some(JobEnd::Done) => Outcome::Succeeded,
-                Some(JobEnd::Failed { .. }) if self.cycle < self.cfg.max_restarts => {
+                Some(JobEnd::Done) => match self.stop_asked() {
+                    Some((trigger, step)) => Outcome::Stopped { trigger, step },
+                    None => Outcome::Succeeded,
+                },
+                // A stop ends the allocation: no restart, whatever failed while stopping.
+                Some(JobEnd::Failed { .. })
+                    if self.cycle < self.cfg.max_restarts && self.stop.is_none() =>
+                {
                     let next = self.cycle + 1;
                     let ran = match (self.started_at, self.ended_at) {
                         (Some(s), Some(e)) => e.saturating_duration_since(s),
@@ -166,6 +182,10 @@ impl Supervisor {
                 Some(JobEnd::Failed { .. }) => Outcome::Failed {
                     restarts: self.cycle,
                 },
+                Some(JobEnd::Stopped { .. }) if self.stop.is_some() => {
+                    let (trigger, step) = self.stop_asked().unwrap_or_default();
+                    Outcome::Stopped { trigger, step }
+                }
                 Some(JobEnd::Stopped {
                     node,
                     reason,
@@ -184,6 +204,7 @@ impl Supervisor {
         // Nodes still heading for another cycle must not wait for this one.
         let poison = match &outcome {
             Outcome::Signaled { .. } | Outcome::SpawnFailed { .. } => self.stopped.clone(),
+            _ if self.stop.is_some() => self.stopped.clone(),
             Outcome::Lost { reason, .. } => Some(JobEnd::Lost {
                 reason: reason.clone(),
             }),

@@ -56,7 +56,7 @@ pub(super) const NO_STORAGE_CHECK: &str = "vigil runs no Lustre/NFS storage heal
 pub(super) const NO_GPU_RECLAIM: &str =
     "vigil does not wait for GPU memory to be freed between attempts";
 pub(super) const NO_PROGRESS: &str =
-    "vigil does not track checkpoint progress across restarts; bound them with --max-restarts";
+    "vigil measures progress by the step ranks pass to vigil.should_stop(step), not a file";
 pub(super) const NO_ATTRIBUTION: &str = "vigil has no attribution service; its failure summary and event log name the failing rank and the cause";
 pub(super) const NO_LOG_FUNNEL: &str =
     "vigil keeps each rank's logs per attempt in its run directory under --log-dir";
@@ -73,8 +73,6 @@ pub(super) const KILLS_GROUPS: &str =
     "vigil always kills what each rank leaves in its process group";
 pub(super) const RECORDS_EXITS: &str =
     "vigil records each rank's exit status and error file itself";
-pub(super) const NO_REQUEUE_CODE: &str =
-    "vigil has no do-not-requeue exit status; see docs/usage.md for its statuses";
 pub(super) const NO_CYCLE_INFO: &str =
     "vigil writes no cycle_info files; its event log records every attempt";
 
@@ -130,11 +128,11 @@ pub(super) const OPTS: &[Opt] = &[
     note("gpu_memory_poll_interval", Kind::Float, Dflt::F(2.0), NO_GPU_RECLAIM),
     note("check_remaining_processes", Kind::Bool, Dflt::B(false), KILLS_GROUPS),
     note("install_exception_hook", Kind::Bool, Dflt::B(false), RECORDS_EXITS),
-    note("max_no_progress_cycles", Kind::Int, Dflt::I(3), NO_PROGRESS),
-    note("max_no_progress_restarts", Kind::Int, Dflt::I(3), NO_PROGRESS),
-    note("min_progress_iterations", Kind::Int, Dflt::I(1), NO_PROGRESS),
+    map("max_no_progress_cycles", Kind::Int, "--max-no-progress"),
+    map("max_no_progress_restarts", Kind::Int, "--max-no-progress"),
+    map("min_progress_iterations", Kind::Int, "--min-progress-steps"),
     note("checkpoint_iteration_file", Kind::Str, Dflt::Null, NO_PROGRESS),
-    note("no_restart_exit_code", Kind::Int, Dflt::Null, NO_REQUEUE_CODE),
+    map("no_restart_exit_code", Kind::Int, "--no-restart-exit-code"),
     note("attribution_endpoint", Kind::Str, Dflt::Null, NO_ATTRIBUTION),
     note("attribution_stop_action", Kind::Str, Dflt::Null, NO_ATTRIBUTION),
     note("attribution_export_url", Kind::Str, Dflt::Null, NO_ATTRIBUTION),

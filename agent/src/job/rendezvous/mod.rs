@@ -35,7 +35,7 @@ use tokio::sync::mpsc;
 use vigil_store::{KeySpace, LeaseEvent, StoreClient};
 
 use crate::supervise::monitor::Timeouts;
-use crate::supervise::{JobEnd, JobRequest};
+use crate::supervise::{choose_stop_step, JobEnd, JobRequest, StepReport, AGREEMENT_BUDGET};
 
 mod liveness;
 mod wire;
@@ -63,6 +63,16 @@ pub enum FromCoord {
         cycle: u32,
         round: u32,
         timeouts: Timeouts,
+    },
+    /// A node asked the job to stop at a step (the first trigger recorded).
+    StopAsked {
+        cycle: u32,
+        trigger: String,
+    },
+    /// The job's stop step.
+    StopStep {
+        cycle: u32,
+        step: Option<u64>,
     },
     Lost {
         reason: String,
@@ -177,6 +187,10 @@ struct Coordinator {
     timeouts_task: Option<tokio::task::JoinHandle<()>>,
     timeouts_tx: mpsc::UnboundedSender<(u32, u32, Vec<u8>)>,
     timeouts_rx: mpsc::UnboundedReceiver<(u32, u32, Vec<u8>)>,
+    /// A task parked on this cycle's stop trigger, then on its stop step.
+    stop_task: Option<tokio::task::JoinHandle<()>>,
+    stop_tx: mpsc::UnboundedSender<FromCoord>,
+    stop_rx: mpsc::UnboundedReceiver<FromCoord>,
     /// Set once a `Lost` was sent: nothing more is reported.
     ended: bool,
     /// Renews this node's counter and watches the others' ([`liveness`]).
@@ -197,6 +211,12 @@ fn store_lost(store: SocketAddr, e: impl std::fmt::Display) -> String {
     format!(
         "lost the connection to node rank 0's store at {store}: {e}; node rank 0's agent died or the network failed"
     )
+}
+
+/// Parks until `key` is set, then reads it.
+async fn wait_get(c: &mut StoreClient, key: &str) -> Result<Vec<u8>, vigil_store::StoreError> {
+    c.wait(&[key], Duration::MAX).await?;
+    c.get(key).await
 }
 
 async fn connect_client(cfg: &CoordConfig) -> Result<StoreClient, Fatal> {
@@ -265,6 +285,7 @@ impl Coordinator {
             silent_tx,
         ));
         let (timeouts_tx, timeouts_rx) = mpsc::unbounded_channel();
+        let (stop_tx, stop_rx) = mpsc::unbounded_channel();
         Ok(Coordinator {
             cfg,
             ctl,
@@ -279,6 +300,9 @@ impl Coordinator {
             timeouts_task: None,
             timeouts_tx,
             timeouts_rx,
+            stop_task: None,
+            stop_tx,
+            stop_rx,
             ended: false,
             liveness,
             silent_rx,
@@ -344,6 +368,7 @@ impl Coordinator {
                         self.send(FromCoord::JobTimeouts { cycle, round, timeouts });
                     }
                 }
+                Some(m) = self.stop_rx.recv() => self.send(m),
                 Some(ev) = lease => {
                     if let Err(e) = self.lease_event(ev).await {
                         self.store_error(e);
@@ -368,6 +393,10 @@ impl Coordinator {
                 if let Some(t) = self.timeouts_task.take() {
                     t.abort();
                 }
+                if let Some(t) = self.stop_task.take() {
+                    t.abort();
+                }
+                self.spawn_stop_waiter(cycle);
                 if let Some(reason) = self.lost.clone() {
                     let end = JobEnd::Lost { reason };
                     self.poison(cycle, &end).await?;
@@ -442,9 +471,64 @@ impl Coordinator {
                         .await?;
                 }
             }
+            JobRequest::StopTrigger { cycle, trigger } => {
+                self.ctl
+                    .compare_set(&key::stop(cycle), b"", &to_json(&trigger))
+                    .await?;
+            }
+            JobRequest::StopSteps { cycle, report } => {
+                self.ctl
+                    .set(
+                        &key::stop_steps(cycle, self.cfg.node_rank),
+                        &to_json(&report),
+                    )
+                    .await?;
+                if self.ctl.add(&key::stop_count(cycle), 1).await? == n {
+                    let keys: Vec<String> = (0..self.cfg.nnodes)
+                        .map(|i| key::stop_steps(cycle, i))
+                        .collect();
+                    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+                    let all: Vec<StepReport> = self
+                        .ctl
+                        .multi_get(&refs)
+                        .await?
+                        .iter()
+                        .filter_map(|v| serde_json::from_slice(v).ok())
+                        .collect();
+                    let step = choose_stop_step(&all, AGREEMENT_BUDGET);
+                    self.ctl
+                        .compare_set(&key::stop_step(cycle), b"", &to_json(&step))
+                        .await?;
+                }
+            }
             JobRequest::Leave { .. } => unreachable!("handled by serve"),
         }
         Ok(())
+    }
+
+    /// A connection of its own, parked on the cycle's stop trigger and then on its stop step;
+    /// dropped (and with it the wait) when the next cycle is joined.
+    fn spawn_stop_waiter(&mut self, cycle: u32) {
+        let cfg = self.cfg.clone();
+        let tx = self.stop_tx.clone();
+        self.stop_task = Some(tokio::task::spawn_local(async move {
+            let Ok(mut c) = connect_client(&cfg).await else {
+                return;
+            };
+            let k = key::stop(cycle);
+            let Ok(v) = wait_get(&mut c, &k).await else {
+                return;
+            };
+            let trigger = serde_json::from_slice(&v).unwrap_or_else(|_| "a stop".to_string());
+            if tx.send(FromCoord::StopAsked { cycle, trigger }).is_err() {
+                return;
+            }
+            let k = key::stop_step(cycle);
+            if let Ok(v) = wait_get(&mut c, &k).await {
+                let step = serde_json::from_slice(&v).unwrap_or(None);
+                let _ = tx.send(FromCoord::StopStep { cycle, step });
+            }
+        }));
     }
 
     /// A connection of its own, parked until every node has shared its timeouts for `cycle`;

@@ -78,6 +78,21 @@ pub mod key {
     pub fn timeouts(c: u32, round: u32) -> String {
         format!("vigil/c{c}/r{round}/timeouts")
     }
+    /// The job's stop trigger in cycle `c` (JSON string; compare-and-set, the first one wins).
+    pub fn stop(c: u32) -> String {
+        format!("vigil/c{c}/stop")
+    }
+    /// Node `node`'s steps once a stop was asked (JSON `StepReport`).
+    pub fn stop_steps(c: u32, node: u32) -> String {
+        format!("vigil/c{c}/stop/steps/{node}")
+    }
+    pub fn stop_count(c: u32) -> String {
+        format!("vigil/c{c}/stop/n")
+    }
+    /// The job's stop step (JSON: a number, or null for "stop now").
+    pub fn stop_step(c: u32) -> String {
+        format!("vigil/c{c}/stop/step")
+    }
     /// Raw prefix of one cycle's keys, removed once every node is in the next cycle.
     pub fn cycle_prefix_raw(c: u32) -> Vec<u8> {
         format!("/vigil/c{c}/").into_bytes()

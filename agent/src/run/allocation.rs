@@ -1,0 +1,355 @@
+//! The allocation's edges on this node: knowing when it ends (flags, Slurm, re-read as it moves)
+//! and telling the supervisor when to ask for a stop; and, on node rank 0, the last thing the
+//! agent does: the ledger record, and the requeue (`scontrol`) the policy decided.
+//!
+//! Decisions are elsewhere: the stop itself in `supervise::stopstep`, the lead in
+//! `allocation::lead`, the requeue in `allocation::policy`.
+
+use std::sync::mpsc as std_mpsc;
+
+use super::*;
+use crate::allocation::{endtime, lead, ledger, policy, slurm};
+use crate::cli::config::EndSpec;
+
+/// How often Slurm is asked again for the job's end (`scontrol update TimeLimit=` moves it).
+const REREAD_EVERY: Duration = Duration::from_secs(60);
+/// A Slurm command that takes longer than this is given up.
+const SLURM_TIMEOUT: Duration = Duration::from_secs(20);
+/// Steps the lead leaves for reaching the stop step (`supervise::AGREEMENT_BUDGET` of steps is
+/// what the agreement adds; two more cover a step in flight).
+const LEAD_MARGIN_STEPS: u32 = 2;
+
+/// Knows when the allocation ends and when, given the lead, the stop must be asked for.
+pub(super) struct EndWatch {
+    end: Option<SystemTime>,
+    floor: Duration,
+    safety_factor: f64,
+    /// The lead carried from the job's earlier allocations (their ledger), at least the floor.
+    carried: Duration,
+    /// The lead last told to the supervisor, and the stop instant told.
+    sent: Option<(Option<Instant>, Duration)>,
+    slurm_job: Option<String>,
+    next_reread: Instant,
+    reread: Option<std_mpsc::Receiver<Option<SystemTime>>>,
+    /// Pids of Slurm commands in flight: children of the agent that are not a rank's leftovers.
+    pub(super) helpers: std::sync::Arc<std::sync::Mutex<Vec<i32>>>,
+}
+
+impl EndWatch {
+    /// Reads the end as the plan says (under Slurm without `SLURM_JOB_END_TIME`, `squeue`, which
+    /// is safe here: the loop, which reaps every child, has not started).
+    pub(super) fn start(cfg: &LaunchConfig, carried_lead: Option<Duration>) -> EndWatch {
+        let plan = &cfg.allocation;
+        let now_wall = SystemTime::now();
+        let end = match &plan.end {
+            EndSpec::At(t) => Some(*t),
+            EndSpec::After(d) => now_wall.checked_add(*d),
+            EndSpec::Unknown => plan.slurm_job_id.as_deref().and_then(|id| {
+                match slurm::run_command(&slurm::squeue_end_time(id), SLURM_TIMEOUT)
+                    .map_err(|e| e.to_string())
+                    .and_then(|out| endtime::parse_squeue_end(&out))
+                {
+                    Ok(t) => t,
+                    Err(e) => {
+                        console_note(&format!(
+                            "cannot learn when the Slurm job ends ({e}); no stop ahead of its time limit unless --end-time or --time-limit is given"
+                        ));
+                        None
+                    }
+                }
+            }),
+        };
+        EndWatch {
+            end,
+            floor: plan.stop_lead,
+            safety_factor: cfg.safety_factor,
+            carried: carried_lead.unwrap_or_default().max(plan.stop_lead),
+            sent: None,
+            // Only Slurm's own end moves; an end given by flags is fixed.
+            slurm_job: plan.slurm_job_id.clone().filter(|_| !plan.end_from_flags),
+            next_reread: Instant::now() + REREAD_EVERY,
+            reread: None,
+            helpers: Default::default(),
+        }
+    }
+
+    /// The lead now: the carried one, or what this allocation observed, whichever is longer.
+    pub(super) fn lead(&self, sup: &Supervisor) -> Duration {
+        let (ckpt, step) = sup.lead_observed();
+        let seen = lead::stop_lead(
+            self.floor,
+            self.safety_factor,
+            ckpt,
+            step,
+            LEAD_MARGIN_STEPS,
+        );
+        seen.max(self.carried)
+    }
+
+    /// What to tell the supervisor, if anything changed: when to ask for the stop, and the window.
+    pub(super) fn tick(&mut self, sup: &Supervisor, job_now: Instant) -> Option<Event> {
+        self.poll_reread();
+        let end = self.end?;
+        let lead = self.lead(sup);
+        let at = lead::when_to_stop(end, lead, SystemTime::now(), job_now);
+        // Told again only when it moved by more than a second (wall and monotonic clocks drift).
+        let moved = match self.sent {
+            Some((Some(prev), prev_lead)) => {
+                let d = if at > prev { at - prev } else { prev - at };
+                d > Duration::from_secs(1) || prev_lead != lead
+            }
+            _ => true,
+        };
+        if !moved {
+            return None;
+        }
+        self.sent = Some((Some(at), lead));
+        Some(Event::StopAt {
+            at: Some(at),
+            window: lead,
+        })
+    }
+
+    /// Starts a re-read of Slurm's end now and then, on a thread: the command's output is read
+    /// there, and its exit status is left to the loop's reaper (which ignores unknown pids).
+    pub(super) fn maybe_reread(&mut self) {
+        let Some(job) = self.slurm_job.clone() else {
+            return;
+        };
+        if self.reread.is_some() || Instant::now() < self.next_reread {
+            return;
+        }
+        self.next_reread = Instant::now() + REREAD_EVERY;
+        let cmd = slurm::squeue_end_time(&job);
+        let spawned = std::process::Command::new(&cmd.program)
+            .args(&cmd.args)
+            .envs(cmd.env.iter().map(|(k, v)| (k, v)))
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn();
+        let Ok(mut child) = spawned else {
+            return;
+        };
+        let pid = child.id() as i32;
+        self.helpers.lock().map(|mut h| h.push(pid)).ok();
+        let helpers = self.helpers.clone();
+        let (tx, rx) = std_mpsc::channel();
+        self.reread = Some(rx);
+        let stdout = child.stdout.take();
+        std::thread::spawn(move || {
+            use std::io::Read;
+            let mut out = String::new();
+            let ok = stdout.is_some_and(|mut s| s.read_to_string(&mut out).is_ok());
+            let end = ok
+                .then(|| endtime::parse_squeue_end(&out).ok().flatten())
+                .flatten();
+            helpers.lock().map(|mut h| h.retain(|p| *p != pid)).ok();
+            let _ = tx.send(end);
+        });
+        // A squeue that hangs is killed at the bound; its thread then sees end of file.
+        let bound = SLURM_TIMEOUT;
+        std::thread::spawn(move || {
+            std::thread::sleep(bound);
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        });
+        drop(child);
+    }
+
+    fn poll_reread(&mut self) {
+        let Some(rx) = &self.reread else {
+            return;
+        };
+        match rx.try_recv() {
+            Ok(end) => {
+                self.reread = None;
+                if let Some(e) = end {
+                    if self.end != Some(e) {
+                        self.end = Some(e);
+                        self.sent = None;
+                    }
+                }
+            }
+            Err(std_mpsc::TryRecvError::Empty) => {}
+            Err(std_mpsc::TryRecvError::Disconnected) => self.reread = None,
+        }
+    }
+}
+
+/// What node rank 0 knows of the allocation when its agent ends.
+pub(super) struct Ending<'a> {
+    pub cfg: &'a LaunchConfig,
+    pub run_dir: &'a Path,
+    pub outcome: &'a Outcome,
+    pub sup: &'a Supervisor,
+    pub started: SystemTime,
+    pub lead: Duration,
+    /// Nodes to keep out of the next allocation.
+    pub blame: Vec<String>,
+}
+
+/// The ledger's directory for this job.
+pub(super) fn state_dir(cfg: &LaunchConfig, run_dir: &Path) -> PathBuf {
+    cfg.allocation
+        .state_dir
+        .clone()
+        .unwrap_or_else(|| run_dir.to_path_buf())
+}
+
+/// The lead the job's earlier allocations ended with, from its ledger.
+pub(super) fn carried_lead(cfg: &LaunchConfig, run_dir: &Path) -> Option<Duration> {
+    let (records, _) = ledger::read(&state_dir(cfg, run_dir)).ok()?;
+    let last = records.last()?.stop_lead_s;
+    (last.is_finite() && last > 0.0 && last <= crate::values::MAX_SECONDS)
+        .then(|| Duration::from_secs_f64(last))
+}
+
+fn ledger_outcome(o: &Outcome) -> ledger::Outcome {
+    match o {
+        Outcome::Succeeded => ledger::Outcome::Finished,
+        Outcome::Stopped { .. } | Outcome::Signaled { .. } | Outcome::PeerStopped { .. } => {
+            ledger::Outcome::Stopped
+        }
+        Outcome::Failed { .. } | Outcome::SpawnFailed { .. } => ledger::Outcome::Failed,
+        Outcome::Lost { .. } => ledger::Outcome::Lost,
+    }
+}
+
+/// Node rank 0's last act: decide what happens after this allocation, record it in the ledger,
+/// requeue under Slurm. Returns the agent's exit status.
+pub(super) fn conclude(e: Ending) -> i32 {
+    let cfg = e.cfg;
+    let dir = state_dir(cfg, e.run_dir);
+    let (history, notes) = ledger::read(&dir).unwrap_or_default();
+    for n in notes {
+        console_note(&n);
+    }
+    let slurm_job = cfg.allocation.slurm_job_id.clone();
+    let info = slurm_job.as_deref().and_then(|id| {
+        slurm::run_command(&slurm::show_job(id), SLURM_TIMEOUT)
+            .ok()
+            .and_then(|out| slurm::parse_show_job(&out).ok())
+    });
+    let (trigger, stop_step) = match e.outcome {
+        Outcome::Stopped { trigger, step } => (Some(trigger.clone()), *step),
+        Outcome::Signaled { signal } => (Some(crate::values::signal_name(*signal)), None),
+        _ => (None, None),
+    };
+    // A job cancelled by its user is never requeued, whatever signal said so.
+    let cancelled = info
+        .as_ref()
+        .and_then(|i| i.state.as_deref())
+        .is_some_and(|s| s.starts_with("CANCELLED"));
+    let facts = policy::Facts {
+        outcome: ledger_outcome(e.outcome),
+        status: e.outcome.exit_code(),
+        marked_finished: e.sup.training_finished(),
+        highest_step: e.sup.highest_step(),
+        stop_trigger: trigger.clone(),
+        blame: e.blame.clone(),
+        requeue_allowed: if cancelled {
+            Some(false)
+        } else {
+            info.as_ref().and_then(|i| i.requeue)
+        },
+    };
+    let mut verdict = policy::decide(&facts, &history, &cfg.allocation.limits);
+    // Ctrl-C, SIGHUP, SIGQUIT: a person stopping the job, never a reason to run it again.
+    let interrupted = matches!(e.outcome, Outcome::Signaled { signal } if !crate::supervise::is_stop_signal(*signal));
+    if cancelled || interrupted {
+        let why = if cancelled {
+            "the Slurm job was cancelled: not requeued".to_string()
+        } else {
+            format!(
+                "{}: not requeued",
+                facts.stop_trigger.clone().unwrap_or_default()
+            )
+        };
+        verdict = policy::Verdict {
+            decision: policy::Decision::Stop { why },
+            exit_status: e.outcome.exit_code(),
+        };
+    }
+    // Ranks that were signalled (they do not stop at a step) end as before: 128 + the signal.
+    if matches!(e.outcome, Outcome::Signaled { .. }) {
+        verdict.exit_status = e.outcome.exit_code();
+    }
+    let why = verdict.decision.why().to_string();
+    let nodes = info
+        .as_ref()
+        .map(|i| i.nodes.clone())
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| {
+            vec![nix::unistd::gethostname()
+                .map(|h| h.to_string_lossy().into_owned())
+                .unwrap_or_default()]
+        });
+    let rec = ledger::Record {
+        format: ledger::FORMAT,
+        allocation: ledger::next_index(&history),
+        job_id: cfg.job_id.clone(),
+        restart_count: std::env::var("SLURM_RESTART_COUNT")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0),
+        nodes,
+        start: unix(e.started),
+        end: unix(SystemTime::now()),
+        outcome: facts.outcome,
+        highest_step: facts.highest_step,
+        restarts: e.sup.cycle(),
+        stop_step,
+        stop_trigger: trigger,
+        decision: verdict.decision.kind(),
+        why: why.clone(),
+        excluded: verdict.decision.exclude().to_vec(),
+        stop_lead_s: e.lead.as_secs_f64(),
+        exit_status: verdict.exit_status,
+    };
+    if let Err(err) = std::fs::create_dir_all(&dir).and_then(|_| ledger::append(&dir, &rec)) {
+        console_note(&format!(
+            "cannot write the job's ledger in {} ({err}); this allocation is not recorded",
+            dir.display()
+        ));
+    }
+    match (&verdict.decision, slurm_job.as_deref()) {
+        (policy::Decision::Requeue { exclude, .. }, Some(id)) => {
+            if !exclude.is_empty() {
+                let current = info
+                    .as_ref()
+                    .map(|i| i.excluded.clone())
+                    .unwrap_or_default();
+                let all = slurm::merge_excluded(&current, exclude);
+                if let Err(err) = slurm::run_command(&slurm::exclude_nodes(id, &all), SLURM_TIMEOUT)
+                {
+                    console_note(&format!(
+                        "cannot keep {} out of the next allocation: {err}",
+                        all.join(",")
+                    ));
+                }
+            }
+            match slurm::run_command(&slurm::requeue(id), SLURM_TIMEOUT) {
+                Ok(_) => console_note(&format!("requeued Slurm job {id}: {why}")),
+                Err(err) => console_note(&format!(
+                    "could not requeue Slurm job {id} ({err}); requeue it by hand to go on"
+                )),
+            }
+        }
+        (policy::Decision::Requeue { .. }, None) => console_note(&format!(
+            "run the job again to go on (exit status {}): {why}",
+            verdict.exit_status
+        )),
+        (policy::Decision::Finished { .. }, _) => {}
+        _ => console_note(&format!("not requeued: {why}")),
+    }
+    verdict.exit_status
+}
+
+fn unix(t: SystemTime) -> f64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}

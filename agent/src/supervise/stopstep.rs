@@ -1,0 +1,415 @@
+//! Stopping at one agreed step: every rank of every node checkpoints at the same step S and exits 0.
+//!
+//! A trigger (SIGTERM/SIGUSR1/SIGUSR2 to any agent, or the allocation's end coming within the stop
+//! lead) reaches the first node that sees it; it records the trigger in the store, and every node
+//! learns it (`Event::StopAsked`). Each node then reports the highest step its ranks reported and
+//! their fastest pace ([`StepReport`]); once every node reported, one stop step is chosen for the
+//! job by [`choose_stop_step`] and every node hands it to its ranks (`StopRequest { at_step }`),
+//! whose `vigil.should_stop(step)` turns True exactly at that step.
+//!
+//! S must be late enough that no rank is past it when the request reaches it: the highest step
+//! reported anywhere, plus the steps the fastest rank makes in [`AGREEMENT_BUDGET`] (the time the
+//! agreement and delivery may take), plus one. A rank that never reported a step gets the request
+//! as "stop now" (`at_step = None` when no rank reported any).
+//!
+//! Only ranks that call `vigil.should_stop(step)` (their `Progress` messages say so) can be asked;
+//! every other rank gets the signal at once, as before (a rank that only heartbeats may handle
+//! SIGTERM itself, as NeMo's own callback does), and the request as well.
+//! Ranks still running when the stop window ends (`--term-timeout` for a signal, the lead for the
+//! time limit) are stopped as any stop: SIGTERM, then SIGKILL after `--term-timeout`.
+
+use super::*;
+
+/// The time S allows for the agreement to finish and reach every rank's next `should_stop`.
+pub const AGREEMENT_BUDGET: Duration = Duration::from_secs(1);
+
+/// What one node reports once a stop was asked: its ranks' highest step and fastest pace.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, serde::Deserialize)]
+pub struct StepReport {
+    pub max_step: Option<u64>,
+    /// Steps per second of this node's fastest rank, when known.
+    pub steps_per_s: Option<f64>,
+}
+
+/// The job's stop step from every node's report, or `None` when no rank reported a step.
+pub fn choose_stop_step(reports: &[StepReport], budget: Duration) -> Option<u64> {
+    let max = reports.iter().filter_map(|r| r.max_step).max()?;
+    let pace = reports
+        .iter()
+        .filter_map(|r| r.steps_per_s)
+        .filter(|p| p.is_finite() && *p > 0.0)
+        .fold(0.0f64, f64::max);
+    // Bounded so a bogus pace cannot push S out of reach.
+    let ahead = (pace * budget.as_secs_f64()).ceil().min(1e6) as u64;
+    Some(max.saturating_add(ahead).saturating_add(1))
+}
+
+/// A rank's pace, from the steps it reported: the latest step, when it came, and a smoothed rate.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Pace {
+    pub step: u64,
+    pub at: Instant,
+    pub steps_per_s: Option<f64>,
+}
+
+impl Pace {
+    pub(super) fn new(step: u64, at: Instant) -> Self {
+        Pace {
+            step,
+            at,
+            steps_per_s: None,
+        }
+    }
+
+    /// Folds in a newly reported step (an older or repeated one changes nothing).
+    pub(super) fn update(&mut self, step: u64, at: Instant) {
+        if step <= self.step {
+            return;
+        }
+        let dt = at.saturating_duration_since(self.at).as_secs_f64();
+        if dt > 0.0 {
+            let rate = (step - self.step) as f64 / dt;
+            // The newest interval weighs most: a rank that speeds up is caught within a few steps.
+            self.steps_per_s = Some(match self.steps_per_s {
+                Some(old) => 0.5 * old + 0.5 * rate,
+                None => rate,
+            });
+        }
+        self.step = step;
+        self.at = at;
+    }
+}
+
+/// A stop under way on this node.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct StopState {
+    /// What asked for it: `SIGTERM`, `SIGUSR1`, `time-limit`, ...
+    pub trigger: String,
+    /// The job learned it (every node gets `StopAsked`).
+    pub asked: bool,
+    /// The job's stop step, once agreed (`Some(None)`: stop now).
+    pub agreed: Option<Option<u64>>,
+    /// Until when the ranks may stop on their own.
+    pub deadline: Instant,
+    /// How long the ranks were given.
+    pub window: Duration,
+    /// The window ran out and the remaining ranks were stopped.
+    pub overdue: bool,
+}
+
+/// The signals that ask for a stop at a step, rather than being forwarded at once.
+pub fn is_stop_signal(sig: i32) -> bool {
+    sig == libc::SIGTERM || sig == libc::SIGUSR1 || sig == libc::SIGUSR2
+}
+
+impl Supervisor {
+    /// This node saw a trigger: record it for the job, unless a stop is already under way.
+    pub(super) fn trigger_stop(
+        &mut self,
+        now: Instant,
+        trigger: String,
+        window: Duration,
+        out: &mut Vec<Action>,
+    ) {
+        if self.stop.is_some() {
+            return;
+        }
+        self.stop = Some(StopState {
+            trigger: trigger.clone(),
+            asked: false,
+            agreed: None,
+            deadline: now + window,
+            window,
+            overdue: false,
+        });
+        out.push(Action::Record(Record::StopTriggered {
+            cycle: self.cycle,
+            node: self.cfg.node_rank,
+            trigger: trigger.clone(),
+            window_ms: window.as_millis() as u64,
+        }));
+        out.push(Action::Job(JobRequest::StopTrigger {
+            cycle: self.cycle,
+            trigger,
+        }));
+    }
+
+    /// The job learned of a stop (ours or another node's trigger): report our ranks' steps, and
+    /// signal the ranks that cannot be asked.
+    pub(super) fn on_stop_asked(
+        &mut self,
+        now: Instant,
+        cycle: u32,
+        trigger: String,
+        out: &mut Vec<Action>,
+    ) {
+        if cycle != self.cycle {
+            return;
+        }
+        let window = self.cfg.term_timeout;
+        let st = self.stop.get_or_insert_with(|| StopState {
+            trigger: trigger.clone(),
+            asked: false,
+            agreed: None,
+            deadline: now + window,
+            window,
+            overdue: false,
+        });
+        if st.asked {
+            return;
+        }
+        st.asked = true;
+        // The job's trigger is the first recorded, whichever node saw it.
+        st.trigger = trigger;
+        let report = self.step_report();
+        out.push(Action::Job(JobRequest::StopSteps {
+            cycle: self.cycle,
+            report,
+        }));
+        if self.phase != Phase::Running {
+            return;
+        }
+        let (asked, deaf): (Vec<&Rank>, Vec<&Rank>) = self
+            .ranks
+            .iter()
+            .filter(|r| r.state == RankState::Running)
+            .partition(|r| r.listens);
+        if asked.is_empty() {
+            // Nobody here can checkpoint on request: stop as a signal always did.
+            let sig = self.stop_signal();
+            let end = JobEnd::Stopped {
+                node: self.cfg.node_rank,
+                reason: format!(
+                    "node {} was asked to stop ({}) and its ranks do not use vigil's shim",
+                    self.cfg.node_rank,
+                    self.stop.as_ref().map(|s| s.trigger.as_str()).unwrap_or("")
+                ),
+                exit_code: EXIT_LOST,
+            };
+            self.stopped.get_or_insert(end.clone());
+            self.report(end, out);
+            self.begin_stop(now, StopReason::Signal, sig, out);
+            return;
+        }
+        let pgids: Vec<i32> = deaf.iter().filter_map(|r| r.pid).collect();
+        if !pgids.is_empty() {
+            let sig = self.stop_signal();
+            for r in self.ranks.iter_mut() {
+                if r.state == RankState::Running && !r.listens {
+                    r.told_to_stop = true;
+                }
+            }
+            out.push(Action::SignalGroups { pgids, signal: sig });
+        }
+    }
+
+    /// The job agreed on its stop step: tell every rank that speaks to the shim.
+    pub(super) fn on_stop_step(&mut self, cycle: u32, step: Option<u64>, out: &mut Vec<Action>) {
+        if cycle != self.cycle {
+            return;
+        }
+        let Some(st) = self.stop.as_mut() else {
+            return;
+        };
+        if st.agreed.is_some() {
+            return;
+        }
+        st.agreed = Some(step);
+        out.push(Action::Record(Record::StopAgreed {
+            cycle,
+            step,
+            trigger: st.trigger.clone(),
+        }));
+        if self.phase == Phase::Running {
+            out.push(Action::SendToAll(self.stop_msg()));
+        }
+    }
+
+    /// The request a rank gets once the stop step is agreed.
+    pub(super) fn stop_msg(&self) -> AgentMsg {
+        let st = self.stop.as_ref();
+        AgentMsg::StopRequest {
+            reason: st.map(|s| s.trigger.clone()).unwrap_or_default(),
+            at_step: st.and_then(|s| s.agreed).flatten(),
+        }
+    }
+
+    /// The stop window is over: the ranks still running are stopped as any stop is.
+    pub(super) fn stop_window_tick(&mut self, now: Instant, out: &mut Vec<Action>) {
+        let Some(st) = self.stop.as_mut() else {
+            return;
+        };
+        if st.overdue || now < st.deadline || self.phase != Phase::Running {
+            return;
+        }
+        st.overdue = true;
+        let window = st.window;
+        let late: Vec<u32> = self
+            .ranks
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.state == RankState::Running)
+            .map(|(i, _)| self.cfg.rank_offset + i as u32)
+            .collect();
+        out.push(Action::Record(Record::StopOverdue {
+            cycle: self.cycle,
+            ranks: late.clone(),
+            window_ms: window.as_millis() as u64,
+        }));
+        let end = JobEnd::Stopped {
+            node: self.cfg.node_rank,
+            reason: format!(
+                "rank(s) {} did not stop within {:.0} s of being asked",
+                late.iter()
+                    .map(|r| r.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                window.as_secs_f64()
+            ),
+            exit_code: EXIT_LOST,
+        };
+        self.stopped.get_or_insert(end.clone());
+        self.report(end, out);
+        self.begin_stop(now, StopReason::Signal, libc::SIGTERM, out);
+    }
+
+    /// The allocation's end is within the stop lead: ask for a stop.
+    pub(super) fn stop_at_tick(&mut self, now: Instant, out: &mut Vec<Action>) {
+        let Some((at, window)) = self.stop_at else {
+            return;
+        };
+        if self.stop.is_some() || now < at {
+            return;
+        }
+        self.trigger_stop(now, "time-limit".into(), window, out);
+    }
+
+    /// The highest step this node's ranks reported, and their fastest pace.
+    pub(super) fn step_report(&self) -> StepReport {
+        let paces = self.ranks.iter().filter_map(|r| r.pace);
+        let mut report = StepReport {
+            max_step: None,
+            steps_per_s: None,
+        };
+        for p in paces {
+            report.max_step = report.max_step.max(Some(p.step));
+            if let Some(v) = p.steps_per_s {
+                report.steps_per_s = Some(report.steps_per_s.map_or(v, |o: f64| o.max(v)));
+            }
+        }
+        report
+    }
+
+    /// What the stop lead is calculated from: the longest checkpoint seen (a section whose name
+    /// says `checkpoint`) and the slowest rank's step time.
+    pub fn lead_observed(&self) -> (Option<Duration>, Option<Duration>) {
+        let ckpt = self
+            .merged_observations()
+            .sections
+            .iter()
+            .filter(|(name, _)| name.contains("checkpoint"))
+            .map(|(_, d)| *d)
+            .max();
+        let slowest = self
+            .ranks
+            .iter()
+            .filter_map(|r| r.pace.and_then(|p| p.steps_per_s))
+            .filter(|v| v.is_finite() && *v > 0.0)
+            .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.min(v))));
+        (
+            ckpt,
+            slowest.map(|v| Duration::from_secs_f64((1.0 / v).min(1e6))),
+        )
+    }
+
+    /// The signal ranks that cannot be asked get: the agent's own, or SIGTERM for the time limit.
+    fn stop_signal(&self) -> i32 {
+        self.stop_sig.unwrap_or(libc::SIGTERM)
+    }
+
+    /// A rank reported it reached `step`.
+    pub(super) fn on_step(&mut self, now: Instant, local_rank: u32, step: u64) {
+        if let Some(r) = self.ranks.get_mut(local_rank as usize) {
+            match r.pace.as_mut() {
+                Some(p) => p.update(step, now),
+                None => r.pace = Some(Pace::new(step, now)),
+            }
+            self.highest_step = self.highest_step.max(Some(step));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn rep(max_step: Option<u64>, pace: Option<f64>) -> StepReport {
+        StepReport {
+            max_step,
+            steps_per_s: pace,
+        }
+    }
+
+    #[test]
+    fn the_stop_step_is_past_the_fastest_rank_with_room_for_the_agreement() {
+        let b = Duration::from_secs(1);
+        assert_eq!(choose_stop_step(&[], b), None);
+        assert_eq!(choose_stop_step(&[rep(None, None)], b), None);
+        // No pace known: the next step.
+        assert_eq!(choose_stop_step(&[rep(Some(10), None)], b), Some(11));
+        // 20 steps/s on the fastest node: 20 steps of room, from the highest step anywhere.
+        assert_eq!(
+            choose_stop_step(
+                &[
+                    rep(Some(10), Some(2.0)),
+                    rep(Some(12), None),
+                    rep(None, Some(20.0))
+                ],
+                b
+            ),
+            Some(33)
+        );
+        // A bogus pace cannot overflow.
+        assert_eq!(
+            choose_stop_step(&[rep(Some(u64::MAX - 1), Some(f64::INFINITY))], b),
+            Some(u64::MAX)
+        );
+    }
+
+    #[test]
+    fn pace_follows_the_latest_steps() {
+        let t = Instant::now();
+        let mut p = Pace::new(0, t);
+        p.update(10, t + Duration::from_secs(1));
+        assert_eq!(p.steps_per_s, Some(10.0));
+        p.update(10, t + Duration::from_secs(5)); // repeated: ignored
+        p.update(5, t + Duration::from_secs(5)); // older: ignored
+        assert_eq!((p.step, p.steps_per_s), (10, Some(10.0)));
+        p.update(40, t + Duration::from_secs(2));
+        assert_eq!(p.steps_per_s, Some(20.0));
+    }
+
+    proptest! {
+        #[test]
+        fn no_reported_step_is_at_or_past_the_stop_step(
+            steps in proptest::collection::vec(proptest::option::of(0u64..1_000_000), 1..16),
+            paces in proptest::collection::vec(proptest::option::of(0.0f64..10_000.0), 1..16),
+        ) {
+            let reports: Vec<StepReport> = steps.iter().zip(paces.iter().cycle())
+                .map(|(s, p)| rep(*s, *p)).collect();
+            match choose_stop_step(&reports, AGREEMENT_BUDGET) {
+                None => prop_assert!(steps.iter().all(Option::is_none)),
+                Some(s) => {
+                    for r in &reports {
+                        if let Some(m) = r.max_step { prop_assert!(m < s); }
+                        if let (Some(m), Some(p)) = (r.max_step, r.steps_per_s) {
+                            // The fastest rank cannot pass S within the budget.
+                            prop_assert!((m as f64) + p * AGREEMENT_BUDGET.as_secs_f64() < s as f64);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
