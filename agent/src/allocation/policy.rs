@@ -248,8 +248,19 @@ pub fn decide(facts: &Facts, history: &[Record], limits: &Limits) -> Verdict {
         return Verdict {
             decision: Decision::Stop {
                 why: format!(
-                    "no progress: the highest step stayed at {} over the last {stuck} allocations (--max-no-progress {}, --min-progress-steps {})",
-                    step(best_before.max(facts.highest_step)),
+                    "no progress: the highest step {} (--max-no-progress {}, --min-progress-steps {})",
+                    if limits.min_progress_steps <= 1 {
+                        format!(
+                            "stayed at {} over the last {stuck} allocations",
+                            step(best_before.max(facts.highest_step))
+                        )
+                    } else {
+                        format!(
+                            "({}) grew by less than {} in each of the last {stuck} allocations",
+                            step(best_before.max(facts.highest_step)),
+                            limits.min_progress_steps
+                        )
+                    },
                     limits.max_no_progress,
                     limits.min_progress_steps
                 ),
@@ -537,7 +548,12 @@ mod tests {
         let slow: Vec<Facts> = (0..4)
             .map(|i| facts(Outcome::Stopped, Some(500 + i * 10)))
             .collect();
-        assert_eq!(decisions(&run(&slow, &l100)).last(), Some(&(S, 1)));
+        let ledger = run(&slow, &l100);
+        assert_eq!(decisions(&ledger).last(), Some(&(S, 1)));
+        assert_eq!(
+            ledger[3].why,
+            "no progress: the highest step (530) grew by less than 100 in each of the last 3 allocations (--max-no-progress 3, --min-progress-steps 100)"
+        );
         let off = Limits {
             max_no_progress: 0,
             ..l

@@ -229,7 +229,7 @@ pub fn run_command(cmd: &Cmd, timeout: Duration) -> Result<String, RunError> {
     let (status, out, err) = match rx.recv_timeout(timeout) {
         Ok(r) => r,
         Err(_) => {
-            // SAFETY-free: a negative pid signals the command's own process group.
+            // A negative pid signals the command's whole process group.
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(-pid),
                 nix::sys::signal::Signal::SIGKILL,
