@@ -12,6 +12,7 @@
 //!   [`slurm::run_command`], a blocking runner for use only outside the agent's event loop (the
 //!   agent reaps every child with `waitpid(-1)` and would steal a command's status).
 
+pub mod blame;
 pub mod endtime;
 pub mod lead;
 pub mod ledger;

@@ -273,8 +273,23 @@ pub(super) fn conclude(e: Ending) -> i32 {
             exit_status: e.outcome.exit_code(),
         };
     }
-    // Ranks that were signalled (they do not stop at a step) end as before: 128 + the signal.
-    if matches!(e.outcome, Outcome::Signaled { .. }) {
+    // Without a job identity there is no earlier allocation to count failures against: a run
+    // that failed is final, so a wrapper that reruns on 75 cannot loop on a broken job.
+    let counted = cfg.allocation.state_dir.is_some();
+    if !counted && matches!(facts.outcome, ledger::Outcome::Failed) {
+        verdict = policy::Verdict {
+            decision: policy::Decision::Stop {
+                why: "failed; a job without an identity (Slurm job id, --rdzv-id, --state-dir) is not run again".into(),
+            },
+            exit_status: e.outcome.exit_code(),
+        };
+    }
+    // Ranks that were signalled (they do not stop at a step) end as before: 128 + the signal, or
+    // the status of the node that stopped the job.
+    if matches!(
+        e.outcome,
+        Outcome::Signaled { .. } | Outcome::PeerStopped { .. }
+    ) {
         verdict.exit_status = e.outcome.exit_code();
     }
     let why = verdict.decision.why().to_string();

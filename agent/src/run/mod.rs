@@ -73,6 +73,8 @@ struct Agent {
     host: String,
     events: EventLog,
     watchdog: Option<Watchdog>,
+    /// How each attempt of the job ended (node rank 0 blames nodes from it).
+    cycle_ends: Vec<JobEnd>,
     /// Children of the agent that are its own commands (`squeue`), not a rank's leftovers.
     helper_pids: Arc<std::sync::Mutex<Vec<i32>>>,
     /// How every process the ranks started is found again at the end of an attempt.
@@ -270,6 +272,7 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
         host,
         run_dir,
         helper_pids: Default::default(),
+        cycle_ends: Vec::new(),
         watchdog,
         containment,
         tails: Vec::new(),
@@ -391,6 +394,7 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
                     agent.queue.push_back(Event::Joined { cycle, rank_offset, max_restarts, calculated });
                 }
                 FromCoord::CycleEnded { cycle, end } => {
+                    agent.cycle_ends.push(end.clone());
                     if end != JobEnd::Done {
                         agent.peer_end = Some(end.clone());
                     }
@@ -428,7 +432,8 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
                     note_refused(n);
                 }
                 endw.maybe_reread();
-                if let Some(ev) = endw.tick(&sup, clock.wake().0) {
+                // `now` from the top of this turn: waking the clock here would hide a suspension.
+                if let Some(ev) = endw.tick(&sup, now) {
                     agent.queue.push_back(ev);
                 }
             }
@@ -514,7 +519,14 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
             sup: &sup,
             started: started_wall,
             lead: endw.lead(&sup),
-            blame: Vec::new(),
+            blame: {
+                use crate::allocation::blame;
+                let env = |k: &str| std::env::var(k).ok();
+                blame::names_of(
+                    &blame::nodes_to_blame(&agent.cycle_ends),
+                    &blame::slurm_node_names(&env),
+                )
+            },
         })
     } else {
         outcome.exit_code()

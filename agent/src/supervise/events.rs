@@ -157,7 +157,12 @@ pub enum JobEnd {
         exit_code: i32,
     },
     /// A node's agent was lost: the job cannot go on with fewer nodes; end so it can be requeued.
-    Lost { reason: String },
+    /// `node`: which one, when known (node rank 0 names the node it lost).
+    Lost {
+        reason: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        node: Option<u32>,
+    },
 }
 
 /// Why the ranks of a cycle are being stopped.

@@ -55,7 +55,7 @@ impl Supervisor {
         out: &mut Vec<Action>,
     ) {
         // Whatever the cycle's verdict was, no further cycle can be agreed on.
-        let end = JobEnd::Lost { reason };
+        let end = JobEnd::Lost { reason, node: None };
         out.push(Action::Record(Record::CycleEnded {
             cycle: self.cycle,
             end: end.clone(),
@@ -195,7 +195,7 @@ impl Supervisor {
                     reason,
                     exit_code,
                 },
-                Some(JobEnd::Lost { reason }) => Outcome::Lost {
+                Some(JobEnd::Lost { reason, .. }) => Outcome::Lost {
                     reason,
                     requeue: self.lost_requeue,
                 },
@@ -206,6 +206,7 @@ impl Supervisor {
             Outcome::Signaled { .. } | Outcome::SpawnFailed { .. } => self.stopped.clone(),
             _ if self.stop.is_some() => self.stopped.clone(),
             Outcome::Lost { reason, .. } => Some(JobEnd::Lost {
+                node: None,
                 reason: reason.clone(),
             }),
             _ => None,

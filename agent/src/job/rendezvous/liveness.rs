@@ -103,7 +103,7 @@ pub fn liveness_period(node_timeout: Duration) -> Duration {
 pub(super) async fn liveness(
     client: StoreClient,
     cfg: CoordConfig,
-    tx: mpsc::UnboundedSender<String>,
+    tx: mpsc::UnboundedSender<(String, Option<u32>)>,
 ) {
     let period = liveness_period(cfg.peer_timeout);
     let watched: Vec<u32> = if cfg.node_rank == 0 {
@@ -138,7 +138,12 @@ pub(super) async fn liveness(
                         Silent::Store(_) => format!("node rank 0 was lost: its store at {} did not answer for {t:.0}s (--node-timeout): its agent is frozen, overloaded or cut off", cfg.store),
                         Silent::Node(n, _) => format!("node {n} was lost: its agent gave no sign of life for {t:.0}s (--node-timeout): frozen, overloaded or cut off"),
                     };
-                    let _ = tx.send(why);
+                    let node = match s {
+                        Silent::Node(n, _) => Some(n),
+                        Silent::Store(_) if cfg.node_rank != 0 => Some(0),
+                        Silent::Store(_) => None,
+                    };
+                    let _ = tx.send((why, node));
                     return;
                 }
                 if let Some(mut c) = client.take() {

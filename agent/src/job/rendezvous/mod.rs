@@ -195,7 +195,9 @@ struct Coordinator {
     ended: bool,
     /// Renews this node's counter and watches the others' ([`liveness`]).
     liveness: tokio::task::JoinHandle<()>,
-    silent_rx: mpsc::UnboundedReceiver<String>,
+    silent_rx: mpsc::UnboundedReceiver<(String, Option<u32>)>,
+    /// Node rank 0: the node it lost, when known.
+    lost_node: Option<u32>,
 }
 
 impl Drop for Coordinator {
@@ -306,6 +308,7 @@ impl Coordinator {
             ended: false,
             liveness,
             silent_rx,
+            lost_node: None,
         })
     }
 
@@ -374,10 +377,10 @@ impl Coordinator {
                         self.store_error(e);
                     }
                 }
-                Some(why) = self.silent_rx.recv() => {
+                Some((why, node)) = self.silent_rx.recv() => {
                     if self.head.is_none() {
                         self.fail(why);
-                    } else if let Err(e) = self.node_lost(why).await {
+                    } else if let Err(e) = self.node_lost(why, node).await {
                         self.store_error(e);
                     }
                 }
@@ -398,7 +401,10 @@ impl Coordinator {
                 }
                 self.spawn_stop_waiter(cycle);
                 if let Some(reason) = self.lost.clone() {
-                    let end = JobEnd::Lost { reason };
+                    let end = JobEnd::Lost {
+                        reason,
+                        node: self.lost_node,
+                    };
                     self.poison(cycle, &end).await?;
                     self.stage = Stage::Idle;
                     self.send(FromCoord::CycleEnded { cycle, end });
@@ -681,16 +687,23 @@ impl Coordinator {
             "node {key} ({}) was lost: its agent's connection to the store closed or went silent for --node-timeout",
             String::from_utf8_lossy(&value)
         );
-        self.node_lost(reason).await
+        let node = key.rsplit('/').next().and_then(|n| n.parse().ok());
+        self.node_lost(reason, node).await
     }
 
     /// Node rank 0: a node is gone; this cycle and every later one end `lost`.
-    async fn node_lost(&mut self, reason: String) -> Result<(), vigil_store::StoreError> {
+    async fn node_lost(
+        &mut self,
+        reason: String,
+        node: Option<u32>,
+    ) -> Result<(), vigil_store::StoreError> {
         if self.lost.is_some() {
             return Ok(());
         }
         self.lost = Some(reason.clone());
-        self.poison(self.cycle, &JobEnd::Lost { reason }).await
+        self.lost_node = node;
+        self.poison(self.cycle, &JobEnd::Lost { reason, node })
+            .await
     }
 
     async fn leave(&mut self, poison: Option<(u32, JobEnd)>) {
@@ -760,7 +773,10 @@ mod tests {
     fn verdicts_round_trip() {
         for v in [
             Verdict::Go(assign(0, &[node(1)], 0, Some(Timeouts::default()))),
-            Verdict::End(JobEnd::Lost { reason: "x".into() }),
+            Verdict::End(JobEnd::Lost {
+                reason: "x".into(),
+                node: Some(2),
+            }),
         ] {
             let back: Verdict = serde_json::from_slice(&to_json(&v)).unwrap();
             assert_eq!(back, v);
