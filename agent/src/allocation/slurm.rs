@@ -189,7 +189,19 @@ impl std::error::Error for RunError {}
 /// `timeout`. Blocking: never call it while the agent's event loop runs (see the module doc).
 pub fn run_command(cmd: &Cmd, timeout: Duration) -> Result<String, RunError> {
     let shown = cmd.to_string();
-    let mut child = std::process::Command::new(&cmd.program)
+    let mut command = std::process::Command::new(&cmd.program);
+    // `scontrol requeue` SIGTERMs every process of the job's steps, the agent and this command
+    // included, while the agent still has `scontrol update ExcNodeList=` to run: the command
+    // ignores SIGTERM (an ignored signal stays ignored across exec), the timeout's SIGKILL still
+    // works.
+    // SAFETY: between fork and exec only async-signal-safe calls: signal(2).
+    unsafe {
+        command.pre_exec(|| {
+            libc::signal(libc::SIGTERM, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    let mut child = command
         .args(&cmd.args)
         .envs(cmd.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())

@@ -332,25 +332,28 @@ pub(super) fn conclude(e: Ending) -> i32 {
     }
     match (&verdict.decision, slurm_job.as_deref()) {
         (policy::Decision::Requeue { exclude, .. }, Some(id)) => {
+            // Slurm refuses ExcNodeList on a running job: requeue first (the job is then
+            // COMPLETING and takes the update), and the update ignores the SIGTERM the requeue
+            // sends to every process of the job (allocation::slurm::run_command).
+            match slurm::run_command(&slurm::requeue(id), SLURM_TIMEOUT) {
+                Ok(_) => console_note(&format!("requeued Slurm job {id}: {why}")),
+                Err(err) => console_note(&format!(
+                    "could not requeue Slurm job {id} ({err}); requeue it by hand to go on"
+                )),
+            }
             if !exclude.is_empty() {
                 let current = info
                     .as_ref()
                     .map(|i| i.excluded.clone())
                     .unwrap_or_default();
                 let all = slurm::merge_excluded(&current, exclude);
-                if let Err(err) = slurm::run_command(&slurm::exclude_nodes(id, &all), SLURM_TIMEOUT)
-                {
-                    console_note(&format!(
+                match slurm::run_command(&slurm::exclude_nodes(id, &all), SLURM_TIMEOUT) {
+                    Ok(_) => console_note(&format!("the next allocation avoids {}", all.join(","))),
+                    Err(err) => console_note(&format!(
                         "cannot keep {} out of the next allocation: {err}",
                         all.join(",")
-                    ));
+                    )),
                 }
-            }
-            match slurm::run_command(&slurm::requeue(id), SLURM_TIMEOUT) {
-                Ok(_) => console_note(&format!("requeued Slurm job {id}: {why}")),
-                Err(err) => console_note(&format!(
-                    "could not requeue Slurm job {id} ({err}); requeue it by hand to go on"
-                )),
             }
         }
         (policy::Decision::Requeue { .. }, None) => console_note(&format!(
