@@ -145,8 +145,8 @@ fn mutate(r: &mut Rng, buf: &mut Vec<u8>) {
             _ if len > 2 => {
                 // A kind code from the other direction or out of range.
                 buf[2] = [
-                    0x00, 0x01, 0x02, 0x03, 0x07, 0x08, 0x7f, 0x80, 0x81, 0x82, 0xff,
-                ][r.below(11)];
+                    0x00, 0x01, 0x02, 0x03, 0x07, 0x08, 0x09, 0x0a, 0x7f, 0x80, 0x81, 0x82, 0xff,
+                ][r.below(13)];
             }
             _ => {}
         }
