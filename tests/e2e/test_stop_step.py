@@ -204,3 +204,29 @@ def test_the_allocation_end_stops_every_rank_in_time_and_the_ledger_keeps_each_a
     assert lines[0].split()[:3] == ["#", "start", "(UTC)"], lines
     rows = {l.split()[0]: l for l in lines[1:] if l[:1].isdigit()}
     assert "requeue" in rows["1"] and f"{s}@time-limit" in rows["1"] and "finished" in rows["2"], lines
+
+
+# Fails at step 5 of every attempt, starting from 0 each time: no progress after the first.
+STUCK = """
+import sys, time
+import vigil
+for step in range(1, 100):
+    time.sleep(0.01)
+    vigil.should_stop(step)
+    if step == 5:
+        sys.exit(3)
+"""
+
+
+def test_attempts_without_progress_are_not_restarted_and_the_ledger_says_so(job):
+    write(job / "stuck.py", STUCK)
+    r = run_vigil(["run", "--nproc-per-node", "1", "--max-restarts", "10", "--max-no-progress", "2",
+                   "--log-dir", str(job / "logs"), "--state-dir", str(job / "state"), "stuck.py"], cwd=job)
+    assert r.returncode == 1, r.stderr
+    ev = events(job / "logs")
+    # Attempt 0 made progress (the first step ever reported); attempts 1 and 2 did not.
+    assert len(of(ev, "cycle_start")) == 3
+    assert one(ev, "result")["outcome"] == "no_progress"
+    assert "the last 2 in a row did not get 1 step(s) past step 5" in r.stderr
+    (rec,) = [json.loads(l) for l in (job / "state" / "ledger.jsonl").read_text().splitlines()]
+    assert (rec["outcome"], rec["decision"], rec["restarts"]) == ("no_progress", "stop", 2), rec

@@ -36,6 +36,8 @@
 //! `--ft-no-restart-exit-code` is given, since 75 already says "requeue".
 
 use super::ledger::{DecisionKind, Outcome, Record};
+pub use crate::supervise::progress::attempt_no_progress;
+use crate::supervise::progress::trailing_no_progress;
 
 /// `vigil run`'s status for "run me again" (`EX_TEMPFAIL`).
 pub const REQUEUE_STATUS: i32 = 75;
@@ -132,54 +134,6 @@ fn do_not_requeue(status: i32) -> i32 {
         s if (1..=255).contains(&s) => s,
         _ => 1,
     }
-}
-
-/// Whether each entry of `highest` (in order) made progress over the best before it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Progress {
-    Made,
-    None,
-    /// No step was ever reported up to here.
-    Unknown,
-}
-
-fn progress(highest: &[Option<u64>], min: u64) -> Vec<Progress> {
-    let mut best: Option<u64> = None;
-    highest
-        .iter()
-        .map(|h| {
-            let p = match (best, *h) {
-                (None, None) => Progress::Unknown,
-                (None, Some(_)) => Progress::Made,
-                (Some(_), None) => Progress::None,
-                (Some(b), Some(h)) if h >= b.saturating_add(min) => Progress::Made,
-                (Some(_), Some(_)) => Progress::None,
-            };
-            best = best.max(*h);
-            p
-        })
-        .collect()
-}
-
-/// Entries without progress at the end of `highest`, counted back to the last with progress;
-/// only the last `window` entries may count.
-fn trailing_no_progress(highest: &[Option<u64>], min: u64, window: usize) -> usize {
-    let p = progress(highest, min);
-    let mut n = 0;
-    for x in p.iter().rev().take(window) {
-        match x {
-            Progress::Made => break,
-            Progress::None => n += 1,
-            Progress::Unknown => {}
-        }
-    }
-    n
-}
-
-/// In-job attempts: true when the last `n` attempts of this allocation (each one's highest
-/// step, in order) made no progress of `min` steps over the best before them. `n == 0`: never.
-pub fn attempt_no_progress(highest: &[Option<u64>], n: u32, min: u64) -> bool {
-    n > 0 && trailing_no_progress(highest, min, highest.len()) >= n as usize
 }
 
 fn step(s: Option<u64>) -> String {

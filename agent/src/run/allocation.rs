@@ -215,6 +215,7 @@ fn ledger_outcome(o: &Outcome) -> ledger::Outcome {
         }
         Outcome::Failed { .. } | Outcome::SpawnFailed { .. } => ledger::Outcome::Failed,
         Outcome::Lost { .. } => ledger::Outcome::Lost,
+        Outcome::NoProgress { .. } => ledger::Outcome::NoProgress,
     }
 }
 

@@ -324,6 +324,11 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
         stack_wait: agent.cfg.stack_wait,
         calculated,
         backoff: agent.cfg.backoff,
+        no_progress: {
+            let l = &agent.cfg.allocation.limits;
+            (agent.cfg.nnodes == 1 && l.max_no_progress > 0)
+                .then_some((l.max_no_progress, l.min_progress_steps))
+        },
     });
     agent.execute(first);
     let started_wall = SystemTime::now();
@@ -475,6 +480,15 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
         Outcome::Succeeded => console_note("all ranks finished successfully"),
         Outcome::Failed { .. } => {
             output::console_text(ConsoleStream::Stderr, &agent.failure_summary(&sup, job_now))
+        }
+        Outcome::NoProgress { attempts, step } => {
+            output::console_text(ConsoleStream::Stderr, &agent.failure_summary(&sup, job_now));
+            console_note(&format!(
+                "not restarting after {attempts} attempts: the last {n} in a row did not get {m} step(s) past step {} (--max-no-progress {n}, --min-progress-steps {m})",
+                step.map_or("none".to_string(), |s| s.to_string()),
+                n = agent.cfg.allocation.limits.max_no_progress,
+                m = agent.cfg.allocation.limits.min_progress_steps
+            ));
         }
         Outcome::Signaled { signal } => console_note(&format!(
             "stopped by {}; exit status {}",

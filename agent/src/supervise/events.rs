@@ -63,6 +63,10 @@ pub struct SupervisorConfig {
     pub calculated: Option<Timeouts>,
     /// How long to wait before each restart.
     pub backoff: Backoff,
+    /// Stop restarting after this many attempts in a row without progress of this many steps
+    /// (`--max-no-progress`, `--min-progress-steps`); one node only (several nodes could judge
+    /// differently and part ways), `None`: off.
+    pub no_progress: Option<(u32, u64)>,
 }
 
 impl SupervisorConfig {
@@ -83,6 +87,7 @@ impl SupervisorConfig {
             stack_wait: Duration::from_secs(2),
             calculated: None,
             backoff: Backoff::OFF,
+            no_progress: None,
         }
     }
 }
@@ -207,6 +212,12 @@ pub enum Outcome {
         reason: String,
         requeue: bool,
     },
+    /// The in-job attempts stopped making progress: `attempts` in a row did not pass the best
+    /// step before them (`--max-no-progress`).
+    NoProgress {
+        attempts: u32,
+        step: Option<u64>,
+    },
     /// Every rank stopped at the agreed step (or was stopped) because of `trigger`; the job is
     /// to go on in the next allocation.
     Stopped {
@@ -230,6 +241,7 @@ impl Outcome {
             Outcome::Lost { requeue: true, .. } => EXIT_LOST,
             Outcome::Lost { requeue: false, .. } => 2,
             Outcome::Stopped { .. } => EXIT_LOST,
+            Outcome::NoProgress { .. } => 1,
         }
     }
 }

@@ -24,6 +24,7 @@ mod backoff;
 mod events;
 mod hangs;
 pub mod monitor;
+pub mod progress;
 mod ranks;
 mod stop;
 mod stopstep;
@@ -150,6 +151,8 @@ pub struct Supervisor {
     stop_at: Option<(Instant, Duration)>,
     /// The highest step any local rank reported in this allocation.
     highest_step: Option<u64>,
+    /// The highest step reached in each attempt that ended, in order.
+    attempt_steps: Vec<Option<u64>>,
 }
 
 impl Supervisor {
@@ -186,6 +189,7 @@ impl Supervisor {
             stop_sig: None,
             stop_at: None,
             highest_step: None,
+            attempt_steps: Vec::new(),
         };
         let mut actions = Vec::new();
         s.timeouts = s.cfg.timeouts.clone();

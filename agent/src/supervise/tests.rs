@@ -1624,3 +1624,60 @@ fn another_nodes_trigger_reports_our_steps_and_signals_nothing_yet() {
         )
         .is_empty());
 }
+
+#[test]
+fn attempts_that_stop_making_progress_are_not_restarted() {
+    let t = Instant::now();
+    let mut c = cfg(1, 10);
+    c.no_progress = Some((2, 1));
+    let (mut s, _) = Solo::new(c);
+    let mut base = 100;
+    let mut attempt = |s: &mut Solo, reached: u64| {
+        spawn_all(s, t, base);
+        register(s, t, 0);
+        send(s, t, 0, RankMsg::Progress { step: reached });
+        let a = s.handle(
+            t,
+            Event::Reaped {
+                pid: base,
+                how: ExitKind::Code(1),
+            },
+        );
+        base += 10;
+        a
+    };
+    // Progress, then none twice: the second time without progress ends the job.
+    assert!(finish(&attempt(&mut s, 5)).is_none());
+    assert!(finish(&attempt(&mut s, 5)).is_none());
+    let a = attempt(&mut s, 5);
+    assert_eq!(
+        finish(&a),
+        Some(&Outcome::NoProgress {
+            attempts: 3,
+            step: Some(5)
+        })
+    );
+    assert_eq!(s.cycle(), 2);
+}
+
+#[test]
+fn attempts_that_do_progress_keep_restarting() {
+    let t = Instant::now();
+    let mut c = cfg(1, 3);
+    c.no_progress = Some((1, 1));
+    let (mut s, _) = Solo::new(c);
+    for (i, reached) in [5u64, 6, 7].into_iter().enumerate() {
+        let base = 100 + 10 * i as i32;
+        spawn_all(&mut s, t, base);
+        register(&mut s, t, 0);
+        send(&mut s, t, 0, RankMsg::Progress { step: reached });
+        let a = s.handle(
+            t,
+            Event::Reaped {
+                pid: base,
+                how: ExitKind::Code(1),
+            },
+        );
+        assert!(finish(&a).is_none(), "attempt {i}: {a:?}");
+    }
+}

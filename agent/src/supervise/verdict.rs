@@ -152,6 +152,10 @@ impl Supervisor {
                     Some((trigger, step)) => Outcome::Stopped { trigger, step },
                     None => Outcome::Succeeded,
                 },
+                Some(JobEnd::Failed { .. }) if self.no_progress_now() => Outcome::NoProgress {
+                    attempts: self.attempt_steps.len() as u32,
+                    step: self.highest_step,
+                },
                 // A stop ends the allocation: no restart, whatever failed while stopping.
                 Some(JobEnd::Failed { .. })
                     if self.cycle < self.cfg.max_restarts && self.stop.is_none() =>
@@ -220,5 +224,22 @@ impl Supervisor {
             outcome: outcome.clone(),
         }));
         out.push(Action::Finish(outcome));
+    }
+
+    /// Called once per failed attempt, when its verdict settles: records the attempt's highest
+    /// step and says whether the attempts stopped making progress.
+    fn no_progress_now(&mut self) -> bool {
+        let Some((n, min)) = self.cfg.no_progress else {
+            return false;
+        };
+        if self.attempt_steps.len() as u32 <= self.cycle {
+            let reached = self
+                .ranks
+                .iter()
+                .filter_map(|r| r.pace.map(|p| p.step))
+                .max();
+            self.attempt_steps.push(reached);
+        }
+        super::progress::attempt_no_progress(&self.attempt_steps, n, min)
     }
 }
