@@ -25,7 +25,10 @@ fn rank_payload_len_ok(k: u8, len: usize) -> Option<bool> {
         kind::HEARTBEAT => len == 0 || len == 8,
         kind::PROGRESS => len == 8,
         kind::END_ALL_SECTIONS | kind::FINISHED => len == 0,
-        kind::SECTION_START | kind::SECTION_END | kind::CALCULATE_TIMEOUTS => true,
+        kind::SECTION_START
+        | kind::SECTION_END
+        | kind::CALCULATE_TIMEOUTS
+        | kind::WORKLOAD_CONTROL => true,
         _ => return None,
     })
 }
@@ -107,6 +110,10 @@ fn rank_payload(k: u8, payload: &[u8]) -> Result<RankMsg, DecodeError> {
         },
         kind::FINISHED => RankMsg::Finished,
         kind::PROGRESS => RankMsg::Progress { step: r.u64()? },
+        kind::WORKLOAD_CONTROL => RankMsg::WorkloadControl {
+            action: r.u8()?,
+            description: r.string(MAX_REASON_LEN, DecodeError::ReasonTooLong)?,
+        },
         kind::CALCULATE_TIMEOUTS => {
             let heartbeat = r.bool()?;
             let out_of_section = r.bool()?;
@@ -203,6 +210,12 @@ impl<'a> Reader<'a> {
     }
 
     /// A flag byte, 0 or 1; anything else is refused like a bad presence byte.
+    fn u8(&mut self) -> Result<u8, DecodeError> {
+        let (&b, rest) = self.0.split_first().ok_or(DecodeError::Truncated)?;
+        self.0 = rest;
+        Ok(b)
+    }
+
     fn bool(&mut self) -> Result<bool, DecodeError> {
         match self.take::<1>()?[0] {
             0 => Ok(false),

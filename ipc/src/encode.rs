@@ -31,6 +31,13 @@ pub fn encode_rank(msg: &RankMsg, out: &mut Vec<u8>) {
         }
         RankMsg::EndAllSections | RankMsg::Finished => {}
         RankMsg::Progress { step } => out.extend_from_slice(&step.to_le_bytes()),
+        RankMsg::WorkloadControl {
+            action,
+            description,
+        } => {
+            out.push(*action);
+            put_str(out, description, MAX_REASON_LEN);
+        }
         RankMsg::StepTiming { step, duration_us } => {
             out.extend_from_slice(&step.to_le_bytes());
             out.extend_from_slice(&duration_us.to_le_bytes());

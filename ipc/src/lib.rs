@@ -37,6 +37,7 @@ pub mod kind {
     pub const FINISHED: u8 = 0x07;
     pub const CALCULATE_TIMEOUTS: u8 = 0x08;
     pub const PROGRESS: u8 = 0x09;
+    pub const WORKLOAD_CONTROL: u8 = 0x0a;
     pub const TIMEOUTS: u8 = 0x81;
     pub const STOP_REQUEST: u8 = 0x82;
     pub const TIMEOUTS_CALCULATED: u8 = 0x83;
@@ -83,7 +84,18 @@ pub enum RankMsg {
     Progress {
         step: u64,
     },
+    /// NVRx's workload control request: [`WORKLOAD_EXCLUDE_NODE`] or [`WORKLOAD_SHUTDOWN`]
+    /// (another value is kept as sent; the agent ignores what it does not know).
+    WorkloadControl {
+        action: u8,
+        description: String,
+    },
 }
+
+/// `WorkloadControl` action: keep this node out of the job from the next attempt on.
+pub const WORKLOAD_EXCLUDE_NODE: u8 = 1;
+/// `WorkloadControl` action: no further attempt; end the job.
+pub const WORKLOAD_SHUTDOWN: u8 = 2;
 
 /// A message sent by the agent to a rank.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -122,6 +134,7 @@ impl RankMsg {
             RankMsg::Finished => kind::FINISHED,
             RankMsg::CalculateTimeouts { .. } => kind::CALCULATE_TIMEOUTS,
             RankMsg::Progress { .. } => kind::PROGRESS,
+            RankMsg::WorkloadControl { .. } => kind::WORKLOAD_CONTROL,
         }
     }
 }

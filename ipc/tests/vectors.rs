@@ -54,6 +54,10 @@ fn rank_to_json(m: &RankMsg) -> Value {
         }
         RankMsg::Finished => json!({"type": "Finished"}),
         RankMsg::Progress { step } => json!({"type": "Progress", "step": step}),
+        RankMsg::WorkloadControl {
+            action,
+            description,
+        } => json!({"type": "WorkloadControl", "action": action, "description": description}),
         RankMsg::CalculateTimeouts {
             heartbeat,
             out_of_section,
@@ -89,6 +93,10 @@ fn rank_from_json(v: &Value) -> RankMsg {
         "Finished" => RankMsg::Finished,
         "Progress" => RankMsg::Progress {
             step: v["step"].as_u64().expect("u64"),
+        },
+        "WorkloadControl" => RankMsg::WorkloadControl {
+            action: v["action"].as_u64().expect("u64") as u8,
+            description: str_of(&v["description"]),
         },
         "CalculateTimeouts" => RankMsg::CalculateTimeouts {
             heartbeat: v["heartbeat"].as_bool().expect("bool"),
@@ -244,7 +252,8 @@ fn every_vector_decodes_to_its_meaning_and_reencodes_identically() {
             "Register",
             "SectionEnd",
             "SectionStart",
-            "StepTiming"
+            "StepTiming",
+            "WorkloadControl"
         ])
     );
     assert_eq!(

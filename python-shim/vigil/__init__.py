@@ -312,6 +312,11 @@ def step_timing(step, seconds):
     _send(frame)
 
 
+def _workload_control(action, description):
+    """NVRx's workload control request (``vigil.compat``): 1 excludes this node, 2 shuts down."""
+    _send(_protocol.encode_workload_control(int(action), str(description)))
+
+
 def mark_finished():
     """Tells the agent training is complete: the job must not be requeued."""
     _send(_protocol.FINISHED_FRAME)

@@ -23,11 +23,12 @@ STEP_TIMING = 0x06
 FINISHED = 0x07
 CALCULATE_TIMEOUTS = 0x08
 PROGRESS = 0x09
+WORKLOAD_CONTROL = 0x0A
 TIMEOUTS = 0x81
 STOP_REQUEST = 0x82
 TIMEOUTS_CALCULATED = 0x83
 
-RANK_KINDS = frozenset(range(REGISTER, PROGRESS + 1))
+RANK_KINDS = frozenset(range(REGISTER, WORKLOAD_CONTROL + 1))
 AGENT_KINDS = frozenset((TIMEOUTS, STOP_REQUEST, TIMEOUTS_CALCULATED))
 
 _HEADER = struct.Struct("<BBBBI")
@@ -135,6 +136,11 @@ def encode_calculate_timeouts(heartbeat, out_of_section, all_sections, sections)
     return _frame(CALCULATE_TIMEOUTS, b"".join(parts))
 
 
+def encode_workload_control(action, description):
+    """NVRx's workload control request: action 1 excludes this node, 2 shuts the workload down."""
+    return _frame(WORKLOAD_CONTROL, bytes((action,)) + _str(description, MAX_REASON_LEN))
+
+
 def encode_timeouts_calculated(heartbeat, sections, out_of_section):
     return _frame(TIMEOUTS_CALCULATED, bytes((bool(heartbeat), bool(sections), bool(out_of_section))))
 
@@ -158,6 +164,8 @@ def encode(msg):
         return FINISHED_FRAME
     if t == "Progress":
         return progress_frame(msg["step"])
+    if t == "WorkloadControl":
+        return encode_workload_control(msg["action"], msg["description"])
     if t == "Timeouts":
         return encode_timeouts(
             msg["initial_ms"], msg["heartbeat_ms"], msg["out_of_section_ms"], msg["sections"]
@@ -279,6 +287,9 @@ def decode_rank_frame(buf):
         msg = {"type": "StepTiming", "step": r.u64(), "duration_us": r.u64()}
     elif kind == PROGRESS:
         msg = {"type": "Progress", "step": r.u64()}
+    elif kind == WORKLOAD_CONTROL:
+        msg = {"type": "WorkloadControl", "action": r.take(1)[0],
+               "description": r.string(MAX_REASON_LEN, "reason_too_long")}
     elif kind == CALCULATE_TIMEOUTS:
         heartbeat, out_of_section, all_sections = r.flag(), r.flag(), r.flag()
         count = _U16.unpack(r.take(2))[0]

@@ -18,7 +18,7 @@ Replace ``import nvidia_resiliency_ext.fault_tolerance as ft`` with ``import vig
   makes every call a no-op with one warning instead of ``RankMonitorClientError``.
 * A calculation that set values logs ``Updated heartbeat timeouts: ...`` / ``Updated section
   timeouts: ...`` at INFO on the ``vigil.compat`` logger (NVRx's rank monitor logs the same).
-* ``send_workload_control_request()``: see its docstring for which actions vigil honours.
+* ``send_workload_control_request()``: see its docstring for what each action does under vigil.
 """
 
 import dataclasses
@@ -229,15 +229,18 @@ class RankMonitorClient:
             self.loaded_state = {self.CURRENT_TIMEOUTS_STATE_KEY: dict(state[self.CURRENT_TIMEOUTS_STATE_KEY])}
 
     def send_workload_control_request(self, req: WorkloadControlRequest) -> None:
-        """NVRx asks ft_launcher for an action at the next rendezvous. vigil honours
-        ``Continue`` (nothing changes: the next attempt proceeds as usual). ``ExcludeThisNode``
-        and ``ShutdownWorkload`` are not honoured: vigil has no hot-spare nodes to replace this
-        one, and ends a job through ``--max-restarts`` or a rank's exit; the call logs a warning
-        that names the request and changes nothing.
+        """NVRx asks ft_launcher for an action at the next rendezvous; vigil does what it means:
+
+        * ``Continue``: nothing changes, the next attempt proceeds as usual;
+        * ``ShutdownWorkload``: no further attempt; when this one ends the job ends and is not
+          requeued;
+        * ``ExcludeThisNode``: vigil has no hot spares to take this node's place, so the job
+          cannot go on without it in this allocation: when this attempt ends, the job ends, and
+          under Slurm it is requeued with this node in ``ExcNodeList``.
         """
         self._ensure_is_ready()
         action = getattr(req, "action", None)
         if not isinstance(action, WorkloadAction):
             raise RankMonitorClientError("expected a WorkloadControlRequest, got %r" % (req,))
         if action is not WorkloadAction.Continue:
-            self.logger.warning("vigil does not honour %s; nothing changes", req)
+            vigil._workload_control(action.value, getattr(req, "description", ""))

@@ -10,7 +10,7 @@ import signal
 import socket
 import subprocess
 
-from harness import base_env, events, of, pid_alive, start_vigil, wait_for, write
+from harness import base_env, events, of, one, pid_alive, start_vigil, wait_for, write
 
 
 def free_port():
@@ -304,3 +304,31 @@ def test_calculated_timeouts_are_job_wide_and_saved_once(job):
     saved = list((job / "node0" / "logs").glob("vigil-job-tj/timeouts.json"))
     assert len(saved) == 1 and json.loads(saved[0].read_text())["timeouts"]["heartbeat"] == hb[0]
     assert not list((job / "node1" / "logs").glob("**/timeouts.json")), "only node rank 0 saves"
+
+
+EXCLUDE = """
+import os, sys, time, pathlib
+import vigil.compat as ft
+c = ft.RankMonitorClient()
+c.init_workload_monitoring()
+if os.environ["GROUP_RANK"] == "1" and os.environ["LOCAL_RANK"] == "0":
+    c.send_workload_control_request(ft.WorkloadControlRequest(ft.WorkloadAction.ExcludeThisNode, "ECC errors"))
+    time.sleep(0.5)
+    sys.exit(4)
+time.sleep(300)
+"""
+
+
+def test_exclude_this_node_ends_the_job_on_every_node_as_a_lost_node(job):
+    write(job / "ex.py", EXCLUDE)
+    nodes = Nodes(job, 2, ["ex.py"], nproc=1, extra=["--max-restarts", "3", "--rdzv-id", "ex"])
+    res = nodes.wait(timeout=120)
+    # No in-job restart without that node: both end as for a lost node, "run me again".
+    assert [r[0] for r in res] == [75, 75], [r[2][-1500:] for r in res]
+    for i in range(2):
+        ev = nodes.events(i)
+        assert len(of(ev, "cycle_start")) == 1, i
+        assert one(ev, "result")["outcome"] == "lost"
+    assert of(nodes.events(1), "workload_control")[0]["action"] == "exclude_this_node"
+    # Node rank 0 learned which node left: node 1 (ExcNodeList under Slurm).
+    assert any(e.get("node") == 1 for e in of(nodes.events(0), "cycle_ended"))

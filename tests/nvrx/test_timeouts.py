@@ -11,7 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness import base_env, events, run_dirs, run_vigil, write  # noqa: E402
+from harness import base_env, events, of, run_dirs, run_vigil, write  # noqa: E402
 
 # NVRx's examples/fault_tolerance/fault_tol_cfg_heartbeats.yaml and fault_tol_cfg_sections.yaml.
 HEARTBEATS_YAML = """fault_tolerance:
@@ -257,8 +257,9 @@ time.sleep(2)
     assert not (d / "timeouts.json").exists()
 
 
-def test_workload_control_requests_are_accepted_and_only_continue_is_honoured(job):
+def test_workload_control_shutdown_ends_the_job_without_another_attempt(job):
     write(job / "t.py", """
+import os, sys
 import vigil.compat as ft
 c = ft.RankMonitorClient()
 c.init_workload_monitoring()
@@ -268,12 +269,18 @@ try:
     c.send_workload_control_request("shutdown")
 except ft.RankMonitorClientError as e:
     print("refused:", e, flush=True)
+sys.exit(3)
 """)
-    r = run_vigil(["run", "--log-dir", "logs", "t.py"], cwd=job, env=base_env())
-    assert r.returncode == 0, r.stderr
-    err = rank_log(job / "logs", 0, 0, "stderr")
-    assert "does not honour WorkloadControlRequest(action=WorkloadAction.ShutdownWorkload" in err
-    assert "Continue" not in err
+    r = run_vigil(["run", "--max-restarts", "3", "--rdzv-id", "wl", "--log-dir", "logs", "t.py"], cwd=job,
+                  env=base_env())
+    # The rank failed with restarts left, but asked for no further attempt: none, and not requeued.
+    assert r.returncode == 1, r.stderr
+    evs = events(job / "logs")
+    (wc,) = of(evs, "workload_control")
+    assert (wc["action"], wc["description"], wc["rank"]) == ("shutdown_workload", "bad data", 0)
+    assert len(of(evs, "cycle_start")) == 1
+    assert "rank 0 asked to shut the workload down (bad data)" in r.stderr
+    assert "not requeued: a rank asked to shut the workload down (ShutdownWorkload)" in r.stderr
     assert "refused: expected a WorkloadControlRequest" in rank_log(job / "logs", 0, 0, "stdout")
 
 

@@ -274,6 +274,17 @@ pub(super) fn conclude(e: Ending) -> i32 {
             exit_status: e.outcome.exit_code(),
         };
     }
+    if e.sup.shutdown_asked() && verdict.decision.kind() != ledger::DecisionKind::Finished {
+        verdict = policy::Verdict {
+            decision: policy::Decision::Stop {
+                why: "a rank asked to shut the workload down (ShutdownWorkload)".into(),
+            },
+            exit_status: match e.outcome.exit_code() {
+                0 | policy::REQUEUE_STATUS => 1,
+                s => s,
+            },
+        };
+    }
     // Without a job identity there is no earlier allocation to count failures against: a run
     // that failed is final, so a wrapper that reruns on 75 cannot loop on a broken job.
     let counted = cfg.allocation.state_dir.is_some();

@@ -536,10 +536,11 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
             blame: {
                 use crate::allocation::blame;
                 let env = |k: &str| std::env::var(k).ok();
-                blame::names_of(
-                    &blame::nodes_to_blame(&agent.cycle_ends),
-                    &blame::slurm_node_names(&env),
-                )
+                let mut ranks = blame::nodes_to_blame(&agent.cycle_ends);
+                if sup.exclude_asked() {
+                    ranks.push(agent.cfg.node_rank);
+                }
+                blame::names_of(&ranks, &blame::slurm_node_names(&env))
             },
         })
     } else {

@@ -135,6 +135,24 @@ impl Agent {
                 "timeouts ({source}): {}",
                 describe_timeouts(timeouts)
             )),
+            Record::WorkloadControl {
+                rank,
+                action,
+                description,
+                ..
+            } => console_note(&format!(
+                "rank {rank} asked to {} ({description}): {}",
+                if *action == "shutdown_workload" {
+                    "shut the workload down"
+                } else {
+                    "exclude this node"
+                },
+                if *action == "shutdown_workload" {
+                    "no further attempt, and the job is not requeued"
+                } else {
+                    "the job ends after this attempt and is requeued without this node"
+                }
+            )),
             Record::StopTriggered {
                 trigger, window_ms, ..
             } => console_note(&format!(

@@ -363,6 +363,14 @@ pub enum Record {
         outcome: Outcome,
         exit_code: i32,
     },
+    /// A rank asked, through NVRx's workload control, for `action` (`exclude_this_node`,
+    /// `shutdown_workload`).
+    WorkloadControl {
+        cycle: u32,
+        rank: u32,
+        action: &'static str,
+        description: String,
+    },
     /// This node saw a stop trigger (a signal, the allocation's end within the lead).
     StopTriggered {
         cycle: u32,

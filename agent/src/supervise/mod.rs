@@ -153,6 +153,9 @@ pub struct Supervisor {
     highest_step: Option<u64>,
     /// The highest step reached in each attempt that ended, in order.
     attempt_steps: Vec<Option<u64>>,
+    /// A rank asked (NVRx's workload control) for no further attempt / to exclude this node.
+    shutdown_asked: bool,
+    exclude_asked: bool,
 }
 
 impl Supervisor {
@@ -190,6 +193,8 @@ impl Supervisor {
             stop_at: None,
             highest_step: None,
             attempt_steps: Vec::new(),
+            shutdown_asked: false,
+            exclude_asked: false,
         };
         let mut actions = Vec::new();
         s.timeouts = s.cfg.timeouts.clone();
@@ -240,6 +245,16 @@ impl Supervisor {
         self.stop
             .as_ref()
             .map(|s| (s.trigger.clone(), s.agreed.flatten()))
+    }
+
+    /// A rank asked to shut the workload down (the job is not to run again).
+    pub fn shutdown_asked(&self) -> bool {
+        self.shutdown_asked
+    }
+
+    /// A rank asked to keep this node out of the job.
+    pub fn exclude_asked(&self) -> bool {
+        self.exclude_asked
     }
 
     pub fn is_finished(&self) -> bool {

@@ -509,7 +509,8 @@ impl RankMonitor {
             RankMsg::Finished => self.finished = true,
             RankMsg::StepTiming { .. }
             | RankMsg::CalculateTimeouts { .. }
-            | RankMsg::Progress { .. } => {}
+            | RankMsg::Progress { .. }
+            | RankMsg::WorkloadControl { .. } => {}
         }
     }
 

@@ -1681,3 +1681,45 @@ fn attempts_that_do_progress_keep_restarting() {
         assert!(finish(&a).is_none(), "attempt {i}: {a:?}");
     }
 }
+
+#[test]
+fn a_verdict_on_the_next_attempt_reaches_a_node_heading_for_it() {
+    // Node 0 restarts after attempt 0 failed; node 1 left the job and poisoned attempt 1.
+    let t = Instant::now();
+    let (mut s, _) = node(0, 1, 3);
+    s.handle(t, joined(0, 0, 3));
+    started(&mut s, t, 100);
+    s.handle(
+        t,
+        Event::CycleEnded {
+            cycle: 0,
+            end: JobEnd::Failed {
+                node: 1,
+                reason: "x".into(),
+            },
+        },
+    );
+    let a = s.handle(
+        t,
+        Event::Reaped {
+            pid: 100,
+            how: ExitKind::Signal(SIGTERM),
+        },
+    );
+    assert!(has(&a, |x| matches!(
+        x,
+        Action::Job(JobRequest::Join { cycle: 1, .. })
+    )));
+    let lost = JobEnd::Lost {
+        reason: "node 1 left".into(),
+        node: Some(1),
+    };
+    let a = s.handle(
+        t,
+        Event::CycleEnded {
+            cycle: 1,
+            end: lost,
+        },
+    );
+    assert!(matches!(finish(&a), Some(Outcome::Lost { .. })), "{a:?}");
+}

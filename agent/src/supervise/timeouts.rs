@@ -126,6 +126,28 @@ impl Supervisor {
                 self.maybe_calculate(out)
             }
             RankMsg::SectionEnd { .. } => self.maybe_calculate(out),
+            RankMsg::WorkloadControl {
+                action,
+                description,
+            } => {
+                let name = match action {
+                    vigil_ipc::WORKLOAD_EXCLUDE_NODE => {
+                        self.exclude_asked = true;
+                        "exclude_this_node"
+                    }
+                    vigil_ipc::WORKLOAD_SHUTDOWN => {
+                        self.shutdown_asked = true;
+                        "shutdown_workload"
+                    }
+                    _ => return,
+                };
+                out.push(Action::Record(Record::WorkloadControl {
+                    cycle: self.cycle,
+                    rank: self.cfg.rank_offset + local_rank,
+                    action: name,
+                    description,
+                }));
+            }
             RankMsg::Progress { step } => {
                 if let Some(r) = self.ranks.get_mut(local_rank as usize) {
                     r.listens = true;

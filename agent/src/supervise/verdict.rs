@@ -108,6 +108,9 @@ impl Supervisor {
     /// Join the rendezvous of the (already incremented) next cycle.
     pub(super) fn join_next(&mut self, out: &mut Vec<Action>) {
         self.phase = Phase::Joining;
+        // The last attempt's verdict is spent: a verdict on the next one (a node that left the
+        // job poisons it) must not be taken for a repeat and ignored.
+        self.end = None;
         out.push(Action::Job(JobRequest::Join {
             cycle: self.cycle,
             calculated: self.calculated.clone(),
@@ -156,9 +159,21 @@ impl Supervisor {
                     attempts: self.attempt_steps.len() as u32,
                     step: self.highest_step,
                 },
-                // A stop ends the allocation: no restart, whatever failed while stopping.
+                // This node is to leave the job (ExcludeThisNode): it cannot go on without it, so
+                // the job ends as for a lost node and is requeued elsewhere.
+                Some(JobEnd::Failed { .. }) if self.exclude_asked => Outcome::Lost {
+                    reason: format!(
+                        "a rank asked to exclude node {} (ExcludeThisNode), and the job cannot go on without it",
+                        self.cfg.node_rank
+                    ),
+                    requeue: true,
+                },
+                // A stop ends the allocation: no restart, whatever failed while stopping; so does
+                // a rank's ShutdownWorkload.
                 Some(JobEnd::Failed { .. })
-                    if self.cycle < self.cfg.max_restarts && self.stop.is_none() =>
+                    if self.cycle < self.cfg.max_restarts
+                        && self.stop.is_none()
+                        && !self.shutdown_asked =>
                 {
                     let next = self.cycle + 1;
                     let ran = match (self.started_at, self.ended_at) {
@@ -210,7 +225,7 @@ impl Supervisor {
             Outcome::Signaled { .. } | Outcome::SpawnFailed { .. } => self.stopped.clone(),
             _ if self.stop.is_some() => self.stopped.clone(),
             Outcome::Lost { reason, .. } => Some(JobEnd::Lost {
-                node: None,
+                node: self.exclude_asked.then_some(self.cfg.node_rank),
                 reason: reason.clone(),
             }),
             _ => None,
