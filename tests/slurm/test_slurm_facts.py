@@ -2,7 +2,6 @@
 no vigil: time-limit warnings, preemption with a grace time, requeue with ExcNodeList, step-only
 signals, suspend/resume, the job's end time, and --no-requeue. tests/slurm/README.md lists the facts.
 """
-import os
 import subprocess
 import time
 from pathlib import Path
