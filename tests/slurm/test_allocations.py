@@ -315,3 +315,21 @@ def test_suspend_and_resume_neither_restarts_nor_requeues(slurm_cluster, tmp_pat
     records = ledger(tmp_path)
     assert len(records) == 1 and records[0]["outcome"] == "finished" and records[0]["restarts"] == 0, records
     assert records[0]["decision"] == "finished" and records[0]["stop_step"] is None, records
+
+
+def test_a_job_submitted_with_no_requeue_stops_at_one_step_and_says_it_cannot_be_requeued(slurm_cluster, tmp_path):
+    total, world = 10000, 2 * NPROC
+    job_id = submit(tmp_path, 2, {"TOTAL_STEPS": total}, "--stop-lead 20", "--no-requeue")
+    wait_progress(tmp_path, job_id, world, 30)
+    slurm_cmd("scancel", "--signal=TERM", job_id)
+    info = wait_job(job_id, timeout=240)
+    out = output(tmp_path, job_id)
+    assert info["Restarts"] == "0" and info["Requeue"] == "0", f"{info}\n{out}"
+    rs = runs(tmp_path)
+    stopped = [rs.get((rank, 0, 0)) for rank in range(world)]
+    assert all(r and r["end"] == "stopped" for r in stopped) and len({r["checkpoint"] for r in stopped}) == 1, stopped
+    # One clear line from vigil: the job wanted a requeue, Slurm refuses it (--no-requeue).
+    lines = [x for x in out.splitlines() if "vigil" in x and "no-requeue" in x]
+    assert lines, out
+    (record,) = ledger(tmp_path)
+    assert record["outcome"] == "stopped" and "no-requeue" in record["why"], record
