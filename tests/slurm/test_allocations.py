@@ -57,15 +57,15 @@ for step in range(start, total):
     time.sleep(step_s)
     vigil.heartbeat(step)
     rec["reached"] = step
-    if fail_rank in (str(rank), "all") and step >= start + fail_after:
-        rec["end"] = "failed"
-        atomic_write(run, rec)
-        sys.exit(3)
-    if vigil.should_stop(step):
+    if vigil.should_stop(step):  # also tells the agent this rank reached `step`
         save(step)
         rec["end"], rec["stop_step"] = "stopped", vigil.stop_step()
         atomic_write(run, rec)
         sys.exit(0)
+    if fail_rank in (str(rank), "all") and step >= start + fail_after:
+        rec["end"] = "failed"
+        atomic_write(run, rec)
+        sys.exit(3)
     if ckpt_every and step % ckpt_every == 0:
         save(step)
     if step % 10 == 0:
