@@ -3,30 +3,41 @@ no vigil: time-limit warnings, preemption with a grace time, requeue with ExcNod
 signals, suspend/resume, the job's end time, and --no-requeue. tests/slurm/README.md lists the facts.
 """
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 from .slurmlib import TERMINAL_STATES, sbatch, show_job, slurm_cmd, slurm_env, wait_for_path, wait_job
 
-# A step task that logs every signal it gets (with the time), writes its pid, and runs for at most
-# $RUN_S seconds. `sleep` runs in the background so bash runs each trap as the signal comes.
-TASK = r"""#!/bin/bash
-log={dir}/task_${{SLURM_RESTART_COUNT:-0}}_$SLURM_NODEID.log
-echo "node $SLURMD_NODENAME pid $$" > $log
-for s in TERM INT HUP CONT USR1 USR2 TSTP; do trap "echo got $s \$(date +%s.%N) >> $log" $s; done
-end=$(( $(date +%s) + ${{RUN_S:-120}} ))
-while [ $(date +%s) -lt $end ]; do
-    [ -e {dir}/stop_${{SLURM_RESTART_COUNT:-0}} ] && break
-    sleep 0.1 & wait $!
-done
-echo end >> $log
+# A step task that logs every signal it gets (with the time), writes its pid, and runs until
+# {dir}/stop_<run> exists or for at most $RUN_S seconds. Python, not bash: bash's traps lost one of
+# a SIGTERM+SIGCONT pair now and then.
+TASK = r"""
+import os, signal, time
+d, run, node = "@DIR@", os.environ.get("SLURM_RESTART_COUNT", "0"), os.environ["SLURM_NODEID"]
+log = open(f"{d}/task_{run}_{node}.log", "a", buffering=1)
+log.write(f"node {os.environ['SLURMD_NODENAME']} pid {os.getpid()}\n")
+
+
+def on(sig, frame):
+    log.write(f"got {signal.Signals(sig).name[3:]} {time.time()}\n")
+
+
+for s in ("TERM", "INT", "HUP", "CONT", "USR1", "USR2", "TSTP"):
+    signal.signal(getattr(signal, "SIG" + s), on)
+end = time.time() + float(os.environ.get("RUN_S", "120"))
+while time.time() < end and not os.path.exists(f"{d}/stop_{run}"):
+    time.sleep(0.1)
+log.write("end\n")
 """
 
 
 def write_task(d: Path) -> Path:
+    """Writes the task; returns a bash script that runs it (what `srun bash` takes)."""
     d.mkdir(parents=True, exist_ok=True)
+    (d / "task.py").write_text(TASK.replace("@DIR@", str(d)))
     p = d / "task.sh"
-    p.write_text(TASK.format(dir=d))
+    p.write_text(f"#!/bin/bash\nexec {sys.executable} {d}/task.py\n")
     return p
 
 
@@ -97,10 +108,10 @@ echo "srun rc=$?"
         terms = got(lines, "TERM")
         # The warning, then the limit's own SIGTERM (SIGKILL follows after KillWait).
         assert len(terms) >= 2 and terms[1] >= end - 1, lines
-        # slurmctld sends the warning once the end is within 50 s + its 30 s check period: early,
-        # never late.
+        # slurmctld looks every 30 s: the warning comes up to 30 s before or after the asked 50 s
+        # (seen: 36-58 s).
         lead = end - terms[0]
-        assert 48 <= lead <= 82, f"warning {lead:.1f}s before the end {end}: {lines}"
+        assert 15 <= lead <= 82, f"warning {lead:.1f}s before the end {end}: {lines}"
     out = output(tmp_path, job_id)
     assert "DUE TO TIME LIMIT" in out, out
     assert "batch got TERM" not in out.split("CANCELLED")[0], out
@@ -144,10 +155,11 @@ srun bash {task}
     for node_id in range(3):
         lines = log(low, node_id)
         terms = got(lines, "TERM")
-        # SIGTERM at once; after GraceTime (20 s, checked periodically) the requeue's SIGTERM, then
-        # SIGKILL after KillWait: the task ignores SIGTERM, so it never reaches its end.
+        # SIGTERM (and SIGCONT) at once; after GraceTime (20 s, checked periodically) the requeue's
+        # SIGCONT and SIGTERM, then SIGKILL after KillWait: the task ignores SIGTERM, so it never
+        # reaches its end.
         assert len(terms) >= 2 and terms[0] - t_submit < 15 and terms[1] - terms[0] >= 20, lines
-        assert "end" not in lines, lines
+        assert got(lines, "CONT") and "end" not in lines, lines
         assert log(low, node_id, run=1)[-1] == "end"
     assert output(low, low_id).count("run ") == 2
 
@@ -218,8 +230,8 @@ def test_suspend_stops_and_resume_continues_the_tasks(slurm_cluster, tmp_path):
     assert show_job(job_id)["JobState"] == "SUSPENDED"
     slurm_cmd("scontrol", "resume", job_id)
     wait_until(lambda: proc_state(pid) in "SR", 30, "task continued")
-    lines = wait_until(lambda: got(log(tmp_path, 0), "TSTP") and log(tmp_path, 0), 30, "traps ran")
-    assert got(lines, "CONT") and not got(lines, "TERM"), lines
+    lines = wait_until(lambda: got(log(tmp_path, 0), "CONT") and log(tmp_path, 0), 30, "SIGCONT")
+    assert got(lines, "TSTP")[0] < got(lines, "CONT")[-1] and not got(lines, "TERM"), lines
     (tmp_path / "stop_0").touch()
     info = wait_job(job_id)
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "0", info
@@ -241,18 +253,29 @@ def test_a_preempted_job_that_ends_within_the_grace_is_requeued_only_by_itself(s
     # Job A's task exits 0 on SIGTERM; job B's task runs `scontrol requeue` first. Both are in 'low'
     # and preempted by one exclusive 'high' job over all nodes.
     jobs = {}
-    for name, on_term in (("a", "exit 0"), ("b", "scontrol requeue $SLURM_JOB_ID; exit 0")):
+    for name, requeue in (("a", False), ("b", True)):
         d = tmp_path / name
         d.mkdir()
-        (d / "task.sh").write_text(
-            f"""#!/bin/bash
-[ "${{SLURM_RESTART_COUNT:-0}}" -ge 1 ] && {{ touch {d}/rerun; exit 0; }}
-trap '{on_term}' TERM
-touch {d}/started
-for i in $(seq 1200); do sleep 0.1 & wait $!; done
+        (d / "task.py").write_text(
+            f"""
+import os, signal, subprocess, sys, time
+if os.environ.get("SLURM_RESTART_COUNT", "0") != "0":
+    open("{d}/rerun", "w").close()
+    sys.exit(0)
+
+
+def on_term(sig, frame):
+    if {requeue}:
+        subprocess.run(["scontrol", "requeue", os.environ["SLURM_JOB_ID"]])
+    sys.exit(0)
+
+
+signal.signal(signal.SIGTERM, on_term)
+open("{d}/started", "w").close()
+time.sleep(120)
 """
         )
-        jobs[name] = sbatch(f"#!/bin/bash\n#SBATCH -N 1 -p low\nsrun bash {d}/task.sh\n", d)
+        jobs[name] = sbatch(f"#!/bin/bash\n#SBATCH -N 1 -p low\nsrun {sys.executable} {d}/task.py\n", d)
         wait_for_path(d / "started")
     high = sbatch("#!/bin/bash\n#SBATCH -N 3 -p high --exclusive\nsleep 1\n", tmp_path / "high")
     assert wait_job(high, timeout=120)["JobState"] == "COMPLETED"
