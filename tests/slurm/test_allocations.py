@@ -109,9 +109,9 @@ def runs(d: Path) -> dict:
     return out
 
 
-def ledger(d: Path) -> list:
+def ledger(d: Path, job_id: int = None) -> list:
     f = d / "state" / "ledger.jsonl"
-    assert f.exists(), f"no ledger at {f}"
+    assert f.exists(), f"no ledger at {f}" + (f"\n{output(d, job_id)}" if job_id else "")
     return [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
 
 
@@ -243,7 +243,7 @@ def test_job_without_progress_stops_requeueing(slurm_cluster, tmp_path):
     info = wait_job(job_id, timeout=300)
     out = output(tmp_path, job_id)
     assert info["JobState"] in TERMINAL_STATES - {"COMPLETED"}, f"{info}\n{out}"
-    records = ledger(tmp_path)
+    records = ledger(tmp_path, job_id)
     # 2 allocations without progress after the first: at most 3 allocations, far below 10 requeues.
     assert 2 <= len(records) <= 3 and info["Restarts"] == str(len(records) - 1), records
     assert [r["decision"] for r in records] == ["requeue"] * (len(records) - 1) + ["stop"], records
