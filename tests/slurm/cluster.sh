@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A throw-away two-node Slurm cluster on this one machine, for vigil's Slurm tests.
+# A throw-away three-node Slurm cluster on this one machine, for vigil's Slurm tests.
 #
 #   cluster.sh start    install slurm-wlm + munge if missing, then start munged (unless a working
 #                       one runs), slurmctld and one slurmd per node; does nothing if already up
@@ -12,13 +12,13 @@
 #
 # Environment:
 #   VIGIL_SLURM_DIR     config, state, logs and pid files      (/tmp/vigil-slurm)
-#   VIGIL_SLURM_NODES   number of nodes                        (2)
+#   VIGIL_SLURM_NODES   number of nodes                        (3)
 #   VIGIL_SLURM_CPUS    CPUs each node advertises, whatever this machine has   (8)
 #   VIGIL_SLURM_KILL_WAIT  KillWait: seconds from SIGTERM to SIGKILL when a job is ended  (5)
 set -euo pipefail
 
 DIR=${VIGIL_SLURM_DIR:-/tmp/vigil-slurm}
-NODES=${VIGIL_SLURM_NODES:-2}
+NODES=${VIGIL_SLURM_NODES:-3}
 CPUS=${VIGIL_SLURM_CPUS:-8}
 KILL_WAIT=${VIGIL_SLURM_KILL_WAIT:-5}
 CONF=$DIR/etc/slurm.conf
@@ -186,11 +186,16 @@ SlurmctldTimeout=30
 SlurmdTimeout=60
 NodeName=n[1-$NODES] NodeHostname=$host NodeAddr=127.0.0.1 Port=$((PORT0 + 1))-$((PORT0 + NODES)) \
     CPUs=$CPUS RealMemory=1024 State=UNKNOWN
-# A job in 'urgent' preempts (requeues) jobs in 'debug' after GraceTime.
+# A job in a partition of a higher PriorityTier preempts (requeues) jobs in lower ones: the
+# preempted job's steps get SIGTERM (after SIGCONT), GraceTime seconds, then the requeue's kill.
+# 'urgent' preempts 'debug'; 'high' preempts 'low' (and 'debug', 'urgent') with a grace long
+# enough for a checkpoint at an agreed step. All four span the same nodes.
 PreemptType=preempt/partition_prio
 PreemptMode=REQUEUE
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=1 GraceTime=10
 PartitionName=urgent Nodes=ALL Default=NO MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF
+PartitionName=low Nodes=ALL Default=NO MaxTime=INFINITE State=UP PriorityTier=1 GraceTime=20
+PartitionName=high Nodes=ALL Default=NO MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF
 EOF
     # Plain sbatch/srun, including srun inside a job, read /etc/slurm/slurm.conf.
     mkdir -p /etc/slurm

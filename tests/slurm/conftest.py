@@ -1,4 +1,4 @@
-"""Fixtures for tests against a real two-node Slurm cluster on this machine (cluster.sh).
+"""Fixtures for tests against a real three-node Slurm cluster on this machine (cluster.sh).
 
 Without root or a cluster the harness can start, these tests skip; with VIGIL_REQUIRE_SLURM=1 (CI)
 they fail instead, showing the harness output.
@@ -32,7 +32,7 @@ def _unavailable(reason: str):
 
 @pytest.fixture(scope="session")
 def slurm_cluster():
-    """The local two-node cluster (nodes n1, n2): reused if `cluster.sh status` says it is up,
+    """The local three-node cluster (nodes n1, n2, n3): reused if `cluster.sh status` says it is up,
     otherwise started (installing slurm-wlm and munge if needed) and stopped after the session."""
     if os.geteuid() != 0:
         _unavailable("not root (the harness installs packages and runs slurmd as root)")

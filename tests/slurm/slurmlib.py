@@ -12,7 +12,7 @@ HERE = Path(__file__).resolve().parent
 CLUSTER_SH = HERE / "cluster.sh"
 SLURM_DIR = Path(os.environ.get("VIGIL_SLURM_DIR", "/tmp/vigil-slurm"))
 SLURM_CONF = SLURM_DIR / "etc" / "slurm.conf"
-NUM_NODES = int(os.environ.get("VIGIL_SLURM_NODES", "2"))
+NUM_NODES = int(os.environ.get("VIGIL_SLURM_NODES", "3"))
 
 TERMINAL_STATES = frozenset(
     {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",

@@ -1,4 +1,4 @@
-"""vigil under a real two-node Slurm cluster: the srun line is `vigil run` with no rendezvous
+"""vigil under a real Slurm cluster: the srun line is `vigil run` with no rendezvous
 flags; the agents find each other from Slurm's variables, restart together after an injected
 failure and succeed."""
 import json
