@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -29,6 +28,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+from multinode_bench import free_port, vigil_bin  # noqa: E402
 
 RANK = """
 import json, os, sys, time, pathlib
@@ -77,19 +78,6 @@ if torch is not None:
 if int(os.environ["RANK"]) == 0:
     open(os.path.join(os.environ["OUT_DIR"], "cost.txt"), "w").write(f"{vig} {bc}")
 """
-
-
-def vigil_bin():
-    for p in (os.environ.get("VIGIL_BIN"), REPO / "target/release/vigil", REPO / "target/debug/vigil"):
-        if p and os.access(p, os.X_OK):
-            return str(p)
-    sys.exit("build vigil first: cargo build --release")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def env_for(d):

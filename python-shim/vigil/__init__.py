@@ -17,7 +17,9 @@ Unix socket named by ``VIGIL_SOCKET`` is opened on the first call; the rank regi
 import _thread
 import operator as _operator
 import os as _os
+import signal as _signal
 import sys as _sys
+import time as _time
 import warnings as _warnings
 from struct import error as _StructError
 
@@ -70,6 +72,13 @@ _progress_sent = None  # the step last sent in Progress on the current connectio
 _lock = _thread.allocate_lock()
 _decoder = None
 _stop_requested = False
+# A rank that calls should_stop(step) stops at the agreed step, so a stop signal sent to every
+# process of a Slurm step (preemption, `scancel --signal`, `--signal` without `B:`) must not kill
+# it first: should_stop(step) holds SIGTERM/SIGUSR1/SIGUSR2 (where they have their default action)
+# and waits for the agent's stop step, at most SIGNAL_WAIT seconds, then stops on its own.
+SIGNAL_WAIT = 10.0
+_signals_held = False
+_signalled_at = None
 _stop_reason = None
 _stop_step = None
 _timeouts = None
@@ -389,15 +398,39 @@ def should_stop(step=None):
         if step.__class__ is not int or step < 0:
             step = _valid_step(step)
         if step is not None and (step != _progress_sent or _sock is None):
+            if not _signals_held:
+                _hold_stop_signals()
             _progress(step)
     # The common case inline (this runs every step): connected, and nothing from the agent.
     p = _poller
     if p is None or _sock is None or p.poll(0):
         _poll()
     if not _stop_requested:
-        return False
+        # Signalled from outside and the agent never asked: stop rather than run on forever.
+        return _signalled_at is not None and _time.monotonic() - _signalled_at > SIGNAL_WAIT
     at = _stop_step
     return step is None or at is None or step >= at
+
+
+def _hold_stop_signals():
+    """Lets SIGTERM/SIGUSR1/SIGUSR2 be noted instead of killing the rank (only where they have
+    their default action, only under vigil, only from the main thread)."""
+    global _signals_held
+    _signals_held = True
+    if not _os.environ.get(SOCKET_ENV):
+        return
+    for sig in (_signal.SIGTERM, _signal.SIGUSR1, _signal.SIGUSR2):
+        try:
+            if _signal.getsignal(sig) == _signal.SIG_DFL:
+                _signal.signal(sig, _on_stop_signal)
+        except (ValueError, OSError):
+            return  # not the main thread: leave the signals alone
+
+
+def _on_stop_signal(signum, frame):
+    global _signalled_at
+    if _signalled_at is None:
+        _signalled_at = _time.monotonic()
 
 
 def _valid_step(step):

@@ -247,7 +247,8 @@ def test_job_without_progress_stops_requeueing(slurm_cluster, tmp_path):
     # 2 allocations without progress after the first: at most 3 allocations, far below 10 requeues.
     assert 2 <= len(records) <= 3 and info["Restarts"] == str(len(records) - 1), records
     assert [r["decision"] for r in records] == ["requeue"] * (len(records) - 1) + ["stop"], records
-    assert records[-1]["outcome"] == "no_progress" and "progress" in records[-1]["why"], records[-1]
+    # The allocation failed; the decision not to requeue says why: no progress.
+    assert records[-1]["outcome"] == "failed" and "progress" in records[-1]["why"], records[-1]
     assert {r["highest_step"] for r in records} == {5}, records
     assert all(r["resumed_from"] == 0 for r in runs(tmp_path).values())
 

@@ -460,17 +460,9 @@ impl Coordinator {
                 }
                 self.spawn_timeouts_waiter(cycle, round);
                 if self.ctl.add(&key::timeouts_count(cycle, round), 1).await? == n {
-                    let keys: Vec<String> = (0..self.cfg.nnodes)
-                        .map(|i| key::node_timeouts(cycle, round, i))
-                        .collect();
-                    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
                     let all: Vec<Timeouts> = self
-                        .ctl
-                        .multi_get(&refs)
-                        .await?
-                        .iter()
-                        .filter_map(|v| serde_json::from_slice(v).ok())
-                        .collect();
+                        .every_node(|i| key::node_timeouts(cycle, round, i))
+                        .await?;
                     let merged = merge_timeouts(&all);
                     self.ctl
                         .set(&key::timeouts(cycle, round), &to_json(&merged))
@@ -490,17 +482,8 @@ impl Coordinator {
                     )
                     .await?;
                 if self.ctl.add(&key::stop_count(cycle), 1).await? == n {
-                    let keys: Vec<String> = (0..self.cfg.nnodes)
-                        .map(|i| key::stop_steps(cycle, i))
-                        .collect();
-                    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-                    let all: Vec<StepReport> = self
-                        .ctl
-                        .multi_get(&refs)
-                        .await?
-                        .iter()
-                        .filter_map(|v| serde_json::from_slice(v).ok())
-                        .collect();
+                    let all: Vec<StepReport> =
+                        self.every_node(|i| key::stop_steps(cycle, i)).await?;
                     let step = choose_stop_step(&all, AGREEMENT_BUDGET);
                     self.ctl
                         .compare_set(&key::stop_step(cycle), b"", &to_json(&step))
@@ -510,6 +493,23 @@ impl Coordinator {
             JobRequest::Leave { .. } => unreachable!("handled by serve"),
         }
         Ok(())
+    }
+
+    /// What every node wrote under `key(node)`, read in one round trip; a value that does not
+    /// parse is left out.
+    async fn every_node<T: serde::de::DeserializeOwned>(
+        &mut self,
+        key: impl Fn(u32) -> String,
+    ) -> Result<Vec<T>, vigil_store::StoreError> {
+        let keys: Vec<String> = (0..self.cfg.nnodes).map(key).collect();
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        Ok(self
+            .ctl
+            .multi_get(&refs)
+            .await?
+            .iter()
+            .filter_map(|v| serde_json::from_slice(v).ok())
+            .collect())
     }
 
     /// A connection of its own, parked on the cycle's stop trigger and then on its stop step;
