@@ -77,6 +77,11 @@ _stop_requested = False
 # it first: should_stop(step) holds SIGTERM/SIGUSR1/SIGUSR2 (where they have their default action)
 # and waits for the agent's stop step, at most SIGNAL_WAIT seconds, then stops on its own.
 SIGNAL_WAIT = 10.0
+# should_stop looks for the agent's messages at most this often (a poll is a system call; the
+# stop step leaves a second of steps for the request to arrive, so a millisecond costs nothing).
+POLL_EVERY = 0.001
+_poll_due = 0.0
+_monotonic = _time.monotonic
 _signals_held = False
 _signalled_at = None
 _stop_reason = None
@@ -402,9 +407,16 @@ def should_stop(step=None):
                 _hold_stop_signals()
             _progress(step)
     # The common case inline (this runs every step): connected, and nothing from the agent.
+    global _poll_due
     p = _poller
-    if p is None or _sock is None or p.poll(0):
+    if p is None or _sock is None:
         _poll()
+    else:
+        now = _monotonic()
+        if now >= _poll_due:
+            _poll_due = now + POLL_EVERY
+            if p.poll(0):
+                _poll()
     if not _stop_requested:
         # Signalled from outside and the agent never asked: stop rather than run on forever.
         return _signalled_at is not None and _time.monotonic() - _signalled_at > SIGNAL_WAIT
