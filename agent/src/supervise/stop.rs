@@ -5,9 +5,11 @@ use super::*;
 impl Supervisor {
     pub(super) fn on_signal(&mut self, now: Instant, sig: i32, out: &mut Vec<Action>) {
         // SIGTERM/SIGUSR1/SIGUSR2 while ranks that call `should_stop(step)` run: checkpoint at one
-        // agreed step instead of being signalled. A second signal is obeyed at once, as below.
+        // agreed step instead of being signalled. Only this agent's own second signal is obeyed at
+        // once (below): under Slurm every node gets the signal, and one that learned of the stop
+        // from a faster node first must not take its own signal for a second one.
         if is_stop_signal(sig)
-            && self.stop.is_none()
+            && self.stop_sig.is_none()
             && self.phase == Phase::Running
             && self
                 .ranks
@@ -18,6 +20,13 @@ impl Supervisor {
             let window = self.cfg.term_timeout;
             self.trigger_stop(now, crate::values::signal_name(sig), window, out);
             return;
+        }
+        // Obeyed at once: ranks that hold stop signals for `should_stop(step)` are told to stop now.
+        if self.stop.is_some() && self.ranks.iter().any(|r| r.listens) {
+            out.push(Action::SendToAll(AgentMsg::StopRequest {
+                reason: crate::values::signal_name(sig),
+                at_step: None,
+            }));
         }
         match self.phase {
             Phase::Stopping {

@@ -220,7 +220,7 @@ impl Supervisor {
             step,
             trigger: st.trigger.clone(),
         }));
-        if self.phase == Phase::Running {
+        if matches!(self.phase, Phase::Running | Phase::Stopping { .. }) {
             out.push(Action::SendToAll(self.stop_msg()));
         }
     }

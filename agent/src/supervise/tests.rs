@@ -1723,3 +1723,44 @@ fn a_verdict_on_the_next_attempt_reaches_a_node_heading_for_it() {
     );
     assert!(matches!(finish(&a), Some(Outcome::Lost { .. })), "{a:?}");
 }
+
+#[test]
+fn a_nodes_own_signal_after_another_nodes_trigger_is_not_a_second_signal() {
+    // Slurm signals every node; node 1 learns of node 0's trigger before its own SIGTERM arrives.
+    let t = Instant::now();
+    let (mut s, _) = node(1, 1, 0);
+    s.handle(t, joined(0, 1, 0));
+    started(&mut s, t, 100);
+    for msg in [
+        RankMsg::Register {
+            rank: 1,
+            local_rank: 0,
+            pid: 100,
+            cycle: 0,
+        },
+        RankMsg::Progress { step: 7 },
+    ] {
+        s.handle(t, Event::Message { local_rank: 0, msg });
+    }
+    s.handle(
+        t,
+        Event::StopAsked {
+            cycle: 0,
+            trigger: "SIGTERM".into(),
+        },
+    );
+    let a = s.handle(t, Event::Signal(SIGTERM));
+    assert!(signals(&a).is_empty(), "{a:?}");
+    let a = s.handle(
+        t,
+        Event::StopStep {
+            cycle: 0,
+            step: Some(9),
+        },
+    );
+    assert_eq!(stop_requests(&a), vec![Some(9)]);
+    // A second signal to this agent: now, and the ranks holding SIGTERM are told so.
+    let a = s.handle(t, Event::Signal(SIGTERM));
+    assert_eq!(signals(&a), vec![(vec![100], SIGTERM)]);
+    assert_eq!(stop_requests(&a), vec![None]);
+}
