@@ -86,6 +86,18 @@ pub struct Facts {
     /// Slurm's `Requeue=`: `Some(false)` when the job was submitted with `--no-requeue`;
     /// `None` outside Slurm or when unknown.
     pub requeue_allowed: Option<bool>,
+    /// The job has an identity to count allocations by (Slurm job id, `--rdzv-id`,
+    /// `--state-dir`); without one a failure is final.
+    pub counted: bool,
+    /// Slurm says the job was cancelled.
+    pub cancelled: bool,
+    /// A person stopped it (Ctrl-C, SIGHUP, SIGQUIT to the agent).
+    pub interrupted: bool,
+    /// A rank asked to shut the workload down (NVRx's `ShutdownWorkload`).
+    pub shutdown_asked: bool,
+    /// The ranks were signalled rather than stopping at a step: the status stays `status`
+    /// (128 + the signal, or the stopping node's).
+    pub keeps_status: bool,
 }
 
 /// The decision and why, in one line.
@@ -142,6 +154,45 @@ fn step(s: Option<u64>) -> String {
 
 /// Decides what follows this allocation. `history` is the ledger's earlier records, in order.
 pub fn decide(facts: &Facts, history: &[Record], limits: &Limits) -> Verdict {
+    let stop = |why: String, exit_status| Verdict {
+        decision: Decision::Stop { why },
+        exit_status,
+    };
+    let base = by_history(facts, history, limits);
+    let mut v = if facts.outcome == Outcome::Failed && !facts.counted {
+        // No earlier allocation to count failures against: a wrapper that reruns on 75 must not
+        // loop on a broken job.
+        stop(
+            "failed; a job without an identity (Slurm job id, --rdzv-id, --state-dir) is not run again".into(),
+            facts.status,
+        )
+    } else if facts.shutdown_asked && base.decision.kind() != DecisionKind::Finished {
+        stop(
+            "a rank asked to shut the workload down (ShutdownWorkload)".into(),
+            match facts.status {
+                0 | REQUEUE_STATUS => 1,
+                s => s,
+            },
+        )
+    } else if facts.cancelled {
+        stop(
+            "the Slurm job was cancelled: not requeued".into(),
+            facts.status,
+        )
+    } else if facts.interrupted {
+        let by = facts.stop_trigger.clone().unwrap_or_default();
+        stop(format!("{by}: not requeued"), facts.status)
+    } else {
+        base
+    };
+    if facts.keeps_status {
+        v.exit_status = facts.status;
+    }
+    v
+}
+
+/// The rules of the table above, from this allocation and the ledger's earlier records.
+fn by_history(facts: &Facts, history: &[Record], limits: &Limits) -> Verdict {
     let failed_status = || {
         limits
             .no_restart_exit_code
@@ -311,7 +362,52 @@ mod tests {
             stop_trigger: (outcome == Outcome::Stopped).then(|| "time-limit".into()),
             blame: vec![],
             requeue_allowed: Some(true),
+            counted: true,
+            cancelled: false,
+            interrupted: false,
+            shutdown_asked: false,
+            keeps_status: false,
         }
+    }
+
+    #[test]
+    fn what_overrides_the_ledger_and_which_status_follows() {
+        let limits = Limits::default();
+        let d = |f: &Facts| decide(f, &[], &limits);
+        // Without an identity a failure is final, with its own status.
+        let mut f = facts(Outcome::Failed, Some(3));
+        assert_eq!(d(&f).decision.kind(), DecisionKind::Requeue);
+        f.counted = false;
+        assert_eq!(
+            (d(&f).decision.kind(), d(&f).exit_status),
+            (DecisionKind::Stop, 1)
+        );
+        // ShutdownWorkload: never requeued, never 0 or 75; a finished job stays finished.
+        let mut f = facts(Outcome::Stopped, Some(3));
+        f.shutdown_asked = true;
+        assert_eq!(
+            (d(&f).decision.kind(), d(&f).exit_status),
+            (DecisionKind::Stop, 1)
+        );
+        let mut f = facts(Outcome::Finished, Some(3));
+        f.shutdown_asked = true;
+        assert_eq!(d(&f).decision.kind(), DecisionKind::Finished);
+        // Cancelled, or a person's signal: not requeued, the outcome's own status.
+        let mut f = facts(Outcome::Stopped, Some(3));
+        f.cancelled = true;
+        assert!(d(&f).decision.why().contains("cancelled"));
+        assert_eq!(d(&f).decision.kind(), DecisionKind::Stop);
+        let mut f = facts(Outcome::Stopped, Some(3));
+        (f.interrupted, f.status, f.stop_trigger) = (true, 130, Some("SIGINT".into()));
+        assert_eq!(d(&f).exit_status, 130);
+        assert_eq!(d(&f).decision.why(), "SIGINT: not requeued");
+        // Signalled ranks: requeued, but the status stays theirs.
+        let mut f = facts(Outcome::Stopped, Some(3));
+        (f.keeps_status, f.status) = (true, 143);
+        assert_eq!(
+            (d(&f).decision.kind(), d(&f).exit_status),
+            (DecisionKind::Requeue, 143)
+        );
     }
 
     fn record(i: u32, f: &Facts, limits: &Limits, history: &[Record]) -> Record {

@@ -147,14 +147,17 @@ impl EndWatch {
             helpers.lock().map(|mut h| h.retain(|p| *p != pid)).ok();
             let _ = tx.send(end);
         });
-        // A squeue that hangs is killed at the bound; its thread then sees end of file.
-        let bound = SLURM_TIMEOUT;
+        // A squeue that hangs is killed at the bound; its thread then sees end of file. Only one
+        // still listed as in flight: a pid that finished may already belong to another process.
+        let (bound, listed) = (SLURM_TIMEOUT, self.helpers.clone());
         std::thread::spawn(move || {
             std::thread::sleep(bound);
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
+            if listed.lock().is_ok_and(|h| h.contains(&pid)) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
         });
         drop(child);
     }
@@ -239,7 +242,6 @@ pub(super) fn conclude(e: Ending) -> i32 {
         Outcome::Signaled { signal } => (Some(crate::values::signal_name(*signal)), None),
         _ => (None, None),
     };
-    // A job cancelled by its user is never requeued, whatever signal said so.
     let cancelled = info
         .as_ref()
         .and_then(|i| i.state.as_deref())
@@ -251,59 +253,17 @@ pub(super) fn conclude(e: Ending) -> i32 {
         highest_step: e.sup.highest_step(),
         stop_trigger: trigger.clone(),
         blame: e.blame.clone(),
-        requeue_allowed: if cancelled {
-            Some(false)
-        } else {
-            info.as_ref().and_then(|i| i.requeue)
-        },
+        requeue_allowed: info.as_ref().and_then(|i| i.requeue),
+        counted: cfg.allocation.state_dir.is_some(),
+        cancelled,
+        interrupted: matches!(e.outcome, Outcome::Signaled { signal } if !crate::supervise::is_stop_signal(*signal)),
+        shutdown_asked: e.sup.shutdown_asked(),
+        keeps_status: matches!(
+            e.outcome,
+            Outcome::Signaled { .. } | Outcome::PeerStopped { .. }
+        ),
     };
-    let mut verdict = policy::decide(&facts, &history, &cfg.allocation.limits);
-    // Ctrl-C, SIGHUP, SIGQUIT: a person stopping the job, never a reason to run it again.
-    let interrupted = matches!(e.outcome, Outcome::Signaled { signal } if !crate::supervise::is_stop_signal(*signal));
-    if cancelled || interrupted {
-        let why = if cancelled {
-            "the Slurm job was cancelled: not requeued".to_string()
-        } else {
-            format!(
-                "{}: not requeued",
-                facts.stop_trigger.clone().unwrap_or_default()
-            )
-        };
-        verdict = policy::Verdict {
-            decision: policy::Decision::Stop { why },
-            exit_status: e.outcome.exit_code(),
-        };
-    }
-    if e.sup.shutdown_asked() && verdict.decision.kind() != ledger::DecisionKind::Finished {
-        verdict = policy::Verdict {
-            decision: policy::Decision::Stop {
-                why: "a rank asked to shut the workload down (ShutdownWorkload)".into(),
-            },
-            exit_status: match e.outcome.exit_code() {
-                0 | policy::REQUEUE_STATUS => 1,
-                s => s,
-            },
-        };
-    }
-    // Without a job identity there is no earlier allocation to count failures against: a run
-    // that failed is final, so a wrapper that reruns on 75 cannot loop on a broken job.
-    let counted = cfg.allocation.state_dir.is_some();
-    if !counted && matches!(facts.outcome, ledger::Outcome::Failed) {
-        verdict = policy::Verdict {
-            decision: policy::Decision::Stop {
-                why: "failed; a job without an identity (Slurm job id, --rdzv-id, --state-dir) is not run again".into(),
-            },
-            exit_status: e.outcome.exit_code(),
-        };
-    }
-    // Ranks that were signalled (they do not stop at a step) end as before: 128 + the signal, or
-    // the status of the node that stopped the job.
-    if matches!(
-        e.outcome,
-        Outcome::Signaled { .. } | Outcome::PeerStopped { .. }
-    ) {
-        verdict.exit_status = e.outcome.exit_code();
-    }
+    let verdict = policy::decide(&facts, &history, &cfg.allocation.limits);
     let why = verdict.decision.why().to_string();
     let nodes = info
         .as_ref()
