@@ -189,7 +189,9 @@ def running_job(job):
     write(job / "flaky.py", FLAKY)
     nodes = Nodes(job, 2, ["flaky.py", "-1", "1"], extra=["--max-restarts", "3", "--node-timeout", "5",
                                                           "--workers-stop-timeout", "3"])
-    wait_for(lambda: len(markers(job, "ran_")) == 4, what="all four ranks running")
+    # A marker exists before its pid is written in it: wait for the pids, not the files.
+    wait_for(lambda: len([n for n in markers(job, "ran_") if (job / n).read_text().strip()]) == 4,
+             what="all four ranks running")
     return nodes, rank_pids(job)
 
 
