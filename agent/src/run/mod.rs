@@ -8,6 +8,7 @@
 //! - `clock.rs`: the job's clock, which skips the agent's own suspension.
 //! - `prelaunch.rs`: run directory and checks before any rank starts.
 //! - `eventlog.rs`: `events.jsonl`. `store_host.rs`: hosting and finding vigil's store.
+//! - `perf.rs`: `steps` records, step times for straggler scores, the job's straggler report.
 //! - `proc.rs`: process groups, containment, the watchdog. `output.rs`: rank output to logs and
 //!   console. `ipc_server.rs`: the ranks' socket. `stacks.rs`: capturing a hung rank's stacks.
 
@@ -17,6 +18,7 @@ mod clock;
 mod eventlog;
 pub mod ipc_server;
 pub mod output;
+mod perf;
 mod prelaunch;
 pub mod proc;
 mod report;
@@ -103,6 +105,7 @@ struct Agent {
     leave: Option<JobRequest>,
     /// How the last cycle ended, when another node ended it.
     peer_end: Option<JobEnd>,
+    steps_log: perf::StepsLog,
 }
 
 fn pump(fd: OwnedFd, mut sink: Sink) -> JoinHandle<()> {
@@ -291,6 +294,7 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
         max_restarts: cfg.max_restarts,
         leave: None,
         peer_end: None,
+        steps_log: Default::default(),
         cfg,
     };
     agent.events.write_value(serde_json::json!({
@@ -329,6 +333,7 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
             (agent.cfg.nnodes == 1 && l.max_no_progress > 0)
                 .then_some((l.max_no_progress, l.min_progress_steps))
         },
+        stop_if_straggler: agent.cfg.straggler.stop,
     });
     agent.execute(first);
     let started_wall = SystemTime::now();
@@ -437,6 +442,9 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
                     note_refused(n);
                 }
                 endw.maybe_reread();
+                if let Some(v) = agent.steps_log.due(now, sup.cycle(), sup.step_range()) {
+                    agent.events.write_value(v);
+                }
                 // `now` from the top of this turn: waking the clock here would hide a suspension.
                 if let Some(ev) = endw.tick(&sup, now) {
                     agent.queue.push_back(ev);
@@ -539,6 +547,11 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
                 let mut ranks = blame::nodes_to_blame(&agent.cycle_ends);
                 if sup.exclude_asked() {
                     ranks.push(agent.cfg.node_rank);
+                }
+                for n in sup.blamed_nodes() {
+                    if !ranks.contains(n) {
+                        ranks.push(*n);
+                    }
                 }
                 blame::names_of(&ranks, &blame::slurm_node_names(&env))
             },
