@@ -106,6 +106,9 @@ struct Agent {
     /// How the last cycle ended, when another node ended it.
     peer_end: Option<JobEnd>,
     steps_log: perf::StepsLog,
+    stragglers: perf::Stragglers,
+    /// This node's straggler summaries, to node rank 0 through the store.
+    share: mpsc::UnboundedSender<Vec<u8>>,
 }
 
 fn pump(fd: OwnedFd, mut sink: Sink) -> JoinHandle<()> {
@@ -155,9 +158,17 @@ pub fn run(cfg: LaunchConfig, run_dir: PathBuf) -> i32 {
 }
 
 async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>) -> i32 {
-    let host = nix::unistd::gethostname()
-        .map(|h| h.to_string_lossy().into_owned())
-        .unwrap_or_else(|_| "unknown".into());
+    // Slurm's name for the node when there is one: what `ExcNodeList` and `sinfo` call it (several
+    // slurmd may share one machine).
+    let host = std::env::var("SLURMD_NODENAME")
+        .ok()
+        .filter(|n| !n.trim().is_empty())
+        .or_else(|| {
+            nix::unistd::gethostname()
+                .ok()
+                .map(|h| h.to_string_lossy().into_owned())
+        })
+        .unwrap_or_else(|| "unknown".into());
     let event_path = cfg
         .event_log
         .clone()
@@ -259,6 +270,8 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
             if cfg.node_rank == 0 { " (here)" } else { "" }
         ));
     }
+    let (share, mut shared_rx) =
+        crate::job::exchange::start(coord_cfg.clone(), cfg.straggler.interval);
     let coordinator = tokio::task::spawn_local(rendezvous::run(
         coord_cfg,
         store.head,
@@ -295,6 +308,8 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
         leave: None,
         peer_end: None,
         steps_log: Default::default(),
+        stragglers: perf::Stragglers::new(cfg.straggler.clone(), cfg.nproc),
+        share,
         cfg,
     };
     agent.events.write_value(serde_json::json!({
@@ -381,6 +396,7 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
             num = sig_futs => agent.queue.push_back(Event::Signal(num)),
             Some(m) = ipc_rx.recv() => match m {
                 IpcIn::Message { cycle, local_rank, msg } if cycle == sup.cycle() => {
+                    agent.stragglers.on_msg(now, local_rank, &msg);
                     agent.queue.push_back(Event::Message { local_rank, msg });
                 }
                 IpcIn::Closed { cycle, local_rank } if cycle == sup.cycle() => {
@@ -399,6 +415,7 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
             Some(m) = coord_rx.recv() => match m {
                 FromCoord::Joined { cycle, rank_offset, world_size, max_restarts, calculated } => {
                     agent.rank_offset = rank_offset;
+                    agent.stragglers.new_attempt();
                     agent.world_size = world_size;
                     agent.max_restarts = max_restarts;
                     agent.queue.push_back(Event::Joined { cycle, rank_offset, max_restarts, calculated });
@@ -431,6 +448,20 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
                     agent.queue.push_back(Event::StopStep { cycle, step });
                 }
             },
+            Some(m) = shared_rx.recv() => match m {
+                crate::job::exchange::FromExchange::Collected(all) => {
+                    if let Some(r) = agent.stragglers.report(&all) {
+                        output::console_text(ConsoleStream::Stderr, &r.text);
+                        agent.events.write_value(r.record);
+                        if !r.nodes.is_empty() {
+                            agent.queue.push_back(Event::Stragglers { nodes: r.nodes });
+                        }
+                    }
+                }
+                crate::job::exchange::FromExchange::Trouble(why) => console_note(&format!(
+                    "cannot share straggler summaries through the store ({why}); reports may miss nodes until it works again"
+                )),
+            },
             Some((cycle, local_rank, report)) = stacks_rx.recv() => {
                 agent.on_stacks(cycle, local_rank, report);
                 if cycle == sup.cycle() {
@@ -444,6 +475,10 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
                 endw.maybe_reread();
                 if let Some(v) = agent.steps_log.due(now, sup.cycle(), sup.step_range()) {
                     agent.events.write_value(v);
+                }
+                let gpu_of = |_: u32| None;
+                if let Some(s) = agent.stragglers.share_due(now, agent.cfg.node_rank, &agent.host, agent.rank_offset, &gpu_of) {
+                    let _ = agent.share.send(s);
                 }
                 // `now` from the top of this turn: waking the clock here would hide a suspension.
                 if let Some(ev) = endw.tick(&sup, now) {
