@@ -5,7 +5,7 @@ Node rank 0 gathers every node's summary through the store and prints NVRx's rep
 """
 import re
 
-from harness import of, write
+from harness import events, of, run_vigil, write
 from test_multinode import Nodes
 
 # Every rank times its steps; the rank named by SLOW_RANK takes 4x as long. A rank stops when the
@@ -95,3 +95,29 @@ def test_stop_if_straggler_checkpoints_at_one_step_and_requeues_without_the_slow
     assert ledger[-1]["stop_trigger"] == "straggler"
     assert ledger[-1]["decision"] == "requeue"
     assert ledger[-1]["excluded"] == ["n1"], ledger[-1]
+
+
+SECTIONS_ONLY = """
+import os, sys, time, vigil
+rank = int(os.environ["RANK"])
+for step in range(int(sys.argv[1])):
+    with vigil.section("step"):
+        time.sleep(0.04 if rank == 1 else 0.01)
+    with vigil.section("data"):
+        time.sleep(0.001)
+"""
+
+
+def test_a_job_that_only_opens_a_step_section_is_scored(job):
+    write(job / "train.py", SECTIONS_ONLY)
+
+    r = run_vigil(["run", "--nproc-per-node", "2", "--straggler-report-interval", "1",
+                   "--log-dir", str(job / "logs"), "train.py", "120"], cwd=job, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    blocks = report_blocks(r.stderr)
+    assert blocks, r.stderr[-2000:]
+    assert WORST_LINE.match(blocks[-1][2]).group(1) == "1", blocks[-1]
+    rec = of(events(job / "logs"), "straggler_report")[-1]
+    slow = next(x for x in rec["ranks"] if x["rank"] == 1)
+    # The "step" section's ~40 ms, not the "data" section's 1 ms.
+    assert 0.03 < slow["median_s"] < 0.2, slow

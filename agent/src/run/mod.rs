@@ -395,8 +395,8 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
             }
             num = sig_futs => agent.queue.push_back(Event::Signal(num)),
             Some(m) = ipc_rx.recv() => match m {
-                IpcIn::Message { cycle, local_rank, msg } if cycle == sup.cycle() => {
-                    agent.stragglers.on_msg(now, local_rank, &msg);
+                IpcIn::Message { cycle, local_rank, msg, at } if cycle == sup.cycle() => {
+                    agent.stragglers.on_msg(at, local_rank, &msg);
                     agent.queue.push_back(Event::Message { local_rank, msg });
                 }
                 IpcIn::Closed { cycle, local_rank } if cycle == sup.cycle() => {
