@@ -81,7 +81,8 @@ fn one_line(e: &clap::Error, help: &str) -> String {
         })
         .map(|l| l.strip_prefix("error: ").unwrap_or(l))
         .collect();
-    let hint = if e.kind() == clap::error::ErrorKind::UnknownArgument {
+    let hint = if e.kind() == clap::error::ErrorKind::UnknownArgument && help == "vigil run --help"
+    {
         "; the script's own flags go after the script"
     } else {
         ""
@@ -169,6 +170,9 @@ fn main() -> ExitCode {
             }
             if a.get(1).is_some_and(|s| s == "run") {
                 help = "vigil run --help";
+            }
+            if a.get(1).is_some_and(|s| s == "launch") {
+                help = "vigil launch --help";
             }
             Cli::try_parse_from(a)
         }

@@ -322,6 +322,58 @@ mod tests {
         assert_eq!(dq("a\"b`c\\$X"), r#""a\"b\`c\\$X""#);
     }
 
+    fn bash(args: &[&str]) -> std::process::Output {
+        std::process::Command::new("bash")
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        #[test]
+        fn quoted_words_reach_bash_unchanged(s in "[^\\x00]{0,24}") {
+            let out = bash(&["-c", &format!("printf %s {}", sh_quote(&s))]);
+            proptest::prop_assert_eq!(String::from_utf8_lossy(&out.stdout), s);
+        }
+    }
+
+    fn job(image: Option<&str>) -> Job {
+        let r: crate::recipe::Recipe = toml::from_str(&format!(
+            "name = \"dbg\"\nnproc_per_node = 1\n{}",
+            image
+                .map(|i| format!("image = \"{i}\"\n"))
+                .unwrap_or_default()
+        ))
+        .unwrap();
+        crate::recipe::resolve(&r, "r", Path::new("/w d"), "/opt/v/vigil", true).unwrap()
+    }
+
+    #[test]
+    fn attach_sh_is_valid_bash_with_and_without_a_container() {
+        let dir = std::env::temp_dir().join(format!("vigil-attach-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for img in [None, Some("/i/x.sqsh")] {
+            let t = Target {
+                id: "dbg_1",
+                dir: Path::new("/e x/dbg_1"),
+                recipe: None,
+            };
+            let text = attach_sh(&job(img), &t, "42");
+            assert!(text.contains("job=42\n"));
+            assert_eq!(text.contains("--container-image=/i/x.sqsh"), img.is_some());
+            let f = dir.join("attach.sh");
+            std::fs::write(&f, &text).unwrap();
+            let out = bash(&["-n", f.to_str().unwrap()]);
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[test]
     fn runtimes() {
         assert_eq!(runtime(36000), "10h");

@@ -193,3 +193,9 @@ def test_status_logs_cancel_attach_without_experiments(job):
         assert f"vigil {cmd[0]}: error: no experiment" in p.stderr, p.stderr
     p = run_vigil(["list"], cwd=job, env=env_for(job))
     assert p.returncode == 0 and "no experiments yet" in p.stdout
+
+
+def test_a_bad_flag_is_one_line_pointing_at_launch_help(job):
+    p = run_vigil(["launch", "--bogus"], cwd=job, env=env_for(job))
+    assert p.returncode == 2 and p.stdout == ""
+    assert p.stderr == "vigil: error: unexpected argument '--bogus' found; see `vigil launch --help`\n"
