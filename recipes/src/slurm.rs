@@ -124,7 +124,12 @@ pub fn state(id: &str) -> Result<Option<String>, Error> {
     Ok(show_job(id)?.and_then(|f| f.get("JobState").cloned()))
 }
 
+/// Cancels a job for good. vigil's agent requeues a job its ranks stopped on a SIGTERM (that
+/// is how it lives through time limits and preemptions), and scancel's SIGTERM looks the same,
+/// so the job is first marked not requeueable (`Requeue=0`, which vigil obeys and
+/// `scontrol requeue` refuses), then cancelled.
 pub fn cancel(id: &str) -> Result<(), Error> {
+    checked("scontrol", &["update", &format!("JobId={id}"), "Requeue=0"])?;
     checked("scancel", &[id]).map(|_| ())
 }
 

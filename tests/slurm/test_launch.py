@@ -138,14 +138,18 @@ def test_launch_status_logs_list_and_no_secret_written(slurm_cluster, tmp_path):
 def test_cancel_ends_a_running_job(slurm_cluster, tmp_path):
     exp, job, d = launch(tmp_path)
     poll(lambda: all_started(tmp_path), 120, "all four ranks to start")
+    # The agents are the ranks' parents.
+    agents = {int(Path(f"/proc/{(tmp_path / f'started_{r}').read_text()}/stat").read_text().rsplit(")", 1)[1].split()[1])
+              for r in range(4)}
+    assert len(agents) == 2 and all(b"vigil" in Path(f"/proc/{a}/cmdline").read_bytes() for a in agents)
     p = vigil(tmp_path, "cancel", exp)
     assert p.returncode == 0 and p.stdout == f"cancelled job {job} (experiment {exp})\n", (p.stdout, p.stderr)
     info = wait_job(int(job), timeout=120)
     assert info["JobState"] == "CANCELLED", info
-    # It stays cancelled: every rank is gone and Slurm never ran it again.
-    for r in range(4):
-        pid = int((tmp_path / f"started_{r}").read_text())
-        poll(lambda: not Path(f"/proc/{pid}").exists(), 60, f"rank {r} to be gone")
+    # It stays cancelled once both agents are gone: vigil took scancel's SIGTERM for a stop
+    # and requeued the job before `vigil cancel` marked it Requeue=0 first.
+    for a in agents:
+        poll(lambda: not Path(f"/proc/{a}").exists(), 60, f"agent {a} to be gone")
     info = show_job(int(job))
     assert info["JobState"] == "CANCELLED" and info["Restarts"] == "0", info
     state, out = status_of(tmp_path, exp)
