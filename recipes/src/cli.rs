@@ -347,6 +347,10 @@ pub fn status(a: &ExperimentArg) -> i32 {
                 ("Exit code", "ExitCode"),
                 ("Reason", "Reason"),
             ] {
+                let ended = f.get("JobState").is_some_and(|s| slurm::is_terminal(s));
+                if key == "ExitCode" && !ended {
+                    continue;
+                }
                 match f.get(key).map(String::as_str) {
                     None | Some("None") | Some("(null)") | Some("") => {}
                     Some(v) => println!("- {label}: {v}"),

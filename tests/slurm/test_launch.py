@@ -90,7 +90,7 @@ def test_launch_status_logs_list_and_no_secret_written(slurm_cluster, tmp_path):
     exp, job, d = launch(tmp_path, "--set", 'secrets=["HF_TOKEN"]', env=env)
     poll(lambda: all_started(tmp_path), 120, "all four ranks to start")
     state, out = status_of(tmp_path, exp)
-    assert state == "RUNNING", out
+    assert state == "RUNNING" and "Exit code" not in out, out
     assert f"- Job id: {job}\n" in out and "- Nodes: n[1-2]" in out, out
 
     # The ranks' own output, by global rank (rank 3 is node 1's local rank 1).
@@ -116,6 +116,9 @@ def test_launch_status_logs_list_and_no_secret_written(slurm_cluster, tmp_path):
 
     state, out = status_of(tmp_path, exp)
     assert state == "COMPLETED" and "- Exit code: 0:0" in out, out
+    # By directory and by name (its latest launch), as by id.
+    assert status_of(tmp_path, str(d)) == (state, out)
+    assert status_of(tmp_path, "toy") == (state, out)
     p = vigil(tmp_path, "logs", exp)
     assert p.returncode == 0
     for r in range(4):
