@@ -81,7 +81,8 @@ fn one_line(e: &clap::Error, help: &str) -> String {
         })
         .map(|l| l.strip_prefix("error: ").unwrap_or(l))
         .collect();
-    let hint = if e.kind() == clap::error::ErrorKind::UnknownArgument {
+    let hint = if e.kind() == clap::error::ErrorKind::UnknownArgument && help == "vigil run --help"
+    {
         "; the script's own flags go after the script"
     } else {
         ""
@@ -142,6 +143,24 @@ fn run(a: RunArgs) -> i32 {
     run::run(cfg, run_dir)
 }
 
+/// `vigil run`'s long options from its own parser, so that a recipe's `[vigil]` table is
+/// checked against exactly the options this binary has.
+fn run_options() -> Vec<vigil_recipes::RunOption> {
+    Cli::command()
+        .find_subcommand("run")
+        .map(|run| {
+            run.get_arguments()
+                .filter_map(|a| {
+                    Some(vigil_recipes::RunOption {
+                        long: a.get_long()?.to_string(),
+                        takes_value: a.get_action().takes_values(),
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 fn main() -> ExitCode {
     let mut help = "vigil --help";
     let parsed = match args() {
@@ -151,6 +170,9 @@ fn main() -> ExitCode {
             }
             if a.get(1).is_some_and(|s| s == "run") {
                 help = "vigil run --help";
+            }
+            if a.get(1).is_some_and(|s| s == "launch") {
+                help = "vigil launch --help";
             }
             Cli::try_parse_from(a)
         }
@@ -179,6 +201,12 @@ fn main() -> ExitCode {
     let code = match cli.command {
         Command::Run(a) => run(*a),
         Command::Watchdog => vigil::run::proc::watchdog_main(),
+        Command::Launch(a) => vigil_recipes::cli::launch(&a, &run_options()),
+        Command::Status(a) => vigil_recipes::cli::status(&a),
+        Command::Logs(a) => vigil_recipes::cli::logs(&a),
+        Command::Cancel(a) => vigil_recipes::cli::cancel(&a),
+        Command::List => vigil_recipes::cli::list(),
+        Command::Attach(a) => vigil_recipes::cli::attach(&a),
         Command::Ledger { target } => {
             let env = |k: &str| std::env::var(k).ok();
             match vigil::allocation::ledger::ledger_command(target.as_deref(), &env) {

@@ -33,6 +33,21 @@ pub enum Command {
         /// (default: $SLURM_JOB_ID's).
         target: Option<String>,
     },
+    /// Render a training recipe into a Slurm job running vigil and submit it (docs/launch.md).
+    #[command(
+        long_about = "Render a training recipe (TOML) into an sbatch script whose srun line is `vigil run`, check it (partition, image, script, secrets), make an experiment directory ($VIGIL_HOME/experiments/<name>/<name>_<time>/), submit it and print its status block. Flags and --set override the recipe's keys; --dry-run prints the script; --executor bcp --dry-run prints NVIDIA Base Command's `ngc base-command job run` line; --interactive holds an allocation for `vigil attach`. See docs/launch.md."
+    )]
+    Launch(Box<vigil_recipes::cli::LaunchArgs>),
+    /// A launched experiment's state: Slurm's, then vigil's own records.
+    Status(vigil_recipes::cli::ExperimentArg),
+    /// A launched experiment's job log, or one rank's output (--rank N); -f follows.
+    Logs(vigil_recipes::cli::LogsArgs),
+    /// Cancel a launched experiment's Slurm job.
+    Cancel(vigil_recipes::cli::ExperimentArg),
+    /// The launched experiments, oldest first, with their Slurm state.
+    List,
+    /// Run a shell (or `-- CMD`) inside an interactive experiment's allocation.
+    Attach(vigil_recipes::cli::AttachArgs),
     /// Internal: the helper that SIGKILLs rank process groups if the agent dies.
     #[command(name = "__watchdog", hide = true)]
     Watchdog,

@@ -1,0 +1,646 @@
+//! The commands: `vigil launch`, `status`, `logs`, `cancel`, `list`, `attach`. The agent's
+//! parser embeds these argument structs and calls the functions here; each returns the exit
+//! status after printing its result, or its error as one line.
+
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime};
+
+use clap::Args;
+
+use crate::experiment::{self, Meta};
+use crate::recipe::{self, Facts};
+use crate::render::{self, Target};
+use crate::{err, slurm, Error, RunOption};
+
+#[derive(Debug, Clone, Args)]
+pub struct LaunchArgs {
+    /// The recipe, a TOML file (docs/launch.md). Every key can also be given with --set or the
+    /// flags below, which win over the file.
+    #[arg(value_name = "RECIPE")]
+    pub recipe: Option<PathBuf>,
+    /// Print the rendered script (or the ngc line) and submit nothing.
+    #[arg(long = "dry-run", alias = "dry_run")]
+    pub dry_run: bool,
+    /// An allocation that waits, with an attach.sh in the experiment directory (vigil attach).
+    #[arg(long)]
+    pub interactive: bool,
+    /// Where the job runs: `slurm` (sbatch) or `bcp` (NVIDIA Base Command; with --dry-run).
+    #[arg(long, default_value = "slurm", value_parser = ["slurm", "bcp"])]
+    pub executor: String,
+    /// Any recipe key, `KEY=VALUE` with a TOML value or plain text: `--set vigil.max_restarts=3`,
+    /// `--set env.FOO=bar`, `--set 'args=["--steps", "5"]'`. Repeatable.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
+    /// The recipe's `name`.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// The recipe's `nodes`.
+    #[arg(long)]
+    pub nodes: Option<u32>,
+    /// The recipe's `nproc_per_node`.
+    #[arg(long = "nproc-per-node", alias = "nproc_per_node")]
+    pub nproc_per_node: Option<u32>,
+    /// The recipe's `partition`.
+    #[arg(short = 'p', long)]
+    pub partition: Option<String>,
+    /// The recipe's `account`.
+    #[arg(short = 'A', long)]
+    pub account: Option<String>,
+    /// The recipe's `time` (Slurm's HH:MM:SS).
+    #[arg(short = 't', long)]
+    pub time: Option<String>,
+    /// The recipe's `image` (a .sqsh path or a registry reference).
+    #[arg(short = 'i', long)]
+    pub image: Option<String>,
+    /// The recipe's `cluster` preset: hcc-a3m, hcc-a3u, hcc-a4, hcc-a3h.
+    #[arg(long)]
+    pub cluster: Option<String>,
+    /// The recipe's `script`.
+    #[arg(short = 's', long)]
+    pub script: Option<String>,
+    /// The training script's arguments, after `--` (they replace the recipe's `args`).
+    #[arg(last = true, value_name = "ARGS")]
+    pub args: Vec<String>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ExperimentArg {
+    /// An experiment id (`name_YYYYMMDD-HHMMSS`), a name (its latest launch) or an experiment
+    /// directory; default: the latest launch.
+    #[arg(value_name = "EXPERIMENT")]
+    pub experiment: Option<String>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct LogsArgs {
+    #[command(flatten)]
+    pub which: ExperimentArg,
+    /// Keep printing as the log grows, until the job ends (Ctrl-C stops).
+    #[arg(short = 'f', long)]
+    pub follow: bool,
+    /// Global rank N's own output (its latest attempt) instead of the job's log: its stdout on
+    /// stdout, its stderr on stderr.
+    #[arg(long, value_name = "N")]
+    pub rank: Option<u32>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct AttachArgs {
+    /// The interactive experiment (id, name or directory).
+    #[arg(value_name = "EXPERIMENT")]
+    pub experiment: String,
+    /// A command to run in the allocation instead of a shell, after `--`.
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+fn env(k: &str) -> Option<String> {
+    std::env::var(k).ok()
+}
+
+fn fail(cmd: &str, e: Error) -> i32 {
+    eprintln!("vigil {cmd}: error: {e}");
+    2
+}
+
+/// The recipe table: the file, then --set, then the named flags.
+fn recipe_table(a: &LaunchArgs) -> Result<(toml::Table, String), Error> {
+    let (mut table, origin) = match &a.recipe {
+        Some(p) => {
+            let origin = p.display().to_string();
+            let text = std::fs::read_to_string(p).map_err(|e| {
+                Error(format!(
+                    "cannot read the recipe {origin}: {e}; give the path of a .toml file"
+                ))
+            })?;
+            (recipe::parse_table(&text, &origin)?, origin)
+        }
+        None => (toml::Table::new(), "the flags".to_string()),
+    };
+    for s in &a.set {
+        let Some((k, v)) = s.split_once('=') else {
+            return err(format!(
+                "--set {s:?}: give KEY=VALUE, e.g. --set vigil.max_restarts=3"
+            ));
+        };
+        recipe::set_key(&mut table, k.trim(), recipe::toml_value(v))?;
+    }
+    let s = |v: &Option<String>| v.clone().map(toml::Value::String);
+    let n = |v: Option<u32>| v.map(|n| toml::Value::Integer(n.into()));
+    for (k, v) in [
+        ("name", s(&a.name)),
+        ("nodes", n(a.nodes)),
+        ("nproc_per_node", n(a.nproc_per_node)),
+        ("partition", s(&a.partition)),
+        ("account", s(&a.account)),
+        ("time", s(&a.time)),
+        ("image", s(&a.image)),
+        ("cluster", s(&a.cluster)),
+        ("script", s(&a.script)),
+    ] {
+        if let Some(v) = v {
+            table.insert(k.into(), v);
+        }
+    }
+    if !a.args.is_empty() {
+        table.insert(
+            "args".into(),
+            toml::Value::Array(a.args.iter().cloned().map(toml::Value::String).collect()),
+        );
+    }
+    Ok((table, origin))
+}
+
+fn this_vigil() -> String {
+    std::env::current_exe()
+        .and_then(std::fs::canonicalize)
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|_| "vigil".into())
+}
+
+/// NeMo-Run's status block (seeds/000), so users read it as they are used to.
+pub fn status_block(m: &Meta, state: &str) -> String {
+    let on = m.partition.as_deref().unwrap_or("the default partition");
+    format!(
+        "Experiment Status for {}\n\nTask 0: {}\n- Status: {state}\n- Executor: SlurmExecutor on {on}\n- Job id: {}\n- Local Directory: {}\n",
+        m.id,
+        m.name,
+        m.job_id.as_deref().unwrap_or("-"),
+        m.dir.display()
+    )
+}
+
+pub fn launch(a: &LaunchArgs, run: &[RunOption]) -> i32 {
+    match launch_inner(a, run) {
+        Ok(()) => 0,
+        Err(e) => fail("launch", e),
+    }
+}
+
+fn launch_inner(a: &LaunchArgs, run: &[RunOption]) -> Result<(), Error> {
+    let (table, origin) = recipe_table(a)?;
+    recipe::check_keys(&table, &origin, run)?;
+    let r = recipe::from_table(table, &origin)?;
+    let cwd = std::env::current_dir().map_err(|e| Error(format!("no current directory: {e}")))?;
+    let job = recipe::resolve(&r, &origin, &cwd, &this_vigil(), a.interactive)?;
+    let exists = |p: &Path| p.exists();
+    if a.executor == "bcp" {
+        if a.interactive {
+            return err("--interactive is for Slurm; drop --executor bcp");
+        }
+        let line = render::bcp(&job)?;
+        if !a.dry_run {
+            return err("--executor bcp prints the ngc command line only: add --dry-run and run the printed command with the ngc CLI");
+        }
+        print!("{line}");
+        return Ok(());
+    }
+    let home = experiment::home(&env)?;
+    if a.dry_run {
+        recipe::check(
+            &job,
+            &Facts {
+                partitions: None,
+                exists: &exists,
+                env: None,
+            },
+        )?;
+        let id = format!("{}_{}", job.name, experiment::stamp(SystemTime::now()));
+        let dir = home.join("experiments").join(&job.name).join(&id);
+        let t = Target {
+            id: &id,
+            dir: &dir,
+            recipe: a.recipe.as_ref().and_then(|p| p.to_str()),
+        };
+        if a.interactive {
+            print!("{}", render::sbatch_interactive(&job, &t));
+        } else {
+            print!("{}", render::sbatch(&job, &t));
+        }
+        return Ok(());
+    }
+    let partitions = match &job.partition {
+        Some(_) => Some(slurm::partitions()?),
+        None => None,
+    };
+    let env_fn: &dyn Fn(&str) -> Option<String> = &env;
+    recipe::check(
+        &job,
+        &Facts {
+            partitions,
+            exists: &exists,
+            env: Some(env_fn),
+        },
+    )?;
+    let (id, dir) = experiment::create(&home, &job.name, SystemTime::now())?;
+    let result = submit(a, &r, &job, &id, &dir);
+    if result.is_err() {
+        // Nothing runs: no experiment to list. The directory is ours, just made.
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    let m = result?;
+    let state = slurm::state(m.job_id.as_deref().unwrap_or(""))
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| "SUBMITTED".into());
+    print!("{}", status_block(&m, &state));
+    if m.interactive {
+        println!(
+            "- Attach: bash {}/attach.sh   (or vigil attach {})",
+            dir.display(),
+            id
+        );
+    }
+    Ok(())
+}
+
+fn submit(
+    a: &LaunchArgs,
+    r: &recipe::Recipe,
+    job: &recipe::Job,
+    id: &str,
+    dir: &Path,
+) -> Result<Meta, Error> {
+    let write = |name: &str, text: &str| {
+        let p = dir.join(name);
+        std::fs::write(&p, text)
+            .map(|_| p.clone())
+            .map_err(|e| Error(format!("cannot write {}: {e}", p.display())))
+    };
+    let t = Target {
+        id,
+        dir,
+        recipe: a.recipe.as_ref().and_then(|p| p.to_str()),
+    };
+    let recipe_text =
+        toml::to_string(r).map_err(|e| Error(format!("cannot write the recipe: {e}")))?;
+    write(
+        "recipe.toml",
+        &format!("# The recipe as launched (file and flags together).\n{recipe_text}"),
+    )?;
+    let script = if a.interactive {
+        render::sbatch_interactive(job, &t)
+    } else {
+        render::sbatch(job, &t)
+    };
+    let path = write("sbatch.sh", &script)?;
+    let mut m = Meta {
+        id: id.into(),
+        name: job.name.clone(),
+        job_id: None,
+        partition: job.partition.clone(),
+        interactive: a.interactive,
+        created: SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0),
+        dir: dir.into(),
+    };
+    let job_id = slurm::submit(&path)?;
+    m.job_id = Some(job_id.clone());
+    experiment::write_meta(&m)?;
+    if a.interactive {
+        let p = write("attach.sh", &render::attach_sh(job, &t, &job_id))?;
+        set_executable(&p);
+    }
+    Ok(m)
+}
+
+fn set_executable(p: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let _ = std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755));
+}
+
+fn find(q: Option<&str>) -> Result<Meta, Error> {
+    experiment::find(&experiment::home(&env)?, q)
+}
+
+fn job_id(m: &Meta) -> Result<&str, Error> {
+    m.job_id.as_deref().ok_or_else(|| {
+        Error(format!(
+            "experiment {} has no Slurm job (sbatch never answered)",
+            m.id
+        ))
+    })
+}
+
+pub fn status(a: &ExperimentArg) -> i32 {
+    let run = || -> Result<(), Error> {
+        let m = find(a.experiment.as_deref())?;
+        let id = job_id(&m)?;
+        let info = slurm::show_job(id)?;
+        let state = match &info {
+            Some(f) => f
+                .get("JobState")
+                .cloned()
+                .unwrap_or_else(|| "UNKNOWN".into()),
+            None => format!("UNKNOWN (Slurm no longer knows job {id}; vigil's records below)"),
+        };
+        print!("{}", status_block(&m, &state));
+        if let Some(f) = &info {
+            for (label, key) in [
+                ("Nodes", "NodeList"),
+                ("Run time", "RunTime"),
+                ("Time limit", "TimeLimit"),
+                ("Requeues", "Restarts"),
+                ("Exit code", "ExitCode"),
+                ("Reason", "Reason"),
+            ] {
+                let ended = f.get("JobState").is_some_and(|s| slurm::is_terminal(s));
+                if key == "ExitCode" && !ended {
+                    continue;
+                }
+                match f.get(key).map(String::as_str) {
+                    None | Some("None") | Some("(null)") | Some("") => {}
+                    Some(v) => println!("- {label}: {v}"),
+                }
+            }
+        }
+        if m.interactive {
+            println!("- Attach: bash {}/attach.sh", m.dir.display());
+        }
+        // lead: vigil_report::History::load(exp_dir)?.status_lines()
+        for line in vigil_view(&m.dir) {
+            println!("{line}");
+        }
+        Ok(())
+    };
+    match run() {
+        Ok(()) => 0,
+        Err(e) => fail("status", e),
+    }
+}
+
+/// vigil's own view of the experiment (allocations, restarts, requeues, steps, last failure),
+/// from the records under its directory. Connected to the report crate at merge; until then
+/// nothing.
+fn vigil_view(_exp_dir: &Path) -> Vec<String> {
+    Vec::new()
+}
+
+/// Rank `rank`'s latest attempt: its stdout.log and stderr.log, from the run directories'
+/// event logs under the experiment (`rank_started` names the run dir, attempt and local rank).
+fn rank_logs(dir: &Path, rank: u32) -> Result<(PathBuf, PathBuf), Error> {
+    let mut best: Option<(f64, PathBuf)> = None;
+    let runs = std::fs::read_dir(dir.join("runs")).map_err(|e| {
+        Error(format!(
+            "{}: {e}; the job has not started vigil yet",
+            dir.join("runs").display()
+        ))
+    })?;
+    for run in runs.flatten() {
+        let Ok(text) = std::fs::read_to_string(run.path().join("events.jsonl")) else {
+            continue;
+        };
+        for line in text.lines() {
+            let Ok(ev) = serde_json::from_str::<serde_json::Value>(line) else {
+                continue;
+            };
+            if ev["event"] != "rank_started" || ev["rank"].as_u64() != Some(rank.into()) {
+                continue;
+            }
+            let (Some(ts), Some(cycle), Some(local)) = (
+                ev["ts"].as_f64(),
+                ev["cycle"].as_u64(),
+                ev["local_rank"].as_u64(),
+            ) else {
+                continue;
+            };
+            if best.as_ref().is_none_or(|(b, _)| ts > *b) {
+                best = Some((
+                    ts,
+                    run.path()
+                        .join(format!("attempt_{cycle}"))
+                        .join(local.to_string()),
+                ));
+            }
+        }
+    }
+    match best {
+        Some((_, d)) => Ok((d.join("stdout.log"), d.join("stderr.log"))),
+        None => err(format!(
+            "no rank {rank} in {}: the job has not started it (yet), or it has fewer ranks",
+            dir.join("runs").display()
+        )),
+    }
+}
+
+/// Copies what was added to the file since `pos` to `out`; returns the bytes copied.
+fn pump(path: &Path, pos: &mut u64, out: &mut dyn Write) -> u64 {
+    let Ok(mut f) = std::fs::File::open(path) else {
+        return 0;
+    };
+    if f.seek(SeekFrom::Start(*pos)).is_err() {
+        return 0;
+    }
+    let mut buf = Vec::new();
+    let n = f.read_to_end(&mut buf).unwrap_or(0) as u64;
+    if n > 0 {
+        let _ = out.write_all(&buf);
+        let _ = out.flush();
+        *pos += n;
+    }
+    n
+}
+
+pub fn logs(a: &LogsArgs) -> i32 {
+    let run = || -> Result<(), Error> {
+        let m = find(a.which.experiment.as_deref())?;
+        let id = job_id(&m)?.to_string();
+        let files: Vec<(PathBuf, bool)> = match a.rank {
+            Some(r) => {
+                let (o, e) = rank_logs(&m.dir, r)?;
+                vec![(o, false), (e, true)]
+            }
+            None => vec![(m.dir.join(format!("{id}.log")), false)],
+        };
+        if !a.follow && !files.iter().any(|(p, _)| p.exists()) {
+            let state = slurm::state(&id).ok().flatten().unwrap_or_default();
+            return err(format!(
+                "{} does not exist yet (job {id} {}); vigil logs -f waits for it",
+                files[0].0.display(),
+                if state.is_empty() {
+                    "is not known to Slurm"
+                } else {
+                    &state
+                }
+            ));
+        }
+        let mut pos = vec![0u64; files.len()];
+        let mut out = std::io::stdout();
+        let mut errs = std::io::stderr();
+        let mut copy = |pos: &mut [u64]| -> u64 {
+            files
+                .iter()
+                .zip(pos.iter_mut())
+                .map(|((p, to_err), at)| {
+                    let sink: &mut dyn Write = if *to_err { &mut errs } else { &mut out };
+                    pump(p, at, sink)
+                })
+                .sum()
+        };
+        copy(&mut pos);
+        if !a.follow {
+            return Ok(());
+        }
+        // slurmctld has no notification interface: look at the files every half second and at
+        // the job's state every few seconds; stop once it ended and nothing more came.
+        let mut checked = Instant::now() - Duration::from_secs(10);
+        loop {
+            std::thread::sleep(Duration::from_millis(500));
+            let n = copy(&mut pos);
+            if n == 0 && checked.elapsed() >= Duration::from_secs(2) {
+                checked = Instant::now();
+                let ended = match slurm::state(&id)? {
+                    Some(s) => slurm::is_terminal(&s),
+                    None => true,
+                };
+                if ended && copy(&mut pos) == 0 {
+                    return Ok(());
+                }
+            }
+        }
+    };
+    match run() {
+        Ok(()) => 0,
+        Err(e) => fail("logs", e),
+    }
+}
+
+pub fn cancel(a: &ExperimentArg) -> i32 {
+    let run = || -> Result<(), Error> {
+        let m = find(a.experiment.as_deref())?;
+        let id = job_id(&m)?;
+        match slurm::state(id)? {
+            Some(s) if slurm::is_terminal(&s) => {
+                println!("job {id} (experiment {}) already ended: {s}", m.id);
+            }
+            None => println!(
+                "job {id} (experiment {}) is no longer known to Slurm: nothing to cancel",
+                m.id
+            ),
+            Some(_) => {
+                slurm::cancel(id)?;
+                println!("cancelled job {id} (experiment {})", m.id);
+            }
+        }
+        Ok(())
+    };
+    match run() {
+        Ok(()) => 0,
+        Err(e) => fail("cancel", e),
+    }
+}
+
+pub fn list() -> i32 {
+    let run = || -> Result<(), Error> {
+        let all = experiment::all(&experiment::home(&env)?);
+        if all.is_empty() {
+            println!("no experiments yet; start one with vigil launch RECIPE");
+            return Ok(());
+        }
+        // Without Slurm here the list still shows what was launched.
+        let states = slurm::states().unwrap_or_default();
+        let rows: Vec<[String; 4]> = all
+            .iter()
+            .map(|m| {
+                let job = m.job_id.clone().unwrap_or_else(|| "-".into());
+                let state = states.get(&job).cloned().unwrap_or_else(|| "-".into());
+                [m.id.clone(), job, state, m.dir.display().to_string()]
+            })
+            .collect();
+        print!(
+            "{}",
+            table(&["EXPERIMENT", "JOB", "STATE", "DIRECTORY"], &rows)
+        );
+        Ok(())
+    };
+    match run() {
+        Ok(()) => 0,
+        Err(e) => fail("list", e),
+    }
+}
+
+fn table(head: &[&str; 4], rows: &[[String; 4]]) -> String {
+    let mut w = head.map(str::len);
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            w[i] = w[i].max(c.len());
+        }
+    }
+    let line = |cells: [&str; 4]| {
+        format!(
+            "{:<a$}  {:<b$}  {:<c$}  {}\n",
+            cells[0],
+            cells[1],
+            cells[2],
+            cells[3],
+            a = w[0],
+            b = w[1],
+            c = w[2]
+        )
+    };
+    let mut s = line(*head);
+    for r in rows {
+        s.push_str(&line([&r[0], &r[1], &r[2], &r[3]]));
+    }
+    s
+}
+
+pub fn attach(a: &AttachArgs) -> i32 {
+    let run = || -> Result<std::convert::Infallible, Error> {
+        let m = find(Some(&a.experiment))?;
+        if !m.interactive {
+            return err(format!(
+                "experiment {} is a batch job, not an interactive allocation; see vigil status/logs {}, or start one with vigil launch --interactive",
+                m.id, m.id
+            ));
+        }
+        let script = m.dir.join("attach.sh");
+        use std::os::unix::process::CommandExt;
+        let e = std::process::Command::new("bash")
+            .arg(&script)
+            .args(&a.command)
+            .exec();
+        err(format!("cannot run bash {}: {e}", script.display()))
+    };
+    match run() {
+        Ok(never) => match never {},
+        Err(e) => fail("attach", e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_status_block_reads_as_nemo_runs() {
+        let m = Meta {
+            id: "nemo-demo-run_20250721-184322".into(),
+            name: "nemo-demo-run".into(),
+            job_id: Some("75".into()),
+            partition: Some("a3m".into()),
+            interactive: false,
+            created: 0.0,
+            dir: "/h/experiments/nemo-demo-run/nemo-demo-run_20250721-184322".into(),
+        };
+        assert_eq!(
+            status_block(&m, "RUNNING"),
+            "Experiment Status for nemo-demo-run_20250721-184322\n\nTask 0: nemo-demo-run\n- Status: RUNNING\n- Executor: SlurmExecutor on a3m\n- Job id: 75\n- Local Directory: /h/experiments/nemo-demo-run/nemo-demo-run_20250721-184322\n"
+        );
+    }
+
+    #[test]
+    fn table_aligns() {
+        let t = table(
+            &["EXPERIMENT", "JOB", "STATE", "DIRECTORY"],
+            &[["a_1".into(), "7".into(), "RUNNING".into(), "/d".into()]],
+        );
+        assert_eq!(
+            t,
+            "EXPERIMENT  JOB  STATE    DIRECTORY\na_1         7    RUNNING  /d\n"
+        );
+    }
+}

@@ -1,0 +1,38 @@
+//! `vigil launch` and its companions: a training recipe (TOML) becomes an sbatch script (or an
+//! `ngc base-command job run` line), an experiment directory and a Slurm job; `vigil status`,
+//! `logs`, `cancel`, `list` and `attach` find it again. Rendering and validation are pure
+//! functions; the Slurm commands and the file system are reached only from `slurm` and
+//! `experiment` and the command functions in `cli`.
+
+pub mod cli;
+pub mod experiment;
+pub mod presets;
+pub mod recipe;
+pub mod render;
+pub mod slurm;
+
+/// A one-line error for the user: what is wrong and how to fix it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Error(pub String);
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Error {}
+
+pub(crate) fn err<T>(msg: impl Into<String>) -> Result<T, Error> {
+    Err(Error(msg.into()))
+}
+
+/// One of `vigil run`'s long options, as the agent's own parser knows it, so that a recipe's
+/// `[vigil]` table is checked against the options this binary really has.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunOption {
+    /// The dash spelling without `--`, e.g. `max-restarts`.
+    pub long: String,
+    /// false for a switch (`--module`), true for an option that takes a value.
+    pub takes_value: bool,
+}

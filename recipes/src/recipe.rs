@@ -1,0 +1,767 @@
+//! The recipe: a TOML file whose keys are the same everywhere (issue 12), overridden by flags,
+//! checked, and resolved against its cluster preset into a `Job` that rendering needs no more
+//! than.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{err, presets, Error, RunOption};
+
+/// A recipe as written. Every field may be absent in the file and given as a flag.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Recipe {
+    pub name: Option<String>,
+    pub cluster: Option<String>,
+    pub nodes: Option<u32>,
+    pub nproc_per_node: Option<u32>,
+    pub gpus_per_node: Option<u32>,
+    pub partition: Option<String>,
+    pub account: Option<String>,
+    pub time: Option<String>,
+    pub script: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    pub image: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mounts: Vec<String>,
+    pub workdir: Option<PathBuf>,
+    pub log_dir: Option<PathBuf>,
+    pub cache_dir: Option<PathBuf>,
+    pub data_dir: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<String>,
+    /// The vigil binary the job runs (default: the one running `vigil launch`).
+    pub vigil_bin: Option<String>,
+    /// NVIDIA Base Command only: the instance type (`dgxa100.80g.8.norm`).
+    pub instance: Option<String>,
+    /// `vigil run`'s own options by their long names, `max_restarts = 3`.
+    #[serde(default, skip_serializing_if = "toml::Table::is_empty")]
+    pub vigil: toml::Table,
+}
+
+/// The recipe's top-level keys, for "did you mean".
+pub const KEYS: &[&str] = &[
+    "name",
+    "cluster",
+    "nodes",
+    "nproc_per_node",
+    "gpus_per_node",
+    "partition",
+    "account",
+    "time",
+    "script",
+    "args",
+    "image",
+    "mounts",
+    "workdir",
+    "log_dir",
+    "cache_dir",
+    "data_dir",
+    "env",
+    "secrets",
+    "vigil_bin",
+    "instance",
+    "vigil",
+];
+
+/// `vigil run` options that `vigil launch` sets itself: a recipe names them by its own keys.
+const RENDERED: &[(&str, &str)] = &[
+    ("nnodes", "give `nodes`"),
+    ("nproc-per-node", "give `nproc_per_node`"),
+    ("node-rank", "Slurm gives every node its rank"),
+    ("master-addr", "vigil finds node rank 0 from Slurm"),
+    ("rdzv-id", "the Slurm job id is the job's identity"),
+    ("log-dir", "the experiment directory holds vigil's logs"),
+    ("state-dir", "the experiment directory holds vigil's state"),
+    ("print-completion", "it is not a run option"),
+];
+
+/// The key nearest to `key` among `known`, for "did you mean `...`?".
+pub fn nearest<'a>(key: &str, known: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    known
+        .into_iter()
+        .map(|k| (strsim::damerau_levenshtein(key, k), k))
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, k)| k)
+}
+
+fn line_of(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())].matches('\n').count() + 1
+}
+
+/// Parses a recipe file's text into its table (not yet checked), one line on error.
+pub fn parse_table(text: &str, origin: &str) -> Result<toml::Table, Error> {
+    text.parse::<toml::Table>().map_err(|e| {
+        let at = e
+            .span()
+            .map(|s| format!(" (line {})", line_of(text, s.start)))
+            .unwrap_or_default();
+        Error(format!(
+            "{origin}: not valid TOML{at}: {}",
+            e.message().trim().replace('\n', " ")
+        ))
+    })
+}
+
+/// A flag's value as TOML: `3` is an integer, `["a", "b"]` a list, `true` a boolean; anything
+/// that is not a TOML value (`debug`, `00:10:00`) is a string.
+pub fn toml_value(text: &str) -> toml::Value {
+    match format!("v = {text}").parse::<toml::Table>() {
+        Ok(mut t) => t.remove("v").unwrap_or_else(|| text.into()),
+        Err(_) => toml::Value::String(text.to_string()),
+    }
+}
+
+/// Sets a dotted key (`vigil.max_restarts`, `env.FOO`) in the table, creating tables on the way.
+pub fn set_key(table: &mut toml::Table, dotted: &str, value: toml::Value) -> Result<(), Error> {
+    let parts: Vec<&str> = dotted.split('.').collect();
+    if parts.iter().any(|p| p.is_empty()) {
+        return err(format!(
+            "--set {dotted}: give a key such as `partition` or `vigil.max_restarts`"
+        ));
+    }
+    let (last, path) = parts.split_last().expect("split gives one part at least");
+    let mut t = table;
+    for p in path {
+        let entry = t
+            .entry(p.to_string())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        t = match entry {
+            toml::Value::Table(inner) => inner,
+            _ => {
+                return err(format!(
+                    "--set {dotted}: `{p}` is not a table in this recipe; set `{p}` itself"
+                ))
+            }
+        };
+    }
+    t.insert(last.to_string(), value);
+    Ok(())
+}
+
+/// The `vigil run` options a `[vigil]` table may name (dash spelling), given the agent's.
+fn settable(run: &[RunOption]) -> Vec<&RunOption> {
+    run.iter()
+        .filter(|o| !RENDERED.iter().any(|(r, _)| *r == o.long) && o.long != "help")
+        .collect()
+}
+
+/// Checks the keys of the table (top level and `[vigil]`) before deserializing, so that an
+/// unknown key is named with the nearest known one.
+pub fn check_keys(table: &toml::Table, origin: &str, run: &[RunOption]) -> Result<(), Error> {
+    for key in table.keys() {
+        if !KEYS.contains(&key.as_str()) {
+            let near = nearest(key, KEYS.iter().copied()).unwrap_or("name");
+            return err(format!(
+                "{origin}: unknown key `{key}`; did you mean `{near}`? (docs/launch.md lists the keys)"
+            ));
+        }
+    }
+    if let Some(v) = table.get("vigil") {
+        let Some(vt) = v.as_table() else {
+            return err(format!(
+                "{origin}: `vigil` must be a table of vigil run's options, e.g. [vigil] max_restarts = 3"
+            ));
+        };
+        let ok = settable(run);
+        for (key, value) in vt {
+            let dash = key.replace('_', "-");
+            if let Some((_, why)) = RENDERED.iter().find(|(r, _)| *r == dash) {
+                return err(format!(
+                    "{origin}: `vigil.{key}` is set by vigil launch itself: {why}"
+                ));
+            }
+            let Some(opt) = ok.iter().find(|o| o.long == dash) else {
+                let names: Vec<String> = ok.iter().map(|o| o.long.replace('-', "_")).collect();
+                let near = nearest(key, names.iter().map(String::as_str)).unwrap_or("max_restarts");
+                return err(format!(
+                    "{origin}: unknown key `vigil.{key}`: not an option of vigil run; did you mean `vigil.{near}`?"
+                ));
+            };
+            let fine = match value {
+                toml::Value::Boolean(_) => !opt.takes_value,
+                toml::Value::String(_) | toml::Value::Integer(_) | toml::Value::Float(_) => {
+                    opt.takes_value
+                }
+                _ => false,
+            };
+            if !fine {
+                let want = if opt.takes_value {
+                    "a number or a string"
+                } else {
+                    "true or false"
+                };
+                return err(format!(
+                    "{origin}: `vigil.{key}` takes {want} (it is vigil run's --{})",
+                    opt.long
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Deserializes a checked table; serde's message made one line.
+pub fn from_table(table: toml::Table, origin: &str) -> Result<Recipe, Error> {
+    Recipe::deserialize(toml::Value::Table(table)).map_err(|e| {
+        Error(format!(
+            "{origin}: {}",
+            e.message().trim().replace('\n', " ")
+        ))
+    })
+}
+
+/// A Slurm time limit (`MM`, `MM:SS`, `HH:MM:SS`, `D-HH`, `D-HH:MM`, `D-HH:MM:SS`) in seconds.
+pub fn slurm_time_secs(t: &str) -> Option<u64> {
+    let num = |s: &str| -> Option<u64> {
+        (!s.is_empty() && s.len() <= 6 && s.bytes().all(|b| b.is_ascii_digit()))
+            .then(|| s.parse().ok())
+            .flatten()
+    };
+    let (days, rest) = match t.split_once('-') {
+        Some((d, r)) => (Some(num(d)?), r),
+        None => (None, t),
+    };
+    let parts: Vec<u64> = rest.split(':').map(num).collect::<Option<_>>()?;
+    let secs = match (days, parts.as_slice()) {
+        (None, [m]) => m * 60,
+        (None, [m, s]) => m * 60 + s,
+        (None, [h, m, s]) => h * 3600 + m * 60 + s,
+        (Some(d), [h]) => d * 86400 + h * 3600,
+        (Some(d), [h, m]) => d * 86400 + h * 3600 + m * 60,
+        (Some(d), [h, m, s]) => d * 86400 + h * 3600 + m * 60 + s,
+        _ => return None,
+    };
+    (secs > 0).then_some(secs)
+}
+
+fn is_identifier(s: &str) -> bool {
+    let mut b = s.bytes();
+    matches!(b.next(), Some(c) if c.is_ascii_alphabetic() || c == b'_')
+        && b.all(|c| c.is_ascii_alphanumeric() || c == b'_')
+}
+
+fn is_name(s: &str) -> bool {
+    let mut b = s.bytes();
+    matches!(b.next(), Some(c) if c.is_ascii_alphanumeric())
+        && b.all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+        && s.len() <= 100
+}
+
+/// A container image that names a file (rather than a registry reference such as
+/// `nvcr.io#nvidia/nemo:24.05`).
+pub fn image_is_file(image: &str) -> bool {
+    image.starts_with('/')
+        || image.starts_with("./")
+        || image.starts_with("../")
+        || image.ends_with(".sqsh")
+        || image.ends_with(".squashfs")
+}
+
+/// One mount `src:dst` or `src:dst:flags`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mount {
+    pub src: String,
+    pub dst: String,
+    pub flags: Option<String>,
+}
+
+impl Mount {
+    pub fn same(path: &Path) -> Mount {
+        let p = path.display().to_string();
+        Mount {
+            src: p.clone(),
+            dst: p,
+            flags: None,
+        }
+    }
+
+    pub fn parse(m: &str) -> Result<Mount, Error> {
+        let parts: Vec<&str> = m.split(':').collect();
+        match parts.as_slice() {
+            [s, d] | [s, d, _] if !s.is_empty() && !d.is_empty() && !m.contains(',') => Ok(Mount {
+                src: s.to_string(),
+                dst: d.to_string(),
+                flags: parts.get(2).map(|f| f.to_string()),
+            }),
+            _ => err(format!(
+                "mount {m:?}: give `src:dst` or `src:dst:ro` (one per list entry, no commas)"
+            )),
+        }
+    }
+
+    pub fn render(&self) -> String {
+        match &self.flags {
+            Some(f) => format!("{}:{}:{f}", self.src, self.dst),
+            None => format!("{}:{}", self.src, self.dst),
+        }
+    }
+}
+
+/// A complete, resolved recipe: what rendering and submitting use.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Job {
+    pub name: String,
+    pub cluster: Option<String>,
+    pub nodes: u32,
+    pub nproc_per_node: u32,
+    pub gpus_per_node: u32,
+    pub partition: Option<String>,
+    pub account: Option<String>,
+    pub time: Option<String>,
+    /// None only for an interactive allocation.
+    pub script: Option<String>,
+    pub args: Vec<String>,
+    pub image: Option<String>,
+    /// Every container mount: the preset's, the directories', then the recipe's own.
+    pub mounts: Vec<Mount>,
+    /// The recipe's own `mounts` (BCP workspaces).
+    pub workspaces: Vec<Mount>,
+    /// The job runs the vigil binary that launched it, so a container must see it.
+    pub mount_vigil: bool,
+    pub workdir: PathBuf,
+    /// The recipe named its `workdir` (else it is where vigil launch ran).
+    pub workdir_set: bool,
+    pub dirs: Vec<(&'static str, PathBuf)>,
+    /// The preset's environment overridden by the recipe's, in order.
+    pub env: Vec<(String, String)>,
+    pub secrets: Vec<String>,
+    pub vigil_bin: String,
+    pub instance: Option<String>,
+    /// `vigil run` flags from `[vigil]`, rendered (`--max-restarts`, `3`).
+    pub vigil_args: Vec<String>,
+}
+
+/// Resolves a recipe against its preset: defaults, completeness and the checks that need no
+/// I/O. `cwd` makes relative directories absolute; `vigil_bin` is the running binary's path.
+pub fn resolve(
+    r: &Recipe,
+    origin: &str,
+    cwd: &Path,
+    vigil_bin: &str,
+    interactive: bool,
+) -> Result<Job, Error> {
+    let name = r.name.clone().ok_or_else(|| {
+        Error(format!(
+            "{origin}: the recipe has no `name`; add name = \"my-run\" or give --name"
+        ))
+    })?;
+    if !is_name(&name) {
+        return err(format!(
+            "{origin}: name {name:?} must be letters, digits, `-`, `_` or `.` (starting with a letter or digit), at most 100"
+        ));
+    }
+    let preset = match &r.cluster {
+        Some(c) => Some(presets::find(c).ok_or_else(|| {
+            let near = nearest(c, presets::names()).unwrap_or("hcc-a3m");
+            Error(format!(
+                "{origin}: unknown cluster `{c}`; did you mean `{near}`? (presets: {})",
+                presets::names().join(", ")
+            ))
+        })?),
+        None => None,
+    };
+    let nodes = r.nodes.unwrap_or(1);
+    if nodes == 0 {
+        return err(format!("{origin}: nodes = 0; give 1 or more"));
+    }
+    let gpus_per_node = r
+        .gpus_per_node
+        .or(preset.map(|p| p.gpus_per_node))
+        .unwrap_or(0);
+    let nproc_per_node = match r.nproc_per_node {
+        Some(0) => return err(format!("{origin}: nproc_per_node = 0; give 1 or more")),
+        Some(n) => n,
+        None if gpus_per_node > 0 => gpus_per_node,
+        None => {
+            return err(format!(
+                "{origin}: the recipe has no `nproc_per_node` (ranks per node); add nproc_per_node = 8, name a `cluster` preset, or give --nproc-per-node"
+            ))
+        }
+    };
+    if let Some(t) = &r.time {
+        if slurm_time_secs(t).is_none() {
+            return err(format!(
+                "{origin}: time = {t:?} is not a Slurm time limit; give HH:MM:SS (e.g. \"04:00:00\"), MM, MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
+            ));
+        }
+    }
+    let script = match (&r.script, interactive) {
+        (Some(s), _) if s.is_empty() => {
+            return err(format!(
+                "{origin}: script is empty; give the training script's path"
+            ))
+        }
+        (Some(s), _) => Some(s.clone()),
+        (None, true) => None,
+        (None, false) => {
+            return err(format!(
+                "{origin}: the recipe has no `script`; add script = \"train.py\" or give --script"
+            ))
+        }
+    };
+    for (what, v) in [("partition", &r.partition), ("account", &r.account)] {
+        if let Some(v) = v {
+            if v.is_empty() || v.contains(|c: char| c.is_whitespace() || c == ',') {
+                return err(format!(
+                    "{origin}: {what} = {v:?} must be one name (no spaces or commas)"
+                ));
+            }
+        }
+    }
+    let abs = |p: &Path| {
+        if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            cwd.join(p)
+        }
+    };
+    let workdir = r.workdir.as_deref().map(abs).unwrap_or_else(|| cwd.into());
+    let mut dirs = vec![("workdir", workdir.clone())];
+    for (key, d) in [
+        ("log_dir", &r.log_dir),
+        ("cache_dir", &r.cache_dir),
+        ("data_dir", &r.data_dir),
+    ] {
+        if let Some(d) = d {
+            dirs.push((key, abs(d)));
+        }
+    }
+    let mut env: Vec<(String, String)> = preset
+        .map(|p| {
+            p.env
+                .iter()
+                .filter(|(k, _)| !r.env.contains_key(*k))
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        })
+        .unwrap_or_default();
+    for (k, v) in &r.env {
+        if !is_identifier(k) {
+            return err(format!(
+                "{origin}: env key {k:?} is not a variable name (letters, digits, `_`)"
+            ));
+        }
+        env.push((k.clone(), v.clone()));
+    }
+    for s in &r.secrets {
+        if !is_identifier(s) {
+            return err(format!(
+                "{origin}: secret {s:?} is not a variable name; secrets list the names of variables (\"HF_TOKEN\"), never their values"
+            ));
+        }
+        if r.env.contains_key(s) {
+            return err(format!(
+                "{origin}: {s} is both a secret and in `env`; a secret's value must not be written in the recipe: remove env.{s} and export it before vigil launch"
+            ));
+        }
+    }
+    let mut mounts = Vec::new();
+    let mut workspaces = Vec::new();
+    if r.image.is_some() {
+        if let Some(p) = preset {
+            mounts.extend(p.mounts.iter().map(|m| Mount::same(Path::new(m))));
+        }
+        mounts.extend(dirs.iter().map(|(_, d)| Mount::same(d)));
+        for m in &r.mounts {
+            let mut m = Mount::parse(m).map_err(|e| Error(format!("{origin}: {e}")))?;
+            workspaces.push(m.clone());
+            if !Path::new(&m.src).is_absolute() {
+                m.src = abs(Path::new(&m.src)).display().to_string();
+            }
+            mounts.push(m);
+        }
+    } else if !r.mounts.is_empty() {
+        return err(format!(
+            "{origin}: `mounts` needs a container `image`; without one the job sees the host's files as they are"
+        ));
+    }
+    let mut vigil_args = Vec::new();
+    for (k, v) in &r.vigil {
+        let flag = format!("--{}", k.replace('_', "-"));
+        match v {
+            toml::Value::Boolean(true) => vigil_args.push(flag),
+            toml::Value::Boolean(false) => {}
+            toml::Value::String(s) => vigil_args.extend([flag, s.clone()]),
+            other => vigil_args.extend([flag, other.to_string()]),
+        }
+    }
+    Ok(Job {
+        name,
+        cluster: r.cluster.clone(),
+        nodes,
+        nproc_per_node,
+        gpus_per_node,
+        partition: r.partition.clone(),
+        account: r.account.clone(),
+        time: r.time.clone(),
+        script,
+        args: r.args.clone(),
+        image: r.image.clone(),
+        mounts,
+        workspaces,
+        mount_vigil: r.vigil_bin.is_none(),
+        workdir,
+        workdir_set: r.workdir.is_some(),
+        dirs,
+        env,
+        secrets: r.secrets.clone(),
+        vigil_bin: r.vigil_bin.clone().unwrap_or_else(|| vigil_bin.to_string()),
+        instance: r.instance.clone(),
+        vigil_args,
+    })
+}
+
+/// An environment lookup (the submitting process's, or a test's).
+pub type EnvFn<'a> = &'a dyn Fn(&str) -> Option<String>;
+
+/// What the checks before submitting found out about the world.
+pub struct Facts<'a> {
+    /// `sinfo`'s partitions; None when the partition is not checked (dry run, BCP).
+    pub partitions: Option<Vec<String>>,
+    pub exists: &'a dyn Fn(&Path) -> bool,
+    /// The submitting environment, for secrets; None when not checked (dry run).
+    pub env: Option<EnvFn<'a>>,
+}
+
+/// The checks before anything is submitted: partition, image file, script, secrets.
+pub fn check(job: &Job, facts: &Facts) -> Result<(), Error> {
+    if let (Some(p), Some(list)) = (&job.partition, &facts.partitions) {
+        if !list.iter().any(|l| l == p) {
+            return err(format!(
+                "partition `{p}` does not exist here; sinfo lists: {}; give one of them with --partition or `partition = ...` (nothing was submitted)",
+                list.join(", ")
+            ));
+        }
+    }
+    if let Some(img) = &job.image {
+        if image_is_file(img) {
+            let p = abs_in(&job.workdir, img);
+            if !(facts.exists)(&p) {
+                return err(format!(
+                    "image {} does not exist; give the path of a .sqsh file, or a registry reference such as nvcr.io#nvidia/nemo:24.05",
+                    p.display()
+                ));
+            }
+        }
+    }
+    if let Some(s) = &job.script {
+        let p = abs_in(&job.workdir, s);
+        // In a container an absolute path may be the image's own (/opt/NeMo/...); a relative
+        // one is under the work directory, which is mounted, so it must exist on the host.
+        let must = job.image.is_none() || !Path::new(s).is_absolute();
+        if must && !(facts.exists)(&p) {
+            return err(format!(
+                "script {} does not exist (relative paths are under the work directory {}); fix `script` or `workdir`",
+                p.display(),
+                job.workdir.display()
+            ));
+        }
+    }
+    if let Some(env) = facts.env {
+        for s in &job.secrets {
+            if env(s).is_none_or(|v| v.is_empty()) {
+                return err(format!(
+                    "secret {s} is not set in this environment; export {s}=... before vigil launch (its value passes to the job by name and is never written)"
+                ));
+            }
+        }
+    }
+    for (key, d) in &job.dirs {
+        if !(facts.exists)(d) {
+            return err(format!(
+                "{key} {} does not exist; create it or fix `{key}`",
+                d.display()
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn abs_in(dir: &Path, p: &str) -> PathBuf {
+    let p = Path::new(p);
+    if p.is_absolute() {
+        p.into()
+    } else {
+        dir.join(p)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run_opts() -> Vec<RunOption> {
+        [
+            ("max-restarts", true),
+            ("max-requeues", true),
+            ("stop-lead", true),
+            ("module", false),
+            ("log-dir", true),
+            ("nproc-per-node", true),
+        ]
+        .iter()
+        .map(|(l, v)| RunOption {
+            long: l.to_string(),
+            takes_value: *v,
+        })
+        .collect()
+    }
+
+    fn load(text: &str) -> Result<Recipe, Error> {
+        let t = parse_table(text, "r.toml")?;
+        check_keys(&t, "r.toml", &run_opts())?;
+        from_table(t, "r.toml")
+    }
+
+    #[test]
+    fn unknown_key_names_the_nearest() {
+        let e = load("name = \"x\"\nnproc_per_nod = 2\n").unwrap_err();
+        assert_eq!(
+            e.0,
+            "r.toml: unknown key `nproc_per_nod`; did you mean `nproc_per_node`? (docs/launch.md lists the keys)"
+        );
+        let e = load("[vigil]\nmax_restart = 2\n").unwrap_err();
+        assert!(e.0.contains("did you mean `vigil.max_restarts`?"), "{e}");
+        let e = load("[vigil]\nlog_dir = \"x\"\n").unwrap_err();
+        assert!(e.0.contains("set by vigil launch itself"), "{e}");
+        let e = load("[vigil]\nmodule = 3\n").unwrap_err();
+        assert!(e.0.contains("takes true or false"), "{e}");
+    }
+
+    #[test]
+    fn bad_toml_and_bad_types_are_one_line() {
+        let e = load("name = \n").unwrap_err();
+        assert!(e.0.starts_with("r.toml: not valid TOML (line 1)"), "{e}");
+        assert!(!e.0.contains('\n'));
+        let e = load("nodes = \"two\"\n").unwrap_err();
+        assert!(e.0.starts_with("r.toml: ") && !e.0.contains('\n'), "{e}");
+    }
+
+    #[test]
+    fn set_overrides_and_values() {
+        let mut t = parse_table("name = \"a\"\n[vigil]\nmax_restarts = 1\n", "r").unwrap();
+        set_key(&mut t, "vigil.max_restarts", toml_value("3")).unwrap();
+        set_key(&mut t, "partition", toml_value("debug")).unwrap();
+        set_key(&mut t, "args", toml_value("[\"--steps\", \"5\"]")).unwrap();
+        set_key(&mut t, "time", toml_value("00:10:00")).unwrap();
+        let r = from_table(t, "r").unwrap();
+        assert_eq!(r.vigil["max_restarts"].as_integer(), Some(3));
+        assert_eq!(r.partition.as_deref(), Some("debug"));
+        assert_eq!(r.args, ["--steps", "5"]);
+        assert_eq!(r.time.as_deref(), Some("00:10:00"));
+        let mut t = toml::Table::new();
+        assert!(set_key(&mut t, "a..b", toml_value("1")).is_err());
+        set_key(&mut t, "name", toml_value("x")).unwrap();
+        assert!(set_key(&mut t, "name.x", toml_value("1")).is_err());
+    }
+
+    #[test]
+    fn slurm_times() {
+        assert_eq!(slurm_time_secs("04:00:00"), Some(14400));
+        assert_eq!(slurm_time_secs("90"), Some(5400));
+        assert_eq!(slurm_time_secs("1:30"), Some(90));
+        assert_eq!(slurm_time_secs("1-2"), Some(93600));
+        assert_eq!(slurm_time_secs("1-0:0:10"), Some(86410));
+        for bad in ["", "0", "1h", "a:b", "1-", "1:2:3:4", "-5"] {
+            assert_eq!(slurm_time_secs(bad), None, "{bad}");
+        }
+    }
+
+    fn job(text: &str) -> Result<Job, Error> {
+        resolve(&load(text)?, "r.toml", Path::new("/w"), "/bin/vigil", false)
+    }
+
+    #[test]
+    fn completeness() {
+        assert!(job("script = \"t.py\"\nnproc_per_node = 1\n")
+            .unwrap_err()
+            .0
+            .contains("no `name`"));
+        assert!(job("name = \"a\"\nnproc_per_node = 1\n")
+            .unwrap_err()
+            .0
+            .contains("no `script`"));
+        assert!(job("name = \"a\"\nscript = \"t.py\"\n")
+            .unwrap_err()
+            .0
+            .contains("no `nproc_per_node`"));
+        assert!(job("name = \"a b\"\nscript = \"t\"\nnproc_per_node = 1\n").is_err());
+        assert!(
+            job("name = \"a\"\nscript = \"t\"\nnproc_per_node = 1\ntime = \"4h\"\n")
+                .unwrap_err()
+                .0
+                .contains("HH:MM:SS")
+        );
+        let e = job("name = \"a\"\nscript = \"t\"\ncluster = \"hcc-a3\"\n").unwrap_err();
+        assert!(e.0.contains("did you mean `hcc-a3m`?"), "{e}");
+        let e = job("name = \"a\"\nscript = \"t\"\nnproc_per_node = 1\nsecrets = [\"HF_TOKEN\"]\nenv = { HF_TOKEN = \"x\" }\n").unwrap_err();
+        assert!(e.0.contains("both a secret and in `env`"), "{e}");
+    }
+
+    #[test]
+    fn preset_gives_gpus_env_and_mounts_and_recipe_wins() {
+        let j = job("name = \"a\"\nscript = \"t.py\"\ncluster = \"hcc-a3u\"\nimage = \"/i.sqsh\"\nenv = { NCCL_IB_TC = \"1\", X = \"y\" }\nmounts = [\"/d:/data:ro\"]\n[vigil]\nmax_restarts = 3\nmodule = true\n").unwrap();
+        assert_eq!((j.nproc_per_node, j.gpus_per_node, j.nodes), (8, 8, 1));
+        assert_eq!(
+            j.env
+                .iter()
+                .filter(|(k, _)| k == "NCCL_IB_TC")
+                .collect::<Vec<_>>(),
+            [&("NCCL_IB_TC".to_string(), "1".to_string())]
+        );
+        assert_eq!(j.env.last().unwrap().0, "X");
+        let m: Vec<String> = j.mounts.iter().map(Mount::render).collect();
+        assert_eq!(m, ["/usr/local/gib:/usr/local/gib", "/w:/w", "/d:/data:ro"]);
+        assert_eq!(j.vigil_args, ["--max-restarts", "3", "--module"]);
+        assert_eq!(j.vigil_bin, "/bin/vigil");
+    }
+
+    #[test]
+    fn checks_before_submitting() {
+        let j = job("name = \"a\"\nscript = \"t.py\"\nnproc_per_node = 1\npartition = \"gpu\"\nsecrets = [\"HF_TOKEN\"]\n").unwrap();
+        let yes = |_: &Path| true;
+        let no_env = |_: &str| None;
+        let f = Facts {
+            partitions: Some(vec!["debug".into(), "low".into()]),
+            exists: &yes,
+            env: None,
+        };
+        assert_eq!(check(&j, &f).unwrap_err().0, "partition `gpu` does not exist here; sinfo lists: debug, low; give one of them with --partition or `partition = ...` (nothing was submitted)");
+        let f = Facts {
+            partitions: Some(vec!["gpu".into()]),
+            exists: &yes,
+            env: Some(&no_env),
+        };
+        assert!(check(&j, &f)
+            .unwrap_err()
+            .0
+            .starts_with("secret HF_TOKEN is not set"));
+        let no = |p: &Path| p != Path::new("/w/t.py");
+        let f = Facts {
+            partitions: None,
+            exists: &no,
+            env: None,
+        };
+        assert!(check(&j, &f)
+            .unwrap_err()
+            .0
+            .starts_with("script /w/t.py does not exist"));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_flag_value_round_trips_as_a_string_or_a_value(s in "[ -~]{0,20}") {
+            let v = toml_value(&s);
+            if let toml::Value::String(got) = &v {
+                // Either the text itself or a TOML string literal's content.
+                proptest::prop_assert!(got == &s || s.contains('"') || s.contains('\''));
+            }
+        }
+    }
+}

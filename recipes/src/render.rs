@@ -1,0 +1,383 @@
+//! Rendering, pure: the sbatch script of a job or an interactive allocation, its `attach.sh`,
+//! and NVIDIA Base Command's `ngc base-command job run` line. Golden files in tests/launch/ pin
+//! the output.
+
+use std::fmt::Write;
+use std::path::Path;
+
+use crate::recipe::{slurm_time_secs, Job, Mount};
+
+/// A word for bash: as is when it is plain, else single-quoted.
+pub fn sh_quote(s: &str) -> String {
+    let plain = !s.is_empty()
+        && s.bytes().all(|b| {
+            b.is_ascii_alphanumeric()
+                || matches!(
+                    b,
+                    b'-' | b'_' | b'.' | b'/' | b':' | b'=' | b',' | b'@' | b'+' | b'%'
+                )
+        });
+    if plain {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
+    }
+}
+
+/// An environment value in double quotes: `$VAR` expands in the batch script (a preset's
+/// `${LD_LIBRARY_PATH:-}`), `"`, `\` and backquotes are literal.
+fn dq(s: &str) -> String {
+    let mut out = String::from("\"");
+    for c in s.chars() {
+        if matches!(c, '"' | '\\' | '`') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('"');
+    out
+}
+
+/// Where an experiment lives and what it is called; the parts of a script that are not the
+/// recipe's.
+pub struct Target<'a> {
+    pub id: &'a str,
+    pub dir: &'a Path,
+    /// The recipe file, for the script's header; None when every field came from flags.
+    pub recipe: Option<&'a str>,
+}
+
+fn header(job: &Job, t: &Target, requeue: bool) -> String {
+    let mut s = String::from("#!/bin/bash\n");
+    let from = t.recipe.map(|r| format!(" from {r}")).unwrap_or_default();
+    let _ = writeln!(s, "# Rendered by vigil launch{from}: experiment {}.", t.id);
+    let mut sb = |l: String| {
+        let _ = writeln!(s, "#SBATCH {l}");
+    };
+    sb(format!("--job-name={}", job.name));
+    sb(format!("--nodes={}", job.nodes));
+    sb("--ntasks-per-node=1".into());
+    if job.gpus_per_node > 0 {
+        sb(format!("--gpus-per-node={}", job.gpus_per_node));
+    }
+    if let Some(p) = &job.partition {
+        sb(format!("--partition={p}"));
+    }
+    if let Some(a) = &job.account {
+        sb(format!("--account={a}"));
+    }
+    if let Some(tm) = &job.time {
+        sb(format!("--time={tm}"));
+    }
+    sb(format!(
+        "--output={}",
+        sh_quote(&format!("{}/%j.log", t.dir.display()))
+    ));
+    sb("--open-mode=append".into());
+    sb(if requeue { "--requeue" } else { "--no-requeue" }.into());
+    sb(format!(
+        "--chdir={}",
+        sh_quote(&job.workdir.display().to_string())
+    ));
+    // The submitting environment passes on (secrets by name among it); nothing is written here.
+    sb("--export=ALL".into());
+    s
+}
+
+fn env_lines(job: &Job, s: &mut String) {
+    if !job.env.is_empty() {
+        s.push('\n');
+    }
+    for (k, v) in &job.env {
+        let _ = writeln!(s, "export {k}={}", dq(v));
+    }
+    if !job.secrets.is_empty() {
+        let _ = writeln!(
+            s,
+            "\n# Secrets pass by name from the submitting environment, never by value: {}",
+            job.secrets.join(" ")
+        );
+    }
+}
+
+/// srun's container flags (pyxis), one per line, or nothing without an image.
+fn container_flags(job: &Job, dir: &Path) -> Vec<String> {
+    let Some(img) = &job.image else {
+        return vec![];
+    };
+    let mut f = vec![format!("--container-image={}", sh_quote(img))];
+    let mut mounts: Vec<String> = job.mounts.iter().map(|m| m.render()).collect();
+    // vigil writes its logs and state into the experiment directory, from inside.
+    mounts.push(Mount::same(dir).render());
+    if job.mount_vigil {
+        mounts.push(Mount::same(Path::new(&job.vigil_bin)).render());
+    }
+    if !mounts.is_empty() {
+        f.push(format!(
+            "--container-mounts={}",
+            sh_quote(&mounts.join(","))
+        ));
+    }
+    f.push(format!(
+        "--container-workdir={}",
+        sh_quote(&job.workdir.display().to_string())
+    ));
+    if !job.secrets.is_empty() {
+        f.push(format!("--container-env={}", job.secrets.join(",")));
+    }
+    f
+}
+
+/// `vigil run`'s words after the binary: the node's ranks, the experiment's directories, the
+/// recipe's options, the script and its arguments.
+fn vigil_run_words(job: &Job, dir: &str, extra: &[String]) -> Vec<String> {
+    let mut w: Vec<String> = vec!["run".into()];
+    w.extend(extra.iter().cloned());
+    w.extend([
+        "--nproc-per-node".into(),
+        job.nproc_per_node.to_string(),
+        "--log-dir".into(),
+        format!("{dir}/runs"),
+        "--state-dir".into(),
+        format!("{dir}/state"),
+    ]);
+    w.extend(job.vigil_args.iter().cloned());
+    if let Some(s) = &job.script {
+        w.push(s.clone());
+    }
+    w.extend(job.args.iter().cloned());
+    w
+}
+
+/// The batch script of a training job: `srun vigil run` on every node.
+pub fn sbatch(job: &Job, t: &Target) -> String {
+    let mut s = header(job, t, true);
+    env_lines(job, &mut s);
+    let dir = t.dir.display().to_string();
+    s.push_str(
+        "\n# vigil's own store secret, the same on every node of this allocation.\n\
+         export VIGIL_STORE_SECRET=\"${VIGIL_STORE_SECRET:-$(od -An -N32 -tx1 /dev/urandom | tr -d ' \\n')}\"\n\n",
+    );
+    // vigil requeues the job itself (docs/allocations.md): srun must not kill the other nodes'
+    // agents when one exits non-zero, they agree on the outcome themselves.
+    let mut lines = vec!["srun --kill-on-bad-exit=0".to_string()];
+    lines.extend(container_flags(job, t.dir));
+    let words = |w: &[String]| w.iter().map(|w| sh_quote(w)).collect::<Vec<_>>().join(" ");
+    let dir_s = |sub: &str| sh_quote(&format!("{dir}/{sub}"));
+    lines.push(format!(
+        "{} run --nnodes \"$SLURM_NNODES\" --nproc-per-node {} --rdzv-id \"$SLURM_JOB_ID\"",
+        sh_quote(&job.vigil_bin),
+        job.nproc_per_node
+    ));
+    lines.push(format!(
+        "--log-dir {} --state-dir {}",
+        dir_s("runs"),
+        dir_s("state")
+    ));
+    if !job.vigil_args.is_empty() {
+        lines.push(words(&job.vigil_args));
+    }
+    let mut script: Vec<String> = job.script.iter().cloned().collect();
+    script.extend(job.args.iter().cloned());
+    lines.push(words(&script));
+    s.push_str(&lines.join(" \\\n    "));
+    s.push('\n');
+    s
+}
+
+/// The batch script of an interactive allocation: it holds the nodes until the time limit or
+/// `vigil cancel`; `attach.sh` runs commands inside.
+pub fn sbatch_interactive(job: &Job, t: &Target) -> String {
+    let mut s = header(job, t, false);
+    env_lines(job, &mut s);
+    let _ = write!(
+        s,
+        "\necho \"[vigil] interactive allocation $SLURM_JOB_ID on $SLURM_JOB_NODELIST: attach with bash {}/attach.sh [COMMAND...]\"\n\
+         exec sleep infinity\n",
+        t.dir.display()
+    );
+    s
+}
+
+/// `attach.sh`: waits until the allocation runs, then a shell (or the given command) on its
+/// first node. Running it again after a dropped connection attaches again: the allocation
+/// outlives any one connection.
+pub fn attach_sh(job: &Job, t: &Target, job_id: &str) -> String {
+    let container: String = container_flags(job, t.dir)
+        .iter()
+        .map(|f| format!(" {f}"))
+        .collect();
+    format!(
+        r#"#!/bin/bash
+# Attach to interactive experiment {id} (Slurm job {job_id}). Run it again after a dropped
+# connection: the allocation holds its nodes until its time limit or `vigil cancel {id}`.
+#   bash attach.sh            a shell on the allocation's first node
+#   bash attach.sh CMD ARGS   that command there instead
+job={job_id}
+while :; do
+    state=$(squeue -h -j "$job" -o %T 2>/dev/null)
+    case "$state" in
+        RUNNING) break ;;
+        PENDING|CONFIGURING|REQUEUED|RESIZING)
+            echo "attach.sh: job $job is $state; waiting for its nodes" >&2
+            sleep 2 ;;
+        *)
+            echo "attach.sh: job $job is ${{state:-no longer known to Slurm}}: the allocation has ended; start another with vigil launch --interactive" >&2
+            exit 1 ;;
+    esac
+done
+if [ $# -eq 0 ]; then
+    exec srun --jobid="$job" --overlap --nodes=1 --ntasks=1 --pty{container} bash -l
+fi
+exec srun --jobid="$job" --overlap --nodes=1 --ntasks=1{container} "$@"
+"#,
+        id = t.id,
+    )
+}
+
+/// BCP's `--total-runtime` for a Slurm time limit: whole hours, minutes or seconds.
+fn runtime(secs: u64) -> String {
+    if secs % 3600 == 0 {
+        format!("{}h", secs / 3600)
+    } else if secs % 60 == 0 {
+        format!("{}m", secs / 60)
+    } else {
+        format!("{secs}s")
+    }
+}
+
+/// The `ngc base-command job run` command line (seeds/001's form), with vigil as the command
+/// on every replica; the time limit is passed to vigil too, so that it checkpoints before BCP's
+/// hard stop. Results, vigil's logs and state go to `/results`.
+pub fn bcp(job: &Job) -> Result<String, crate::Error> {
+    let Some(instance) = &job.instance else {
+        return crate::err(
+            "--executor bcp needs the instance type: add instance = \"dgxa100.80g.8.norm\" (or --set instance=...)",
+        );
+    };
+    let Some(image) = &job.image else {
+        return crate::err(
+            "--executor bcp needs a container image: add image = \"nvcr.io/nvidia/nemo:24.05\"",
+        );
+    };
+    let Some(time) = &job.time else {
+        return crate::err(
+            "--executor bcp needs a time limit for --total-runtime: add time = \"10:00:00\"",
+        );
+    };
+    let secs = slurm_time_secs(time).unwrap_or(0);
+    let words = vigil_run_words(
+        job,
+        "/results/vigil",
+        &["--time-limit".into(), time.clone()],
+    );
+    let mut cmd = sh_quote(&job.vigil_bin);
+    for w in &words {
+        cmd.push(' ');
+        cmd.push_str(&sh_quote(w));
+    }
+    if job.workdir_set {
+        cmd = format!(
+            "cd {} && {cmd}",
+            sh_quote(&job.workdir.display().to_string())
+        );
+    }
+    let mut l = vec![
+        "ngc base-command job run".to_string(),
+        format!("--name {}", sh_quote(&job.name)),
+        format!("--instance {}", sh_quote(instance)),
+        format!("--total-runtime {}", runtime(secs)),
+        format!("--image {}", sh_quote(image)),
+        "--result /results".into(),
+    ];
+    if job.nodes > 1 {
+        l.push("--array-type \"PYTORCH\"".into());
+        l.push(format!("--replicas {}", job.nodes));
+    }
+    for m in &job.workspaces {
+        // On BCP a mount is a workspace: `workspace:/mount_point[:RW|RO]`.
+        l.push(format!("--workspace {}", sh_quote(&m.render())));
+    }
+    for (k, v) in &job.env {
+        l.push(format!("--env-var {}", sh_quote(&format!("{k}:{v}"))));
+    }
+    for s in &job.secrets {
+        l.push(format!("--secret {s}"));
+    }
+    l.push(format!("--commandline {}", sh_quote(&cmd)));
+    Ok(l.join(" \\\n    ") + "\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quoting() {
+        assert_eq!(sh_quote("a/b.py"), "a/b.py");
+        assert_eq!(sh_quote("a b"), "'a b'");
+        assert_eq!(sh_quote("it's"), r"'it'\''s'");
+        assert_eq!(sh_quote(""), "''");
+        assert_eq!(sh_quote("$HOME"), "'$HOME'");
+        assert_eq!(dq("a\"b`c\\$X"), r#""a\"b\`c\\$X""#);
+    }
+
+    fn bash(args: &[&str]) -> std::process::Output {
+        std::process::Command::new("bash")
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        #[test]
+        fn quoted_words_reach_bash_unchanged(s in "[^\\x00]{0,24}") {
+            let out = bash(&["-c", &format!("printf %s {}", sh_quote(&s))]);
+            proptest::prop_assert_eq!(String::from_utf8_lossy(&out.stdout), s);
+        }
+    }
+
+    fn job(image: Option<&str>) -> Job {
+        let r: crate::recipe::Recipe = toml::from_str(&format!(
+            "name = \"dbg\"\nnproc_per_node = 1\n{}",
+            image
+                .map(|i| format!("image = \"{i}\"\n"))
+                .unwrap_or_default()
+        ))
+        .unwrap();
+        crate::recipe::resolve(&r, "r", Path::new("/w d"), "/opt/v/vigil", true).unwrap()
+    }
+
+    #[test]
+    fn attach_sh_is_valid_bash_with_and_without_a_container() {
+        let dir = std::env::temp_dir().join(format!("vigil-attach-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for img in [None, Some("/i/x.sqsh")] {
+            let t = Target {
+                id: "dbg_1",
+                dir: Path::new("/e x/dbg_1"),
+                recipe: None,
+            };
+            let text = attach_sh(&job(img), &t, "42");
+            assert!(text.contains("job=42\n"));
+            assert_eq!(text.contains("--container-image=/i/x.sqsh"), img.is_some());
+            let f = dir.join("attach.sh");
+            std::fs::write(&f, &text).unwrap();
+            let out = bash(&["-n", f.to_str().unwrap()]);
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn runtimes() {
+        assert_eq!(runtime(36000), "10h");
+        assert_eq!(runtime(5400), "90m");
+        assert_eq!(runtime(61), "61s");
+    }
+}
