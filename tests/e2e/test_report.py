@@ -1,0 +1,212 @@
+"""`vigil report` end to end: real runs of the real binary, then the report on their records.
+
+The page is parsed with Python's html.parser: it must be well-formed (every element closed in
+order), hold its plots as inline `<svg>` inside named figures, and name in the plots' own text
+what happened: the failure, the restart, the hang and the frame it hung in.
+"""
+import json
+from html.parser import HTMLParser
+from pathlib import Path
+
+from harness import REPO, base_env, events, of, run_dirs, run_vigil, write
+
+TOY = str(REPO / "examples" / "toy_train.py")
+VOID = {"meta", "br", "img", "hr", "input", "link", "col", "area", "base", "wbr", "source"}
+
+# Heartbeats a few times, then waits in a function the report must name; the attempt after the
+# restart exits 0 at once.
+HANGS_ONCE = """
+import os, sys, time
+import vigil
+
+def wait_forever_in_this_function():
+    time.sleep(600)
+
+if int(os.environ["TORCHELASTIC_RESTART_COUNT"]) >= 1:
+    sys.exit(0)
+for i in range(5):
+    vigil.heartbeat(i)
+    time.sleep(0.05)
+wait_forever_in_this_function()
+"""
+
+
+class Page(HTMLParser):
+    """Checks that elements nest and close in order, and collects per figure id its `<svg>`
+    count and the text of its SVG `<text>` elements, and the page's table rows by class."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.stack = []
+        self.errors = []
+        self.figures = {}
+        self.empty = {}
+        self.rows = []
+        self.scripts = 0
+        self._figure = None
+        self._in_text = False
+        self._text = ""
+        self._row = None
+        self._empty_id = None
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "script":
+            self.scripts += 1
+        if tag not in VOID:
+            self.stack.append(tag)
+        if tag == "figure":
+            self._figure = a.get("id")
+            self.figures[self._figure] = {"svg": 0, "texts": []}
+        elif tag == "svg" and self._figure:
+            self.figures[self._figure]["svg"] += 1
+            if "xmlns" not in a or "width" not in a:
+                self.errors.append(f"svg without xmlns/width: {a}")
+        elif tag == "text" and self._figure:
+            self._in_text, self._text = True, ""
+        elif tag == "tr":
+            self._row = [a.get("class"), ""]
+        elif tag == "p" and a.get("class") == "empty" and a.get("id"):
+            self._empty_id = a["id"]
+            self.empty[self._empty_id] = ""
+
+    def handle_startendtag(self, tag, attrs):
+        if tag == "svg":
+            self.errors.append("an empty svg")
+
+    def handle_endtag(self, tag):
+        if tag in VOID:
+            return
+        if not self.stack or self.stack[-1] != tag:
+            self.errors.append(f"</{tag}> closes {self.stack[-1:] or 'nothing'}")
+            return
+        self.stack.pop()
+        if tag == "figure":
+            self._figure = None
+        elif tag == "text" and self._in_text:
+            self.figures[self._figure]["texts"].append(self._text.strip())
+            self._in_text = False
+        elif tag == "tr" and self._row:
+            self.rows.append(tuple(self._row))
+            self._row = None
+        elif tag == "p":
+            self._empty_id = None
+
+    def handle_data(self, data):
+        if self._in_text:
+            self._text += data
+        if self._row is not None:
+            self._row[1] += data + " "
+        if self._empty_id:
+            self.empty[self._empty_id] += data
+
+
+def parse(path: Path) -> Page:
+    text = path.read_text()
+    assert text.startswith("<!DOCTYPE html>"), text[:100]
+    p = Page()
+    p.feed(text)
+    p.close()
+    assert not p.errors, p.errors
+    assert p.stack == [], f"unclosed elements: {p.stack}"
+    assert p.scripts == 0, "the page is self-contained: no scripts"
+    assert "http://" not in text.replace("http://www.w3.org/2000/svg", ""), "nothing loaded from the network"
+    return p
+
+
+def texts(page: Page, figure: str):
+    assert figure in page.figures, (figure, list(page.figures), page.empty)
+    assert page.figures[figure]["svg"] == 1, page.figures[figure]
+    return page.figures[figure]["texts"]
+
+
+def has(texts_, needle):
+    return any(needle in t for t in texts_)
+
+
+def test_a_crash_and_its_restart_are_on_the_report_of_an_experiment_named_by_its_name(job):
+    # The experiment layout `vigil launch` writes: runs/ and state/ under the launch's directory.
+    exp = job / "home" / "experiments" / "demo" / "demo_20260101-000000"
+    r = run_vigil(
+        ["run", "--nproc-per-node", "2", "--max-restarts", "1", "--log-dir", str(exp / "runs"),
+         "--state-dir", str(exp / "state"), TOY, "--steps", "10", "--crash-at", "5"],
+        cwd=job, timeout=180)
+    assert r.returncode == 0, r.stderr
+    ev = events(exp / "runs")
+    assert len(of(ev, "rank_exited", expected=False)) == 1 and len(of(ev, "restart")) == 1, ev
+
+    rep = run_vigil(["report", "demo"], cwd=job, env=base_env(VIGIL_HOME=job / "home"), timeout=60)
+    assert rep.returncode == 0, rep.stderr
+    assert rep.stdout.strip() == str(exp / "report.html")
+    page = parse(exp / "report.html")
+
+    tl = texts(page, "timeline-plot")
+    assert has(tl, "failure: rank 1 exited with code 1"), tl
+    assert has(tl, "restart -> attempt 1"), tl
+    assert has(tl, "attempt 0") and has(tl, "attempt 1"), tl
+    assert has(tl, "node 0 ("), tl
+    # The allocation comes from the ledger node rank 0 wrote.
+    assert has(tl, "allocation 1: finished -> finished"), tl
+
+    kinds = [c for c, _ in page.rows]
+    assert kinds.index("failure") < kinds.index("restart") < kinds.index("result"), page.rows
+    failure_row = next(t for c, t in page.rows if c == "failure")
+    assert "attempt 0: rank 1 exited with code 1" in failure_row
+
+    # Steps: plotted when the run recorded `steps` events, else the section says there are none.
+    if of(ev, "steps"):
+        assert texts(page, "steps-plot"), page.figures
+    else:
+        assert page.empty["steps-plot"].startswith("No steps recorded"), page.empty
+    if any(e.get("ranks") for e in of(ev, "straggler_report")):
+        assert texts(page, "stragglers-plot"), page.figures
+    else:
+        assert page.empty["stragglers-plot"].startswith("No straggler scores recorded"), page.empty
+
+
+def test_a_hang_is_on_the_timeline_with_the_frame_it_hung_in_despite_a_cut_last_line(job):
+    write(job / "t.py", HANGS_ONCE)
+    r = run_vigil(["run", "--max-restarts", "1", "--heartbeat-timeout", "1", "--log-dir", "logs", "t.py"],
+                  cwd=job, timeout=120)
+    assert r.returncode == 0, r.stderr
+    (run,) = run_dirs(job / "logs")
+    ev = events(job / "logs")
+    (stacks,) = of(ev, "stacks")
+    assert any("wait_forever_in_this_function" in f for f in stacks["innermost"]), stacks
+    # An agent killed mid-write leaves half a line: the report still reads the rest.
+    with open(run / "events.jsonl", "a") as f:
+        f.write('{"event":"cycle_start","cyc')
+
+    out = job / "out" / "page.html"
+    out.parent.mkdir()
+    rep = run_vigil(["report", str(run), "-o", str(out)], cwd=job, timeout=60)
+    assert rep.returncode == 0, rep.stderr
+    assert rep.stdout.strip() == str(out)
+    assert not (run / "report.html").exists(), "-o names the page's place"
+    page = parse(out)
+    tl = texts(page, "timeline-plot")
+    assert has(tl, "hang: rank 0 hung (heartbeat timeout) in t.py:6 in wait_forever_in_this_function"), tl
+    assert has(tl, "restart -> attempt 1"), tl
+    hang_row = next(t for c, t in page.rows if c == "hang")
+    assert "wait_forever_in_this_function" in hang_row, hang_row
+    html = out.read_text()
+    assert "events.jsonl: skipped its last line, cut short" in html
+
+
+def test_a_directory_without_records_is_refused_in_one_line_and_nothing_is_written(job):
+    (job / "empty" / "sub").mkdir(parents=True)
+    write(job / "empty" / "sub" / "other.jsonl", json.dumps({"event": "x"}) + "\n")
+    rep = run_vigil(["report", "empty"], cwd=job, timeout=60)
+    assert rep.returncode == 2, (rep.stdout, rep.stderr)
+    lines = rep.stderr.strip().splitlines()
+    assert len(lines) == 1, rep.stderr
+    assert lines[0].startswith("vigil report: error: empty: no vigil records in it"), lines
+    assert "events.jsonl and ledger.jsonl" in lines[0], lines
+    assert not (job / "empty" / "report.html").exists()
+
+    rep = run_vigil(["report", "no-such-experiment"], cwd=job, env=base_env(VIGIL_HOME=job / "home"), timeout=60)
+    assert rep.returncode == 2
+    assert rep.stderr.strip() == (
+        f"vigil report: error: no-such-experiment: no such directory, and no experiment of that name in "
+        f"{job / 'home' / 'experiments'}; give an experiment directory, a run directory (vigil_*) or a state directory"
+    ), rep.stderr
