@@ -93,16 +93,15 @@ impl History {
         if let Some(j) = &a.job_id {
             s.push_str(&format!(" (job {j})"));
         }
+        // Loopback test nodes share one host name: count node ranks too.
+        let mut ranks: Vec<u32> = a.runs.iter().map(|&i| self.runs[i].node_rank).collect();
+        ranks.sort();
+        ranks.dedup();
+        let n = a.nodes.len().max(ranks.len());
         let nodes = if a.nodes.is_empty() {
-            let n = a.runs.len();
             format!("{n} node{}", plural(n))
         } else {
-            format!(
-                "{} node{} ({})",
-                a.nodes.len(),
-                plural(a.nodes.len()),
-                a.nodes.join(", ")
-            )
+            format!("{n} node{} ({})", plural(n), a.nodes.join(", "))
         };
         match a.end {
             None => {

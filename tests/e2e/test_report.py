@@ -5,10 +5,11 @@ order), hold its plots as inline `<svg>` inside named figures, and name in the p
 what happened: the failure, the restart, the hang and the frame it hung in.
 """
 import json
+import socket
 from html.parser import HTMLParser
 from pathlib import Path
 
-from harness import REPO, base_env, events, of, run_dirs, run_vigil, write
+from harness import REPO, base_env, events, of, run_dirs, run_vigil, start_vigil, write
 
 TOY = str(REPO / "examples" / "toy_train.py")
 VOID = {"meta", "br", "img", "hr", "input", "link", "col", "area", "base", "wbr", "source"}
@@ -29,6 +30,23 @@ for i in range(5):
     time.sleep(0.05)
 wait_forever_in_this_function()
 """
+
+# Rank 3 (on node 1 of two nodes with two ranks each) fails at once in the first attempt; the
+# others wait to be stopped. Every rank of the second attempt exits 0.
+RANK_3_FAILS_ONCE = """
+import os, sys, time
+rank, attempt = int(os.environ["RANK"]), int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+if attempt == 0:
+    if rank == 3:
+        sys.exit(3)
+    time.sleep(600)
+"""
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 class Page(HTMLParser):
@@ -191,6 +209,41 @@ def test_a_hang_is_on_the_timeline_with_the_frame_it_hung_in_despite_a_cut_last_
     assert "wait_forever_in_this_function" in hang_row, hang_row
     html = out.read_text()
     assert "events.jsonl: skipped its last line, cut short" in html
+
+
+def test_a_two_node_job_is_one_allocation_with_a_row_per_node_and_one_restart(job):
+    write(job / "t.py", RANK_3_FAILS_ONCE)
+    port = free_port()
+    procs = []
+    for node in (0, 1):
+        logs = job / f"node{node}" / "logs"
+        logs.mkdir(parents=True)
+        procs.append(start_vigil(
+            ["run", "--nnodes", "2", "--node-rank", str(node), "--master-addr", "127.0.0.1",
+             "--master-port", str(port), "--nproc-per-node", "2", "--max-restarts", "1",
+             "--rdzv-id", "two", "--log-dir", str(logs), "t.py"], cwd=job))
+    try:
+        results = [p.communicate(timeout=120) + (p.returncode,) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    assert [r[2] for r in results] == [0, 0], results
+    assert of(events(job / "node1" / "logs"), "rank_exited", expected=False, rank=3)
+
+    rep = run_vigil(["report", str(job)], cwd=job, timeout=60)
+    assert rep.returncode == 0, rep.stderr
+    page = parse(job / "report.html")
+    tl = texts(page, "timeline-plot")
+    assert has(tl, "node 0 (") and has(tl, "node 1 ("), tl
+    assert has(tl, "failure: rank 3 exited with code 3"), tl
+    assert sum("restart -> attempt 1" in t for t in tl) == 2, ("each node restarted", tl)
+    assert sum(t.startswith("allocation ") for t in tl) == 1, ("both nodes ran in one allocation", tl)
+    summary = (job / "report.html").read_text().split('<pre class="status">')[1].split("</pre>")[0]
+    assert summary.startswith("vigil: 1 allocation, 1 in-job restart, 0 requeues\n  allocation 1 (job two): "), summary
+    assert ", 2 nodes (" in summary, summary
+    assert "last failure: " in summary and "node 1 (" in summary and "rank 3 exited with code 3" in summary, summary
 
 
 def test_a_directory_without_records_is_refused_in_one_line_and_nothing_is_written(job):
