@@ -79,7 +79,17 @@ pub struct NodeRun {
     pub stops: Vec<Stop>,
     pub steps: Vec<StepPoint>,
     pub straggler_reports: Vec<StragglerReport>,
+    /// `node_fault`: this node could not run ranks any more (a critical XID, an uncorrectable
+    /// ECC error, a failed health check).
+    pub node_faults: Vec<NodeFault>,
     pub result: Option<RunResult>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct NodeFault {
+    pub ts: f64,
+    pub cycle: u32,
+    pub reason: String,
 }
 
 impl NodeRun {
@@ -216,6 +226,32 @@ pub struct RankScore {
     pub relative: Option<f64>,
     pub individual: Option<f64>,
     pub median_s: Option<f64>,
+    /// What its GPU was doing, when the report knew (`gpus`).
+    pub gpu: Option<String>,
+}
+
+impl RankScore {
+    /// `rank 3 on n1 (relative 0.25, individual 1.00, GPU: SM clock ...)`.
+    pub fn describe(&self) -> String {
+        let mut s = format!("rank {}", self.rank);
+        if let Some(h) = &self.host {
+            s.push_str(&format!(" on {h}"));
+        }
+        let mut parts = Vec::new();
+        if let Some(v) = self.relative {
+            parts.push(format!("relative {v:.2}"));
+        }
+        if let Some(v) = self.individual {
+            parts.push(format!("individual {v:.2}"));
+        }
+        if let Some(g) = &self.gpu {
+            parts.push(format!("GPU: {g}"));
+        }
+        if !parts.is_empty() {
+            s.push_str(&format!(" ({})", parts.join(", ")));
+        }
+        s
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -228,6 +264,26 @@ pub struct StragglerReport {
 }
 
 impl StragglerReport {
+    /// `stragglers below 0.70: rank 3 on n1 (relative 0.25, individual 1.00; GPU ...)`, or
+    /// that there are none.
+    pub fn describe_stragglers(&self) -> String {
+        let below = self
+            .threshold
+            .map_or_else(String::new, |t| format!(" below {t:.2}"));
+        if self.stragglers.is_empty() {
+            return format!("no stragglers{below} any more");
+        }
+        let each: Vec<String> = self
+            .stragglers
+            .iter()
+            .map(|rank| match self.ranks.iter().find(|r| r.rank == *rank) {
+                Some(r) => r.describe(),
+                None => format!("rank {rank}"),
+            })
+            .collect();
+        format!("stragglers{below}: {}", each.join("; "))
+    }
+
     /// The rank with the lowest relative score (1.0 is best).
     pub fn worst(&self) -> Option<&RankScore> {
         self.ranks
@@ -466,6 +522,11 @@ pub fn node_run(source: PathBuf, records: &[Value]) -> NodeRun {
                 }
             }
             "straggler_report" => run.straggler_reports.push(straggler_report(ts, r)),
+            "node_fault" => run.node_faults.push(NodeFault {
+                ts,
+                cycle,
+                reason: str_of(r, "reason").unwrap_or_else(|| "unknown".into()),
+            }),
             "result" => {
                 let mut detail = Vec::new();
                 if let Some(o) = r.as_object() {
@@ -503,14 +564,18 @@ pub fn node_run(source: PathBuf, records: &[Value]) -> NodeRun {
 }
 
 fn straggler_report(ts: f64, r: &Value) -> StragglerReport {
+    let gpus = r.get("gpus").and_then(Value::as_object);
+    let gpu_of = |rank: u32| gpus?.get(&rank.to_string())?.as_str().map(str::to_string);
     let ranks = r
         .get("ranks")
         .and_then(Value::as_array)
         .map(|a| {
             a.iter()
                 .filter_map(|x| {
+                    let rank = u32_of(x, "rank")?;
                     Some(RankScore {
-                        rank: u32_of(x, "rank")?,
+                        rank,
+                        gpu: gpu_of(rank),
                         node_rank: u32_of(x, "node_rank"),
                         host: str_of(x, "host"),
                         relative: f64_of(x, "relative"),
@@ -830,6 +895,29 @@ impl History {
                     text: format!("attempt {}: {}", s.cycle, s.describe()),
                 });
             }
+            for f in &r.node_faults {
+                m.push(Moment {
+                    ts: f.ts,
+                    node: node.clone(),
+                    kind: "node_fault",
+                    text: format!("attempt {}: node fault: {}", f.cycle, f.reason),
+                });
+            }
+            // A straggler report is an event when its stragglers differ from the last one's.
+            let mut last: Vec<u32> = Vec::new();
+            for rep in &r.straggler_reports {
+                let mut now = rep.stragglers.clone();
+                now.sort_unstable();
+                if now != last {
+                    m.push(Moment {
+                        ts: rep.ts,
+                        node: node.clone(),
+                        kind: "straggler",
+                        text: rep.describe_stragglers(),
+                    });
+                }
+                last = now;
+            }
             if let Some(res) = &r.result {
                 let mut text = format!("result: {}", res.outcome);
                 if let Some(c) = res.exit_code {
@@ -1088,6 +1176,44 @@ mod tests {
         assert_eq!(r.unscored, Some(1));
         let w = r.worst().unwrap();
         assert_eq!((w.rank, w.host.as_deref()), (3, Some("b")));
+    }
+
+    #[test]
+    fn node_faults_gpu_texts_and_changes_in_the_stragglers_are_events() {
+        let run = node_run(
+            "e".into(),
+            &recs(concat!(
+                r#"{"event":"straggler_report","ts":1,"host":"a","node_rank":0,"ranks":[{"rank":3,"host":"b","relative":0.31,"individual":0.95}],"stragglers":[3],"threshold":0.7,"gpus":{"3":"SM clock 1,110 of 1,980 MHz"}}"#,
+                "\n",
+                r#"{"event":"straggler_report","ts":2,"host":"a","node_rank":0,"ranks":[{"rank":3,"host":"b","relative":0.3,"individual":0.9}],"stragglers":[3],"threshold":0.7}"#,
+                "\n",
+                r#"{"event":"straggler_report","ts":3,"host":"a","node_rank":0,"ranks":[{"rank":3,"host":"b","relative":0.9,"individual":0.9}],"stragglers":[],"threshold":0.7}"#,
+                "\n",
+                r#"{"event":"node_fault","ts":4,"cycle":0,"host":"a","node_rank":0,"reason":"XID 79 on GPU 2"}"#,
+                "\n"
+            )),
+        );
+        assert_eq!(
+            run.straggler_reports[0].ranks[0].gpu.as_deref(),
+            Some("SM clock 1,110 of 1,980 MHz")
+        );
+        let h = History {
+            runs: vec![run],
+            ..History::default()
+        };
+        let m: Vec<(f64, &str, String)> = h
+            .moments()
+            .into_iter()
+            .map(|m| (m.ts, m.kind, m.text))
+            .collect();
+        assert_eq!(
+            m,
+            vec![
+                (1.0, "straggler", "stragglers below 0.70: rank 3 on b (relative 0.31, individual 0.95, GPU: SM clock 1,110 of 1,980 MHz)".to_string()),
+                (3.0, "straggler", "no stragglers below 0.70 any more".to_string()),
+                (4.0, "node_fault", "attempt 0: node fault: XID 79 on GPU 2".to_string()),
+            ]
+        );
     }
 
     #[test]

@@ -17,7 +17,8 @@ p.error { color: #b00; }
 table { border-collapse: collapse; font-size: 13px; }
 th, td { border: 1px solid #ddd; padding: 3px 6px; text-align: left; vertical-align: top; }
 th { background: #f0f0f0; }
-tr.failure td, tr.hang td, tr.lost td { background: #fdf0ef; }
+tr.failure td, tr.hang td, tr.lost td, tr.node_fault td { background: #fdf0ef; }
+tr.straggler td { background: #f5eefa; }
 tr.restart td { background: #eef3fc; }
 tr.requeue td, tr.preempted td, tr.stop td { background: #fdf6ea; }
 .legend span { display: inline-block; margin-right: 14px; font-size: 13px; }
@@ -95,7 +96,7 @@ pub fn render_html(h: &History) -> String {
         "<span><i style=\"background:#4ca05a\"></i>attempt done</span>",
         "<span><i style=\"background:#d64541\"></i>attempt failed / failure (x)</span>",
         "<span><i style=\"background:#eb9628\"></i>attempt stopped / stop, requeue (dashed)</span>",
-        "<span><i style=\"background:#828282\"></i>node lost</span>",
+        "<span><i style=\"background:#828282\"></i>node lost / node fault (x)</span>",
         "<span><i style=\"background:#4678c8\"></i>running or log ended</span>",
         "<span><i style=\"background:#8c3caa\"></i>hang (triangle)</span>",
         "<span><i style=\"background:#1e5ac8\"></i>restart (dot)</span>",

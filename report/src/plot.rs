@@ -294,6 +294,19 @@ pub fn timeline(h: &History, axis: &TimeAxis) -> Result<String, String> {
                     )))
                     .map_err(err)?;
             }
+            for f in &run.node_faults {
+                let x = axis.x(f.ts);
+                chart
+                    .draw_series(std::iter::once(Cross::new((x, y), 7, LOST.stroke_width(3))))
+                    .map_err(err)?;
+                chart
+                    .draw_series(std::iter::once(Text::new(
+                        format!("node fault: {}", f.reason),
+                        (x, y - 0.3),
+                        text_style(12, RGBColor(80, 80, 80), axis.anchor(x, VPos::Top)),
+                    )))
+                    .map_err(err)?;
+            }
             for (ts, label) in stop_labels(run) {
                 let x = axis.x(ts);
                 chart
@@ -365,6 +378,8 @@ pub fn steps(h: &History, axis: &TimeAxis) -> Option<Result<String, String>> {
             (r.node_rank, pts)
         })
         .collect();
+    // Runs are in start order; the legend lists nodes in rank order.
+    lines.sort_by_key(|l| l.0);
     if lines.is_empty() {
         return None;
     }
@@ -467,18 +482,26 @@ fn stragglers_svg(h: &History, axis: &TimeAxis, worst: &[u32]) -> Result<String,
     let threshold = reports.iter().rev().find_map(|r| r.threshold);
     let mut svg = String::new();
     {
-        let root = SVGBackend::with_string(&mut svg, (WIDTH, 380)).into_drawing_area();
+        // Scores are at most 1.0: the room above holds the legend, clear of every line.
+        let root = SVGBackend::with_string(&mut svg, (WIDTH, 460)).into_drawing_area();
         root.fill(&WHITE).map_err(err)?;
         let mut chart = ChartBuilder::on(&root)
             .margin(12)
             .x_label_area_size(40)
             .y_label_area_size(60)
-            .build_cartesian_2d(axis.range(), 0.0..1.08)
+            .build_cartesian_2d(axis.range(), 0.0..1.45)
             .map_err(err)?;
         chart
             .configure_mesh()
             .x_desc(axis.desc())
             .y_desc("relative score (1.0 best)")
+            .y_label_formatter(&|v| {
+                if *v > 1.0001 {
+                    String::new()
+                } else {
+                    format!("{v:.1}")
+                }
+            })
             .axis_desc_style((FONT, 13))
             .label_style((FONT, 12))
             .draw()
@@ -529,7 +552,7 @@ fn stragglers_svg(h: &History, axis: &TimeAxis, worst: &[u32]) -> Result<String,
         }
         chart
             .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
+            .position(SeriesLabelPosition::UpperRight)
             .label_font((FONT, 12))
             .background_style(WHITE.mix(0.85))
             .border_style(BLACK.mix(0.3))

@@ -37,7 +37,7 @@ impl History {
             .moments()
             .into_iter()
             .rev()
-            .find(|m| matches!(m.kind, "failure" | "hang" | "lost"))
+            .find(|m| matches!(m.kind, "failure" | "hang" | "lost" | "node_fault"))
         {
             out.push(format!(
                 "last failure: {} {}: {}",
@@ -49,18 +49,7 @@ impl History {
         if let Some(r) = self.straggler_reports().last() {
             let mut line = format!("stragglers: last report {}", utc(r.ts));
             match r.worst() {
-                Some(w) => {
-                    line.push_str(&format!(": worst rank {}", w.rank));
-                    if let Some(h) = &w.host {
-                        line.push_str(&format!(" on {h}"));
-                    }
-                    if let Some(s) = w.relative {
-                        line.push_str(&format!(", relative {s:.2}"));
-                    }
-                    if let Some(s) = w.individual {
-                        line.push_str(&format!(", individual {s:.2}"));
-                    }
-                }
+                Some(w) => line.push_str(&format!(": worst {}", w.describe())),
                 None => line.push_str(": no rank scored yet"),
             }
             match (r.stragglers.len(), r.threshold) {
@@ -239,7 +228,7 @@ mod tests {
             "step: 12 (node 0 (a), 2026-01-01 01:13:30 UTC), highest 12"
         );
         assert_eq!(lines[4], "last failure: 2026-01-01 01:13:40 UTC node 0 (a): attempt 0: rank 1 exited with code 3");
-        assert_eq!(lines[5], "stragglers: last report 2026-01-01 01:13:50 UTC: worst rank 1 on a, relative 0.50, individual 0.90; 1 below 0.70: [1]");
+        assert_eq!(lines[5], "stragglers: last report 2026-01-01 01:13:50 UTC: worst rank 1 on a (relative 0.50, individual 0.90); 1 below 0.70: [1]");
         assert_eq!(lines.len(), 6, "{text}");
     }
 }

@@ -48,6 +48,20 @@ def free_port():
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
+# Every rank times its steps; the rank named by SLOW_RANK takes 4x as long (as in
+# test_stragglers.py). A rank stops when the agent names a stop step, else after `steps` steps.
+TIMED_STEPS = """
+import os, sys, time, vigil
+rank = int(os.environ["RANK"])
+slow = int(os.environ.get("SLOW_RANK", "-1"))
+for step in range(int(sys.argv[1])):
+    t0 = time.perf_counter()
+    time.sleep(0.04 if rank == slow else 0.01)
+    vigil.step_timing(step, time.perf_counter() - t0)
+    if vigil.should_stop(step):
+        sys.exit(0)
+"""
+
 
 class Page(HTMLParser):
     """Checks that elements nest and close in order, and collects per figure id its `<svg>`
@@ -75,7 +89,7 @@ class Page(HTMLParser):
             self.stack.append(tag)
         if tag == "figure":
             self._figure = a.get("id")
-            self.figures[self._figure] = {"svg": 0, "texts": []}
+            self.figures[self._figure] = {"svg": 0, "texts": [], "circles": 0}
         elif tag == "svg" and self._figure:
             self.figures[self._figure]["svg"] += 1
             if "xmlns" not in a or "width" not in a:
@@ -91,6 +105,8 @@ class Page(HTMLParser):
     def handle_startendtag(self, tag, attrs):
         if tag == "svg":
             self.errors.append("an empty svg")
+        elif tag == "circle" and self._figure:
+            self.figures[self._figure]["circles"] += 1
 
     def handle_endtag(self, tag):
         if tag in VOID:
@@ -244,6 +260,53 @@ def test_a_two_node_job_is_one_allocation_with_a_row_per_node_and_one_restart(jo
     assert summary.startswith("vigil: 1 allocation, 1 in-job restart, 0 requeues\n  allocation 1 (job two): "), summary
     assert ", 2 nodes (" in summary, summary
     assert "last failure: " in summary and "node 1 (" in summary and "rank 3 exited with code 3" in summary, summary
+
+
+def test_steps_and_straggler_scores_of_a_real_two_node_run_are_plotted(job):
+    write(job / "train.py", TIMED_STEPS)
+    port = free_port()
+    procs = []
+    for node in (0, 1):
+        logs = job / f"node{node}" / "logs"
+        logs.mkdir(parents=True)
+        procs.append(start_vigil(
+            ["run", "--nnodes", "2", "--node-rank", str(node), "--master-addr", "127.0.0.1",
+             "--master-port", str(port), "--nproc-per-node", "2", "--straggler-report-interval", "1",
+             "--log-dir", str(logs), "train.py", "300"],
+            cwd=job, env=base_env(SLOW_RANK=3, SLURMD_NODENAME=f"n{node}")))
+    try:
+        results = [p.communicate(timeout=120) + (p.returncode,) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    assert [r[2] for r in results] == [0, 0], [r[1][-2000:] for r in results]
+    ev0, ev1 = events(job / "node0" / "logs"), events(job / "node1" / "logs")
+    reports = [e for e in of(ev0, "straggler_report") if e.get("ranks")]
+    assert reports, "node rank 0 logged no scored straggler report"
+    steps = of(ev0, "steps") + of(ev1, "steps")
+    assert of(ev0, "steps") and of(ev1, "steps"), "each node logs its ranks' steps"
+
+    rep = run_vigil(["report", str(job)], cwd=job, timeout=60)
+    assert rep.returncode == 0, rep.stderr
+    page = parse(job / "report.html")
+
+    st = texts(page, "steps-plot")
+    assert has(st, "node 0") and has(st, "node 1") and has(st, "step"), st
+    assert page.figures["steps-plot"]["circles"] == len(steps), (page.figures["steps-plot"], steps)
+
+    sc = texts(page, "stragglers-plot")
+    assert has(sc, "rank 3 (n1)"), sc
+    assert has(sc, "threshold 0.70"), sc
+    assert has(sc, "relative score (1.0 best)"), sc
+    # A point per report for each rank it scored (all 4 ranks are among the worst 5 drawn).
+    scored = sum(1 for rep in reports for r in rep["ranks"] if r.get("relative") is not None)
+    assert page.figures["stragglers-plot"]["circles"] == scored, (page.figures["stragglers-plot"], scored)
+
+    summary = (job / "report.html").read_text().split('<pre class="status">')[1].split("</pre>")[0]
+    assert "stragglers: last report " in summary and "worst rank 3 on n1 (relative 0." in summary, summary
+    assert "1 below 0.70: [3]" in summary, summary
 
 
 def test_a_directory_without_records_is_refused_in_one_line_and_nothing_is_written(job):
