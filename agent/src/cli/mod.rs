@@ -48,6 +48,15 @@ pub enum Command {
     List,
     /// Run a shell (or `-- CMD`) inside an interactive experiment's allocation.
     Attach(vigil_recipes::cli::AttachArgs),
+    /// Write one HTML page with a job's timeline, steps and straggler scores (docs/report.md).
+    Report {
+        /// An experiment directory, a log or run directory (vigil_*), a state directory, or an
+        /// experiment's name under $VIGIL_HOME/experiments (its newest launch).
+        target: String,
+        /// Where to write the page (default: <directory>/report.html).
+        #[arg(short = 'o', long = "output")]
+        output: Option<PathBuf>,
+    },
     /// Internal: the helper that SIGKILLs rank process groups if the agent dies.
     #[command(name = "__watchdog", hide = true)]
     Watchdog,
