@@ -7,8 +7,9 @@
 //!    [`RankTimes::on_step_timing`] (`RankMsg::StepTiming`, `duration_us as f64 / 1e6`),
 //!    [`RankTimes::on_section`] (each closed section with its duration; only the one named by
 //!    `--straggler-section` counts) and [`RankTimes::on_step`] (each step the rank reports by
-//!    `heartbeat(step)` or `Progress`). The first of those that gives a rank a sample is its only
-//!    source from then on. [`RankTimes::new_attempt`] when the ranks restart.
+//!    `heartbeat(step)` or `Progress`). The best of those a rank has used is its only source (a
+//!    better one that appears later replaces a worse one). [`RankTimes::new_attempt`] when the
+//!    ranks restart.
 //! 2. Once per report interval each agent builds a [`NodeSummary`] with
 //!    [`NodeSummary::from_ranks`] (it closes every rank's interval) and puts
 //!    [`NodeSummary::to_json`] in the store.

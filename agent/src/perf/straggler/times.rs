@@ -3,10 +3,12 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-/// Where a rank's step times come from. The first source that gives a rank a sample is the only
-/// one used for it from then on: a step timed twice (once by `step_timing`, once as a section)
-/// must not count twice, and the three measure slightly different spans.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Where a rank's step times come from, best first. A rank's samples all come from one source: a
+/// step timed twice (by `step_timing` and as a section) must not count twice, and the sources
+/// measure slightly different spans. The best source the rank has used so far wins: when a better
+/// one appears (a loop that calls `should_stop(step)` before its first `step_timing`), the samples
+/// of the worse one are dropped and the better one is used from then on; a worse one is ignored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Source {
     /// `vigil.step_timing(step, seconds)` (`RankMsg::StepTiming`).
     StepTiming,
@@ -90,9 +92,16 @@ impl RankTimes {
             return false;
         }
         match self.source {
+            Some(s) if s < source => return false,
+            Some(s) if s == source => {}
+            Some(_) => {
+                // A better source: start over with it.
+                self.times.clear();
+                self.best = None;
+                self.since_best = 0;
+                self.source = Some(source);
+            }
             None => self.source = Some(source),
-            Some(s) if s != source => return false,
-            Some(_) => {}
         }
         if self.times.len() == self.window {
             self.times.pop_front();
@@ -190,16 +199,25 @@ mod tests {
     }
 
     #[test]
-    fn the_first_source_wins_and_sources_never_mix() {
+    fn the_best_source_wins_and_sources_never_mix() {
         let mut r = RankTimes::new(8, "step");
-        assert!(r.on_section("step", 1.0));
-        assert!(!r.on_step_timing(1, 5.0));
-        assert!(!r.on_section("checkpointing", 9.0));
         let t0 = Instant::now();
+        // Steps first (a loop that calls should_stop(step) before timing anything)...
         r.on_step(1, t0);
-        assert!(!r.on_step(2, t0 + Duration::from_secs(7)));
+        assert!(r.on_step(2, t0 + Duration::from_secs(7)));
+        assert_eq!(r.source(), Some(Source::Progress));
+        // ...then a section: better, so the step intervals are dropped.
+        assert!(r.on_section("step", 2.0));
         assert_eq!(r.source(), Some(Source::Section));
-        assert_eq!(r.median(), Some(1.0));
+        assert_eq!(r.median(), Some(2.0));
+        assert!(!r.on_step(3, t0 + Duration::from_secs(9)), "worse: ignored");
+        assert!(!r.on_section("checkpointing", 9.0));
+        // step_timing beats both.
+        assert!(r.on_step_timing(1, 5.0));
+        assert!(!r.on_section("step", 1.0));
+        assert_eq!(r.source(), Some(Source::StepTiming));
+        assert_eq!(r.median(), Some(5.0));
+        assert_eq!(r.samples(), 1);
     }
 
     #[test]
