@@ -322,6 +322,28 @@ proptest! {
     }
 
     #[test]
+    fn a_window_holds_one_source_the_most_preferred_seen(
+        events in prop::collection::vec((any::<bool>(), 1e-3f64..10.0), 1..100),
+        window in 1usize..16,
+    ) {
+        let mut r = RankTimes::new(window, "step");
+        for &(timing, secs) in &events {
+            if timing {
+                r.on_step_timing(0, secs);
+            } else {
+                r.on_section("step", secs);
+            }
+        }
+        let preferred = events.iter().any(|e| e.0);
+        let kept: Vec<f64> = events.iter().filter(|e| e.0 == preferred).map(|e| e.1).collect();
+        let last = &kept[kept.len().saturating_sub(window)..];
+        prop_assert_eq!(r.samples(), last.len());
+        prop_assert_eq!(r.median(), median(last.iter().copied()));
+        let want = if preferred { Source::StepTiming } else { Source::Section };
+        prop_assert_eq!(r.source(), Some(want));
+    }
+
+    #[test]
     fn printed_lists_are_the_sorted_ends(nodes in summaries_strategy(), n in 0usize..10) {
         let scores = score_job(&nodes);
         let text = render_report(&scores, n, 0.0, &|_| None, 0.0);
