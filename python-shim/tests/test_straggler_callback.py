@@ -213,3 +213,18 @@ except ValueError as e:
     )
     out, _ = finish(proc)
     assert "calc_relative_gpu_perf=True or calc_individual_gpu_perf=True" in out
+
+
+def test_an_argument_that_is_not_a_number_is_named_not_fatal(agent):
+    proc = spawn(
+        FAKE_LIGHTNING
+        + """
+fit(FakeTrainer([StragglerDetectionCallback(report_time_interval="often")]), [0.0])
+print("fit done")
+""",
+        child_env(agent, **AGENT_SETTINGS),
+    )
+    agent.accept()
+    out, err = finish(proc)
+    assert out.strip() == "fit done"
+    assert "report_time_interval=often differs" in err and "--straggler-report-interval" in err

@@ -264,7 +264,10 @@ def _env_float(name):
 
 
 def _differs(a, b):
-    return abs(float(a) - b) > 1e-9 * max(1.0, abs(b))
+    try:
+        return abs(float(a) - b) > 1e-9 * max(1.0, abs(b))
+    except (TypeError, ValueError):
+        return True  # not a number: the agent's value applies all the same
 
 
 class StragglerDetectionCallback(_Callback or object):
@@ -339,8 +342,8 @@ class StragglerDetectionCallback(_Callback or object):
         interval = _env_float(INTERVAL_ENV)
         if interval is not None and _differs(self.report_time_interval, interval):
             out.append(
-                "report_time_interval=%g differs from the agent's report interval (%g s), which applies: "
-                "set it with `vigil run --straggler-report-interval %g`"
+                "report_time_interval=%s differs from the agent's report interval (%g s), which applies: "
+                "set it with `vigil run --straggler-report-interval %s`"
                 % (self.report_time_interval, interval, self.report_time_interval)
             )
         threshold = _env_float(THRESHOLD_ENV)
@@ -354,12 +357,12 @@ class StragglerDetectionCallback(_Callback or object):
                 if _differs(value, threshold)
             ]
             if differing:
-                values = sorted(set(float(v) for _, v in differing))
-                flag = "--straggler-threshold %g" % values[0] if len(values) == 1 else "--straggler-threshold"
+                values = set(str(v) for _, v in differing)
+                flag = "--straggler-threshold %s" % values.pop() if len(values) == 1 else "--straggler-threshold"
                 out.append(
                     "%s differs from the agent's straggler threshold (%g, one value for both scores), "
                     "which applies: set it with `vigil run %s`"
-                    % (" and ".join("%s=%g" % d for d in differing), threshold, flag)
+                    % (" and ".join("%s=%s" % d for d in differing), threshold, flag)
                 )
         stop = os.environ.get(STOP_ENV)
         if stop in ("0", "1") and bool(self.stop_if_detected) != (stop == "1"):
