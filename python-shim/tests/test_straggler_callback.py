@@ -228,3 +228,45 @@ print("fit done")
     out, err = finish(proc)
     assert out.strip() == "fit done"
     assert "report_time_interval=often differs" in err and "--straggler-report-interval" in err
+
+
+def test_under_the_real_agent_its_timings_are_scored_and_its_arguments_checked(tmp_path):
+    """The real `vigil run`: what it exports is what the callback compares with, and the batches
+    it times are what node rank 0 scores (rank 1's batches take 4x as long)."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "tests"))
+    from harness import base_env, events, of, run_vigil
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        FAKE_LIGHTNING
+        + """
+import os
+slow = os.environ["RANK"] == "1"
+cb = StragglerDetectionCallback(report_time_interval=1, gpu_relative_perf_threshold=0.7,
+                                gpu_individual_perf_threshold=0.7)
+# About 3 s of batches: reports come every second.
+fit(FakeTrainer([cb]), [0.04 if slow else 0.01] * (75 if slow else 300))
+"""
+    )
+    (tmp_path / "logs").mkdir()
+    r = run_vigil(
+        ["run", "--nproc-per-node", "2", "--straggler-report-interval", "1", "--straggler-threshold", "0.8",
+         "--log-dir", "logs", "train.py"],
+        cwd=tmp_path,
+        env=base_env(),
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    # Each rank warned once, naming the flag; the interval matched, so nothing about it.
+    warnings = [l for l in r.stderr.splitlines() if "StragglerDetectionCallback:" in l]
+    assert len(warnings) == 2, r.stderr[-3000:]
+    assert all("`vigil run --straggler-threshold 0.7`" in w and "(0.8," in w for w in warnings), warnings
+    reports = of(events(tmp_path / "logs"), "straggler_report")
+    assert reports, r.stderr[-3000:]
+    rec = reports[-1]
+    scores = {x["rank"]: x for x in rec["ranks"]}
+    assert sorted(scores) == [0, 1]
+    assert scores[1]["relative"] < 0.5 and scores[0]["relative"] == 1.0
+    assert rec["stragglers"] == [1]
