@@ -3,7 +3,8 @@
 
 Prints one table: per-call heartbeat cost (median and p99, microseconds, wall clock around each
 call) with 1 and 4 processes sending at once, a section open+close pair, ``should_stop(step)``
-with a new step every call (it sends ``Progress``) and ``should_stop()``, the shim's import time
+with a new step every call (it sends ``Progress``) and ``should_stop()``, ``step_timing(step,
+seconds)`` (straggler scores), the shim's import time
 in a fresh interpreter and the RSS that importing it adds; and, when ``nvidia_resiliency_ext`` is
 importable, NVRx's ``RankMonitorClient.send_heartbeat`` measured the same way.
 
@@ -55,6 +56,20 @@ while running:
 print(total, flush=True)
 """
 
+# Drains every connection with cat(1): keeps up on a loaded machine, where the Python reader lags
+# (free for heartbeats, which the shim drops, but messages never dropped - sections, step timings -
+# then wait for it).
+CAT_READER = r"""
+import socket, subprocess, sys
+srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+srv.bind(sys.argv[1]); srv.listen(64)
+print("listening", flush=True)
+while True:
+    c, _ = srv.accept()
+    subprocess.Popen(["cat"], stdin=c.fileno(), stdout=subprocess.DEVNULL)
+    c.close()
+"""
+
 SENDER = r"""
 import array, os, sys, time
 import vigil
@@ -79,6 +94,12 @@ elif mode == "stop_step":
     def call():
         step[0] += 1
         stop(step[0])
+elif mode == "step_timing":
+    step = [0]
+    timing = vigil.step_timing
+    def call():
+        step[0] += 1
+        timing(step[0], 0.25)
 elif mode == "stop":
     call = vigil.should_stop
 elif mode == "section":
@@ -104,7 +125,7 @@ with open(out_path, "wb") as f:
 
 
 # Bytes one call puts on the wire (registration adds 24 per process).
-FRAME_BYTES = {"hb": 8, "hb_step": 16, "stop_step": 16, "stop": 0, "section": 2 * (8 + 2 + len("step"))}
+FRAME_BYTES = {"hb": 8, "hb_step": 16, "stop_step": 16, "step_timing": 24, "stop": 0, "section": 2 * (8 + 2 + len("step"))}
 
 
 def percentile(sorted_values, q):
@@ -192,10 +213,10 @@ def timer_overhead_ns(n=200000):
     return percentile(s, 50)
 
 
-def start_reader(workdir):
+def start_reader(workdir, cat=False):
     path = os.path.join(workdir, "agent.sock")
     reader = subprocess.Popen(
-        [sys.executable, "-c", READER, path], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", CAT_READER if cat else READER, path], stdout=subprocess.PIPE, text=True
     )
     if reader.stdout.readline().strip() != "listening":
         raise RuntimeError("reader failed to start")
@@ -235,6 +256,8 @@ def nvrx_row(calls, workdir):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--socket", help="measure against a server already listening on this Unix socket")
+    ap.add_argument("--cat-reader", action="store_true",
+                    help="drain each connection with cat(1) instead of the Python reader (keeps up under load)")
     ap.add_argument("--calls", type=int, default=200000, help="timed calls per sending process")
     ap.add_argument("--json", action="store_true", help="also print the figures as one JSON line")
     args = ap.parse_args()
@@ -244,6 +267,9 @@ def main():
         reader = None
         if args.socket:
             path, where = args.socket, "server at %s" % args.socket
+        elif args.cat_reader:
+            path, reader = start_reader(workdir, cat=True)
+            where = "cat(1) per connection"
         else:
             path, reader = start_reader(workdir)
             where = "Python reader process"
@@ -254,6 +280,7 @@ def main():
                 ("heartbeat()", "hb", 4),
                 ("heartbeat(step)", "hb_step", 4),
                 ("section open+close", "section", 1),
+                ("step_timing(step, seconds)", "step_timing", 1),
                 ("should_stop(step), new step", "stop_step", 1),
                 ("should_stop()", "stop", 1),
             ]:
@@ -263,7 +290,11 @@ def main():
                 figures["%s_%dp" % (mode, procs)] = {"median_us": p50, "p99_us": p99}
                 rows.append(("%s, %d proc%s" % (label, procs, "" if procs == 1 else "s"), "%8.2f %8.2f" % (p50, p99)))
         finally:
-            if reader is not None:
+            if reader is not None and args.cat_reader:
+                reader.terminate()
+                reader.wait(timeout=30)
+                reader = None
+            elif reader is not None:
                 reader.terminate()
                 delivered = int(reader.communicate(timeout=30)[0].split()[-1])
                 figures["reader_bytes"] = delivered

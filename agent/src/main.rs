@@ -220,6 +220,19 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Report { target, output } => {
+            let env = |k: &str| std::env::var(k).ok();
+            match vigil_report::report_command(&target, output.as_deref(), &env) {
+                Ok(path) => {
+                    println!("{}", path.display());
+                    0
+                }
+                Err(e) => {
+                    eprintln!("vigil report: error: {e}");
+                    2
+                }
+            }
+        }
     };
     ExitCode::from(code.clamp(0, 255) as u8)
 }

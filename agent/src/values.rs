@@ -53,6 +53,14 @@ pub fn port(s: &str) -> Result<u16, String> {
         .map_err(|_| "give a port number from 0 to 65535".to_string())
 }
 
+/// Value parser of a score threshold (`--straggler-threshold`): a number from 0 to 1.
+pub fn fraction(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
+        _ => Err("give a number from 0 to 1, such as 0.7".to_string()),
+    }
+}
+
 /// Value parser of `--safety-factor`: a finite number from 1 to 1000.
 pub fn factor(s: &str) -> Result<f64, String> {
     match s.trim().parse::<f64>() {

@@ -58,6 +58,7 @@ def test_true_exactly_from_the_agreed_step_and_a_later_request_replaces_it(agent
         + WAIT_FOR
         + """
 r = {"before": [vigil.should_stop(1), vigil.should_stop(), vigil.stop_step()]}
+vigil.heartbeat(99)  # tells the test that "before" is taken
 wait_for(lambda: vigil.stop_step() == 5, "stop at 5")
 r["at5"] = [vigil.should_stop(s) for s in (3, 4, 5, 6)] + [vigil.should_stop(), vigil.stop_reason()]
 wait_for(lambda: vigil.stop_step() == 4, "stop moved to 4")
@@ -69,7 +70,8 @@ print(json.dumps([r, vigil_warnings()]))
         child_env(agent),
     )
     conn = agent.accept()
-    conn.expect(register(proc), progress(1))
+    # No request before the rank took "before": on a loaded machine it would otherwise see it.
+    conn.expect(register(proc), progress(1), hb(99))
     conn.send(stop(5, "SIGTERM"))
     # Each step the rank evaluates is reported, in order, before the next request goes out.
     conn.expect(progress(3), progress(4), progress(5), progress(6))

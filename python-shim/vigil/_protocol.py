@@ -54,11 +54,17 @@ END_ALL_SECTIONS_FRAME = _header(END_ALL_SECTIONS, 0)
 FINISHED_FRAME = _header(FINISHED, 0)
 
 _pack_u64_frame = _FRAME_U64.pack
+_pack_2u64_frame = _FRAME_2U64.pack
 
 
 def heartbeat_step_frame(step):
     """Frame of a heartbeat carrying ``step``; raises ``struct.error`` unless 0 <= step < 2**64."""
     return _pack_u64_frame(_HEARTBEAT_STEP_HEADER, step)
+
+
+def step_timing_frame(step, duration_us):
+    """Frame of ``StepTiming``; raises ``struct.error`` unless both are ints in [0, 2**64)."""
+    return _pack_2u64_frame(_STEP_TIMING_HEADER, step, duration_us)
 
 
 def progress_frame(step):

@@ -1,4 +1,5 @@
-"""PyTorch Lightning callback for vigil, the counterpart of NVRx's ``FaultToleranceCallback``.
+"""PyTorch Lightning callbacks for vigil, the counterparts of NVRx's ``FaultToleranceCallback`` and
+``StragglerDetectionCallback`` (the latter at the end of this module; docs/stragglers.md).
 
 Sends a heartbeat (with ``trainer.global_step``) after every training batch, reports each step's
 duration, and wraps the run in the sections NVRx uses: ``setup`` (from ``setup`` to the first
@@ -13,7 +14,7 @@ checkpoint (the checkpoint callback's ``last`` checkpoint, as NeMo 1 did with
 the script exits 0. No torch broadcast per step is needed: the agents agree on the step. With ``autoresume=True`` a completed fit (``max_steps`` / ``max_epochs`` reached) tells
 the agent the job is finished, in place of NVRx's finished-flag file.
 
-Importing this module works without Lightning; creating the callback then raises ImportError.
+Importing this module works without Lightning; creating a callback then raises ImportError.
 """
 
 import logging
@@ -42,6 +43,29 @@ _Callback = _callback_base()
 LIGHTNING_AVAILABLE = _Callback is not None
 
 SETUP, STEP, CHECKPOINTING = "setup", "step", "checkpointing"
+
+
+def _save_stop_checkpoint(trainer, path, logger, owner):
+    """Saves where the next allocation resumes. Every rank calls this at the same step, so the
+    collective inside ``trainer.save_checkpoint`` lines up as in any scheduled save."""
+    cb = getattr(trainer, "checkpoint_callback", None)
+    if path is None and cb is not None:
+        if getattr(cb, "save_last", False) and hasattr(cb, "_save_last_checkpoint"):
+            # NeMo's PreemptionCallback (1.x) saves exactly so; it keeps the callback's own
+            # bookkeeping (last_model_path, the "last" symlink) right.
+            cb._save_last_checkpoint(trainer, cb._monitor_candidates(trainer))
+            return
+        dirpath = getattr(cb, "dirpath", None)
+        if dirpath:
+            name = getattr(cb, "CHECKPOINT_NAME_LAST", None) or "last"
+            path = os.path.join(dirpath, name + getattr(cb, "FILE_EXTENSION", ".ckpt"))
+    if path is None:
+        logger.warning(
+            "vigil: stopping without a checkpoint: the trainer has no checkpoint callback; pass "
+            "stop_checkpoint_path= to %s to save one" % owner
+        )
+        return
+    trainer.save_checkpoint(path)
 
 
 class FaultToleranceCallback(_Callback or object):
@@ -176,27 +200,7 @@ class FaultToleranceCallback(_Callback or object):
             trainer.should_stop = True
 
     def _save_stop_checkpoint(self, trainer):
-        """Saves where the next allocation resumes. Every rank calls this at the same step, so the
-        collective inside ``trainer.save_checkpoint`` lines up as in any scheduled save."""
-        path = self.stop_checkpoint_path
-        cb = getattr(trainer, "checkpoint_callback", None)
-        if path is None and cb is not None:
-            if getattr(cb, "save_last", False) and hasattr(cb, "_save_last_checkpoint"):
-                # NeMo's PreemptionCallback (1.x) saves exactly so; it keeps the callback's own
-                # bookkeeping (last_model_path, the "last" symlink) right.
-                cb._save_last_checkpoint(trainer, cb._monitor_candidates(trainer))
-                return
-            dirpath = getattr(cb, "dirpath", None)
-            if dirpath:
-                name = getattr(cb, "CHECKPOINT_NAME_LAST", None) or "last"
-                path = os.path.join(dirpath, name + getattr(cb, "FILE_EXTENSION", ".ckpt"))
-        if path is None:
-            self.logger.warning(
-                "vigil: stopping without a checkpoint: the trainer has no checkpoint callback; pass "
-                "stop_checkpoint_path= to FaultToleranceCallback to save one"
-            )
-            return
-        trainer.save_checkpoint(path)
+        _save_stop_checkpoint(trainer, self.stop_checkpoint_path, self.logger, "FaultToleranceCallback")
 
     def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, *args):
         if self._active:
@@ -242,3 +246,173 @@ class FaultToleranceCallback(_Callback or object):
             return True
         # A run that ends after at most one batch without failing had nothing left to do.
         return self._train_batches <= 1
+
+
+# The agent's straggler settings, exported by `vigil run` to every rank, and the flag that sets each.
+INTERVAL_ENV, THRESHOLD_ENV, STOP_ENV = (
+    "VIGIL_STRAGGLER_INTERVAL",
+    "VIGIL_STRAGGLER_THRESHOLD",
+    "VIGIL_STOP_IF_STRAGGLER",
+)
+
+
+def _env_float(name):
+    try:
+        return float(os.environ[name])
+    except (KeyError, ValueError):
+        return None
+
+
+def _differs(a, b):
+    return abs(float(a) - b) > 1e-9 * max(1.0, abs(b))
+
+
+class StragglerDetectionCallback(_Callback or object):
+    """NVRx's ``StragglerDetectionCallback`` surface; the scoring is the agent's (docs/stragglers.md).
+
+    Times each training batch and sends it as ``vigil.step_timing(global_step, seconds)``; the
+    agents score every rank from those and node rank 0 prints NVRx's report. When the trainer also
+    has a :class:`FaultToleranceCallback`, that one already sends the step times (and handles stop
+    requests), so this one sends nothing.
+
+    The settings are the agent's (``vigil run`` flags, exported to every rank as
+    ``VIGIL_STRAGGLER_*``); when an argument here differs, one warning names the flag that sets it:
+    ``report_time_interval`` (``--straggler-report-interval``), ``gpu_relative_perf_threshold`` and
+    ``gpu_individual_perf_threshold`` (``--straggler-threshold``, one value for both) and
+    ``stop_if_detected`` (``--stop-if-straggler``). The agent always computes both scores and
+    prints the worst and best 5, so ``calc_relative_gpu_perf``, ``calc_individual_gpu_perf``,
+    ``num_gpu_perf_scores_to_print`` and ``profiling_interval`` are accepted for compatibility;
+    with ``enable_ptl_logging`` a warning says the scores are in the agent's event log instead.
+
+    When the agent stops the job at an agreed step (``--stop-if-straggler``, or any other stop
+    request), this callback, like :class:`FaultToleranceCallback`, saves the last checkpoint there
+    and ends the fit (``stop_on_request``, ``save_on_stop``, ``stop_checkpoint_path`` as there).
+    """
+
+    def __init__(
+        self,
+        report_time_interval=300.0,
+        calc_relative_gpu_perf=True,
+        calc_individual_gpu_perf=True,
+        num_gpu_perf_scores_to_print=5,
+        gpu_relative_perf_threshold=0.7,
+        gpu_individual_perf_threshold=0.7,
+        stop_if_detected=False,
+        enable_ptl_logging=False,
+        profiling_interval=1,
+        logger_name="vigil.StragglerDetectionCallback",
+        stop_on_request=True,
+        save_on_stop=True,
+        stop_checkpoint_path=None,
+    ):
+        if not LIGHTNING_AVAILABLE:
+            raise ImportError(
+                "vigil.lightning.StragglerDetectionCallback needs PyTorch Lightning: "
+                "install 'lightning' (or the older 'pytorch_lightning')"
+            )
+        super().__init__()
+        if not (calc_relative_gpu_perf or calc_individual_gpu_perf):
+            raise ValueError(
+                "no straggler score selected: set calc_relative_gpu_perf=True or calc_individual_gpu_perf=True"
+            )
+        self.report_time_interval = report_time_interval
+        self.calc_relative_gpu_perf = calc_relative_gpu_perf
+        self.calc_individual_gpu_perf = calc_individual_gpu_perf
+        self.num_gpu_perf_scores_to_print = num_gpu_perf_scores_to_print
+        self.gpu_relative_perf_threshold = gpu_relative_perf_threshold
+        self.gpu_individual_perf_threshold = gpu_individual_perf_threshold
+        self.stop_if_detected = stop_if_detected
+        self.enable_ptl_logging = enable_ptl_logging
+        self.profiling_interval = profiling_interval
+        self.stop_on_request = stop_on_request
+        self.save_on_stop = save_on_stop
+        self.stop_checkpoint_path = stop_checkpoint_path
+        self.logger = logging.getLogger(logger_name)
+        self._checked = False
+        self._active = False
+        self._batch_start = None
+        self._stopped_by_agent = False
+
+    def differences(self):
+        """One message per agent setting this callback's arguments disagree with (``[]`` if none)."""
+        out = []
+        interval = _env_float(INTERVAL_ENV)
+        if interval is not None and _differs(self.report_time_interval, interval):
+            out.append(
+                "report_time_interval=%g differs from the agent's report interval (%g s), which applies: "
+                "set it with `vigil run --straggler-report-interval %g`"
+                % (self.report_time_interval, interval, self.report_time_interval)
+            )
+        threshold = _env_float(THRESHOLD_ENV)
+        if threshold is not None:
+            differing = [
+                (name, value)
+                for name, value in (
+                    ("gpu_relative_perf_threshold", self.gpu_relative_perf_threshold),
+                    ("gpu_individual_perf_threshold", self.gpu_individual_perf_threshold),
+                )
+                if _differs(value, threshold)
+            ]
+            if differing:
+                values = sorted(set(float(v) for _, v in differing))
+                flag = "--straggler-threshold %g" % values[0] if len(values) == 1 else "--straggler-threshold"
+                out.append(
+                    "%s differs from the agent's straggler threshold (%g, one value for both scores), "
+                    "which applies: set it with `vigil run %s`"
+                    % (" and ".join("%s=%g" % d for d in differing), threshold, flag)
+                )
+        stop = os.environ.get(STOP_ENV)
+        if stop in ("0", "1") and bool(self.stop_if_detected) != (stop == "1"):
+            if self.stop_if_detected:
+                out.append(
+                    "stop_if_detected=True but the agent keeps training when it finds a straggler: "
+                    "add `--stop-if-straggler` to `vigil run`"
+                )
+            else:
+                out.append(
+                    "stop_if_detected=False but the agent stops the job when it finds a straggler: "
+                    "remove `--stop-if-straggler` from `vigil run`"
+                )
+        if self.enable_ptl_logging:
+            out.append(
+                "enable_ptl_logging: the scores are not logged to Lightning's loggers; they are in the "
+                "agent's event log (`straggler_report` records, docs/stragglers.md)"
+            )
+        return out
+
+    def setup(self, trainer, pl_module, stage):
+        if stage != "fit":
+            return
+        if not self._checked:
+            self._checked = True
+            for message in self.differences():
+                self.logger.warning("vigil: StragglerDetectionCallback: %s", message)
+        callbacks = getattr(trainer, "callbacks", None) or []
+        # A FaultToleranceCallback on the same trainer times the batches and handles stops already.
+        self._active = not any(isinstance(cb, FaultToleranceCallback) for cb in callbacks)
+        self._batch_start = None
+        self._stopped_by_agent = False
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx, *args):
+        if self._active:
+            self._batch_start = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, *args):
+        if not self._active:
+            return
+        step = int(trainer.global_step)
+        if self._batch_start is not None:
+            vigil.step_timing(step, time.perf_counter() - self._batch_start)
+            self._batch_start = None
+        if self.stop_on_request and not self._stopped_by_agent and vigil.should_stop(step):
+            self._stopped_by_agent = True
+            self.logger.warning(
+                "vigil agent asked to stop (%s): stopping the fit at step %s", vigil.stop_reason(), step
+            )
+            if self.save_on_stop:
+                _save_stop_checkpoint(trainer, self.stop_checkpoint_path, self.logger, "StragglerDetectionCallback")
+            trainer.should_stop = True
+
+    def teardown(self, trainer, pl_module, stage):
+        if stage == "fit":
+            self._active = False

@@ -365,7 +365,6 @@ pub fn status(a: &ExperimentArg) -> i32 {
         if m.interactive {
             println!("- Attach: bash {}/attach.sh", m.dir.display());
         }
-        // lead: vigil_report::History::load(exp_dir)?.status_lines()
         for line in vigil_view(&m.dir) {
             println!("{line}");
         }
@@ -378,10 +377,12 @@ pub fn status(a: &ExperimentArg) -> i32 {
 }
 
 /// vigil's own view of the experiment (allocations, restarts, requeues, steps, last failure),
-/// from the records under its directory. Connected to the report crate at merge; until then
-/// nothing.
-fn vigil_view(_exp_dir: &Path) -> Vec<String> {
-    Vec::new()
+/// from the records under its directory; before the job wrote any, says so.
+fn vigil_view(exp_dir: &Path) -> Vec<String> {
+    match vigil_report::History::load(exp_dir) {
+        Ok(h) => h.status_lines(),
+        Err(e) => vec![format!("- vigil: no records yet ({e})")],
+    }
 }
 
 /// Rank `rank`'s latest attempt: its stdout.log and stderr.log, from the run directories'

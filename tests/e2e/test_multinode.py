@@ -23,7 +23,7 @@ class Nodes:
     """`n` agents of one job, node ranks 0..n-1, each with its own log directory."""
 
     def __init__(self, job, n, script, *, nproc=2, extra=(), per_node=None, env=None, port=None,
-                 node_ranks=None):
+                 node_ranks=None, per_node_env=None):
         self.job, self.n = job, n
         self.port = port or free_port()
         self.procs = []
@@ -33,7 +33,8 @@ class Nodes:
                     "--master-port", str(self.port), "--nproc-per-node", str(nproc),
                     "--log-dir", str(job / f"node{i}" / "logs"), *extra,
                     *(per_node(i) if per_node else ()), *script]
-            self.procs.append(start_vigil(args, cwd=job, env=base_env(OUT_DIR=job, **(env or {}))))
+            node_env = {**(env or {}), **(per_node_env(i) if per_node_env else {})}
+            self.procs.append(start_vigil(args, cwd=job, env=base_env(OUT_DIR=job, **node_env)))
         self.results = None
 
     def wait(self, timeout=120):

@@ -233,8 +233,11 @@ while True:
 
 def start_catchers(job, args, env=None):
     write(job / "t.py", CATCHER)
+    # SIGHUP at its default action, as a login shell leaves it: a suite run under `nohup` would
+    # otherwise hand the agent an ignored SIGHUP.
     p = start_vigil(["run", "--nproc-per-node", "2", "--log-dir", "logs", *args, "t.py"], cwd=job,
-                    env=base_env(OUT_DIR=job, **(env or {})))
+                    env=base_env(OUT_DIR=job, **(env or {})),
+                    preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     wait_for(lambda: (job / "ready_0").exists() and (job / "ready_1").exists(), what="ranks ready")
     return p
 

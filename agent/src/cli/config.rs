@@ -75,6 +75,21 @@ pub struct LaunchConfig {
     pub timeouts_file: TimeoutsPlace,
     /// What happens across allocations: when this one ends, the stop lead, the requeue limits.
     pub allocation: AllocationPlan,
+    /// Straggler scoring and what to do about stragglers (docs/stragglers.md).
+    pub straggler: StragglerPlan,
+}
+
+/// `vigil run`'s straggler settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StragglerPlan {
+    /// Between two job-wide reports (node rank 0).
+    pub interval: Duration,
+    /// Below this relative or individual score a rank is a straggler.
+    pub threshold: f64,
+    /// Stop at an agreed step and requeue without the straggler's node.
+    pub stop: bool,
+    /// The section whose durations are a rank's step times when it sends no step timings.
+    pub section: String,
 }
 
 /// When the allocation ends, as the flags or Slurm say.
@@ -641,6 +656,17 @@ pub fn resolve(a: &RunArgs, host: &Host) -> Result<LaunchConfig, ConfigError> {
                     .map(|id| crate::job::state::job_state_dir(&state_base, id))
             }),
         },
+        straggler: StragglerPlan {
+            interval: match secs("--straggler-report-interval", a.straggler_report_interval)? {
+                d if d.is_zero() => return err(
+                    "--straggler-report-interval 0: give the seconds between reports, such as 300",
+                ),
+                d => d,
+            },
+            threshold: a.straggler_threshold,
+            stop: a.stop_if_straggler,
+            section: a.straggler_section.clone(),
+        },
     })
 }
 
@@ -713,6 +739,19 @@ pub fn worker_env(
         (
             "TORCHELASTIC_SIGNALS_TO_HANDLE",
             cfg.signals_to_handle.clone(),
+        ),
+        // What the shim's StragglerDetectionCallback compares its own arguments with.
+        (
+            "VIGIL_STRAGGLER_INTERVAL",
+            cfg.straggler.interval.as_secs_f64().to_string(),
+        ),
+        (
+            "VIGIL_STRAGGLER_THRESHOLD",
+            cfg.straggler.threshold.to_string(),
+        ),
+        (
+            "VIGIL_STOP_IF_STRAGGLER",
+            u8::from(cfg.straggler.stop).to_string(),
         ),
     ];
     if cfg.nproc > 1 && env("OMP_NUM_THREADS").is_none() {

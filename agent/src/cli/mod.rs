@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::values::{count, factor, pet_switch, port, seconds};
+use crate::values::{count, factor, fraction, pet_switch, port, seconds};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -48,6 +48,15 @@ pub enum Command {
     List,
     /// Run a shell (or `-- CMD`) inside an interactive experiment's allocation.
     Attach(vigil_recipes::cli::AttachArgs),
+    /// Write one HTML page with a job's timeline, steps and straggler scores (docs/report.md).
+    Report {
+        /// An experiment directory, a log or run directory (vigil_*), a state directory, or an
+        /// experiment's name under $VIGIL_HOME/experiments (its newest launch).
+        target: String,
+        /// Where to write the page (default: <directory>/report.html).
+        #[arg(short = 'o', long = "output")]
+        output: Option<PathBuf>,
+    },
     /// Internal: the helper that SIGKILLs rank process groups if the agent dies.
     #[command(name = "__watchdog", hide = true)]
     Watchdog,
@@ -430,6 +439,30 @@ pub struct RunArgs {
     /// state directory, <log-dir or $TMPDIR>/vigil-job-<id>/).
     #[arg(long = "state-dir", alias = "state_dir", value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
+
+    /// Stragglers (docs/stragglers.md): seconds between the job-wide straggler reports node rank
+    /// 0 prints and logs (NVRx's report_time_interval).
+    #[arg(long = "straggler-report-interval", alias = "straggler_report_interval", default_value_t = 300.0, value_parser = seconds)]
+    pub straggler_report_interval: f64,
+
+    /// A rank whose relative or individual score is below this is a straggler (NVRx's
+    /// gpu_relative_perf_threshold / gpu_individual_perf_threshold).
+    #[arg(long = "straggler-threshold", alias = "straggler_threshold", default_value_t = 0.7, value_parser = fraction)]
+    pub straggler_threshold: f64,
+
+    /// When a report finds a straggler, stop the job at an agreed step (the ranks checkpoint) and
+    /// requeue it without the straggler's node (NVRx's stop_if_detected).
+    #[arg(long = "stop-if-straggler", alias = "stop_if_straggler")]
+    pub stop_if_straggler: bool,
+
+    /// For ranks that send no step timings: the section whose durations are their step times.
+    #[arg(
+        long = "straggler-section",
+        alias = "straggler_section",
+        default_value = "step",
+        value_name = "NAME"
+    )]
+    pub straggler_section: String,
 
     /// JSON-lines event log (default: events.jsonl in the run directory).
     #[arg(long = "event-log", alias = "event_log")]

@@ -2,6 +2,7 @@
 //! between their agents through the head's store, and the state a job keeps between its runs
 //! (whose it is, where it lives).
 
+pub mod exchange;
 pub mod hostlist;
 pub mod nodes;
 pub mod rendezvous;

@@ -2,3 +2,4 @@
 //! live here (ARCHITECTURE.md, "Where the next capabilities go").
 
 pub mod gpu;
+pub mod straggler;

@@ -24,6 +24,9 @@ pub enum IpcIn {
         cycle: u32,
         local_rank: u32,
         msg: RankMsg,
+        /// When it was read from the socket: step and section times are measured from it, not
+        /// from when the loop got to it.
+        at: std::time::Instant,
     },
     Rejected {
         peer_pid: Option<i32>,
@@ -382,6 +385,7 @@ async fn serve(stream: UnixStream, uid: u32, shared: Rc<Shared>, tx: mpsc::Sende
                     cycle,
                     local_rank,
                     msg,
+                    at: std::time::Instant::now(),
                 })
                 .await
                 .is_err()

@@ -8,6 +8,7 @@
 //! - `clock.rs`: the job's clock, which skips the agent's own suspension.
 //! - `prelaunch.rs`: run directory and checks before any rank starts.
 //! - `eventlog.rs`: `events.jsonl`. `store_host.rs`: hosting and finding vigil's store.
+//! - `perf.rs`: `steps` records, step times for straggler scores, the job's straggler report.
 //! - `proc.rs`: process groups, containment, the watchdog. `output.rs`: rank output to logs and
 //!   console. `ipc_server.rs`: the ranks' socket. `stacks.rs`: capturing a hung rank's stacks.
 
@@ -17,6 +18,7 @@ mod clock;
 mod eventlog;
 pub mod ipc_server;
 pub mod output;
+mod perf;
 mod prelaunch;
 pub mod proc;
 mod report;
@@ -103,6 +105,10 @@ struct Agent {
     leave: Option<JobRequest>,
     /// How the last cycle ended, when another node ended it.
     peer_end: Option<JobEnd>,
+    steps_log: perf::StepsLog,
+    stragglers: perf::Stragglers,
+    /// This node's straggler summaries, to node rank 0 through the store.
+    share: mpsc::UnboundedSender<Vec<u8>>,
 }
 
 fn pump(fd: OwnedFd, mut sink: Sink) -> JoinHandle<()> {
@@ -152,9 +158,17 @@ pub fn run(cfg: LaunchConfig, run_dir: PathBuf) -> i32 {
 }
 
 async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>) -> i32 {
-    let host = nix::unistd::gethostname()
-        .map(|h| h.to_string_lossy().into_owned())
-        .unwrap_or_else(|_| "unknown".into());
+    // Slurm's name for the node when there is one: what `ExcNodeList` and `sinfo` call it (several
+    // slurmd may share one machine).
+    let host = std::env::var("SLURMD_NODENAME")
+        .ok()
+        .filter(|n| !n.trim().is_empty())
+        .or_else(|| {
+            nix::unistd::gethostname()
+                .ok()
+                .map(|h| h.to_string_lossy().into_owned())
+        })
+        .unwrap_or_else(|| "unknown".into());
     let event_path = cfg
         .event_log
         .clone()
@@ -256,6 +270,8 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
             if cfg.node_rank == 0 { " (here)" } else { "" }
         ));
     }
+    let (share, mut shared_rx) =
+        crate::job::exchange::start(coord_cfg.clone(), cfg.straggler.interval);
     let coordinator = tokio::task::spawn_local(rendezvous::run(
         coord_cfg,
         store.head,
@@ -291,6 +307,9 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
         max_restarts: cfg.max_restarts,
         leave: None,
         peer_end: None,
+        steps_log: Default::default(),
+        stragglers: perf::Stragglers::new(cfg.straggler.clone(), cfg.nproc),
+        share,
         cfg,
     };
     agent.events.write_value(serde_json::json!({
@@ -329,6 +348,7 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
             (agent.cfg.nnodes == 1 && l.max_no_progress > 0)
                 .then_some((l.max_no_progress, l.min_progress_steps))
         },
+        stop_if_straggler: agent.cfg.straggler.stop,
     });
     agent.execute(first);
     let started_wall = SystemTime::now();
@@ -375,7 +395,8 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
             }
             num = sig_futs => agent.queue.push_back(Event::Signal(num)),
             Some(m) = ipc_rx.recv() => match m {
-                IpcIn::Message { cycle, local_rank, msg } if cycle == sup.cycle() => {
+                IpcIn::Message { cycle, local_rank, msg, at } if cycle == sup.cycle() => {
+                    agent.stragglers.on_msg(at, local_rank, &msg);
                     agent.queue.push_back(Event::Message { local_rank, msg });
                 }
                 IpcIn::Closed { cycle, local_rank } if cycle == sup.cycle() => {
@@ -394,6 +415,7 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
             Some(m) = coord_rx.recv() => match m {
                 FromCoord::Joined { cycle, rank_offset, world_size, max_restarts, calculated } => {
                     agent.rank_offset = rank_offset;
+                    agent.stragglers.new_attempt();
                     agent.world_size = world_size;
                     agent.max_restarts = max_restarts;
                     agent.queue.push_back(Event::Joined { cycle, rank_offset, max_restarts, calculated });
@@ -426,6 +448,20 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
                     agent.queue.push_back(Event::StopStep { cycle, step });
                 }
             },
+            Some(m) = shared_rx.recv() => match m {
+                crate::job::exchange::FromExchange::Collected(all) => {
+                    if let Some(r) = agent.stragglers.report(&all) {
+                        output::console_text(ConsoleStream::Stderr, &r.text);
+                        agent.events.write_value(r.record);
+                        if !r.nodes.is_empty() {
+                            agent.queue.push_back(Event::Stragglers { nodes: r.nodes });
+                        }
+                    }
+                }
+                crate::job::exchange::FromExchange::Trouble(why) => console_note(&format!(
+                    "cannot share straggler summaries through the store ({why}); reports may miss nodes until it works again"
+                )),
+            },
             Some((cycle, local_rank, report)) = stacks_rx.recv() => {
                 agent.on_stacks(cycle, local_rank, report);
                 if cycle == sup.cycle() {
@@ -437,6 +473,13 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
                     note_refused(n);
                 }
                 endw.maybe_reread();
+                if let Some(v) = agent.steps_log.due(now, sup.cycle(), sup.step_range()) {
+                    agent.events.write_value(v);
+                }
+                let gpu_of = |_: u32| None;
+                if let Some(s) = agent.stragglers.share_due(now, agent.cfg.node_rank, &agent.host, agent.rank_offset, &gpu_of) {
+                    let _ = agent.share.send(s);
+                }
                 // `now` from the top of this turn: waking the clock here would hide a suspension.
                 if let Some(ev) = endw.tick(&sup, now) {
                     agent.queue.push_back(ev);
@@ -539,6 +582,11 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
                 let mut ranks = blame::nodes_to_blame(&agent.cycle_ends);
                 if sup.exclude_asked() {
                     ranks.push(agent.cfg.node_rank);
+                }
+                for n in sup.blamed_nodes() {
+                    if !ranks.contains(n) {
+                        ranks.push(*n);
+                    }
                 }
                 blame::names_of(&ranks, &blame::slurm_node_names(&env))
             },

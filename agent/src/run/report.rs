@@ -153,6 +153,9 @@ impl Agent {
                     "the job ends after this attempt and is requeued without this node"
                 }
             )),
+            Record::NodeFault { reason, .. } => console_err(format!(
+                "vigil: this node cannot run ranks: {reason}; the job ends after this attempt and is requeued without this node"
+            )),
             Record::StopTriggered {
                 trigger, window_ms, ..
             } => console_note(&format!(

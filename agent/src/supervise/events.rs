@@ -67,6 +67,8 @@ pub struct SupervisorConfig {
     /// (`--max-no-progress`, `--min-progress-steps`); one node only (several nodes could judge
     /// differently and part ways), `None`: off.
     pub no_progress: Option<(u32, u64)>,
+    /// `--stop-if-straggler`: a straggler report stops the job at a step and blames the nodes.
+    pub stop_if_straggler: bool,
 }
 
 impl SupervisorConfig {
@@ -88,6 +90,7 @@ impl SupervisorConfig {
             calculated: None,
             backoff: Backoff::OFF,
             no_progress: None,
+            stop_if_straggler: false,
         }
     }
 }
@@ -144,6 +147,11 @@ pub enum Event {
     StopAsked { cycle: u32, trigger: String },
     /// The job's stop step (`None`: no rank reported a step; stop now).
     StopStep { cycle: u32, step: Option<u64> },
+    /// This node cannot run ranks any more (a critical XID, an uncorrectable ECC error, a failed
+    /// health check): it leaves the job, which is requeued without it.
+    NodeFault { reason: String },
+    /// Node rank 0's straggler report found stragglers on these nodes.
+    Stragglers { nodes: Vec<u32> },
 }
 
 /// How a cycle ended for the whole job.
@@ -370,6 +378,11 @@ pub enum Record {
         rank: u32,
         action: &'static str,
         description: String,
+    },
+    /// This node cannot run ranks any more; it leaves the job.
+    NodeFault {
+        cycle: u32,
+        reason: String,
     },
     /// This node saw a stop trigger (a signal, the allocation's end within the lead).
     StopTriggered {

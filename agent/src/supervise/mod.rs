@@ -16,6 +16,7 @@
 //! - `timeouts.rs`: rank messages, timeouts in force, calculating them and adopting the job's.
 //! - `hangs.rs`: the first rank due, which ranks are stopped, root cause, diagnosis (stacks).
 //! - `stop.rs`: the agent's signals, stopping with a grace, escalating to SIGKILL.
+//! - `nodefault.rs`: a node that cannot go on (GPU fault, failed health check); stragglers.
 //! - `verdict.rs`: reporting this node's end of a cycle, the job's verdict, back-off, the outcome.
 //! - `backoff.rs` (restart back-off) and `monitor.rs` (per-rank liveness, timeout calculation) are
 //!   plain functions over plain data; `events.rs` holds every type that goes in or comes out.
@@ -24,6 +25,7 @@ mod backoff;
 mod events;
 mod hangs;
 pub mod monitor;
+mod nodefault;
 pub mod progress;
 mod ranks;
 mod stop;
@@ -153,6 +155,10 @@ pub struct Supervisor {
     highest_step: Option<u64>,
     /// The highest step reached in each attempt that ended, in order.
     attempt_steps: Vec<Option<u64>>,
+    /// Why this node cannot run ranks any more (`NodeFault`); it leaves the job.
+    fault: Option<String>,
+    /// Nodes to requeue without, found by straggler reports (node rank 0).
+    blamed: Vec<u32>,
     /// A rank asked (NVRx's workload control) for no further attempt / to exclude this node.
     shutdown_asked: bool,
     exclude_asked: bool,
@@ -195,6 +201,8 @@ impl Supervisor {
             attempt_steps: Vec::new(),
             shutdown_asked: false,
             exclude_asked: false,
+            fault: None,
+            blamed: Vec::new(),
         };
         let mut actions = Vec::new();
         s.timeouts = s.cfg.timeouts.clone();
@@ -240,6 +248,15 @@ impl Supervisor {
         self.highest_step
     }
 
+    /// The lowest and highest step this attempt's ranks last reported (`None`: none reported).
+    pub fn step_range(&self) -> Option<(u64, u64)> {
+        let steps = self.ranks.iter().filter_map(|r| r.pace.map(|p| p.step));
+        let (lo, hi) = steps.fold((u64::MAX, None), |(lo, hi): (u64, Option<u64>), s| {
+            (lo.min(s), Some(hi.map_or(s, |h| h.max(s))))
+        });
+        hi.map(|h| (lo, h))
+    }
+
     /// The trigger and agreed step of the stop under way, if one was asked for.
     pub fn stop_asked(&self) -> Option<(String, Option<u64>)> {
         self.stop
@@ -255,6 +272,11 @@ impl Supervisor {
     /// A rank asked to keep this node out of the job.
     pub fn exclude_asked(&self) -> bool {
         self.exclude_asked
+    }
+
+    /// The nodes this node's decisions blame (straggler reports): requeue without them.
+    pub fn blamed_nodes(&self) -> &[u32] {
+        &self.blamed
     }
 
     pub fn is_finished(&self) -> bool {
@@ -347,6 +369,8 @@ impl Supervisor {
             Event::CoordinationLost { reason, requeue } => {
                 self.on_coordination_lost(now, reason, requeue, &mut out)
             }
+            Event::NodeFault { reason } => self.on_node_fault(now, reason, &mut out),
+            Event::Stragglers { nodes } => self.on_stragglers(now, nodes, &mut out),
         }
         // A rank that ended or closed its connection is no longer waited for.
         self.maybe_answer_requests(&mut out);

@@ -1764,3 +1764,136 @@ fn a_nodes_own_signal_after_another_nodes_trigger_is_not_a_second_signal() {
     assert_eq!(signals(&a), vec![(vec![100], SIGTERM)]);
     assert_eq!(stop_requests(&a), vec![None]);
 }
+
+#[test]
+fn a_node_fault_stops_the_ranks_and_the_node_leaves_for_a_requeue_without_restarting() {
+    let t = Instant::now();
+    let (mut s, _) = Solo::new(cfg(2, 3));
+    spawn_all(&mut s, t, 100);
+    let a = s.handle(
+        t,
+        Event::NodeFault {
+            reason: "GPU 1: critical XID 79 (fallen off the bus)".into(),
+        },
+    );
+    assert!(has(&a, |x| matches!(
+        x,
+        Action::Record(Record::NodeFault { .. })
+    )));
+    assert_eq!(signals(&a), vec![(vec![100, 101], SIGTERM)]);
+    s.handle(
+        t,
+        Event::Reaped {
+            pid: 100,
+            how: ExitKind::Signal(SIGTERM),
+        },
+    );
+    let a = s.handle(
+        t,
+        Event::Reaped {
+            pid: 101,
+            how: ExitKind::Signal(SIGTERM),
+        },
+    );
+    // Restarts were left, but a node that cannot run ranks is not restarted on.
+    assert!(!has(&a, |x| matches!(
+        x,
+        Action::Job(JobRequest::Join { .. })
+    )));
+    match finish(&a) {
+        Some(Outcome::Lost {
+            reason,
+            requeue: true,
+        }) => assert!(reason.contains("XID 79"), "{reason}"),
+        other => panic!("expected a lost node to requeue, got {other:?}"),
+    }
+    assert!(s.exclude_asked());
+}
+
+#[test]
+fn a_node_fault_between_attempts_starts_no_rank_in_the_next_one() {
+    let t = Instant::now();
+    let mut c = cfg(1, 3);
+    c.backoff = Backoff {
+        base: Duration::from_secs(5),
+        cap: Duration::from_secs(5),
+        reset_after: Duration::from_secs(600),
+    };
+    let (mut s, _) = Solo::new(c);
+    spawn_all(&mut s, t, 100);
+    // The rank fails twice: a back-off before the third attempt, during which the GPU faults.
+    s.handle(
+        t,
+        Event::Reaped {
+            pid: 100,
+            how: ExitKind::Code(1),
+        },
+    );
+    spawn_all(&mut s, t, 200);
+    let a = s.handle(
+        t,
+        Event::Reaped {
+            pid: 200,
+            how: ExitKind::Code(1),
+        },
+    );
+    assert!(
+        !has(&a, |x| matches!(x, Action::SpawnCycle { .. })),
+        "the test needs a back-off: {a:?}"
+    );
+    s.handle(
+        t,
+        Event::NodeFault {
+            reason: "ECC".into(),
+        },
+    );
+    let a = s.handle(t + Duration::from_secs(60), Event::Tick);
+    assert!(
+        !has(&a, |x| matches!(x, Action::SpawnCycle { .. })),
+        "no rank may start on a faulty node: {a:?}"
+    );
+    assert!(matches!(
+        finish(&a),
+        Some(Outcome::Lost { requeue: true, .. })
+    ));
+}
+
+#[test]
+fn stragglers_stop_the_job_at_a_step_and_blame_their_nodes_only_when_asked() {
+    let t = Instant::now();
+    // Without --stop-if-straggler a report changes nothing.
+    let (mut s, _) = Solo::new(cfg(1, 0));
+    spawn_all(&mut s, t, 100);
+    register(&mut s, t, 0);
+    let a = s.handle(t, Event::Stragglers { nodes: vec![1] });
+    assert!(a.is_empty(), "{a:?}");
+    assert!(s.blamed_nodes().is_empty());
+
+    let mut c = cfg(1, 0);
+    c.stop_if_straggler = true;
+    let (mut s, _) = Solo::new(c);
+    spawn_all(&mut s, t, 100);
+    register(&mut s, t, 0);
+    send(&mut s, t, 0, RankMsg::Progress { step: 9 });
+    let a = s.handle(t, Event::Stragglers { nodes: vec![1, 1] });
+    assert!(has(&a, |x| matches!(
+        x,
+        Action::Record(Record::StopTriggered { trigger, .. }) if trigger == "straggler"
+    )));
+    assert_eq!(stop_requests(&a), vec![Some(10)]);
+    assert_eq!(s.blamed_nodes(), &[1]);
+    let a = s.handle(
+        t,
+        Event::Reaped {
+            pid: 100,
+            how: ExitKind::Code(0),
+        },
+    );
+    assert_eq!(
+        finish(&a),
+        Some(&Outcome::Stopped {
+            trigger: "straggler".into(),
+            step: Some(10)
+        })
+    );
+}

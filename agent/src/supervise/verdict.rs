@@ -21,7 +21,15 @@ impl Supervisor {
                 let source = if cycle == 0 { "loaded" } else { "calculated" };
                 self.adopt_timeouts(&t, source, out);
             }
-            out.extend(self.start_cycle(now, cycle));
+            let start = self.start_cycle(now, cycle);
+            if self.fault_at_start(out) {
+                // No rank starts on a node that cannot run them; the job's verdict ends it.
+                for r in self.ranks.iter_mut() {
+                    r.state = RankState::SpawnFailed;
+                }
+                return;
+            }
+            out.extend(start);
         }
     }
 
@@ -162,10 +170,16 @@ impl Supervisor {
                 // This node is to leave the job (ExcludeThisNode): it cannot go on without it, so
                 // the job ends as for a lost node and is requeued elsewhere.
                 Some(JobEnd::Failed { .. }) if self.exclude_asked => Outcome::Lost {
-                    reason: format!(
-                        "a rank asked to exclude node {} (ExcludeThisNode), and the job cannot go on without it",
-                        self.cfg.node_rank
-                    ),
+                    reason: match &self.fault {
+                        Some(f) => format!(
+                            "node {} cannot run ranks ({f}), and the job cannot go on without it",
+                            self.cfg.node_rank
+                        ),
+                        None => format!(
+                            "a rank asked to exclude node {} (ExcludeThisNode), and the job cannot go on without it",
+                            self.cfg.node_rank
+                        ),
+                    },
                     requeue: true,
                 },
                 // A stop ends the allocation: no restart, whatever failed while stopping; so does

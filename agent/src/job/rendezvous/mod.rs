@@ -38,7 +38,7 @@ use crate::supervise::monitor::Timeouts;
 use crate::supervise::{choose_stop_step, JobEnd, JobRequest, StepReport, AGREEMENT_BUDGET};
 
 mod liveness;
-mod wire;
+pub(crate) mod wire;
 
 use liveness::liveness;
 pub use liveness::{liveness_period, Liveness, Silent};
@@ -221,7 +221,7 @@ async fn wait_get(c: &mut StoreClient, key: &str) -> Result<Vec<u8>, vigil_store
     c.get(key).await
 }
 
-async fn connect_client(cfg: &CoordConfig) -> Result<StoreClient, Fatal> {
+pub(crate) async fn connect_client(cfg: &CoordConfig) -> Result<StoreClient, Fatal> {
     let mut c = StoreClient::connect(cfg.store, cfg.join_timeout)
         .await
         .map_err(|e| {

@@ -93,6 +93,10 @@ pub mod key {
     pub fn stop_step(c: u32) -> String {
         format!("vigil/c{c}/stop/step")
     }
+    /// Node `node`'s latest straggler summary (JSON), overwritten as it changes; not per cycle.
+    pub fn perf(node: u32) -> String {
+        format!("vigil/perf/{node}")
+    }
     /// Raw prefix of one cycle's keys, removed once every node is in the next cycle.
     pub fn cycle_prefix_raw(c: u32) -> Vec<u8> {
         format!("/vigil/c{c}/").into_bytes()

@@ -1,0 +1,222 @@
+//! The node's performance edge: the `steps` records, the ranks' step times for straggler scores,
+//! sharing them with node rank 0 and, there, the job's report. Scoring and rendering are pure
+//! (`perf::straggler`); whether to act on a report is the supervisor's (`Event::Stragglers`).
+
+use super::*;
+use crate::cli::config::StragglerPlan;
+use crate::perf::straggler::{self, NodeSummary, RankTimes};
+use vigil_ipc::RankMsg;
+
+/// `steps` records come at most this often, and only when the steps moved.
+const STEPS_EVERY: Duration = Duration::from_secs(10);
+
+#[derive(Default)]
+pub(super) struct StepsLog {
+    last: Option<(u32, u64, u64)>,
+    at: Option<Instant>,
+}
+
+impl StepsLog {
+    /// The `steps` record due now, if any: this node's ranks' lowest and highest step.
+    pub(super) fn due(
+        &mut self,
+        now: Instant,
+        cycle: u32,
+        range: Option<(u64, u64)>,
+    ) -> Option<serde_json::Value> {
+        let (lo, hi) = range?;
+        if self.last == Some((cycle, lo, hi))
+            || self.at.is_some_and(|t| now.duration_since(t) < STEPS_EVERY)
+        {
+            return None;
+        }
+        self.last = Some((cycle, lo, hi));
+        self.at = Some(now);
+        Some(serde_json::json!({"event": "steps", "cycle": cycle, "step": hi, "min_step": lo}))
+    }
+}
+
+/// One local rank's step times and the sections it has open (for their durations).
+struct RankFeed {
+    times: RankTimes,
+    open: Vec<(String, Instant)>,
+}
+
+/// What a node shares with node rank 0 each time: its ranks' summary and, per global rank, what
+/// its GPU was doing (`None` without GPU telemetry).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Shared {
+    summary: serde_json::Value,
+    #[serde(default)]
+    gpus: std::collections::BTreeMap<u32, String>,
+}
+
+/// A job-wide report, ready for the console, the event log and the supervisor.
+pub(super) struct Report {
+    pub text: String,
+    pub record: serde_json::Value,
+    /// Node ranks with a straggler.
+    pub nodes: Vec<u32>,
+}
+
+/// The straggler side of a node: feeding step times, sharing summaries, node rank 0's report.
+pub(super) struct Stragglers {
+    plan: StragglerPlan,
+    ranks: Vec<RankFeed>,
+    next_share: Option<Instant>,
+}
+
+impl Stragglers {
+    pub(super) fn new(plan: StragglerPlan, nproc: u32) -> Self {
+        let ranks = (0..nproc)
+            .map(|_| RankFeed {
+                times: RankTimes::new(straggler::DEFAULT_WINDOW, &plan.section),
+                open: Vec::new(),
+            })
+            .collect();
+        Stragglers {
+            plan,
+            ranks,
+            next_share: None,
+        }
+    }
+
+    /// A message from a rank of the current attempt.
+    pub(super) fn on_msg(&mut self, now: Instant, local_rank: u32, msg: &RankMsg) {
+        let Some(r) = self.ranks.get_mut(local_rank as usize) else {
+            return;
+        };
+        match msg {
+            RankMsg::StepTiming { step, duration_us } => {
+                r.times.on_step_timing(*step, *duration_us as f64 / 1e6);
+            }
+            RankMsg::SectionStart { name } => {
+                r.open.retain(|(n, _)| n != name);
+                r.open.push((name.clone(), now));
+            }
+            RankMsg::SectionEnd { name } => {
+                if let Some(i) = r.open.iter().position(|(n, _)| n == name) {
+                    let (n, t) = r.open.remove(i);
+                    r.times
+                        .on_section(&n, now.saturating_duration_since(t).as_secs_f64());
+                }
+            }
+            RankMsg::EndAllSections => r.open.clear(),
+            RankMsg::Heartbeat { step: Some(step) } | RankMsg::Progress { step } => {
+                r.times.on_step(*step, now);
+            }
+            _ => {}
+        }
+    }
+
+    /// The ranks were started again: times across the restart are not step times.
+    pub(super) fn new_attempt(&mut self) {
+        for r in &mut self.ranks {
+            r.times.new_attempt();
+            r.open.clear();
+        }
+    }
+
+    /// This node's summary for node rank 0, when one is due (three times per report interval,
+    /// so node rank 0's report is at most a third of an interval behind).
+    pub(super) fn share_due(
+        &mut self,
+        now: Instant,
+        node_rank: u32,
+        host: &str,
+        rank_offset: u32,
+        gpu_of: &dyn Fn(u32) -> Option<String>,
+    ) -> Option<Vec<u8>> {
+        let next = *self.next_share.get_or_insert(now + self.plan.interval / 3);
+        if now < next {
+            return None;
+        }
+        self.next_share = Some(now + self.plan.interval / 3);
+        if self.ranks.iter().all(|r| r.times.source().is_none()) {
+            return None;
+        }
+        let summary = NodeSummary::from_ranks(
+            node_rank,
+            host,
+            self.ranks
+                .iter_mut()
+                .enumerate()
+                .map(|(lr, r)| (rank_offset + lr as u32, &mut r.times)),
+        );
+        let gpus = (0..self.ranks.len() as u32)
+            .filter_map(|lr| gpu_of(lr).map(|g| (rank_offset + lr, g)))
+            .collect();
+        let shared = Shared {
+            summary: serde_json::from_str(&summary.to_json()).ok()?,
+            gpus,
+        };
+        serde_json::to_vec(&shared).ok()
+    }
+
+    /// Node rank 0: the job's report from every node's latest summary (`None`: nothing scored).
+    pub(super) fn report(&self, collected: &[(u32, Vec<u8>)]) -> Option<Report> {
+        let t0 = Instant::now();
+        let mut summaries = Vec::new();
+        let mut gpus = std::collections::BTreeMap::new();
+        for (_, bytes) in collected {
+            let Ok(shared) = serde_json::from_slice::<Shared>(bytes) else {
+                continue;
+            };
+            let Ok(summary) = NodeSummary::parse(shared.summary.to_string().as_bytes()) else {
+                continue;
+            };
+            summaries.push(summary);
+            gpus.extend(shared.gpus);
+        }
+        let scores = straggler::score_job(&summaries);
+        if scores.ranks.is_empty() {
+            return None;
+        }
+        let threshold = self.plan.threshold;
+        let found = straggler::stragglers(&scores, threshold);
+        let mut nodes: Vec<u32> = found.iter().map(|s| s.1).collect();
+        nodes.sort_unstable();
+        nodes.dedup();
+        let mut record = straggler::report_record(&scores, threshold);
+        let explain = |rank: u32| gpus.get(&rank).cloned();
+        let text = straggler::render_report(
+            &scores,
+            straggler::DEFAULT_PRINTED,
+            threshold,
+            &explain,
+            t0.elapsed().as_secs_f64(),
+        );
+        if let Some(o) = record.as_object_mut() {
+            o.insert("event".into(), "straggler_report".into());
+            if !gpus.is_empty() {
+                o.insert("gpus".into(), serde_json::json!(gpus));
+            }
+        }
+        Some(Report {
+            text,
+            record,
+            nodes,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn steps_are_logged_when_they_move_at_most_every_ten_seconds() {
+        let t = Instant::now();
+        let mut l = StepsLog::default();
+        assert!(l.due(t, 0, None).is_none());
+        let first = l.due(t, 0, Some((3, 5))).unwrap();
+        assert_eq!(first["step"], 5);
+        assert_eq!(first["min_step"], 3);
+        assert!(l.due(t + Duration::from_secs(1), 0, Some((4, 6))).is_none());
+        assert!(
+            l.due(t + STEPS_EVERY * 2, 0, Some((3, 5))).is_none(),
+            "unchanged"
+        );
+        assert!(l.due(t + STEPS_EVERY * 2, 0, Some((4, 6))).is_some());
+    }
+}

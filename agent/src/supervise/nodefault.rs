@@ -1,0 +1,55 @@
+//! A node that cannot run ranks any more, and stragglers found by the job's reports.
+//!
+//! A node fault (a critical XID, an uncorrectable ECC error, a failed health check) takes the same
+//! path as NVRx's `ExcludeThisNode`: this node's ranks are stopped as after a failure, and the node
+//! leaves the job, which ends so it can be requeued without it. The rest of the job learns of it as
+//! of any lost node. A fault between attempts is acted on when the next attempt would start.
+//!
+//! Stragglers (node rank 0's report) are acted on only with `--stop-if-straggler`: the job stops at
+//! an agreed step, as for a signal, so every rank checkpoints; the straggler's nodes are blamed,
+//! so node rank 0 requeues the job without them.
+
+use super::*;
+
+impl Supervisor {
+    pub(super) fn on_node_fault(&mut self, now: Instant, reason: String, out: &mut Vec<Action>) {
+        if self.fault.is_some() {
+            return;
+        }
+        out.push(Action::Record(Record::NodeFault {
+            cycle: self.cycle,
+            reason: reason.clone(),
+        }));
+        self.fault = Some(reason.clone());
+        self.exclude_asked = true;
+        if self.phase == Phase::Running {
+            self.begin_stop(now, StopReason::RankFailed, SIGTERM, out);
+            self.report_failure(format!("node {}: {reason}", self.cfg.node_rank), out);
+        }
+    }
+
+    /// The next attempt was about to start on a node with a fault: it fails at once instead.
+    pub(super) fn fault_at_start(&mut self, out: &mut Vec<Action>) -> bool {
+        let Some(reason) = self.fault.clone() else {
+            return false;
+        };
+        self.report_failure(format!("node {}: {reason}", self.cfg.node_rank), out);
+        true
+    }
+
+    pub(super) fn on_stragglers(&mut self, now: Instant, nodes: Vec<u32>, out: &mut Vec<Action>) {
+        if !self.cfg.stop_if_straggler || self.stop.is_some() || self.phase != Phase::Running {
+            return;
+        }
+        for n in nodes {
+            if !self.blamed.contains(&n) {
+                self.blamed.push(n);
+            }
+        }
+        if self.blamed.is_empty() {
+            return;
+        }
+        let window = self.cfg.term_timeout;
+        self.trigger_stop(now, "straggler".to_string(), window, out);
+    }
+}

@@ -1,0 +1,1227 @@
+//! A job's history built from its records: pure functions over parsed JSON lines.
+//!
+//! Every field is read leniently: a missing or mistyped field is `None` (or skipped), unknown
+//! event kinds and fields are ignored, so records of older and newer vigils both load.
+
+use std::path::PathBuf;
+
+use serde_json::Value;
+
+use crate::records::RecordFile;
+
+#[derive(Debug, Clone, Default)]
+pub struct History {
+    /// The directory the records were looked for in.
+    pub root: PathBuf,
+    /// In start order. From the ledger where it has a record, else inferred from the runs.
+    pub allocations: Vec<Allocation>,
+    /// One per `events.jsonl`: one node in one allocation. In start order.
+    pub runs: Vec<NodeRun>,
+    /// Skipped files and lines.
+    pub notes: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Allocation {
+    /// 1-based, as in the ledger.
+    pub number: u32,
+    pub job_id: Option<String>,
+    pub start: f64,
+    /// None while it is still running (no ledger record and no `result` yet).
+    pub end: Option<f64>,
+    pub nodes: Vec<String>,
+    /// The ledger's `finished`, `stopped`, `failed`, `lost`, `no_progress`; for an inferred
+    /// allocation, node rank 0's `result` outcome.
+    pub outcome: Option<String>,
+    /// `finished`, `requeue` or `stop` (ledger only).
+    pub decision: Option<String>,
+    pub why: Option<String>,
+    pub highest_step: Option<i64>,
+    pub restarts: u32,
+    pub stop_step: Option<i64>,
+    pub stop_trigger: Option<String>,
+    pub excluded: Vec<String>,
+    pub exit_status: Option<i64>,
+    /// Whether this came from a ledger record (else inferred from event logs).
+    pub from_ledger: bool,
+    /// Indices into `History::runs`.
+    pub runs: Vec<usize>,
+}
+
+impl Allocation {
+    pub fn requeued(&self) -> bool {
+        self.decision.as_deref() == Some("requeue")
+    }
+
+    /// A stop for a signal (preemption, `scancel --signal`) rather than the time limit.
+    pub fn preempted(&self) -> bool {
+        matches!(
+            self.stop_trigger.as_deref(),
+            Some("SIGTERM" | "SIGUSR1" | "SIGUSR2")
+        )
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct NodeRun {
+    pub source: PathBuf,
+    pub host: String,
+    pub node_rank: u32,
+    pub run_id: Option<String>,
+    pub nnodes: Option<u32>,
+    /// First and last record's time.
+    pub start: f64,
+    pub end: f64,
+    pub attempts: Vec<Attempt>,
+    pub failures: Vec<Failure>,
+    pub hangs: Vec<Hang>,
+    pub restarts: Vec<Restart>,
+    pub stops: Vec<Stop>,
+    pub steps: Vec<StepPoint>,
+    pub straggler_reports: Vec<StragglerReport>,
+    /// `node_fault`: this node could not run ranks any more (a critical XID, an uncorrectable
+    /// ECC error, a failed health check).
+    pub node_faults: Vec<NodeFault>,
+    pub result: Option<RunResult>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct NodeFault {
+    pub ts: f64,
+    pub cycle: u32,
+    pub reason: String,
+}
+
+impl NodeRun {
+    pub fn label(&self) -> String {
+        format!("node {} ({})", self.node_rank, self.host)
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Attempt {
+    pub cycle: u32,
+    pub start: f64,
+    /// `cycle_ended`'s time, else the run's last record.
+    pub end: f64,
+    /// `done`, `failed`, `stopped`, `lost`; None when the log ends inside the attempt.
+    pub end_kind: Option<String>,
+    pub reason: Option<String>,
+    pub nproc: Option<u32>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Failure {
+    pub ts: f64,
+    pub cycle: u32,
+    pub rank: Option<u32>,
+    pub local_rank: Option<u32>,
+    pub exit_code: Option<i64>,
+    pub signal: Option<i64>,
+    /// `rank_spawn_failed`'s error.
+    pub error: Option<String>,
+}
+
+impl Failure {
+    pub fn describe(&self) -> String {
+        let who = match (self.rank, self.local_rank) {
+            (Some(r), _) => format!("rank {r}"),
+            (None, Some(l)) => format!("local rank {l}"),
+            _ => "a rank".into(),
+        };
+        if let Some(e) = &self.error {
+            return format!("{who} could not start: {e}");
+        }
+        match (self.exit_code, self.signal) {
+            (_, Some(s)) => format!("{who} killed by {}", signal_name(s)),
+            (Some(c), None) => format!("{who} exited with code {c}"),
+            (None, None) => format!("{who} failed"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Hang {
+    pub ts: f64,
+    pub cycle: u32,
+    pub rank: Option<u32>,
+    /// `initial`, `heartbeat`, `out_of_section` or `section NAME`.
+    pub timeout: String,
+    pub silent_ms: Option<u64>,
+    /// The innermost frames from the `stacks` event that followed, innermost first.
+    pub frames: Vec<String>,
+}
+
+impl Hang {
+    /// The frame it hung in, shortened: `t.py:4 in wait_forever`.
+    pub fn frame(&self) -> Option<String> {
+        self.frames.first().map(|f| short_frame(f))
+    }
+
+    pub fn describe(&self) -> String {
+        let who = self
+            .rank
+            .map_or_else(|| "a rank".to_string(), |r| format!("rank {r}"));
+        let mut s = format!("{who} hung ({} timeout)", self.timeout);
+        if let Some(f) = self.frame() {
+            s.push_str(&format!(" in {f}"));
+        }
+        s
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Restart {
+    pub ts: f64,
+    pub from_cycle: u32,
+    pub to_cycle: u32,
+    pub restarts_left: Option<u32>,
+    pub backoff_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum StopKind {
+    /// `stop_triggered`: SIGTERM, SIGUSR1, SIGUSR2, time-limit.
+    Triggered { trigger: String },
+    /// `stop_agreed`: the job's stop step (None: stop now).
+    Agreed {
+        step: Option<i64>,
+        trigger: Option<String>,
+    },
+    /// `stop_overdue`: ranks still running when the window ended.
+    Overdue { ranks: Vec<u32> },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stop {
+    pub ts: f64,
+    pub cycle: u32,
+    pub kind: StopKind,
+}
+
+impl Stop {
+    pub fn describe(&self) -> String {
+        match &self.kind {
+            StopKind::Triggered { trigger } => format!("stop asked ({trigger})"),
+            StopKind::Agreed { step: Some(s), .. } => format!("stop agreed at step {s}"),
+            StopKind::Agreed { step: None, .. } => "stop agreed: now".into(),
+            StopKind::Overdue { ranks } => format!("stop overdue: ranks {ranks:?}"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StepPoint {
+    pub ts: f64,
+    pub cycle: u32,
+    pub step: i64,
+    pub min_step: Option<i64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RankScore {
+    pub rank: u32,
+    pub node_rank: Option<u32>,
+    pub host: Option<String>,
+    pub relative: Option<f64>,
+    pub individual: Option<f64>,
+    pub median_s: Option<f64>,
+    /// What its GPU was doing, when the report knew (`gpus`).
+    pub gpu: Option<String>,
+}
+
+impl RankScore {
+    /// `rank 3 on n1 (relative 0.25, individual 1.00, GPU: SM clock ...)`.
+    pub fn describe(&self) -> String {
+        let mut s = format!("rank {}", self.rank);
+        if let Some(h) = &self.host {
+            s.push_str(&format!(" on {h}"));
+        }
+        let mut parts = Vec::new();
+        if let Some(v) = self.relative {
+            parts.push(format!("relative {v:.2}"));
+        }
+        if let Some(v) = self.individual {
+            parts.push(format!("individual {v:.2}"));
+        }
+        if let Some(g) = &self.gpu {
+            parts.push(format!("GPU: {g}"));
+        }
+        if !parts.is_empty() {
+            s.push_str(&format!(" ({})", parts.join(", ")));
+        }
+        s
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StragglerReport {
+    pub ts: f64,
+    pub ranks: Vec<RankScore>,
+    pub stragglers: Vec<u32>,
+    pub threshold: Option<f64>,
+    pub unscored: Option<u64>,
+}
+
+impl StragglerReport {
+    /// `stragglers below 0.70: rank 3 on n1 (relative 0.25, individual 1.00; GPU ...)`, or
+    /// that there are none.
+    pub fn describe_stragglers(&self) -> String {
+        let below = self
+            .threshold
+            .map_or_else(String::new, |t| format!(" below {t:.2}"));
+        if self.stragglers.is_empty() {
+            return format!("no stragglers{below} any more");
+        }
+        let each: Vec<String> = self
+            .stragglers
+            .iter()
+            .map(|rank| match self.ranks.iter().find(|r| r.rank == *rank) {
+                Some(r) => r.describe(),
+                None => format!("rank {rank}"),
+            })
+            .collect();
+        format!("stragglers{below}: {}", each.join("; "))
+    }
+
+    /// The rank with the lowest relative score (1.0 is best).
+    pub fn worst(&self) -> Option<&RankScore> {
+        self.ranks
+            .iter()
+            .filter(|r| r.relative.is_some())
+            .min_by(|a, b| a.relative.partial_cmp(&b.relative).unwrap())
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RunResult {
+    pub ts: f64,
+    pub outcome: String,
+    pub exit_code: Option<i64>,
+    pub restarts: Option<u32>,
+    /// The outcome's own fields, as `key=value` pairs.
+    pub detail: String,
+}
+
+/// One thing that happened, for the events table and the status view.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Moment {
+    pub ts: f64,
+    /// `node N (host)`, or `job` for an allocation's own moments.
+    pub node: String,
+    pub kind: &'static str,
+    pub text: String,
+}
+
+pub fn signal_name(n: i64) -> String {
+    let name = match n {
+        1 => "SIGHUP",
+        2 => "SIGINT",
+        3 => "SIGQUIT",
+        4 => "SIGILL",
+        6 => "SIGABRT",
+        7 => "SIGBUS",
+        8 => "SIGFPE",
+        9 => "SIGKILL",
+        10 => "SIGUSR1",
+        11 => "SIGSEGV",
+        12 => "SIGUSR2",
+        13 => "SIGPIPE",
+        14 => "SIGALRM",
+        15 => "SIGTERM",
+        _ => return format!("signal {n}"),
+    };
+    name.into()
+}
+
+/// `Current thread 0x..: File "/a/b/t.py", line 4 in f` becomes `t.py:4 in f`; a frame of
+/// another shape (a kernel stack line) is kept as it is, trimmed.
+pub fn short_frame(frame: &str) -> String {
+    let f = frame.trim();
+    let Some(at) = f.find("File \"") else {
+        return f.to_string();
+    };
+    let rest = &f[at + 6..];
+    let Some(q) = rest.find('"') else {
+        return f.to_string();
+    };
+    let file = rest[..q].rsplit('/').next().unwrap_or(&rest[..q]);
+    let tail = rest[q + 1..].trim_start_matches(',').trim();
+    match tail.strip_prefix("line ") {
+        Some(t) => match t.split_once(' ') {
+            Some((line, func)) => format!("{file}:{line} {}", func.trim()),
+            None => format!("{file}:{t}"),
+        },
+        None => format!("{file} {tail}").trim().to_string(),
+    }
+}
+
+fn f64_of(v: &Value, k: &str) -> Option<f64> {
+    v.get(k)?.as_f64()
+}
+fn i64_of(v: &Value, k: &str) -> Option<i64> {
+    v.get(k)?.as_i64()
+}
+fn u32_of(v: &Value, k: &str) -> Option<u32> {
+    v.get(k)?.as_u64().and_then(|n| u32::try_from(n).ok())
+}
+fn str_of(v: &Value, k: &str) -> Option<String> {
+    v.get(k)?.as_str().map(str::to_string)
+}
+fn strings_of(v: &Value, k: &str) -> Vec<String> {
+    v.get(k)
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// One node's run from its event log's records (in file order).
+pub fn node_run(source: PathBuf, records: &[Value]) -> NodeRun {
+    let mut run = NodeRun {
+        source,
+        ..NodeRun::default()
+    };
+    let mut first = true;
+    for r in records {
+        let Some(event) = r.get("event").and_then(Value::as_str) else {
+            continue;
+        };
+        let Some(ts) = f64_of(r, "ts") else { continue };
+        if first {
+            run.start = ts;
+            first = false;
+        }
+        run.start = run.start.min(ts);
+        run.end = run.end.max(ts);
+        if run.host.is_empty() {
+            if let Some(h) = str_of(r, "host") {
+                run.host = h;
+            }
+        }
+        if let Some(n) = u32_of(r, "node_rank") {
+            run.node_rank = n;
+        }
+        let cycle = u32_of(r, "cycle").unwrap_or(0);
+        match event {
+            "nodes" => {
+                run.run_id = str_of(r, "run_id");
+                run.nnodes = u32_of(r, "nnodes");
+            }
+            "cycle_start" => run.attempts.push(Attempt {
+                cycle,
+                start: ts,
+                end: ts,
+                end_kind: None,
+                reason: None,
+                nproc: u32_of(r, "nproc"),
+            }),
+            "cycle_ended" => {
+                if let Some(a) = run.attempts.iter_mut().rev().find(|a| a.cycle == cycle) {
+                    a.end = ts;
+                    a.end_kind = str_of(r, "end");
+                    a.reason = str_of(r, "reason");
+                }
+            }
+            "rank_exited" if r.get("expected").and_then(Value::as_bool) == Some(false) => {
+                run.failures.push(Failure {
+                    ts,
+                    cycle,
+                    rank: u32_of(r, "rank"),
+                    local_rank: u32_of(r, "local_rank"),
+                    exit_code: i64_of(r, "exit_code"),
+                    signal: i64_of(r, "signal"),
+                    error: None,
+                })
+            }
+            "rank_spawn_failed" => run.failures.push(Failure {
+                ts,
+                cycle,
+                rank: None,
+                local_rank: u32_of(r, "local_rank"),
+                error: Some(str_of(r, "error").unwrap_or_else(|| "unknown error".into())),
+                ..Failure::default()
+            }),
+            "hang" => {
+                let timeout = match r.get("timeout") {
+                    Some(Value::String(s)) => s.clone(),
+                    Some(Value::Object(o)) => match o.get("section").and_then(Value::as_str) {
+                        Some(s) => format!("section {s}"),
+                        None => "section".into(),
+                    },
+                    _ => "unknown".into(),
+                };
+                run.hangs.push(Hang {
+                    ts,
+                    cycle,
+                    rank: u32_of(r, "rank"),
+                    timeout,
+                    silent_ms: r.get("silent_ms").and_then(Value::as_u64),
+                    frames: Vec::new(),
+                })
+            }
+            "stacks" => {
+                let rank = u32_of(r, "rank");
+                if let Some(h) = run
+                    .hangs
+                    .iter_mut()
+                    .rev()
+                    .find(|h| h.cycle == cycle && h.rank == rank && h.frames.is_empty())
+                {
+                    h.frames = strings_of(r, "innermost");
+                }
+            }
+            "restart" => run.restarts.push(Restart {
+                ts,
+                from_cycle: u32_of(r, "from_cycle").unwrap_or(cycle),
+                to_cycle: u32_of(r, "to_cycle").unwrap_or(cycle + 1),
+                restarts_left: u32_of(r, "restarts_left"),
+                backoff_ms: r.get("backoff_ms").and_then(Value::as_u64),
+            }),
+            "stop_triggered" => run.stops.push(Stop {
+                ts,
+                cycle,
+                kind: StopKind::Triggered {
+                    trigger: str_of(r, "trigger").unwrap_or_else(|| "unknown".into()),
+                },
+            }),
+            "stop_agreed" => run.stops.push(Stop {
+                ts,
+                cycle,
+                kind: StopKind::Agreed {
+                    step: i64_of(r, "step"),
+                    trigger: str_of(r, "trigger"),
+                },
+            }),
+            "stop_overdue" => run.stops.push(Stop {
+                ts,
+                cycle,
+                kind: StopKind::Overdue {
+                    ranks: r
+                        .get("ranks")
+                        .and_then(Value::as_array)
+                        .map(|a| {
+                            a.iter()
+                                .filter_map(|x| x.as_u64().map(|n| n as u32))
+                                .collect()
+                        })
+                        .unwrap_or_default(),
+                },
+            }),
+            "steps" => {
+                if let Some(step) = i64_of(r, "step") {
+                    run.steps.push(StepPoint {
+                        ts,
+                        cycle,
+                        step,
+                        min_step: i64_of(r, "min_step"),
+                    })
+                }
+            }
+            "straggler_report" => run.straggler_reports.push(straggler_report(ts, r)),
+            "node_fault" => run.node_faults.push(NodeFault {
+                ts,
+                cycle,
+                reason: str_of(r, "reason").unwrap_or_else(|| "unknown".into()),
+            }),
+            "result" => {
+                let mut detail = Vec::new();
+                if let Some(o) = r.as_object() {
+                    for (k, v) in o {
+                        if matches!(
+                            k.as_str(),
+                            "event" | "ts" | "host" | "node_rank" | "outcome" | "exit_code"
+                        ) {
+                            continue;
+                        }
+                        let v = match v {
+                            Value::String(s) => s.clone(),
+                            other => other.to_string(),
+                        };
+                        detail.push(format!("{k}={v}"));
+                    }
+                }
+                run.result = Some(RunResult {
+                    ts,
+                    outcome: str_of(r, "outcome").unwrap_or_else(|| "unknown".into()),
+                    exit_code: i64_of(r, "exit_code"),
+                    restarts: u32_of(r, "restarts"),
+                    detail: detail.join(" "),
+                })
+            }
+            _ => {}
+        }
+    }
+    // An attempt the log ends inside runs to the log's last record.
+    let end = run.end;
+    for a in run.attempts.iter_mut().filter(|a| a.end_kind.is_none()) {
+        a.end = end;
+    }
+    run
+}
+
+fn straggler_report(ts: f64, r: &Value) -> StragglerReport {
+    let gpus = r.get("gpus").and_then(Value::as_object);
+    let gpu_of = |rank: u32| gpus?.get(&rank.to_string())?.as_str().map(str::to_string);
+    let ranks = r
+        .get("ranks")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| {
+                    let rank = u32_of(x, "rank")?;
+                    Some(RankScore {
+                        rank,
+                        gpu: gpu_of(rank),
+                        node_rank: u32_of(x, "node_rank"),
+                        host: str_of(x, "host"),
+                        relative: f64_of(x, "relative"),
+                        individual: f64_of(x, "individual"),
+                        median_s: f64_of(x, "median_s"),
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    StragglerReport {
+        ts,
+        ranks,
+        stragglers: r
+            .get("stragglers")
+            .and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(|x| x.as_u64().map(|n| n as u32))
+                    .collect()
+            })
+            .unwrap_or_default(),
+        threshold: f64_of(r, "threshold"),
+        unscored: r.get("unscored").and_then(Value::as_u64),
+    }
+}
+
+/// A ledger record as an allocation (runs not yet assigned). None for records of another format
+/// or without a start time.
+pub fn ledger_allocation(r: &Value) -> Option<Allocation> {
+    if r.get("format").and_then(Value::as_u64) != Some(1) {
+        return None;
+    }
+    Some(Allocation {
+        number: u32_of(r, "allocation").unwrap_or(0),
+        job_id: match r.get("job_id") {
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(Value::Number(n)) => Some(n.to_string()),
+            _ => None,
+        },
+        start: f64_of(r, "start")?,
+        end: f64_of(r, "end"),
+        nodes: strings_of(r, "nodes"),
+        outcome: str_of(r, "outcome"),
+        decision: str_of(r, "decision"),
+        why: str_of(r, "why"),
+        highest_step: i64_of(r, "highest_step"),
+        restarts: u32_of(r, "restarts").unwrap_or(0),
+        stop_step: i64_of(r, "stop_step"),
+        stop_trigger: str_of(r, "stop_trigger"),
+        excluded: strings_of(r, "excluded"),
+        exit_status: i64_of(r, "exit_status"),
+        from_ledger: true,
+        runs: Vec::new(),
+    })
+}
+
+/// The history from every event log and ledger found.
+pub fn build(root: PathBuf, events: &[RecordFile], ledgers: &[RecordFile]) -> History {
+    let mut notes = Vec::new();
+    let mut runs: Vec<NodeRun> = events
+        .iter()
+        .map(|f| node_run(f.path.clone(), &f.records))
+        .filter(|r| {
+            // A log with no timed record holds nothing to show.
+            r.end > 0.0
+        })
+        .collect();
+    runs.sort_by(|a, b| {
+        a.start
+            .total_cmp(&b.start)
+            .then(a.node_rank.cmp(&b.node_rank))
+    });
+
+    let mut allocations: Vec<Allocation> = Vec::new();
+    for f in ledgers {
+        for r in &f.records {
+            match ledger_allocation(r) {
+                Some(a) => {
+                    // The same record seen twice (a ledger copied into the experiment) counts once.
+                    if !allocations
+                        .iter()
+                        .any(|b| b.start == a.start && b.job_id == a.job_id)
+                    {
+                        allocations.push(a)
+                    }
+                }
+                None => notes.push(format!(
+                    "{}: skipped a ledger record of another format",
+                    f.path.display()
+                )),
+            }
+        }
+    }
+    allocations.sort_by(|a, b| a.start.total_cmp(&b.start));
+
+    // Each run belongs to the ledger allocation its time overlaps most; a run that overlaps none
+    // (an allocation still running, or one whose node rank 0 died before writing its record)
+    // goes into allocations inferred from the runs' own times.
+    let mut unassigned = Vec::new();
+    for (i, run) in runs.iter().enumerate() {
+        let best = allocations
+            .iter()
+            .enumerate()
+            .map(|(j, a)| {
+                let end = a.end.unwrap_or(f64::INFINITY);
+                (j, run.end.min(end) - run.start.max(a.start))
+            })
+            .filter(|(_, overlap)| *overlap >= 0.0)
+            .max_by(|x, y| x.1.total_cmp(&y.1));
+        match best {
+            Some((j, _)) => allocations[j].runs.push(i),
+            None => unassigned.push(i),
+        }
+    }
+    for group in overlapping_groups(&runs, &unassigned) {
+        allocations.push(inferred_allocation(&runs, group));
+    }
+    allocations.sort_by(|a, b| a.start.total_cmp(&b.start));
+    let mut next = 1;
+    for a in allocations.iter_mut() {
+        if a.from_ledger && a.number > 0 {
+            next = a.number + 1;
+        } else {
+            a.number = next;
+            next += 1;
+        }
+    }
+    History {
+        root,
+        allocations,
+        runs,
+        notes,
+    }
+}
+
+/// `idx` (runs in start order) grouped into runs whose times overlap: the nodes of one
+/// allocation run at the same time, allocations one after another.
+fn overlapping_groups(runs: &[NodeRun], idx: &[usize]) -> Vec<Vec<usize>> {
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    let mut group_end = f64::NEG_INFINITY;
+    for &i in idx {
+        let r = &runs[i];
+        match groups.last_mut() {
+            Some(g) if r.start <= group_end => {
+                g.push(i);
+                group_end = group_end.max(r.end);
+            }
+            _ => {
+                groups.push(vec![i]);
+                group_end = r.end;
+            }
+        }
+    }
+    groups
+}
+
+fn inferred_allocation(runs: &[NodeRun], group: Vec<usize>) -> Allocation {
+    let lead = group
+        .iter()
+        .map(|&i| &runs[i])
+        .min_by_key(|r| r.node_rank)
+        .expect("a group is never empty");
+    let ended = lead.result.is_some();
+    let mut nodes: Vec<(u32, String)> = group
+        .iter()
+        .map(|&i| (runs[i].node_rank, runs[i].host.clone()))
+        .collect();
+    nodes.sort();
+    nodes.dedup();
+    Allocation {
+        number: 0,
+        job_id: None,
+        start: group
+            .iter()
+            .map(|&i| runs[i].start)
+            .fold(f64::INFINITY, f64::min),
+        end: ended.then(|| {
+            group
+                .iter()
+                .map(|&i| runs[i].end)
+                .fold(f64::NEG_INFINITY, f64::max)
+        }),
+        nodes: nodes.into_iter().map(|(_, h)| h).collect(),
+        outcome: lead.result.as_ref().map(|r| r.outcome.clone()),
+        highest_step: group
+            .iter()
+            .flat_map(|&i| runs[i].steps.iter().map(|s| s.step))
+            .max(),
+        restarts: lead.restarts.len() as u32,
+        stop_step: lead.stops.iter().rev().find_map(|s| match s.kind {
+            StopKind::Agreed { step, .. } => step,
+            _ => None,
+        }),
+        stop_trigger: lead.stops.iter().find_map(|s| match &s.kind {
+            StopKind::Triggered { trigger } => Some(trigger.clone()),
+            _ => None,
+        }),
+        exit_status: lead.result.as_ref().and_then(|r| r.exit_code),
+        from_ledger: false,
+        runs: group,
+        ..Allocation::default()
+    }
+}
+
+impl History {
+    /// The events that matter, in time order: allocations, attempts' ends, failures, hangs,
+    /// restarts, stops, requeues, results.
+    pub fn moments(&self) -> Vec<Moment> {
+        let mut m = Vec::new();
+        for a in &self.allocations {
+            let nodes = if a.nodes.is_empty() {
+                String::new()
+            } else {
+                format!(" on {}", a.nodes.join(", "))
+            };
+            m.push(Moment {
+                ts: a.start,
+                node: "job".into(),
+                kind: "allocation",
+                text: format!("allocation {} started{nodes}", a.number),
+            });
+            if let Some(end) = a.end {
+                let mut text = format!(
+                    "allocation {} ended: {}",
+                    a.number,
+                    a.outcome.as_deref().unwrap_or("unknown")
+                );
+                if let Some(t) = &a.stop_trigger {
+                    match a.stop_step {
+                        Some(s) => text.push_str(&format!(" at step {s} ({t})")),
+                        None => text.push_str(&format!(" ({t})")),
+                    }
+                }
+                if let Some(d) = &a.decision {
+                    text.push_str(&format!(" -> {d}"));
+                }
+                if let Some(w) = &a.why {
+                    text.push_str(&format!(": {w}"));
+                }
+                if !a.excluded.is_empty() {
+                    text.push_str(&format!("; excluded {}", a.excluded.join(", ")));
+                }
+                let kind = if a.requeued() {
+                    if a.preempted() {
+                        "preempted"
+                    } else {
+                        "requeue"
+                    }
+                } else {
+                    "allocation"
+                };
+                m.push(Moment {
+                    ts: end,
+                    node: "job".into(),
+                    kind,
+                    text,
+                });
+            }
+        }
+        for r in &self.runs {
+            let node = r.label();
+            for a in &r.attempts {
+                if let Some(k) = a.end_kind.as_deref().filter(|k| *k != "done") {
+                    let mut text = format!("attempt {} {k}", a.cycle);
+                    if let Some(why) = &a.reason {
+                        text.push_str(&format!(": {why}"));
+                    }
+                    m.push(Moment {
+                        ts: a.end,
+                        node: node.clone(),
+                        kind: if k == "lost" { "lost" } else { "attempt" },
+                        text,
+                    });
+                }
+            }
+            for f in &r.failures {
+                m.push(Moment {
+                    ts: f.ts,
+                    node: node.clone(),
+                    kind: "failure",
+                    text: format!("attempt {}: {}", f.cycle, f.describe()),
+                });
+            }
+            for h in &r.hangs {
+                let mut text = format!("attempt {}: {}", h.cycle, h.describe());
+                if let Some(ms) = h.silent_ms {
+                    text.push_str(&format!(", silent {:.1}s", ms as f64 / 1000.0));
+                }
+                m.push(Moment {
+                    ts: h.ts,
+                    node: node.clone(),
+                    kind: "hang",
+                    text,
+                });
+            }
+            for s in &r.restarts {
+                let mut text = format!("restart: attempt {} -> {}", s.from_cycle, s.to_cycle);
+                if let Some(left) = s.restarts_left {
+                    text.push_str(&format!(", {left} left"));
+                }
+                if let Some(b) = s.backoff_ms.filter(|b| *b > 0) {
+                    text.push_str(&format!(", after {:.1}s", b as f64 / 1000.0));
+                }
+                m.push(Moment {
+                    ts: s.ts,
+                    node: node.clone(),
+                    kind: "restart",
+                    text,
+                });
+            }
+            for s in &r.stops {
+                m.push(Moment {
+                    ts: s.ts,
+                    node: node.clone(),
+                    kind: "stop",
+                    text: format!("attempt {}: {}", s.cycle, s.describe()),
+                });
+            }
+            for f in &r.node_faults {
+                m.push(Moment {
+                    ts: f.ts,
+                    node: node.clone(),
+                    kind: "node_fault",
+                    text: format!("attempt {}: node fault: {}", f.cycle, f.reason),
+                });
+            }
+            // A straggler report is an event when its stragglers differ from the last one's.
+            let mut last: Vec<u32> = Vec::new();
+            for rep in &r.straggler_reports {
+                let mut now = rep.stragglers.clone();
+                now.sort_unstable();
+                if now != last {
+                    m.push(Moment {
+                        ts: rep.ts,
+                        node: node.clone(),
+                        kind: "straggler",
+                        text: rep.describe_stragglers(),
+                    });
+                }
+                last = now;
+            }
+            if let Some(res) = &r.result {
+                let mut text = format!("result: {}", res.outcome);
+                if let Some(c) = res.exit_code {
+                    text.push_str(&format!(", exit code {c}"));
+                }
+                if !res.detail.is_empty() {
+                    text.push_str(&format!(" ({})", res.detail));
+                }
+                m.push(Moment {
+                    ts: res.ts,
+                    node: node.clone(),
+                    kind: "result",
+                    text,
+                });
+            }
+        }
+        m.sort_by(|a, b| a.ts.total_cmp(&b.ts));
+        m
+    }
+
+    /// Earliest and latest time in any record.
+    pub fn span(&self) -> Option<(f64, f64)> {
+        let starts = self
+            .runs
+            .iter()
+            .map(|r| r.start)
+            .chain(self.allocations.iter().map(|a| a.start));
+        let ends = self
+            .runs
+            .iter()
+            .map(|r| r.end)
+            .chain(self.allocations.iter().filter_map(|a| a.end));
+        let lo = starts.fold(f64::INFINITY, f64::min);
+        let hi = ends.fold(f64::NEG_INFINITY, f64::max);
+        (lo.is_finite() && hi.is_finite()).then_some((lo, hi.max(lo)))
+    }
+
+    /// Every straggler report, in time order.
+    pub fn straggler_reports(&self) -> Vec<&StragglerReport> {
+        let mut v: Vec<_> = self
+            .runs
+            .iter()
+            .flat_map(|r| r.straggler_reports.iter())
+            .collect();
+        v.sort_by(|a, b| a.ts.total_cmp(&b.ts));
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::records::parse_jsonl;
+    use std::path::Path;
+
+    pub(crate) fn recs(text: &str) -> Vec<Value> {
+        parse_jsonl(text, Path::new("t")).0
+    }
+
+    pub(crate) const CRASH_THEN_DONE: &str = r#"{"cgroup":null,"event":"containment","host":"vm","node_rank":0,"ts":100.0}
+{"event":"nodes","host":"vm","nnodes":1,"node_rank":0,"run_id":"r1","store":"127.0.0.1:1","ts":100.0}
+{"cycle":0,"event":"joined","host":"vm","node_rank":0,"rank_offset":0,"ts":100.1}
+{"cycle":0,"event":"cycle_start","host":"vm","node_rank":0,"nproc":2,"restart_count":0,"ts":100.1}
+{"cycle":0,"event":"rank_exited","exit_code":1,"expected":false,"host":"vm","local_rank":1,"node_rank":0,"pid":9,"rank":1,"ts":102.4}
+{"cycle":0,"event":"stop","grace_ms":15000,"host":"vm","node_rank":0,"pids":[8],"reason":"rank_failed","signal":15,"ts":102.4}
+{"cycle":0,"end":"failed","event":"cycle_ended","host":"vm","node":0,"node_rank":0,"reason":"rank 1 exited with code 1","ts":102.5}
+{"cycle":0,"event":"rank_exited","exit_code":1,"expected":true,"host":"vm","local_rank":0,"node_rank":0,"pid":8,"rank":0,"ts":103.1}
+{"backoff_ms":0,"event":"restart","from_cycle":0,"host":"vm","node_rank":0,"ran_ms":2282,"restarts_left":0,"to_cycle":1,"ts":103.2}
+{"cycle":1,"event":"cycle_start","host":"vm","node_rank":0,"nproc":2,"restart_count":1,"ts":103.2}
+{"cycle":1,"event":"some_future_event","host":"vm","node_rank":0,"ts":103.3,"new":{"x":1}}
+{"cycle":1,"event":"steps","host":"vm","node_rank":0,"step":7,"min_step":5,"ts":104.0}
+{"cycle":1,"end":"done","event":"cycle_ended","host":"vm","node_rank":0,"ts":106.3}
+{"event":"result","exit_code":0,"host":"vm","node_rank":0,"outcome":"succeeded","ts":106.3}
+"#;
+
+    pub(crate) const HANG: &str = r#"{"event":"nodes","host":"vm","nnodes":1,"node_rank":0,"run_id":"r2","ts":200.0}
+{"cycle":0,"event":"cycle_start","host":"vm","node_rank":0,"nproc":1,"restart_count":0,"ts":200.0}
+{"cycle":0,"event":"hang","host":"vm","limit_ms":1000,"local_rank":0,"node_rank":0,"pid":5,"rank":0,"silent_ms":1001,"stopped":false,"timeout":"heartbeat","ts":202.0}
+{"cycle":0,"event":"stacks","host":"vm","innermost":["Current thread 0x00007f: File \"/tmp/t.py\", line 4 in wait_forever_in_this_function","Current thread 0x00007f: File \"/tmp/t.py\", line 10 in <module>"],"local_rank":0,"node_rank":0,"rank":0,"ts":202.1}
+{"cycle":0,"end":"failed","event":"cycle_ended","host":"vm","node":0,"node_rank":0,"reason":"rank 0 hung","ts":202.2}
+{"event":"result","exit_code":1,"host":"vm","node_rank":0,"outcome":"failed","ts":203.0}
+"#;
+
+    #[test]
+    fn a_crash_and_its_restart_become_attempts_a_failure_and_a_restart() {
+        let run = node_run("e".into(), &recs(CRASH_THEN_DONE));
+        assert_eq!((run.host.as_str(), run.node_rank), ("vm", 0));
+        assert_eq!(run.run_id.as_deref(), Some("r1"));
+        assert_eq!(run.attempts.len(), 2);
+        assert_eq!(run.attempts[0].end_kind.as_deref(), Some("failed"));
+        assert_eq!(run.attempts[0].end, 102.5);
+        assert_eq!(run.attempts[1].end_kind.as_deref(), Some("done"));
+        assert_eq!(run.failures.len(), 1, "a rank vigil stopped is no failure");
+        assert_eq!(run.failures[0].describe(), "rank 1 exited with code 1");
+        assert_eq!(run.restarts.len(), 1);
+        assert_eq!(
+            (run.restarts[0].from_cycle, run.restarts[0].to_cycle),
+            (0, 1)
+        );
+        assert_eq!(
+            run.steps,
+            vec![StepPoint {
+                ts: 104.0,
+                cycle: 1,
+                step: 7,
+                min_step: Some(5)
+            }]
+        );
+        assert_eq!(run.result.as_ref().unwrap().outcome, "succeeded");
+        assert_eq!((run.start, run.end), (100.0, 106.3));
+    }
+
+    #[test]
+    fn a_hang_gets_the_innermost_frame_of_its_stacks() {
+        let run = node_run("e".into(), &recs(HANG));
+        assert_eq!(run.hangs.len(), 1);
+        let h = &run.hangs[0];
+        assert_eq!(
+            h.frame().as_deref(),
+            Some("t.py:4 in wait_forever_in_this_function")
+        );
+        assert_eq!(
+            h.describe(),
+            "rank 0 hung (heartbeat timeout) in t.py:4 in wait_forever_in_this_function"
+        );
+    }
+
+    #[test]
+    fn section_timeouts_and_signals_are_named() {
+        let run = node_run(
+            "e".into(),
+            &recs(concat!(
+                r#"{"event":"hang","ts":1,"cycle":0,"rank":2,"timeout":{"section":"checkpointing"}}"#,
+                "\n",
+                r#"{"event":"rank_exited","ts":2,"cycle":0,"rank":3,"signal":9,"expected":false}"#,
+                "\n",
+                r#"{"event":"rank_spawn_failed","ts":3,"cycle":0,"local_rank":1,"error":"No such file"}"#,
+                "\n"
+            )),
+        );
+        assert_eq!(
+            run.hangs[0].describe(),
+            "rank 2 hung (section checkpointing timeout)"
+        );
+        assert_eq!(run.failures[0].describe(), "rank 3 killed by SIGKILL");
+        assert_eq!(
+            run.failures[1].describe(),
+            "local rank 1 could not start: No such file"
+        );
+    }
+
+    #[test]
+    fn short_frames() {
+        assert_eq!(
+            short_frame("Current thread 0x1: File \"/a/b/train.py\", line 12 in step"),
+            "train.py:12 in step"
+        );
+        assert_eq!(short_frame("  File \"x.py\", line 3"), "x.py:3");
+        assert_eq!(
+            short_frame("[<0>] futex_wait+0x1/0x2"),
+            "[<0>] futex_wait+0x1/0x2"
+        );
+    }
+
+    #[test]
+    fn without_a_ledger_allocations_are_inferred_from_overlapping_runs() {
+        let node = |rank: u32, start: f64, end: f64, result: bool| {
+            let mut t = format!(
+                "{{\"event\":\"cycle_start\",\"cycle\":0,\"host\":\"n{rank}\",\"node_rank\":{rank},\"ts\":{start}}}\n"
+            );
+            if result {
+                t.push_str(&format!(
+                    "{{\"event\":\"result\",\"outcome\":\"stopped\",\"exit_code\":75,\"host\":\"n{rank}\",\"node_rank\":{rank},\"ts\":{end}}}\n"
+                ));
+            } else {
+                t.push_str(&format!(
+                    "{{\"event\":\"registered\",\"cycle\":0,\"host\":\"n{rank}\",\"node_rank\":{rank},\"ts\":{end}}}\n"
+                ));
+            }
+            RecordFile {
+                path: format!("r{rank}_{start}").into(),
+                records: recs(&t),
+            }
+        };
+        let files = vec![
+            node(0, 10.0, 50.0, true),
+            node(1, 9.5, 50.5, true),
+            node(1, 100.0, 120.0, false),
+            node(0, 100.2, 130.0, false),
+        ];
+        let h = build("d".into(), &files, &[]);
+        assert_eq!(h.allocations.len(), 2);
+        let (a, b) = (&h.allocations[0], &h.allocations[1]);
+        assert_eq!((a.number, b.number), (1, 2));
+        assert_eq!(a.runs.len(), 2);
+        assert_eq!(a.nodes, vec!["n0", "n1"]);
+        assert_eq!(a.outcome.as_deref(), Some("stopped"));
+        assert_eq!(a.end, Some(50.5));
+        assert!(!a.from_ledger);
+        assert_eq!(b.end, None, "node rank 0 has no result yet: still running");
+    }
+
+    #[test]
+    fn ledger_records_are_allocations_and_runs_join_the_one_they_overlap() {
+        let ledger = RecordFile {
+            path: "state/ledger.jsonl".into(),
+            records: recs(concat!(
+                r#"{"format":1,"allocation":1,"job_id":"42","nodes":["a","b"],"start":100.0,"end":150.0,"outcome":"stopped","highest_step":10,"restarts":0,"stop_step":10,"stop_trigger":"SIGTERM","decision":"requeue","why":"SIGTERM, reached step 10","excluded":[],"exit_status":75}"#,
+                "\n",
+                r#"{"format":2,"allocation":9}"#,
+                "\n",
+                r#"{"format":1,"allocation":2,"job_id":"42","nodes":["a","c"],"start":200.0,"end":260.0,"outcome":"failed","highest_step":30,"restarts":2,"decision":"stop","why":"failed","excluded":["c"],"exit_status":1}"#,
+                "\n"
+            )),
+        };
+        let run = |start: f64, end: f64| {
+            RecordFile {
+            path: format!("run{start}").into(),
+            records: recs(&format!(
+                "{{\"event\":\"cycle_start\",\"cycle\":0,\"host\":\"a\",\"node_rank\":0,\"ts\":{start}}}\n{{\"event\":\"result\",\"outcome\":\"x\",\"host\":\"a\",\"node_rank\":0,\"ts\":{end}}}\n"
+            )),
+        }
+        };
+        let h = build(
+            "d".into(),
+            &[run(99.0, 150.0), run(200.0, 259.0), run(300.0, 310.0)],
+            std::slice::from_ref(&ledger),
+        );
+        assert_eq!(h.notes.len(), 1, "{:?}", h.notes);
+        assert_eq!(h.allocations.len(), 3);
+        let a = &h.allocations[0];
+        assert!(a.from_ledger && a.requeued() && a.preempted());
+        assert_eq!(a.runs, vec![0]);
+        assert_eq!(h.allocations[1].runs, vec![1]);
+        let c = &h.allocations[2];
+        assert!(!c.from_ledger);
+        assert_eq!(c.number, 3);
+        assert_eq!(c.runs, vec![2]);
+        let kinds: Vec<_> = h.moments().iter().map(|m| m.kind).collect();
+        assert!(kinds.contains(&"preempted"), "{kinds:?}");
+    }
+
+    #[test]
+    fn straggler_reports_are_read_and_the_worst_rank_is_the_lowest_relative_score() {
+        let run = node_run(
+            "e".into(),
+            &recs(concat!(
+                r#"{"event":"straggler_report","ts":5,"host":"a","node_rank":0,"ranks":[{"rank":0,"node_rank":0,"host":"a","relative":1.0,"individual":0.98,"median_s":0.1},{"rank":3,"node_rank":1,"host":"b","relative":0.31,"individual":0.95,"median_s":0.32},{"rank":1}],"stragglers":[3],"threshold":0.7,"unscored":1}"#,
+                "\n"
+            )),
+        );
+        let r = &run.straggler_reports[0];
+        assert_eq!(r.ranks.len(), 3);
+        assert_eq!(r.stragglers, vec![3]);
+        assert_eq!(r.threshold, Some(0.7));
+        assert_eq!(r.unscored, Some(1));
+        let w = r.worst().unwrap();
+        assert_eq!((w.rank, w.host.as_deref()), (3, Some("b")));
+    }
+
+    #[test]
+    fn node_faults_gpu_texts_and_changes_in_the_stragglers_are_events() {
+        let run = node_run(
+            "e".into(),
+            &recs(concat!(
+                r#"{"event":"straggler_report","ts":1,"host":"a","node_rank":0,"ranks":[{"rank":3,"host":"b","relative":0.31,"individual":0.95}],"stragglers":[3],"threshold":0.7,"gpus":{"3":"SM clock 1,110 of 1,980 MHz"}}"#,
+                "\n",
+                r#"{"event":"straggler_report","ts":2,"host":"a","node_rank":0,"ranks":[{"rank":3,"host":"b","relative":0.3,"individual":0.9}],"stragglers":[3],"threshold":0.7}"#,
+                "\n",
+                r#"{"event":"straggler_report","ts":3,"host":"a","node_rank":0,"ranks":[{"rank":3,"host":"b","relative":0.9,"individual":0.9}],"stragglers":[],"threshold":0.7}"#,
+                "\n",
+                r#"{"event":"node_fault","ts":4,"cycle":0,"host":"a","node_rank":0,"reason":"XID 79 on GPU 2"}"#,
+                "\n"
+            )),
+        );
+        assert_eq!(
+            run.straggler_reports[0].ranks[0].gpu.as_deref(),
+            Some("SM clock 1,110 of 1,980 MHz")
+        );
+        let h = History {
+            runs: vec![run],
+            ..History::default()
+        };
+        let m: Vec<(f64, &str, String)> = h
+            .moments()
+            .into_iter()
+            .map(|m| (m.ts, m.kind, m.text))
+            .collect();
+        assert_eq!(
+            m,
+            vec![
+                (1.0, "straggler", "stragglers below 0.70: rank 3 on b (relative 0.31, individual 0.95, GPU: SM clock 1,110 of 1,980 MHz)".to_string()),
+                (3.0, "straggler", "no stragglers below 0.70 any more".to_string()),
+                (4.0, "node_fault", "attempt 0: node fault: XID 79 on GPU 2".to_string()),
+            ]
+        );
+    }
+
+    #[test]
+    fn records_without_an_event_or_time_and_mistyped_fields_are_ignored() {
+        let run = node_run(
+            "e".into(),
+            &recs("{\"ts\":1}\n{\"event\":\"hang\"}\n{\"event\":\"restart\",\"ts\":\"x\"}\n{\"event\":\"steps\",\"ts\":3,\"step\":\"many\"}\n"),
+        );
+        assert!(run.hangs.is_empty() && run.restarts.is_empty() && run.steps.is_empty());
+    }
+}

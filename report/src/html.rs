@@ -1,0 +1,351 @@
+//! The report page: one self-contained HTML file (inline CSS and SVG, no scripts).
+
+use std::fmt::Write;
+
+use crate::fmt::{duration, utc};
+use crate::history::History;
+use crate::plot::{self, TimeAxis};
+
+const STYLE: &str = "
+body { font-family: sans-serif; margin: 24px; color: #222; max-width: 1160px; }
+h1 { font-size: 22px; margin-bottom: 4px; }
+h2 { font-size: 17px; margin-top: 28px; border-bottom: 1px solid #ddd; padding-bottom: 4px; }
+.meta { color: #555; }
+pre.status { background: #f6f6f6; padding: 10px; white-space: pre-wrap; }
+p.empty { color: #666; font-style: italic; }
+p.error { color: #b00; }
+table { border-collapse: collapse; font-size: 13px; }
+th, td { border: 1px solid #ddd; padding: 3px 6px; text-align: left; vertical-align: top; }
+th { background: #f0f0f0; }
+tr.failure td, tr.hang td, tr.lost td, tr.node_fault td { background: #fdf0ef; }
+tr.straggler td { background: #f5eefa; }
+tr.restart td { background: #eef3fc; }
+tr.requeue td, tr.preempted td, tr.stop td { background: #fdf6ea; }
+.legend span { display: inline-block; margin-right: 14px; font-size: 13px; }
+.legend i { display: inline-block; width: 14px; height: 10px; margin-right: 4px; vertical-align: middle; }
+figure { margin: 8px 0; }
+";
+
+/// HTML-escapes text for element content and attribute values.
+pub fn esc(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+fn figure(out: &mut String, id: &str, plot: Option<Result<String, String>>, empty: &str) {
+    match plot {
+        Some(Ok(svg)) => {
+            let _ = write!(out, "<figure id=\"{id}\">\n{svg}\n</figure>\n");
+        }
+        Some(Err(e)) => {
+            let _ = writeln!(
+                out,
+                "<p class=\"error\" id=\"{id}\">This plot could not be drawn: {}</p>",
+                esc(&e)
+            );
+        }
+        None => {
+            let _ = writeln!(out, "<p class=\"empty\" id=\"{id}\">{}</p>", esc(empty));
+        }
+    }
+}
+
+/// The whole report page for `h`.
+pub fn render_html(h: &History) -> String {
+    let mut out = String::new();
+    let title = format!("vigil report: {}", h.root.display());
+    let _ = write!(
+        out,
+        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>{}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n<h1>{}</h1>\n",
+        esc(&title),
+        esc(&title)
+    );
+    let span = h.span();
+    if let Some((t0, t1)) = span {
+        let _ = writeln!(
+            out,
+            "<p class=\"meta\">{} to {} ({}); {} event log{}, {} allocation{}.</p>",
+            utc(t0),
+            utc(t1),
+            duration(t1 - t0),
+            h.runs.len(),
+            if h.runs.len() == 1 { "" } else { "s" },
+            h.allocations.len(),
+            if h.allocations.len() == 1 { "" } else { "s" },
+        );
+    }
+    out.push_str("<section id=\"summary\">\n<h2>Summary</h2>\n<pre class=\"status\">");
+    out.push_str(&esc(&h.status_lines().join("\n")));
+    out.push_str("</pre>\n</section>\n");
+
+    let axis = span.map(|(t0, t1)| TimeAxis::new(t0, t1));
+
+    out.push_str("<section id=\"timeline\">\n<h2>Timeline: allocations and attempts</h2>\n");
+    out.push_str(concat!(
+        "<p class=\"legend\">",
+        "<span><i style=\"background:#4ca05a\"></i>attempt done</span>",
+        "<span><i style=\"background:#d64541\"></i>attempt failed / failure (x)</span>",
+        "<span><i style=\"background:#eb9628\"></i>attempt stopped / stop, requeue (dashed)</span>",
+        "<span><i style=\"background:#828282\"></i>node lost / node fault (x)</span>",
+        "<span><i style=\"background:#4678c8\"></i>running or log ended</span>",
+        "<span><i style=\"background:#8c3caa\"></i>hang (triangle)</span>",
+        "<span><i style=\"background:#1e5ac8\"></i>restart (dot)</span>",
+        "</p>\n"
+    ));
+    let rows = plot::node_rows(h).len();
+    if rows > plot::MAX_ROWS {
+        let _ = writeln!(
+            out,
+            "<p class=\"empty\">The plot shows node ranks 0 to {} of {rows}; the events table lists every node.</p>",
+            plot::MAX_ROWS - 1
+        );
+    }
+    figure(
+        &mut out,
+        "timeline-plot",
+        match (&axis, h.runs.is_empty()) {
+            (Some(a), false) => Some(plot::timeline(h, a)),
+            _ => None,
+        },
+        "No event logs (events.jsonl) were found: only the ledger's allocations are known, listed below.",
+    );
+    out.push_str("</section>\n");
+
+    out.push_str("<section id=\"steps\">\n<h2>Steps over time</h2>\n");
+    figure(
+        &mut out,
+        "steps-plot",
+        axis.as_ref().and_then(|a| plot::steps(h, a)),
+        "No steps recorded: the event logs hold no `steps` events (a vigil that records them, and ranks that report their step through vigil.should_stop(step) or heartbeats with a step).",
+    );
+    out.push_str("</section>\n");
+
+    out.push_str("<section id=\"stragglers\">\n<h2>Straggler scores</h2>\n");
+    let worst = plot::worst_ranks(h, plot::WORST_RANKS);
+    if !worst.is_empty() {
+        let _ = writeln!(
+            out,
+            "<p class=\"meta\">Relative score (the job's fastest median step time / the rank's) of the {} rank{} that scored lowest in any report.</p>",
+            worst.len(),
+            if worst.len() == 1 { "" } else { "s" }
+        );
+    }
+    figure(
+        &mut out,
+        "stragglers-plot",
+        axis.as_ref().and_then(|a| plot::stragglers(h, a)),
+        "No straggler scores recorded: the event logs hold no `straggler_report` events with scored ranks.",
+    );
+    out.push_str("</section>\n");
+
+    allocations_table(&mut out, h);
+    events_table(&mut out, h, span.map_or(0.0, |s| s.0));
+
+    if !h.notes.is_empty() {
+        out.push_str("<section id=\"notes\">\n<h2>Notes</h2>\n<ul>\n");
+        for n in &h.notes {
+            let _ = writeln!(out, "<li>{}</li>", esc(n));
+        }
+        out.push_str("</ul>\n</section>\n");
+    }
+    out.push_str("</body>\n</html>\n");
+    out
+}
+
+fn allocations_table(out: &mut String, h: &History) {
+    out.push_str("<section id=\"allocations\">\n<h2>Allocations</h2>\n");
+    if h.allocations.is_empty() {
+        out.push_str("<p class=\"empty\">No allocations.</p>\n</section>\n");
+        return;
+    }
+    out.push_str("<table>\n<tr><th>#</th><th>job</th><th>start (UTC)</th><th>duration</th><th>nodes</th><th>outcome</th><th>highest step</th><th>restarts</th><th>stop</th><th>decision</th><th>why</th><th>source</th></tr>\n");
+    for a in &h.allocations {
+        let stop = match (&a.stop_step, &a.stop_trigger) {
+            (Some(s), Some(t)) => format!("{s}@{t}"),
+            (None, Some(t)) => t.clone(),
+            _ => "-".into(),
+        };
+        let _ = writeln!(
+            out,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            a.number,
+            esc(a.job_id.as_deref().unwrap_or("-")),
+            esc(&utc(a.start)),
+            a.end.map_or_else(|| "running".to_string(), |e| duration(e - a.start)),
+            esc(&a.nodes.join(", ")),
+            esc(a.outcome.as_deref().unwrap_or("-")),
+            a.highest_step.map_or_else(|| "-".to_string(), |s| s.to_string()),
+            a.restarts,
+            esc(&stop),
+            esc(a.decision.as_deref().unwrap_or("-")),
+            esc(a.why.as_deref().unwrap_or("")),
+            if a.from_ledger { "ledger" } else { "event logs" },
+        );
+    }
+    out.push_str("</table>\n</section>\n");
+}
+
+fn events_table(out: &mut String, h: &History, t0: f64) {
+    out.push_str("<section id=\"events\">\n<h2>Events</h2>\n");
+    let moments = h.moments();
+    if moments.is_empty() {
+        out.push_str("<p class=\"empty\">No events.</p>\n</section>\n");
+        return;
+    }
+    out.push_str("<table>\n<tr><th>time (UTC)</th><th>+</th><th>where</th><th>what</th><th>detail</th></tr>\n");
+    for m in moments {
+        let _ = writeln!(
+            out,
+            "<tr class=\"{}\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            m.kind,
+            esc(&utc(m.ts)),
+            duration(m.ts - t0),
+            esc(&m.node),
+            m.kind,
+            esc(&m.text)
+        );
+    }
+    out.push_str("</table>\n</section>\n");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::history::build;
+    use crate::records::{parse_jsonl, RecordFile};
+    use std::path::Path;
+
+    fn file(path: &str, text: &str) -> RecordFile {
+        RecordFile {
+            path: path.into(),
+            records: parse_jsonl(text, Path::new(path)).0,
+        }
+    }
+
+    /// The text of every SVG `<text>` element in `html`, unescaped enough for the checks.
+    fn svg_texts(html: &str) -> Vec<String> {
+        html.split("<text")
+            .skip(1)
+            .filter_map(|t| {
+                let body = t.split_once('>')?.1;
+                Some(
+                    body.split("</text>")
+                        .next()?
+                        .trim()
+                        .replace("&lt;", "<")
+                        .replace("&gt;", ">"),
+                )
+            })
+            .collect()
+    }
+
+    const RUN: &str = concat!(
+        r#"{"event":"cycle_start","cycle":0,"nproc":2,"host":"vm","node_rank":0,"ts":1000.0}"#,
+        "\n",
+        r#"{"event":"steps","cycle":0,"step":3,"min_step":2,"host":"vm","node_rank":0,"ts":1010.0}"#,
+        "\n",
+        r#"{"event":"hang","cycle":0,"rank":1,"timeout":"heartbeat","silent_ms":5000,"host":"vm","node_rank":0,"ts":1020.0}"#,
+        "\n",
+        r#"{"event":"stacks","cycle":0,"rank":1,"innermost":["File \"/x/train.py\", line 7 in <lambda>"],"host":"vm","node_rank":0,"ts":1020.1}"#,
+        "\n",
+        r#"{"event":"cycle_ended","cycle":0,"end":"failed","reason":"rank 1 hung","host":"vm","node_rank":0,"ts":1021.0}"#,
+        "\n",
+        r#"{"event":"restart","from_cycle":0,"to_cycle":1,"restarts_left":0,"host":"vm","node_rank":0,"ts":1022.0}"#,
+        "\n",
+        r#"{"event":"cycle_start","cycle":1,"nproc":2,"host":"vm","node_rank":0,"ts":1022.5}"#,
+        "\n",
+        r#"{"event":"steps","cycle":1,"step":9,"min_step":9,"host":"vm","node_rank":0,"ts":1030.0}"#,
+        "\n",
+        r#"{"event":"straggler_report","ranks":[{"rank":0,"relative":1.0,"host":"vm"},{"rank":1,"relative":0.4,"host":"vm"}],"stragglers":[1],"threshold":0.7,"host":"vm","node_rank":0,"ts":1031.0}"#,
+        "\n",
+        r#"{"event":"straggler_report","ranks":[{"rank":0,"relative":1.0,"host":"vm"},{"rank":1,"relative":0.6,"host":"vm"}],"stragglers":[1],"threshold":0.7,"host":"vm","node_rank":0,"ts":1041.0}"#,
+        "\n",
+        r#"{"event":"cycle_ended","cycle":1,"end":"done","host":"vm","node_rank":0,"ts":1050.0}"#,
+        "\n",
+        r#"{"event":"result","outcome":"succeeded","exit_code":0,"host":"vm","node_rank":0,"ts":1050.0}"#,
+        "\n",
+    );
+
+    #[test]
+    fn the_page_has_all_three_plots_with_their_labels_and_escapes_frames() {
+        let h = build("exp<1>".into(), &[file("r/events.jsonl", RUN)], &[]);
+        let html = render_html(&h);
+        assert_eq!(html.matches("<svg").count(), 3, "{html}");
+        assert!(!html.contains("<script"));
+        assert!(html.contains("<title>vigil report: exp&lt;1&gt;</title>"));
+        let texts = svg_texts(&html);
+        let has = |s: &str| texts.iter().any(|t| t.contains(s));
+        assert!(
+            has("hang: rank 1 hung (heartbeat timeout) in train.py:7 in <lambda>"),
+            "{texts:?}"
+        );
+        assert!(has("restart -> attempt 1"), "{texts:?}");
+        assert!(has("allocation 1: succeeded"), "{texts:?}");
+        assert!(has("node 0 (vm)"), "{texts:?}");
+        assert!(has("rank 1 (vm)"), "straggler legend: {texts:?}");
+        assert!(has("threshold 0.70"), "{texts:?}");
+        assert!(has("seconds since"), "{texts:?}");
+        // The steps plot has node 0's line: both points are drawn.
+        let steps = html
+            .split("id=\"steps-plot\"")
+            .nth(1)
+            .unwrap()
+            .split("</figure>")
+            .next()
+            .unwrap();
+        assert_eq!(steps.matches("<circle").count(), 2, "{steps}");
+        assert!(html.contains("<tr class=\"hang\">"));
+    }
+
+    #[test]
+    fn sections_without_data_say_so() {
+        let h = build(
+            "d".into(),
+            &[file(
+                "r/events.jsonl",
+                concat!(
+                    r#"{"event":"cycle_start","cycle":0,"host":"vm","node_rank":0,"ts":1000.0}"#,
+                    "\n",
+                    r#"{"event":"result","outcome":"succeeded","exit_code":0,"host":"vm","node_rank":0,"ts":1001.0}"#,
+                    "\n",
+                ),
+            )],
+            &[],
+        );
+        let html = render_html(&h);
+        assert_eq!(html.matches("<svg").count(), 1);
+        assert!(html.contains("<p class=\"empty\" id=\"steps-plot\">No steps recorded"));
+        assert!(
+            html.contains("<p class=\"empty\" id=\"stragglers-plot\">No straggler scores recorded")
+        );
+    }
+
+    #[test]
+    fn a_ledger_without_event_logs_still_renders() {
+        let h = build(
+            "d".into(),
+            &[],
+            &[file(
+                "l/ledger.jsonl",
+                concat!(
+                    r#"{"format":1,"allocation":1,"start":1000.0,"end":2000.0,"outcome":"stopped","stop_trigger":"SIGTERM","stop_step":5,"decision":"requeue","why":"SIGTERM <x>"}"#,
+                    "\n"
+                ),
+            )],
+        );
+        let html = render_html(&h);
+        assert!(html.contains("id=\"timeline-plot\">No event logs"));
+        assert!(html.contains("SIGTERM &lt;x&gt;"));
+        assert!(html.contains("<tr class=\"preempted\">"));
+    }
+}

@@ -1,0 +1,179 @@
+//! `vigil report` and the reading of vigil's records: every `events.jsonl` and `ledger.jsonl`
+//! below a directory become a [`History`] (allocations, attempts, failures, hangs, restarts,
+//! requeues, stops, steps, straggler scores), shown as `vigil status`'s lines or as one
+//! self-contained HTML page with SVG plots. See docs/report.md.
+
+mod fmt;
+pub mod history;
+mod html;
+mod plot;
+pub mod records;
+mod status;
+
+use std::path::{Path, PathBuf};
+
+pub use history::{
+    Allocation, Attempt, Failure, Hang, History, Moment, NodeRun, RankScore, Restart, RunResult,
+    StepPoint, Stop, StopKind, StragglerReport,
+};
+pub use html::render_html;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    #[error("{0}: not a directory; give an experiment directory, a run directory (vigil_*), a state directory (holding ledger.jsonl) or an experiment's name")]
+    NotADirectory(PathBuf),
+    #[error("{}: no vigil records in it (looked for events.jsonl and ledger.jsonl up to {} levels down{}); give an experiment directory, a run directory (vigil_*) or a state directory (holding ledger.jsonl)", .dir.display(), records::MAX_DEPTH, .skipped)]
+    NoRecords { dir: PathBuf, skipped: String },
+    #[error("{0}: no such directory, and no experiment of that name in {1}; give an experiment directory, a run directory (vigil_*) or a state directory")]
+    NotFound(String, String),
+    #[error("cannot write {}: {}; give a writable place with -o FILE", .0.display(), .1)]
+    Write(PathBuf, std::io::Error),
+}
+
+impl History {
+    /// Every record below `dir`: an experiment directory, a log directory, a run directory or a
+    /// state directory. An error when there is none.
+    pub fn load(dir: impl AsRef<Path>) -> Result<History, ReportError> {
+        let dir = dir.as_ref();
+        if !dir.is_dir() {
+            return Err(ReportError::NotADirectory(dir.to_path_buf()));
+        }
+        let found = records::find(dir);
+        if found.events.is_empty() && found.ledgers.is_empty() {
+            let skipped = if found.notes.is_empty() {
+                String::new()
+            } else {
+                format!("; {}", found.notes.join("; "))
+            };
+            return Err(ReportError::NoRecords {
+                dir: dir.to_path_buf(),
+                skipped,
+            });
+        }
+        let mut h = history::build(dir.to_path_buf(), &found.events, &found.ledgers);
+        let mut notes = found.notes;
+        notes.append(&mut h.notes);
+        h.notes = notes;
+        if h.runs.is_empty() && h.allocations.is_empty() {
+            return Err(ReportError::NoRecords {
+                dir: dir.to_path_buf(),
+                skipped: "; the files found hold no timed records".into(),
+            });
+        }
+        Ok(h)
+    }
+}
+
+/// The directory `vigil report TARGET` means: TARGET itself when it is a directory, else the
+/// newest launch of the experiment named TARGET (`$VIGIL_HOME/experiments/TARGET/TARGET_<time>/`)
+/// or the launch named TARGET (`$VIGIL_HOME/experiments/<name>/TARGET`). `$VIGIL_HOME` defaults
+/// to `~/.vigil`.
+pub fn resolve_target(
+    target: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<PathBuf, ReportError> {
+    let p = Path::new(target);
+    if p.is_dir() {
+        return Ok(p.to_path_buf());
+    }
+    let home = env("VIGIL_HOME")
+        .filter(|h| !h.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| env("HOME").map(|h| Path::new(&h).join(".vigil")));
+    let not_found = |where_: String| Err(ReportError::NotFound(target.to_string(), where_));
+    let Some(home) = home else {
+        return not_found("$VIGIL_HOME/experiments ($VIGIL_HOME and $HOME are unset)".into());
+    };
+    let experiments = home.join("experiments");
+    // A name is one path component: anything else was meant as a path.
+    if target.is_empty() || target.contains('/') || target == "." || target == ".." {
+        return Err(ReportError::NotADirectory(p.to_path_buf()));
+    }
+    let by_name = experiments.join(target);
+    if by_name.is_dir() {
+        let prefix = format!("{target}_");
+        let newest = std::fs::read_dir(&by_name)
+            .ok()
+            .into_iter()
+            .flatten()
+            .filter_map(Result::ok)
+            .filter(|e| e.path().is_dir())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(&prefix))
+            .max();
+        return Ok(match newest {
+            Some(n) => by_name.join(n),
+            None => by_name,
+        });
+    }
+    if let Some((name, _)) = target.rsplit_once('_') {
+        let launch = experiments.join(name).join(target);
+        if launch.is_dir() {
+            return Ok(launch);
+        }
+    }
+    not_found(experiments.display().to_string())
+}
+
+/// `vigil report TARGET [-o FILE]`: writes the page (default `<dir>/report.html`) and returns
+/// its path.
+pub fn report_command(
+    target: &str,
+    out: Option<&Path>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<PathBuf, ReportError> {
+    let dir = resolve_target(target, env)?;
+    let history = History::load(&dir)?;
+    let html = render_html(&history);
+    let path = out.map_or_else(|| dir.join("report.html"), Path::to_path_buf);
+    std::fs::write(&path, html).map_err(|e| ReportError::Write(path.clone(), e))?;
+    Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+
+    fn scratch(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("vigil-report-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn an_experiment_name_is_its_newest_launch_and_a_launch_name_is_found_under_its_name() {
+        let home = scratch("home");
+        let exp = home.join("experiments/demo");
+        for d in ["demo_20260101-000000", "demo_20260102-000000"] {
+            fs::create_dir_all(exp.join(d)).unwrap();
+        }
+        let h = home.display().to_string();
+        let env = move |k: &str| (k == "VIGIL_HOME").then(|| h.clone());
+        assert_eq!(
+            resolve_target("demo", &env).unwrap(),
+            exp.join("demo_20260102-000000")
+        );
+        assert_eq!(
+            resolve_target("demo_20260101-000000", &env).unwrap(),
+            exp.join("demo_20260101-000000")
+        );
+        let e = resolve_target("nothing", &env).unwrap_err().to_string();
+        assert!(e.contains("no experiment of that name"), "{e}");
+        let e = resolve_target("no/such/dir", &env).unwrap_err().to_string();
+        assert!(e.starts_with("no/such/dir: not a directory"), "{e}");
+        fs::remove_dir_all(&home).unwrap();
+    }
+
+    #[test]
+    fn a_directory_without_records_is_an_error_naming_what_was_looked_for() {
+        let d = scratch("empty");
+        fs::create_dir_all(d.join("sub")).unwrap();
+        fs::write(d.join("sub/other.jsonl"), "{}\n").unwrap();
+        let e = History::load(&d).unwrap_err().to_string();
+        fs::remove_dir_all(&d).unwrap();
+        assert!(e.contains("no vigil records"), "{e}");
+        assert!(e.contains("events.jsonl and ledger.jsonl"), "{e}");
+    }
+}

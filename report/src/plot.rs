@@ -1,0 +1,649 @@
+//! The report's plots, drawn by plotters into SVG strings. plotters is built without a font
+//! backend: text is laid out by its estimate and written as plain SVG `<text>`, which the browser
+//! sets in its own sans-serif, so nothing reads system fonts.
+
+use std::collections::BTreeMap;
+
+use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
+
+use crate::fmt::utc;
+use crate::history::{History, NodeRun, StopKind};
+
+const WIDTH: u32 = 1100;
+const FONT: &str = "sans-serif";
+/// Node rows drawn at most in the timeline; the events table lists every node.
+pub const MAX_ROWS: usize = 48;
+/// Ranks drawn in the straggler plot: the worst few.
+pub const WORST_RANKS: usize = 5;
+/// Nodes drawn in the steps plot.
+pub const MAX_STEP_NODES: usize = 16;
+
+const DONE: RGBColor = RGBColor(76, 160, 90);
+const FAILED: RGBColor = RGBColor(214, 69, 65);
+const STOPPED: RGBColor = RGBColor(235, 150, 40);
+const LOST: RGBColor = RGBColor(130, 130, 130);
+const RUNNING: RGBColor = RGBColor(70, 120, 200);
+const HANG: RGBColor = RGBColor(140, 60, 170);
+const RESTART: RGBColor = RGBColor(30, 90, 200);
+
+/// The time axis: seconds, minutes or hours after `t0`, whichever keeps the numbers readable.
+#[derive(Debug, Clone, Copy)]
+pub struct TimeAxis {
+    pub t0: f64,
+    pub unit: f64,
+    pub name: &'static str,
+    pub len: f64,
+}
+
+impl TimeAxis {
+    pub fn new(t0: f64, t1: f64) -> TimeAxis {
+        let span = (t1 - t0).max(1.0);
+        let (unit, name) = if span <= 180.0 {
+            (1.0, "seconds")
+        } else if span <= 3.0 * 3600.0 {
+            (60.0, "minutes")
+        } else {
+            (3600.0, "hours")
+        };
+        TimeAxis {
+            t0,
+            unit,
+            name,
+            len: span / unit,
+        }
+    }
+
+    pub fn x(&self, ts: f64) -> f64 {
+        (ts - self.t0) / self.unit
+    }
+
+    fn desc(&self) -> String {
+        format!("{} since {}", self.name, utc(self.t0))
+    }
+
+    fn range(&self) -> std::ops::Range<f64> {
+        0.0..self.len * 1.02
+    }
+
+    /// Labels in the right third are anchored at their end so they stay inside the plot.
+    fn anchor(&self, x: f64, v: VPos) -> Pos {
+        if x > self.len * 0.66 {
+            Pos::new(HPos::Right, v)
+        } else {
+            Pos::new(HPos::Left, v)
+        }
+    }
+}
+
+fn text_style(size: u32, color: RGBColor, pos: Pos) -> TextStyle<'static> {
+    TextStyle {
+        font: (FONT, size).into_font(),
+        color: color.to_backend_color(),
+        pos,
+    }
+}
+
+fn err<E: std::fmt::Display>(e: E) -> String {
+    e.to_string()
+}
+
+/// The node rows of the timeline: node ranks in order, each labelled with its host(s).
+pub fn node_rows(h: &History) -> Vec<(u32, String)> {
+    let mut hosts: BTreeMap<u32, Vec<String>> = BTreeMap::new();
+    for r in &h.runs {
+        let v = hosts.entry(r.node_rank).or_default();
+        if !v.contains(&r.host) {
+            v.push(r.host.clone());
+        }
+    }
+    hosts
+        .into_iter()
+        .map(|(n, hs)| {
+            let hs = if hs.len() > 2 {
+                format!("{}, {} more", hs[0], hs.len() - 1)
+            } else {
+                hs.join(", ")
+            };
+            (n, format!("node {n} ({hs})"))
+        })
+        .collect()
+}
+
+/// The timeline: a band per allocation, a row per node rank with a bar per attempt, and markers
+/// with labels for failures, hangs (with their frame), restarts and stops.
+pub fn timeline(h: &History, axis: &TimeAxis) -> Result<String, String> {
+    let rows: Vec<(u32, String)> = node_rows(h).into_iter().take(MAX_ROWS).collect();
+    let row_of = |node_rank: u32| rows.iter().position(|(n, _)| *n == node_rank);
+    let n = rows.len().max(1);
+    // Row i is drawn at y = n - 1 - i, so node 0 is on top; the band above the rows holds the
+    // allocations' labels.
+    let y_of = |i: usize| (n - 1 - i) as f64;
+    let height = 150 + 100 * n as u32;
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (WIDTH, height)).into_drawing_area();
+        root.fill(&WHITE).map_err(err)?;
+        let mut chart = ChartBuilder::on(&root)
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(10)
+            .build_cartesian_2d(axis.range(), -0.6..(n as f64 - 0.4 + 0.7))
+            .map_err(err)?;
+        chart
+            .configure_mesh()
+            .disable_y_mesh()
+            .y_labels(0)
+            .x_desc(axis.desc())
+            .axis_desc_style((FONT, 13))
+            .label_style((FONT, 12))
+            .draw()
+            .map_err(err)?;
+        let top = n as f64 - 0.4;
+        let end_all = axis.len;
+        // Allocations: alternating bands with a label above the rows.
+        for (k, a) in h.allocations.iter().enumerate() {
+            let x0 = axis.x(a.start);
+            let x1 = a.end.map_or(end_all, |e| axis.x(e));
+            let shade = if k % 2 == 0 {
+                RGBColor(238, 242, 250)
+            } else {
+                RGBColor(246, 240, 232)
+            };
+            chart
+                .draw_series(std::iter::once(Rectangle::new(
+                    [(x0, -0.55), (x1, top + 0.65)],
+                    shade.filled(),
+                )))
+                .map_err(err)?;
+            let mut label = format!("allocation {}", a.number);
+            match a.end {
+                None => label.push_str(": running"),
+                Some(_) => {
+                    label.push_str(&format!(": {}", a.outcome.as_deref().unwrap_or("ended")));
+                    if let Some(t) = &a.stop_trigger {
+                        let what = if a.preempted() {
+                            "preempted"
+                        } else {
+                            "stopped"
+                        };
+                        match a.stop_step {
+                            Some(s) => label.push_str(&format!(" ({what}: {t} at step {s})")),
+                            None => label.push_str(&format!(" ({what}: {t})")),
+                        }
+                    }
+                    if let Some(d) = &a.decision {
+                        label.push_str(&format!(" -> {d}"));
+                    }
+                }
+            }
+            chart
+                .draw_series(std::iter::once(Text::new(
+                    label,
+                    (x0, top + 0.55),
+                    text_style(13, BLACK, Pos::new(HPos::Left, VPos::Top)),
+                )))
+                .map_err(err)?;
+        }
+        // Requeues after every band, so the next allocation's band does not cover them.
+        for a in h.allocations.iter().filter(|a| a.requeued()) {
+            let x1 = a.end.map_or(end_all, |e| axis.x(e));
+            // The requeue: a dashed line at the allocation's end.
+            chart
+                .draw_series(DashedLineSeries::new(
+                    [(x1, -0.55), (x1, top + 0.65)],
+                    6,
+                    4,
+                    STOPPED.stroke_width(2),
+                ))
+                .map_err(err)?;
+            let what = if a.preempted() {
+                "requeue after preemption"
+            } else {
+                "requeue"
+            };
+            chart
+                .draw_series(std::iter::once(Text::new(
+                    what.to_string(),
+                    (x1, top + 0.3),
+                    text_style(12, STOPPED, Pos::new(HPos::Right, VPos::Top)),
+                )))
+                .map_err(err)?;
+        }
+        for (i, (_, label)) in rows.iter().enumerate() {
+            chart
+                .draw_series(std::iter::once(Text::new(
+                    label.clone(),
+                    (0.0, y_of(i) + 0.42),
+                    text_style(12, RGBColor(60, 60, 60), Pos::new(HPos::Left, VPos::Top)),
+                )))
+                .map_err(err)?;
+        }
+        for run in &h.runs {
+            let Some(i) = row_of(run.node_rank) else {
+                continue;
+            };
+            let y = y_of(i);
+            for a in &run.attempts {
+                let color = match a.end_kind.as_deref() {
+                    Some("done") => DONE,
+                    Some("failed") => FAILED,
+                    Some("stopped") => STOPPED,
+                    Some("lost") => LOST,
+                    _ => RUNNING,
+                };
+                let (x0, x1) = (axis.x(a.start), axis.x(a.end));
+                chart
+                    .draw_series(std::iter::once(Rectangle::new(
+                        [(x0, y - 0.12), (x1.max(x0 + axis.len * 0.002), y + 0.12)],
+                        color.mix(0.85).filled(),
+                    )))
+                    .map_err(err)?;
+                chart
+                    .draw_series(std::iter::once(Text::new(
+                        format!("attempt {}", a.cycle),
+                        (x0, y + 0.14),
+                        text_style(11, BLACK, Pos::new(HPos::Left, VPos::Bottom)),
+                    )))
+                    .map_err(err)?;
+            }
+            for f in &run.failures {
+                let x = axis.x(f.ts);
+                chart
+                    .draw_series(std::iter::once(Cross::new(
+                        (x, y),
+                        7,
+                        FAILED.stroke_width(3),
+                    )))
+                    .map_err(err)?;
+                chart
+                    .draw_series(std::iter::once(Text::new(
+                        format!("failure: {}", f.describe()),
+                        (x, y - 0.16),
+                        text_style(12, FAILED, axis.anchor(x, VPos::Top)),
+                    )))
+                    .map_err(err)?;
+            }
+            for hang in &run.hangs {
+                let x = axis.x(hang.ts);
+                chart
+                    .draw_series(std::iter::once(TriangleMarker::new(
+                        (x, y),
+                        8,
+                        HANG.filled(),
+                    )))
+                    .map_err(err)?;
+                chart
+                    .draw_series(std::iter::once(Text::new(
+                        format!("hang: {}", hang.describe()),
+                        (x, y - 0.3),
+                        text_style(12, HANG, axis.anchor(x, VPos::Top)),
+                    )))
+                    .map_err(err)?;
+            }
+            for r in &run.restarts {
+                let x = axis.x(r.ts);
+                chart
+                    .draw_series(std::iter::once(Circle::new((x, y), 5, RESTART.filled())))
+                    .map_err(err)?;
+                chart
+                    .draw_series(std::iter::once(Text::new(
+                        format!("restart -> attempt {}", r.to_cycle),
+                        (x, y + 0.28),
+                        text_style(12, RESTART, axis.anchor(x, VPos::Bottom)),
+                    )))
+                    .map_err(err)?;
+            }
+            for f in &run.node_faults {
+                let x = axis.x(f.ts);
+                chart
+                    .draw_series(std::iter::once(Cross::new((x, y), 7, LOST.stroke_width(3))))
+                    .map_err(err)?;
+                chart
+                    .draw_series(std::iter::once(Text::new(
+                        format!("node fault: {}", f.reason),
+                        (x, y - 0.3),
+                        text_style(12, RGBColor(80, 80, 80), axis.anchor(x, VPos::Top)),
+                    )))
+                    .map_err(err)?;
+            }
+            for (ts, label) in stop_labels(run) {
+                let x = axis.x(ts);
+                chart
+                    .draw_series(std::iter::once(Circle::new((x, y), 5, STOPPED.filled())))
+                    .map_err(err)?;
+                chart
+                    .draw_series(std::iter::once(Text::new(
+                        label,
+                        (x, y - 0.44),
+                        text_style(12, STOPPED, axis.anchor(x, VPos::Top)),
+                    )))
+                    .map_err(err)?;
+            }
+        }
+        root.present().map_err(err)?;
+    }
+    Ok(svg)
+}
+
+/// The timeline's stop markers for one node: a trigger and the step agreed after it make one
+/// label (`stop: time-limit, at step 297`); an agreement without a trigger on
+/// this node (another node saw it) is labelled alone. Overdue ranks are left to the table.
+pub fn stop_labels(run: &NodeRun) -> Vec<(f64, String)> {
+    let mut out: Vec<(f64, String)> = Vec::new();
+    let mut open: Option<usize> = None;
+    for s in &run.stops {
+        match &s.kind {
+            StopKind::Triggered { trigger } => {
+                out.push((s.ts, format!("stop: {trigger}")));
+                open = Some(out.len() - 1);
+            }
+            StopKind::Agreed { step, trigger } => {
+                let at = match step {
+                    Some(n) => format!("at step {n}"),
+                    None => "now".to_string(),
+                };
+                match open.take() {
+                    Some(i) => out[i].1.push_str(&format!(", {at}")),
+                    None => out.push((
+                        s.ts,
+                        match trigger {
+                            Some(t) => format!("stop: {t}, {at}"),
+                            None => format!("stop {at}"),
+                        },
+                    )),
+                }
+            }
+            StopKind::Overdue { .. } => {}
+        }
+    }
+    out
+}
+
+/// Steps over time: a line per node rank (its ranks' highest step).
+pub fn steps(h: &History, axis: &TimeAxis) -> Option<Result<String, String>> {
+    // A line per run (one node in one allocation), so allocations are not joined across the
+    // time between them; one colour per node rank.
+    let mut lines: Vec<(u32, Vec<(f64, f64)>)> = h
+        .runs
+        .iter()
+        .filter(|r| !r.steps.is_empty())
+        .map(|r| {
+            let mut pts: Vec<(f64, f64)> = r
+                .steps
+                .iter()
+                .map(|p| (axis.x(p.ts), p.step as f64))
+                .collect();
+            pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+            (r.node_rank, pts)
+        })
+        .collect();
+    // Runs are in start order; the legend lists nodes in rank order.
+    lines.sort_by_key(|l| l.0);
+    if lines.is_empty() {
+        return None;
+    }
+    let mut nodes: Vec<u32> = lines.iter().map(|l| l.0).collect();
+    nodes.sort();
+    nodes.dedup();
+    nodes.truncate(MAX_STEP_NODES);
+    lines.retain(|l| nodes.contains(&l.0));
+    Some(steps_svg(&lines, &nodes, axis))
+}
+
+fn steps_svg(
+    lines: &[(u32, Vec<(f64, f64)>)],
+    nodes: &[u32],
+    axis: &TimeAxis,
+) -> Result<String, String> {
+    let (lo, hi) = lines
+        .iter()
+        .flat_map(|l| l.1.iter())
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), p| {
+            (lo.min(p.1), hi.max(p.1))
+        });
+    let pad = ((hi - lo) * 0.05).max(1.0);
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (WIDTH, 380)).into_drawing_area();
+        root.fill(&WHITE).map_err(err)?;
+        let mut chart = ChartBuilder::on(&root)
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(60)
+            .build_cartesian_2d(axis.range(), (lo - pad).max(0.0)..hi + pad)
+            .map_err(err)?;
+        chart
+            .configure_mesh()
+            .x_desc(axis.desc())
+            .y_desc("step")
+            .y_label_formatter(&|v| format!("{v:.0}"))
+            .axis_desc_style((FONT, 13))
+            .label_style((FONT, 12))
+            .draw()
+            .map_err(err)?;
+        let mut labelled = Vec::new();
+        for (node, pts) in lines {
+            let k = nodes.iter().position(|n| n == node).unwrap_or(0);
+            let color = Palette99::pick(k).to_rgba();
+            let series = chart
+                .draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)))
+                .map_err(err)?;
+            if !labelled.contains(node) {
+                labelled.push(*node);
+                series.label(format!("node {node}")).legend(move |(x, y)| {
+                    PathElement::new([(x, y), (x + 16, y)], color.stroke_width(2))
+                });
+            }
+            chart
+                .draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled())))
+                .map_err(err)?;
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::LowerRight)
+            .label_font((FONT, 12))
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK.mix(0.3))
+            .draw()
+            .map_err(err)?;
+        root.present().map_err(err)?;
+    }
+    Ok(svg)
+}
+
+/// The ranks with the lowest relative score in any report, worst first, at most `n`.
+pub fn worst_ranks(h: &History, n: usize) -> Vec<u32> {
+    let mut low: BTreeMap<u32, f64> = BTreeMap::new();
+    for rep in h.straggler_reports() {
+        for r in &rep.ranks {
+            if let Some(s) = r.relative {
+                let e = low.entry(r.rank).or_insert(f64::INFINITY);
+                *e = e.min(s);
+            }
+        }
+    }
+    let mut v: Vec<(u32, f64)> = low.into_iter().collect();
+    v.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
+    v.into_iter().take(n).map(|(r, _)| r).collect()
+}
+
+/// Straggler scores over time: the relative score of the worst few ranks, and the threshold.
+pub fn stragglers(h: &History, axis: &TimeAxis) -> Option<Result<String, String>> {
+    let worst = worst_ranks(h, WORST_RANKS);
+    if worst.is_empty() {
+        return None;
+    }
+    Some(stragglers_svg(h, axis, &worst))
+}
+
+fn stragglers_svg(h: &History, axis: &TimeAxis, worst: &[u32]) -> Result<String, String> {
+    let reports = h.straggler_reports();
+    let threshold = reports.iter().rev().find_map(|r| r.threshold);
+    let mut svg = String::new();
+    {
+        // Scores are at most 1.0: the room above holds the legend, clear of every line.
+        let root = SVGBackend::with_string(&mut svg, (WIDTH, 460)).into_drawing_area();
+        root.fill(&WHITE).map_err(err)?;
+        let mut chart = ChartBuilder::on(&root)
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(60)
+            .build_cartesian_2d(axis.range(), 0.0..1.45)
+            .map_err(err)?;
+        chart
+            .configure_mesh()
+            .x_desc(axis.desc())
+            .y_desc("relative score (1.0 best)")
+            .y_label_formatter(&|v| {
+                if *v > 1.0001 {
+                    String::new()
+                } else {
+                    format!("{v:.1}")
+                }
+            })
+            .axis_desc_style((FONT, 13))
+            .label_style((FONT, 12))
+            .draw()
+            .map_err(err)?;
+        if let Some(t) = threshold {
+            chart
+                .draw_series(DashedLineSeries::new(
+                    [(0.0, t), (axis.len, t)],
+                    6,
+                    4,
+                    FAILED.stroke_width(1),
+                ))
+                .map_err(err)?
+                .label(format!("threshold {t:.2}"))
+                .legend(|(x, y)| PathElement::new([(x, y), (x + 16, y)], FAILED.stroke_width(1)));
+        }
+        for (k, rank) in worst.iter().enumerate() {
+            let pts: Vec<(f64, f64)> = reports
+                .iter()
+                .filter_map(|rep| {
+                    rep.ranks
+                        .iter()
+                        .find(|r| r.rank == *rank)
+                        .and_then(|r| r.relative)
+                        .map(|s| (axis.x(rep.ts), s))
+                })
+                .collect();
+            let host = reports
+                .iter()
+                .flat_map(|rep| rep.ranks.iter())
+                .find(|r| r.rank == *rank)
+                .and_then(|r| r.host.clone());
+            let label = match host {
+                Some(h) => format!("rank {rank} ({h})"),
+                None => format!("rank {rank}"),
+            };
+            let color = Palette99::pick(k).to_rgba();
+            chart
+                .draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)))
+                .map_err(err)?
+                .label(label)
+                .legend(move |(x, y)| {
+                    PathElement::new([(x, y), (x + 16, y)], color.stroke_width(2))
+                });
+            chart
+                .draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled())))
+                .map_err(err)?;
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .label_font((FONT, 12))
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK.mix(0.3))
+            .draw()
+            .map_err(err)?;
+        root.present().map_err(err)?;
+    }
+    Ok(svg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::history::Stop;
+
+    fn stop(ts: f64, kind: StopKind) -> Stop {
+        Stop { ts, cycle: 0, kind }
+    }
+
+    #[test]
+    fn a_trigger_and_its_agreed_step_make_one_label() {
+        let run = NodeRun {
+            stops: vec![
+                stop(
+                    1.0,
+                    StopKind::Triggered {
+                        trigger: "time-limit".into(),
+                    },
+                ),
+                stop(
+                    2.0,
+                    StopKind::Agreed {
+                        step: Some(297),
+                        trigger: Some("time-limit".into()),
+                    },
+                ),
+                stop(3.0, StopKind::Overdue { ranks: vec![1] }),
+                stop(
+                    9.0,
+                    StopKind::Agreed {
+                        step: None,
+                        trigger: Some("SIGTERM".into()),
+                    },
+                ),
+            ],
+            ..NodeRun::default()
+        };
+        assert_eq!(
+            stop_labels(&run),
+            vec![
+                (1.0, "stop: time-limit, at step 297".to_string()),
+                (9.0, "stop: SIGTERM, now".to_string())
+            ]
+        );
+    }
+
+    #[test]
+    fn the_worst_ranks_are_the_lowest_relative_scores_in_any_report() {
+        use crate::history::{RankScore, StragglerReport};
+        let score = |rank, relative| RankScore {
+            rank,
+            relative: Some(relative),
+            ..RankScore::default()
+        };
+        let h = History {
+            runs: vec![NodeRun {
+                straggler_reports: vec![
+                    StragglerReport {
+                        ts: 1.0,
+                        ranks: vec![score(0, 1.0), score(1, 0.9), score(2, 0.3)],
+                        ..Default::default()
+                    },
+                    StragglerReport {
+                        ts: 2.0,
+                        ranks: vec![score(0, 0.5), score(1, 0.95), score(2, 0.8)],
+                        ..Default::default()
+                    },
+                ],
+                ..NodeRun::default()
+            }],
+            ..History::default()
+        };
+        assert_eq!(worst_ranks(&h, 2), vec![2, 0]);
+        assert_eq!(worst_ranks(&h, 5), vec![2, 0, 1]);
+    }
+
+    #[test]
+    fn the_time_axis_picks_a_readable_unit() {
+        assert_eq!(TimeAxis::new(0.0, 100.0).name, "seconds");
+        assert_eq!(TimeAxis::new(0.0, 3600.0).name, "minutes");
+        let a = TimeAxis::new(0.0, 5.0 * 3600.0);
+        assert_eq!((a.name, a.x(7200.0)), ("hours", 2.0));
+    }
+}
