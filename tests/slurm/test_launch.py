@@ -118,6 +118,8 @@ def test_launch_status_logs_list_and_no_secret_written(slurm_cluster, tmp_path):
 
     state, out = status_of(tmp_path, exp)
     assert state == "COMPLETED" and "- Exit code: 0:0" in out, out
+    # vigil's own view, from the records under the experiment directory.
+    assert re.search(r"^vigil: 1 allocation, 0 in-job restarts, 0 requeues$", out, re.M), out
     # By directory and by name (its latest launch), as by id.
     assert status_of(tmp_path, str(d)) == (state, out)
     assert status_of(tmp_path, "toy") == (state, out)
@@ -158,7 +160,7 @@ def test_cancel_ends_a_running_job(slurm_cluster, tmp_path):
     info = show_job(int(job))
     assert info["JobState"] == "CANCELLED" and info["Restarts"] == "0", info
     state, out = status_of(tmp_path, exp)
-    assert state == "CANCELLED", out
+    assert state == "CANCELLED" and re.search(r"^vigil: 1 allocation, .*, 0 requeues$", out, re.M), out
     p = vigil(tmp_path, "cancel", exp)
     assert p.returncode == 0 and "already ended: CANCELLED" in p.stdout, p.stdout
 
