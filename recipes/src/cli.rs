@@ -196,7 +196,7 @@ fn launch_inner(a: &LaunchArgs, run: &[RunOption]) -> Result<(), Error> {
         print!("{line}");
         return Ok(());
     }
-    let home = experiment::home(&env)?;
+    let home = experiment::home(&env, &cwd)?;
     if a.dry_run {
         recipe::check(
             &job,
@@ -312,8 +312,13 @@ fn set_executable(p: &Path) {
     let _ = std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755));
 }
 
+fn home() -> Result<PathBuf, Error> {
+    let cwd = std::env::current_dir().map_err(|e| Error(format!("no current directory: {e}")))?;
+    experiment::home(&env, &cwd)
+}
+
 fn find(q: Option<&str>) -> Result<Meta, Error> {
-    experiment::find(&experiment::home(&env)?, q)
+    experiment::find(&home()?, q)
 }
 
 fn job_id(m: &Meta) -> Result<&str, Error> {
@@ -536,7 +541,7 @@ pub fn cancel(a: &ExperimentArg) -> i32 {
 
 pub fn list() -> i32 {
     let run = || -> Result<(), Error> {
-        let all = experiment::all(&experiment::home(&env)?);
+        let all = experiment::all(&home()?);
         if all.is_empty() {
             println!("no experiments yet; start one with vigil launch RECIPE");
             return Ok(());

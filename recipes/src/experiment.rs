@@ -26,15 +26,21 @@ pub struct Meta {
 
 pub const META: &str = "experiment.json";
 
-/// `$VIGIL_HOME`, else `~/.vigil`.
-pub fn home(env: &dyn Fn(&str) -> Option<String>) -> Result<PathBuf, Error> {
-    if let Some(h) = env("VIGIL_HOME").filter(|h| !h.is_empty()) {
-        return Ok(PathBuf::from(h));
-    }
-    match env("HOME").filter(|h| !h.is_empty()) {
-        Some(h) => Ok(Path::new(&h).join(".vigil")),
-        None => err("neither VIGIL_HOME nor HOME is set; set VIGIL_HOME to where experiments go"),
-    }
+/// `$VIGIL_HOME`, else `~/.vigil`; a relative one is taken from `cwd`, since the job's script
+/// names the experiment directory from wherever the job starts.
+pub fn home(env: &dyn Fn(&str) -> Option<String>, cwd: &Path) -> Result<PathBuf, Error> {
+    let h =
+        if let Some(h) = env("VIGIL_HOME").filter(|h| !h.is_empty()) {
+            PathBuf::from(h)
+        } else {
+            match env("HOME").filter(|h| !h.is_empty()) {
+                Some(h) => Path::new(&h).join(".vigil"),
+                None => return err(
+                    "neither VIGIL_HOME nor HOME is set; set VIGIL_HOME to where experiments go",
+                ),
+            }
+        };
+    Ok(if h.is_absolute() { h } else { cwd.join(h) })
 }
 
 /// `YYYYMMDD-HHMMSS` in UTC.
@@ -167,6 +173,16 @@ pub fn find(home: &Path, query: Option<&str>) -> Result<Meta, Error> {
 mod tests {
     use super::*;
     use std::time::{Duration, UNIX_EPOCH};
+
+    #[test]
+    fn home_is_absolute() {
+        let cwd = Path::new("/c");
+        let env = |k: &str| (k == "VIGIL_HOME").then(|| "rel".to_string());
+        assert_eq!(home(&env, cwd).unwrap(), Path::new("/c/rel"));
+        let env = |k: &str| (k == "HOME").then(|| "/h".to_string());
+        assert_eq!(home(&env, cwd).unwrap(), Path::new("/h/.vigil"));
+        assert!(home(&|_: &str| None, cwd).is_err());
+    }
 
     #[test]
     fn stamps_are_utc() {

@@ -22,7 +22,11 @@ pub struct Recipe {
     pub account: Option<String>,
     pub time: Option<String>,
     pub script: Option<String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "scalar_list",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub args: Vec<String>,
     pub image: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -31,7 +35,11 @@ pub struct Recipe {
     pub log_dir: Option<PathBuf>,
     pub cache_dir: Option<PathBuf>,
     pub data_dir: Option<PathBuf>,
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "scalar_map",
+        skip_serializing_if = "BTreeMap::is_empty"
+    )]
     pub env: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secrets: Vec<String>,
@@ -42,6 +50,41 @@ pub struct Recipe {
     /// `vigil run`'s own options by their long names, `max_restarts = 3`.
     #[serde(default, skip_serializing_if = "toml::Table::is_empty")]
     pub vigil: toml::Table,
+}
+
+/// A number or a boolean where text is meant (`OMP_NUM_THREADS = 4`, `args = ["--steps", 5]`)
+/// is taken as its text.
+fn scalar_text(v: toml::Value) -> Option<String> {
+    match v {
+        toml::Value::String(s) => Some(s),
+        toml::Value::Integer(i) => Some(i.to_string()),
+        toml::Value::Float(f) => Some(f.to_string()),
+        toml::Value::Boolean(b) => Some(b.to_string()),
+        _ => None,
+    }
+}
+
+fn scalar_map<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<BTreeMap<String, String>, D::Error> {
+    BTreeMap::<String, toml::Value>::deserialize(d)?
+        .into_iter()
+        .map(|(k, v)| {
+            scalar_text(v).map(|t| (k.clone(), t)).ok_or_else(|| {
+                serde::de::Error::custom(format!("env.{k} must be text, a number or a boolean"))
+            })
+        })
+        .collect()
+}
+
+fn scalar_list<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    Vec::<toml::Value>::deserialize(d)?
+        .into_iter()
+        .map(|v| {
+            scalar_text(v)
+                .ok_or_else(|| serde::de::Error::custom("args must be a list of texts or numbers"))
+        })
+        .collect()
 }
 
 /// The recipe's top-level keys, for "did you mean".
@@ -650,11 +693,23 @@ mod tests {
         set_key(&mut t, "partition", toml_value("debug")).unwrap();
         set_key(&mut t, "args", toml_value("[\"--steps\", \"5\"]")).unwrap();
         set_key(&mut t, "time", toml_value("00:10:00")).unwrap();
+        set_key(&mut t, "env.OMP_NUM_THREADS", toml_value("4")).unwrap();
+        set_key(&mut t, "env.X", toml_value("a b")).unwrap();
         let r = from_table(t, "r").unwrap();
         assert_eq!(r.vigil["max_restarts"].as_integer(), Some(3));
         assert_eq!(r.partition.as_deref(), Some("debug"));
         assert_eq!(r.args, ["--steps", "5"]);
         assert_eq!(r.time.as_deref(), Some("00:10:00"));
+        assert_eq!(r.env["OMP_NUM_THREADS"], "4");
+        assert_eq!(r.env["X"], "a b");
+        let r = from_table(
+            parse_table("args = [\"--steps\", 5, 0.5, true]\n", "r").unwrap(),
+            "r",
+        )
+        .unwrap();
+        assert_eq!(r.args, ["--steps", "5", "0.5", "true"]);
+        let e = from_table(parse_table("env = { A = [1] }\n", "r").unwrap(), "r").unwrap_err();
+        assert!(e.0.contains("env.A must be text"), "{e}");
         let mut t = toml::Table::new();
         assert!(set_key(&mut t, "a..b", toml_value("1")).is_err());
         set_key(&mut t, "name", toml_value("x")).unwrap();
