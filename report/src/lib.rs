@@ -100,7 +100,7 @@ pub fn resolve_target(
             .filter(|e| e.path().is_dir())
             .map(|e| e.file_name().to_string_lossy().into_owned())
             .filter(|n| n.starts_with(&prefix))
-            .max();
+            .max_by_key(|n| launch_order(n));
         return Ok(match newest {
             Some(n) => by_name.join(n),
             None => by_name,
@@ -113,6 +113,15 @@ pub fn resolve_target(
         }
     }
     not_found(experiments.display().to_string())
+}
+
+/// `name_20260101-000000` and the later launches of the same second, `..-2`, `..-10`, in order.
+fn launch_order(id: &str) -> (String, u32) {
+    let stamp = id.rsplit_once('_').map_or(id, |(_, s)| s);
+    match stamp.split('-').collect::<Vec<_>>()[..] {
+        [day, time, n] => (format!("{day}-{time}"), n.parse().unwrap_or(0)),
+        _ => (stamp.to_string(), 1),
+    }
 }
 
 /// `vigil report TARGET [-o FILE]`: writes the page (default `<dir>/report.html`) and returns
@@ -146,14 +155,19 @@ mod tests {
     fn an_experiment_name_is_its_newest_launch_and_a_launch_name_is_found_under_its_name() {
         let home = scratch("home");
         let exp = home.join("experiments/demo");
-        for d in ["demo_20260101-000000", "demo_20260102-000000"] {
+        for d in [
+            "demo_20260101-000000",
+            "demo_20260102-000000",
+            "demo_20260102-000000-9",
+            "demo_20260102-000000-10",
+        ] {
             fs::create_dir_all(exp.join(d)).unwrap();
         }
         let h = home.display().to_string();
         let env = move |k: &str| (k == "VIGIL_HOME").then(|| h.clone());
         assert_eq!(
             resolve_target("demo", &env).unwrap(),
-            exp.join("demo_20260102-000000")
+            exp.join("demo_20260102-000000-10")
         );
         assert_eq!(
             resolve_target("demo_20260101-000000", &env).unwrap(),
