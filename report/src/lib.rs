@@ -50,14 +50,37 @@ impl History {
                 skipped,
             });
         }
-        let mut h = history::build(dir.to_path_buf(), &found.events, &found.ledgers);
         let mut notes = found.notes;
+        let mut runs = Vec::new();
+        for path in &found.events {
+            let mut b = history::RunBuilder::new(path.clone());
+            match records::read_jsonl(path, &mut |v| b.push(v)) {
+                Ok(n) => notes.extend(n),
+                Err(e) => notes.push(format!("skipped {}: {e}", path.display())),
+            }
+            runs.push(b.finish());
+        }
+        let mut ledgers = Vec::new();
+        for path in &found.ledgers {
+            let mut file = records::RecordFile {
+                path: path.clone(),
+                records: Vec::new(),
+            };
+            match records::read_jsonl(path, &mut |v| file.records.push(v.clone())) {
+                Ok(n) => notes.extend(n),
+                Err(e) => notes.push(format!("skipped {}: {e}", path.display())),
+            }
+            ledgers.push(file);
+        }
+        let mut h = history::build_from_runs(dir.to_path_buf(), runs, &ledgers);
         notes.append(&mut h.notes);
         h.notes = notes;
         if h.runs.is_empty() && h.allocations.is_empty() {
             return Err(ReportError::NoRecords {
                 dir: dir.to_path_buf(),
-                skipped: "; the files found hold no timed records".into(),
+                skipped: std::iter::once("; the files found hold no timed records".to_string())
+                    .chain(h.notes.iter().map(|n| format!("; {n}")))
+                    .collect(),
             });
         }
         Ok(h)
