@@ -106,8 +106,8 @@ pub fn render_html(h: &History) -> String {
     if rows > plot::MAX_ROWS {
         let _ = writeln!(
             out,
-            "<p class=\"empty\">The plot shows node ranks 0 to {} of {rows}; the events table lists every node.</p>",
-            plot::MAX_ROWS - 1
+            "<p class=\"empty\">The plot shows {} of {rows} node ranks: node rank 0 and those where something went wrong first, then the lowest; the events table lists every node.</p>",
+            plot::MAX_ROWS
         );
     }
     figure(

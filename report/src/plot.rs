@@ -110,10 +110,40 @@ pub fn node_rows(h: &History) -> Vec<(u32, String)> {
         .collect()
 }
 
+/// The node rows the timeline draws, at most `max`: every node when they fit, else node rank 0,
+/// the nodes where something went wrong (a failure, a hang, a fault, a lost attempt), then the
+/// lowest other node ranks; in node rank order.
+pub fn timeline_rows(h: &History, max: usize) -> Vec<(u32, String)> {
+    let all = node_rows(h);
+    if all.len() <= max {
+        return all;
+    }
+    let mut chosen: Vec<u32> = vec![all[0].0];
+    let troubled = h.runs.iter().filter(|r| {
+        !r.failures.is_empty()
+            || !r.hangs.is_empty()
+            || !r.node_faults.is_empty()
+            || r.attempts
+                .iter()
+                .any(|a| a.end_kind.as_deref() == Some("lost"))
+    });
+    for n in troubled.map(|r| r.node_rank).chain(all.iter().map(|r| r.0)) {
+        if chosen.len() >= max {
+            break;
+        }
+        if !chosen.contains(&n) {
+            chosen.push(n);
+        }
+    }
+    all.into_iter()
+        .filter(|(n, _)| chosen.contains(n))
+        .collect()
+}
+
 /// The timeline: a band per allocation, a row per node rank with a bar per attempt, and markers
 /// with labels for failures, hangs (with their frame), restarts and stops.
 pub fn timeline(h: &History, axis: &TimeAxis) -> Result<String, String> {
-    let rows: Vec<(u32, String)> = node_rows(h).into_iter().take(MAX_ROWS).collect();
+    let rows = timeline_rows(h, MAX_ROWS);
     let row_of = |node_rank: u32| rows.iter().position(|(n, _)| *n == node_rank);
     let n = rows.len().max(1);
     // Row i is drawn at y = n - 1 - i, so node 0 is on top; the band above the rows holds the
@@ -637,6 +667,29 @@ mod tests {
         };
         assert_eq!(worst_ranks(&h, 2), vec![2, 0]);
         assert_eq!(worst_ranks(&h, 5), vec![2, 0, 1]);
+    }
+
+    #[test]
+    fn a_large_job_shows_node_0_and_the_troubled_nodes_first() {
+        let run = |node_rank: u32, fails: bool| NodeRun {
+            host: format!("h{node_rank}"),
+            node_rank,
+            start: 1.0,
+            end: 2.0,
+            failures: if fails {
+                vec![crate::history::Failure::default()]
+            } else {
+                vec![]
+            },
+            ..NodeRun::default()
+        };
+        let h = History {
+            runs: (0..60).map(|n| run(n, n == 55 || n == 7)).collect(),
+            ..History::default()
+        };
+        let rows: Vec<u32> = timeline_rows(&h, 4).into_iter().map(|r| r.0).collect();
+        assert_eq!(rows, vec![0, 1, 7, 55]);
+        assert_eq!(timeline_rows(&h, 100).len(), 60);
     }
 
     #[test]
