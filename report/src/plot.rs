@@ -277,7 +277,9 @@ pub fn timeline(h: &History, axis: &TimeAxis) -> Result<String, String> {
                     )))
                     .map_err(err)?;
             }
-            for f in &run.failures {
+            // Ranks of one attempt often fail or hang together (a collective aborts): one
+            // label per attempt, for the first, naming how many more.
+            for (f, more) in first_per_cycle(&run.failures, |f| (f.cycle, f.ts)) {
                 let x = axis.x(f.ts);
                 chart
                     .draw_series(std::iter::once(Cross::new(
@@ -288,13 +290,13 @@ pub fn timeline(h: &History, axis: &TimeAxis) -> Result<String, String> {
                     .map_err(err)?;
                 chart
                     .draw_series(std::iter::once(Text::new(
-                        format!("failure: {}", f.describe()),
+                        format!("failure: {}{}", f.describe(), more_ranks(more)),
                         (x, y - 0.16),
                         text_style(12, FAILED, axis.anchor(x, VPos::Top)),
                     )))
                     .map_err(err)?;
             }
-            for hang in &run.hangs {
+            for (hang, more) in first_per_cycle(&run.hangs, |h| (h.cycle, h.ts)) {
                 let x = axis.x(hang.ts);
                 chart
                     .draw_series(std::iter::once(TriangleMarker::new(
@@ -305,7 +307,7 @@ pub fn timeline(h: &History, axis: &TimeAxis) -> Result<String, String> {
                     .map_err(err)?;
                 chart
                     .draw_series(std::iter::once(Text::new(
-                        format!("hang: {}", hang.describe()),
+                        format!("hang: {}{}", hang.describe(), more_ranks(more)),
                         (x, y - 0.3),
                         text_style(12, HANG, axis.anchor(x, VPos::Top)),
                     )))
@@ -354,6 +356,32 @@ pub fn timeline(h: &History, axis: &TimeAxis) -> Result<String, String> {
         root.present().map_err(err)?;
     }
     Ok(svg)
+}
+
+/// The earliest item of each cycle, with how many more the cycle has, in cycle order.
+pub fn first_per_cycle<T>(items: &[T], key: impl Fn(&T) -> (u32, f64)) -> Vec<(&T, usize)> {
+    let mut out: Vec<(&T, usize)> = Vec::new();
+    let mut by_cycle: BTreeMap<u32, (usize, usize)> = BTreeMap::new();
+    for (i, it) in items.iter().enumerate() {
+        let (cycle, ts) = key(it);
+        let e = by_cycle.entry(cycle).or_insert((i, 0));
+        e.1 += 1;
+        if ts < key(&items[e.0]).1 {
+            e.0 = i;
+        }
+    }
+    for (_, (i, n)) in by_cycle {
+        out.push((&items[i], n - 1));
+    }
+    out
+}
+
+fn more_ranks(more: usize) -> String {
+    match more {
+        0 => String::new(),
+        1 => " (+1 more rank)".into(),
+        n => format!(" (+{n} more ranks)"),
+    }
 }
 
 /// The timeline's stop markers for one node: a trigger and the step agreed after it make one
@@ -690,6 +718,17 @@ mod tests {
         let rows: Vec<u32> = timeline_rows(&h, 4).into_iter().map(|r| r.0).collect();
         assert_eq!(rows, vec![0, 1, 7, 55]);
         assert_eq!(timeline_rows(&h, 100).len(), 60);
+    }
+
+    #[test]
+    fn failures_of_one_attempt_share_one_label() {
+        let items = [(0u32, 5.0), (0, 4.0), (0, 6.0), (2, 9.0)];
+        let got: Vec<((u32, f64), usize)> = first_per_cycle(&items, |x| *x)
+            .into_iter()
+            .map(|(x, n)| (*x, n))
+            .collect();
+        assert_eq!(got, vec![((0, 4.0), 2), ((2, 9.0), 0)]);
+        assert_eq!(more_ranks(2), " (+2 more ranks)");
     }
 
     #[test]
