@@ -99,6 +99,9 @@ pub fn resolve_target(
     if p.is_dir() {
         return Ok(p.to_path_buf());
     }
+    if p.exists() {
+        return Err(ReportError::NotADirectory(p.to_path_buf()));
+    }
     let home = env("VIGIL_HOME")
         .filter(|h| !h.is_empty())
         .map(PathBuf::from)
@@ -200,6 +203,12 @@ mod tests {
         assert!(e.contains("no experiment of that name"), "{e}");
         let e = resolve_target("no/such/dir", &env).unwrap_err().to_string();
         assert!(e.starts_with("no/such/dir: not a directory"), "{e}");
+        let file = home.join("events.jsonl");
+        fs::write(&file, "").unwrap();
+        let e = resolve_target(file.to_str().unwrap(), &env)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("events.jsonl: not a directory; give"), "{e}");
         fs::remove_dir_all(&home).unwrap();
     }
 
