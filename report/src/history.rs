@@ -380,20 +380,40 @@ fn strings_of(v: &Value, k: &str) -> Vec<String> {
 }
 
 /// One node's run from its event log's records (in file order).
-pub fn node_run(source: PathBuf, records: &[Value]) -> NodeRun {
-    let mut run = NodeRun {
-        source,
-        ..NodeRun::default()
-    };
-    let mut first = true;
+pub fn node_run<'a>(source: PathBuf, records: impl IntoIterator<Item = &'a Value>) -> NodeRun {
+    let mut b = RunBuilder::new(source);
     for r in records {
+        b.push(r);
+    }
+    b.finish()
+}
+
+/// Builds a [`NodeRun`] one record at a time, so an event log is read as a stream.
+pub struct RunBuilder {
+    run: NodeRun,
+    first: bool,
+}
+
+impl RunBuilder {
+    pub fn new(source: PathBuf) -> RunBuilder {
+        RunBuilder {
+            run: NodeRun {
+                source,
+                ..NodeRun::default()
+            },
+            first: true,
+        }
+    }
+
+    pub fn push(&mut self, r: &Value) {
+        let run = &mut self.run;
         let Some(event) = r.get("event").and_then(Value::as_str) else {
-            continue;
+            return;
         };
-        let Some(ts) = f64_of(r, "ts") else { continue };
-        if first {
+        let Some(ts) = f64_of(r, "ts") else { return };
+        if self.first {
             run.start = ts;
-            first = false;
+            self.first = false;
         }
         run.start = run.start.min(ts);
         run.end = run.end.max(ts);
@@ -555,12 +575,20 @@ pub fn node_run(source: PathBuf, records: &[Value]) -> NodeRun {
             _ => {}
         }
     }
-    // An attempt the log ends inside runs to the log's last record.
-    let end = run.end;
-    for a in run.attempts.iter_mut().filter(|a| a.end_kind.is_none()) {
-        a.end = end;
+
+    pub fn finish(mut self) -> NodeRun {
+        // An attempt the log ends inside runs to the log's last record.
+        let end = self.run.end;
+        for a in self
+            .run
+            .attempts
+            .iter_mut()
+            .filter(|a| a.end_kind.is_none())
+        {
+            a.end = end;
+        }
+        self.run
     }
-    run
 }
 
 fn straggler_report(ts: f64, r: &Value) -> StragglerReport {
@@ -633,17 +661,20 @@ pub fn ledger_allocation(r: &Value) -> Option<Allocation> {
     })
 }
 
-/// The history from every event log and ledger found.
+/// The history from event logs and ledgers read whole (tests; `History::load` streams).
 pub fn build(root: PathBuf, events: &[RecordFile], ledgers: &[RecordFile]) -> History {
-    let mut notes = Vec::new();
-    let mut runs: Vec<NodeRun> = events
+    let runs = events
         .iter()
         .map(|f| node_run(f.path.clone(), &f.records))
-        .filter(|r| {
-            // A log with no timed record holds nothing to show.
-            r.end > 0.0
-        })
         .collect();
+    build_from_runs(root, runs, ledgers)
+}
+
+/// The history from every node run and ledger found.
+pub fn build_from_runs(root: PathBuf, runs: Vec<NodeRun>, ledgers: &[RecordFile]) -> History {
+    let mut notes = Vec::new();
+    // A log with no timed record holds nothing to show.
+    let mut runs: Vec<NodeRun> = runs.into_iter().filter(|r| r.end > 0.0).collect();
     runs.sort_by(|a, b| {
         a.start
             .total_cmp(&b.start)

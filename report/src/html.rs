@@ -106,8 +106,8 @@ pub fn render_html(h: &History) -> String {
     if rows > plot::MAX_ROWS {
         let _ = writeln!(
             out,
-            "<p class=\"empty\">The plot shows node ranks 0 to {} of {rows}; the events table lists every node.</p>",
-            plot::MAX_ROWS - 1
+            "<p class=\"empty\">The plot shows {} of {rows} node ranks: node rank 0 and those where something went wrong first, then the lowest; the events table lists every node.</p>",
+            plot::MAX_ROWS
         );
     }
     figure(
@@ -347,5 +347,92 @@ mod tests {
         assert!(html.contains("id=\"timeline-plot\">No event logs"));
         assert!(html.contains("SIGTERM &lt;x&gt;"));
         assert!(html.contains("<tr class=\"preempted\">"));
+    }
+}
+
+#[cfg(test)]
+mod props {
+    use super::*;
+    use crate::history::build;
+    use crate::records::{parse_jsonl, RecordFile};
+    use proptest::prelude::*;
+    use serde_json::json;
+    use std::path::Path;
+
+    const KINDS: &[&str] = &[
+        "cycle_start",
+        "cycle_ended",
+        "rank_exited",
+        "rank_spawn_failed",
+        "hang",
+        "stacks",
+        "restart",
+        "stop_triggered",
+        "stop_agreed",
+        "stop_overdue",
+        "steps",
+        "straggler_report",
+        "node_fault",
+        "result",
+        "unknown_kind",
+    ];
+
+    fn record() -> impl Strategy<Value = serde_json::Value> {
+        (
+            0..KINDS.len(),
+            prop_oneof![
+                Just(0.0),
+                -1e12..1e12f64,
+                1.7e9..1.8e9f64,
+                Just(1e300),
+                Just(-1e300)
+            ],
+            0u32..4,
+            0u32..3,
+            prop_oneof![Just(json!(null)), Just(json!("x")), (-5i64..500).prop_map(|n| json!(n)), Just(json!(0.5))],
+        )
+            .prop_map(|(k, ts, cycle, node, v)| {
+                json!({
+                    "event": KINDS[k], "ts": ts, "cycle": cycle, "node_rank": node, "host": format!("h{node}"),
+                    "rank": v, "exit_code": v, "signal": v, "expected": false, "end": "failed",
+                    "reason": v, "step": v, "min_step": v, "trigger": v, "timeout": v,
+                    "innermost": [v.to_string()], "outcome": v,
+                    "ranks": [{"rank": 1, "relative": v, "individual": v, "host": v}],
+                    "stragglers": [v], "threshold": v, "from_cycle": cycle, "to_cycle": cycle + 1,
+                })
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// Whatever the records say, the status and the page come out, without a panic, and the
+        /// page's sections are all there.
+        #[test]
+        fn any_records_render(files in prop::collection::vec(prop::collection::vec(record(), 0..30), 1..4)) {
+            let events: Vec<RecordFile> = files
+                .iter()
+                .enumerate()
+                .map(|(i, recs)| {
+                    let text: String = recs.iter().map(|r| format!("{r}\n")).collect();
+                    let path = format!("run{i}/events.jsonl");
+                    RecordFile { path: path.clone().into(), records: parse_jsonl(&text, Path::new(&path)).0 }
+                })
+                .collect();
+            let h = build("d".into(), &events, &[]);
+            let _ = h.status_lines();
+            let html = render_html(&h);
+            for id in ["summary", "timeline", "steps", "stragglers", "allocations", "events"] {
+                let section = format!("<section id=\"{id}\">");
+                prop_assert!(html.contains(&section), "{}", id);
+            }
+            prop_assert!(html.ends_with("</html>\n"));
+        }
+
+        #[test]
+        fn any_text_parses_without_panicking(text in ".{0,200}") {
+            let (recs, notes) = parse_jsonl(&text, Path::new("x"));
+            prop_assert!(recs.len() + notes.len() <= text.split('\n').count());
+        }
     }
 }

@@ -50,14 +50,37 @@ impl History {
                 skipped,
             });
         }
-        let mut h = history::build(dir.to_path_buf(), &found.events, &found.ledgers);
         let mut notes = found.notes;
+        let mut runs = Vec::new();
+        for path in &found.events {
+            let mut b = history::RunBuilder::new(path.clone());
+            match records::read_jsonl(path, &mut |v| b.push(v)) {
+                Ok(n) => notes.extend(n),
+                Err(e) => notes.push(format!("skipped {}: {e}", path.display())),
+            }
+            runs.push(b.finish());
+        }
+        let mut ledgers = Vec::new();
+        for path in &found.ledgers {
+            let mut file = records::RecordFile {
+                path: path.clone(),
+                records: Vec::new(),
+            };
+            match records::read_jsonl(path, &mut |v| file.records.push(v.clone())) {
+                Ok(n) => notes.extend(n),
+                Err(e) => notes.push(format!("skipped {}: {e}", path.display())),
+            }
+            ledgers.push(file);
+        }
+        let mut h = history::build_from_runs(dir.to_path_buf(), runs, &ledgers);
         notes.append(&mut h.notes);
         h.notes = notes;
         if h.runs.is_empty() && h.allocations.is_empty() {
             return Err(ReportError::NoRecords {
                 dir: dir.to_path_buf(),
-                skipped: "; the files found hold no timed records".into(),
+                skipped: std::iter::once("; the files found hold no timed records".to_string())
+                    .chain(h.notes.iter().map(|n| format!("; {n}")))
+                    .collect(),
             });
         }
         Ok(h)
@@ -75,6 +98,9 @@ pub fn resolve_target(
     let p = Path::new(target);
     if p.is_dir() {
         return Ok(p.to_path_buf());
+    }
+    if p.exists() {
+        return Err(ReportError::NotADirectory(p.to_path_buf()));
     }
     let home = env("VIGIL_HOME")
         .filter(|h| !h.is_empty())
@@ -100,7 +126,7 @@ pub fn resolve_target(
             .filter(|e| e.path().is_dir())
             .map(|e| e.file_name().to_string_lossy().into_owned())
             .filter(|n| n.starts_with(&prefix))
-            .max();
+            .max_by_key(|n| launch_order(n));
         return Ok(match newest {
             Some(n) => by_name.join(n),
             None => by_name,
@@ -113,6 +139,15 @@ pub fn resolve_target(
         }
     }
     not_found(experiments.display().to_string())
+}
+
+/// `name_20260101-000000` and the later launches of the same second, `..-2`, `..-10`, in order.
+fn launch_order(id: &str) -> (String, u32) {
+    let stamp = id.rsplit_once('_').map_or(id, |(_, s)| s);
+    match stamp.split('-').collect::<Vec<_>>()[..] {
+        [day, time, n] => (format!("{day}-{time}"), n.parse().unwrap_or(0)),
+        _ => (stamp.to_string(), 1),
+    }
 }
 
 /// `vigil report TARGET [-o FILE]`: writes the page (default `<dir>/report.html`) and returns
@@ -146,14 +181,19 @@ mod tests {
     fn an_experiment_name_is_its_newest_launch_and_a_launch_name_is_found_under_its_name() {
         let home = scratch("home");
         let exp = home.join("experiments/demo");
-        for d in ["demo_20260101-000000", "demo_20260102-000000"] {
+        for d in [
+            "demo_20260101-000000",
+            "demo_20260102-000000",
+            "demo_20260102-000000-9",
+            "demo_20260102-000000-10",
+        ] {
             fs::create_dir_all(exp.join(d)).unwrap();
         }
         let h = home.display().to_string();
         let env = move |k: &str| (k == "VIGIL_HOME").then(|| h.clone());
         assert_eq!(
             resolve_target("demo", &env).unwrap(),
-            exp.join("demo_20260102-000000")
+            exp.join("demo_20260102-000000-10")
         );
         assert_eq!(
             resolve_target("demo_20260101-000000", &env).unwrap(),
@@ -163,6 +203,12 @@ mod tests {
         assert!(e.contains("no experiment of that name"), "{e}");
         let e = resolve_target("no/such/dir", &env).unwrap_err().to_string();
         assert!(e.starts_with("no/such/dir: not a directory"), "{e}");
+        let file = home.join("events.jsonl");
+        fs::write(&file, "").unwrap();
+        let e = resolve_target(file.to_str().unwrap(), &env)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("events.jsonl: not a directory; give"), "{e}");
         fs::remove_dir_all(&home).unwrap();
     }
 

@@ -110,10 +110,40 @@ pub fn node_rows(h: &History) -> Vec<(u32, String)> {
         .collect()
 }
 
+/// The node rows the timeline draws, at most `max`: every node when they fit, else node rank 0,
+/// the nodes where something went wrong (a failure, a hang, a fault, a lost attempt), then the
+/// lowest other node ranks; in node rank order.
+pub fn timeline_rows(h: &History, max: usize) -> Vec<(u32, String)> {
+    let all = node_rows(h);
+    if all.len() <= max {
+        return all;
+    }
+    let mut chosen: Vec<u32> = vec![all[0].0];
+    let troubled = h.runs.iter().filter(|r| {
+        !r.failures.is_empty()
+            || !r.hangs.is_empty()
+            || !r.node_faults.is_empty()
+            || r.attempts
+                .iter()
+                .any(|a| a.end_kind.as_deref() == Some("lost"))
+    });
+    for n in troubled.map(|r| r.node_rank).chain(all.iter().map(|r| r.0)) {
+        if chosen.len() >= max {
+            break;
+        }
+        if !chosen.contains(&n) {
+            chosen.push(n);
+        }
+    }
+    all.into_iter()
+        .filter(|(n, _)| chosen.contains(n))
+        .collect()
+}
+
 /// The timeline: a band per allocation, a row per node rank with a bar per attempt, and markers
 /// with labels for failures, hangs (with their frame), restarts and stops.
 pub fn timeline(h: &History, axis: &TimeAxis) -> Result<String, String> {
-    let rows: Vec<(u32, String)> = node_rows(h).into_iter().take(MAX_ROWS).collect();
+    let rows = timeline_rows(h, MAX_ROWS);
     let row_of = |node_rank: u32| rows.iter().position(|(n, _)| *n == node_rank);
     let n = rows.len().max(1);
     // Row i is drawn at y = n - 1 - i, so node 0 is on top; the band above the rows holds the
@@ -247,7 +277,9 @@ pub fn timeline(h: &History, axis: &TimeAxis) -> Result<String, String> {
                     )))
                     .map_err(err)?;
             }
-            for f in &run.failures {
+            // Ranks of one attempt often fail or hang together (a collective aborts): one
+            // label per attempt, for the first, naming how many more.
+            for (f, more) in first_per_cycle(&run.failures, |f| (f.cycle, f.ts)) {
                 let x = axis.x(f.ts);
                 chart
                     .draw_series(std::iter::once(Cross::new(
@@ -258,13 +290,13 @@ pub fn timeline(h: &History, axis: &TimeAxis) -> Result<String, String> {
                     .map_err(err)?;
                 chart
                     .draw_series(std::iter::once(Text::new(
-                        format!("failure: {}", f.describe()),
+                        format!("failure: {}{}", f.describe(), more_ranks(more)),
                         (x, y - 0.16),
                         text_style(12, FAILED, axis.anchor(x, VPos::Top)),
                     )))
                     .map_err(err)?;
             }
-            for hang in &run.hangs {
+            for (hang, more) in first_per_cycle(&run.hangs, |h| (h.cycle, h.ts)) {
                 let x = axis.x(hang.ts);
                 chart
                     .draw_series(std::iter::once(TriangleMarker::new(
@@ -275,7 +307,7 @@ pub fn timeline(h: &History, axis: &TimeAxis) -> Result<String, String> {
                     .map_err(err)?;
                 chart
                     .draw_series(std::iter::once(Text::new(
-                        format!("hang: {}", hang.describe()),
+                        format!("hang: {}{}", hang.describe(), more_ranks(more)),
                         (x, y - 0.3),
                         text_style(12, HANG, axis.anchor(x, VPos::Top)),
                     )))
@@ -324,6 +356,32 @@ pub fn timeline(h: &History, axis: &TimeAxis) -> Result<String, String> {
         root.present().map_err(err)?;
     }
     Ok(svg)
+}
+
+/// The earliest item of each cycle, with how many more the cycle has, in cycle order.
+pub fn first_per_cycle<T>(items: &[T], key: impl Fn(&T) -> (u32, f64)) -> Vec<(&T, usize)> {
+    let mut out: Vec<(&T, usize)> = Vec::new();
+    let mut by_cycle: BTreeMap<u32, (usize, usize)> = BTreeMap::new();
+    for (i, it) in items.iter().enumerate() {
+        let (cycle, ts) = key(it);
+        let e = by_cycle.entry(cycle).or_insert((i, 0));
+        e.1 += 1;
+        if ts < key(&items[e.0]).1 {
+            e.0 = i;
+        }
+    }
+    for (_, (i, n)) in by_cycle {
+        out.push((&items[i], n - 1));
+    }
+    out
+}
+
+fn more_ranks(more: usize) -> String {
+    match more {
+        0 => String::new(),
+        1 => " (+1 more rank)".into(),
+        n => format!(" (+{n} more ranks)"),
+    }
 }
 
 /// The timeline's stop markers for one node: a trigger and the step agreed after it make one
@@ -637,6 +695,40 @@ mod tests {
         };
         assert_eq!(worst_ranks(&h, 2), vec![2, 0]);
         assert_eq!(worst_ranks(&h, 5), vec![2, 0, 1]);
+    }
+
+    #[test]
+    fn a_large_job_shows_node_0_and_the_troubled_nodes_first() {
+        let run = |node_rank: u32, fails: bool| NodeRun {
+            host: format!("h{node_rank}"),
+            node_rank,
+            start: 1.0,
+            end: 2.0,
+            failures: if fails {
+                vec![crate::history::Failure::default()]
+            } else {
+                vec![]
+            },
+            ..NodeRun::default()
+        };
+        let h = History {
+            runs: (0..60).map(|n| run(n, n == 55 || n == 7)).collect(),
+            ..History::default()
+        };
+        let rows: Vec<u32> = timeline_rows(&h, 4).into_iter().map(|r| r.0).collect();
+        assert_eq!(rows, vec![0, 1, 7, 55]);
+        assert_eq!(timeline_rows(&h, 100).len(), 60);
+    }
+
+    #[test]
+    fn failures_of_one_attempt_share_one_label() {
+        let items = [(0u32, 5.0), (0, 4.0), (0, 6.0), (2, 9.0)];
+        let got: Vec<((u32, f64), usize)> = first_per_cycle(&items, |x| *x)
+            .into_iter()
+            .map(|(x, n)| (*x, n))
+            .collect();
+        assert_eq!(got, vec![((0, 4.0), 2), ((2, 9.0), 0)]);
+        assert_eq!(more_ranks(2), " (+2 more ranks)");
     }
 
     #[test]

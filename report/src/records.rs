@@ -2,6 +2,7 @@
 //! and `ledger.jsonl` (one per job, written by node rank 0) below a directory.
 
 use std::fs;
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
@@ -17,22 +18,23 @@ pub const MAX_DIRS: usize = 20_000;
 pub const EVENTS: &str = "events.jsonl";
 pub const LEDGER: &str = "ledger.jsonl";
 
-/// One record file's parsed lines.
+/// One record file's parsed lines (ledgers, and tests; event logs are streamed).
 #[derive(Debug, Clone)]
 pub struct RecordFile {
     pub path: PathBuf,
     pub records: Vec<Value>,
 }
 
+/// The record files below a directory, in path order.
 #[derive(Debug, Default)]
 pub struct Found {
-    pub events: Vec<RecordFile>,
-    pub ledgers: Vec<RecordFile>,
+    pub events: Vec<PathBuf>,
+    pub ledgers: Vec<PathBuf>,
     pub notes: Vec<String>,
 }
 
-/// Walks `dir` (not following symbolic links) for record files and reads them. Unreadable
-/// directories and files are skipped with a note.
+/// Walks `dir` (not following symbolic links) for record files. Unreadable directories are
+/// skipped with a note.
 pub fn find(dir: &Path) -> Found {
     let mut found = Found::default();
     let mut queue = vec![(dir.to_path_buf(), 0usize)];
@@ -53,65 +55,96 @@ pub fn find(dir: &Path) -> Found {
                 continue;
             }
         };
-        let mut names: Vec<_> = entries.filter_map(Result::ok).collect();
-        names.sort_by_key(|e| e.file_name());
-        for entry in names {
+        for entry in entries.filter_map(Result::ok) {
             let path = entry.path();
             let Ok(ft) = entry.file_type() else { continue };
             if ft.is_dir() {
                 if depth < MAX_DEPTH {
                     queue.push((path, depth + 1));
                 }
-                continue;
-            }
-            let name = entry.file_name();
-            let kind = if name == EVENTS {
-                &mut found.events
-            } else if name == LEDGER {
-                &mut found.ledgers
-            } else {
-                continue;
-            };
-            match fs::read(&path) {
-                Ok(bytes) => {
-                    let text = String::from_utf8_lossy(&bytes);
-                    let (records, notes) = parse_jsonl(&text, &path);
-                    found.notes.extend(notes);
-                    kind.push(RecordFile { path, records });
+            } else if ft.is_file() {
+                let name = entry.file_name();
+                if name == EVENTS {
+                    found.events.push(path);
+                } else if name == LEDGER {
+                    found.ledgers.push(path);
                 }
-                Err(e) => found.notes.push(format!("skipped {}: {e}", path.display())),
             }
         }
     }
-    found.events.sort_by(|a, b| a.path.cmp(&b.path));
-    found.ledgers.sort_by(|a, b| a.path.cmp(&b.path));
+    found.events.sort();
+    found.ledgers.sort();
     found
 }
 
-/// The JSON objects in `text`, one per line. A last line without its newline that does not parse
-/// is a write cut short (the agent was killed) and is dropped with a note; so is any other line
-/// that is not a JSON object.
+/// Calls `visit` with each JSON object in the file at `path`, one line at a time, so a large
+/// event log is never held whole. Returns the notes on skipped lines (see [`parse_jsonl`]).
+pub fn read_jsonl(path: &Path, visit: &mut dyn FnMut(&Value)) -> std::io::Result<Vec<String>> {
+    let mut reader = BufReader::new(fs::File::open(path)?);
+    let mut notes = Vec::new();
+    let mut buf = Vec::new();
+    let mut n = 0usize;
+    loop {
+        buf.clear();
+        if reader.read_until(b'\n', &mut buf)? == 0 {
+            break;
+        }
+        n += 1;
+        let complete = buf.last() == Some(&b'\n');
+        let line = String::from_utf8_lossy(&buf);
+        if let Some(note) = parse_line(&line, complete, n, path, visit) {
+            notes.push(note);
+        }
+    }
+    Ok(notes)
+}
+
+/// One line: its object to `visit`, or the note saying why it was skipped. A line without its
+/// newline is the file's last; if it does not parse, the write was cut short (the agent was
+/// killed).
+fn parse_line(
+    line: &str,
+    complete: bool,
+    n: usize,
+    source: &Path,
+    visit: &mut dyn FnMut(&Value),
+) -> Option<String> {
+    let line = line.trim();
+    if line.is_empty() {
+        return None;
+    }
+    match serde_json::from_str::<Value>(line) {
+        Ok(v) if v.is_object() => {
+            visit(&v);
+            None
+        }
+        _ if !complete => Some(format!(
+            "{}: skipped its last line, cut short",
+            source.display()
+        )),
+        _ => Some(format!(
+            "{}:{n}: skipped a line that is not a JSON object",
+            source.display()
+        )),
+    }
+}
+
+/// The JSON objects in `text`, one per line, as [`read_jsonl`] reads a file.
 pub fn parse_jsonl(text: &str, source: &Path) -> (Vec<Value>, Vec<String>) {
     let mut records = Vec::new();
     let mut notes = Vec::new();
-    let complete = text.ends_with('\n');
-    let lines: Vec<&str> = text.lines().collect();
-    for (i, line) in lines.iter().enumerate() {
-        let line = line.trim();
-        if line.is_empty() {
-            continue;
-        }
-        match serde_json::from_str::<Value>(line) {
-            Ok(v) if v.is_object() => records.push(v),
-            _ if i + 1 == lines.len() && !complete => notes.push(format!(
-                "{}: skipped its last line, cut short",
-                source.display()
-            )),
-            _ => notes.push(format!(
-                "{}:{}: skipped a line that is not a JSON object",
-                source.display(),
-                i + 1
-            )),
+    let mut rest = text;
+    let mut n = 0;
+    while !rest.is_empty() {
+        n += 1;
+        let (line, complete, next) = match rest.find('\n') {
+            Some(i) => (&rest[..i], true, &rest[i + 1..]),
+            None => (rest, false, ""),
+        };
+        rest = next;
+        if let Some(note) = parse_line(line, complete, n, source, &mut |v| records.push(v.clone()))
+        {
+            notes.push(note);
         }
     }
     (records, notes)
@@ -133,6 +166,25 @@ mod tests {
     }
 
     #[test]
+    fn a_file_is_read_as_its_text_is_parsed() {
+        let path =
+            std::env::temp_dir().join(format!("vigil-report-read-{}.jsonl", std::process::id()));
+        let text = "{\"a\":1}\n\nnot json\n{\"b\":2}\n{\"c\":";
+        fs::write(&path, text).unwrap();
+        let mut seen = Vec::new();
+        let notes = read_jsonl(&path, &mut |v| seen.push(v.clone())).unwrap();
+        fs::remove_file(&path).unwrap();
+        let (recs, expected) = parse_jsonl(text, &path);
+        assert_eq!(seen, recs);
+        assert_eq!(notes, expected);
+        assert_eq!(notes.len(), 2, "{notes:?}");
+        assert!(
+            notes[0].ends_with(":3: skipped a line that is not a JSON object"),
+            "{notes:?}"
+        );
+    }
+
+    #[test]
     fn finds_records_below_an_experiment_directory_but_not_beyond_the_depth() {
         let root = std::env::temp_dir().join(format!("vigil-report-find-{}", std::process::id()));
         let _ = fs::remove_dir_all(&root);
@@ -146,11 +198,12 @@ mod tests {
         fs::write(state.join(LEDGER), "{\"format\":1}\n").unwrap();
         fs::write(deep.join(EVENTS), "{\"event\":\"result\",\"ts\":1}\n").unwrap();
         let found = find(&root);
+        let mut seen = Vec::new();
+        let notes = read_jsonl(&found.events[0], &mut |v| seen.push(v.clone())).unwrap();
         fs::remove_dir_all(&root).unwrap();
         assert_eq!(found.events.len(), 1);
-        assert!(found.events[0]
-            .path
-            .ends_with("runs/vigil_t_1/events.jsonl"));
+        assert!(found.events[0].ends_with("runs/vigil_t_1/events.jsonl"));
+        assert_eq!((seen.len(), notes.len()), (1, 0));
         assert_eq!(found.ledgers.len(), 1);
         assert!(found.notes.is_empty(), "{:?}", found.notes);
     }
