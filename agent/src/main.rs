@@ -122,9 +122,6 @@ fn run(a: RunArgs) -> i32 {
         Ok(c) => c,
         Err(e) => return fail(e.0),
     };
-    if let Some(mode) = &a.numa_binding {
-        eprintln!("[vigil] --numa-binding {mode}: accepted, no effect yet: vigil does not bind ranks to NUMA nodes; wrap the command in numactl to bind them");
-    }
     let script_is_file = !a.module && !a.no_python;
     if (script_is_file || a.no_python) && std::path::Path::new(&a.training_script).is_dir() {
         return fail(format!(
@@ -179,6 +176,15 @@ fn main() -> ExitCode {
     let code = match cli.command {
         Command::Run(a) => run(*a),
         Command::Watchdog => vigil::run::proc::watchdog_main(),
+        Command::Health(h) => {
+            let report = vigil::perf::health::run_checks(&h.options());
+            if h.json {
+                println!("{}", report.to_json());
+            } else {
+                print!("{}", report.render());
+            }
+            i32::from(!report.healthy())
+        }
         Command::Ledger { target } => {
             let env = |k: &str| std::env::var(k).ok();
             match vigil::allocation::ledger::ledger_command(target.as_deref(), &env) {

@@ -75,6 +75,8 @@ pub struct LaunchConfig {
     pub timeouts_file: TimeoutsPlace,
     /// What happens across allocations: when this one ends, the stop lead, the requeue limits.
     pub allocation: AllocationPlan,
+    /// NVML, health checks, GPU memory reclaim, NUMA binding (perf/).
+    pub gpu: crate::perf::GpuConfig,
 }
 
 /// When the allocation ends, as the flags or Slurm say.
@@ -623,6 +625,7 @@ pub fn resolve(a: &RunArgs, host: &Host) -> Result<LaunchConfig, ConfigError> {
             nodes.job_id.as_deref(),
             &state_base,
         ),
+        gpu: crate::perf::GpuConfig::from_args(a).map_err(ConfigError)?,
         allocation: AllocationPlan {
             end: end_spec(a, host)?,
             end_from_flags: a.end_time.is_some() || a.time_limit.is_some(),
