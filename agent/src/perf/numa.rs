@@ -197,13 +197,16 @@ pub fn bindings(
 }
 
 /// A binding made ready before fork: applying it in the child allocates nothing.
+#[derive(Clone, Copy)]
 pub struct Prepared {
     cpus: Option<libc::cpu_set_t>,
     nodemask: Option<[libc::c_ulong; 16]>,
+    policy: libc::c_long,
 }
 
 impl Prepared {
-    pub fn new(b: &Binding) -> Prepared {
+    /// `strict`: memory only from the node (`MPOL_BIND`), else preferably (`MPOL_PREFERRED`).
+    pub fn new(b: &Binding, strict: bool) -> Prepared {
         let cpus = (!b.cpus.is_empty()).then(|| {
             // SAFETY: cpu_set_t is plain bits; CPU_ZERO/CPU_SET only write into it.
             let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
@@ -220,12 +223,17 @@ impl Prepared {
             mask[n as usize / bits] |= 1 << (n as usize % bits);
             mask
         });
-        Prepared { cpus, nodemask }
+        const MPOL_PREFERRED: libc::c_long = 1;
+        const MPOL_BIND: libc::c_long = 2;
+        Prepared {
+            cpus,
+            nodemask,
+            policy: if strict { MPOL_BIND } else { MPOL_PREFERRED },
+        }
     }
 
     /// In the child between fork and exec: async-signal-safe system calls only.
     pub fn apply(&self) -> std::io::Result<()> {
-        const MPOL_BIND: libc::c_long = 2;
         if let Some(set) = &self.cpus {
             // SAFETY: a valid cpu_set_t of the size given.
             if unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), set) }
@@ -237,14 +245,74 @@ impl Prepared {
         if let Some(mask) = &self.nodemask {
             let maxnode = (mask.len() * libc::c_ulong::BITS as usize) as libc::c_ulong;
             // SAFETY: set_mempolicy reads `maxnode` bits from the mask it is given.
-            if unsafe { libc::syscall(libc::SYS_set_mempolicy, MPOL_BIND, mask.as_ptr(), maxnode) }
-                < 0
+            if unsafe {
+                libc::syscall(libc::SYS_set_mempolicy, self.policy, mask.as_ptr(), maxnode)
+            } < 0
             {
                 return Err(std::io::Error::last_os_error());
             }
         }
         Ok(())
     }
+}
+
+/// `b` kept to the CPUs in `allowed` (the agent's own, which a rank cannot leave); the CPUs
+/// dropped are returned (pure).
+pub fn restrict(b: &mut Binding, allowed: &[usize]) -> Vec<usize> {
+    let (keep, drop): (Vec<usize>, Vec<usize>) = b.cpus.iter().partition(|c| allowed.contains(c));
+    b.cpus = keep;
+    drop
+}
+
+/// The CPUs this process may run on.
+pub fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: sched_getaffinity writes the set it is given.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    if unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) } < 0 {
+        return vec![];
+    }
+    (0..libc::CPU_SETSIZE as usize)
+        .filter(|c| unsafe { libc::CPU_ISSET(*c, &set) })
+        .collect()
+}
+
+/// Every local rank's prepared binding for `--numa-binding`, and the warnings to print: no NVML
+/// (ranks start unbound), GPUs without affinity, CPUs outside what the agent may use.
+pub fn prepare(
+    lib: Option<&Path>,
+    mode: Mode,
+    strict: bool,
+    nproc: u32,
+    cuda_visible: Option<&str>,
+) -> (Vec<Option<Prepared>>, Vec<String>) {
+    let unbound = || (0..nproc).map(|_| None).collect();
+    let src = match GpuSource::open(lib) {
+        Ok(s) => s,
+        Err(off) => {
+            return (
+                unbound(),
+                vec![format!("--numa-binding: {off}; ranks start unbound")],
+            )
+        }
+    };
+    let gpus = rank_gpus(&src, nproc, cuda_visible);
+    let (mut plan, warning) = bindings(&src, mode, &gpus, Path::new("/sys"));
+    let mut warnings: Vec<String> = warning.into_iter().collect();
+    let allowed = allowed_cpus();
+    for (lr, b) in plan.iter_mut().enumerate() {
+        let dropped = restrict(b, &allowed);
+        if !dropped.is_empty() {
+            warnings.push(format!(
+                "--numa-binding: local rank {lr}: CPU(s) {dropped:?} of its GPU are outside the agent's own CPU set; {}",
+                if b.cpus.is_empty() { "it starts unbound".to_string() } else { format!("bound to {:?}", b.cpus) }
+            ));
+        }
+    }
+    let prepared = plan
+        .iter()
+        .map(|b| (!b.cpus.is_empty() || b.mem_node.is_some()).then(|| Prepared::new(b, strict)))
+        .collect();
+    (prepared, warnings)
 }
 
 /// The GPU of every local rank, as the ranks will see them (`rank_gpu`).

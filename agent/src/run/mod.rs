@@ -15,6 +15,7 @@ mod agent;
 mod allocation;
 mod clock;
 mod eventlog;
+mod gate;
 pub mod ipc_server;
 pub mod output;
 mod prelaunch;
@@ -103,6 +104,8 @@ struct Agent {
     leave: Option<JobRequest>,
     /// How the last cycle ended, when another node ended it.
     peer_end: Option<JobEnd>,
+    /// Where the checks before a rendezvous report (`gate.rs`).
+    gate_tx: mpsc::UnboundedSender<gate::GateOut>,
 }
 
 fn pump(fd: OwnedFd, mut sink: Sink) -> JoinHandle<()> {
@@ -225,6 +228,7 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
         }
     };
     let (stacks_tx, mut stacks_rx) = mpsc::unbounded_channel();
+    let (gate_tx, mut gate_rx) = mpsc::unbounded_channel();
 
     let store = match setup_store(&cfg, secret) {
         Ok(s) => s,
@@ -291,6 +295,7 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
         max_restarts: cfg.max_restarts,
         leave: None,
         peer_end: None,
+        gate_tx,
         cfg,
     };
     agent.events.write_value(serde_json::json!({
@@ -426,6 +431,11 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
                     agent.queue.push_back(Event::StopStep { cycle, step });
                 }
             },
+            Some(out) = gate_rx.recv() => {
+                if let Some(ev) = agent.on_gate(out) {
+                    agent.queue.push_back(ev);
+                }
+            }
             Some((cycle, local_rank, report)) = stacks_rx.recv() => {
                 agent.on_stacks(cycle, local_rank, report);
                 if cycle == sup.cycle() {

@@ -134,6 +134,10 @@ pub enum Event {
     /// The job's coordination is gone (the store's node died or cannot be reached, or the
     /// rendezvous failed): stop and end. `requeue` tells whether running the job again may help.
     CoordinationLost { reason: String, requeue: bool },
+    /// This node cannot be trained on (its health check failed before a rendezvous, a GPU
+    /// fault): end as a lost node does, asking to requeue the job without this node (as a
+    /// rank's ExcludeThisNode does).
+    NodeUnfit { reason: String },
     /// When to ask for a stop ahead of the allocation's end (`None`: no end known), and how long
     /// the ranks then get to stop on their own. From the runtime, again whenever the end moves.
     StopAt {

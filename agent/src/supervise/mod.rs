@@ -347,6 +347,10 @@ impl Supervisor {
             Event::CoordinationLost { reason, requeue } => {
                 self.on_coordination_lost(now, reason, requeue, &mut out)
             }
+            Event::NodeUnfit { reason } => {
+                self.exclude_asked = true;
+                self.on_coordination_lost(now, reason, true, &mut out)
+            }
         }
         // A rank that ended or closed its connection is no longer waited for.
         self.maybe_answer_requests(&mut out);

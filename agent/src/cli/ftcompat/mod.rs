@@ -268,6 +268,9 @@ pub fn translate(
                         "{}: ignored, {target} given explicitly wins",
                         setting.origin
                     ));
+                } else if matches!(opt.kind, Kind::Bool) {
+                    // vigil's boolean flags are switches that take a value only after `=`.
+                    mapped.push(format!("{target}={value}"));
                 } else {
                     mapped.push(target.to_string());
                     mapped.push(value);
@@ -804,9 +807,9 @@ mod tests {
         assert!(joined.contains("--ft-pci-topo-file /etc/topo.xml: accepted"));
         // A boolean flag alone means true; a boolean after it is its value.
         let t = tr(&["--ft-enable-nic-healthcheck", "t.py"]);
-        assert_eq!(t.args, sv(&["--health-check", "true", "t.py"]));
+        assert_eq!(t.args, sv(&["--health-check=true", "t.py"]));
         let t = tr(&["--ft-enable-nic-monitor", "false", "t.py"]);
-        assert_eq!(t.args, sv(&["--health-check", "false", "t.py"]));
+        assert_eq!(t.args, sv(&["--health-check=false", "t.py"]));
         assert!(joined.contains("min-healthy"));
         assert!(t.notes.iter().all(|n| !n.contains('\n')));
     }
@@ -828,6 +831,7 @@ mod tests {
             let t = translate(&sv(&[&flag, value, "t.py"]), &no_file)
                 .unwrap_or_else(|e| panic!("{flag}: {e}"));
             let want = match opt.effect {
+                Effect::Map(_) if matches!(opt.kind, Kind::Bool) => (2, 0),
                 Effect::Map(_) => (3, 0),
                 Effect::Note(_) => (1, 1),
             };

@@ -43,7 +43,7 @@ impl ReclaimOutcome {
                 .join(", ")
         };
         Some(format!(
-            "GPU memory not released after {:.0}s (--gpu-memory-reclaim-timeout): held by {who}; starting the next attempt anyway",
+            "GPU memory not released after {}s (--gpu-memory-reclaim-timeout): held by {who}; starting the next attempt anyway",
             timeout.as_secs_f64()
         ))
     }
