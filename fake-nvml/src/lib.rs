@@ -211,12 +211,9 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(d: Device, out: *mut PciInfo) -
             bus_id: [0; 32],
         };
         put_str(info.bus_id.as_mut_ptr(), 32, id)?;
+        // The legacy field holds the 4-digit-domain form, `0000:3B:00.0`.
         let legacy: String = id.chars().skip(id.len().saturating_sub(12)).collect();
-        put_str(
-            info.bus_id_legacy.as_mut_ptr(),
-            16,
-            &format!("0000:{legacy}"),
-        )?;
+        put_str(info.bus_id_legacy.as_mut_ptr(), 16, &legacy)?;
         out.write(info);
         Ok(())
     })

@@ -5,7 +5,7 @@ import json
 import os
 import subprocess
 
-from fakes.nvml import gpu, nvml_env, write_nvml
+from fakes.nvml import fake_nvml_lib, gpu, nvml_env, write_nvml
 from harness import base_env, events, of, one, run_vigil, start_vigil, wait_for, write
 
 
@@ -216,3 +216,21 @@ def test_numa_binding_without_nvml_warns_and_starts_unbound(job):
     mine = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
     got = (out / "0").read_text()
     assert got == mine or "-" in got
+
+
+def test_a_node_failing_its_health_check_ends_the_job_on_every_node(job):
+    from test_multinode import Nodes
+    nvml = write_nvml(job / "nvml.json", [gpu(0, ecc_uncorrected_volatile=1)])
+    marker = job / "ran"
+    write(job / "t.py", f"open({str(marker)!r} + __import__('os').environ['RANK'], 'w').close()\n")
+    env = {"VIGIL_NVML_LIB": fake_nvml_lib(), "FAKE_NVML_FILE": str(nvml)}
+    nodes = Nodes(job, 2, ["t.py"], nproc=1, env=env,
+                  extra=["--max-restarts", "2", "--rdzv-id", "hc"],
+                  per_node=lambda i: ["--health-check"] if i == 1 else [])
+    res = nodes.wait(timeout=120)
+    assert [r[0] for r in res] == [75, 75], [r[2][-1500:] for r in res]
+    assert not list(job.glob("ran*")), "a rank started although node 1 is unfit"
+    assert one(nodes.events(1), "health_check")["failed"] == ["gpu_ecc"]
+    assert not of(nodes.events(0), "health_check")
+    # Node rank 0 learned which node is to be left out.
+    assert any(e.get("node") == 1 for e in of(nodes.events(0), "cycle_ended")), nodes.events(0)
