@@ -108,10 +108,11 @@ fn run(a: RunArgs) -> i32 {
         .map(|n| n.get() as u32)
         .unwrap_or(1);
     let env = |k: &str| std::env::var(k).ok();
+    let gpus = || vigil::perf::gpu::gpu_count_with(a.nvml_lib.as_deref());
     let host = Host {
         cpus,
         nofile: nofile(),
-        gpus: &vigil::perf::gpu::gpu_count,
+        gpus: &gpus,
         env: &env,
     };
     let fail = |msg: String| {

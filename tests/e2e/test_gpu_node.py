@@ -234,3 +234,13 @@ def test_a_node_failing_its_health_check_ends_the_job_on_every_node(job):
     assert not of(nodes.events(0), "health_check")
     # Node rank 0 learned which node is to be left out.
     assert any(e.get("node") == 1 for e in of(nodes.events(0), "cycle_ended")), nodes.events(0)
+
+
+def test_nproc_per_node_gpu_counts_the_gpus_of_nvml_lib(job):
+    nvml = write_nvml(job / "nvml.json", [gpu(0), gpu(1), gpu(2)])
+    script = write(job / "t.py", "import os\nprint('world', os.environ['LOCAL_WORLD_SIZE'])\n")
+    env = base_env(FAKE_NVML_FILE=str(nvml))
+    r = run_vigil(["run", "--log-dir", str(job / "logs"), "--nproc-per-node", "gpu",
+                   "--nvml-lib", fake_nvml_lib(), str(script)], cwd=job, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("world 3") == 3, r.stdout

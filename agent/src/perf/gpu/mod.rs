@@ -91,5 +91,10 @@ pub struct GpuProcess {
 
 /// Number of NVIDIA GPUs on this node, or why it cannot be known.
 pub fn gpu_count() -> Result<u32, String> {
-    GpuSource::open(nvml_lib(None).as_deref())?.count()
+    gpu_count_with(None)
+}
+
+/// As `gpu_count`, through `--nvml-lib` (`lib`) when given.
+pub fn gpu_count_with(lib: Option<&std::path::Path>) -> Result<u32, String> {
+    GpuSource::open(nvml_lib(lib).as_deref())?.count()
 }
