@@ -14,6 +14,6 @@ if [ -n "${NVRX_SRC:-}" ]; then need numpy numpy; fi
 
 cargo fmt --all --check
 cargo clippy --workspace --all-targets -- -D warnings
-cargo build --workspace --bins
+cargo build --workspace   # the binaries and the FAKE NVML library (target/debug/libfake_nvml.so) the tests load
 cargo test --workspace
 VIGIL_BIN="$PWD/target/debug/vigil" "$PY" -m pytest -q -p no:cacheprovider tests python-shim/tests

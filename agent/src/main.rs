@@ -109,10 +109,11 @@ fn run(a: RunArgs) -> i32 {
         .map(|n| n.get() as u32)
         .unwrap_or(1);
     let env = |k: &str| std::env::var(k).ok();
+    let gpus = || vigil::perf::gpu::gpu_count_with(a.nvml_lib.as_deref());
     let host = Host {
         cpus,
         nofile: nofile(),
-        gpus: &vigil::perf::gpu::gpu_count,
+        gpus: &gpus,
         env: &env,
     };
     let fail = |msg: String| {
@@ -123,9 +124,6 @@ fn run(a: RunArgs) -> i32 {
         Ok(c) => c,
         Err(e) => return fail(e.0),
     };
-    if let Some(mode) = &a.numa_binding {
-        eprintln!("[vigil] --numa-binding {mode}: accepted, no effect yet: vigil does not bind ranks to NUMA nodes; wrap the command in numactl to bind them");
-    }
     let script_is_file = !a.module && !a.no_python;
     if (script_is_file || a.no_python) && std::path::Path::new(&a.training_script).is_dir() {
         return fail(format!(
@@ -207,6 +205,15 @@ fn main() -> ExitCode {
         Command::Cancel(a) => vigil_recipes::cli::cancel(&a),
         Command::List => vigil_recipes::cli::list(),
         Command::Attach(a) => vigil_recipes::cli::attach(&a),
+        Command::Health(h) => {
+            let report = vigil::perf::health::run_checks(&h.options());
+            if h.json {
+                println!("{}", report.to_json());
+            } else {
+                print!("{}", report.render());
+            }
+            i32::from(!report.healthy())
+        }
         Command::Ledger { target } => {
             let env = |k: &str| std::env::var(k).ok();
             match vigil::allocation::ledger::ledger_command(target.as_deref(), &env) {

@@ -5,7 +5,7 @@ Node rank 0 gathers every node's summary through the store and prints NVRx's rep
 """
 import re
 
-from harness import events, of, run_vigil, write
+from harness import base_env, events, of, run_vigil, write
 from test_multinode import Nodes
 
 # Every rank times its steps; the rank named by SLOW_RANK takes 4x as long. A rank stops when the
@@ -121,3 +121,80 @@ def test_a_job_that_only_opens_a_step_section_is_scored(job):
     slow = next(x for x in rec["ranks"] if x["rank"] == 1)
     # The "step" section's ~40 ms, not the "data" section's 1 ms.
     assert 0.03 < slow["median_s"] < 0.2, slow
+
+
+# --- What the GPUs were doing (the FAKE NVML library, tests/fakes/nvml.py) -----------------------
+
+from fakes.nvml import gpu, nvml_env, write_nvml  # noqa: E402
+
+
+def test_a_throttled_gpu_is_named_as_the_stragglers_cause(job):
+    write(job / "train.py", TRAIN)
+    # Two GPUs; the slow rank's (local rank 1 -> GPU 1) is held back by HW slowdown and power brake.
+    fake = write_nvml(job / "nvml.json", [
+        gpu(0),
+        gpu(1, sm_clock_mhz=1110, throttle_reasons=0x88, temperature_c=88, power_w=690),
+    ])
+    env = nvml_env(base_env(OUT_DIR=job, SLOW_RANK="1"), fake)
+    r = run_vigil(["run", "--nproc-per-node", "2", "--straggler-report-interval", "1",
+                   "--log-dir", str(job / "logs"), "train.py", "300"], cwd=job, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    blocks = report_blocks(r.stderr)
+    assert blocks, r.stderr[-2000:]
+    lines = [l for l in blocks[-1] if l.startswith("Rank=1 ") and "relative=" in l]
+    assert len(lines) == 1, blocks[-1]
+    assert lines[0].endswith(
+        "GPU 1: SM clock 1,110 of 1,980 MHz, throttled by HW slowdown and power brake, 88 C, power 690 of 700 W"
+    ), lines[0]
+    ev = events(job / "logs")
+    assert of(ev, "gpu_telemetry")[0]["on"] is True
+    assert "HW slowdown" in of(ev, "straggler_report")[-1]["gpus"]["1"]
+
+
+def test_without_nvml_the_report_says_there_is_no_gpu_telemetry(job):
+    write(job / "train.py", TRAIN)
+    env = base_env(OUT_DIR=job, SLOW_RANK="1", VIGIL_NVML_LIB=str(job / "no-such-libnvidia-ml.so"))
+    r = run_vigil(["run", "--nproc-per-node", "2", "--straggler-report-interval", "1",
+                   "--log-dir", str(job / "logs"), "train.py", "150"], cwd=job, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = [l for l in report_blocks(r.stderr)[-1] if l.startswith("Rank=1 ") and "relative=" in l]
+    assert lines and lines[0].endswith("no GPU telemetry"), lines
+    off = of(events(job / "logs"), "gpu_telemetry")
+    assert off and off[0]["on"] is False and off[0]["why"], off
+
+
+LONG = """
+import os, sys, time, pathlib, vigil
+rank = int(os.environ["RANK"])
+pathlib.Path(os.environ["OUT_DIR"], f"up{rank}").write_text("")
+for step in range(100000):
+    time.sleep(0.02)
+    vigil.heartbeat(step)
+"""
+
+
+def test_a_critical_xid_stops_the_job_and_requeues_it_without_the_node(job):
+    write(job / "train.py", LONG)
+    fakes = [write_nvml(job / f"nvml{i}.json", [gpu(0), gpu(1)]) for i in range(2)]
+    nodes = Nodes(job, 2, ["train.py"], nproc=2,
+                  extra=["--max-restarts", "3", "--rdzv-id", "xid"],
+                  env={"SLURM_JOB_NODELIST": "n[0-1]"},
+                  per_node_env=lambda i: {**node_name(i), **nvml_env({}, fakes[i])})
+    try:
+        from harness import wait_for
+        wait_for(lambda: all((job / f"up{r}").exists() for r in range(4)), timeout=60, what="ranks up")
+        # GPU 1 of node 1 falls off the bus.
+        write_nvml(fakes[1], [gpu(0), gpu(1)], events=[{"gpu": 1, "xid": 79}])
+        res = nodes.wait(timeout=120)
+    finally:
+        nodes.kill()
+    # Not restarted in place, though restarts were left: both ask to be requeued.
+    assert [r[0] for r in res] == [75, 75], [r[2][-2000:] for r in res]
+    ev1 = nodes.events(1)
+    xid = of(ev1, "gpu_xid")
+    assert xid and xid[0]["xid"] == 79 and xid[0]["critical"] is True, xid
+    assert "XID 79" in of(ev1, "node_fault")[0]["reason"]
+    assert len(of(nodes.events(0), "cycle_start")) == 1
+    import json
+    ledger = [json.loads(l) for l in (job / "node0" / "logs" / "vigil-job-xid" / "ledger.jsonl").read_text().splitlines()]
+    assert ledger[-1]["decision"] == "requeue" and ledger[-1]["excluded"] == ["n1"], ledger[-1]

@@ -77,6 +77,8 @@ pub struct LaunchConfig {
     pub allocation: AllocationPlan,
     /// Straggler scoring and what to do about stragglers (docs/stragglers.md).
     pub straggler: StragglerPlan,
+    /// NVML, health checks, GPU memory reclaim, NUMA binding (perf/).
+    pub gpu: crate::perf::GpuConfig,
 }
 
 /// `vigil run`'s straggler settings.
@@ -638,6 +640,7 @@ pub fn resolve(a: &RunArgs, host: &Host) -> Result<LaunchConfig, ConfigError> {
             nodes.job_id.as_deref(),
             &state_base,
         ),
+        gpu: crate::perf::GpuConfig::from_args(a).map_err(ConfigError)?,
         allocation: AllocationPlan {
             end: end_spec(a, host)?,
             end_from_flags: a.end_time.is_some() || a.time_limit.is_some(),

@@ -57,9 +57,66 @@ pub enum Command {
         #[arg(short = 'o', long = "output")]
         output: Option<PathBuf>,
     },
+    /// Check this node: GPUs, InfiniBand ports, storage (docs/health.md). Exit 0 healthy, 1 not.
+    Health(HealthArgs),
     /// Internal: the helper that SIGKILLs rank process groups if the agent dies.
     #[command(name = "__watchdog", hide = true)]
     Watchdog,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct HealthArgs {
+    /// GPUs that must be present (default: as many as NVML sees; no NVML is then no failure).
+    #[arg(long, value_parser = count)]
+    pub gpus: Option<u32>,
+
+    /// Free memory, in MiB, every GPU must have.
+    #[arg(long = "min-free-mib", value_parser = clap::value_parser!(u64))]
+    pub min_free_mib: Option<u64>,
+
+    /// The InfiniBand sysfs tree.
+    #[arg(long = "ib-root", default_value = crate::perf::health::IB_ROOT)]
+    pub ib_root: PathBuf,
+
+    /// Fail when the node has no InfiniBand device.
+    #[arg(long = "require-ib")]
+    pub require_ib: bool,
+
+    /// `link_downed` and `symbol_error` counts a port may have (each) and still pass.
+    #[arg(long = "ib-max-errors", default_value_t = 0, value_parser = clap::value_parser!(u64))]
+    pub ib_max_errors: u64,
+
+    /// Directories that must be writable with --min-free-gib free (checkpoint file systems):
+    /// comma-separated, or the flag repeated.
+    #[arg(long = "storage-path", value_delimiter = ',')]
+    pub storage_path: Vec<PathBuf>,
+
+    /// Free space, in GiB, --storage-path must have.
+    #[arg(long = "min-free-gib", default_value_t = 1.0, value_parser = crate::perf::health::parse_gib)]
+    pub min_free_gib: f64,
+
+    /// The NVML library to load (default: $VIGIL_NVML_LIB, else the driver's libnvidia-ml.so.1).
+    #[arg(long = "nvml-lib")]
+    pub nvml_lib: Option<PathBuf>,
+
+    /// Print the checks as one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl HealthArgs {
+    pub fn options(&self) -> crate::perf::health::HealthOptions {
+        crate::perf::health::HealthOptions {
+            nvml_lib: self.nvml_lib.clone(),
+            gpus: self.gpus,
+            min_free_mib: self.min_free_mib,
+            ib_root: self.ib_root.clone(),
+            require_ib: self.require_ib,
+            ib_max_errors: self.ib_max_errors,
+            storage_paths: self.storage_path.clone(),
+            min_free_gib: self.min_free_gib,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Args)]
@@ -302,13 +359,56 @@ pub struct RunArgs {
     )]
     pub event_log_handler: String,
 
-    /// torchrun's NUMA binding mode; accepted, no effect yet (vigil says so at start).
+    /// Bind each rank to the CPUs (and memory) of its GPU's NUMA node: `node`, `socket`,
+    /// `exclusive` or `core-complex` (docs/health.md).
     #[arg(
         long = "numa-binding",
         alias = "numa_binding",
         value_parser = ["node", "socket", "exclusive", "core-complex"]
     )]
     pub numa_binding: Option<String>,
+
+    /// With --numa-binding, memory comes only from the GPU's NUMA node (true) or preferably from
+    /// it (false); ft_launcher's numa_bind_strict.
+    #[arg(long = "numa-bind-strict", alias = "numa_bind_strict", hide = true, num_args = 0..=1,
+          require_equals = true, default_missing_value = "true", default_value = "true",
+          value_parser = pet_switch)]
+    pub numa_bind_strict: bool,
+
+    /// The NVML library to load (default: $VIGIL_NVML_LIB, else the driver's libnvidia-ml.so.1).
+    #[arg(long = "nvml-lib", alias = "nvml_lib")]
+    pub nvml_lib: Option<PathBuf>,
+
+    /// Check the node (`vigil health`: GPUs, InfiniBand, --health-storage-path) before each
+    /// rendezvous; a failing node ends the allocation asking to requeue without it.
+    #[arg(long = "health-check", alias = "health_check", num_args = 0..=1, require_equals = true,
+          overrides_with = "health_check",
+          default_missing_value = "true", default_value = "false", value_parser = pet_switch)]
+    pub health_check: bool,
+
+    /// Directories --health-check also requires writable with 1 GiB free (comma-separated).
+    #[arg(
+        long = "health-storage-path",
+        alias = "health_storage_path",
+        value_delimiter = ','
+    )]
+    pub health_storage_path: Vec<PathBuf>,
+
+    /// Seconds to wait between attempts until this node's ranks' GPUs have released their
+    /// memory (0: no wait).
+    #[arg(long = "gpu-memory-reclaim-timeout", alias = "gpu_memory_reclaim_timeout",
+          default_value_t = 50.0, value_parser = seconds)]
+    pub gpu_memory_reclaim_timeout: f64,
+
+    /// MiB a GPU may still have in use and count as released.
+    #[arg(long = "gpu-memory-tolerance-mb", alias = "gpu_memory_tolerance_mb",
+          default_value_t = 512.0, value_parser = crate::perf::health::parse_mib)]
+    pub gpu_memory_tolerance_mb: f64,
+
+    /// Seconds between two looks at the GPUs' memory while waiting.
+    #[arg(long = "gpu-memory-poll-interval", alias = "gpu_memory_poll_interval",
+          default_value_t = 2.0, value_parser = seconds)]
+    pub gpu_memory_poll_interval: f64,
 
     /// Seconds before the second restart in a row; each further one waits twice as long (up to
     /// --restart-backoff-max). The first restart is immediate; 0 turns back-off off.

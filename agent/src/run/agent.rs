@@ -36,6 +36,21 @@ impl Agent {
         let hostname = nix::unistd::gethostname()
             .map(|h| h.to_string_lossy().into_owned())
             .unwrap_or_default();
+        let numa = self.cfg.gpu.numa.map(|mode| {
+            let cvd = env_of("CUDA_VISIBLE_DEVICES");
+            let g = &self.cfg.gpu;
+            let (p, warnings) = crate::perf::numa::prepare(
+                g.nvml_lib.as_deref(),
+                mode,
+                g.numa_strict,
+                self.cfg.nproc,
+                cvd.as_deref(),
+            );
+            for w in warnings.iter().filter(|_| cycle == 0) {
+                console_note(w);
+            }
+            p
+        });
         for lr in 0..self.cfg.nproc {
             let dir = self.attempt_dir(cycle, lr);
             let error_file = dir.join("error.json");
@@ -86,7 +101,12 @@ impl Agent {
                 dir.join("stacks.txt").to_string_lossy().into_owned(),
             ));
             env.push(self.containment.env());
-            match proc::spawn_rank(&self.cfg.command, &env, self.containment.cgroup()) {
+            match proc::spawn_rank(
+                &self.cfg.command,
+                &env,
+                self.containment.cgroup(),
+                numa.as_ref().and_then(|n| n[lr as usize].as_ref()),
+            ) {
                 Ok(sp) => {
                     if let Some(w) = &mut self.watchdog {
                         w.guard(sp.pid);
@@ -141,6 +161,12 @@ impl Agent {
             match a {
                 // Leaving waits until the loop is over (the output drained).
                 Action::Job(leave @ JobRequest::Leave { .. }) => self.leave = Some(leave),
+                Action::Job(req @ JobRequest::Join { cycle, .. })
+                    if gate::wanted(&self.cfg.gpu, cycle) =>
+                {
+                    let (nproc, node) = (self.cfg.nproc, self.cfg.node_rank);
+                    gate::start(self.cfg.gpu.clone(), nproc, node, req, self.gate_tx.clone());
+                }
                 Action::Job(req) => {
                     let _ = self.coord.send(req);
                 }

@@ -8,6 +8,7 @@
 //! - `clock.rs`: the job's clock, which skips the agent's own suspension.
 //! - `prelaunch.rs`: run directory and checks before any rank starts.
 //! - `eventlog.rs`: `events.jsonl`. `store_host.rs`: hosting and finding vigil's store.
+//! - `gpuwatch.rs`: the node's GPUs (NVML samples, XID events) while the job runs.
 //! - `perf.rs`: `steps` records, step times for straggler scores, the job's straggler report.
 //! - `proc.rs`: process groups, containment, the watchdog. `output.rs`: rank output to logs and
 //!   console. `ipc_server.rs`: the ranks' socket. `stacks.rs`: capturing a hung rank's stacks.
@@ -16,6 +17,8 @@ mod agent;
 mod allocation;
 mod clock;
 mod eventlog;
+mod gate;
+mod gpuwatch;
 pub mod ipc_server;
 pub mod output;
 mod perf;
@@ -107,8 +110,12 @@ struct Agent {
     peer_end: Option<JobEnd>,
     steps_log: perf::StepsLog,
     stragglers: perf::Stragglers,
+    /// The node's GPUs, when NVML is there.
+    gpus: gpuwatch::GpuWatch,
     /// This node's straggler summaries, to node rank 0 through the store.
     share: mpsc::UnboundedSender<Vec<u8>>,
+    /// Where the checks before a rendezvous report (`gate.rs`).
+    gate_tx: mpsc::UnboundedSender<gate::GateOut>,
 }
 
 fn pump(fd: OwnedFd, mut sink: Sink) -> JoinHandle<()> {
@@ -239,6 +246,8 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
         }
     };
     let (stacks_tx, mut stacks_rx) = mpsc::unbounded_channel();
+    let (gpu_tx, mut gpu_rx) = mpsc::unbounded_channel();
+    let (gate_tx, mut gate_rx) = mpsc::unbounded_channel();
 
     let store = match setup_store(&cfg, secret) {
         Ok(s) => s,
@@ -309,7 +318,9 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
         peer_end: None,
         steps_log: Default::default(),
         stragglers: perf::Stragglers::new(cfg.straggler.clone(), cfg.nproc),
+        gpus: gpuwatch::GpuWatch::start(cfg.gpu.nvml_lib.clone(), gpu_tx),
         share,
+        gate_tx,
         cfg,
     };
     agent.events.write_value(serde_json::json!({
@@ -462,6 +473,16 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
                     "cannot share straggler summaries through the store ({why}); reports may miss nodes until it works again"
                 )),
             },
+            Some(out) = gate_rx.recv() => {
+                if let Some(ev) = agent.on_gate(out) {
+                    agent.queue.push_back(ev);
+                }
+            }
+            Some(m) = gpu_rx.recv() => {
+                if let Some(ev) = agent.on_gpu(m) {
+                    agent.queue.push_back(ev);
+                }
+            }
             Some((cycle, local_rank, report)) = stacks_rx.recv() => {
                 agent.on_stacks(cycle, local_rank, report);
                 if cycle == sup.cycle() {
@@ -476,7 +497,8 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
                 if let Some(v) = agent.steps_log.due(now, sup.cycle(), sup.step_range()) {
                     agent.events.write_value(v);
                 }
-                let gpu_of = |_: u32| None;
+                let gpus = &agent.gpus;
+                let gpu_of = |lr: u32| gpus.explain(lr);
                 if let Some(s) = agent.stragglers.share_due(now, agent.cfg.node_rank, &agent.host, agent.rank_offset, &gpu_of) {
                     let _ = agent.share.send(s);
                 }

@@ -246,10 +246,12 @@ pub fn spawn_rank(
     argv: &[String],
     env: &[(String, String)],
     cgroup: Option<&Path>,
+    numa: Option<&crate::perf::numa::Prepared>,
 ) -> io::Result<Spawned> {
     let parent = std::process::id() as i32;
     let procs =
         cgroup.and_then(|c| CString::new(c.join("cgroup.procs").as_os_str().as_bytes()).ok());
+    let numa = numa.copied();
     let mut cmd = Command::new(&argv[0]);
     cmd.args(&argv[1..])
         .envs(env.iter().map(|(k, v)| (k, v)))
@@ -269,6 +271,10 @@ pub fn spawn_rank(
                     libc::write(fd, b"0".as_ptr().cast(), 1);
                     libc::close(fd);
                 }
+            }
+            // Best effort, as the cgroup move: the CPUs were checked against the agent's own.
+            if let Some(n) = &numa {
+                let _ = n.apply();
             }
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) < 0 {
                 return Err(io::Error::last_os_error());

@@ -3,7 +3,8 @@
 //! A node fault (a critical XID, an uncorrectable ECC error, a failed health check) takes the same
 //! path as NVRx's `ExcludeThisNode`: this node's ranks are stopped as after a failure, and the node
 //! leaves the job, which ends so it can be requeued without it. The rest of the job learns of it as
-//! of any lost node. A fault between attempts is acted on when the next attempt would start.
+//! of any lost node. Before a rendezvous (the health check runs there) the node leaves at once; a
+//! fault while backing off between attempts is acted on when the next attempt would start.
 //!
 //! Stragglers (node rank 0's report) are acted on only with `--stop-if-straggler`: the job stops at
 //! an agreed step, as for a signal, so every rank checkpoints; the straggler's nodes are blamed,
@@ -22,9 +23,16 @@ impl Supervisor {
         }));
         self.fault = Some(reason.clone());
         self.exclude_asked = true;
-        if self.phase == Phase::Running {
-            self.begin_stop(now, StopReason::RankFailed, SIGTERM, out);
-            self.report_failure(format!("node {}: {reason}", self.cfg.node_rank), out);
+        match self.phase {
+            Phase::Running => {
+                self.begin_stop(now, StopReason::RankFailed, SIGTERM, out);
+                self.report_failure(format!("node {}: {reason}", self.cfg.node_rank), out);
+            }
+            // Before (or while waiting at) a rendezvous, e.g. a failed health check: leave the job
+            // now, telling the others this node is to be left out.
+            Phase::Joining => self.on_coordination_lost(now, reason, true, out),
+            // Between attempts: the next one fails at its start (`fault_at_start`).
+            _ => {}
         }
     }
 

@@ -1078,6 +1078,31 @@ fn multi_node_lost_coordination_ends_with_the_requeue_status() {
 }
 
 #[test]
+fn an_unfit_node_ends_before_joining_and_asks_to_be_left_out() {
+    let t = Instant::now();
+    // Before the rendezvous of the first attempt (its health check failed): nothing ran.
+    let (mut s, _) = node(1, 2, 3);
+    let a = s.handle(
+        t,
+        Event::NodeFault {
+            reason: "gpu_ecc".into(),
+        },
+    );
+    let o = finish(&a).unwrap();
+    assert_eq!(o.exit_code(), EXIT_LOST);
+    assert!(matches!(o, Outcome::Lost { requeue: true, .. }), "{o:?}");
+    assert!(s.exclude_asked());
+    // The other nodes learn that this node is to be left out.
+    assert!(has(&a, |x| matches!(
+        x,
+        Action::Job(JobRequest::Leave {
+            poison: Some((0, JobEnd::Lost { node: Some(1), .. }))
+        })
+    )));
+    assert!(!has(&a, |x| matches!(x, Action::SpawnCycle { .. })));
+}
+
+#[test]
 fn multi_node_timeouts_apply_the_job_value_and_only_node_zero_saves() {
     let t = Instant::now();
     let job = Timeouts {

@@ -89,6 +89,11 @@ pub const VALUE_FLAGS: &[&str] = &[
     "duplicate-stderr-filters",
     "event-log-handler",
     "numa-binding",
+    "nvml-lib",
+    "health-storage-path",
+    "gpu-memory-reclaim-timeout",
+    "gpu-memory-tolerance-mb",
+    "gpu-memory-poll-interval",
     "restart-backoff",
     "restart-backoff-max",
     "restart-backoff-reset",
@@ -266,6 +271,9 @@ pub fn translate(
                         "{}: ignored, {target} given explicitly wins",
                         setting.origin
                     ));
+                } else if matches!(opt.kind, Kind::Bool) {
+                    // vigil's boolean flags are switches that take a value only after `=`.
+                    mapped.push(format!("{target}={value}"));
                 } else {
                     mapped.push(target.to_string());
                     mapped.push(value);
@@ -779,9 +787,10 @@ mod tests {
             "--ft-log-level=DEBUG",
             "--ft-log_level",
             "INFO",
-            "--ft-enable-nic-monitor",
-            "false",
-            "--ft-enable-nic-healthcheck",
+            "--ft-pci-topo-file",
+            "/etc/topo.xml",
+            "--ft-link-down-path-template",
+            "/sys/x",
             "--ft-restart-policy",
             "min-healthy",
             "--ft-node-health-check-endpoint",
@@ -798,7 +807,12 @@ mod tests {
         // The last --ft-log-level wins, as with argparse.
         assert!(joined.contains("--ft-log_level INFO: accepted"));
         assert!(!joined.contains("DEBUG"));
-        assert!(joined.contains("--ft-enable-nic-healthcheck=true"));
+        assert!(joined.contains("--ft-pci-topo-file /etc/topo.xml: accepted"));
+        // A boolean flag alone means true; a boolean after it is its value.
+        let t = tr(&["--ft-enable-nic-healthcheck", "t.py"]);
+        assert_eq!(t.args, sv(&["--health-check=true", "t.py"]));
+        let t = tr(&["--ft-enable-nic-monitor", "false", "t.py"]);
+        assert_eq!(t.args, sv(&["--health-check=false", "t.py"]));
         assert!(joined.contains("min-healthy"));
         assert!(t.notes.iter().all(|n| !n.contains('\n')));
     }
@@ -820,6 +834,7 @@ mod tests {
             let t = translate(&sv(&[&flag, value, "t.py"]), &no_file)
                 .unwrap_or_else(|e| panic!("{flag}: {e}"));
             let want = match opt.effect {
+                Effect::Map(_) if matches!(opt.kind, Kind::Bool) => (2, 0),
                 Effect::Map(_) => (3, 0),
                 Effect::Note(_) => (1, 1),
             };
@@ -834,7 +849,8 @@ mod tests {
             "any-failed",
             "t.py",
         ]);
-        assert_eq!((t.args.len(), t.notes.len()), (1, 2));
+        assert_eq!(t.args, sv(&["--health-storage-path", "/a,/b", "t.py"]));
+        assert_eq!(t.notes.len(), 1);
         let t = tr(&[
             "--ft-ignore-missing-cfg",
             "--ignore-missing-fault-tol-cfg",
@@ -1009,7 +1025,7 @@ fault_tolerance:
   rank_termination_signal: SIGTERM
   workload_check_interval: 5.0
   log_level: 20
-  enable_nic_monitor: true
+  node_health_check_interval: 10.0
   restart_policy: any-failed
   some_future_key: 1
 ";
@@ -1038,7 +1054,7 @@ fault_tolerance:
         assert!(t.notes[0].starts_with("fault_tolerance.some_future_key in ft.yaml: not"));
         assert_eq!(
             t.notes[1],
-            format!("fault_tolerance.enable_nic_monitor: true in ft.yaml: accepted, no effect: {NO_NODE_CHECK}")
+            format!("fault_tolerance.node_health_check_interval: 10.0 in ft.yaml: accepted, no effect: {NO_NODE_CHECK}")
         );
     }
 

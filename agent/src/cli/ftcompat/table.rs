@@ -51,10 +51,7 @@ pub(super) struct Opt {
 
 pub(super) const DEADLINE: &str =
     "vigil is deadline-driven and acts the moment a timeout expires, not on a polling interval";
-pub(super) const NO_NODE_CHECK: &str = "vigil runs no NIC, InfiniBand or node health checks";
-pub(super) const NO_STORAGE_CHECK: &str = "vigil runs no Lustre/NFS storage health checks";
-pub(super) const NO_GPU_RECLAIM: &str =
-    "vigil does not wait for GPU memory to be freed between attempts";
+pub(super) const NO_NODE_CHECK: &str = "vigil checks the node with `vigil health` / --health-check before each rendezvous (docs/health.md), not on an interval or an endpoint";
 pub(super) const NO_PROGRESS: &str =
     "vigil measures progress by the step ranks pass to vigil.should_stop(step), not a file";
 pub(super) const NO_ATTRIBUTION: &str = "vigil has no attribution service; its failure summary and event log name the failing rank and the cause";
@@ -67,8 +64,6 @@ pub(super) const ANY_FAILED: &str = "vigil always restarts every rank when one f
 pub(super) const NO_LAYERED: &str = "vigil has no layered restart protocol to poll";
 pub(super) const FIRE_AND_FORGET: &str = "messages from ranks to vigil are always fire-and-forget";
 pub(super) const OWN_RDZV: &str = "vigil has its own rendezvous (--rdzv-backend)";
-pub(super) const NO_NUMA: &str =
-    "vigil does no NUMA binding (NVRX_GPUS_PER_NUMA); wrap the command in numactl instead";
 pub(super) const KILLS_GROUPS: &str =
     "vigil always kills what each rank leaves in its process group";
 pub(super) const RECORDS_EXITS: &str =
@@ -109,23 +104,23 @@ pub(super) const OPTS: &[Opt] = &[
     note("restart_check_interval", Kind::Float, Dflt::F(60.0), NO_LAYERED),
     note("node_health_check_interval", Kind::Float, Dflt::F(5.0), NO_NODE_CHECK),
     note("node_health_check_endpoint", Kind::Str, Dflt::Null, NO_NODE_CHECK),
-    note("enable_nic_monitor", Kind::Bool, Dflt::B(false), NO_NODE_CHECK),
-    note("enable_nic_healthcheck", Kind::Bool, Dflt::B(true), NO_NODE_CHECK),
+    map("enable_nic_monitor", Kind::Bool, "--health-check"),
+    map("enable_nic_healthcheck", Kind::Bool, "--health-check"),
     note("pci_topo_file", Kind::Str, Dflt::Null, NO_NODE_CHECK),
     note("link_down_path_template", Kind::Str, Dflt::Null, NO_NODE_CHECK),
     note("link_state_path_template", Kind::Str, Dflt::Null, NO_NODE_CHECK),
-    note("enable_dist_storage_healthcheck", Kind::Bool, Dflt::B(false), NO_STORAGE_CHECK),
-    note("storage_healthcheck_path", Kind::Str, Dflt::Null, NO_STORAGE_CHECK),
+    map("enable_dist_storage_healthcheck", Kind::Bool, "--health-check"),
+    map("storage_healthcheck_path", Kind::Str, "--health-storage-path"),
     note("skip_section_response", Kind::Bool, Dflt::B(true), FIRE_AND_FORGET),
     note("rdzv_impl", Kind::Choice(&["barrier", "legacy"]), Dflt::S("barrier"), OWN_RDZV),
     note("segment", Kind::Int, Dflt::Null, NO_SPARES),
     note("use_infra_group_rank", Kind::Bool, Dflt::B(true), NO_SPARES),
     note("domain_id_from_node_name", Kind::Bool, Dflt::B(true), NO_SPARES),
     note("segment_health_check_dir", Kind::Str, Dflt::Null, NO_SPARES),
-    note("numa_bind_strict", Kind::Bool, Dflt::B(true), NO_NUMA),
-    note("gpu_memory_reclaim_timeout", Kind::Float, Dflt::F(50.0), NO_GPU_RECLAIM),
-    note("gpu_memory_tolerance_mb", Kind::Float, Dflt::F(512.0), NO_GPU_RECLAIM),
-    note("gpu_memory_poll_interval", Kind::Float, Dflt::F(2.0), NO_GPU_RECLAIM),
+    map("numa_bind_strict", Kind::Bool, "--numa-bind-strict"),
+    map("gpu_memory_reclaim_timeout", Kind::Float, "--gpu-memory-reclaim-timeout"),
+    map("gpu_memory_tolerance_mb", Kind::Float, "--gpu-memory-tolerance-mb"),
+    map("gpu_memory_poll_interval", Kind::Float, "--gpu-memory-poll-interval"),
     note("check_remaining_processes", Kind::Bool, Dflt::B(false), KILLS_GROUPS),
     note("install_exception_hook", Kind::Bool, Dflt::B(false), RECORDS_EXITS),
     map("max_no_progress_cycles", Kind::Int, "--max-no-progress"),

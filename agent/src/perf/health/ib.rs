@@ -1,0 +1,154 @@
+//! InfiniBand ports from sysfs (`<root>/<device>/ports/<n>/{state,counters/...}`).
+
+use std::path::Path;
+
+use super::{check, Check, Status};
+
+/// One port as sysfs shows it; a value sysfs does not have is `None`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IbPort {
+    pub device: String,
+    pub port: String,
+    /// `state`'s text after the number: `ACTIVE`, `DOWN`, `INIT`...
+    pub state: Option<String>,
+    pub link_downed: Option<u64>,
+    pub symbol_error: Option<u64>,
+}
+
+fn read_trim(p: &Path) -> Option<String> {
+    std::fs::read_to_string(p)
+        .ok()
+        .map(|s| s.trim().to_string())
+}
+
+/// Every port of every device under `root`, sorted; empty when there is no such tree.
+pub fn read_ib(root: &Path) -> Vec<IbPort> {
+    let mut out = Vec::new();
+    let Ok(devices) = std::fs::read_dir(root) else {
+        return out;
+    };
+    for dev in devices.flatten() {
+        let device = dev.file_name().to_string_lossy().into_owned();
+        let Ok(ports) = std::fs::read_dir(dev.path().join("ports")) else {
+            continue;
+        };
+        for port in ports.flatten() {
+            let p = port.path();
+            let counter = |name: &str| {
+                read_trim(&p.join("counters").join(name)).and_then(|s| s.parse::<u64>().ok())
+            };
+            out.push(IbPort {
+                device: device.clone(),
+                port: port.file_name().to_string_lossy().into_owned(),
+                // "4: ACTIVE"
+                state: read_trim(&p.join("state")).map(|s| match s.split_once(':') {
+                    Some((_, name)) => name.trim().to_string(),
+                    None => s,
+                }),
+                link_downed: counter("link_downed"),
+                symbol_error: counter("symbol_error"),
+            });
+        }
+    }
+    out.sort_by(|a, b| (&a.device, &a.port).cmp(&(&b.device, &b.port)));
+    out
+}
+
+/// The verdict on the ports (pure): every port ACTIVE, `link_downed` and `symbol_error` at most
+/// `max_errors` each. No device passes (the node has no InfiniBand) unless `require`.
+pub fn ib_check(root: &Path, ports: Vec<IbPort>, require: bool, max_errors: u64) -> Check {
+    if ports.is_empty() {
+        let detail = format!("no InfiniBand devices under {}", root.display());
+        return if require {
+            check("ib_ports", Status::Fail, format!("{detail} (--require-ib)"))
+        } else {
+            check("ib_ports", Status::Skip, detail)
+        };
+    }
+    let mut bad = Vec::new();
+    for p in &ports {
+        let mut why = Vec::new();
+        match p.state.as_deref() {
+            Some("ACTIVE") => {}
+            Some(s) => why.push(format!("state {s}")),
+            None => why.push("state unknown".to_string()),
+        }
+        for (name, v) in [
+            ("link_downed", p.link_downed),
+            ("symbol_error", p.symbol_error),
+        ] {
+            if let Some(n) = v.filter(|n| *n > max_errors) {
+                why.push(format!("{name} {n}"));
+            }
+        }
+        if !why.is_empty() {
+            bad.push(format!("{} port {}: {}", p.device, p.port, why.join(", ")));
+        }
+    }
+    if bad.is_empty() {
+        check(
+            "ib_ports",
+            Status::Pass,
+            format!(
+                "{} port(s) ACTIVE, link_downed and symbol_error at most {max_errors}",
+                ports.len()
+            ),
+        )
+    } else {
+        check("ib_ports", Status::Fail, bad.join("; "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn port(state: &str, downed: u64, sym: u64) -> IbPort {
+        IbPort {
+            device: "mlx5_0".into(),
+            port: "1".into(),
+            state: Some(state.into()),
+            link_downed: Some(downed),
+            symbol_error: Some(sym),
+        }
+    }
+
+    #[test]
+    fn verdicts() {
+        let root = Path::new("/sys/class/infiniband");
+        assert_eq!(ib_check(root, vec![], false, 0).status, Status::Skip);
+        assert_eq!(ib_check(root, vec![], true, 0).status, Status::Fail);
+        assert_eq!(
+            ib_check(root, vec![port("ACTIVE", 0, 0)], false, 0).status,
+            Status::Pass
+        );
+        let c = ib_check(root, vec![port("DOWN", 2, 0)], false, 0);
+        assert_eq!(c.status, Status::Fail);
+        assert_eq!(c.detail, "mlx5_0 port 1: state DOWN, link_downed 2");
+        assert_eq!(
+            ib_check(root, vec![port("ACTIVE", 0, 5)], false, 10).status,
+            Status::Pass
+        );
+    }
+
+    #[test]
+    fn reads_a_tree() {
+        let dir = std::env::temp_dir().join(format!("vigil-ib-test-{}", std::process::id()));
+        let p = dir.join("mlx5_1/ports/1");
+        std::fs::create_dir_all(p.join("counters")).unwrap();
+        std::fs::write(p.join("state"), "4: ACTIVE\n").unwrap();
+        std::fs::write(p.join("counters/link_downed"), "7\n").unwrap();
+        let ports = read_ib(&dir);
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(
+            ports,
+            vec![IbPort {
+                device: "mlx5_1".into(),
+                port: "1".into(),
+                state: Some("ACTIVE".into()),
+                link_downed: Some(7),
+                symbol_error: None,
+            }]
+        );
+    }
+}

@@ -1,0 +1,522 @@
+//! `vigil health`: is this node fit to train on? GPUs present and sound, InfiniBand ports up and
+//! clean, a storage path writable with room. Usable as a Slurm prolog, epilog or
+//! `HealthCheckProgram` (docs/health.md) and by the agent before each rendezvous
+//! (`vigil run --health-check`). The verdicts are pure functions of what was read; reading is at
+//! the edges (`read_*`, `run_checks`).
+
+mod ib;
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::perf::gpu::{self, GpuProcess, GpuSample, GpuSource};
+pub use ib::{ib_check, read_ib, IbPort};
+
+/// The default InfiniBand sysfs tree.
+pub const IB_ROOT: &str = "/sys/class/infiniband";
+
+/// What to check. `Default` checks what is there and requires nothing more.
+#[derive(Debug, Clone)]
+pub struct HealthOptions {
+    /// The NVML library (`--nvml-lib`); `None`: $VIGIL_NVML_LIB, else the system's.
+    pub nvml_lib: Option<PathBuf>,
+    /// GPUs that must be present; `None`: as many as NVML sees (and no NVML is no failure).
+    pub gpus: Option<u32>,
+    /// Free memory every GPU must have, in MiB.
+    pub min_free_mib: Option<u64>,
+    pub ib_root: PathBuf,
+    /// No InfiniBand device is a failure.
+    pub require_ib: bool,
+    /// `link_downed` / `symbol_error` counts a port may have (each) and still pass.
+    pub ib_max_errors: u64,
+    /// Paths that must be writable with `min_free_gib` free.
+    pub storage_paths: Vec<PathBuf>,
+    pub min_free_gib: f64,
+}
+
+impl Default for HealthOptions {
+    fn default() -> Self {
+        HealthOptions {
+            nvml_lib: None,
+            gpus: None,
+            min_free_mib: None,
+            ib_root: PathBuf::from(IB_ROOT),
+            require_ib: false,
+            ib_max_errors: 0,
+            storage_paths: Vec::new(),
+            min_free_gib: 1.0,
+        }
+    }
+}
+
+/// `--min-free-gib`'s value parser.
+pub fn parse_gib(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err("give a number of GiB, 0 or more, such as 50 or 0.5".into()),
+    }
+}
+
+/// `--gpu-memory-tolerance-mb`'s value parser.
+pub fn parse_mib(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err("give a number of MiB, 0 or more, such as 512".into()),
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    Pass,
+    Fail,
+    Skip,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Check {
+    pub name: &'static str,
+    pub status: Status,
+    pub detail: String,
+}
+
+fn check(name: &'static str, status: Status, detail: impl Into<String>) -> Check {
+    Check {
+        name,
+        status,
+        detail: detail.into(),
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HealthReport {
+    pub checks: Vec<Check>,
+}
+
+impl HealthReport {
+    pub fn healthy(&self) -> bool {
+        self.checks.iter().all(|c| c.status != Status::Fail)
+    }
+
+    /// The names of the failing checks.
+    pub fn failed(&self) -> Vec<&'static str> {
+        self.checks
+            .iter()
+            .filter(|c| c.status == Status::Fail)
+            .map(|c| c.name)
+            .collect()
+    }
+
+    /// One line per failing check, `name: detail`, joined by `; ` (for events and console lines).
+    pub fn failures(&self) -> String {
+        self.checks
+            .iter()
+            .filter(|c| c.status == Status::Fail)
+            .map(|c| format!("{}: {}", c.name, c.detail))
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
+    /// One line per check (`PASS gpu_count  8 GPUs`), then `healthy` or `unhealthy: <names>`.
+    pub fn render(&self) -> String {
+        let width = self.checks.iter().map(|c| c.name.len()).max().unwrap_or(0);
+        let mut out = String::new();
+        for c in &self.checks {
+            let s = match c.status {
+                Status::Pass => "PASS",
+                Status::Fail => "FAIL",
+                Status::Skip => "SKIP",
+            };
+            out.push_str(&format!("{s} {:width$}  {}\n", c.name, c.detail));
+        }
+        if self.healthy() {
+            out.push_str("healthy\n");
+        } else {
+            out.push_str(&format!("unhealthy: {}\n", self.failed().join(", ")));
+        }
+        out
+    }
+
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "healthy": self.healthy(),
+            "failed": self.failed(),
+            "checks": self.checks,
+        })
+    }
+}
+
+/// What NVML told about this node's GPUs: `Err` says why there is no NVML.
+pub struct GpuFacts {
+    pub count: Result<u32, String>,
+    pub samples: Vec<GpuSample>,
+    pub holders: Vec<GpuProcess>,
+}
+
+/// HW slowdown, HW thermal slowdown, power brake: the GPU's own protection slowing it.
+const HW_THROTTLE: u64 = 0x8 | 0x40 | 0x80;
+
+/// The GPU checks from what NVML told (pure).
+pub fn gpu_checks(f: &GpuFacts, o: &HealthOptions) -> Vec<Check> {
+    let count = match &f.count {
+        Ok(n) => *n,
+        Err(why) => {
+            let c = match o.gpus {
+                Some(n) if n > 0 => check(
+                    "gpu_count",
+                    Status::Fail,
+                    format!("{n} GPU(s) expected, none usable: {why}"),
+                ),
+                _ => check("gpu_count", Status::Skip, why.clone()),
+            };
+            return vec![c];
+        }
+    };
+    let mut out = Vec::new();
+    out.push(match o.gpus {
+        Some(n) if count < n => check(
+            "gpu_count",
+            Status::Fail,
+            format!("{count} of {n} expected GPUs present"),
+        ),
+        Some(n) => check(
+            "gpu_count",
+            Status::Pass,
+            format!("{count} GPUs ({n} expected)"),
+        ),
+        None => check("gpu_count", Status::Pass, format!("{count} GPUs")),
+    });
+    if (f.samples.len() as u32) < count {
+        let missing: Vec<String> = (0..count)
+            .filter(|i| !f.samples.iter().any(|s| s.index == *i))
+            .map(|i| i.to_string())
+            .collect();
+        out.push(check(
+            "gpu_access",
+            Status::Fail,
+            format!("NVML cannot read GPU(s) {}", missing.join(", ")),
+        ));
+    }
+    if f.samples.is_empty() {
+        return out;
+    }
+    let faults: Vec<String> = f
+        .samples
+        .iter()
+        .filter_map(|s| gpu::fault(s).map(|why| format!("GPU {}: {why}", s.index)))
+        .collect();
+    out.push(if faults.is_empty() {
+        check(
+            "gpu_ecc",
+            Status::Pass,
+            format!(
+                "no uncorrectable ECC errors or row-remapping failures on {} GPUs",
+                f.samples.len()
+            ),
+        )
+    } else {
+        check("gpu_ecc", Status::Fail, faults.join("; "))
+    });
+    let slow: Vec<String> = f
+        .samples
+        .iter()
+        .filter(|s| s.throttle_mask.is_some_and(|m| m & HW_THROTTLE != 0))
+        .map(|s| format!("GPU {}: {}", s.index, gpu::explain(s)))
+        .collect();
+    out.push(if slow.is_empty() {
+        check(
+            "gpu_throttle",
+            Status::Pass,
+            "no HW slowdown or power brake",
+        )
+    } else {
+        check("gpu_throttle", Status::Fail, slow.join("; "))
+    });
+    let mut low = Vec::new();
+    let mut least: Option<u64> = None;
+    for s in &f.samples {
+        let (Some(total), Some(used)) = (s.mem_total_mib, s.mem_used_mib) else {
+            continue;
+        };
+        let free = total.saturating_sub(used);
+        least = Some(least.map_or(free, |l| l.min(free)));
+        if o.min_free_mib.is_some_and(|m| free < m) {
+            let who: Vec<String> = f
+                .holders
+                .iter()
+                .filter(|p| p.gpu == s.index)
+                .map(|p| format!("pid {} ({}) {} MiB", p.pid, or_unknown(&p.name), p.mib))
+                .collect();
+            let held = if who.is_empty() {
+                String::new()
+            } else {
+                format!(", held by {}", who.join(", "))
+            };
+            low.push(format!("GPU {}: {free} MiB free of {total}{held}", s.index));
+        }
+    }
+    out.push(match (least, o.min_free_mib) {
+        (None, _) => check("gpu_memory", Status::Skip, "NVML reports no memory figures"),
+        (Some(l), Some(m)) if low.is_empty() => check(
+            "gpu_memory",
+            Status::Pass,
+            format!("at least {l} MiB free on every GPU (--min-free-mib {m})"),
+        ),
+        (Some(_), Some(m)) => check(
+            "gpu_memory",
+            Status::Fail,
+            format!("{} (--min-free-mib {m})", low.join("; ")),
+        ),
+        (Some(l), None) => check(
+            "gpu_memory",
+            Status::Pass,
+            format!("at least {l} MiB free on every GPU"),
+        ),
+    });
+    out
+}
+
+fn or_unknown(name: &str) -> &str {
+    if name.is_empty() {
+        "name unknown"
+    } else {
+        name
+    }
+}
+
+/// The storage check from what was found (pure): `write` is the write-and-remove probe's result,
+/// `free_bytes` the file system's free space.
+pub fn storage_verdict(
+    path: &Path,
+    write: Result<(), String>,
+    free_bytes: Result<u64, String>,
+    min_free_gib: f64,
+) -> Check {
+    let p = path.display();
+    if let Err(e) = write {
+        return check("storage", Status::Fail, format!("{p} is not writable: {e}"));
+    }
+    match free_bytes {
+        Err(e) => check(
+            "storage",
+            Status::Fail,
+            format!("{p}: cannot read free space: {e}"),
+        ),
+        Ok(b) => {
+            let gib = b as f64 / (1u64 << 30) as f64;
+            let status = if gib < min_free_gib {
+                Status::Fail
+            } else {
+                Status::Pass
+            };
+            check(
+                "storage",
+                status,
+                format!("{p} writable, {gib:.1} GiB free (--min-free-gib {min_free_gib})"),
+            )
+        }
+    }
+}
+
+fn probe_write(dir: &Path) -> Result<(), String> {
+    use std::io::Write;
+    let probe = dir.join(format!(".vigil-health-{}", std::process::id()));
+    let result = std::fs::File::create(&probe)
+        .and_then(|mut f| {
+            f.write_all(b"vigil health\n")?;
+            f.sync_all()
+        })
+        .map_err(|e| e.to_string());
+    let _ = std::fs::remove_file(&probe);
+    result
+}
+
+fn free_bytes(dir: &Path) -> Result<u64, String> {
+    let s = nix::sys::statvfs::statvfs(dir).map_err(|e| e.to_string())?;
+    Ok(s.blocks_available() as u64 * s.fragment_size() as u64)
+}
+
+/// What NVML tells about this node's GPUs (the edge).
+pub fn read_gpus(lib: Option<&Path>) -> GpuFacts {
+    match GpuSource::open(gpu::nvml_lib(lib).as_deref()) {
+        Err(e) => GpuFacts {
+            count: Err(e),
+            samples: vec![],
+            holders: vec![],
+        },
+        Ok(src) => {
+            let count = src.count();
+            let samples = src.sample_all();
+            let holders = samples
+                .iter()
+                .flat_map(|s| src.processes(s.index))
+                .collect();
+            GpuFacts {
+                count,
+                samples,
+                holders,
+            }
+        }
+    }
+}
+
+/// Every check, reading this node.
+pub fn run_checks(o: &HealthOptions) -> HealthReport {
+    let mut checks = gpu_checks(&read_gpus(o.nvml_lib.as_deref()), o);
+    checks.push(ib_check(
+        &o.ib_root,
+        read_ib(&o.ib_root),
+        o.require_ib,
+        o.ib_max_errors,
+    ));
+    if o.storage_paths.is_empty() {
+        checks.push(check("storage", Status::Skip, "no --storage-path given"));
+    }
+    for p in &o.storage_paths {
+        checks.push(storage_verdict(
+            p,
+            probe_write(p),
+            free_bytes(p),
+            o.min_free_gib,
+        ));
+    }
+    HealthReport { checks }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::perf::gpu::RemappedRows;
+
+    fn gpu(i: u32) -> GpuSample {
+        GpuSample {
+            index: i,
+            mem_total_mib: Some(81920),
+            mem_used_mib: Some(0),
+            throttle_mask: Some(0),
+            ..Default::default()
+        }
+    }
+
+    fn facts(samples: Vec<GpuSample>) -> GpuFacts {
+        GpuFacts {
+            count: Ok(samples.len() as u32),
+            samples,
+            holders: vec![],
+        }
+    }
+
+    fn status(checks: &[Check], name: &str) -> Status {
+        checks.iter().find(|c| c.name == name).unwrap().status
+    }
+
+    #[test]
+    fn clean_gpus_pass() {
+        let c = gpu_checks(&facts(vec![gpu(0), gpu(1)]), &HealthOptions::default());
+        assert!(c.iter().all(|c| c.status == Status::Pass), "{c:?}");
+    }
+
+    #[test]
+    fn no_nvml_skips_unless_gpus_are_expected() {
+        let f = GpuFacts {
+            count: Err("GPU telemetry off: no driver".into()),
+            samples: vec![],
+            holders: vec![],
+        };
+        let c = gpu_checks(&f, &HealthOptions::default());
+        assert_eq!(c.len(), 1);
+        assert_eq!(c[0].status, Status::Skip);
+        let o = HealthOptions {
+            gpus: Some(8),
+            ..Default::default()
+        };
+        let c = gpu_checks(&f, &o);
+        assert_eq!(c[0].status, Status::Fail);
+        assert!(c[0].detail.contains("8 GPU(s) expected"));
+    }
+
+    #[test]
+    fn missing_gpus_ecc_rows_throttle_and_memory_fail() {
+        let o = HealthOptions {
+            gpus: Some(3),
+            min_free_mib: Some(80000),
+            ..Default::default()
+        };
+        let mut bad = gpu(1);
+        bad.ecc_uncorrected_volatile = Some(1);
+        bad.throttle_mask = Some(0x8);
+        bad.throttle = vec!["HW slowdown".into()];
+        bad.mem_used_mib = Some(4096);
+        let mut rows = gpu(0);
+        rows.remapped_rows = Some(RemappedRows {
+            failure: true,
+            ..Default::default()
+        });
+        let mut f = facts(vec![rows, bad]);
+        f.holders = vec![GpuProcess {
+            gpu: 1,
+            pid: 42,
+            name: "python".into(),
+            mib: 4096,
+        }];
+        let c = gpu_checks(&f, &o);
+        assert_eq!(status(&c, "gpu_count"), Status::Fail);
+        assert_eq!(status(&c, "gpu_ecc"), Status::Fail);
+        assert_eq!(status(&c, "gpu_throttle"), Status::Fail);
+        assert_eq!(status(&c, "gpu_memory"), Status::Fail);
+        let mem = c.iter().find(|c| c.name == "gpu_memory").unwrap();
+        assert!(
+            mem.detail.contains("pid 42 (python) 4096 MiB"),
+            "{}",
+            mem.detail
+        );
+        let ecc = c.iter().find(|c| c.name == "gpu_ecc").unwrap();
+        assert!(ecc.detail.contains("GPU 0: row remapping failed"));
+        assert!(ecc.detail.contains("GPU 1: 1 uncorrectable ECC"));
+    }
+
+    #[test]
+    fn power_cap_is_not_a_hw_fault() {
+        let mut g = gpu(0);
+        g.throttle_mask = Some(0x4 | 0x1);
+        let c = gpu_checks(&facts(vec![g]), &HealthOptions::default());
+        assert_eq!(status(&c, "gpu_throttle"), Status::Pass);
+    }
+
+    #[test]
+    fn storage() {
+        let p = Path::new("/x");
+        assert_eq!(
+            storage_verdict(p, Ok(()), Ok(2 << 30), 1.0).status,
+            Status::Pass
+        );
+        assert_eq!(
+            storage_verdict(p, Ok(()), Ok(1 << 29), 1.0).status,
+            Status::Fail
+        );
+        let c = storage_verdict(p, Err("Read-only file system".into()), Ok(0), 1.0);
+        assert_eq!(c.status, Status::Fail);
+        assert!(c.detail.contains("not writable: Read-only"));
+    }
+
+    #[test]
+    fn report_renders_and_names_failures() {
+        let r = HealthReport {
+            checks: vec![
+                check("gpu_count", Status::Pass, "8 GPUs"),
+                check("ib_ports", Status::Fail, "mlx5_0 port 1: link_downed 3"),
+                check("storage", Status::Skip, "no --storage-path given"),
+            ],
+        };
+        assert!(!r.healthy());
+        assert_eq!(r.failed(), vec!["ib_ports"]);
+        let text = r.render();
+        assert!(text.contains("PASS gpu_count  8 GPUs\n"));
+        assert!(text.contains("FAIL ib_ports   mlx5_0 port 1: link_downed 3\n"));
+        assert!(text.ends_with("unhealthy: ib_ports\n"));
+        let j = r.to_json();
+        assert_eq!(j["healthy"], false);
+        assert_eq!(j["checks"][1]["status"], "fail");
+    }
+}

@@ -1,0 +1,131 @@
+//! Before each rendezvous: wait (bounded) for the ranks' GPUs to release their memory (from the
+//! second attempt on) and run the node's health checks (`--health-check`). The work is blocking
+//! (NVML, a storage probe that may hang on a dead file system), so it runs on a blocking thread
+//! while the event loop goes on; what it found comes back to the loop as `GateOut`s, in order.
+
+use super::*;
+use crate::perf::gpu::{reclaim, GpuProcess, GpuSource};
+use crate::perf::{health, numa, GpuConfig};
+
+pub(super) enum GateOut {
+    /// An event for the event log, with its console line if any.
+    Record(serde_json::Value, Option<String>),
+    /// The node passed: join the rendezvous.
+    Join(JobRequest),
+    /// The node failed its health check: the supervisor ends asking to requeue without it.
+    Unfit(String),
+}
+
+/// Whether joining cycle `cycle` waits for the gate at all.
+pub(super) fn wanted(g: &GpuConfig, cycle: u32) -> bool {
+    g.health_check || (cycle > 0 && !g.reclaim_timeout.is_zero())
+}
+
+pub(super) fn start(
+    g: GpuConfig,
+    nproc: u32,
+    node_rank: u32,
+    req: JobRequest,
+    tx: mpsc::UnboundedSender<GateOut>,
+) {
+    let JobRequest::Join { cycle, .. } = &req else {
+        let _ = tx.send(GateOut::Join(req));
+        return;
+    };
+    let cycle = *cycle;
+    tokio::task::spawn_local(async move {
+        if cycle > 0 && !g.reclaim_timeout.is_zero() {
+            let (g2, tx2) = (g.clone(), tx.clone());
+            let held = move |gpus: &[u32], holders: &[GpuProcess]| {
+                let v = serde_json::json!({
+                    "event": "gpu_memory_held", "cycle": cycle, "gpus": gpus, "holders": holders,
+                });
+                let line = format!(
+                    "waiting up to {}s for GPU(s) {gpus:?} to release their memory before attempt {cycle}",
+                    g2.reclaim_timeout.as_secs_f64()
+                );
+                let _ = tx2.send(GateOut::Record(v, Some(line)));
+            };
+            let g3 = g.clone();
+            let waited = tokio::task::spawn_blocking(move || wait_released(&g3, nproc, held)).await;
+            if let Ok(Some(o)) = waited {
+                let mut v = o.record();
+                v["cycle"] = cycle.into();
+                let _ = tx.send(GateOut::Record(v, o.console_line(g.reclaim_timeout)));
+            }
+        }
+        if g.health_check {
+            let opts = g.health_options();
+            let report = tokio::task::spawn_blocking(move || health::run_checks(&opts))
+                .await
+                .unwrap_or_else(|_| health::HealthReport { checks: vec![] });
+            let mut v = report.to_json();
+            v["event"] = "health_check".into();
+            v["cycle"] = cycle.into();
+            if !report.healthy() {
+                let reason = format!(
+                    "node {node_rank} failed its health check before attempt {cycle} ({}); requeue without this node",
+                    report.failures()
+                );
+                let _ = tx.send(GateOut::Record(v, Some(reason.clone())));
+                let _ = tx.send(GateOut::Unfit(reason));
+                return;
+            }
+            let _ = tx.send(GateOut::Record(v, None));
+        }
+        let _ = tx.send(GateOut::Join(req));
+    });
+}
+
+/// The reclaim wait (blocking): `None` when there is nothing to wait for (no NVML, no GPU).
+fn wait_released(
+    g: &GpuConfig,
+    nproc: u32,
+    on_held: impl FnOnce(&[u32], &[GpuProcess]),
+) -> Option<reclaim::ReclaimOutcome> {
+    let src = GpuSource::open(g.nvml_lib.as_deref()).ok()?;
+    let cvd = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+    let mut gpus: Vec<u32> = numa::rank_gpus(&src, nproc, cvd.as_deref())
+        .into_iter()
+        .flatten()
+        .collect();
+    gpus.sort_unstable();
+    gpus.dedup();
+    if gpus.is_empty() {
+        return None;
+    }
+    let started = Instant::now();
+    let mut on_held = Some(on_held);
+    loop {
+        let (held, holders) = reclaim::look(&src, &gpus, g.reclaim_tolerance_mib);
+        if !held.is_empty() {
+            if let Some(f) = on_held.take() {
+                f(&held, &holders);
+            }
+        }
+        if held.is_empty() || started.elapsed() >= g.reclaim_timeout {
+            return Some(reclaim::outcome(&gpus, started, &held, holders));
+        }
+        let left = g.reclaim_timeout.saturating_sub(started.elapsed());
+        std::thread::sleep(g.reclaim_poll.min(left));
+    }
+}
+
+impl Agent {
+    pub(super) fn on_gate(&mut self, out: GateOut) -> Option<Event> {
+        match out {
+            GateOut::Record(v, line) => {
+                if let Some(l) = line {
+                    console_note(&l);
+                }
+                self.events.write_value(v);
+                None
+            }
+            GateOut::Join(req) => {
+                let _ = self.coord.send(req);
+                None
+            }
+            GateOut::Unfit(reason) => Some(Event::NodeFault { reason }),
+        }
+    }
+}
