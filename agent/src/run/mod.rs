@@ -247,6 +247,7 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
     };
     let (stacks_tx, mut stacks_rx) = mpsc::unbounded_channel();
     let (gpu_tx, mut gpu_rx) = mpsc::unbounded_channel();
+    let (report_tx, mut report_rx) = mpsc::unbounded_channel();
     let (gate_tx, mut gate_rx) = mpsc::unbounded_channel();
 
     let store = match setup_store(&cfg, secret) {
@@ -461,18 +462,25 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
             },
             Some(m) = shared_rx.recv() => match m {
                 crate::job::exchange::FromExchange::Collected(all) => {
-                    if let Some(r) = agent.stragglers.report(&all) {
-                        output::console_text(ConsoleStream::Stderr, &r.text);
-                        agent.events.write_value(r.record);
-                        if !r.nodes.is_empty() {
-                            agent.queue.push_back(Event::Stragglers { nodes: r.nodes });
+                    let threshold = agent.stragglers.threshold();
+                    let tx = report_tx.clone();
+                    tokio::task::spawn_blocking(move || {
+                        if let Some(r) = perf::report(threshold, &all) {
+                            let _ = tx.send(r);
                         }
-                    }
+                    });
                 }
                 crate::job::exchange::FromExchange::Trouble(why) => console_note(&format!(
                     "cannot share straggler summaries through the store ({why}); reports may miss nodes until it works again"
                 )),
             },
+            Some(r) = report_rx.recv() => {
+                output::console_text(ConsoleStream::Stderr, &r.text);
+                agent.events.write_value(r.record);
+                if !r.nodes.is_empty() {
+                    agent.queue.push_back(Event::Stragglers { nodes: r.nodes });
+                }
+            }
             Some(out) = gate_rx.recv() => {
                 if let Some(ev) = agent.on_gate(out) {
                     agent.queue.push_back(ev);

@@ -153,8 +153,17 @@ impl Stragglers {
         serde_json::to_vec(&shared).ok()
     }
 
-    /// Node rank 0: the job's report from every node's latest summary (`None`: nothing scored).
-    pub(super) fn report(&self, collected: &[(u32, Vec<u8>)]) -> Option<Report> {
+    /// The threshold below which a rank is a straggler.
+    pub(super) fn threshold(&self) -> f64 {
+        self.plan.threshold
+    }
+}
+
+/// Node rank 0: the job's report from every node's latest summary (`None`: nothing scored).
+/// Blocking work (parsing and scoring every rank: about 0.3 s for 100,000), so the event loop runs
+/// it on a blocking thread.
+pub(super) fn report(threshold: f64, collected: &[(u32, Vec<u8>)]) -> Option<Report> {
+    {
         let t0 = Instant::now();
         let mut summaries = Vec::new();
         let mut gpus = std::collections::BTreeMap::new();
@@ -172,7 +181,6 @@ impl Stragglers {
         if scores.ranks.is_empty() {
             return None;
         }
-        let threshold = self.plan.threshold;
         let found = straggler::stragglers(&scores, threshold);
         let mut nodes: Vec<u32> = found.iter().map(|s| s.1).collect();
         nodes.sort_unstable();
