@@ -125,7 +125,10 @@ impl Agent {
                 let _ = self.coord.send(req);
                 None
             }
-            GateOut::Unfit(reason) => Some(Event::NodeFault { reason }),
+            GateOut::Unfit(reason) => Some(Event::NodeFault {
+                reason,
+                at_gate: true,
+            }),
         }
     }
 }

@@ -165,6 +165,7 @@ impl Agent {
                 }
                 Some(Event::NodeFault {
                     reason: format!("GPU {gpu}: {why}"),
+                    at_gate: false,
                 })
             }
             FromGpu::Xid(ev) => {
@@ -184,6 +185,7 @@ impl Agent {
                 }
                 Some(Event::NodeFault {
                     reason: format!("GPU {}: critical XID {} ({})", ev.gpu, ev.xid, ev.text),
+                    at_gate: false,
                 })
             }
         }

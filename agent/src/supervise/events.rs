@@ -148,8 +148,9 @@ pub enum Event {
     /// The job's stop step (`None`: no rank reported a step; stop now).
     StopStep { cycle: u32, step: Option<u64> },
     /// This node cannot run ranks any more (a critical XID, an uncorrectable ECC error, a failed
-    /// health check): it leaves the job, which is requeued without it.
-    NodeFault { reason: String },
+    /// health check): it leaves the job, which is requeued without it. `at_gate`: found by the
+    /// checks before a rendezvous, whose join was therefore never sent: leave at once.
+    NodeFault { reason: String, at_gate: bool },
     /// Node rank 0's straggler report found stragglers on these nodes.
     Stragglers { nodes: Vec<u32> },
 }

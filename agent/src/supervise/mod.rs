@@ -369,7 +369,9 @@ impl Supervisor {
             Event::CoordinationLost { reason, requeue } => {
                 self.on_coordination_lost(now, reason, requeue, &mut out)
             }
-            Event::NodeFault { reason } => self.on_node_fault(now, reason, &mut out),
+            Event::NodeFault { reason, at_gate } => {
+                self.on_node_fault(now, reason, at_gate, &mut out)
+            }
             Event::Stragglers { nodes } => self.on_stragglers(now, nodes, &mut out),
         }
         // A rank that ended or closed its connection is no longer waited for.

@@ -13,8 +13,14 @@
 use super::*;
 
 impl Supervisor {
-    pub(super) fn on_node_fault(&mut self, now: Instant, reason: String, out: &mut Vec<Action>) {
-        if self.fault.is_some() {
+    pub(super) fn on_node_fault(
+        &mut self,
+        now: Instant,
+        reason: String,
+        at_gate: bool,
+        out: &mut Vec<Action>,
+    ) {
+        if self.fault.is_some() && !at_gate {
             return;
         }
         out.push(Action::Record(Record::NodeFault {
@@ -24,14 +30,15 @@ impl Supervisor {
         self.fault = Some(reason.clone());
         self.exclude_asked = true;
         match self.phase {
+            // The checks before a rendezvous failed, so this node never joined it: leave the job
+            // now, telling the others this node is to be left out.
+            _ if at_gate => self.on_coordination_lost(now, reason, true, out),
             Phase::Running => {
                 self.begin_stop(now, StopReason::RankFailed, SIGTERM, out);
                 self.report_failure(format!("node {}: {reason}", self.cfg.node_rank), out);
             }
-            // Before (or while waiting at) a rendezvous, e.g. a failed health check: leave the job
-            // now, telling the others this node is to be left out.
-            Phase::Joining => self.on_coordination_lost(now, reason, true, out),
-            // Between attempts: the next one fails at its start (`fault_at_start`).
+            // Waiting to join or backing off: the next attempt fails at its start
+            // (`fault_at_start`), through the job's verdict like any failure.
             _ => {}
         }
     }

@@ -1086,6 +1086,7 @@ fn an_unfit_node_ends_before_joining_and_asks_to_be_left_out() {
         t,
         Event::NodeFault {
             reason: "gpu_ecc".into(),
+            at_gate: true,
         },
     );
     let o = finish(&a).unwrap();
@@ -1799,6 +1800,7 @@ fn a_node_fault_stops_the_ranks_and_the_node_leaves_for_a_requeue_without_restar
         t,
         Event::NodeFault {
             reason: "GPU 1: critical XID 79 (fallen off the bus)".into(),
+            at_gate: false,
         },
     );
     assert!(has(&a, |x| matches!(
@@ -1870,6 +1872,7 @@ fn a_node_fault_between_attempts_starts_no_rank_in_the_next_one() {
         t,
         Event::NodeFault {
             reason: "ECC".into(),
+            at_gate: false,
         },
     );
     let a = s.handle(t + Duration::from_secs(60), Event::Tick);
