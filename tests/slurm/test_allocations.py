@@ -215,6 +215,21 @@ def test_scancel_signal_to_the_steps_stops_at_one_step_and_requeues(slurm_cluste
     assert_stop_then_finish_ledger(ledger(tmp_path), s, ("SIGTERM",), ["n1", "n2", "n3"], job_id, total)
 
 
+def test_scancel_ends_the_job_for_good_after_one_checkpoint(slurm_cluster, tmp_path):
+    # A plain scancel reaches the agents as a SIGTERM, as the time limit does: the ranks still
+    # checkpoint at one step, but vigil must not requeue a job a person cancelled.
+    total, world = 10000, 2 * NPROC
+    job_id = submit(tmp_path, 2, {"TOTAL_STEPS": total})
+    wait_progress(tmp_path, job_id, world, 30)
+    slurm_cmd("scancel", job_id)
+    info = wait_job(job_id, timeout=120)
+    out = output(tmp_path, job_id)
+    assert info["JobState"] == "CANCELLED" and info["Restarts"] == "0", f"{info}\n{out}"
+    (record,) = ledger(tmp_path, job_id)
+    assert record["decision"] == "stop" and "scancel" in record["why"], record
+    assert "requeued Slurm job" not in out, out
+
+
 def test_always_failing_job_is_requeued_max_requeues_times_then_stops(slurm_cluster, tmp_path):
     # Rank 0 fails 10 steps after each resume, after checkpoints every 5 steps: progress each time,
     # so only --max-requeues ends it.

@@ -176,7 +176,7 @@ pub fn decide(facts: &Facts, history: &[Record], limits: &Limits) -> Verdict {
         )
     } else if facts.cancelled {
         stop(
-            "the Slurm job was cancelled: not requeued".into(),
+            "the Slurm job is ending before its time limit (scancel, or a preemption past its grace)".into(),
             facts.status,
         )
     } else if facts.interrupted {
@@ -395,7 +395,7 @@ mod tests {
         // Cancelled, or a person's signal: not requeued, the outcome's own status.
         let mut f = facts(Outcome::Stopped, Some(3));
         f.cancelled = true;
-        assert!(d(&f).decision.why().contains("cancelled"));
+        assert!(d(&f).decision.why().contains("scancel"));
         assert_eq!(d(&f).decision.kind(), DecisionKind::Stop);
         let mut f = facts(Outcome::Stopped, Some(3));
         (f.interrupted, f.status, f.stop_trigger) = (true, 130, Some("SIGINT".into()));

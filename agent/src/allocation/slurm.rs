@@ -89,11 +89,33 @@ pub struct JobInfo {
     pub state: Option<String>,
     pub end_time: Option<SystemTime>,
     pub time_limit: Option<Duration>,
+    /// `RunTime=`: how long the job has run (in this allocation).
+    pub run_time: Option<Duration>,
     /// `Requeue=1`: the job may be requeued; `Requeue=0`: it was submitted with `--no-requeue`.
     pub requeue: Option<bool>,
     pub restarts: Option<u32>,
     pub nodes: Vec<String>,
     pub excluded: Vec<String>,
+}
+
+/// Whether Slurm is ending the job before its time limit: cancelled (`scancel`), or preempted past
+/// its grace (Slurm then requeues it itself). `scancel` shows `JobState=COMPLETING`, not
+/// `CANCELLED`, while the job's processes are still being signalled, which is when the agent asks;
+/// a job killed at its time limit is `COMPLETING` too, but has run its limit. vigil must not requeue
+/// a job ending early: a person (or Slurm) ended it.
+pub fn ending_early(info: &JobInfo) -> bool {
+    /// Slurm enforces limits every 30 s and a job may be stopped a little before the limit.
+    const SLACK: Duration = Duration::from_secs(5);
+    match info.state.as_deref() {
+        Some(s) if s.starts_with("CANCELLED") => true,
+        Some("COMPLETING") => match (info.run_time, info.time_limit) {
+            (Some(run), Some(limit)) => run + SLACK < limit,
+            // No limit: nothing but a cancel or a preemption ends it.
+            (_, None) => true,
+            (None, Some(_)) => false,
+        },
+        _ => false,
+    }
 }
 
 /// Parses `scontrol show job ID` (`Key=Value` words; `EndTime=` as epoch seconds or local time).
@@ -128,6 +150,7 @@ pub fn parse_show_job_with(
             Some(t) => parse_slurm_time(t, local)?,
         },
         time_limit: field("TimeLimit").and_then(parse_slurm_time_limit),
+        run_time: field("RunTime").and_then(|t| crate::allocation::endtime::parse_duration(t).ok()),
         requeue: match field("Requeue") {
             Some("1") => Some(true),
             Some("0") => Some(false),
@@ -307,12 +330,33 @@ mod tests {
                 state: Some("RUNNING".into()),
                 end_time: Some(UNIX_EPOCH + Duration::from_secs(1_767_226_200)),
                 time_limit: Some(Duration::from_secs(600)),
+                run_time: Some(Duration::from_secs(5)),
                 requeue: Some(true),
                 restarts: Some(2),
                 nodes: names(&["n1", "n2"]),
                 excluded: names(&["n3", "n4"]),
             }
         );
+    }
+
+    #[test]
+    fn a_job_completing_before_its_time_limit_is_ending_early() {
+        let job = |state: &str, run: &str, limit: &str| {
+            let text = SHOW_EPOCH
+                .replace("JobState=RUNNING", &format!("JobState={state}"))
+                .replace("RunTime=00:00:05", &format!("RunTime={run}"))
+                .replace("TimeLimit=00:10:00", &format!("TimeLimit={limit}"));
+            parse_show_job_with(&text, &utc).unwrap()
+        };
+        // scancel, seen on the test cluster: COMPLETING while the steps are being signalled.
+        assert!(ending_early(&job("COMPLETING", "00:00:04", "00:10:00")));
+        assert!(ending_early(&job("COMPLETING", "1-00:00:04", "UNLIMITED")));
+        assert!(ending_early(&job("CANCELLED", "00:00:04", "00:10:00")));
+        // Killed at its time limit: requeued (vigil checkpoints first when it can).
+        assert!(!ending_early(&job("COMPLETING", "00:10:00", "00:10:00")));
+        assert!(!ending_early(&job("COMPLETING", "00:09:57", "00:10:00")));
+        // Running: a preemption's grace, `scancel --signal`, vigil's own stop ahead of the end.
+        assert!(!ending_early(&job("RUNNING", "00:00:04", "00:10:00")));
     }
 
     #[test]

@@ -242,10 +242,7 @@ pub(super) fn conclude(e: Ending) -> i32 {
         Outcome::Signaled { signal } => (Some(crate::values::signal_name(*signal)), None),
         _ => (None, None),
     };
-    let cancelled = info
-        .as_ref()
-        .and_then(|i| i.state.as_deref())
-        .is_some_and(|s| s.starts_with("CANCELLED"));
+    let cancelled = info.as_ref().is_some_and(slurm::ending_early);
     let facts = policy::Facts {
         outcome: ledger_outcome(e.outcome),
         status: e.outcome.exit_code(),
