@@ -211,7 +211,7 @@ def test_numa_binding_without_nvml_warns_and_starts_unbound(job):
     r = run_vigil(["run", "--log-dir", str(job / "logs"), "--numa-binding", "exclusive",
                    str(script)], cwd=job, env=env)
     assert r.returncode == 0, r.stderr
-    assert "--numa-binding: GPU telemetry off: cannot use the NVML library" in r.stderr
+    assert "--numa-binding exclusive: GPU telemetry off: cannot use the NVML library" in r.stderr
     assert "ranks start unbound" in r.stderr
     mine = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
     got = (out / "0").read_text()
