@@ -77,6 +77,19 @@ fn vigil_reads_what_the_file_says() {
         (None, None, None)
     );
     assert_eq!(gpu::explain(&bare), "no GPU telemetry");
+    // Per local rank, through CUDA_VISIBLE_DEVICES.
+    assert_eq!(
+        src.rank_texts(3, Some("1,0")),
+        vec![
+            Some("GPU 1: no GPU telemetry".to_string()),
+            Some(format!("GPU 0: {}", gpu::explain(&s))),
+            None
+        ]
+    );
+    assert_eq!(
+        src.node_fault().as_deref(),
+        Some("GPU 0: a row remapping is pending (the GPU needs a reset)")
+    );
     let procs = src.processes(0);
     assert_eq!(procs.len(), 1);
     assert_eq!((procs[0].pid, procs[0].mib), (1, 2048));

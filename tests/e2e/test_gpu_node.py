@@ -3,6 +3,7 @@
 NUMA binding."""
 import json
 import os
+import signal
 import subprocess
 
 from fakes.nvml import fake_nvml_lib, gpu, nvml_env, write_nvml
@@ -211,7 +212,7 @@ def test_numa_binding_without_nvml_warns_and_starts_unbound(job):
     r = run_vigil(["run", "--log-dir", str(job / "logs"), "--numa-binding", "exclusive",
                    str(script)], cwd=job, env=env)
     assert r.returncode == 0, r.stderr
-    assert "--numa-binding: GPU telemetry off: cannot use the NVML library" in r.stderr
+    assert "--numa-binding exclusive: GPU telemetry off: cannot use the NVML library" in r.stderr
     assert "ranks start unbound" in r.stderr
     mine = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
     got = (out / "0").read_text()
@@ -244,3 +245,28 @@ def test_nproc_per_node_gpu_counts_the_gpus_of_nvml_lib(job):
                    "--nvml-lib", fake_nvml_lib(), str(script)], cwd=job, env=env)
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("world 3") == 3, r.stdout
+
+
+def test_a_signal_during_the_memory_wait_stops_the_agent_at_once(job):
+    holder = subprocess.Popen(["sleep", "300"])
+    try:
+        nvml = write_nvml(job / "nvml.json", [held_gpu(holder.pid)])
+        script = write(job / "train.py", RECLAIM_SCRIPT.format(marker=str(job / "attempt1")))
+        p = start_vigil(["run", "--log-dir", str(job / "logs"), "--nproc-per-node", "1",
+                         "--max-restarts", "1", "--gpu-memory-reclaim-timeout", "600",
+                         str(script)], cwd=job, env=nvml_env(base_env(), nvml))
+        try:
+            wait_for(lambda: [e for e in _events(job / "logs") if e["event"] == "gpu_memory_held"],
+                     60, "the wait")
+            p.send_signal(signal.SIGTERM)
+            # Far less than the 600 s wait: the agent does not wait it out.
+            out, err = p.communicate(timeout=60)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        assert p.returncode != 0 and "SIGTERM" in err, err
+        assert not (job / "attempt1").exists()
+    finally:
+        holder.kill()
+        holder.wait()

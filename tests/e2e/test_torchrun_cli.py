@@ -426,12 +426,14 @@ def test_event_log_handler_is_accepted_and_the_event_log_still_written(job, args
 
 
 @pytest.mark.parametrize("mode", ["node", "socket", "exclusive", "core-complex"])
-def test_numa_binding_is_accepted_with_a_note(job, mode):
+def test_numa_binding_without_a_gpu_runs_unbound_with_a_note(job, mode):
+    # Binding itself is tested with the fake NVML in test_gpu_node.py.
     write(job / "t.py", PRINTS)
     r = run_vigil(["run", "--numa_binding" if mode == "socket" else "--numa-binding", mode, "t.py"], cwd=job)
     assert r.returncode == 0, r.stderr
     notes = [l for l in r.stderr.splitlines() if "--numa-binding" in l]
-    assert len(notes) == 1 and mode in notes[0] and "no effect" in notes[0], r.stderr
+    assert len(notes) == 1 and f"--numa-binding {mode}: GPU telemetry off" in notes[0], r.stderr
+    assert notes[0].endswith("ranks start unbound"), r.stderr
 
 
 @pytest.mark.parametrize("args", [

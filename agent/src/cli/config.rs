@@ -640,7 +640,7 @@ pub fn resolve(a: &RunArgs, host: &Host) -> Result<LaunchConfig, ConfigError> {
             nodes.job_id.as_deref(),
             &state_base,
         ),
-        gpu: crate::perf::GpuConfig::from_args(a).map_err(ConfigError)?,
+        gpu: gpu_config(a).map_err(ConfigError)?,
         allocation: AllocationPlan {
             end: end_spec(a, host)?,
             end_from_flags: a.end_time.is_some() || a.time_limit.is_some(),
@@ -774,6 +774,26 @@ pub fn worker_env(
         }
     }
     v.into_iter().map(|(k, val)| (k.to_string(), val)).collect()
+}
+
+/// The GPU side of `vigil run` (perf/): NVML library, health check, memory reclaim, NUMA binding.
+fn gpu_config(a: &RunArgs) -> Result<crate::perf::GpuConfig, String> {
+    use crate::perf::{gpu, numa};
+    Ok(crate::perf::GpuConfig {
+        nvml_lib: gpu::nvml_lib(a.nvml_lib.as_deref()),
+        health_check: a.health_check,
+        health_storage: a.health_storage_path.clone(),
+        reclaim_timeout: Duration::from_secs_f64(a.gpu_memory_reclaim_timeout),
+        reclaim_tolerance_mib: a.gpu_memory_tolerance_mb as u64,
+        // A poll every few milliseconds would only burn the CPU the ranks are about to need.
+        reclaim_poll: Duration::from_secs_f64(a.gpu_memory_poll_interval.max(0.05)),
+        numa: a
+            .numa_binding
+            .as_deref()
+            .map(numa::Mode::parse)
+            .transpose()?,
+        numa_strict: a.numa_bind_strict,
+    })
 }
 
 #[cfg(test)]

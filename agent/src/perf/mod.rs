@@ -28,23 +28,6 @@ pub struct GpuConfig {
 }
 
 impl GpuConfig {
-    pub fn from_args(a: &crate::cli::RunArgs) -> Result<GpuConfig, String> {
-        Ok(GpuConfig {
-            nvml_lib: gpu::nvml_lib(a.nvml_lib.as_deref()),
-            health_check: a.health_check,
-            health_storage: a.health_storage_path.clone(),
-            reclaim_timeout: Duration::from_secs_f64(a.gpu_memory_reclaim_timeout),
-            reclaim_tolerance_mib: a.gpu_memory_tolerance_mb as u64,
-            reclaim_poll: Duration::from_secs_f64(a.gpu_memory_poll_interval.max(0.05)),
-            numa: a
-                .numa_binding
-                .as_deref()
-                .map(numa::Mode::parse)
-                .transpose()?,
-            numa_strict: a.numa_bind_strict,
-        })
-    }
-
     /// The health checks `--health-check` runs.
     pub fn health_options(&self) -> health::HealthOptions {
         health::HealthOptions {

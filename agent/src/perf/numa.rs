@@ -22,6 +22,15 @@ pub enum Mode {
 }
 
 impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Node => "node",
+            Mode::Socket => "socket",
+            Mode::Exclusive => "exclusive",
+            Mode::CoreComplex => "core-complex",
+        }
+    }
+
     pub fn parse(s: &str) -> Result<Mode, String> {
         match s {
             "node" => Ok(Mode::Node),
@@ -291,19 +300,30 @@ pub fn prepare(
         Err(off) => {
             return (
                 unbound(),
-                vec![format!("--numa-binding: {off}; ranks start unbound")],
+                vec![format!(
+                    "--numa-binding {}: {off}; ranks start unbound",
+                    mode.name()
+                )],
             )
         }
     };
     let gpus = rank_gpus(&src, nproc, cuda_visible);
     let (mut plan, warning) = bindings(&src, mode, &gpus, Path::new("/sys"));
+    let warning = warning.map(|w| {
+        w.replacen(
+            "--numa-binding",
+            &format!("--numa-binding {}", mode.name()),
+            1,
+        )
+    });
     let mut warnings: Vec<String> = warning.into_iter().collect();
     let allowed = allowed_cpus();
     for (lr, b) in plan.iter_mut().enumerate() {
         let dropped = restrict(b, &allowed);
         if !dropped.is_empty() {
             warnings.push(format!(
-                "--numa-binding: local rank {lr}: CPU(s) {dropped:?} of its GPU are outside the agent's own CPU set; {}",
+                "--numa-binding {}: local rank {lr}: CPU(s) {dropped:?} of its GPU are outside the agent's own CPU set; {}",
+                mode.name(),
                 if b.cpus.is_empty() { "it starts unbound".to_string() } else { format!("bound to {:?}", b.cpus) }
             ));
         }

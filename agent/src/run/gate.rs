@@ -1,7 +1,7 @@
 //! Before each rendezvous: wait (bounded) for the ranks' GPUs to release their memory (from the
 //! second attempt on) and run the node's health checks (`--health-check`). The work is blocking
-//! (NVML, a storage probe that may hang on a dead file system), so it runs on a blocking thread
-//! while the event loop goes on; what it found comes back to the loop as `GateOut`s, in order.
+//! (NVML, a storage probe that may hang on a dead file system), so it runs on a thread of its
+//! own while the event loop goes on; what it found comes back to the loop as `GateOut`s, in order.
 
 use super::*;
 use crate::perf::gpu::{reclaim, GpuProcess, GpuSource};
@@ -47,8 +47,8 @@ pub(super) fn start(
                 let _ = tx2.send(GateOut::Record(v, Some(line)));
             };
             let g3 = g.clone();
-            let waited = tokio::task::spawn_blocking(move || wait_released(&g3, nproc, held)).await;
-            if let Ok(Some(o)) = waited {
+            let waited = off_loop(move || wait_released(&g3, nproc, held)).await;
+            if let Some(Some(o)) = waited {
                 let mut v = o.record();
                 v["cycle"] = cycle.into();
                 let _ = tx.send(GateOut::Record(v, o.console_line(g.reclaim_timeout)));
@@ -56,9 +56,9 @@ pub(super) fn start(
         }
         if g.health_check {
             let opts = g.health_options();
-            let report = tokio::task::spawn_blocking(move || health::run_checks(&opts))
+            let report = off_loop(move || health::run_checks(&opts))
                 .await
-                .unwrap_or_else(|_| health::HealthReport { checks: vec![] });
+                .unwrap_or_else(|| health::HealthReport { checks: vec![] });
             let mut v = report.to_json();
             v["event"] = "health_check".into();
             v["cycle"] = cycle.into();
@@ -75,6 +75,20 @@ pub(super) fn start(
         }
         let _ = tx.send(GateOut::Join(req));
     });
+}
+
+/// Runs `work` on a thread of its own. Not tokio's blocking pool: the runtime waits for that
+/// when it shuts down, and an agent stopped by a signal must not wait out a 50 s reclaim wait or
+/// a storage probe stuck on a dead file system.
+async fn off_loop<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("vigil-gate".into())
+        .spawn(move || {
+            let _ = tx.send(work());
+        })
+        .ok()?;
+    rx.await.ok()
 }
 
 /// The reclaim wait (blocking): `None` when there is nothing to wait for (no NVML, no GPU).

@@ -1104,6 +1104,48 @@ fn an_unfit_node_ends_before_joining_and_asks_to_be_left_out() {
 }
 
 #[test]
+fn an_unfit_node_while_ranks_run_stops_them_and_asks_to_be_left_out() {
+    // A critical XID on one of this node's GPUs mid-attempt.
+    let t = Instant::now();
+    let (mut s, _) = node(1, 2, 3);
+    s.handle(t, joined(0, 2, 3));
+    started(&mut s, t, 20);
+    let a = s.handle(
+        t,
+        Event::NodeUnfit {
+            reason: "XID 79 on GPU 1".into(),
+        },
+    );
+    assert_eq!(signals(&a), vec![(vec![20, 21], SIGTERM)]);
+    s.handle(
+        t,
+        Event::Reaped {
+            pid: 20,
+            how: ExitKind::Signal(SIGTERM),
+        },
+    );
+    let a = s.handle(
+        t,
+        Event::Reaped {
+            pid: 21,
+            how: ExitKind::Signal(SIGTERM),
+        },
+    );
+    let o = finish(&a).unwrap();
+    assert!(matches!(o, Outcome::Lost { requeue: true, .. }), "{o:?}");
+    assert!(has(&a, |x| matches!(
+        x,
+        Action::Job(JobRequest::Leave {
+            poison: Some((_, JobEnd::Lost { node: Some(1), .. }))
+        })
+    )));
+    assert!(!has(&a, |x| matches!(
+        x,
+        Action::Job(JobRequest::Join { .. })
+    )));
+}
+
+#[test]
 fn multi_node_timeouts_apply_the_job_value_and_only_node_zero_saves() {
     let t = Instant::now();
     let job = Timeouts {

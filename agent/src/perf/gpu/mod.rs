@@ -16,6 +16,8 @@
 //! let dead: Option<String> = gpu::fault(&samples[i]);    // the node is unusable: requeue without it
 //! let watcher = gpu::watch_xids(lib, |ev: GpuEvent| ...); // a thread; ev.critical -> node fault
 //! let holders = src.processes(i);                         // who holds memory (pid, name, MiB)
+//! let texts = src.rank_texts(nproc, cvd.as_deref());     // per local rank: "GPU 1: SM clock ..."
+//! let unusable: Option<String> = src.node_fault();        // "GPU 3: 2 uncorrectable ECC ..."
 //! ```
 //!
 //! `GpuSource` is cheap to keep open for the agent's life and is `Send`; sampling 8 GPUs is a few

@@ -332,6 +332,32 @@ fn probe_write(dir: &Path) -> Result<(), String> {
     result
 }
 
+/// How long a storage probe may take: a hard-mounted dead NFS or Lustre blocks forever.
+pub const STORAGE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The write probe and the free space, each bounded by `STORAGE_TIMEOUT` (a probe stuck in the
+/// kernel is left behind on its thread).
+fn probe_storage(dir: &Path) -> (Result<(), String>, Result<u64, String>) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let d = dir.to_path_buf();
+    let spawned = std::thread::Builder::new()
+        .name("vigil-storage-probe".into())
+        .spawn(move || {
+            let _ = tx.send((probe_write(&d), free_bytes(&d)));
+        });
+    if let Err(e) = spawned {
+        let e = format!("cannot start the probe: {e}");
+        return (Err(e.clone()), Err(e));
+    }
+    rx.recv_timeout(STORAGE_TIMEOUT).unwrap_or_else(|_| {
+        let e = format!(
+            "no answer within {}s (a hung file system?)",
+            STORAGE_TIMEOUT.as_secs()
+        );
+        (Err(e.clone()), Err(e))
+    })
+}
+
 fn free_bytes(dir: &Path) -> Result<u64, String> {
     let s = nix::sys::statvfs::statvfs(dir).map_err(|e| e.to_string())?;
     Ok(s.blocks_available() as u64 * s.fragment_size() as u64)
@@ -374,12 +400,8 @@ pub fn run_checks(o: &HealthOptions) -> HealthReport {
         checks.push(check("storage", Status::Skip, "no --storage-path given"));
     }
     for p in &o.storage_paths {
-        checks.push(storage_verdict(
-            p,
-            probe_write(p),
-            free_bytes(p),
-            o.min_free_gib,
-        ));
+        let (write, free) = probe_storage(p);
+        checks.push(storage_verdict(p, write, free, o.min_free_gib));
     }
     HealthReport { checks }
 }
