@@ -78,8 +78,11 @@ fn vigil_reads_what_the_file_says() {
     );
     assert_eq!(gpu::explain(&bare), "no GPU telemetry");
     // Per local rank, through CUDA_VISIBLE_DEVICES.
+    let all = src.sample_all();
     assert_eq!(
-        src.rank_texts(3, Some("1,0")),
+        (0..3)
+            .map(|lr| gpu::rank_text(lr, Some("1,0"), &all))
+            .collect::<Vec<_>>(),
         vec![
             Some("GPU 1: no GPU telemetry".to_string()),
             Some(format!("GPU 0: {}", gpu::explain(&s))),
@@ -87,8 +90,8 @@ fn vigil_reads_what_the_file_says() {
         ]
     );
     assert_eq!(
-        src.node_fault().as_deref(),
-        Some("GPU 0: a row remapping is pending (the GPU needs a reset)")
+        gpu::fault(&all[0]).as_deref(),
+        Some("a row remapping is pending (the GPU needs a reset)")
     );
     let procs = src.processes(0);
     assert_eq!(procs.len(), 1);

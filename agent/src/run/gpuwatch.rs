@@ -68,10 +68,8 @@ impl GpuWatch {
 
     /// What a local rank's GPU was doing at the last sample (`GPU 1: SM clock ...`).
     pub(super) fn explain(&self, local_rank: u32) -> Option<String> {
-        let g = self.gpu_of(local_rank)?;
         let latest = self.latest.lock().ok()?;
-        let s = latest.iter().find(|s| s.index == g)?;
-        Some(format!("GPU {g}: {}", gpu::explain(s)))
+        gpu::rank_text(local_rank, self.visible.as_deref(), &latest)
     }
 
     /// Whether GPU `g` is one of the ranks' (or which GPU a rank uses is unknown).

@@ -1112,11 +1112,24 @@ fn an_unfit_node_while_ranks_run_stops_them_and_asks_to_be_left_out() {
     started(&mut s, t, 20);
     let a = s.handle(
         t,
-        Event::NodeUnfit {
+        Event::NodeFault {
             reason: "XID 79 on GPU 1".into(),
+            at_gate: false,
         },
     );
     assert_eq!(signals(&a), vec![(vec![20, 21], SIGTERM)]);
+    // The other nodes learn of it at once, as of a failure here.
+    let end = a
+        .iter()
+        .find_map(|x| match x {
+            Action::Job(JobRequest::ReportEnd { end, .. }) => Some(end.clone()),
+            _ => None,
+        })
+        .expect("the failure is reported to the job");
+    assert!(
+        matches!(&end, JobEnd::Failed { node: 1, reason } if reason.contains("XID 79")),
+        "{end:?}"
+    );
     s.handle(
         t,
         Event::Reaped {
@@ -1124,13 +1137,15 @@ fn an_unfit_node_while_ranks_run_stops_them_and_asks_to_be_left_out() {
             how: ExitKind::Signal(SIGTERM),
         },
     );
-    let a = s.handle(
+    s.handle(
         t,
         Event::Reaped {
             pid: 21,
             how: ExitKind::Signal(SIGTERM),
         },
     );
+    // The job's verdict: restarts are left, but this node leaves instead.
+    let a = s.handle(t, Event::CycleEnded { cycle: 0, end });
     let o = finish(&a).unwrap();
     assert!(matches!(o, Outcome::Lost { requeue: true, .. }), "{o:?}");
     assert!(has(&a, |x| matches!(

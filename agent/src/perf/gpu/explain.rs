@@ -150,6 +150,29 @@ pub fn fault(s: &GpuSample) -> Option<String> {
     (!why.is_empty()).then(|| why.join("; "))
 }
 
+/// What local rank `local_rank`'s GPU was doing in `samples` (one pass over the node's GPUs),
+/// for a straggler's report line: `GPU 1: SM clock 1,110 of 1,980 MHz, ...`; `None` when the rank
+/// has no GPU among them. `cuda_visible` is the agent's `CUDA_VISIBLE_DEVICES`.
+pub fn rank_text(
+    local_rank: u32,
+    cuda_visible: Option<&str>,
+    samples: &[GpuSample],
+) -> Option<String> {
+    // By GPU index: a GPU NVML could not open is missing from `samples`.
+    let n = samples
+        .iter()
+        .map(|s| s.index as usize + 1)
+        .max()
+        .unwrap_or(0);
+    let mut uuids = vec![String::new(); n];
+    for s in samples {
+        uuids[s.index as usize] = s.uuid.clone().unwrap_or_default();
+    }
+    let g = rank_gpu(local_rank, cuda_visible, &uuids)?;
+    let s = samples.iter().find(|s| s.index == g)?;
+    Some(format!("GPU {g}: {}", explain(s)))
+}
+
 /// The GPU index a rank uses: entry `local_rank` of `CUDA_VISIBLE_DEVICES` (an index, or a
 /// `GPU-`/`MIG-` UUID or unique prefix of one, matched against `uuids` in index order), else
 /// `local_rank` itself. `None` when the rank sees no GPU of this node.

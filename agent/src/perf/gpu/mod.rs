@@ -16,8 +16,7 @@
 //! let dead: Option<String> = gpu::fault(&samples[i]);    // the node is unusable: requeue without it
 //! let watcher = gpu::watch_xids(lib, |ev: GpuEvent| ...); // a thread; ev.critical -> node fault
 //! let holders = src.processes(i);                         // who holds memory (pid, name, MiB)
-//! let texts = src.rank_texts(nproc, cvd.as_deref());     // per local rank: "GPU 1: SM clock ..."
-//! let unusable: Option<String> = src.node_fault();        // "GPU 3: 2 uncorrectable ECC ..."
+//! let text = gpu::rank_text(local_rank, cvd.as_deref(), &samples); // "GPU 1: SM clock ..."
 //! ```
 //!
 //! `GpuSource` is cheap to keep open for the agent's life and is `Send`; sampling 8 GPUs is a few
@@ -28,8 +27,8 @@ mod nvml;
 pub mod reclaim;
 
 pub use explain::{
-    bus_id_sysfs, explain, fault, parse_cpu_list, rank_gpu, throttle_names, xid_critical, xid_text,
-    CRITICAL_XIDS,
+    bus_id_sysfs, explain, fault, parse_cpu_list, rank_gpu, rank_text, throttle_names,
+    xid_critical, xid_text, CRITICAL_XIDS,
 };
 pub use nvml::{node_cpus, numa_node_of, nvml_lib, watch_xids, GpuSource, XidWatcher};
 

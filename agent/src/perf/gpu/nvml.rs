@@ -148,35 +148,6 @@ impl GpuSource {
         })
     }
 
-    /// For each of `nproc` local ranks, what its GPU is doing, for a straggler's report line:
-    /// `GPU 1: SM clock 1,110 of 1,980 MHz, throttled by HW slowdown and power brake, 88 C`
-    /// (`None`: the rank has no GPU here). One NVML pass; `cuda_visible` is the agent's
-    /// `CUDA_VISIBLE_DEVICES`.
-    pub fn rank_texts(&self, nproc: u32, cuda_visible: Option<&str>) -> Vec<Option<String>> {
-        let samples = self.sample_all();
-        let uuids: Vec<String> = samples
-            .iter()
-            .map(|s| s.uuid.clone().unwrap_or_default())
-            .collect();
-        (0..nproc)
-            .map(|lr| {
-                let g = super::rank_gpu(lr, cuda_visible, &uuids)?;
-                let s = samples.iter().find(|s| s.index == g)?;
-                Some(format!("GPU {g}: {}", super::explain(s)))
-            })
-            .collect()
-    }
-
-    /// Why this node is unusable (`fault` of any of its GPUs), if it is: `GPU 3: ...; GPU 5: ...`.
-    pub fn node_fault(&self) -> Option<String> {
-        let faults: Vec<String> = self
-            .sample_all()
-            .iter()
-            .filter_map(|s| super::fault(s).map(|f| format!("GPU {}: {f}", s.index)))
-            .collect();
-        (!faults.is_empty()).then(|| faults.join("; "))
-    }
-
     /// The processes holding memory on GPU `index` (compute contexts), with their names.
     pub fn processes(&self, index: u32) -> Vec<GpuProcess> {
         let Ok(d) = self.device(index) else {
