@@ -5,6 +5,8 @@ Node rank 0 gathers every node's summary through the store and prints NVRx's rep
 """
 import re
 
+import pytest
+
 from harness import base_env, events, of, run_vigil, write
 from test_multinode import Nodes
 
@@ -173,7 +175,8 @@ for step in range(100000):
 """
 
 
-def test_a_critical_xid_stops_the_job_and_requeues_it_without_the_node(job):
+@pytest.mark.parametrize("fault", ["xid", "ecc"])
+def test_a_gpu_fault_stops_the_job_and_requeues_it_without_the_node(job, fault):
     write(job / "train.py", LONG)
     fakes = [write_nvml(job / f"nvml{i}.json", [gpu(0), gpu(1)]) for i in range(2)]
     nodes = Nodes(job, 2, ["train.py"], nproc=2,
@@ -183,17 +186,25 @@ def test_a_critical_xid_stops_the_job_and_requeues_it_without_the_node(job):
     try:
         from harness import wait_for
         wait_for(lambda: all((job / f"up{r}").exists() for r in range(4)), timeout=60, what="ranks up")
-        # GPU 1 of node 1 falls off the bus.
-        write_nvml(fakes[1], [gpu(0), gpu(1)], events=[{"gpu": 1, "xid": 79}])
+        if fault == "xid":
+            # GPU 1 of node 1 falls off the bus.
+            write_nvml(fakes[1], [gpu(0), gpu(1)], events=[{"gpu": 1, "xid": 79}])
+        else:
+            # GPU 1 of node 1 reports uncorrectable ECC errors (seen by the next sample).
+            write_nvml(fakes[1], [gpu(0), gpu(1, ecc_uncorrected_volatile=2)])
         res = nodes.wait(timeout=120)
     finally:
         nodes.kill()
     # Not restarted in place, though restarts were left: both ask to be requeued.
     assert [r[0] for r in res] == [75, 75], [r[2][-2000:] for r in res]
     ev1 = nodes.events(1)
-    xid = of(ev1, "gpu_xid")
-    assert xid and xid[0]["xid"] == 79 and xid[0]["critical"] is True, xid
-    assert "XID 79" in of(ev1, "node_fault")[0]["reason"]
+    reason = of(ev1, "node_fault")[0]["reason"]
+    if fault == "xid":
+        xid = of(ev1, "gpu_xid")
+        assert xid and xid[0]["xid"] == 79 and xid[0]["critical"] is True, xid
+        assert reason.startswith("GPU 1: critical XID 79"), reason
+    else:
+        assert reason.startswith("GPU 1: 2 uncorrectable ECC"), reason
     assert len(of(nodes.events(0), "cycle_start")) == 1
     import json
     ledger = [json.loads(l) for l in (job / "node0" / "logs" / "vigil-job-xid" / "ledger.jsonl").read_text().splitlines()]

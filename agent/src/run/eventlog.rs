@@ -8,23 +8,32 @@ pub(super) struct EventLog {
     pub(super) node_rank: u32,
 }
 
+/// Adds what every record has: when, and which node.
+pub(super) fn stamp(v: &mut serde_json::Value, host: &str, node_rank: u32) {
+    let ts = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0);
+    if let Some(o) = v.as_object_mut() {
+        o.insert("ts".into(), ts.into());
+        o.insert("host".into(), host.into());
+        o.insert("node_rank".into(), node_rank.into());
+    }
+}
+
 impl EventLog {
     pub(super) fn write(&mut self, rec: &Record) {
         self.write_value(serde_json::to_value(rec).unwrap_or_default());
     }
 
     pub(super) fn write_value(&mut self, mut v: serde_json::Value) {
-        let ts = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_secs_f64())
-            .unwrap_or(0.0);
-        if let Some(o) = v.as_object_mut() {
-            o.insert("ts".into(), ts.into());
-            o.insert("host".into(), self.host.clone().into());
-            o.insert("node_rank".into(), self.node_rank.into());
-        }
+        stamp(&mut v, &self.host, self.node_rank);
+        self.write_line(v.to_string());
+    }
+
+    /// A record already stamped ([`stamp`]) and serialised, off the event loop when it is large.
+    pub(super) fn write_line(&mut self, mut line: String) {
         if let Some(f) = &mut self.file {
-            let mut line = v.to_string();
             line.push('\n');
             if let Err(e) = f.write_all(line.as_bytes()) {
                 console_note(&format!(

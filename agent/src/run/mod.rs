@@ -464,9 +464,13 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
                 crate::job::exchange::FromExchange::Collected(all) => {
                     let threshold = agent.stragglers.threshold();
                     let tx = report_tx.clone();
+                    let (host, node) = (agent.host.clone(), agent.cfg.node_rank);
                     tokio::task::spawn_blocking(move || {
-                        if let Some(r) = perf::report(threshold, &all) {
-                            let _ = tx.send(r);
+                        if let Some(mut r) = perf::report(threshold, &all) {
+                            // 10 MB for 100,000 ranks: serialised here, not on the event loop.
+                            eventlog::stamp(&mut r.record, &host, node);
+                            let line = r.record.to_string();
+                            let _ = tx.send((r, line));
                         }
                     });
                 }
@@ -474,9 +478,9 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
                     "cannot share straggler summaries through the store ({why}); reports may miss nodes until it works again"
                 )),
             },
-            Some(r) = report_rx.recv() => {
+            Some((r, line)) = report_rx.recv() => {
                 output::console_text(ConsoleStream::Stderr, &r.text);
-                agent.events.write_value(r.record);
+                agent.events.write_line(line);
                 if !r.nodes.is_empty() {
                     agent.queue.push_back(Event::Stragglers { nodes: r.nodes });
                 }
