@@ -6,6 +6,7 @@
 mod fmt;
 pub mod history;
 mod html;
+mod model;
 mod plot;
 pub mod records;
 mod status;

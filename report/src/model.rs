@@ -1,0 +1,352 @@
+//! What a job's history is made of: allocations, node runs, attempts, failures, hangs, restarts,
+//! stops, steps and straggler scores, as plain data with the few words each says about itself.
+//! Built by `history.rs` from the records.
+
+use std::path::PathBuf;
+
+#[derive(Debug, Clone, Default)]
+pub struct History {
+    /// The directory the records were looked for in.
+    pub root: PathBuf,
+    /// In start order. From the ledger where it has a record, else inferred from the runs.
+    pub allocations: Vec<Allocation>,
+    /// One per `events.jsonl`: one node in one allocation. In start order.
+    pub runs: Vec<NodeRun>,
+    /// Skipped files and lines.
+    pub notes: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Allocation {
+    /// 1-based, as in the ledger.
+    pub number: u32,
+    pub job_id: Option<String>,
+    pub start: f64,
+    /// None while it is still running (no ledger record and no `result` yet).
+    pub end: Option<f64>,
+    pub nodes: Vec<String>,
+    /// The ledger's `finished`, `stopped`, `failed`, `lost`, `no_progress`; for an inferred
+    /// allocation, node rank 0's `result` outcome.
+    pub outcome: Option<String>,
+    /// `finished`, `requeue` or `stop` (ledger only).
+    pub decision: Option<String>,
+    pub why: Option<String>,
+    pub highest_step: Option<i64>,
+    pub restarts: u32,
+    pub stop_step: Option<i64>,
+    pub stop_trigger: Option<String>,
+    pub excluded: Vec<String>,
+    pub exit_status: Option<i64>,
+    /// Whether this came from a ledger record (else inferred from event logs).
+    pub from_ledger: bool,
+    /// Indices into `History::runs`.
+    pub runs: Vec<usize>,
+}
+
+impl Allocation {
+    pub fn requeued(&self) -> bool {
+        self.decision.as_deref() == Some("requeue")
+    }
+
+    /// A stop for a signal (preemption, `scancel --signal`) rather than the time limit.
+    pub fn preempted(&self) -> bool {
+        matches!(
+            self.stop_trigger.as_deref(),
+            Some("SIGTERM" | "SIGUSR1" | "SIGUSR2")
+        )
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct NodeRun {
+    pub source: PathBuf,
+    pub host: String,
+    pub node_rank: u32,
+    pub run_id: Option<String>,
+    pub nnodes: Option<u32>,
+    /// First and last record's time.
+    pub start: f64,
+    pub end: f64,
+    pub attempts: Vec<Attempt>,
+    pub failures: Vec<Failure>,
+    pub hangs: Vec<Hang>,
+    pub restarts: Vec<Restart>,
+    pub stops: Vec<Stop>,
+    pub steps: Vec<StepPoint>,
+    pub straggler_reports: Vec<StragglerReport>,
+    /// `node_fault`: this node could not run ranks any more (a critical XID, an uncorrectable
+    /// ECC error, a failed health check).
+    pub node_faults: Vec<NodeFault>,
+    pub result: Option<RunResult>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct NodeFault {
+    pub ts: f64,
+    pub cycle: u32,
+    pub reason: String,
+}
+
+impl NodeRun {
+    pub fn label(&self) -> String {
+        format!("node {} ({})", self.node_rank, self.host)
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Attempt {
+    pub cycle: u32,
+    pub start: f64,
+    /// `cycle_ended`'s time, else the run's last record.
+    pub end: f64,
+    /// `done`, `failed`, `stopped`, `lost`; None when the log ends inside the attempt.
+    pub end_kind: Option<String>,
+    pub reason: Option<String>,
+    pub nproc: Option<u32>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Failure {
+    pub ts: f64,
+    pub cycle: u32,
+    pub rank: Option<u32>,
+    pub local_rank: Option<u32>,
+    pub exit_code: Option<i64>,
+    pub signal: Option<i64>,
+    /// `rank_spawn_failed`'s error.
+    pub error: Option<String>,
+}
+
+impl Failure {
+    pub fn describe(&self) -> String {
+        let who = match (self.rank, self.local_rank) {
+            (Some(r), _) => format!("rank {r}"),
+            (None, Some(l)) => format!("local rank {l}"),
+            _ => "a rank".into(),
+        };
+        if let Some(e) = &self.error {
+            return format!("{who} could not start: {e}");
+        }
+        match (self.exit_code, self.signal) {
+            (_, Some(s)) => format!("{who} killed by {}", signal_name(s)),
+            (Some(c), None) => format!("{who} exited with code {c}"),
+            (None, None) => format!("{who} failed"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Hang {
+    pub ts: f64,
+    pub cycle: u32,
+    pub rank: Option<u32>,
+    /// `initial`, `heartbeat`, `out_of_section` or `section NAME`.
+    pub timeout: String,
+    pub silent_ms: Option<u64>,
+    /// The innermost frames from the `stacks` event that followed, innermost first.
+    pub frames: Vec<String>,
+}
+
+impl Hang {
+    /// The frame it hung in, shortened: `t.py:4 in wait_forever`.
+    pub fn frame(&self) -> Option<String> {
+        self.frames.first().map(|f| short_frame(f))
+    }
+
+    pub fn describe(&self) -> String {
+        let who = self
+            .rank
+            .map_or_else(|| "a rank".to_string(), |r| format!("rank {r}"));
+        let mut s = format!("{who} hung ({} timeout)", self.timeout);
+        if let Some(f) = self.frame() {
+            s.push_str(&format!(" in {f}"));
+        }
+        s
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Restart {
+    pub ts: f64,
+    pub from_cycle: u32,
+    pub to_cycle: u32,
+    pub restarts_left: Option<u32>,
+    pub backoff_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum StopKind {
+    /// `stop_triggered`: SIGTERM, SIGUSR1, SIGUSR2, time-limit.
+    Triggered { trigger: String },
+    /// `stop_agreed`: the job's stop step (None: stop now).
+    Agreed {
+        step: Option<i64>,
+        trigger: Option<String>,
+    },
+    /// `stop_overdue`: ranks still running when the window ended.
+    Overdue { ranks: Vec<u32> },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stop {
+    pub ts: f64,
+    pub cycle: u32,
+    pub kind: StopKind,
+}
+
+impl Stop {
+    pub fn describe(&self) -> String {
+        match &self.kind {
+            StopKind::Triggered { trigger } => format!("stop asked ({trigger})"),
+            StopKind::Agreed { step: Some(s), .. } => format!("stop agreed at step {s}"),
+            StopKind::Agreed { step: None, .. } => "stop agreed: now".into(),
+            StopKind::Overdue { ranks } => format!("stop overdue: ranks {ranks:?}"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StepPoint {
+    pub ts: f64,
+    pub cycle: u32,
+    pub step: i64,
+    pub min_step: Option<i64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RankScore {
+    pub rank: u32,
+    pub node_rank: Option<u32>,
+    pub host: Option<String>,
+    pub relative: Option<f64>,
+    pub individual: Option<f64>,
+    pub median_s: Option<f64>,
+    /// What its GPU was doing, when the report knew (`gpus`).
+    pub gpu: Option<String>,
+}
+
+impl RankScore {
+    /// `rank 3 on n1 (relative 0.25, individual 1.00, GPU: SM clock ...)`.
+    pub fn describe(&self) -> String {
+        let mut s = format!("rank {}", self.rank);
+        if let Some(h) = &self.host {
+            s.push_str(&format!(" on {h}"));
+        }
+        let mut parts = Vec::new();
+        if let Some(v) = self.relative {
+            parts.push(format!("relative {v:.2}"));
+        }
+        if let Some(v) = self.individual {
+            parts.push(format!("individual {v:.2}"));
+        }
+        if let Some(g) = &self.gpu {
+            parts.push(format!("GPU: {g}"));
+        }
+        if !parts.is_empty() {
+            s.push_str(&format!(" ({})", parts.join(", ")));
+        }
+        s
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StragglerReport {
+    pub ts: f64,
+    pub ranks: Vec<RankScore>,
+    pub stragglers: Vec<u32>,
+    pub threshold: Option<f64>,
+    pub unscored: Option<u64>,
+}
+
+impl StragglerReport {
+    /// `stragglers below 0.70: rank 3 on n1 (relative 0.25, individual 1.00; GPU ...)`, or
+    /// that there are none.
+    pub fn describe_stragglers(&self) -> String {
+        let below = self
+            .threshold
+            .map_or_else(String::new, |t| format!(" below {t:.2}"));
+        if self.stragglers.is_empty() {
+            return format!("no stragglers{below} any more");
+        }
+        let each: Vec<String> = self
+            .stragglers
+            .iter()
+            .map(|rank| match self.ranks.iter().find(|r| r.rank == *rank) {
+                Some(r) => r.describe(),
+                None => format!("rank {rank}"),
+            })
+            .collect();
+        format!("stragglers{below}: {}", each.join("; "))
+    }
+
+    /// The rank with the lowest relative score (1.0 is best).
+    pub fn worst(&self) -> Option<&RankScore> {
+        self.ranks
+            .iter()
+            .filter(|r| r.relative.is_some())
+            .min_by(|a, b| a.relative.partial_cmp(&b.relative).unwrap())
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RunResult {
+    pub ts: f64,
+    pub outcome: String,
+    pub exit_code: Option<i64>,
+    pub restarts: Option<u32>,
+    /// The outcome's own fields, as `key=value` pairs.
+    pub detail: String,
+}
+
+/// One thing that happened, for the events table and the status view.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Moment {
+    pub ts: f64,
+    /// `node N (host)`, or `job` for an allocation's own moments.
+    pub node: String,
+    pub kind: &'static str,
+    pub text: String,
+}
+
+pub fn signal_name(n: i64) -> String {
+    let name = match n {
+        1 => "SIGHUP",
+        2 => "SIGINT",
+        3 => "SIGQUIT",
+        4 => "SIGILL",
+        6 => "SIGABRT",
+        7 => "SIGBUS",
+        8 => "SIGFPE",
+        9 => "SIGKILL",
+        10 => "SIGUSR1",
+        11 => "SIGSEGV",
+        12 => "SIGUSR2",
+        13 => "SIGPIPE",
+        14 => "SIGALRM",
+        15 => "SIGTERM",
+        _ => return format!("signal {n}"),
+    };
+    name.into()
+}
+
+/// `Current thread 0x..: File "/a/b/t.py", line 4 in f` becomes `t.py:4 in f`; a frame of
+/// another shape (a kernel stack line) is kept as it is, trimmed.
+pub fn short_frame(frame: &str) -> String {
+    let f = frame.trim();
+    let Some(at) = f.find("File \"") else {
+        return f.to_string();
+    };
+    let rest = &f[at + 6..];
+    let Some(q) = rest.find('"') else {
+        return f.to_string();
+    };
+    let file = rest[..q].rsplit('/').next().unwrap_or(&rest[..q]);
+    let tail = rest[q + 1..].trim_start_matches(',').trim();
+    match tail.strip_prefix("line ") {
+        Some(t) => match t.split_once(' ') {
+            Some((line, func)) => format!("{file}:{line} {}", func.trim()),
+            None => format!("{file}:{t}"),
+        },
+        None => format!("{file} {tail}").trim().to_string(),
+    }
+}
