@@ -6,4 +6,5 @@ pub mod exchange;
 pub mod hostlist;
 pub mod nodes;
 pub mod rendezvous;
+pub mod spares;
 pub mod state;
