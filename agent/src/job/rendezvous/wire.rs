@@ -21,8 +21,12 @@ pub struct NodeInfo {
 pub struct Go {
     pub cycle: u32,
     pub world_size: u32,
-    /// Global rank of local rank 0, per node rank.
+    /// Global rank of local rank 0, per slot (group rank).
     pub offsets: Vec<u32>,
+    /// The node id playing each slot (hot spares); empty: slot i is node i. A node without a
+    /// slot is a standby for this cycle.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub slots: Vec<u32>,
     /// The job's restart budget (node rank 0's `--max-restarts`).
     pub max_restarts: u32,
     /// Calculated timeouts node rank 0 hands to every node.
@@ -120,9 +124,39 @@ pub fn assign(
         cycle,
         world_size: next,
         offsets,
+        slots: Vec::new(),
         max_restarts,
         calculated,
     }
+}
+
+impl Go {
+    /// This node's slot (group rank) in the cycle; `None`: it is a standby.
+    pub fn slot_of(&self, node: u32) -> Option<u32> {
+        if self.slots.is_empty() {
+            return ((node as usize) < self.offsets.len()).then_some(node);
+        }
+        self.slots.iter().position(|n| *n == node).map(|p| p as u32)
+    }
+}
+
+/// Global ranks by slot when standbys play some slots (`spares::refill`): slot `s`'s local rank 0
+/// is the sum of the ranks of slots `0..s`, each counted with the node that plays it. `None` when
+/// a slot's node did not join.
+pub fn assign_slots(
+    cycle: u32,
+    slots: &[u32],
+    joined: &std::collections::BTreeMap<u32, NodeInfo>,
+    max_restarts: u32,
+    calculated: Option<Timeouts>,
+) -> Option<Go> {
+    let nodes: Vec<NodeInfo> = slots
+        .iter()
+        .map(|n| joined.get(n).cloned())
+        .collect::<Option<_>>()?;
+    let mut go = assign(cycle, &nodes, max_restarts, calculated);
+    go.slots = slots.to_vec();
+    Some(go)
 }
 
 /// The job-wide timeouts: for every check, the longest any node calculated.
@@ -147,4 +181,44 @@ pub fn merge_timeouts(all: &[Timeouts]) -> Timeouts {
 
 pub(super) fn to_json<T: Serialize>(v: &T) -> Vec<u8> {
     serde_json::to_vec(v).expect("plain data serializes")
+}
+
+#[cfg(test)]
+mod slot_tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn info(nproc: u32) -> NodeInfo {
+        NodeInfo {
+            nproc,
+            host: "h".into(),
+            pid: 1,
+        }
+    }
+
+    #[test]
+    fn a_standby_in_a_lost_nodes_slot_gets_its_ranks_and_the_rest_keep_theirs() {
+        let joined: BTreeMap<u32, NodeInfo> = [(0, info(2)), (2, info(2)), (3, info(2))].into();
+        // Node 1 (slot 1) was lost; standby 3 plays slot 1, node 2 keeps slot 2.
+        let go = assign_slots(4, &[0, 3, 2], &joined, 5, None).unwrap();
+        assert_eq!(go.offsets, vec![0, 2, 4]);
+        assert_eq!(go.world_size, 6);
+        assert_eq!(
+            (go.slot_of(0), go.slot_of(3), go.slot_of(2), go.slot_of(1)),
+            (Some(0), Some(1), Some(2), None)
+        );
+        // A slot whose node did not join cannot be assigned.
+        assert!(assign_slots(4, &[0, 1, 2], &joined, 5, None).is_none());
+    }
+
+    #[test]
+    fn without_slots_slot_i_is_node_i_and_old_verdicts_still_read() {
+        let go = assign(0, &[info(1), info(1)], 0, None);
+        assert_eq!((go.slot_of(1), go.slot_of(2)), (Some(1), None));
+        let old =
+            r#"{"cycle":0,"world_size":2,"offsets":[0,1],"max_restarts":0,"calculated":null}"#;
+        let back: Go = serde_json::from_str(old).unwrap();
+        assert_eq!(back, go);
+        assert!(!serde_json::to_string(&go).unwrap().contains("slots"));
+    }
 }
