@@ -151,6 +151,9 @@ pub enum Event {
     /// health check): it leaves the job, which is requeued without it. `at_gate`: found by the
     /// checks before a rendezvous, whose join was therefore never sent: leave at once.
     NodeFault { reason: String, at_gate: bool },
+    /// This node has no slot in `cycle`: a standby (hot spares). It runs no ranks and waits for
+    /// the cycle's verdict like a node whose ranks all finished.
+    Standby { cycle: u32 },
     /// Node rank 0's straggler report found stragglers on these nodes.
     Stragglers { nodes: Vec<u32> },
 }
@@ -379,6 +382,10 @@ pub enum Record {
         rank: u32,
         action: &'static str,
         description: String,
+    },
+    /// This node is a standby in `cycle` (hot spares): no ranks here.
+    Standby {
+        cycle: u32,
     },
     /// This node cannot run ranks any more; it leaves the job.
     NodeFault {

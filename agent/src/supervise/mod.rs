@@ -373,6 +373,7 @@ impl Supervisor {
                 self.on_node_fault(now, reason, at_gate, &mut out)
             }
             Event::Stragglers { nodes } => self.on_stragglers(now, nodes, &mut out),
+            Event::Standby { cycle } => self.on_standby(now, cycle, &mut out),
         }
         // A rank that ended or closed its connection is no longer waited for.
         self.maybe_answer_requests(&mut out);

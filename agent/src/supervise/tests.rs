@@ -1982,3 +1982,77 @@ fn stragglers_stop_the_job_at_a_step_and_blame_their_nodes_only_when_asked() {
         })
     );
 }
+
+#[test]
+fn a_standby_runs_no_ranks_follows_the_jobs_verdicts_and_ends_with_the_job() {
+    let t = Instant::now();
+    let (mut s, first) = node(2, 2, 3);
+    assert!(has(&first, |x| matches!(
+        x,
+        Action::Job(JobRequest::Join { cycle: 0, .. })
+    )));
+    let a = s.handle(t, Event::Standby { cycle: 0 });
+    assert!(has(&a, |x| matches!(
+        x,
+        Action::Record(Record::Standby { cycle: 0 })
+    )));
+    assert!(!has(&a, |x| matches!(x, Action::SpawnCycle { .. })));
+    assert!(!has(&a, |x| matches!(
+        x,
+        Action::Job(JobRequest::ReportDone { .. })
+    )));
+    // Another node failed: every node, the standby too, goes to the next attempt.
+    let a = s.handle(
+        t,
+        Event::CycleEnded {
+            cycle: 0,
+            end: JobEnd::Failed {
+                node: 1,
+                reason: "lost".into(),
+            },
+        },
+    );
+    assert!(
+        has(&a, |x| matches!(
+            x,
+            Action::Job(JobRequest::Join { cycle: 1, .. })
+        )),
+        "{a:?}"
+    );
+    // Promoted in attempt 1: it runs ranks.
+    let a = s.handle(t, joined(1, 2, 3));
+    assert!(has(&a, |x| matches!(x, Action::SpawnCycle { cycle: 1 })));
+    started(&mut s, t, 40);
+    for pid in [40, 41] {
+        s.handle(
+            t,
+            Event::Reaped {
+                pid,
+                how: ExitKind::Code(0),
+            },
+        );
+    }
+    let a = s.handle(
+        t,
+        Event::CycleEnded {
+            cycle: 1,
+            end: JobEnd::Done,
+        },
+    );
+    assert_eq!(finish(&a), Some(&Outcome::Succeeded));
+}
+
+#[test]
+fn a_standby_when_the_job_finishes_finishes_too() {
+    let t = Instant::now();
+    let (mut s, _) = node(2, 2, 0);
+    s.handle(t, Event::Standby { cycle: 0 });
+    let a = s.handle(
+        t,
+        Event::CycleEnded {
+            cycle: 0,
+            end: JobEnd::Done,
+        },
+    );
+    assert_eq!(finish(&a), Some(&Outcome::Succeeded));
+}

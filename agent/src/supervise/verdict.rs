@@ -33,6 +33,19 @@ impl Supervisor {
         }
     }
 
+    /// A standby in `cycle`: as a node whose ranks all finished at once, it only waits for the
+    /// cycle's verdict, then goes on (or ends) with every other node.
+    pub(super) fn on_standby(&mut self, now: Instant, cycle: u32, out: &mut Vec<Action>) {
+        if self.phase != Phase::Joining || cycle != self.cycle {
+            return;
+        }
+        out.push(Action::Record(Record::Standby { cycle }));
+        let _ = self.start_cycle(now, cycle);
+        self.ranks.clear();
+        self.reported = true;
+        self.phase = Phase::Waiting;
+    }
+
     pub(super) fn on_cycle_ended(
         &mut self,
         now: Instant,
