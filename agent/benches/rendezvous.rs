@@ -60,6 +60,7 @@ async fn one_round(n: u32) -> (Duration, Duration, Duration) {
     for node in 0..n {
         let cfg = CoordConfig {
             nnodes: n,
+            active: n,
             node_rank: node,
             nproc: 8,
             store: addr,

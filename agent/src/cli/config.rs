@@ -20,7 +20,10 @@ pub struct Console {
 #[derive(Debug, Clone, PartialEq)]
 pub struct LaunchConfig {
     pub nproc: u32,
+    /// Every agent of the job, standbys included.
     pub nnodes: u32,
+    /// The nodes that run ranks; `nnodes - active` standbys (hot spares).
+    pub active_nodes: u32,
     pub node_rank: u32,
     pub role: String,
     /// `TORCHELASTIC_RUN_ID`: the job identity, else (one node, as torchrun) a fresh uuid, else
@@ -583,9 +586,27 @@ pub fn resolve(a: &RunArgs, host: &Host) -> Result<LaunchConfig, ConfigError> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| a.training_script.clone());
+    let active_nodes = match a.spare_nodes {
+        0 => nodes.active,
+        n if nodes.active != nodes.nnodes => {
+            return err(format!(
+                "--spare-nodes {n} and --nnodes {} both say how many nodes wait as standbys: give one of them",
+                a.nnodes.as_deref().unwrap_or("")
+            ))
+        }
+        n if n >= nodes.nnodes => {
+            return err(format!(
+                "--spare-nodes {n} leaves no node to run ranks in a {}-node job: give at most {}",
+                nodes.nnodes,
+                nodes.nnodes - 1
+            ))
+        }
+        n => nodes.nnodes - n,
+    };
     Ok(LaunchConfig {
         nproc,
         nnodes: nodes.nnodes,
+        active_nodes,
         node_rank: nodes.node_rank,
         role: a.role.clone(),
         run_id: match (&nodes.job_id, nodes.nnodes) {
@@ -697,6 +718,9 @@ fn end_spec(a: &RunArgs, host: &Host) -> Result<EndSpec, ConfigError> {
 /// Everything a rank's environment depends on besides the launch plan.
 pub struct RankSlot<'a> {
     pub local_rank: u32,
+    /// This node's group rank in the attempt (its node rank, unless a standby took a lost node's
+    /// place).
+    pub group_rank: u32,
     pub restart_count: u32,
     /// Global rank of this node's local rank 0, and the job's rank count, from the rendezvous.
     pub rank_offset: u32,
@@ -721,8 +745,8 @@ pub fn worker_env(
         ("LOCAL_RANK", slot.local_rank.to_string()),
         ("WORLD_SIZE", world.to_string()),
         ("LOCAL_WORLD_SIZE", cfg.nproc.to_string()),
-        ("GROUP_RANK", cfg.node_rank.to_string()),
-        ("GROUP_WORLD_SIZE", cfg.nnodes.to_string()),
+        ("GROUP_RANK", slot.group_rank.to_string()),
+        ("GROUP_WORLD_SIZE", cfg.active_nodes.to_string()),
         ("ROLE_RANK", rank.to_string()),
         ("ROLE_NAME", cfg.role.clone()),
         ("ROLE_WORLD_SIZE", world.to_string()),
@@ -925,6 +949,7 @@ mod tests {
         .unwrap();
         let slot = RankSlot {
             local_rank: 1,
+            group_rank: 0,
             restart_count: 0,
             rank_offset: 0,
             world_size: 2,
@@ -1190,6 +1215,7 @@ mod tests {
         .unwrap();
         let slot = RankSlot {
             local_rank: 1,
+            group_rank: c.node_rank,
             restart_count: 2,
             rank_offset: 4,
             world_size: 6,

@@ -121,9 +121,14 @@ impl HealthArgs {
 
 #[derive(Debug, Clone, Args)]
 pub struct RunArgs {
-    /// Number of nodes, `N` or `MIN:MAX` with MIN = MAX. Default: from Slurm or NGC, else 1.
+    /// Number of nodes, `N` or `MIN:MAX`: MAX agents, MIN of them run ranks and the rest are
+    /// standbys that take a lost node's place (hot spares). Default: from Slurm or NGC, else 1.
     #[arg(long, env = "PET_NNODES")]
     pub nnodes: Option<String>,
+
+    /// Of the job's nodes (Slurm's), this many wait as standbys (hot spares), as `--nnodes MIN:MAX`.
+    #[arg(long = "spare-nodes", alias = "spare_nodes", default_value_t = 0, value_parser = count)]
+    pub spare_nodes: u32,
 
     /// Ranks on this node: an integer, `cpu`, `gpu` or `auto`.
     #[arg(

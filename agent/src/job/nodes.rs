@@ -29,7 +29,10 @@ pub enum Source {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Nodes {
+    /// Every agent of the job, standbys included.
     pub nnodes: u32,
+    /// The nodes that run ranks (group ranks); the rest are standbys (`--nnodes MIN:MAX`).
+    pub active: u32,
     pub node_rank: u32,
     /// The job's identity, if something outside vigil names it (`--rdzv-id`, Slurm, NGC).
     pub job_id: Option<String>,
@@ -229,23 +232,19 @@ pub fn discover(f: &NodeFlags, env: &dyn Fn(&str) -> Option<String>) -> Result<N
         None => None,
         Some(s) => {
             let (lo, hi) = parse_nnodes(s)?;
-            if lo != hi {
-                return err(format!(
-                    "--nnodes {s}: vigil runs a fixed number of nodes; give one number (a lost node ends the job so that it can be requeued)"
-                ));
-            }
-            Some(lo)
+            Some((lo, hi))
         }
     };
     if f.standalone {
-        if flag_nnodes.is_some_and(|n| n > 1) {
+        if flag_nnodes.is_some_and(|(_, hi)| hi > 1) {
             return err(format!(
                 "--standalone runs one node, but --nnodes is {}; drop one of them",
-                flag_nnodes.unwrap_or(1)
+                f.nnodes.unwrap_or("1")
             ));
         }
         return Ok(Nodes {
             nnodes: 1,
+            active: 1,
             node_rank: 0,
             job_id: explicit_id(f.rdzv_id),
             head_host: "127.0.0.1".into(),
@@ -281,16 +280,19 @@ pub fn discover(f: &NodeFlags, env: &dyn Fn(&str) -> Option<String>) -> Result<N
             ));
         }
     }
-    let nnodes = match (flag_nnodes, &envn) {
-        (Some(n), Some(e)) if n != e.nnodes => {
+    // `MIN:MAX`: MAX agents, MIN of them run ranks, the rest are standbys (hot spares).
+    let (active, nnodes) = match (flag_nnodes, &envn) {
+        (Some((_, n)), Some(e)) if n != e.nnodes => {
             return err(format!(
-                "--nnodes {n} contradicts {}={}: drop --nnodes, or run the job on {n} nodes",
-                e.nnodes_var, e.nnodes
+                "--nnodes {} contradicts {}={}: drop --nnodes, or run the job on {n} nodes",
+                f.nnodes.unwrap_or(""),
+                e.nnodes_var,
+                e.nnodes
             ))
         }
-        (Some(n), _) => n,
-        (None, Some(e)) => e.nnodes,
-        (None, None) => 1,
+        (Some(range), _) => range,
+        (None, Some(e)) => (e.nnodes, e.nnodes),
+        (None, None) => (1, 1),
     };
     let node_rank = match (f.node_rank, &envn) {
         (Some(r), Some(e)) if r != e.node_rank => {
@@ -339,6 +341,7 @@ pub fn discover(f: &NodeFlags, env: &dyn Fn(&str) -> Option<String>) -> Result<N
     let job_id = explicit_id(f.rdzv_id).or_else(|| envn.as_ref().and_then(|e| e.run_id.clone()));
     Ok(Nodes {
         nnodes,
+        active,
         node_rank,
         job_id,
         head_host,
@@ -533,17 +536,24 @@ mod tests {
     }
 
     #[test]
+    fn min_max_is_max_agents_of_which_min_run_ranks() {
+        let n = discover(
+            &NodeFlags {
+                nnodes: Some("2:3"),
+                node_rank: Some(2),
+                master_addr: Some("h0"),
+                ..flags()
+            },
+            &env_of(&[]),
+        )
+        .unwrap();
+        assert_eq!((n.nnodes, n.active, n.node_rank), (3, 2, 2));
+    }
+
+    #[test]
     fn refusals() {
         type Case<'a> = (NodeFlags<'a>, &'a [(&'a str, &'a str)], &'a str);
         let cases: Vec<Case> = vec![
-            (
-                NodeFlags {
-                    nnodes: Some("1:4"),
-                    ..flags()
-                },
-                &[],
-                "fixed number of nodes",
-            ),
             (
                 NodeFlags {
                     nnodes: Some("2"),

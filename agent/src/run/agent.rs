@@ -80,6 +80,7 @@ impl Agent {
             let error_file_s = error_file.to_string_lossy().into_owned();
             let slot = RankSlot {
                 local_rank: lr,
+                group_rank: self.group_rank,
                 restart_count: cycle,
                 rank_offset: self.rank_offset,
                 world_size: self.world_size,

@@ -101,6 +101,9 @@ struct Agent {
     log_create_failed: bool,
     /// The current cycle's assignment from the rendezvous.
     rank_offset: u32,
+    /// This node's slot (GROUP_RANK) in the current cycle: its node rank, unless it took a lost
+    /// node's place (hot spares).
+    group_rank: u32,
     world_size: u32,
     /// The job's restart budget (node rank 0's).
     max_restarts: u32,
@@ -261,6 +264,7 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
     let (coord_ev_tx, mut coord_rx) = mpsc::unbounded_channel();
     let coord_cfg = CoordConfig {
         nnodes: cfg.nnodes,
+        active: cfg.active_nodes,
         node_rank: cfg.node_rank,
         nproc: cfg.nproc,
         store: store.client_addr,
@@ -313,7 +317,8 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
         coord: coord_tx,
         store_for_ranks: store.for_ranks,
         rank_offset: 0,
-        world_size: cfg.nproc * cfg.nnodes,
+        group_rank: cfg.node_rank,
+        world_size: cfg.nproc * cfg.active_nodes,
         max_restarts: cfg.max_restarts,
         leave: None,
         peer_end: None,
@@ -425,8 +430,9 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
                 }
             },
             Some(m) = coord_rx.recv() => match m {
-                FromCoord::Joined { cycle, rank_offset, world_size, max_restarts, calculated } => {
+                FromCoord::Joined { cycle, group_rank, rank_offset, world_size, max_restarts, calculated } => {
                     agent.rank_offset = rank_offset;
+                    agent.group_rank = group_rank;
                     agent.stragglers.new_attempt();
                     agent.world_size = world_size;
                     agent.max_restarts = max_restarts;
@@ -455,6 +461,9 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
                 }
                 FromCoord::StopAsked { cycle, trigger } => {
                     agent.queue.push_back(Event::StopAsked { cycle, trigger });
+                }
+                FromCoord::Standby { cycle } => {
+                    agent.queue.push_back(Event::Standby { cycle });
                 }
                 FromCoord::StopStep { cycle, step } => {
                     agent.queue.push_back(Event::StopStep { cycle, step });

@@ -50,6 +50,8 @@ pub use wire::*;
 pub enum FromCoord {
     Joined {
         cycle: u32,
+        /// This node's group rank (slot) in the cycle.
+        group_rank: u32,
         rank_offset: u32,
         world_size: u32,
         max_restarts: u32,
@@ -69,6 +71,10 @@ pub enum FromCoord {
         cycle: u32,
         trigger: String,
     },
+    /// This node has no slot in the cycle: a standby, running no ranks.
+    Standby {
+        cycle: u32,
+    },
     /// The job's stop step.
     StopStep {
         cycle: u32,
@@ -82,7 +88,10 @@ pub enum FromCoord {
 
 #[derive(Debug, Clone)]
 pub struct CoordConfig {
+    /// Every agent, standbys included.
     pub nnodes: u32,
+    /// The nodes that run ranks (slots); `nnodes - active` start as standbys.
+    pub active: u32,
     pub node_rank: u32,
     /// This node's ranks per attempt.
     pub nproc: u32,
@@ -198,6 +207,10 @@ struct Coordinator {
     silent_rx: mpsc::UnboundedReceiver<(String, Option<u32>)>,
     /// Node rank 0: the node it lost, when known.
     lost_node: Option<u32>,
+    /// The node id playing each slot in the current cycle (hot spares; else 0..nnodes).
+    slots: Vec<u32>,
+    /// Node rank 0: nodes lost while standbys could take their place; never members again.
+    dead: Vec<u32>,
 }
 
 impl Drop for Coordinator {
@@ -288,6 +301,7 @@ impl Coordinator {
         ));
         let (timeouts_tx, timeouts_rx) = mpsc::unbounded_channel();
         let (stop_tx, stop_rx) = mpsc::unbounded_channel();
+        let cfg_active = cfg.active;
         Ok(Coordinator {
             cfg,
             ctl,
@@ -309,6 +323,8 @@ impl Coordinator {
             liveness,
             silent_rx,
             lost_node: None,
+            slots: (0..cfg_active).collect(),
+            dead: Vec::new(),
         })
     }
 
@@ -388,9 +404,25 @@ impl Coordinator {
         }
     }
 
+    /// Hot spares: some nodes wait as standbys.
+    fn spares(&self) -> bool {
+        self.cfg.active < self.cfg.nnodes
+    }
+
+    /// This node plays a slot in the current cycle (a standby does not report the cycle's end,
+    /// timeouts or steps).
+    fn in_slots(&self) -> bool {
+        self.slots.contains(&self.cfg.node_rank)
+    }
+
     async fn request(&mut self, req: JobRequest) -> Result<(), vigil_store::StoreError> {
-        let n = self.cfg.nnodes as i64;
+        // What every active node reports (done, timeouts, stop steps) is counted over the slots.
+        let n = self.slots.len() as i64;
         match req {
+            JobRequest::ShareTimeouts { .. }
+            | JobRequest::StopSteps { .. }
+            | JobRequest::ReportDone { .. }
+                if !self.in_slots() => {}
             JobRequest::Join { cycle, calculated } => {
                 self.cycle = cycle;
                 if let Some(t) = self.timeouts_task.take() {
@@ -418,7 +450,14 @@ impl Coordinator {
                 self.ctl
                     .set(&key::join(cycle, self.cfg.node_rank), &to_json(&info))
                     .await?;
-                if self.ctl.add(&key::joined(cycle), 1).await? == n {
+                let members = if self.spares() && self.ctl.check(&[&key::members(cycle)]).await? {
+                    String::from_utf8_lossy(&self.ctl.get(&key::members(cycle)).await?)
+                        .parse::<i64>()
+                        .unwrap_or(self.cfg.nnodes as i64)
+                } else {
+                    self.cfg.nnodes as i64
+                };
+                if self.ctl.add(&key::joined(cycle), 1).await? == members {
                     self.ctl.set(&key::all(cycle), b"").await?;
                 }
                 if self.head.is_some() {
@@ -501,7 +540,7 @@ impl Coordinator {
         &mut self,
         key: impl Fn(u32) -> String,
     ) -> Result<Vec<T>, vigil_store::StoreError> {
-        let keys: Vec<String> = (0..self.cfg.nnodes).map(key).collect();
+        let keys: Vec<String> = self.slots.iter().map(|n| key(*n)).collect();
         let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
         Ok(self
             .ctl
@@ -597,19 +636,66 @@ impl Coordinator {
                 if c > 0 {
                     head.keys.clear_prefix(&key::cycle_prefix_raw(c - 1));
                 }
-                let keys: Vec<String> = (0..self.cfg.nnodes).map(|i| key::join(c, i)).collect();
+                let members: Vec<u32> = (0..self.cfg.nnodes)
+                    .filter(|n| !self.dead.contains(n))
+                    .collect();
+                let keys: Vec<String> = members.iter().map(|i| key::join(c, *i)).collect();
                 let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
                 let mut nodes = Vec::with_capacity(keys.len());
-                for (i, v) in self.ctl.multi_get(&refs).await?.into_iter().enumerate() {
+                let mut joined = std::collections::BTreeMap::new();
+                for (i, v) in members.iter().zip(self.ctl.multi_get(&refs).await?) {
                     match serde_json::from_slice::<NodeInfo>(&v) {
-                        Ok(info) => nodes.push(info),
+                        Ok(info) => {
+                            joined.insert(*i, info.clone());
+                            nodes.push(info);
+                        }
                         Err(e) => {
                             self.fail(format!("node {i} joined attempt {c} with an unreadable record ({e}); every node must run the same vigil version"));
                             return Ok(());
                         }
                     }
                 }
-                let go = assign(c, &nodes, self.cfg.max_restarts, self.calculated.clone());
+                let go = if self.spares() {
+                    // The lost nodes' slots go to standbys (healthy first, then the closest).
+                    let lost: Vec<(u32, Option<String>)> = self
+                        .slots
+                        .iter()
+                        .filter(|n| self.dead.contains(n))
+                        .map(|n| (*n, None))
+                        .collect();
+                    let standbys: Vec<crate::job::spares::Standby> = members
+                        .iter()
+                        .filter(|n| !self.slots.contains(n))
+                        .map(|n| crate::job::spares::Standby {
+                            node: *n,
+                            healthy: true,
+                            topology: None,
+                        })
+                        .collect();
+                    let refilled = crate::job::spares::refill(&self.slots, &lost, &standbys, None)
+                        .ok()
+                        .and_then(|(slots, _)| {
+                            assign_slots(
+                                c,
+                                &slots,
+                                &joined,
+                                self.cfg.max_restarts,
+                                self.calculated.clone(),
+                            )
+                        });
+                    match refilled {
+                        Some(go) => go,
+                        None => {
+                            self.fail(format!(
+                                "attempt {c}: no standby left to take the place of lost node(s) {:?}",
+                                self.dead
+                            ));
+                            return Ok(());
+                        }
+                    }
+                } else {
+                    assign(c, &nodes, self.cfg.max_restarts, self.calculated.clone())
+                };
                 let mine = to_json(&Verdict::Go(go));
                 let v = self.ctl.compare_set(&key::go(c), b"", &mine).await?;
                 self.verdict(c, &v);
@@ -633,7 +719,20 @@ impl Coordinator {
     fn verdict(&mut self, c: u32, value: &[u8]) {
         match serde_json::from_slice::<Verdict>(value) {
             Ok(Verdict::Go(go)) => {
-                let Some(&rank_offset) = go.offsets.get(self.cfg.node_rank as usize) else {
+                self.slots = if go.slots.is_empty() {
+                    (0..go.offsets.len() as u32).collect()
+                } else {
+                    go.slots.clone()
+                };
+                if self.spares() && go.slot_of(self.cfg.node_rank).is_none() {
+                    // A standby: no ranks; it follows the cycle to its end like everyone.
+                    self.stage = Stage::Running(c);
+                    self.wait_for(key::end(c), Duration::MAX);
+                    self.send(FromCoord::Standby { cycle: c });
+                    return;
+                }
+                let slot = go.slot_of(self.cfg.node_rank).unwrap_or(self.cfg.node_rank);
+                let Some(&rank_offset) = go.offsets.get(slot as usize) else {
                     self.fail(format!(
                         "attempt {c} was assigned for {} nodes, but this is node rank {}; every node must use the same --nnodes",
                         go.offsets.len(),
@@ -645,6 +744,7 @@ impl Coordinator {
                 self.wait_for(key::end(c), Duration::MAX);
                 self.send(FromCoord::Joined {
                     cycle: c,
+                    group_rank: slot,
                     rank_offset,
                     world_size: go.world_size,
                     max_restarts: go.max_restarts,
@@ -697,13 +797,55 @@ impl Coordinator {
         reason: String,
         node: Option<u32>,
     ) -> Result<(), vigil_store::StoreError> {
-        if self.lost.is_some() {
+        if self.lost.is_some() || node.is_some_and(|n| self.dead.contains(&n)) {
             return Ok(());
+        }
+        if let Some(k) = node.filter(|_| self.spares()) {
+            let standbys_left = (0..self.cfg.nnodes)
+                .filter(|n| *n != k && !self.dead.contains(n) && !self.slots.contains(n))
+                .count();
+            if !self.slots.contains(&k) || standbys_left > 0 {
+                return self.lose_to_a_standby(k, reason).await;
+            }
         }
         self.lost = Some(reason.clone());
         self.lost_node = node;
         self.poison(self.cycle, &JobEnd::Lost { reason, node })
             .await
+    }
+
+    /// Node rank 0, hot spares: node `k` is gone, and a standby can take its slot (or it was a
+    /// standby). It is never a member again; an attempt it ran in ends as a failure of that node,
+    /// so every node restarts, and the next `go` gives its slot to a standby.
+    async fn lose_to_a_standby(
+        &mut self,
+        k: u32,
+        reason: String,
+    ) -> Result<(), vigil_store::StoreError> {
+        self.dead.push(k);
+        let members = (self.cfg.nnodes as usize - self.dead.len()).to_string();
+        for c in [self.cycle, self.cycle + 1] {
+            self.ctl.set(&key::members(c), members.as_bytes()).await?;
+        }
+        match self.stage {
+            // Joining: the rendezvous completes without it.
+            Stage::WaitAll(c) => {
+                let joined = String::from_utf8_lossy(&self.ctl.get(&key::joined(c)).await?)
+                    .parse::<usize>()
+                    .unwrap_or(0);
+                if joined >= self.cfg.nnodes as usize - self.dead.len() {
+                    self.ctl.set(&key::all(c), b"").await?;
+                }
+            }
+            Stage::Running(c) if self.slots.contains(&k) => {
+                let end = JobEnd::Failed { node: k, reason };
+                self.ctl
+                    .compare_set(&key::end(c), b"", &to_json(&end))
+                    .await?;
+            }
+            _ => {}
+        }
+        Ok(())
     }
 
     async fn leave(&mut self, poison: Option<(u32, JobEnd)>) {

@@ -97,6 +97,10 @@ pub mod key {
     pub fn stop_step(c: u32) -> String {
         format!("vigil/c{c}/stop/step")
     }
+    /// How many agents join cycle `c` (hot spares: fewer once nodes were lost); absent: all.
+    pub fn members(c: u32) -> String {
+        format!("vigil/c{c}/members")
+    }
     /// Node `node`'s latest straggler summary (JSON), overwritten as it changes; not per cycle.
     pub fn perf(node: u32) -> String {
         format!("vigil/perf/{node}")

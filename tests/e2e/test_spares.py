@@ -1,0 +1,64 @@
+"""Hot spares (issue 13, work in progress): a standby agent takes a lost node's place in the same
+allocation, keeping every rank's number, without a requeue."""
+import json
+import os
+import signal
+
+from harness import base_env, events, of, start_vigil, wait_for, write
+from test_multinode import free_port
+
+TRAIN = """
+import json, os, sys, time, pathlib, vigil
+out = pathlib.Path(os.environ["OUT_DIR"])
+rank, attempt = int(os.environ["RANK"]), int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+ckpt = out / f"ckpt_{rank}"
+start = int(ckpt.read_text()) + 1 if ckpt.exists() else 0
+(out / f"seen_{attempt}_{rank}.json").write_text(json.dumps({
+    "node": os.environ["NODE_ID"], "group_rank": os.environ["GROUP_RANK"],
+    "world": os.environ["WORLD_SIZE"], "start": start, "pid": os.getpid()}))
+for step in range(start, int(sys.argv[1])):
+    time.sleep(0.05)
+    tmp = out / f"ckpt_{rank}.tmp"
+    tmp.write_text(str(step))
+    os.replace(tmp, ckpt)
+    vigil.heartbeat(step)
+"""
+
+
+def test_a_standby_takes_a_lost_nodes_place_and_the_job_completes(job):
+    write(job / "train.py", TRAIN)
+    port = free_port()
+    procs = []
+    for i in range(3):
+        (job / f"node{i}").mkdir()
+        args = ["run", "--nnodes", "2:3", "--node-rank", str(i), "--master-addr", "127.0.0.1",
+                "--master-port", str(port), "--nproc-per-node", "2", "--max-restarts", "2",
+                "--log-dir", str(job / f"node{i}"), "train.py", "120"]
+        procs.append(start_vigil(args, cwd=job, env=base_env(OUT_DIR=job, NODE_ID=str(i))))
+    try:
+        wait_for(lambda: all((job / f"seen_0_{r}.json").exists() for r in range(4)), timeout=60,
+                 what="attempt 0's ranks")
+        seen0 = {r: json.loads((job / f"seen_0_{r}.json").read_text()) for r in range(4)}
+        assert {r: s["node"] for r, s in seen0.items()} == {0: "0", 1: "0", 2: "1", 3: "1"}, seen0
+        wait_for(lambda: (job / "ckpt_3").exists() and int((job / "ckpt_3").read_text()) >= 10,
+                 what="progress")
+        procs[1].send_signal(signal.SIGKILL)
+        procs[1].communicate()
+        res = [p.communicate(timeout=120) for p in (procs[0], procs[2])]
+        codes = [procs[0].returncode, procs[2].returncode]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    assert codes == [0, 0], [r[1][-2000:] for r in res]
+    seen1 = {r: json.loads((job / f"seen_1_{r}.json").read_text()) for r in range(4)}
+    # The standby (node 2) plays node 1's slot: the same global ranks, GROUP_RANK and world.
+    assert {r: s["node"] for r, s in seen1.items()} == {0: "0", 1: "0", 2: "2", 3: "2"}, seen1
+    assert [seen1[r]["group_rank"] for r in range(4)] == ["0", "0", "1", "1"]
+    assert {s["world"] for s in seen1.values()} == {"4"}
+    # Its ranks went on from the checkpoint node 1's ranks saved before the loss.
+    assert seen1[3]["start"] > 10, seen1
+    ev2 = events(job / "node2")
+    assert of(ev2, "standby") and of(ev2, "joined"), [e["event"] for e in ev2]
+    assert all(int((job / f"ckpt_{r}").read_text()) == 119 for r in range(4))
