@@ -61,6 +61,7 @@ async fn one_round(n: u32) -> (Duration, Duration, Duration) {
         let cfg = CoordConfig {
             nnodes: n,
             active: n,
+            topology: None,
             node_rank: node,
             nproc: 8,
             store: addr,

@@ -59,6 +59,8 @@ def test_a_standby_takes_a_lost_nodes_place_and_the_job_completes(job):
     assert {s["world"] for s in seen1.values()} == {"4"}
     # Its ranks went on from the checkpoint node 1's ranks saved before the loss.
     assert seen1[3]["start"] > 10, seen1
+    promos = of(events(job / "node0"), "promotion")
+    assert [(p["cycle"], p["slot"], p["lost"], p["standby"]) for p in promos] == [(1, 1, 1, 2)], promos
     ev2 = events(job / "node2")
     assert of(ev2, "standby") and of(ev2, "joined"), [e["event"] for e in ev2]
     assert all(int((job / f"ckpt_{r}").read_text()) == 119 for r in range(4))

@@ -265,6 +265,9 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
     let coord_cfg = CoordConfig {
         nnodes: cfg.nnodes,
         active: cfg.active_nodes,
+        topology: std::env::var("SLURM_TOPOLOGY_ADDR")
+            .ok()
+            .filter(|t| !t.trim().is_empty()),
         node_rank: cfg.node_rank,
         nproc: cfg.nproc,
         store: store.client_addr,
@@ -461,6 +464,18 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
                 }
                 FromCoord::StopAsked { cycle, trigger } => {
                     agent.queue.push_back(Event::StopAsked { cycle, trigger });
+                }
+                FromCoord::Promoted { cycle, promotions } => {
+                    for p in promotions {
+                        console_note(&format!(
+                            "attempt {cycle}: standby node {} takes the place of lost node {} (group rank {})",
+                            p.standby, p.lost, p.slot
+                        ));
+                        agent.events.write_value(serde_json::json!({
+                            "event": "promotion", "cycle": cycle, "slot": p.slot,
+                            "lost": p.lost, "standby": p.standby,
+                        }));
+                    }
                 }
                 FromCoord::Standby { cycle } => {
                     agent.queue.push_back(Event::Standby { cycle });

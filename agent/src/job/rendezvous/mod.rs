@@ -75,6 +75,11 @@ pub enum FromCoord {
     Standby {
         cycle: u32,
     },
+    /// Node rank 0: standbys took lost nodes' slots for `cycle`.
+    Promoted {
+        cycle: u32,
+        promotions: Vec<crate::job::spares::Promotion>,
+    },
     /// The job's stop step.
     StopStep {
         cycle: u32,
@@ -92,6 +97,8 @@ pub struct CoordConfig {
     pub nnodes: u32,
     /// The nodes that run ranks (slots); `nnodes - active` start as standbys.
     pub active: u32,
+    /// `SLURM_TOPOLOGY_ADDR`, when Slurm knows the network's topology.
+    pub topology: Option<String>,
     pub node_rank: u32,
     /// This node's ranks per attempt.
     pub nproc: u32,
@@ -211,6 +218,8 @@ struct Coordinator {
     slots: Vec<u32>,
     /// Node rank 0: nodes lost while standbys could take their place; never members again.
     dead: Vec<u32>,
+    /// Node rank 0: every member's last join record (a lost node's topology is read from it).
+    infos: std::collections::BTreeMap<u32, NodeInfo>,
 }
 
 impl Drop for Coordinator {
@@ -325,6 +334,7 @@ impl Coordinator {
             lost_node: None,
             slots: (0..cfg_active).collect(),
             dead: Vec::new(),
+            infos: Default::default(),
         })
     }
 
@@ -443,6 +453,7 @@ impl Coordinator {
                     return Ok(());
                 }
                 let info = NodeInfo {
+                    topology: self.cfg.topology.clone(),
                     nproc: self.cfg.nproc,
                     host: self.cfg.host.clone(),
                     pid: std::process::id(),
@@ -657,11 +668,12 @@ impl Coordinator {
                 }
                 let go = if self.spares() {
                     // The lost nodes' slots go to standbys (healthy first, then the closest).
+                    self.infos.extend(joined.clone());
                     let lost: Vec<(u32, Option<String>)> = self
                         .slots
                         .iter()
                         .filter(|n| self.dead.contains(n))
-                        .map(|n| (*n, None))
+                        .map(|n| (*n, self.infos.get(n).and_then(|i| i.topology.clone())))
                         .collect();
                     let standbys: Vec<crate::job::spares::Standby> = members
                         .iter()
@@ -669,12 +681,12 @@ impl Coordinator {
                         .map(|n| crate::job::spares::Standby {
                             node: *n,
                             healthy: true,
-                            topology: None,
+                            topology: joined.get(n).and_then(|i| i.topology.clone()),
                         })
                         .collect();
                     let refilled = crate::job::spares::refill(&self.slots, &lost, &standbys, None)
                         .ok()
-                        .and_then(|(slots, _)| {
+                        .and_then(|(slots, promotions)| {
                             assign_slots(
                                 c,
                                 &slots,
@@ -682,9 +694,18 @@ impl Coordinator {
                                 self.cfg.max_restarts,
                                 self.calculated.clone(),
                             )
+                            .map(|go| (go, promotions))
                         });
                     match refilled {
-                        Some(go) => go,
+                        Some((go, promotions)) => {
+                            if !promotions.is_empty() {
+                                self.send(FromCoord::Promoted {
+                                    cycle: c,
+                                    promotions,
+                                });
+                            }
+                            go
+                        }
                         None => {
                             self.fail(format!(
                                 "attempt {c}: no standby left to take the place of lost node(s) {:?}",
@@ -896,6 +917,7 @@ mod tests {
 
     fn node(nproc: u32) -> NodeInfo {
         NodeInfo {
+            topology: None,
             nproc,
             host: "h".into(),
             pid: 1,

@@ -14,6 +14,10 @@ pub struct NodeInfo {
     pub nproc: u32,
     pub host: String,
     pub pid: u32,
+    /// Where the node sits in the network (`SLURM_TOPOLOGY_ADDR`): a standby close to a lost node
+    /// takes its place first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology: Option<String>,
 }
 
 /// The rendezvous' answer for one cycle: start, with these ranks.
@@ -197,6 +201,7 @@ mod slot_tests {
             nproc,
             host: "h".into(),
             pid: 1,
+            topology: None,
         }
     }
 
