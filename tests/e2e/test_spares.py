@@ -64,3 +64,26 @@ def test_a_standby_takes_a_lost_nodes_place_and_the_job_completes(job):
     ev2 = events(job / "node2")
     assert of(ev2, "standby") and of(ev2, "joined"), [e["event"] for e in ev2]
     assert all(int((job / f"ckpt_{r}").read_text()) == 119 for r in range(4))
+
+
+def test_a_node_that_fails_its_health_check_runs_no_ranks_and_a_standby_plays_its_part(job):
+    from fakes.nvml import gpu, nvml_env, write_nvml
+    write(job / "train.py", TRAIN)
+    port = free_port()
+    fakes = [write_nvml(job / f"nvml{i}.json", [gpu(0, ecc_uncorrected_volatile=2 if i == 1 else 0)])
+             for i in range(3)]
+    procs = []
+    for i in range(3):
+        (job / f"node{i}").mkdir()
+        args = ["run", "--nnodes", "2:3", "--node-rank", str(i), "--master-addr", "127.0.0.1",
+                "--master-port", str(port), "--nproc-per-node", "2", "--health-check",
+                "--log-dir", str(job / f"node{i}"), "train.py", "20"]
+        env = nvml_env(base_env(OUT_DIR=job, NODE_ID=str(i)), fakes[i])
+        procs.append(start_vigil(args, cwd=job, env=env))
+    res = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], [r[1][-2000:] for r in res]
+    seen = {r: json.loads((job / f"seen_0_{r}.json").read_text()) for r in range(4)}
+    # Node 1 failed its check (ECC): node 2 ran group rank 1 from the first attempt.
+    assert {r: s["node"] for r, s in seen.items()} == {0: "0", 1: "0", 2: "2", 3: "2"}, seen
+    assert not of(events(job / "node1"), "rank_started")
+    assert of(events(job / "node1"), "standby")

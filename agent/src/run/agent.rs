@@ -166,7 +166,15 @@ impl Agent {
                     if gate::wanted(&self.cfg.gpu, cycle) =>
                 {
                     let (nproc, node) = (self.cfg.nproc, self.cfg.node_rank);
-                    gate::start(self.cfg.gpu.clone(), nproc, node, req, self.gate_tx.clone());
+                    let spares = self.cfg.active_nodes < self.cfg.nnodes;
+                    gate::start(
+                        self.cfg.gpu.clone(),
+                        nproc,
+                        node,
+                        spares,
+                        req,
+                        self.gate_tx.clone(),
+                    );
                 }
                 Action::Job(req) => {
                     let _ = self.coord.send(req);

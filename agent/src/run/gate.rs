@@ -14,6 +14,9 @@ pub(super) enum GateOut {
     Join(JobRequest),
     /// The node failed its health check: the supervisor ends asking to requeue without it.
     Unfit(String),
+    /// Hot spares: the health check's verdict, for the join record (an unfit node stays a
+    /// member, never given ranks, instead of ending the job).
+    Health(bool),
 }
 
 /// Whether joining cycle `cycle` waits for the gate at all.
@@ -25,6 +28,7 @@ pub(super) fn start(
     g: GpuConfig,
     nproc: u32,
     node_rank: u32,
+    spares: bool,
     req: JobRequest,
     tx: mpsc::UnboundedSender<GateOut>,
 ) {
@@ -62,6 +66,16 @@ pub(super) fn start(
             let mut v = report.to_json();
             v["event"] = "health_check".into();
             v["cycle"] = cycle.into();
+            if spares {
+                let line = (!report.healthy()).then(|| format!(
+                    "node {node_rank} failed its health check before attempt {cycle} ({}); with standbys in the job it runs no ranks until it passes",
+                    report.failures()
+                ));
+                let _ = tx.send(GateOut::Record(v, line));
+                let _ = tx.send(GateOut::Health(report.healthy()));
+                let _ = tx.send(GateOut::Join(req));
+                return;
+            }
             if !report.healthy() {
                 let reason = format!(
                     "node {node_rank} failed its health check before attempt {cycle} ({}); requeue without this node",
@@ -137,6 +151,10 @@ impl Agent {
             }
             GateOut::Join(req) => {
                 let _ = self.coord.send(req);
+                None
+            }
+            GateOut::Health(healthy) => {
+                let _ = self.coord.send(JobRequest::Health { healthy });
                 None
             }
             GateOut::Unfit(reason) => Some(Event::NodeFault {

@@ -422,6 +422,9 @@ pub enum JobRequest {
         cycle: u32,
         calculated: Option<Timeouts>,
     },
+    /// From the checks before a rendezvous, with standbys in the job (hot spares): whether this
+    /// node may be given ranks. An unfit node stays a member and is never given a slot.
+    Health { healthy: bool },
     /// Tell the other nodes this cycle failed or stopped here (the first report of a cycle wins);
     /// the verdict comes back as `CycleEnded`.
     ReportEnd { cycle: u32, end: JobEnd },

@@ -220,6 +220,8 @@ struct Coordinator {
     dead: Vec<u32>,
     /// Node rank 0: every member's last join record (a lost node's topology is read from it).
     infos: std::collections::BTreeMap<u32, NodeInfo>,
+    /// This node's last health check before a rendezvous (hot spares).
+    healthy: Option<bool>,
 }
 
 impl Drop for Coordinator {
@@ -335,6 +337,7 @@ impl Coordinator {
             slots: (0..cfg_active).collect(),
             dead: Vec::new(),
             infos: Default::default(),
+            healthy: None,
         })
     }
 
@@ -454,6 +457,7 @@ impl Coordinator {
                 }
                 let info = NodeInfo {
                     topology: self.cfg.topology.clone(),
+                    healthy: self.healthy,
                     nproc: self.cfg.nproc,
                     host: self.cfg.host.clone(),
                     pid: std::process::id(),
@@ -480,6 +484,7 @@ impl Coordinator {
                     self.wait_for(key::go(cycle), self.cfg.join_timeout);
                 }
             }
+            JobRequest::Health { healthy } => self.healthy = Some(healthy),
             JobRequest::ReportEnd { cycle, end } => {
                 self.ctl
                     .compare_set(&key::end(cycle), b"", &to_json(&end))
@@ -669,10 +674,12 @@ impl Coordinator {
                 let go = if self.spares() {
                     // The lost nodes' slots go to standbys (healthy first, then the closest).
                     self.infos.extend(joined.clone());
+                    // Lost, or unfit by their last health check: a healthy standby plays it.
+                    let unfit = |n: &u32| joined.get(n).and_then(|i| i.healthy) == Some(false);
                     let lost: Vec<(u32, Option<String>)> = self
                         .slots
                         .iter()
-                        .filter(|n| self.dead.contains(n))
+                        .filter(|n| self.dead.contains(n) || unfit(n))
                         .map(|n| (*n, self.infos.get(n).and_then(|i| i.topology.clone())))
                         .collect();
                     let standbys: Vec<crate::job::spares::Standby> = members
@@ -680,7 +687,7 @@ impl Coordinator {
                         .filter(|n| !self.slots.contains(n))
                         .map(|n| crate::job::spares::Standby {
                             node: *n,
-                            healthy: true,
+                            healthy: !unfit(n),
                             topology: joined.get(n).and_then(|i| i.topology.clone()),
                         })
                         .collect();
@@ -918,6 +925,7 @@ mod tests {
     fn node(nproc: u32) -> NodeInfo {
         NodeInfo {
             topology: None,
+            healthy: None,
             nproc,
             host: "h".into(),
             pid: 1,

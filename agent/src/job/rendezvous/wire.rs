@@ -18,6 +18,9 @@ pub struct NodeInfo {
     /// takes its place first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub topology: Option<String>,
+    /// Hot spares: whether it passed its health check before this rendezvous (`None`: no check).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub healthy: Option<bool>,
 }
 
 /// The rendezvous' answer for one cycle: start, with these ranks.
@@ -202,6 +205,7 @@ mod slot_tests {
             host: "h".into(),
             pid: 1,
             topology: None,
+            healthy: None,
         }
     }
 
