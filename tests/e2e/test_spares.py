@@ -33,7 +33,7 @@ def test_a_standby_takes_a_lost_nodes_place_and_the_job_completes(job):
         (job / f"node{i}").mkdir()
         args = ["run", "--nnodes", "2:3", "--node-rank", str(i), "--master-addr", "127.0.0.1",
                 "--master-port", str(port), "--nproc-per-node", "2", "--max-restarts", "2",
-                "--log-dir", str(job / f"node{i}"), "train.py", "120"]
+                "--rdzv-id", "sp", "--log-dir", str(job / f"node{i}"), "train.py", "120"]
         procs.append(start_vigil(args, cwd=job, env=base_env(OUT_DIR=job, NODE_ID=str(i))))
     try:
         wait_for(lambda: all((job / f"seen_0_{r}.json").exists() for r in range(4)), timeout=60,
@@ -61,6 +61,10 @@ def test_a_standby_takes_a_lost_nodes_place_and_the_job_completes(job):
     assert seen1[3]["start"] > 10, seen1
     promos = of(events(job / "node0"), "promotion")
     assert [(p["cycle"], p["slot"], p["lost"], p["standby"]) for p in promos] == [(1, 1, 1, 2)], promos
+    # The ledger keeps the promotion, and the allocation finished: nothing to requeue.
+    (rec,) = [json.loads(l) for l in (job / "node0" / "vigil-job-sp" / "ledger.jsonl").read_text().splitlines()]
+    assert rec["decision"] == "finished" and rec["restarts"] == 1, rec
+    assert rec["promotions"] == [{"cycle": 1, "slot": 1, "lost": 1, "standby": 2}], rec
     ev2 = events(job / "node2")
     assert of(ev2, "standby") and of(ev2, "joined"), [e["event"] for e in ev2]
     assert all(int((job / f"ckpt_{r}").read_text()) == 119 for r in range(4))

@@ -94,6 +94,18 @@ pub struct Record {
     pub excluded: Vec<String>,
     pub stop_lead_s: f64,
     pub exit_status: i32,
+    /// Standbys that took lost or unfit nodes' places during the allocation (hot spares).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub promotions: Vec<Promotion>,
+}
+
+/// One promotion: in attempt `cycle`, node `standby` played group rank `slot` instead of `lost`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Promotion {
+    pub cycle: u32,
+    pub slot: u32,
+    pub lost: u32,
+    pub standby: u32,
 }
 
 /// Appends `rec` as one line to `<dir>/ledger.jsonl` (created with the directory), and syncs it.
@@ -472,6 +484,7 @@ mod tests {
 
     fn rec(i: u32) -> Record {
         Record {
+            promotions: Vec::new(),
             format: FORMAT,
             allocation: i,
             job_id: Some("4242".into()),
@@ -538,6 +551,7 @@ mod tests {
         assert_eq!(v["outcome"], "stopped");
         assert_eq!(v["decision"], "requeue");
         let np = Record {
+            promotions: Vec::new(),
             outcome: Outcome::NoProgress,
             ..rec(1)
         };
@@ -603,6 +617,7 @@ mod tests {
     fn the_table_of_three_allocations() {
         let first = rec(1);
         let second = Record {
+            promotions: Vec::new(),
             outcome: Outcome::Lost,
             highest_step: Some(1480),
             restarts: 1,
@@ -614,6 +629,7 @@ mod tests {
             ..rec(2)
         };
         let third = Record {
+            promotions: Vec::new(),
             nodes: vec!["gpu-a01".into(), "gpu-a03".into(), "gpu-a04".into()],
             outcome: Outcome::Finished,
             highest_step: Some(2500),
@@ -723,6 +739,7 @@ mod tests {
     #[test]
     fn a_long_why_wraps_then_is_shortened_and_nodes_are_counted() {
         let r = Record {
+            promotions: Vec::new(),
             nodes: (1..=64).map(|i| format!("node{i:03}")).collect(),
             why: "no progress: ".to_string() + &"word ".repeat(80) + "\nsecond line",
             ..rec(1)
@@ -813,6 +830,7 @@ mod tests {
             steps in proptest::collection::vec(proptest::option::of(0u64..u64::MAX), 1..5),
         ) {
             let records: Vec<Record> = whys.iter().zip(steps.iter().cycle()).enumerate().map(|(i, (w, s))| Record {
+                promotions: Vec::new(),
                 why: w.clone(), highest_step: *s, ..rec(i as u32 + 1)
             }).collect();
             let table = render_table(&records);

@@ -413,6 +413,7 @@ mod tests {
     fn record(i: u32, f: &Facts, limits: &Limits, history: &[Record]) -> Record {
         let v = decide(f, history, limits);
         Record {
+            promotions: Vec::new(),
             format: FORMAT,
             allocation: i,
             job_id: Some("1".into()),

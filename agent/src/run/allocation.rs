@@ -192,6 +192,8 @@ pub(super) struct Ending<'a> {
     pub lead: Duration,
     /// Nodes to keep out of the next allocation.
     pub blame: Vec<String>,
+    /// Standbys promoted during the allocation (hot spares).
+    pub promotions: Vec<ledger::Promotion>,
 }
 
 /// The ledger's directory for this job.
@@ -292,6 +294,7 @@ pub(super) fn conclude(e: Ending) -> i32 {
         excluded: verdict.decision.exclude().to_vec(),
         stop_lead_s: e.lead.as_secs_f64(),
         exit_status: verdict.exit_status,
+        promotions: e.promotions.clone(),
     };
     if let Err(err) = std::fs::create_dir_all(&dir).and_then(|_| ledger::append(&dir, &rec)) {
         console_note(&format!(

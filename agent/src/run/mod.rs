@@ -112,6 +112,8 @@ struct Agent {
     /// How the last cycle ended, when another node ended it.
     peer_end: Option<JobEnd>,
     steps_log: perf::StepsLog,
+    /// Standbys promoted so far (node rank 0), for the ledger.
+    promotions: Vec<crate::allocation::ledger::Promotion>,
     stragglers: perf::Stragglers,
     /// The node's GPUs, when NVML is there.
     gpus: gpuwatch::GpuWatch,
@@ -326,6 +328,7 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
         leave: None,
         peer_end: None,
         steps_log: Default::default(),
+        promotions: Vec::new(),
         stragglers: perf::Stragglers::new(cfg.straggler.clone(), cfg.nproc),
         gpus: gpuwatch::GpuWatch::start(cfg.gpu.nvml_lib.clone(), gpu_tx),
         share,
@@ -466,6 +469,11 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
                     agent.queue.push_back(Event::StopAsked { cycle, trigger });
                 }
                 FromCoord::Promoted { cycle, promotions } => {
+                    for p in &promotions {
+                        agent.promotions.push(crate::allocation::ledger::Promotion {
+                            cycle, slot: p.slot, lost: p.lost, standby: p.standby,
+                        });
+                    }
                     for p in promotions {
                         console_note(&format!(
                             "attempt {cycle}: standby node {} takes the place of lost node {} (group rank {})",
@@ -634,6 +642,7 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
             sup: &sup,
             started: started_wall,
             lead: endw.lead(&sup),
+            promotions: agent.promotions.clone(),
             blame: {
                 use crate::allocation::blame;
                 let env = |k: &str| std::env::var(k).ok();
