@@ -66,10 +66,10 @@ def two_hosts():
             ip("netns", "del", ns, check=False)
 
 
-def start_in(ns, job, node_rank, head_addr, extra):
+def start_in(ns, job, node_rank, head_addr, extra, nnodes="2"):
     logs = job / f"node{node_rank}" / "logs"
     logs.mkdir(parents=True)
-    args = ["ip", "netns", "exec", ns, vigil_bin(), "run", "--nnodes", "2", "--node-rank", str(node_rank),
+    args = ["ip", "netns", "exec", ns, vigil_bin(), "run", "--nnodes", nnodes, "--node-rank", str(node_rank),
             "--master-addr", head_addr, "--master-port", "29500", "--nproc-per-node", "2",
             "--log-dir", str(logs), *extra]
     return subprocess.Popen(args, cwd=job, env=base_env(OUT_DIR=job), stdout=subprocess.PIPE,
@@ -101,3 +101,43 @@ def test_cutting_a_node_off_ends_the_job_on_both_sides(job, two_hosts):
         assert of(ev, "cycle_ended", cycle=0, end="lost")
         assert ev[-1]["outcome"] == "lost" and not of(ev, "restart")
     wait_for(lambda: not any(pid_alive(p) for p in pids), timeout=30, what="every rank gone")
+
+
+SLOW = """
+import os, pathlib, sys, time, vigil
+out = pathlib.Path(os.environ["OUT_DIR"])
+attempt, rank = os.environ["TORCHELASTIC_RESTART_COUNT"], os.environ["RANK"]
+(out / f"att{attempt}_{rank}").write_text(os.environ["GROUP_RANK"] + " " + str(os.getpid()))
+for step in range(int(sys.argv[1])):
+    time.sleep(0.05)
+    vigil.heartbeat(step)
+"""
+
+
+def test_a_standby_takes_the_place_of_a_node_cut_off(job, two_hosts):
+    # Hot spares: node 1 (host b) is cut off; the standby (node 2, on host a beside the store)
+    # takes its group rank and the job finishes in this allocation.
+    (ns_a, addr_a), (ns_b, _), cut = two_hosts
+    write(job / "slow.py", SLOW)
+    extra = ["--max-restarts", "3", "--node-timeout", "3", "--workers-stop-timeout", "2", "slow.py", "150"]
+    procs = [start_in(ns_a, job, 0, addr_a, extra, "2:3"), start_in(ns_b, job, 1, addr_a, extra, "2:3"),
+             start_in(ns_a, job, 2, addr_a, extra, "2:3")]
+    try:
+        wait_for(lambda: all((job / f"att0_{r}").exists() for r in range(4)), timeout=60,
+                 what="four ranks running")
+        cut()
+        outs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    codes = [p.returncode for p in procs]
+    # The head and the standby finish; the node cut off learns it lost the store.
+    assert codes[0] == 0 and codes[2] == 0, [e[-1500:] for _, e in outs]
+    assert codes[1] == 75, outs[1][1][-1500:]
+    promos = of(events(job / "node0" / "logs"), "promotion")
+    assert [(p["slot"], p["lost"], p["standby"]) for p in promos] == [(1, 1, 2)], promos
+    # Ranks 2 and 3 ran on node 2 in the next attempt, as group rank 1.
+    assert all((job / f"att1_{r}").read_text().split()[0] == "1" for r in (2, 3))
+    assert of(events(job / "node2" / "logs"), "standby", cycle=0)

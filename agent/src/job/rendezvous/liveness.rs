@@ -77,6 +77,11 @@ impl Liveness {
         }
     }
 
+    /// Stops watching `node` (it was reported lost and is never a member again).
+    pub fn forget(&mut self, node: u32) {
+        self.seen.remove(&node);
+    }
+
     /// The first watched thing silent for the timeout, if any. While a read is unanswered, the
     /// counters cannot move: the store is to blame.
     pub fn silent(&self) -> Option<Silent> {
@@ -106,7 +111,7 @@ pub(super) async fn liveness(
     tx: mpsc::UnboundedSender<(String, Option<u32>)>,
 ) {
     let period = liveness_period(cfg.peer_timeout);
-    let watched: Vec<u32> = if cfg.node_rank == 0 {
+    let mut watched: Vec<u32> = if cfg.node_rank == 0 {
         (1..cfg.nnodes).collect()
     } else {
         vec![0]
@@ -144,7 +149,16 @@ pub(super) async fn liveness(
                         Silent::Store(_) => None,
                     };
                     let _ = tx.send((why, node));
-                    return;
+                    match s {
+                        // Node rank 0 goes on watching the others (and renewing its own counter,
+                        // which every other agent watches): with standbys the job outlives a node.
+                        Silent::Node(n, _) if cfg.node_rank == 0 => {
+                            live.forget(n);
+                            watched.retain(|w| *w != n);
+                            continue;
+                        }
+                        _ => return,
+                    }
                 }
                 if let Some(mut c) = client.take() {
                     live.asked();
