@@ -78,8 +78,10 @@ atomic_write(run, rec)
 NPROC = 2
 
 
-def submit(d: Path, nodes: int, env: dict, vigil_flags: str = "", sbatch_opts: str = "") -> int:
-    """Submits `srun vigil run` of TRAIN on `nodes` nodes, NPROC ranks each, no in-job restarts."""
+def submit(d: Path, nodes: int, env: dict, vigil_flags: str = "", sbatch_opts: str = "",
+           max_restarts: int = 0) -> int:
+    """Submits `srun vigil run` of TRAIN on `nodes` nodes, NPROC ranks each, no in-job restarts
+    unless `max_restarts` says."""
     d.mkdir(parents=True, exist_ok=True)
     (d / "train.py").write_text(TRAIN)
     exports = " ".join(f"{k}={v}" for k, v in {"PYTHON_EXEC": sys.executable, "PYTHONPATH": SHIM, "OUT_DIR": d,
@@ -88,7 +90,7 @@ def submit(d: Path, nodes: int, env: dict, vigil_flags: str = "", sbatch_opts: s
         f"""#!/bin/bash
 #SBATCH -N {nodes} --ntasks-per-node=1 --open-mode=append {sbatch_opts}
 export {exports}
-srun {vigil_bin()} run --nproc-per-node {NPROC} --max-restarts 0 --workers-stop-timeout 5 \\
+srun {vigil_bin()} run --nproc-per-node {NPROC} --max-restarts {max_restarts} --workers-stop-timeout 5 \\
     --log-dir {d}/logs --state-dir {d}/state {vigil_flags} train.py
 """,
         d,
@@ -349,3 +351,29 @@ def test_a_job_submitted_with_no_requeue_stops_at_one_step_and_says_it_cannot_be
     assert lines, out
     (record,) = ledger(tmp_path)
     assert record["outcome"] == "stopped" and "no-requeue" in record["why"], record
+
+
+def test_a_spare_node_takes_a_lost_nodes_place_without_a_requeue(slurm_cluster, tmp_path):
+    # Hot spares: 3 nodes, one of them a standby. The agent of node rank 1 (n2) dies; the standby
+    # (n3) takes its group rank in the same allocation, from the last checkpoint.
+    total, world = 300, 2 * NPROC
+    job_id = submit(tmp_path, 3, {"TOTAL_STEPS": total, "CKPT_EVERY": 10}, "--spare-nodes 1",
+                    max_restarts=2)
+    wait_progress(tmp_path, job_id, world, 30)
+    rs = runs(tmp_path)
+    assert {rs[(r, 0, 0)]["node"] for r in range(NPROC, world)} == {"n2"}, rs
+    os.kill(agent_pid(job_id, "n2"), signal.SIGKILL)
+    info = wait_job(job_id, timeout=300)
+    out = output(tmp_path, job_id)
+    # Not requeued: the job finished in its first allocation. (srun's own status counts the agent
+    # that was killed, so Slurm may call the job FAILED: vigil's ledger says what happened.)
+    assert info["Restarts"] == "0", f"{info}\n{out}"
+    assert "every rank on all 3 nodes finished successfully" in out, out
+    rs = runs(tmp_path)
+    for rank in range(world):
+        again = rs[(rank, 0, 1)]
+        assert again["node"] == ("n1" if rank < NPROC else "n3"), again
+        assert again["resumed_from"] > 0 and again["end"] == "finished", again
+    (record,) = ledger(tmp_path, job_id)
+    assert record["decision"] == "finished" and record["restarts"] == 1, record
+    assert record["promotions"] == [{"cycle": 1, "slot": 1, "lost": 1, "standby": 2}], record
