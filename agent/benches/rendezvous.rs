@@ -37,13 +37,23 @@ struct Agent {
 }
 
 async fn expect_joined(a: &mut Agent, cycle: u32) {
-    match a.rx.recv().await {
-        Some(FromCoord::Joined { cycle: c, .. }) if c == cycle => {}
-        other => panic!("expected Joined({cycle}), got {other:?}"),
+    loop {
+        match a.rx.recv().await {
+            Some(FromCoord::Joined { cycle: c, .. }) | Some(FromCoord::Standby { cycle: c })
+                if c == cycle =>
+            {
+                return
+            }
+            Some(FromCoord::Promoted { .. }) => {}
+            other => panic!("expected Joined({cycle}), got {other:?}"),
+        }
     }
 }
 
-async fn one_round(n: u32) -> (Duration, Duration, Duration) {
+/// `spares` of the `n` agents wait as standbys; `promotion` (with spares) is from an active
+/// agent's death (its connections drop, as at a SIGKILL) to every other agent holding its
+/// assignment for attempt 1, a standby in the dead agent's slot.
+async fn one_round(n: u32, spares: u32) -> (Duration, Duration, Duration) {
     // Hosted as the agent hosts it: a thread and runtime of its own.
     let (addr, keys, leases) = vigil::run::host_store(
         "127.0.0.1:0".parse().unwrap(),
@@ -60,8 +70,9 @@ async fn one_round(n: u32) -> (Duration, Duration, Duration) {
     for node in 0..n {
         let cfg = CoordConfig {
             nnodes: n,
-            active: n,
+            active: n - spares,
             topology: None,
+            segment: None,
             node_rank: node,
             nproc: 8,
             store: addr,
@@ -98,16 +109,23 @@ async fn one_round(n: u32) -> (Duration, Duration, Duration) {
     }
     let join0 = t1.elapsed();
     let t2 = Instant::now();
-    agents[n as usize - 1]
-        .tx
-        .send(JobRequest::ReportEnd {
-            cycle: 0,
-            end: JobEnd::Failed {
-                node: n - 1,
-                reason: "bench".into(),
-            },
-        })
-        .unwrap();
+    if spares > 0 {
+        // Node 1 dies: its coordination task and with it its connections are gone.
+        let dead = agents.remove(1);
+        dead.task.abort();
+        let _ = dead.task.await;
+    } else {
+        agents[n as usize - 1]
+            .tx
+            .send(JobRequest::ReportEnd {
+                cycle: 0,
+                end: JobEnd::Failed {
+                    node: n - 1,
+                    reason: "bench".into(),
+                },
+            })
+            .unwrap();
+    }
     for a in agents.iter_mut() {
         match a.rx.recv().await {
             Some(FromCoord::CycleEnded { cycle: 0, .. }) => {}
@@ -137,20 +155,27 @@ fn main() {
         .find(|a| !a.starts_with('-'))
         .map(|s| s.split(',').filter_map(|x| x.parse().ok()).collect())
         .unwrap_or_else(|| vec![1, 16, 128, 512, 1024]);
-    println!("| agents | connect + claim | join attempt 0 | failure to all rejoined (attempt 1) |");
-    println!("|---|---|---|---|");
+    println!("| agents | standbys | connect + claim | join attempt 0 | failure (standbys: an active agent's death) to all rejoined (attempt 1) |");
+    println!("|---|---|---|---|---|");
     for n in sizes {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        let local = tokio::task::LocalSet::new();
-        let (c, j, r) = local.block_on(&rt, one_round(n));
-        println!(
-            "| {n} | {:.1} ms | {:.1} ms | {:.1} ms |",
-            c.as_secs_f64() * 1e3,
-            j.as_secs_f64() * 1e3,
-            r.as_secs_f64() * 1e3
-        );
+        // Without standbys, and (from 2 agents) with 1/16 of them as standbys, at least one.
+        let mut cases = vec![0];
+        if n >= 3 {
+            cases.push((n / 16).max(1));
+        }
+        for spares in cases {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            let local = tokio::task::LocalSet::new();
+            let (c, j, r) = local.block_on(&rt, one_round(n, spares));
+            println!(
+                "| {n} | {spares} | {:.1} ms | {:.1} ms | {:.1} ms |",
+                c.as_secs_f64() * 1e3,
+                j.as_secs_f64() * 1e3,
+                r.as_secs_f64() * 1e3
+            );
+        }
     }
 }

@@ -91,3 +91,59 @@ def test_a_node_that_fails_its_health_check_runs_no_ranks_and_a_standby_plays_it
     assert {r: s["node"] for r, s in seen.items()} == {0: "0", 1: "0", 2: "2", 3: "2"}, seen
     assert not of(events(job / "node1"), "rank_started")
     assert of(events(job / "node1"), "standby")
+
+
+def test_losing_node_rank_0_ends_the_job_for_a_requeue_and_says_why(job):
+    write(job / "train.py", TRAIN)
+    port = free_port()
+    procs = []
+    for i in range(3):
+        (job / f"node{i}").mkdir()
+        args = ["run", "--nnodes", "2:3", "--node-rank", str(i), "--master-addr", "127.0.0.1",
+                "--master-port", str(port), "--nproc-per-node", "1", "--max-restarts", "2",
+                "--node-timeout", "3", "--log-dir", str(job / f"node{i}"), "train.py", "100000"]
+        procs.append(start_vigil(args, cwd=job, env=base_env(OUT_DIR=job, NODE_ID=str(i))))
+    try:
+        wait_for(lambda: all((job / f"seen_0_{r}.json").exists() for r in range(2)), timeout=60,
+                 what="attempt 0's ranks")
+        procs[0].send_signal(signal.SIGKILL)
+        procs[0].communicate()
+        res = [p.communicate(timeout=120) for p in procs[1:]]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    assert [p.returncode for p in procs[1:]] == [75, 75], [r[1][-1500:] for r in res]
+    assert all("cannot take node rank 0's place" in r[1] for r in res), [r[1][-1500:] for r in res]
+
+
+def test_a_standby_that_fails_its_health_check_is_never_promoted(job):
+    from fakes.nvml import gpu, nvml_env, write_nvml
+    write(job / "train.py", TRAIN)
+    port = free_port()
+    # The standby (node 2) has an uncorrectable ECC error; the actives are clean.
+    fakes = [write_nvml(job / f"nvml{i}.json", [gpu(0, ecc_uncorrected_volatile=2 if i == 2 else 0)])
+             for i in range(3)]
+    procs = []
+    for i in range(3):
+        (job / f"node{i}").mkdir()
+        args = ["run", "--nnodes", "2:3", "--node-rank", str(i), "--master-addr", "127.0.0.1",
+                "--master-port", str(port), "--nproc-per-node", "1", "--max-restarts", "2",
+                "--health-check", "--log-dir", str(job / f"node{i}"), "train.py", "100000"]
+        procs.append(start_vigil(args, cwd=job, env=nvml_env(base_env(OUT_DIR=job, NODE_ID=str(i)), fakes[i])))
+    try:
+        wait_for(lambda: all((job / f"seen_0_{r}.json").exists() for r in range(2)), timeout=60,
+                 what="attempt 0's ranks")
+        procs[1].send_signal(signal.SIGKILL)
+        procs[1].communicate()
+        res = {i: procs[i].communicate(timeout=120) for i in (0, 2)}
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    # No healthy standby: the job ends to be requeued, as without spares; node 2 never ran ranks.
+    assert procs[0].returncode == 75, res[0][1][-1500:]
+    assert not of(events(job / "node2"), "rank_started")
+    assert not of(events(job / "node0"), "promotion")

@@ -24,6 +24,8 @@ pub struct LaunchConfig {
     pub nnodes: u32,
     /// The nodes that run ranks; `nnodes - active` standbys (hot spares).
     pub active_nodes: u32,
+    /// `--segment`: node ids in blocks of this many are close (hot spares without topology).
+    pub segment: Option<u32>,
     pub node_rank: u32,
     pub role: String,
     /// `TORCHELASTIC_RUN_ID`: the job identity, else (one node, as torchrun) a fresh uuid, else
@@ -607,6 +609,7 @@ pub fn resolve(a: &RunArgs, host: &Host) -> Result<LaunchConfig, ConfigError> {
         nproc,
         nnodes: nodes.nnodes,
         active_nodes,
+        segment: a.segment.filter(|k| *k > 0),
         node_rank: nodes.node_rank,
         role: a.role.clone(),
         run_id: match (&nodes.job_id, nodes.nnodes) {

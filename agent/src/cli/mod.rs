@@ -126,6 +126,11 @@ pub struct RunArgs {
     #[arg(long, env = "PET_NNODES")]
     pub nnodes: Option<String>,
 
+    /// Hot spares without Slurm's topology: node ids in blocks of this many (an NVLink domain, a
+    /// switch) are close; a standby from the lost node's block is chosen first (NVRx's `segment`).
+    #[arg(long, value_parser = count)]
+    pub segment: Option<u32>,
+
     /// Of the job's nodes (Slurm's), this many wait as standbys (hot spares), as `--nnodes MIN:MAX`.
     #[arg(long = "spare-nodes", alias = "spare_nodes", default_value_t = 0, value_parser = count)]
     pub spare_nodes: u32,

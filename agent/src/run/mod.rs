@@ -267,6 +267,7 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
     let coord_cfg = CoordConfig {
         nnodes: cfg.nnodes,
         active: cfg.active_nodes,
+        segment: cfg.segment,
         topology: std::env::var("SLURM_TOPOLOGY_ADDR")
             .ok()
             .filter(|t| !t.trim().is_empty()),

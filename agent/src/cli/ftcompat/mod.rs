@@ -97,6 +97,7 @@ pub const VALUE_FLAGS: &[&str] = &[
     "restart-backoff",
     "restart-backoff-max",
     "restart-backoff-reset",
+    "segment",
     "spare-nodes",
     "stop-lead",
     "straggler-report-interval",

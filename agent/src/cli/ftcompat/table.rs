@@ -57,7 +57,7 @@ pub(super) const NO_PROGRESS: &str =
 pub(super) const NO_ATTRIBUTION: &str = "vigil has no attribution service; its failure summary and event log name the failing rank and the cause";
 pub(super) const NO_LOG_FUNNEL: &str =
     "vigil keeps each rank's logs per attempt in its run directory under --log-dir";
-pub(super) const NO_SPARES: &str = "vigil has no hot-spare nodes or NVLink-domain segments";
+pub(super) const NO_SPARES: &str = "vigil keeps every node's group rank and gives a lost node's to the closest healthy standby (SLURM_TOPOLOGY_ADDR, else --segment); this setting has no separate effect";
 pub(super) const NO_LOG_LEVEL: &str =
     "vigil's console lines are fixed; every event is in its event log (--event-log)";
 pub(super) const ANY_FAILED: &str = "vigil always restarts every rank when one fails (any-failed)";
@@ -113,7 +113,7 @@ pub(super) const OPTS: &[Opt] = &[
     map("storage_healthcheck_path", Kind::Str, "--health-storage-path"),
     note("skip_section_response", Kind::Bool, Dflt::B(true), FIRE_AND_FORGET),
     note("rdzv_impl", Kind::Choice(&["barrier", "legacy"]), Dflt::S("barrier"), OWN_RDZV),
-    note("segment", Kind::Int, Dflt::Null, NO_SPARES),
+    map("segment", Kind::Int, "--segment"),
     note("use_infra_group_rank", Kind::Bool, Dflt::B(true), NO_SPARES),
     note("domain_id_from_node_name", Kind::Bool, Dflt::B(true), NO_SPARES),
     note("segment_health_check_dir", Kind::Str, Dflt::Null, NO_SPARES),

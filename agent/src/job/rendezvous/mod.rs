@@ -99,6 +99,8 @@ pub struct CoordConfig {
     pub active: u32,
     /// `SLURM_TOPOLOGY_ADDR`, when Slurm knows the network's topology.
     pub topology: Option<String>,
+    /// `--segment`: node ids in blocks of this many are close.
+    pub segment: Option<u32>,
     pub node_rank: u32,
     /// This node's ranks per attempt.
     pub nproc: u32,
@@ -351,7 +353,11 @@ impl Coordinator {
         let _ = self.tx.send(m);
     }
 
-    fn fail(&mut self, reason: String) {
+    fn fail(&mut self, mut reason: String) {
+        if self.spares() && self.head.is_none() && reason.contains("node rank 0") {
+            // docs/design.md, "Hot spares": the store lives on node rank 0.
+            reason.push_str("; a standby cannot take node rank 0's place (it hosts the job's store), so the job ends to be requeued");
+        }
         self.stage = Stage::Idle;
         self.send(FromCoord::Lost {
             reason,
@@ -691,18 +697,19 @@ impl Coordinator {
                             topology: joined.get(n).and_then(|i| i.topology.clone()),
                         })
                         .collect();
-                    let refilled = crate::job::spares::refill(&self.slots, &lost, &standbys, None)
-                        .ok()
-                        .and_then(|(slots, promotions)| {
-                            assign_slots(
-                                c,
-                                &slots,
-                                &joined,
-                                self.cfg.max_restarts,
-                                self.calculated.clone(),
-                            )
-                            .map(|go| (go, promotions))
-                        });
+                    let refilled =
+                        crate::job::spares::refill(&self.slots, &lost, &standbys, self.cfg.segment)
+                            .ok()
+                            .and_then(|(slots, promotions)| {
+                                assign_slots(
+                                    c,
+                                    &slots,
+                                    &joined,
+                                    self.cfg.max_restarts,
+                                    self.calculated.clone(),
+                                )
+                                .map(|go| (go, promotions))
+                            });
                     match refilled {
                         Some((go, promotions)) => {
                             if !promotions.is_empty() {
