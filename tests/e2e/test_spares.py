@@ -147,3 +147,29 @@ def test_a_standby_that_fails_its_health_check_is_never_promoted(job):
     assert procs[0].returncode == 75, res[0][1][-1500:]
     assert not of(events(job / "node2"), "rank_started")
     assert not of(events(job / "node0"), "promotion")
+
+
+FAILS_ON_NODE_1 = """
+import os, sys, time
+if os.environ["NODE_ID"] == "1":
+    sys.exit(3)
+time.sleep(0.3)
+"""
+
+
+def test_a_node_whose_ranks_fail_twice_in_a_row_is_replaced_by_a_standby(job):
+    write(job / "train.py", FAILS_ON_NODE_1)
+    port = free_port()
+    procs = []
+    for i in range(3):
+        (job / f"node{i}").mkdir()
+        args = ["run", "--nnodes", "2:3", "--node-rank", str(i), "--master-addr", "127.0.0.1",
+                "--master-port", str(port), "--nproc-per-node", "1", "--max-restarts", "3",
+                "--log-dir", str(job / f"node{i}"), "train.py"]
+        procs.append(start_vigil(args, cwd=job, env=base_env(OUT_DIR=job, NODE_ID=str(i))))
+    res = [p.communicate(timeout=120) for p in procs]
+    # Node 1's ranks fail in attempts 0 and 1; attempt 2 runs with the standby and succeeds.
+    assert [p.returncode for p in procs] == [0, 0, 0], [r[1][-1500:] for r in res]
+    promos = of(events(job / "node0"), "promotion")
+    assert [(p["cycle"], p["slot"], p["lost"], p["standby"]) for p in promos] == [(2, 1, 1, 2)], promos
+    assert of(events(job / "node1"), "standby", cycle=2)

@@ -224,6 +224,11 @@ struct Coordinator {
     infos: std::collections::BTreeMap<u32, NodeInfo>,
     /// This node's last health check before a rendezvous (hot spares).
     healthy: Option<bool>,
+    /// The node each ended cycle failed on (`None`: it did not fail), in order.
+    failed_on: Vec<Option<u32>>,
+    /// Node rank 0, hot spares: nodes replaced for failing attempts in a row; never given ranks
+    /// again in this job.
+    benched: Vec<u32>,
 }
 
 impl Drop for Coordinator {
@@ -340,6 +345,8 @@ impl Coordinator {
             dead: Vec::new(),
             infos: Default::default(),
             healthy: None,
+            failed_on: Vec::new(),
+            benched: Vec::new(),
         })
     }
 
@@ -680,8 +687,24 @@ impl Coordinator {
                 let go = if self.spares() {
                     // The lost nodes' slots go to standbys (healthy first, then the closest).
                     self.infos.extend(joined.clone());
-                    // Lost, or unfit by their last health check: a healthy standby plays it.
-                    let unfit = |n: &u32| joined.get(n).and_then(|i| i.healthy) == Some(false);
+                    // A node whose ranks failed or hung in the last two attempts in a row is to
+                    // blame (allocation/blame.rs's rule): with a standby, it is replaced.
+                    let spare_left = members.iter().any(|n| {
+                        !self.slots.contains(n)
+                            && !self.benched.contains(n)
+                            && joined.get(n).and_then(|i| i.healthy) != Some(false)
+                    });
+                    if let [.., Some(a), Some(b)] = self.failed_on[..] {
+                        if a == b && a != 0 && spare_left && !self.benched.contains(&a) {
+                            self.benched.push(a);
+                        }
+                    }
+                    // Lost, unfit by their last health check, or to blame: a healthy standby
+                    // plays it.
+                    let benched = self.benched.clone();
+                    let unfit = |n: &u32| {
+                        benched.contains(n) || joined.get(n).and_then(|i| i.healthy) == Some(false)
+                    };
                     let lost: Vec<(u32, Option<String>)> = self
                         .slots
                         .iter()
@@ -742,7 +765,13 @@ impl Coordinator {
                 }
                 self.stage = Stage::Idle;
                 match serde_json::from_slice::<JobEnd>(&value) {
-                    Ok(end) => self.send(FromCoord::CycleEnded { cycle: c, end }),
+                    Ok(end) => {
+                        self.failed_on.push(match &end {
+                            JobEnd::Failed { node, .. } => Some(*node),
+                            _ => None,
+                        });
+                        self.send(FromCoord::CycleEnded { cycle: c, end })
+                    }
                     Err(e) => self.fail(format!("attempt {c} ended with an unreadable verdict ({e}); every node must run the same vigil version")),
                 }
             }
