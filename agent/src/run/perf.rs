@@ -46,7 +46,7 @@ struct RankFeed {
 /// its GPU was doing (`None` without GPU telemetry).
 #[derive(serde::Serialize, serde::Deserialize)]
 struct Shared {
-    summary: serde_json::Value,
+    summary: NodeSummary,
     #[serde(default)]
     gpus: std::collections::BTreeMap<u32, String>,
 }
@@ -146,10 +146,7 @@ impl Stragglers {
         let gpus = (0..self.ranks.len() as u32)
             .filter_map(|lr| gpu_of(lr).map(|g| (rank_offset + lr, g)))
             .collect();
-        let shared = Shared {
-            summary: serde_json::from_str(&summary.to_json()).ok()?,
-            gpus,
-        };
+        let shared = Shared { summary, gpus };
         serde_json::to_vec(&shared).ok()
     }
 
@@ -163,49 +160,47 @@ impl Stragglers {
 /// Blocking work (parsing and scoring every rank: about 0.3 s for 100,000), so the event loop runs
 /// it on a blocking thread.
 pub(super) fn report(threshold: f64, collected: &[(u32, Vec<u8>)]) -> Option<Report> {
-    {
-        let t0 = Instant::now();
-        let mut summaries = Vec::new();
-        let mut gpus = std::collections::BTreeMap::new();
-        for (_, bytes) in collected {
-            let Ok(shared) = serde_json::from_slice::<Shared>(bytes) else {
-                continue;
-            };
-            let Ok(summary) = NodeSummary::parse(shared.summary.to_string().as_bytes()) else {
-                continue;
-            };
-            summaries.push(summary);
-            gpus.extend(shared.gpus);
-        }
-        let scores = straggler::score_job(&summaries);
-        if scores.ranks.is_empty() {
-            return None;
-        }
-        let found = straggler::stragglers(&scores, threshold);
-        let mut nodes: Vec<u32> = found.iter().map(|s| s.1).collect();
-        nodes.sort_unstable();
-        nodes.dedup();
-        let mut record = straggler::report_record(&scores, threshold);
-        let explain = |rank: u32| gpus.get(&rank).cloned();
-        let text = straggler::render_report(
-            &scores,
-            straggler::DEFAULT_PRINTED,
-            threshold,
-            &explain,
-            t0.elapsed().as_secs_f64(),
-        );
-        if let Some(o) = record.as_object_mut() {
-            o.insert("event".into(), "straggler_report".into());
-            if !gpus.is_empty() {
-                o.insert("gpus".into(), serde_json::json!(gpus));
-            }
-        }
-        Some(Report {
-            text,
-            record,
-            nodes,
-        })
+    let t0 = Instant::now();
+    let mut summaries = Vec::new();
+    let mut gpus = std::collections::BTreeMap::new();
+    for (_, bytes) in collected {
+        let Ok(shared) = serde_json::from_slice::<Shared>(bytes) else {
+            continue;
+        };
+        let Ok(summary) = shared.summary.checked() else {
+            continue;
+        };
+        summaries.push(summary);
+        gpus.extend(shared.gpus);
     }
+    let scores = straggler::score_job(&summaries);
+    if scores.ranks.is_empty() {
+        return None;
+    }
+    let found = straggler::stragglers(&scores, threshold);
+    let mut nodes: Vec<u32> = found.iter().map(|s| s.1).collect();
+    nodes.sort_unstable();
+    nodes.dedup();
+    let mut record = straggler::report_record(&scores, threshold);
+    let explain = |rank: u32| gpus.get(&rank).cloned();
+    let text = straggler::render_report(
+        &scores,
+        straggler::DEFAULT_PRINTED,
+        threshold,
+        &explain,
+        t0.elapsed().as_secs_f64(),
+    );
+    if let Some(o) = record.as_object_mut() {
+        o.insert("event".into(), "straggler_report".into());
+        if !gpus.is_empty() {
+            o.insert("gpus".into(), serde_json::json!(gpus));
+        }
+    }
+    Some(Report {
+        text,
+        record,
+        nodes,
+    })
 }
 
 #[cfg(test)]

@@ -69,13 +69,18 @@ impl NodeSummary {
     pub fn parse(bytes: &[u8]) -> Result<Self, String> {
         let s: NodeSummary = serde_json::from_slice(bytes)
             .map_err(|e| format!("unreadable straggler summary: {e}"))?;
-        if s.format != SUMMARY_FORMAT {
+        s.checked()
+    }
+
+    /// A summary read inside another message: refused unless this vigil reads its format.
+    pub fn checked(self) -> Result<Self, String> {
+        if self.format != SUMMARY_FORMAT {
             return Err(format!(
                 "straggler summary of node {} has format {}, this vigil reads {SUMMARY_FORMAT}: run the same vigil version on every node",
-                s.node_rank, s.format
+                self.node_rank, self.format
             ));
         }
-        Ok(s)
+        Ok(self)
     }
 }
 
