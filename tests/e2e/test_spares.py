@@ -5,6 +5,7 @@ import os
 import signal
 
 from harness import base_env, events, of, start_vigil, wait_for, write
+from fakes.nvml import nvml_env
 from test_multinode import free_port
 
 TRAIN = """
@@ -25,16 +26,26 @@ for step in range(start, int(sys.argv[1])):
 """
 
 
-def test_a_standby_takes_a_lost_nodes_place_and_the_job_completes(job):
-    write(job / "train.py", TRAIN)
+
+def start_agents(job, flags, script, fakes=None):
+    """Three agents of one job, `--nnodes 2:3` (node 2 starts as the standby); each agent's ranks
+    see NODE_ID; `fakes`: per node, the fake NVML file it reads."""
     port = free_port()
     procs = []
     for i in range(3):
         (job / f"node{i}").mkdir()
         args = ["run", "--nnodes", "2:3", "--node-rank", str(i), "--master-addr", "127.0.0.1",
-                "--master-port", str(port), "--nproc-per-node", "2", "--max-restarts", "2",
-                "--rdzv-id", "sp", "--log-dir", str(job / f"node{i}"), "train.py", "120"]
-        procs.append(start_vigil(args, cwd=job, env=base_env(OUT_DIR=job, NODE_ID=str(i))))
+                "--master-port", str(port), *flags, "--log-dir", str(job / f"node{i}"), *script]
+        env = base_env(OUT_DIR=job, NODE_ID=str(i))
+        if fakes:
+            env = nvml_env(env, fakes[i])
+        procs.append(start_vigil(args, cwd=job, env=env))
+    return procs
+
+def test_a_standby_takes_a_lost_nodes_place_and_the_job_completes(job):
+    write(job / "train.py", TRAIN)
+    procs = start_agents(job, ["--nproc-per-node", "2", "--max-restarts", "2", "--rdzv-id", "sp"],
+                         ["train.py", "120"])
     try:
         wait_for(lambda: all((job / f"seen_0_{r}.json").exists() for r in range(4)), timeout=60,
                  what="attempt 0's ranks")
@@ -71,19 +82,11 @@ def test_a_standby_takes_a_lost_nodes_place_and_the_job_completes(job):
 
 
 def test_a_node_that_fails_its_health_check_runs_no_ranks_and_a_standby_plays_its_part(job):
-    from fakes.nvml import gpu, nvml_env, write_nvml
+    from fakes.nvml import gpu, write_nvml
     write(job / "train.py", TRAIN)
-    port = free_port()
     fakes = [write_nvml(job / f"nvml{i}.json", [gpu(0, ecc_uncorrected_volatile=2 if i == 1 else 0)])
              for i in range(3)]
-    procs = []
-    for i in range(3):
-        (job / f"node{i}").mkdir()
-        args = ["run", "--nnodes", "2:3", "--node-rank", str(i), "--master-addr", "127.0.0.1",
-                "--master-port", str(port), "--nproc-per-node", "2", "--health-check",
-                "--log-dir", str(job / f"node{i}"), "train.py", "20"]
-        env = nvml_env(base_env(OUT_DIR=job, NODE_ID=str(i)), fakes[i])
-        procs.append(start_vigil(args, cwd=job, env=env))
+    procs = start_agents(job, ["--nproc-per-node", "2", "--health-check"], ["train.py", "20"], fakes)
     res = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0], [r[1][-2000:] for r in res]
     seen = {r: json.loads((job / f"seen_0_{r}.json").read_text()) for r in range(4)}
@@ -95,14 +98,8 @@ def test_a_node_that_fails_its_health_check_runs_no_ranks_and_a_standby_plays_it
 
 def test_losing_node_rank_0_ends_the_job_for_a_requeue_and_says_why(job):
     write(job / "train.py", TRAIN)
-    port = free_port()
-    procs = []
-    for i in range(3):
-        (job / f"node{i}").mkdir()
-        args = ["run", "--nnodes", "2:3", "--node-rank", str(i), "--master-addr", "127.0.0.1",
-                "--master-port", str(port), "--nproc-per-node", "1", "--max-restarts", "2",
-                "--node-timeout", "3", "--log-dir", str(job / f"node{i}"), "train.py", "100000"]
-        procs.append(start_vigil(args, cwd=job, env=base_env(OUT_DIR=job, NODE_ID=str(i))))
+    procs = start_agents(job, ["--nproc-per-node", "1", "--max-restarts", "2", "--node-timeout", "3"],
+                         ["train.py", "100000"])
     try:
         wait_for(lambda: all((job / f"seen_0_{r}.json").exists() for r in range(2)), timeout=60,
                  what="attempt 0's ranks")
@@ -119,19 +116,13 @@ def test_losing_node_rank_0_ends_the_job_for_a_requeue_and_says_why(job):
 
 
 def test_a_standby_that_fails_its_health_check_is_never_promoted(job):
-    from fakes.nvml import gpu, nvml_env, write_nvml
+    from fakes.nvml import gpu, write_nvml
     write(job / "train.py", TRAIN)
-    port = free_port()
     # The standby (node 2) has an uncorrectable ECC error; the actives are clean.
     fakes = [write_nvml(job / f"nvml{i}.json", [gpu(0, ecc_uncorrected_volatile=2 if i == 2 else 0)])
              for i in range(3)]
-    procs = []
-    for i in range(3):
-        (job / f"node{i}").mkdir()
-        args = ["run", "--nnodes", "2:3", "--node-rank", str(i), "--master-addr", "127.0.0.1",
-                "--master-port", str(port), "--nproc-per-node", "1", "--max-restarts", "2",
-                "--health-check", "--log-dir", str(job / f"node{i}"), "train.py", "100000"]
-        procs.append(start_vigil(args, cwd=job, env=nvml_env(base_env(OUT_DIR=job, NODE_ID=str(i)), fakes[i])))
+    procs = start_agents(job, ["--nproc-per-node", "1", "--max-restarts", "2", "--health-check"],
+                         ["train.py", "100000"], fakes)
     try:
         wait_for(lambda: all((job / f"seen_0_{r}.json").exists() for r in range(2)), timeout=60,
                  what="attempt 0's ranks")
@@ -159,14 +150,7 @@ time.sleep(0.3)
 
 def test_a_node_whose_ranks_fail_twice_in_a_row_is_replaced_by_a_standby(job):
     write(job / "train.py", FAILS_ON_NODE_1)
-    port = free_port()
-    procs = []
-    for i in range(3):
-        (job / f"node{i}").mkdir()
-        args = ["run", "--nnodes", "2:3", "--node-rank", str(i), "--master-addr", "127.0.0.1",
-                "--master-port", str(port), "--nproc-per-node", "1", "--max-restarts", "3",
-                "--log-dir", str(job / f"node{i}"), "train.py"]
-        procs.append(start_vigil(args, cwd=job, env=base_env(OUT_DIR=job, NODE_ID=str(i))))
+    procs = start_agents(job, ["--nproc-per-node", "1", "--max-restarts", "3"], ["train.py"])
     res = [p.communicate(timeout=120) for p in procs]
     # Node 1's ranks fail in attempts 0 and 1; attempt 2 runs with the standby and succeeds.
     assert [p.returncode for p in procs] == [0, 0, 0], [r[1][-1500:] for r in res]
