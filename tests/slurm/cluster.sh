@@ -15,6 +15,12 @@
 #   VIGIL_SLURM_NODES   number of nodes                        (3)
 #   VIGIL_SLURM_CPUS    CPUs each node advertises, whatever this machine has   (8)
 #   VIGIL_SLURM_KILL_WAIT  KillWait: seconds from SIGTERM to SIGKILL when a job is ended  (5)
+#   VIGIL_SLURM_CTLD_PORT  slurmctld's port                    (6817)
+#   VIGIL_SLURM_PORT0      slurmd of node nI listens on PORT0+I  (17000)
+#   VIGIL_SLURM_CLUSTER_NAME  ClusterName                      (vigil)
+# A second, private cluster (say a one-node one) runs beside the default one with its own DIR and
+# ports; only the default DIR is symlinked from /etc/slurm/slurm.conf, so clients of a private one
+# need SLURM_CONF=$DIR/etc/slurm.conf (jobs inherit it from sbatch's environment).
 set -euo pipefail
 
 DIR=${VIGIL_SLURM_DIR:-/tmp/vigil-slurm}
@@ -25,7 +31,10 @@ CONF=$DIR/etc/slurm.conf
 RUN=$DIR/run
 LOGS=$DIR/log
 STATE=$DIR/state
-PORT0=17000 # slurmd of node nI listens on PORT0+I
+PORT0=${VIGIL_SLURM_PORT0:-17000} # slurmd of node nI listens on PORT0+I
+CTLD_PORT=${VIGIL_SLURM_CTLD_PORT:-6817}
+CLUSTER_NAME=${VIGIL_SLURM_CLUSTER_NAME:-vigil}
+DEFAULT_DIR=/tmp/vigil-slurm
 export SLURM_CONF=$CONF
 
 say() { echo "[cluster.sh $(date +%T)] $*"; }
@@ -142,10 +151,10 @@ write_config() {
     mkdir -p "$DIR/etc"
     cat >"$CONF" <<EOF
 # Written by tests/slurm/cluster.sh: nodes n1..n$NODES are all this host ($host).
-ClusterName=vigil
+ClusterName=$CLUSTER_NAME
 SlurmctldHost=$host(127.0.0.1)
-SlurmctldPort=6817
-SlurmdPort=6818
+SlurmctldPort=$CTLD_PORT
+SlurmdPort=$((CTLD_PORT + 1))
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -198,6 +207,7 @@ PartitionName=low Nodes=ALL Default=NO MaxTime=INFINITE State=UP PriorityTier=1 
 PartitionName=high Nodes=ALL Default=NO MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF
 EOF
     # Plain sbatch/srun, including srun inside a job, read /etc/slurm/slurm.conf.
+    [ "$DIR" = "$DEFAULT_DIR" ] || return 0
     mkdir -p /etc/slurm
     if [ -e /etc/slurm/slurm.conf ] && [ "$(readlink /etc/slurm/slurm.conf)" != "$CONF" ]; then
         local backup
@@ -220,9 +230,9 @@ start() {
     # Leftovers of an earlier start (partly up, or stale pid files).
     stop_pids "$RUN"/slurmd-*.pid "$RUN/slurmctld.pid"
     local port
-    for port in 6817 $(seq $((PORT0 + 1)) $((PORT0 + NODES))); do
+    for port in "$CTLD_PORT" $(seq $((PORT0 + 1)) $((PORT0 + NODES))); do
         port_taken "$port" &&
-            die "port $port in use (another Slurm?); needs 6817, $((PORT0 + 1))-$((PORT0 + NODES))"
+            die "port $port in use (another Slurm?); needs $CTLD_PORT, $((PORT0 + 1))-$((PORT0 + NODES))"
     done
     STARTING=1
     start_munge
@@ -261,7 +271,7 @@ start() {
 
 where() {
     sinfo -N -p debug
-    echo "config:  $CONF (symlinked from /etc/slurm/slurm.conf; export SLURM_CONF=$CONF)"
+    echo "config:  $CONF (export SLURM_CONF=$CONF)"
     echo "logs:    $LOGS/slurmctld.log $LOGS/slurmd-n<i>.log"
     echo "state:   $STATE   pid files: $RUN"
 }
