@@ -17,3 +17,6 @@ cargo clippy --workspace --all-targets -- -D warnings
 cargo build --workspace   # the binaries and the FAKE NVML library (target/debug/libfake_nvml.so) the tests load
 cargo test --workspace
 VIGIL_BIN="$PWD/target/debug/vigil" "$PY" -m pytest -q -p no:cacheprovider tests python-shim/tests
+# The wheel users install: built for manylinux2014, installed into a fresh venv without cargo, and
+# the README's example and the rank library's tests run from there (docs/install.md).
+bash scripts/wheel.sh

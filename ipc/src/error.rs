@@ -7,7 +7,7 @@ pub enum DecodeError {
     Incomplete,
     #[error("bad magic byte 0x{0:02x} (expected 0x{MAGIC:02x}): the peer does not speak the vigil protocol")]
     BadMagic(u8),
-    #[error("protocol version {got} is not supported (this side speaks version {supported}); rank shim and agent come from different vigil releases")]
+    #[error("rank protocol version {got} is not this vigil's ({supported}): {}", upgrade_advice(*got, *supported))]
     UnsupportedVersion { got: u8, supported: u8 },
     #[error("unknown message kind 0x{0:02x} for this direction")]
     UnknownKind(u8),
@@ -53,5 +53,15 @@ impl DecodeError {
             DecodeError::ReasonTooLong(_) => "reason_too_long",
             DecodeError::TooManySections(_) => "too_many_sections",
         }
+    }
+}
+
+/// Which side to upgrade when a rank library of protocol `rank` meets an agent of protocol
+/// `agent`: the older one, so that both come from one release.
+pub fn upgrade_advice(rank: u8, agent: u8) -> &'static str {
+    if rank > agent {
+        "the rank library is newer; upgrade the vigil binary (pip install -U vigil-train installs both)"
+    } else {
+        "the rank library is older; upgrade it to the vigil binary's release (pip install -U vigil-train installs both)"
     }
 }

@@ -312,7 +312,16 @@ fn errors_have_distinct_kinds_and_readable_messages() {
         supported: 1,
     }
     .to_string();
-    assert!(v.contains("version 2") && v.contains("version 1"), "{v}");
+    assert!(
+        v.contains("version 2") && v.contains("(1)") && v.contains("upgrade the vigil binary"),
+        "{v}"
+    );
+    let older = DecodeError::UnsupportedVersion {
+        got: 0,
+        supported: 1,
+    }
+    .to_string();
+    assert!(older.contains("rank library is older"), "{older}");
 }
 
 fn name() -> impl Strategy<Value = String> {

@@ -8,11 +8,19 @@ import threading
 
 import pytest
 
-SHIM_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-REPO_DIR = os.path.dirname(SHIM_DIR)
-sys.path.insert(0, SHIM_DIR)
+REPO_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# VIGIL_SHIM_FROM_INSTALL=1 (scripts/wheel.sh): test the installed `vigil` package (the wheel's),
+# not this checkout's python-shim/.
+if os.environ.get("VIGIL_SHIM_FROM_INSTALL") == "1":
+    SHIM_DIR = ""
+else:
+    SHIM_DIR = os.path.join(REPO_DIR, "python-shim")
+    sys.path.insert(0, SHIM_DIR)
 
 from vigil import _protocol  # noqa: E402
+
+if os.environ.get("VIGIL_SHIM_FROM_INSTALL") == "1":
+    assert _protocol.__file__.startswith(sys.prefix), "VIGIL_SHIM_FROM_INSTALL=1 but vigil comes from " + _protocol.__file__
 
 CLOSED = object()
 
@@ -124,7 +132,10 @@ def agent(tmp_path):
 
 def child_env(agent=None, **extra):
     env = {k: v for k, v in os.environ.items() if not k.startswith("VIGIL_")}
-    env["PYTHONPATH"] = SHIM_DIR
+    if SHIM_DIR:
+        env["PYTHONPATH"] = SHIM_DIR
+    else:
+        env.pop("PYTHONPATH", None)
     env.setdefault("RANK", "0")
     env.setdefault("LOCAL_RANK", "0")
     env.pop("TORCHELASTIC_RESTART_COUNT", None)

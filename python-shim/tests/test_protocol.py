@@ -130,3 +130,16 @@ def test_random_mutations_never_escape_as_other_exceptions():
             assert p.encode(msg) == bytes(b[:used])
             ok += 1
     assert ok > 100
+
+
+def test_version_mismatch_names_the_side_to_upgrade():
+    _protocol = p
+    v = _protocol.VERSION
+    assert _protocol.version_mismatch(None) is None
+    assert _protocol.version_mismatch("") is None
+    assert _protocol.version_mismatch(str(v)) is None
+    newer_agent = _protocol.version_mismatch(str(v + 1))
+    assert "upgrade it to the vigil binary's release" in newer_agent, newer_agent
+    older_agent = _protocol.version_mismatch(str(v - 1))
+    assert "upgrade the vigil binary" in older_agent, older_agent
+    assert "upgrade the vigil binary" in _protocol.version_mismatch("x")

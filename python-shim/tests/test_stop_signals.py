@@ -5,9 +5,8 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
-SHIM = str(Path(__file__).resolve().parents[1])
+from conftest import SHIM_DIR as SHIM  # "" when testing the installed package
 
 PROG = """
 import os, signal, sys, time
@@ -26,7 +25,7 @@ print("after the wait:", vigil.should_stop(3), flush=True)
 
 
 def run(mode, sock):
-    env = dict(os.environ, PYTHONPATH=SHIM)
+    env = dict(os.environ, PYTHONPATH=SHIM) if SHIM else dict(os.environ)
     env.pop("VIGIL_SOCKET", None)
     if sock:
         env["VIGIL_SOCKET"] = "/nonexistent/vigil.sock"  # not connected: the calls do nothing else

@@ -45,6 +45,7 @@ __all__ = [
 ]
 
 SOCKET_ENV = "VIGIL_SOCKET"
+PROTOCOL_ENV = "VIGIL_PROTOCOL"
 STACK_FILE_ENV = "VIGIL_STACK_FILE"
 #: Longest a message that must not be dropped (section, timing, finished) waits for buffer space.
 SEND_TIMEOUT_S = 5.0
@@ -139,6 +140,10 @@ def _connect():
         path = _os.environ.get(SOCKET_ENV)
         if not path:
             _disable(SOCKET_ENV + " is not set (not running under the vigil agent); vigil calls do nothing")
+            return None
+        mismatch = _protocol.version_mismatch(_os.environ.get(PROTOCOL_ENV))
+        if mismatch:
+            _disable(mismatch + "; vigil calls do nothing")
             return None
         import socket
 

@@ -198,15 +198,36 @@ _FIXED_LENGTHS = {
 _AGENT_FIXED_LENGTHS = {TIMEOUTS_CALCULATED: (3,)}
 
 
+def version_mismatch(agent_version):
+    """Why this rank library must not speak to an agent announcing ``agent_version`` (its
+    ``VIGIL_PROTOCOL``), naming the side to upgrade; None when they match or nothing was announced
+    (an older agent, which the frame header check still catches)."""
+    if not agent_version:
+        return None
+    try:
+        theirs = int(agent_version)
+    except ValueError:
+        theirs = None
+    if theirs == VERSION:
+        return None
+    if theirs is not None and theirs > VERSION:
+        side = "the rank library is older; upgrade it to the vigil binary's release"
+    else:
+        side = "the rank library is newer; upgrade the vigil binary"
+    return "the vigil agent speaks rank protocol %s and this rank library %d: %s (pip install -U vigil-train installs both)" % (
+        agent_version,
+        VERSION,
+        side,
+    )
+
+
 def _split_frame(buf, kinds, fixed_lengths=_FIXED_LENGTHS):
     """(kind, payload) of the frame at the start of ``buf``; header checks in the order of Rust."""
     n = len(buf)
     if n >= 1 and buf[0] != MAGIC:
         raise DecodeError("bad_magic", "0x%02x" % buf[0])
     if n >= 2 and buf[1] != VERSION:
-        raise DecodeError(
-            "unsupported_version", "peer speaks version %d, this shim %d" % (buf[1], VERSION)
-        )
+        raise DecodeError("unsupported_version", version_mismatch(str(buf[1])))
     if n >= 3 and buf[2] not in kinds:
         raise DecodeError("unknown_kind", "0x%02x" % buf[2])
     if n >= 4 and buf[3] != 0:

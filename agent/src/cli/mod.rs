@@ -10,10 +10,24 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::values::{count, factor, fraction, pet_switch, port, seconds};
 
+/// `vigil --version`: the release, the commit it was built from, and the rank protocol it speaks
+/// (a rank library of another protocol is refused, docs/install.md).
+pub fn version_text() -> &'static str {
+    static TEXT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TEXT.get_or_init(|| {
+        format!(
+            "{} ({}, rank protocol {})",
+            env!("CARGO_PKG_VERSION"),
+            env!("VIGIL_COMMIT"),
+            vigil_ipc::PROTOCOL_VERSION
+        )
+    })
+}
+
 #[derive(Debug, Parser)]
 #[command(
     name = "vigil",
-    version,
+    version = version_text(),
     about = "In-job resiliency agent for distributed training: a torchrun-compatible launcher that supervises, diagnoses and restarts ranks."
 )]
 pub struct Cli {

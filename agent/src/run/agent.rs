@@ -97,6 +97,11 @@ impl Agent {
                 "VIGIL_SOCKET".into(),
                 self.socket.to_string_lossy().into_owned(),
             ));
+            // The shim refuses to speak another protocol before it connects (docs/protocol.md).
+            env.push((
+                "VIGIL_PROTOCOL".into(),
+                vigil_ipc::PROTOCOL_VERSION.to_string(),
+            ));
             env.push((
                 "VIGIL_STACK_FILE".into(),
                 dir.join("stacks.txt").to_string_lossy().into_owned(),
