@@ -8,7 +8,7 @@ use vigil::run;
 /// Invoked as `ft_launcher` (a symlink), the binary is `vigil run`; `vigil run` takes
 /// ft_launcher's flags (and `--ft-cfg-path` YAML), rewritten to vigil's before parsing. A `--` is
 /// put before the training script, so that nothing after it is read as vigil's flag (torchrun
-/// passes everything after the script untouched).
+/// passes everything after the script untouched, but for a `--` right after it).
 fn args() -> Result<Vec<String>, String> {
     let mut args: Vec<String> = std::env::args_os()
         .map(|a| a.to_string_lossy().into_owned())
@@ -32,10 +32,16 @@ fn args() -> Result<Vec<String>, String> {
     args.truncate(2);
     let (ours, script) = t.args.split_at(t.script_at);
     args.extend(vigil::cli::ftcompat::join_values(ours));
+    let mut script = script.to_vec();
     if script.first().is_some_and(|s| s != "--") {
+        // torchrun (argparse) drops a `--` right after the script: `-m pkg.train -- --depth=20`
+        // runs `pkg.train --depth=20`. Only that one; a later `--` is the script's own.
+        if script.get(1).is_some_and(|s| s == "--") {
+            script.remove(1);
+        }
         args.push("--".into());
     }
-    args.extend(script.iter().cloned());
+    args.extend(script);
     Ok(args)
 }
 

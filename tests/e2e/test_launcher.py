@@ -45,7 +45,8 @@ def test_environment_is_torchruns(job):
         assert e["WORLD_SIZE"] == e["LOCAL_WORLD_SIZE"] == e["ROLE_WORLD_SIZE"] == "3"
         assert (e["GROUP_RANK"], e["GROUP_WORLD_SIZE"]) == ("0", "1")
         assert e["ROLE_NAME"] == "default"
-        assert e["MASTER_ADDR"] == "127.0.0.1" and 0 < int(e["MASTER_PORT"]) < 65536
+        # torchrun's default for one node: its standalone rendezvous on localhost.
+        assert e["MASTER_ADDR"] == "localhost" and 0 < int(e["MASTER_PORT"]) < 65536
         ports.add(e["MASTER_PORT"])
         assert e["TORCHELASTIC_RESTART_COUNT"] == "0" and e["TORCHELASTIC_MAX_RESTARTS"] == "2"
         assert e["TORCHELASTIC_RUN_ID"] == "job42"

@@ -446,13 +446,27 @@ pub fn rank_command(a: &RunArgs, python: &str) -> Result<Vec<String>, ConfigErro
             python.into(),
             "-u".into(),
             "-c".into(),
-            "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')".into(),
+            // sys.path[0] as under torchrun, whose ranks run this from its own script in the
+            // interpreter's bin directory.
+            "import os, runpy, sys; sys.argv = sys.argv[1:]; sys.path[0] = os.path.dirname(sys.executable); runpy.run_path(sys.argv[0], run_name='__main__')".into(),
             a.training_script.clone(),
         ],
         (false, false, false) => vec![python.into(), "-u".into(), a.training_script.clone()],
     };
     cmd.extend(a.training_script_args.iter().cloned());
     Ok(cmd)
+}
+
+/// torchrun's rule for `TORCHELASTIC_RUN_ID` when no id is given: a fresh uuid for
+/// `--standalone`, and for one node with the default static rendezvous and neither an endpoint
+/// nor a master port (torchrun then runs a standalone rendezvous); `--rdzv-id`'s default `none`
+/// in every other case.
+fn torchrun_draws_run_id(a: &RunArgs, nnodes: u32) -> bool {
+    a.standalone
+        || (a.rdzv_backend == "static"
+            && a.rdzv_endpoint.trim().is_empty()
+            && a.master_port.is_none()
+            && nnodes == 1)
 }
 
 /// A fresh uuid for `TORCHELASTIC_RUN_ID`, as torchrun gives a one-node job without an id.
@@ -612,10 +626,10 @@ pub fn resolve(a: &RunArgs, host: &Host) -> Result<LaunchConfig, ConfigError> {
         segment: a.segment.filter(|k| *k > 0),
         node_rank: nodes.node_rank,
         role: a.role.clone(),
-        run_id: match (&nodes.job_id, nodes.nnodes) {
-            (Some(id), _) => id.clone(),
-            (None, 1) => fresh_run_id(),
-            (None, _) => "none".into(),
+        run_id: match &nodes.job_id {
+            Some(id) => id.clone(),
+            None if torchrun_draws_run_id(a, nodes.nnodes) => fresh_run_id(),
+            None => "none".into(),
         },
         job_id: nodes.job_id.clone(),
         program: program_identity(a),

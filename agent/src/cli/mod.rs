@@ -39,7 +39,9 @@ pub struct Cli {
 pub enum Command {
     /// Launch this node's ranks as torchrun would, and supervise them.
     // Negative numbers reach the value parsers, which say what a flag takes.
-    #[command(allow_negative_numbers = true)]
+    // argparse's habit, which wrappers that append overrides rely on: a flag given twice takes
+    // the last value. (Prefixes, its other habit, are written out by `ftcompat::translate`.)
+    #[command(allow_negative_numbers = true, args_override_self = true)]
     Run(Box<RunArgs>),
     /// Print a job's ledger: one line per allocation (docs/allocations.md).
     Ledger {

@@ -247,7 +247,8 @@ pub fn discover(f: &NodeFlags, env: &dyn Fn(&str) -> Option<String>) -> Result<N
             active: 1,
             node_rank: 0,
             job_id: explicit_id(f.rdzv_id),
-            head_host: "127.0.0.1".into(),
+            // torchrun's standalone rendezvous is `localhost:0`, and MASTER_ADDR says so.
+            head_host: "localhost".into(),
             port: None,
             source: Source::Flags,
             slurm_head: false,
@@ -331,6 +332,9 @@ pub fn discover(f: &NodeFlags, env: &dyn Fn(&str) -> Option<String>) -> Result<N
                 "--nnodes {nnodes} needs the address of node rank 0: give --master-addr (or --rdzv-endpoint host:port) on every node"
             ))
         }
+        // One node and no address: torchrun's own defaults, `localhost` (the standalone
+        // rendezvous it picks when no port is given either), else --master-addr's 127.0.0.1.
+        (None, None) if f.master_port.is_none() => ("localhost".into(), false),
         (None, None) => ("127.0.0.1".into(), false),
     };
     let port = ep_port.or(master_port).or(match &envn {
@@ -431,8 +435,16 @@ mod tests {
     fn single_node_by_default() {
         let n = discover(&flags(), &env_of(&[])).unwrap();
         assert_eq!((n.nnodes, n.node_rank, n.port), (1, 0, None));
-        assert_eq!(n.head_host, "127.0.0.1");
+        // torchrun's: its standalone rendezvous on localhost, or --master-addr's default with a
+        // port.
+        assert_eq!(n.head_host, "localhost");
         assert_eq!(n.job_id, None);
+        let with_port = NodeFlags {
+            master_port: Some(29511),
+            ..flags()
+        };
+        let n = discover(&with_port, &env_of(&[])).unwrap();
+        assert_eq!(n.head_host, "127.0.0.1");
     }
 
     #[test]

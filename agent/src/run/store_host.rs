@@ -27,6 +27,22 @@ pub fn take_store_secret() -> Result<Option<Vec<u8>>, String> {
     vigil_store::auth::check_secret(v.as_bytes()).map(|s| Some(s.to_vec()))
 }
 
+/// MASTER_ADDR for the ranks: the address as the user (or torchrun's defaults) wrote it, as
+/// torchrun passes it on (`localhost` stays `localhost`), where it leads to the store: it
+/// resolved here to `ranks_ip`, the address the ranks reach the store at. Otherwise, and for a
+/// Slurm node name (which DNS may not know), the address itself.
+fn ranks_name(
+    cfg: &LaunchConfig,
+    resolved: std::net::IpAddr,
+    ranks_ip: std::net::IpAddr,
+) -> String {
+    if cfg.master_is_slurm_node || resolved != ranks_ip {
+        ranks_ip.to_string()
+    } else {
+        cfg.master_addr.clone()
+    }
+}
+
 /// Where node rank 0 listens: one node, loopback only; several, the address `MASTER_ADDR`
 /// resolved to (`head`). `master_is_literal`: the user gave that address as an IP, not a name.
 pub(super) fn bind_addr(nnodes: u32, head: SocketAddr, master_is_literal: bool) -> SocketAddr {
@@ -105,7 +121,7 @@ pub(super) fn setup_store(
     if cfg.node_rank != 0 {
         return Ok(StoreSetup {
             client_addr: head,
-            for_ranks: (head.ip().to_string(), head.port()),
+            for_ranks: (ranks_name(cfg, head.ip(), head.ip()), head.port()),
             head: None,
             secret: secret.map(Arc::from),
         });
@@ -169,7 +185,7 @@ pub(super) fn setup_store(
     };
     Ok(StoreSetup {
         client_addr,
-        for_ranks: (ranks_ip.to_string(), bound.port()),
+        for_ranks: (ranks_name(cfg, head.ip(), ranks_ip), bound.port()),
         head: Some(HeadSide { keys, leases }),
         secret,
     })

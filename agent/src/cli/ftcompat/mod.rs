@@ -38,6 +38,8 @@ pub enum FtError {
     UnknownFlag { flag: String, suggestion: String },
     #[error("`{flag}` needs a value: give `{flag} VALUE` or `{flag}=VALUE`")]
     MissingValue { flag: String },
+    #[error("{flag} is ambiguous: it could be {candidates}; write more of the flag's name")]
+    Ambiguous { flag: String, candidates: String },
     #[error("bad value `{value}` for {origin}: expected {expected}")]
     BadValue {
         origin: String,
@@ -56,72 +58,56 @@ pub enum FtError {
     CfgInvalid { path: String, reason: String },
 }
 
-/// Long flags of `vigil run` (dash spelling, without `--`) that take a value; every other flag
-/// before the script is taken as a switch. Keep in step with `cli::RunArgs` (a test checks).
-pub const VALUE_FLAGS: &[&str] = &[
-    "nnodes",
-    "nproc-per-node",
-    "node-rank",
-    "master-addr",
-    "master-port",
-    "rdzv-backend",
-    "rdzv-endpoint",
-    "rdzv-id",
-    "rdzv-conf",
-    "max-restarts",
-    "monitor-interval",
-    "start-method",
-    "role",
-    "log-dir",
-    "redirects",
-    "tee",
-    "local-ranks-filter",
-    "local-addr",
-    "logs-specs",
-    "join-timeout",
-    "node-timeout",
-    "workers-stop-timeout",
-    "term-timeout",
-    "shutdown-timeout",
-    "signals-to-handle",
-    "log-line-prefix-template",
-    "duplicate-stdout-filters",
-    "duplicate-stderr-filters",
-    "event-log-handler",
-    "numa-binding",
-    "nvml-lib",
-    "health-storage-path",
-    "gpu-memory-reclaim-timeout",
-    "gpu-memory-tolerance-mb",
-    "gpu-memory-poll-interval",
-    "restart-backoff",
-    "restart-backoff-max",
-    "restart-backoff-reset",
-    "segment",
-    "spare-nodes",
-    "stop-lead",
-    "straggler-report-interval",
-    "straggler-threshold",
-    "straggler-section",
-    "end-time",
-    "time-limit",
-    "max-requeues",
-    "max-no-progress",
-    "min-progress-steps",
-    "state-dir",
-    "no-restart-exit-code",
-    "initial-heartbeat-timeout",
-    "heartbeat-timeout",
-    "section-timeouts",
-    "out-of-section-timeout",
-    "warmup-steps",
-    "safety-factor",
-    "rank-termination-signal",
-    "stack-dump-timeout",
-    "timeouts-file",
-    "event-log",
-    "print-completion",
-];
+/// `vigil run`'s long flags (dash spelling, without `--`), each with whether it takes a value,
+/// read from clap's own definition of `vigil run`: every other flag before the script is a switch.
+fn run_flags() -> &'static [(String, bool)] {
+    static FLAGS: std::sync::OnceLock<Vec<(String, bool)>> = std::sync::OnceLock::new();
+    FLAGS.get_or_init(|| {
+        use clap::CommandFactory;
+        let cli = crate::cli::Cli::command();
+        let run = cli
+            .find_subcommand("run")
+            .expect("`vigil run` is a subcommand");
+        run.get_arguments()
+            .filter_map(|a| {
+                let long = a.get_long()?.replace('_', "-");
+                Some((long, a.get_action().takes_values()))
+            })
+            .collect()
+    })
+}
+
+fn takes_value(norm: &str) -> bool {
+    run_flags().iter().any(|(n, v)| *v && n == norm)
+}
+
+/// argparse's habit that torchrun users rely on: an unambiguous prefix of a long flag is that
+/// flag (`--max-restart` is `--max-restarts`). `norm` is the dash spelling without `--`. Returns
+/// the whole flag's name, or `norm` itself when it is a flag or no flag starts with it (clap then
+/// names the unknown flag); a prefix of several flags is an error naming them.
+fn resolve_prefix(norm: &str, flag: &str) -> Result<String, FtError> {
+    let flags = run_flags();
+    if norm.is_empty() || flags.iter().any(|(n, _)| n == norm) {
+        return Ok(norm.to_string());
+    }
+    let matches: Vec<&str> = flags
+        .iter()
+        .map(|(n, _)| n.as_str())
+        .filter(|n| n.starts_with(norm))
+        .collect();
+    match matches.as_slice() {
+        [] => Ok(norm.to_string()),
+        [one] => Ok(one.to_string()),
+        many => Err(FtError::Ambiguous {
+            flag: flag.to_string(),
+            candidates: many
+                .iter()
+                .map(|n| format!("--{n}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+        }),
+    }
+}
 
 /// Short flags of `vigil run` that take a value (`-r 3`, `-r3`).
 const VALUE_SHORTS: &[char] = &['r', 't'];
@@ -221,9 +207,15 @@ pub fn translate(
                     i += used;
                 }
                 None => {
-                    kept.push(arg.clone());
+                    let norm = resolve_prefix(&norm, &flag)?;
+                    // A prefix is written out whole, so that clap sees the flag itself.
+                    kept.push(match (name.replace('_', "-") == norm, inline) {
+                        (true, _) => arg.clone(),
+                        (false, Some(v)) => format!("--{norm}={v}"),
+                        (false, None) => format!("--{norm}"),
+                    });
                     explicit.insert(norm.clone());
-                    if inline.is_none() && VALUE_FLAGS.contains(&norm.as_str()) {
+                    if inline.is_none() && takes_value(&norm) {
                         if let Some(v) = args.get(i + 1) {
                             kept.push(v.clone());
                             i += 1;
@@ -303,7 +295,7 @@ pub fn translate(
     })
 }
 
-/// vigil's flags before the script with each `--flag value` of [`VALUE_FLAGS`] joined into
+/// vigil's flags before the script with each `--flag value` of a value-taking flag joined into
 /// `--flag=value`, so that clap takes a value such as `-inf` or `-1` as the value [`translate`]
 /// found it to be, and says what is wrong with it, instead of reading it as an unknown flag.
 pub fn join_values(args: &[String]) -> Vec<String> {
@@ -313,7 +305,7 @@ pub fn join_values(args: &[String]) -> Vec<String> {
         let a = &args[i];
         let norm = a.strip_prefix("--").map(|n| n.replace('_', "-"));
         match (norm, args.get(i + 1)) {
-            (Some(n), Some(v)) if VALUE_FLAGS.contains(&n.as_str()) => {
+            (Some(n), Some(v)) if takes_value(&n) => {
                 out.push(format!("{a}={v}"));
                 i += 2;
             }
@@ -1241,32 +1233,38 @@ fault_tolerance:
     }
 
     #[test]
-    fn value_flags_match_the_cli() {
+    fn value_flags_come_from_clap_with_aliases_that_differ_only_in_underscores() {
         use clap::CommandFactory;
         let cmd = crate::cli::Cli::command();
         let run = cmd.find_subcommand("run").expect("run subcommand");
-        let mut from_clap = Vec::new();
         for arg in run.get_arguments() {
-            if !arg.get_action().takes_values() {
-                continue;
-            }
             if let Some(long) = arg.get_long() {
-                from_clap.push(long.replace('_', "-"));
                 for alias in arg.get_all_aliases().unwrap_or_default() {
                     assert_eq!(alias.replace('_', "-"), long.replace('_', "-"));
                 }
             }
-            if let Some(short) = arg.get_short() {
+            if let (Some(short), true) = (arg.get_short(), arg.get_action().takes_values()) {
                 assert!(VALUE_SHORTS.contains(&short), "-{short} takes a value");
             }
         }
-        from_clap.sort();
-        let mut ours: Vec<String> = VALUE_FLAGS.iter().map(|s| s.to_string()).collect();
-        ours.sort();
+        assert!(takes_value("max-restarts") && takes_value("nproc-per-node"));
+        assert!(!takes_value("standalone") && !takes_value("no-python"));
+    }
+
+    #[test]
+    fn an_unambiguous_prefix_is_the_flag_and_an_ambiguous_one_is_refused() {
+        let t = tr(&["--max-restart", "2", "--nproc", "4", "t.py"]);
         assert_eq!(
-            ours, from_clap,
-            "VALUE_FLAGS in ftcompat.rs must list every value-taking long flag of `vigil run`"
+            t.args[..t.script_at],
+            sv(&["--max-restarts", "2", "--nproc-per-node", "4"])
         );
+        let t = tr(&["--max_restart=2", "t.py"]);
+        assert_eq!(t.args[..t.script_at], sv(&["--max-restarts=2"]));
+        let e = tr_err(&["--master", "x", "t.py"]).to_string();
+        assert!(e.contains("--master-addr, --master-port"), "{e}");
+        // Unknown flags are left for clap to name.
+        let t = tr(&["--bogus", "t.py"]);
+        assert_eq!(t.args[..t.script_at], sv(&["--bogus"]));
     }
 
     fn ft_flag() -> impl Strategy<Value = Vec<String>> {
