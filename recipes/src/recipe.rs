@@ -534,7 +534,7 @@ pub fn resolve(
             other => vigil_args.extend([flag, other.to_string()]),
         }
     }
-    Ok(Job {
+    let job = Job {
         name,
         cluster: r.cluster.clone(),
         nodes,
@@ -557,7 +557,56 @@ pub fn resolve(
         vigil_bin: r.vigil_bin.clone().unwrap_or_else(|| vigil_bin.to_string()),
         instance: r.instance.clone(),
         vigil_args,
-    })
+    };
+    no_control_characters(&job, origin)?;
+    Ok(job)
+}
+
+/// Refuses a control character in `value`, which a rendered script would hold: a newline ends a
+/// `#SBATCH` comment line and what follows runs as a command. `what` names the key.
+pub fn plain(origin: &str, what: &str, value: &str) -> Result<(), Error> {
+    match value.chars().find(|c| c.is_control()) {
+        None => Ok(()),
+        Some(c) => err(format!(
+            "{origin}: {what} {value:?} holds a control character (U+{:04X}); a rendered batch script takes none (a newline would end a line and run the rest as a command): remove it",
+            u32::from(c)
+        )),
+    }
+}
+
+/// [`plain`] over every text of the job that rendering writes into a script or a command line.
+fn no_control_characters(job: &Job, origin: &str) -> Result<(), Error> {
+    let one = |what: &str, v: &str| plain(origin, what, v);
+    let opt = |what: &str, v: &Option<String>| v.as_deref().map_or(Ok(()), |v| one(what, v));
+    one("name", &job.name)?;
+    opt("cluster", &job.cluster)?;
+    opt("partition", &job.partition)?;
+    opt("account", &job.account)?;
+    opt("time", &job.time)?;
+    opt("script", &job.script)?;
+    opt("image", &job.image)?;
+    opt("instance", &job.instance)?;
+    one("vigil_bin", &job.vigil_bin)?;
+    for a in &job.args {
+        one("args entry", a)?;
+    }
+    for m in job.mounts.iter().chain(&job.workspaces) {
+        one("mount", &m.render())?;
+    }
+    for (key, d) in &job.dirs {
+        one(key, &d.to_string_lossy())?;
+    }
+    for (k, v) in &job.env {
+        one("env key", k)?;
+        one(&format!("env.{k}"), v)?;
+    }
+    for s in &job.secrets {
+        one("secret", s)?;
+    }
+    for a in &job.vigil_args {
+        one("[vigil] value", a)?;
+    }
+    Ok(())
 }
 
 /// An environment lookup (the submitting process's, or a test's).
@@ -572,7 +621,8 @@ pub struct Facts<'a> {
     pub env: Option<EnvFn<'a>>,
 }
 
-/// The checks before anything is submitted: partition, image file, script, secrets.
+/// The checks before anything is submitted: partition, image file, script, secrets, the
+/// directories that must exist (`workdir`, `data_dir`; `log_dir` and `cache_dir` are created).
 pub fn check(job: &Job, facts: &Facts) -> Result<(), Error> {
     if let (Some(p), Some(list)) = (&job.partition, &facts.partitions) {
         if !list.iter().any(|l| l == p) {
@@ -616,6 +666,10 @@ pub fn check(job: &Job, facts: &Facts) -> Result<(), Error> {
         }
     }
     for (key, d) in &job.dirs {
+        // vigil launch creates these (docs/launch.md); the job's input must exist.
+        if matches!(*key, "log_dir" | "cache_dir") {
+            continue;
+        }
         if !(facts.exists)(d) {
             return err(format!(
                 "{key} {} does not exist; create it or fix `{key}`",

@@ -24,18 +24,71 @@ pub fn sh_quote(s: &str) -> String {
     }
 }
 
-/// An environment value in double quotes: `$VAR` expands in the batch script (a preset's
-/// `${LD_LIBRARY_PATH:-}`), `"`, `\` and backquotes are literal.
+/// An environment value in double quotes, as data: `$NAME`, `${NAME}` and `${NAME:-WORD}` (WORD
+/// plain text) expand in the batch script (a preset's `${LD_LIBRARY_PATH:-}`); every other `$`
+/// (command substitution `$(...)`, arithmetic, `${X/...}`), `"`, `\` and backquotes are literal.
 fn dq(s: &str) -> String {
     let mut out = String::from("\"");
-    for c in s.chars() {
-        if matches!(c, '"' | '\\' | '`') {
+    let mut i = 0;
+    while i < s.len() {
+        let rest = &s[i..];
+        let c = rest.chars().next().expect("i is below the length");
+        if c == '$' {
+            if let Some(n) = expansion_len(rest) {
+                out.push_str(&rest[..n]);
+                i += n;
+                continue;
+            }
+        }
+        if matches!(c, '"' | '\\' | '`' | '$') {
             out.push('\\');
         }
         out.push(c);
+        i += c.len_utf8();
     }
     out.push('"');
     out
+}
+
+/// The length of the variable expansion `rest` starts with, if it is one that runs nothing:
+/// `$NAME`, `${NAME}`, `${NAME:-WORD}` or `${NAME-WORD}` with WORD free of `$`, quotes,
+/// backslashes, backquotes and braces.
+fn expansion_len(rest: &str) -> Option<usize> {
+    let b = rest.as_bytes();
+    let name_len = |from: usize| -> usize {
+        let mut j = from;
+        while j < b.len() && (b[j].is_ascii_alphanumeric() || b[j] == b'_') {
+            j += 1;
+        }
+        if j > from && !b[from].is_ascii_digit() {
+            j - from
+        } else {
+            0
+        }
+    };
+    if b.get(1) != Some(&b'{') {
+        let n = name_len(1);
+        return (n > 0).then_some(1 + n);
+    }
+    let n = name_len(2);
+    if n == 0 {
+        return None;
+    }
+    let mut j = 2 + n;
+    if b.get(j) == Some(&b'}') {
+        return Some(j + 1);
+    }
+    if b.get(j) == Some(&b':') {
+        j += 1;
+    }
+    if b.get(j) != Some(&b'-') {
+        return None;
+    }
+    j += 1;
+    while j < b.len() && !matches!(b[j], b'$' | b'"' | b'\'' | b'\\' | b'`' | b'{' | b'}') {
+        j += 1;
+    }
+    (b.get(j) == Some(&b'}')).then_some(j + 1)
 }
 
 /// Where an experiment lives and what it is called; the parts of a script that are not the
@@ -147,6 +200,37 @@ fn vigil_run_words(job: &Job, dir: &str, extra: &[String]) -> Vec<String> {
     }
     w.extend(job.args.iter().cloned());
     w
+}
+
+/// The `vigil run` line of a Slurm job as node rank 0 will run it (Slurm's variables given their
+/// values), for the agent's parser to check before submitting.
+pub fn slurm_run_line(job: &Job, dir: &Path) -> crate::RunLine {
+    let nodes = job.nodes.to_string();
+    let extra = [
+        "--nnodes".to_string(),
+        nodes,
+        "--rdzv-id".into(),
+        "1".into(),
+    ];
+    let mut words = vigil_run_words(job, &dir.display().to_string(), &extra);
+    words.remove(0);
+    crate::RunLine {
+        words,
+        nodes: job.nodes,
+        gpus_per_node: job.gpus_per_node,
+    }
+}
+
+/// The `vigil run` line of a BCP job, for the same check.
+pub fn bcp_run_line(job: &Job) -> crate::RunLine {
+    let time = job.time.clone().unwrap_or_default();
+    let mut words = vigil_run_words(job, "/results/vigil", &["--time-limit".into(), time]);
+    words.remove(0);
+    crate::RunLine {
+        words,
+        nodes: job.nodes,
+        gpus_per_node: job.gpus_per_node,
+    }
 }
 
 /// The batch script of a training job: `srun vigil run` on every node.
@@ -320,6 +404,16 @@ mod tests {
         assert_eq!(sh_quote(""), "''");
         assert_eq!(sh_quote("$HOME"), "'$HOME'");
         assert_eq!(dq("a\"b`c\\$X"), r#""a\"b\`c\\$X""#);
+        assert_eq!(
+            dq("/l:${LD_LIBRARY_PATH:-}"),
+            r#""/l:${LD_LIBRARY_PATH:-}""#
+        );
+        assert_eq!(dq("$(touch x)"), r#""\$(touch x)""#);
+        assert_eq!(dq("${X:-$(id)}"), r#""\${X:-\$(id)}""#);
+        assert_eq!(
+            dq("$((1+1)) $1 ${X/a/b} ${Y}z $"),
+            r#""\$((1+1)) \$1 \${X/a/b} ${Y}z \$""#
+        );
     }
 
     fn bash(args: &[&str]) -> std::process::Output {
