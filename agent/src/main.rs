@@ -237,6 +237,7 @@ fn main() -> ExitCode {
                     0
                 }
                 Err(e) => {
+                    let e = vigil_report::term_safe_line(&e.to_string());
                     eprintln!("vigil ledger: error: {e}");
                     2
                 }
@@ -250,6 +251,7 @@ fn main() -> ExitCode {
                     0
                 }
                 Err(e) => {
+                    let e = vigil_report::term_safe_line(&e.to_string());
                     eprintln!("vigil report: error: {e}");
                     2
                 }

@@ -103,8 +103,10 @@ fn env(k: &str) -> Option<String> {
     std::env::var(k).ok()
 }
 
+/// The error as one line; names and paths in it may come from records, so nothing in it may
+/// drive the terminal.
 fn fail(cmd: &str, e: Error) -> i32 {
-    eprintln!("vigil {cmd}: error: {e}");
+    eprintln!("vigil {cmd}: error: {}", vigil_report::term_safe_line(&e.0));
     2
 }
 

@@ -274,11 +274,12 @@ pub fn sbatch(job: &Job, t: &Target) -> String {
 pub fn sbatch_interactive(job: &Job, t: &Target) -> String {
     let mut s = header(job, t, false);
     env_lines(job, &mut s);
+    // The path is quoted on its own, outside the double quotes: `$(...)` in it stays text.
+    let attach = sh_quote(&format!("{}/attach.sh", t.dir.display()));
     let _ = write!(
         s,
-        "\necho \"[vigil] interactive allocation $SLURM_JOB_ID on $SLURM_JOB_NODELIST: attach with bash {}/attach.sh [COMMAND...]\"\n\
-         exec sleep infinity\n",
-        t.dir.display()
+        "\necho \"[vigil] interactive allocation $SLURM_JOB_ID on $SLURM_JOB_NODELIST: attach with bash \"{attach}\" [COMMAND...]\"\n\
+         exec sleep infinity\n"
     );
     s
 }

@@ -20,6 +20,8 @@ FAKE_SLURM = {
     "scontrol": '#!/bin/bash\nexit 0\n',
     "squeue": '#!/bin/bash\necho PENDING\n',
     "sinfo": '#!/bin/bash\necho debug\n',
+    # An interactive allocation's script ends in `exec sleep infinity`.
+    "sleep": '#!/bin/bash\nexit 0\n',
 }
 
 
@@ -89,6 +91,25 @@ def test_a_newline_in_workdir_or_the_recipe_name_is_refused_and_runs_nothing(job
     # Nothing is submitted either.
     refused(run_vigil(["launch", str(r)], cwd=job, env=env_for(job)))
     assert not (job / "sbatch.called").exists()
+
+
+@pytest.mark.parametrize("interactive", [False, True])
+def test_a_command_in_the_experiment_home_stays_text(job, interactive):
+    # $VIGIL_HOME is the user's, but it is written into the script like the recipe's values.
+    home = job / "h$(touch MARKER)`touch MARKER`"
+    (job / "t.py").write_text("")
+    r = job / "r.toml"
+    r.write_text('name = "a"\nnproc_per_node = 1\nscript = "t.py"\n')
+    args = ["launch", str(r), "--dry-run"] + (["--interactive"] if interactive else [])
+    env = env_for(job)
+    env["VIGIL_HOME"] = str(home)
+    p = run_vigil(args, cwd=job, env=env)
+    assert p.returncode == 0, p.stderr
+    out = run_script(p.stdout, job)
+    assert out.returncode == 0, out.stderr
+    assert not (job / "MARKER").exists(), f"a command in VIGIL_HOME ran:\n{p.stdout}"
+    if interactive:
+        assert f"attach with bash {home}/experiments/a/" in out.stdout, out.stdout
 
 
 def test_env_values_are_data_but_plain_variables_still_expand(job):
