@@ -433,6 +433,41 @@ mod tests {
         }
     }
 
+    /// What bash makes of `dq(s)` with no variable set: each expansion `dq` leaves is empty, or
+    /// its default.
+    fn unset_value(s: &str) -> String {
+        let mut out = String::new();
+        let mut i = 0;
+        while i < s.len() {
+            let rest = &s[i..];
+            if let Some(n) = rest.starts_with('$').then(|| expansion_len(rest)).flatten() {
+                let e = &rest[..n];
+                if let Some(dash) = e.find('-').filter(|_| e.starts_with("${")) {
+                    out.push_str(&e[dash + 1..n - 1]);
+                }
+                i += n;
+            } else {
+                let c = rest.chars().next().unwrap();
+                out.push(c);
+                i += c.len_utf8();
+            }
+        }
+        out
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        #[test]
+        fn env_values_run_nothing(s in "[ab$(){}:\\-`'\"\\\\ ;|&]{0,16}") {
+            let out = std::process::Command::new("env")
+                .args(["-i", "bash", "-c", &format!("printf %s {}", dq(&s))])
+                .output()
+                .unwrap();
+            proptest::prop_assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            proptest::prop_assert_eq!(String::from_utf8_lossy(&out.stdout), unset_value(&s));
+        }
+    }
+
     fn job(image: Option<&str>) -> Job {
         let r: crate::recipe::Recipe = toml::from_str(&format!(
             "name = \"dbg\"\nnproc_per_node = 1\n{}",
