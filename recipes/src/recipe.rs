@@ -814,6 +814,40 @@ mod tests {
     }
 
     #[test]
+    fn control_characters_in_anything_rendered_are_refused() {
+        let base = "name = \"a\"\nscript = \"t.py\"\nnproc_per_node = 1\n";
+        for (extra, what) in [
+            ("workdir = \"/w\\ntouch x #\"\n", "workdir"),
+            ("args = [\"a\\tb\"]\n", "args entry"),
+            ("env = { X = \"\\u001b]0;t\\u0007\" }\n", "env.X"),
+            ("log_dir = \"/l\\r\"\n", "log_dir"),
+            ("mounts = [\"/a:/b\\n\"]\nimage = \"i\"\n", "mount"),
+            ("[vigil]\nstop_lead = \"x\\ny\"\n", "[vigil] value"),
+        ] {
+            let e = job(&format!("{base}{extra}")).unwrap_err().0;
+            assert!(
+                e.contains(what) && e.contains("control character") && !e.contains('\n'),
+                "{extra}: {e}"
+            );
+        }
+        let ok = job(&format!("{base}env = {{ X = \"a b $Y\" }}\n")).unwrap();
+        assert_eq!(ok.env.last().unwrap().1, "a b $Y");
+    }
+
+    #[test]
+    fn log_and_cache_dirs_need_not_exist_before_launch() {
+        let j = job("name = \"a\"\nscript = \"t.py\"\nnproc_per_node = 1\nlog_dir = \"l\"\ncache_dir = \"c\"\ndata_dir = \"d\"\n").unwrap();
+        let exists = |p: &Path| !matches!(p.to_str(), Some("/w/l" | "/w/c" | "/w/d"));
+        let f = Facts {
+            partitions: None,
+            exists: &exists,
+            env: None,
+        };
+        let e = check(&j, &f).unwrap_err().0;
+        assert!(e.starts_with("data_dir /w/d does not exist"), "{e}");
+    }
+
+    #[test]
     fn preset_gives_gpus_env_and_mounts_and_recipe_wins() {
         let j = job("name = \"a\"\nscript = \"t.py\"\ncluster = \"hcc-a3u\"\nimage = \"/i.sqsh\"\nenv = { NCCL_IB_TC = \"1\", X = \"y\" }\nmounts = [\"/d:/data:ro\"]\n[vigil]\nmax_restarts = 3\nmodule = true\n").unwrap();
         assert_eq!((j.nproc_per_node, j.gpus_per_node, j.nodes), (8, 8, 1));
