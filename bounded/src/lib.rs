@@ -254,6 +254,22 @@ mod tests {
     }
 
     #[test]
+    fn errors_keep_their_kind_and_say_why_without_the_path() {
+        let e = read_bytes(Path::new("/nonexistent/vigil-bounded"), 1).unwrap_err();
+        assert!(e.is_not_found());
+        assert_eq!(e.into_io().kind(), std::io::ErrorKind::NotFound);
+        let e = read_bytes(Path::new("/dev/null"), 1).unwrap_err();
+        assert_eq!(e.reason(), "it is a character device, not a regular file");
+        assert!(e.to_string().starts_with("/dev/null is a character device"));
+        let io = e.into_io();
+        assert_eq!(io.kind(), std::io::ErrorKind::InvalidData);
+        assert_eq!(
+            io.to_string(),
+            "it is a character device, not a regular file"
+        );
+    }
+
+    #[test]
     fn sizes_are_bounded() {
         let d = dir("size");
         let f = d.join("f");
