@@ -24,24 +24,14 @@ fn args() -> Result<Vec<String>, String> {
     if args.get(1).map(String::as_str) != Some("run") {
         return Ok(args);
     }
-    let t = vigil::cli::ftcompat::translate(&args[2..], &|p| std::fs::read_to_string(p))
-        .map_err(|e| e.to_string())?;
-    for note in &t.notes {
+    let (words, notes) =
+        vigil::cli::argv::run_words(&args[2..], &vigil::cli::argv::read_config_file)
+            .map_err(|e| e.to_string())?;
+    for note in &notes {
         eprintln!("[vigil] {note}");
     }
     args.truncate(2);
-    let (ours, script) = t.args.split_at(t.script_at);
-    args.extend(vigil::cli::ftcompat::join_values(ours));
-    let mut script = script.to_vec();
-    if script.first().is_some_and(|s| s != "--") {
-        // torchrun (argparse) drops a `--` right after the script: `-m pkg.train -- --depth=20`
-        // runs `pkg.train --depth=20`. Only that one; a later `--` is the script's own.
-        if script.get(1).is_some_and(|s| s == "--") {
-            script.remove(1);
-        }
-        args.push("--".into());
-    }
-    args.extend(script);
+    args.extend(words);
     Ok(args)
 }
 
@@ -126,6 +116,19 @@ fn run(a: RunArgs) -> i32 {
         eprintln!("vigil: error: {msg}");
         2
     };
+    if let Some(p) = &a.timeouts_file {
+        // Read (bounded) at start on node rank 0; a file that cannot be one is refused here.
+        match vigil_bounded::read_bytes(p, vigil::job::state::TIMEOUTS_LIMIT) {
+            Err(e) if !e.is_not_found() => {
+                return fail(format!(
+                    "--timeouts-file {}: {}; give a regular file (vigil writes it) or leave the flag out",
+                    p.display(),
+                    e.reason()
+                ))
+            }
+            _ => {}
+        }
+    }
     let cfg = match config::resolve(&a, &host) {
         Ok(c) => c,
         Err(e) => return fail(e.0),
@@ -205,7 +208,13 @@ fn main() -> ExitCode {
     let code = match cli.command {
         Command::Run(a) => run(*a),
         Command::Watchdog => vigil::run::proc::watchdog_main(),
-        Command::Launch(a) => vigil_recipes::cli::launch(&a, &run_options()),
+        Command::Launch(a) => {
+            let check = |l: &vigil_recipes::RunLine| {
+                vigil::cli::argv::check_run_line(&l.words, l.nodes, l.gpus_per_node)
+                    .map_err(|e| vigil_recipes::Error(e.0))
+            };
+            vigil_recipes::cli::launch(&a, &run_options(), &check)
+        }
         Command::Status(a) => vigil_recipes::cli::status(&a),
         Command::Logs(a) => vigil_recipes::cli::logs(&a),
         Command::Cancel(a) => vigil_recipes::cli::cancel(&a),
@@ -224,10 +233,11 @@ fn main() -> ExitCode {
             let env = |k: &str| std::env::var(k).ok();
             match vigil::allocation::ledger::ledger_command(target.as_deref(), &env) {
                 Ok(table) => {
-                    print!("{table}");
+                    print!("{}", vigil_report::term_safe(&table));
                     0
                 }
                 Err(e) => {
+                    let e = vigil_report::term_safe_line(&e.to_string());
                     eprintln!("vigil ledger: error: {e}");
                     2
                 }
@@ -241,6 +251,7 @@ fn main() -> ExitCode {
                     0
                 }
                 Err(e) => {
+                    let e = vigil_report::term_safe_line(&e.to_string());
                     eprintln!("vigil report: error: {e}");
                     2
                 }

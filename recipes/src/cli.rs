@@ -2,7 +2,7 @@
 //! parser embeds these argument structs and calls the functions here; each returns the exit
 //! status after printing its result, or its error as one line.
 
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::{Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -11,7 +11,7 @@ use clap::Args;
 use crate::experiment::{self, Meta};
 use crate::recipe::{self, Facts};
 use crate::render::{self, Target};
-use crate::{err, slurm, Error, RunOption};
+use crate::{err, slurm, Error, RunCheck, RunOption};
 
 #[derive(Debug, Clone, Args)]
 pub struct LaunchArgs {
@@ -83,6 +83,10 @@ pub struct LogsArgs {
     /// stdout, its stderr on stderr.
     #[arg(long, value_name = "N")]
     pub rank: Option<u32>,
+    /// The bytes as written. Without it, terminal control characters (escape sequences, carriage
+    /// returns) are printed as text such as `\x1b`, so a log cannot drive the terminal.
+    #[arg(long)]
+    pub raw: bool,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -99,8 +103,10 @@ fn env(k: &str) -> Option<String> {
     std::env::var(k).ok()
 }
 
+/// The error as one line; names and paths in it may come from records, so nothing in it may
+/// drive the terminal.
 fn fail(cmd: &str, e: Error) -> i32 {
-    eprintln!("vigil {cmd}: error: {e}");
+    eprintln!("vigil {cmd}: error: {}", vigil_report::term_safe_line(&e.0));
     2
 }
 
@@ -109,9 +115,16 @@ fn recipe_table(a: &LaunchArgs) -> Result<(toml::Table, String), Error> {
     let (mut table, origin) = match &a.recipe {
         Some(p) => {
             let origin = p.display().to_string();
-            let text = std::fs::read_to_string(p).map_err(|e| {
+            // Its name is written into the script's header.
+            if origin.chars().any(char::is_control) {
+                return err(format!(
+                    "the recipe's file name {origin:?} holds a control character; rename the file (a newline would end the script's comment line and run the rest)"
+                ));
+            }
+            let text = vigil_bounded::read_string(p, vigil_bounded::CONFIG_LIMIT).map_err(|e| {
                 Error(format!(
-                    "cannot read the recipe {origin}: {e}; give the path of a .toml file"
+                    "cannot read the recipe {origin}: {}; give the path of a .toml file",
+                    e.reason()
                 ))
             })?;
             (recipe::parse_table(&text, &origin)?, origin)
@@ -171,14 +184,14 @@ pub fn status_block(m: &Meta, state: &str) -> String {
     )
 }
 
-pub fn launch(a: &LaunchArgs, run: &[RunOption]) -> i32 {
-    match launch_inner(a, run) {
+pub fn launch(a: &LaunchArgs, run: &[RunOption], check_run: RunCheck) -> i32 {
+    match launch_inner(a, run, check_run) {
         Ok(()) => 0,
         Err(e) => fail("launch", e),
     }
 }
 
-fn launch_inner(a: &LaunchArgs, run: &[RunOption]) -> Result<(), Error> {
+fn launch_inner(a: &LaunchArgs, run: &[RunOption], check_run: RunCheck) -> Result<(), Error> {
     let (table, origin) = recipe_table(a)?;
     recipe::check_keys(&table, &origin, run)?;
     let r = recipe::from_table(table, &origin)?;
@@ -190,6 +203,7 @@ fn launch_inner(a: &LaunchArgs, run: &[RunOption]) -> Result<(), Error> {
             return err("--interactive is for Slurm; drop --executor bcp");
         }
         let line = render::bcp(&job)?;
+        check_vigil_line(&render::bcp_run_line(&job), &origin, check_run)?;
         if !a.dry_run {
             return err("--executor bcp prints the ngc command line only: add --dry-run and run the printed command with the ngc CLI");
         }
@@ -197,6 +211,11 @@ fn launch_inner(a: &LaunchArgs, run: &[RunOption]) -> Result<(), Error> {
         return Ok(());
     }
     let home = experiment::home(&env, &cwd)?;
+    recipe::plain("VIGIL_HOME", "the experiment home", &home.to_string_lossy())?;
+    if !a.interactive {
+        let planned = home.join("experiments").join(&job.name).join("check");
+        check_vigil_line(&render::slurm_run_line(&job, &planned), &origin, check_run)?;
+    }
     if a.dry_run {
         recipe::check(
             &job,
@@ -233,6 +252,17 @@ fn launch_inner(a: &LaunchArgs, run: &[RunOption]) -> Result<(), Error> {
             env: Some(env_fn),
         },
     )?;
+    for (key, d) in &job.dirs {
+        if matches!(*key, "log_dir" | "cache_dir") && !d.is_dir() {
+            std::fs::create_dir_all(d).map_err(|e| {
+                Error(format!(
+                    "cannot create {key} {}: {e}; create it or fix `{key}` (nothing was submitted)",
+                    d.display()
+                ))
+            })?;
+            eprintln!("vigil launch: created {key} {}", d.display());
+        }
+    }
     let (id, dir) = experiment::create(&home, &job.name, SystemTime::now())?;
     let result = submit(a, &r, &job, &id, &dir);
     if result.is_err() {
@@ -253,6 +283,16 @@ fn launch_inner(a: &LaunchArgs, run: &[RunOption]) -> Result<(), Error> {
         );
     }
     Ok(())
+}
+
+/// The rendered `vigil run` line through the agent's own parser and checks, as the job's agents
+/// will take it: a bad `[vigil]` value is refused before anything is submitted.
+fn check_vigil_line(line: &crate::RunLine, origin: &str, check_run: RunCheck) -> Result<(), Error> {
+    check_run(line).map_err(|e| {
+        Error(format!(
+            "{origin}: vigil run would refuse this job: {e} (fix the `[vigil]` table or --set vigil.KEY=...; nothing was submitted)"
+        ))
+    })
 }
 
 fn submit(
@@ -342,7 +382,7 @@ pub fn status(a: &ExperimentArg) -> i32 {
                 .unwrap_or_else(|| "UNKNOWN".into()),
             None => format!("UNKNOWN (Slurm no longer knows job {id}; vigil's records below)"),
         };
-        print!("{}", status_block(&m, &state));
+        let mut out = status_block(&m, &state);
         if let Some(f) = &info {
             for (label, key) in [
                 ("Nodes", "NodeList"),
@@ -358,16 +398,19 @@ pub fn status(a: &ExperimentArg) -> i32 {
                 }
                 match f.get(key).map(String::as_str) {
                     None | Some("None") | Some("(null)") | Some("") => {}
-                    Some(v) => println!("- {label}: {v}"),
+                    Some(v) => out.push_str(&format!("- {label}: {v}\n")),
                 }
             }
         }
         if m.interactive {
-            println!("- Attach: bash {}/attach.sh", m.dir.display());
+            out.push_str(&format!("- Attach: bash {}/attach.sh\n", m.dir.display()));
         }
         for line in vigil_view(&m.dir) {
-            println!("{line}");
+            out.push_str(&line);
+            out.push('\n');
         }
+        // Records and Slurm's answers are data: nothing in them may drive the terminal.
+        print!("{}", vigil_report::term_safe(&out));
         Ok(())
     };
     match run() {
@@ -396,11 +439,14 @@ fn rank_logs(dir: &Path, rank: u32) -> Result<(PathBuf, PathBuf), Error> {
         ))
     })?;
     for run in runs.flatten() {
-        let Ok(text) = std::fs::read_to_string(run.path().join("events.jsonl")) else {
+        // Streamed, each line bounded: an event log may be large, or not a file at all.
+        let Ok(lines) =
+            vigil_bounded::lines(&run.path().join("events.jsonl"), vigil_bounded::LINE_LIMIT)
+        else {
             continue;
         };
-        for line in text.lines() {
-            let Ok(ev) = serde_json::from_str::<serde_json::Value>(line) else {
+        for line in lines.map_while(Result::ok) {
+            let Ok(ev) = serde_json::from_str::<serde_json::Value>(&line.text) else {
                 continue;
             };
             if ev["event"] != "rank_started" || ev["rank"].as_u64() != Some(rank.into()) {
@@ -432,22 +478,66 @@ fn rank_logs(dir: &Path, rank: u32) -> Result<(PathBuf, PathBuf), Error> {
     }
 }
 
-/// Copies what was added to the file since `pos` to `out`; returns the bytes copied.
-fn pump(path: &Path, pos: &mut u64, out: &mut dyn Write) -> u64 {
-    let Ok(mut f) = std::fs::File::open(path) else {
+/// Terminal control bytes written as text (`\x1b`), for a log copied to a terminal: C0 controls
+/// but newline and tab, DEL, and the C1 controls as UTF-8 writes them (0xC2 0x80..0x9F). `c2`
+/// carries a 0xC2 that ended the previous chunk.
+fn escape_bytes(buf: &[u8], c2: &mut bool, out: &mut Vec<u8>) {
+    for &b in buf {
+        if std::mem::take(c2) {
+            if (0x80..=0x9f).contains(&b) {
+                out.extend_from_slice(format!("\\x{b:02x}").as_bytes());
+                continue;
+            }
+            out.push(0xc2);
+        }
+        match b {
+            0xc2 => *c2 = true,
+            b'\n' | b'\t' => out.push(b),
+            0..=0x1f | 0x7f => out.extend_from_slice(format!("\\x{b:02x}").as_bytes()),
+            _ => out.push(b),
+        }
+    }
+}
+
+/// Copies what was added to the file since `pos` to `out`, streaming (a log may be larger than
+/// memory; a FIFO or device is not read), control bytes escaped unless `raw`; returns the bytes
+/// copied.
+fn pump(path: &Path, pos: &mut u64, out: &mut dyn Write, raw: bool) -> u64 {
+    use std::io::Read;
+    let Ok(mut f) = vigil_bounded::open_regular(path) else {
         return 0;
     };
     if f.seek(SeekFrom::Start(*pos)).is_err() {
         return 0;
     }
-    let mut buf = Vec::new();
-    let n = f.read_to_end(&mut buf).unwrap_or(0) as u64;
-    if n > 0 {
-        let _ = out.write_all(&buf);
-        let _ = out.flush();
-        *pos += n;
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut escaped = Vec::new();
+    let mut c2 = false;
+    let mut total = 0u64;
+    loop {
+        let n = match f.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        total += n as u64;
+        let chunk = &buf[..n];
+        let ok = if raw {
+            out.write_all(chunk)
+        } else {
+            escaped.clear();
+            escape_bytes(chunk, &mut c2, &mut escaped);
+            out.write_all(&escaped)
+        };
+        if ok.is_err() {
+            break;
+        }
     }
-    n
+    if c2 {
+        let _ = out.write_all(&[0xc2]);
+    }
+    let _ = out.flush();
+    *pos += total;
+    total
 }
 
 pub fn logs(a: &LogsArgs) -> i32 {
@@ -482,7 +572,7 @@ pub fn logs(a: &LogsArgs) -> i32 {
                 .zip(pos.iter_mut())
                 .map(|((p, to_err), at)| {
                     let sink: &mut dyn Write = if *to_err { &mut errs } else { &mut out };
-                    pump(p, at, sink)
+                    pump(p, at, sink, a.raw)
                 })
                 .sum()
         };
@@ -558,7 +648,7 @@ pub fn list() -> i32 {
             .collect();
         print!(
             "{}",
-            table(&["EXPERIMENT", "JOB", "STATE", "DIRECTORY"], &rows)
+            vigil_report::term_safe(&table(&["EXPERIMENT", "JOB", "STATE", "DIRECTORY"], &rows))
         );
         Ok(())
     };
@@ -636,6 +726,16 @@ mod tests {
             status_block(&m, "RUNNING"),
             "Experiment Status for nemo-demo-run_20250721-184322\n\nTask 0: nemo-demo-run\n- Status: RUNNING\n- Executor: SlurmExecutor on a3m\n- Job id: 75\n- Local Directory: /h/experiments/nemo-demo-run/nemo-demo-run_20250721-184322\n"
         );
+    }
+
+    #[test]
+    fn control_bytes_are_escaped_across_chunks() {
+        let mut out = Vec::new();
+        let mut c2 = false;
+        escape_bytes(b"a\x1b[2Jb\r\n\t\xc2", &mut c2, &mut out);
+        assert!(c2);
+        escape_bytes(b"\x9bc\xc2\xa9", &mut c2, &mut out);
+        assert_eq!(out, b"a\\x1b[2Jb\\x0d\n\t\\x9bc\xc2\xa9");
     }
 
     #[test]

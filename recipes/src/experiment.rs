@@ -98,11 +98,12 @@ pub fn write_meta(m: &Meta) -> Result<(), Error> {
 
 pub fn read_meta(dir: &Path) -> Result<Meta, Error> {
     let path = dir.join(META);
-    let text = std::fs::read_to_string(&path).map_err(|e| {
+    let text = vigil_bounded::read_string(&path, vigil_bounded::CONFIG_LIMIT).map_err(|e| {
         Error(format!(
-            "{} is not an experiment directory ({}: {e})",
+            "{} is not an experiment directory ({}: {})",
             dir.display(),
-            META
+            META,
+            e.reason()
         ))
     })?;
     let mut m: Meta = serde_json::from_str(&text).map_err(|e| {

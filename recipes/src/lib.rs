@@ -36,3 +36,16 @@ pub struct RunOption {
     /// false for a switch (`--module`), true for an option that takes a value.
     pub takes_value: bool,
 }
+
+/// `vigil run`'s line as a job renders it, for the agent's own parser to check before anything
+/// is submitted (`vigil launch` is below the agent, so the agent passes the check in).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunLine {
+    /// The words after `vigil run`, Slurm's variables given the values node rank 0 will see.
+    pub words: Vec<String>,
+    pub nodes: u32,
+    pub gpus_per_node: u32,
+}
+
+/// The agent's check of a [`RunLine`]: its error is one line naming the flag.
+pub type RunCheck<'a> = &'a dyn Fn(&RunLine) -> Result<(), Error>;

@@ -534,7 +534,7 @@ pub fn resolve(
             other => vigil_args.extend([flag, other.to_string()]),
         }
     }
-    Ok(Job {
+    let job = Job {
         name,
         cluster: r.cluster.clone(),
         nodes,
@@ -557,7 +557,56 @@ pub fn resolve(
         vigil_bin: r.vigil_bin.clone().unwrap_or_else(|| vigil_bin.to_string()),
         instance: r.instance.clone(),
         vigil_args,
-    })
+    };
+    no_control_characters(&job, origin)?;
+    Ok(job)
+}
+
+/// Refuses a control character in `value`, which a rendered script would hold: a newline ends a
+/// `#SBATCH` comment line and what follows runs as a command. `what` names the key.
+pub fn plain(origin: &str, what: &str, value: &str) -> Result<(), Error> {
+    match value.chars().find(|c| c.is_control()) {
+        None => Ok(()),
+        Some(c) => err(format!(
+            "{origin}: {what} {value:?} holds a control character (U+{:04X}); a rendered batch script takes none (a newline would end a line and run the rest as a command): remove it",
+            u32::from(c)
+        )),
+    }
+}
+
+/// [`plain`] over every text of the job that rendering writes into a script or a command line.
+fn no_control_characters(job: &Job, origin: &str) -> Result<(), Error> {
+    let one = |what: &str, v: &str| plain(origin, what, v);
+    let opt = |what: &str, v: &Option<String>| v.as_deref().map_or(Ok(()), |v| one(what, v));
+    one("name", &job.name)?;
+    opt("cluster", &job.cluster)?;
+    opt("partition", &job.partition)?;
+    opt("account", &job.account)?;
+    opt("time", &job.time)?;
+    opt("script", &job.script)?;
+    opt("image", &job.image)?;
+    opt("instance", &job.instance)?;
+    one("vigil_bin", &job.vigil_bin)?;
+    for a in &job.args {
+        one("args entry", a)?;
+    }
+    for m in job.mounts.iter().chain(&job.workspaces) {
+        one("mount", &m.render())?;
+    }
+    for (key, d) in &job.dirs {
+        one(key, &d.to_string_lossy())?;
+    }
+    for (k, v) in &job.env {
+        one("env key", k)?;
+        one(&format!("env.{k}"), v)?;
+    }
+    for s in &job.secrets {
+        one("secret", s)?;
+    }
+    for a in &job.vigil_args {
+        one("[vigil] value", a)?;
+    }
+    Ok(())
 }
 
 /// An environment lookup (the submitting process's, or a test's).
@@ -572,7 +621,8 @@ pub struct Facts<'a> {
     pub env: Option<EnvFn<'a>>,
 }
 
-/// The checks before anything is submitted: partition, image file, script, secrets.
+/// The checks before anything is submitted: partition, image file, script, secrets, the
+/// directories that must exist (`workdir`, `data_dir`; `log_dir` and `cache_dir` are created).
 pub fn check(job: &Job, facts: &Facts) -> Result<(), Error> {
     if let (Some(p), Some(list)) = (&job.partition, &facts.partitions) {
         if !list.iter().any(|l| l == p) {
@@ -616,6 +666,10 @@ pub fn check(job: &Job, facts: &Facts) -> Result<(), Error> {
         }
     }
     for (key, d) in &job.dirs {
+        // vigil launch creates these (docs/launch.md); the job's input must exist.
+        if matches!(*key, "log_dir" | "cache_dir") {
+            continue;
+        }
         if !(facts.exists)(d) {
             return err(format!(
                 "{key} {} does not exist; create it or fix `{key}`",
@@ -757,6 +811,40 @@ mod tests {
         assert!(e.0.contains("did you mean `hcc-a3m`?"), "{e}");
         let e = job("name = \"a\"\nscript = \"t\"\nnproc_per_node = 1\nsecrets = [\"HF_TOKEN\"]\nenv = { HF_TOKEN = \"x\" }\n").unwrap_err();
         assert!(e.0.contains("both a secret and in `env`"), "{e}");
+    }
+
+    #[test]
+    fn control_characters_in_anything_rendered_are_refused() {
+        let base = "name = \"a\"\nscript = \"t.py\"\nnproc_per_node = 1\n";
+        for (extra, what) in [
+            ("workdir = \"/w\\ntouch x #\"\n", "workdir"),
+            ("args = [\"a\\tb\"]\n", "args entry"),
+            ("env = { X = \"\\u001b]0;t\\u0007\" }\n", "env.X"),
+            ("log_dir = \"/l\\r\"\n", "log_dir"),
+            ("mounts = [\"/a:/b\\n\"]\nimage = \"i\"\n", "mount"),
+            ("[vigil]\nstop_lead = \"x\\ny\"\n", "[vigil] value"),
+        ] {
+            let e = job(&format!("{base}{extra}")).unwrap_err().0;
+            assert!(
+                e.contains(what) && e.contains("control character") && !e.contains('\n'),
+                "{extra}: {e}"
+            );
+        }
+        let ok = job(&format!("{base}env = {{ X = \"a b $Y\" }}\n")).unwrap();
+        assert_eq!(ok.env.last().unwrap().1, "a b $Y");
+    }
+
+    #[test]
+    fn log_and_cache_dirs_need_not_exist_before_launch() {
+        let j = job("name = \"a\"\nscript = \"t.py\"\nnproc_per_node = 1\nlog_dir = \"l\"\ncache_dir = \"c\"\ndata_dir = \"d\"\n").unwrap();
+        let exists = |p: &Path| !matches!(p.to_str(), Some("/w/l" | "/w/c" | "/w/d"));
+        let f = Facts {
+            partitions: None,
+            exists: &exists,
+            env: None,
+        };
+        let e = check(&j, &f).unwrap_err().0;
+        assert!(e.starts_with("data_dir /w/d does not exist"), "{e}");
     }
 
     #[test]

@@ -24,18 +24,71 @@ pub fn sh_quote(s: &str) -> String {
     }
 }
 
-/// An environment value in double quotes: `$VAR` expands in the batch script (a preset's
-/// `${LD_LIBRARY_PATH:-}`), `"`, `\` and backquotes are literal.
+/// An environment value in double quotes, as data: `$NAME`, `${NAME}` and `${NAME:-WORD}` (WORD
+/// plain text) expand in the batch script (a preset's `${LD_LIBRARY_PATH:-}`); every other `$`
+/// (command substitution `$(...)`, arithmetic, `${X/...}`), `"`, `\` and backquotes are literal.
 fn dq(s: &str) -> String {
     let mut out = String::from("\"");
-    for c in s.chars() {
-        if matches!(c, '"' | '\\' | '`') {
+    let mut i = 0;
+    while i < s.len() {
+        let rest = &s[i..];
+        let c = rest.chars().next().expect("i is below the length");
+        if c == '$' {
+            if let Some(n) = expansion_len(rest) {
+                out.push_str(&rest[..n]);
+                i += n;
+                continue;
+            }
+        }
+        if matches!(c, '"' | '\\' | '`' | '$') {
             out.push('\\');
         }
         out.push(c);
+        i += c.len_utf8();
     }
     out.push('"');
     out
+}
+
+/// The length of the variable expansion `rest` starts with, if it is one that runs nothing:
+/// `$NAME`, `${NAME}`, `${NAME:-WORD}` or `${NAME-WORD}` with WORD free of `$`, quotes,
+/// backslashes, backquotes and braces.
+fn expansion_len(rest: &str) -> Option<usize> {
+    let b = rest.as_bytes();
+    let name_len = |from: usize| -> usize {
+        let mut j = from;
+        while j < b.len() && (b[j].is_ascii_alphanumeric() || b[j] == b'_') {
+            j += 1;
+        }
+        if j > from && !b[from].is_ascii_digit() {
+            j - from
+        } else {
+            0
+        }
+    };
+    if b.get(1) != Some(&b'{') {
+        let n = name_len(1);
+        return (n > 0).then_some(1 + n);
+    }
+    let n = name_len(2);
+    if n == 0 {
+        return None;
+    }
+    let mut j = 2 + n;
+    if b.get(j) == Some(&b'}') {
+        return Some(j + 1);
+    }
+    if b.get(j) == Some(&b':') {
+        j += 1;
+    }
+    if b.get(j) != Some(&b'-') {
+        return None;
+    }
+    j += 1;
+    while j < b.len() && !matches!(b[j], b'$' | b'"' | b'\'' | b'\\' | b'`' | b'{' | b'}') {
+        j += 1;
+    }
+    (b.get(j) == Some(&b'}')).then_some(j + 1)
 }
 
 /// Where an experiment lives and what it is called; the parts of a script that are not the
@@ -149,6 +202,37 @@ fn vigil_run_words(job: &Job, dir: &str, extra: &[String]) -> Vec<String> {
     w
 }
 
+/// The `vigil run` line of a Slurm job as node rank 0 will run it (Slurm's variables given their
+/// values), for the agent's parser to check before submitting.
+pub fn slurm_run_line(job: &Job, dir: &Path) -> crate::RunLine {
+    let nodes = job.nodes.to_string();
+    let extra = [
+        "--nnodes".to_string(),
+        nodes,
+        "--rdzv-id".into(),
+        "1".into(),
+    ];
+    let mut words = vigil_run_words(job, &dir.display().to_string(), &extra);
+    words.remove(0);
+    crate::RunLine {
+        words,
+        nodes: job.nodes,
+        gpus_per_node: job.gpus_per_node,
+    }
+}
+
+/// The `vigil run` line of a BCP job, for the same check.
+pub fn bcp_run_line(job: &Job) -> crate::RunLine {
+    let time = job.time.clone().unwrap_or_default();
+    let mut words = vigil_run_words(job, "/results/vigil", &["--time-limit".into(), time]);
+    words.remove(0);
+    crate::RunLine {
+        words,
+        nodes: job.nodes,
+        gpus_per_node: job.gpus_per_node,
+    }
+}
+
 /// The batch script of a training job: `srun vigil run` on every node.
 pub fn sbatch(job: &Job, t: &Target) -> String {
     let mut s = header(job, t, true);
@@ -190,11 +274,12 @@ pub fn sbatch(job: &Job, t: &Target) -> String {
 pub fn sbatch_interactive(job: &Job, t: &Target) -> String {
     let mut s = header(job, t, false);
     env_lines(job, &mut s);
+    // The path is quoted on its own, outside the double quotes: `$(...)` in it stays text.
+    let attach = sh_quote(&format!("{}/attach.sh", t.dir.display()));
     let _ = write!(
         s,
-        "\necho \"[vigil] interactive allocation $SLURM_JOB_ID on $SLURM_JOB_NODELIST: attach with bash {}/attach.sh [COMMAND...]\"\n\
-         exec sleep infinity\n",
-        t.dir.display()
+        "\necho \"[vigil] interactive allocation $SLURM_JOB_ID on $SLURM_JOB_NODELIST: attach with bash \"{attach}\" [COMMAND...]\"\n\
+         exec sleep infinity\n"
     );
     s
 }
@@ -320,6 +405,16 @@ mod tests {
         assert_eq!(sh_quote(""), "''");
         assert_eq!(sh_quote("$HOME"), "'$HOME'");
         assert_eq!(dq("a\"b`c\\$X"), r#""a\"b\`c\\$X""#);
+        assert_eq!(
+            dq("/l:${LD_LIBRARY_PATH:-}"),
+            r#""/l:${LD_LIBRARY_PATH:-}""#
+        );
+        assert_eq!(dq("$(touch x)"), r#""\$(touch x)""#);
+        assert_eq!(dq("${X:-$(id)}"), r#""\${X:-\$(id)}""#);
+        assert_eq!(
+            dq("$((1+1)) $1 ${X/a/b} ${Y}z $"),
+            r#""\$((1+1)) \$1 \${X/a/b} ${Y}z \$""#
+        );
     }
 
     fn bash(args: &[&str]) -> std::process::Output {
@@ -335,6 +430,41 @@ mod tests {
         fn quoted_words_reach_bash_unchanged(s in "[^\\x00]{0,24}") {
             let out = bash(&["-c", &format!("printf %s {}", sh_quote(&s))]);
             proptest::prop_assert_eq!(String::from_utf8_lossy(&out.stdout), s);
+        }
+    }
+
+    /// What bash makes of `dq(s)` with no variable set: each expansion `dq` leaves is empty, or
+    /// its default.
+    fn unset_value(s: &str) -> String {
+        let mut out = String::new();
+        let mut i = 0;
+        while i < s.len() {
+            let rest = &s[i..];
+            if let Some(n) = rest.starts_with('$').then(|| expansion_len(rest)).flatten() {
+                let e = &rest[..n];
+                if let Some(dash) = e.find('-').filter(|_| e.starts_with("${")) {
+                    out.push_str(&e[dash + 1..n - 1]);
+                }
+                i += n;
+            } else {
+                let c = rest.chars().next().unwrap();
+                out.push(c);
+                i += c.len_utf8();
+            }
+        }
+        out
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        #[test]
+        fn env_values_run_nothing(s in "[ab$(){}:\\-`'\"\\\\ ;|&]{0,16}") {
+            let out = std::process::Command::new("env")
+                .args(["-i", "bash", "-c", &format!("printf %s {}", dq(&s))])
+                .output()
+                .unwrap();
+            proptest::prop_assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            proptest::prop_assert_eq!(String::from_utf8_lossy(&out.stdout), unset_value(&s));
         }
     }
 

@@ -13,6 +13,7 @@ mod status;
 
 use std::path::{Path, PathBuf};
 
+pub use fmt::{term_safe, term_safe_line};
 pub use history::{
     Allocation, Attempt, Failure, Hang, History, Moment, NodeRun, RankScore, Restart, RunResult,
     StepPoint, Stop, StopKind, StragglerReport,

@@ -2,7 +2,6 @@
 //! and `ledger.jsonl` (one per job, written by node rank 0) below a directory.
 
 use std::fs;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
@@ -78,21 +77,17 @@ pub fn find(dir: &Path) -> Found {
 }
 
 /// Calls `visit` with each JSON object in the file at `path`, one line at a time, so a large
-/// event log is never held whole. Returns the notes on skipped lines (see [`parse_jsonl`]).
-pub fn read_jsonl(path: &Path, visit: &mut dyn FnMut(&Value)) -> std::io::Result<Vec<String>> {
-    let mut reader = BufReader::new(fs::File::open(path)?);
+/// event log is never held whole; a line longer than [`vigil_bounded::LINE_LIMIT`] (no record of
+/// vigil's is) ends the reading with an error. Returns the notes on skipped lines (see
+/// [`parse_jsonl`]).
+pub fn read_jsonl(
+    path: &Path,
+    visit: &mut dyn FnMut(&Value),
+) -> Result<Vec<String>, vigil_bounded::ReadError> {
     let mut notes = Vec::new();
-    let mut buf = Vec::new();
-    let mut n = 0usize;
-    loop {
-        buf.clear();
-        if reader.read_until(b'\n', &mut buf)? == 0 {
-            break;
-        }
-        n += 1;
-        let complete = buf.last() == Some(&b'\n');
-        let line = String::from_utf8_lossy(&buf);
-        if let Some(note) = parse_line(&line, complete, n, path, visit) {
+    for line in vigil_bounded::lines(path, vigil_bounded::LINE_LIMIT)? {
+        let line = line?;
+        if let Some(note) = parse_line(&line.text, line.complete, line.number, path, visit) {
             notes.push(note);
         }
     }
@@ -114,10 +109,17 @@ fn parse_line(
         return None;
     }
     match serde_json::from_str::<Value>(line) {
-        Ok(v) if v.is_object() => {
-            visit(&v);
-            None
-        }
+        Ok(v) if v.is_object() => match bad_time(&v) {
+            Some((field, t)) => Some(format!(
+                "{}:{n}: skipped a record whose `{field}` ({t}) is not a time between 1970 and {} (Unix seconds)",
+                source.display(),
+                crate::fmt::MAX_YEAR
+            )),
+            None => {
+                visit(&v);
+                None
+            }
+        },
         _ if !complete => Some(format!(
             "{}: skipped its last line, cut short",
             source.display()
@@ -127,6 +129,23 @@ fn parse_line(
             source.display()
         )),
     }
+}
+
+/// A time field (`ts` of an event, a numeric `start`/`end` of a ledger record) that is no time
+/// vigil wrote: not a number, negative, or past [`crate::fmt::MAX_TS`]. Such a value would stretch
+/// every plot's axis beyond what can be drawn.
+fn bad_time(v: &Value) -> Option<(&'static str, String)> {
+    ["ts", "start", "end"].into_iter().find_map(|field| {
+        let x = v.get(field)?;
+        // An event's `end` is a word (`cycle_ended`); a ledger's is a time or null.
+        if field != "ts" && !x.is_number() {
+            return None;
+        }
+        match x.as_f64() {
+            Some(t) if (0.0..=crate::fmt::MAX_TS).contains(&t) => None,
+            _ => Some((field, x.to_string())),
+        }
+    })
 }
 
 /// The JSON objects in `text`, one per line, as [`read_jsonl`] reads a file.
@@ -163,6 +182,19 @@ mod tests {
         assert_eq!(notes.len(), 3, "{notes:?}");
         assert!(notes[2].contains("cut short"), "{notes:?}");
         assert!(notes[0].contains("x/events.jsonl:2"), "{notes:?}");
+    }
+
+    #[test]
+    fn records_with_times_out_of_range_are_skipped_with_a_note() {
+        let text = "{\"event\":\"a\",\"ts\":1e308}\n{\"event\":\"b\",\"ts\":-1e308}\n{\"start\":5,\"end\":null}\n{\"event\":\"c\",\"ts\":\"x\"}\n{\"event\":\"d\",\"ts\":7}\n";
+        let (recs, notes) = parse_jsonl(text, Path::new("e.jsonl"));
+        assert_eq!(recs.len(), 2, "{notes:?}");
+        assert_eq!(recs[1]["event"], "d");
+        assert_eq!(notes.len(), 3, "{notes:?}");
+        assert!(
+            notes[0].contains("`ts` (1e+308) is not a time"),
+            "{notes:?}"
+        );
     }
 
     #[test]

@@ -10,7 +10,16 @@ impl History {
     /// vigil's view, one line each: the allocations and their outcomes, restarts, requeues, the
     /// current and highest step, the last failure and its cause, and the last straggler report's
     /// worst rank.
+    /// Text from the records is escaped for the terminal ([`crate::term_safe_line`]): an event
+    /// log cannot move the cursor, retitle the window or add lines.
     pub fn status_lines(&self) -> Vec<String> {
+        self.status_lines_raw()
+            .iter()
+            .map(|l| crate::term_safe_line(l))
+            .collect()
+    }
+
+    fn status_lines_raw(&self) -> Vec<String> {
         let mut out = Vec::new();
         let restarts: usize = self.runs_restarts();
         let requeues = self.allocations.iter().filter(|a| a.requeued()).count();

@@ -144,11 +144,20 @@ pub fn append(dir: &Path, rec: &Record) -> std::io::Result<()> {
 /// file is an empty ledger.
 pub fn read(dir: &Path) -> std::io::Result<(Vec<Record>, Vec<String>)> {
     let path = dir.join(FILE);
-    let text = match std::fs::read(&path) {
-        Ok(b) => String::from_utf8_lossy(&b).into_owned(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((Vec::new(), Vec::new())),
-        Err(e) => return Err(e),
+    // Regular files only (a FIFO or /dev/zero is refused), each line bounded.
+    let lines = match vigil_bounded::lines(&path, vigil_bounded::LINE_LIMIT) {
+        Ok(l) => l,
+        Err(e) if e.is_not_found() => return Ok((Vec::new(), Vec::new())),
+        Err(e) => return Err(e.into_io()),
     };
+    let mut text = String::new();
+    for line in lines {
+        let line = line.map_err(vigil_bounded::ReadError::into_io)?;
+        text.push_str(&line.text);
+        if line.complete {
+            text.push('\n');
+        }
+    }
     Ok(decode(&text, &path))
 }
 

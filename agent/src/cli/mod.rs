@@ -1,6 +1,7 @@
 //! Command-line interface. `vigil run` takes torchrun's flags with torchrun's meaning, in both the
 //! dash and the underscore spelling, each also read from `PET_<NAME>` like torchrun.
 
+pub mod argv;
 pub mod config;
 pub mod ftcompat;
 

@@ -138,15 +138,19 @@ impl TimeoutsPlace {
     }
 }
 
+/// The most a timeouts file may hold (20,000 sections fit many times over).
+pub const TIMEOUTS_LIMIT: u64 = 16 << 20;
+
 /// Reads the timeouts a run of the same job saved; anything else is ignored with a note.
 pub fn load_timeouts(path: &Path, reader: &Provenance, note: &dyn Fn(&str)) -> Option<Timeouts> {
-    let text = match std::fs::read_to_string(path) {
+    let text = match vigil_bounded::read_string(path, TIMEOUTS_LIMIT) {
         Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+        Err(e) if e.is_not_found() => return None,
         Err(e) => {
             note(&format!(
-                "cannot read the timeouts file {}: {e}; starting from the configured timeouts",
-                path.display()
+                "cannot read the timeouts file {}: {}; starting from the configured timeouts",
+                path.display(),
+                e.reason()
             ));
             return None;
         }

@@ -328,14 +328,28 @@ pub(super) fn conclude(e: Ending) -> i32 {
                 }
             }
         }
-        (policy::Decision::Requeue { .. }, None) => console_note(&format!(
-            "run the job again to go on (exit status {}): {why}",
-            verdict.exit_status
-        )),
+        (policy::Decision::Requeue { .. }, None) => {
+            console_note(&requeue_by_hand(&why, verdict.exit_status))
+        }
         (policy::Decision::Finished { .. }, _) => {}
         _ => console_note(&format!("not requeued: {why}")),
     }
     verdict.exit_status
+}
+
+/// What to do when no Slurm job requeues itself. 75 says "run again" by itself; a status kept
+/// from a signal (143 after a forwarded SIGTERM, as torchrun's) says it to no wrapper, so the
+/// line must not read as if the status were the request.
+fn requeue_by_hand(why: &str, status: i32) -> String {
+    if status == policy::REQUEUE_STATUS {
+        format!("run the job again to go on (exit status {status}): {why}")
+    } else {
+        format!(
+            "{why}: the job can go on from its checkpoint if it is run again; its exit status is {status} (the signal's, as torchrun's), not {}, so a script that reruns on {} will not",
+            policy::REQUEUE_STATUS,
+            policy::REQUEUE_STATUS
+        )
+    }
 }
 
 fn unix(t: SystemTime) -> f64 {

@@ -108,6 +108,13 @@ pub struct IpcServer {
     accept: tokio::task::JoinHandle<()>,
 }
 
+impl IpcServer {
+    /// The private directory holding the socket.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
 impl Drop for IpcServer {
     fn drop(&mut self) {
         // Aborting the accept task drops its JoinSet, which closes every connection.
@@ -116,6 +123,9 @@ impl Drop for IpcServer {
         let _ = std::fs::remove_dir(&self.dir);
     }
 }
+
+/// The socket's name in its directory.
+pub const SOCKET: &str = "agent.sock";
 
 /// Binds the socket in a fresh private directory under `base` and starts accepting.
 pub fn start(
@@ -129,7 +139,7 @@ pub fn start(
         .unwrap_or(0);
     let dir = base.join(format!("vigil-{}-{:x}", std::process::id(), nanos));
     DirBuilder::new().mode(0o700).create(&dir)?;
-    let path = dir.join("agent.sock");
+    let path = dir.join(SOCKET);
     let listener = UnixListener::bind(&path)?;
     let uid = nix::unistd::getuid().as_raw();
     let accept = tokio::task::spawn_local(async move {

@@ -205,7 +205,7 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
         ));
     }
     let containment = proc::Containment::create();
-    let watchdog = match Watchdog::start(&containment) {
+    let mut watchdog = match Watchdog::start(&containment) {
         Ok(w) => Some(w),
         Err(e) => {
             console_note(&format!("cannot start the watchdog ({e}); ranks still die with the agent, their children may not"));
@@ -250,6 +250,10 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
             return 2;
         }
     };
+    if let Some(w) = &mut watchdog {
+        // A SIGKILLed agent cannot remove its socket directory; the watchdog does.
+        w.remove_on_exit(server.dir());
+    }
     let (stacks_tx, mut stacks_rx) = mpsc::unbounded_channel();
     let (gpu_tx, mut gpu_rx) = mpsc::unbounded_channel();
     let (report_tx, mut report_rx) = mpsc::unbounded_channel();

@@ -396,6 +396,15 @@ impl Watchdog {
     pub fn release(&mut self, pgid: i32) {
         self.send(format!("-{pgid}\n"));
     }
+
+    /// The agent's socket directory: the watchdog removes its socket and the directory (if then
+    /// empty) once the agent is gone, so that a SIGKILLed agent leaves nothing in $TMPDIR.
+    pub fn remove_on_exit(&mut self, socket_dir: &Path) {
+        match socket_dir.to_str() {
+            Some(d) if !d.contains('\n') => self.send(format!("d{d}\n")),
+            _ => {}
+        }
+    }
 }
 
 /// The watchdog process itself (`vigil __watchdog`).
@@ -413,9 +422,14 @@ pub fn watchdog_main() -> i32 {
         }
     }
     let mut groups = BTreeSet::new();
+    let mut socket_dir: Option<PathBuf> = None;
     for line in io::stdin().lock().lines() {
         let Ok(line) = line else { break };
         let (op, n) = line.split_at(line.len().min(1));
+        if op == "d" {
+            socket_dir = Some(PathBuf::from(n));
+            continue;
+        }
         let Ok(pgid) = n.parse::<i32>() else { continue };
         if pgid <= 1 {
             continue;
@@ -437,6 +451,11 @@ pub fn watchdog_main() -> i32 {
     if let Some(c) = Containment::from_watchdog_env() {
         c.sweep(None);
         c.remove();
+    }
+    if let Some(d) = socket_dir {
+        // Only what the agent put there: its socket, then the directory if that left it empty.
+        let _ = std::fs::remove_file(d.join(crate::run::ipc_server::SOCKET));
+        let _ = std::fs::remove_dir(&d);
     }
     0
 }

@@ -3,6 +3,9 @@
 
 use super::*;
 
+/// The most of a rank's error file (torch's `error.json`) read.
+const ERROR_FILE_LIMIT: u64 = 4 << 20;
+
 pub(super) fn console_note(msg: &str) {
     output::note(msg);
 }
@@ -188,7 +191,8 @@ impl Agent {
             .iter()
             .map(|f| {
                 let error_path = self.attempt_dir(f.cycle, f.local_rank).join("error.json");
-                let error = fs::read_to_string(&error_path)
+                // The rank writes it: a regular file, bounded, or nothing.
+                let error = vigil_bounded::read_string(&error_path, ERROR_FILE_LIMIT)
                     .ok()
                     .and_then(|t| summary::parse_error_file(&t));
                 let when = now_s - now_i.saturating_duration_since(f.at);

@@ -92,6 +92,20 @@ fn proc_snapshot(pid: i32) -> String {
     s
 }
 
+/// The most of a rank's stack dump read (its thousands of threads fit many times over).
+const STACKS_LIMIT: u64 = 16 << 20;
+
+/// What was added to `p` after `from`, at most `cap` bytes; `None` when nothing was, or when `p`
+/// is no regular file (the rank's directory is the rank's: it may have put a FIFO there).
+fn read_from(p: &Path, from: u64, cap: u64) -> Option<Vec<u8>> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = vigil_bounded::open_regular(p).ok()?;
+    f.seek(SeekFrom::Start(from)).ok()?;
+    let mut b = Vec::new();
+    f.take(cap).read_to_end(&mut b).ok()?;
+    (!b.is_empty()).then_some(b)
+}
+
 fn file_len(p: &Path) -> u64 {
     std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)
 }
@@ -129,10 +143,8 @@ pub async fn capture(pid: i32, dir: &Path, via_shim: bool, wait: Duration) -> St
             last = len;
         }
     }
-    let dump = std::fs::read(&py_path)
-        .ok()
-        .filter(|b| b.len() as u64 > before)
-        .map(|b| String::from_utf8_lossy(&b[before as usize..]).into_owned());
+    let dump =
+        read_from(&py_path, before, STACKS_LIMIT).map(|b| String::from_utf8_lossy(&b).into_owned());
     StackReport {
         innermost: dump
             .as_deref()

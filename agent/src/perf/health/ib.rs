@@ -16,9 +16,7 @@ pub struct IbPort {
 }
 
 fn read_trim(p: &Path) -> Option<String> {
-    std::fs::read_to_string(p)
-        .ok()
-        .map(|s| s.trim().to_string())
+    vigil_bounded::read_sysfs(p)
 }
 
 /// Every port of every device under `root`, sorted; empty when there is no such tree.

@@ -99,13 +99,15 @@ impl HealthReport {
         self.checks.iter().all(|c| c.status != Status::Fail)
     }
 
-    /// The names of the failing checks.
+    /// The names of the failing checks, each once (three storage paths failing are `storage`).
     pub fn failed(&self) -> Vec<&'static str> {
-        self.checks
-            .iter()
-            .filter(|c| c.status == Status::Fail)
-            .map(|c| c.name)
-            .collect()
+        let mut names = Vec::new();
+        for c in self.checks.iter().filter(|c| c.status == Status::Fail) {
+            if !names.contains(&c.name) {
+                names.push(c.name);
+            }
+        }
+        names
     }
 
     /// One line per failing check, `name: detail`, joined by `; ` (for events and console lines).
