@@ -131,6 +131,9 @@ impl Agent {
                 *ran_ms as f64 / 1000.0,
                 *backoff_ms as f64 / 1000.0
             )),
+            Record::SectionNamesCapped { rank, kept, .. } => console_note(&format!(
+                "rank {rank} used more than {kept} distinct section names: new names are no longer timed or used for calculated timeouts (name sections by phase, not by step or file)"
+            )),
             Record::TimeoutsUpdated { source, timeouts } => console_note(&format!(
                 "timeouts ({source}): {}",
                 describe_timeouts(timeouts)
