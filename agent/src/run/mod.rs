@@ -279,6 +279,7 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
         host: host.clone(),
         max_restarts: cfg.max_restarts,
         secret: store.secret.clone(),
+        job: cfg.job_id.clone(),
     };
     if cfg.nnodes > 1 {
         console_note(&format!(

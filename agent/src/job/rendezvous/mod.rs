@@ -116,6 +116,21 @@ pub struct CoordConfig {
     /// The job's secret, proven to node rank 0's store on every connection (`None`: the store
     /// asks for none).
     pub secret: Option<Arc<[u8]>>,
+    /// The job's identity (`--rdzv-id`, Slurm's or NGC's job id): an agent of another job that
+    /// reaches the store is refused.
+    pub job: Option<String>,
+}
+
+impl CoordConfig {
+    /// What this agent takes the job to be ([`JobShape`]).
+    pub fn shape(&self) -> JobShape {
+        JobShape {
+            job: self.job.clone(),
+            nnodes: self.nnodes,
+            active: self.active,
+            nproc: self.nproc,
+        }
+    }
 }
 
 /// What node rank 0 has besides the clients: its store's key space and the other agents' leases.
@@ -277,6 +292,40 @@ pub(crate) async fn connect_client(cfg: &CoordConfig) -> Result<StoreClient, Fat
     Ok(c)
 }
 
+/// Waits (up to `--join-timeout`) for node rank 0's [`JobShape`] and compares this agent's with
+/// it; a stray is refused, having written nothing.
+async fn admitted(ctl: &mut StoreClient, cfg: &CoordConfig) -> Result<(), Fatal> {
+    let lost_store = |e: vigil_store::StoreError| (store_lost(cfg.store, e), true);
+    if let Err(e) = ctl.wait(&[key::JOB], cfg.join_timeout).await {
+        return Err(if e.is_timeout() {
+            (
+                format!(
+                    "node rank 0's store at {} did not say within --join-timeout ({}s) which job it runs; is node rank 0 a vigil agent of this job?",
+                    cfg.store,
+                    cfg.join_timeout.as_secs()
+                ),
+                true,
+            )
+        } else {
+            lost_store(e)
+        });
+    }
+    let theirs = ctl.get(key::JOB).await.map_err(lost_store)?;
+    let theirs: JobShape = serde_json::from_slice(&theirs).map_err(|_| {
+        (
+            format!(
+                "node rank 0's store at {} holds no job this vigil understands; run the same vigil on every node",
+                cfg.store
+            ),
+            false,
+        )
+    })?;
+    match theirs.refusal(&cfg.shape(), cfg.node_rank) {
+        Some(why) => Err((why, false)),
+        None => Ok(()),
+    }
+}
+
 impl Coordinator {
     async fn connect(
         cfg: CoordConfig,
@@ -286,6 +335,15 @@ impl Coordinator {
         let mut ctl = connect_client(&cfg).await?;
         let waiter_client = connect_client(&cfg).await?;
         let lost_store = |e: vigil_store::StoreError| (store_lost(cfg.store, e), true);
+        // A stray (another --nnodes, another job) must be refused before it writes anything:
+        // node rank 0 says what the job is, every other agent compares before claiming a rank.
+        if cfg.node_rank == 0 {
+            ctl.set(key::JOB, &to_json(&cfg.shape()))
+                .await
+                .map_err(lost_store)?;
+        } else {
+            admitted(&mut ctl, &cfg).await?;
+        }
         // Two agents claiming one node rank would silently corrupt the job: refuse.
         let me = format!("{} (pid {})", cfg.host, std::process::id());
         let owner = ctl
@@ -851,7 +909,12 @@ impl Coordinator {
             "node {key} ({}) was lost: its agent's connection to the store closed or went silent for --node-timeout",
             String::from_utf8_lossy(&value)
         );
-        let node = key.rsplit('/').next().and_then(|n| n.parse().ok());
+        let node: Option<u32> = key.rsplit('/').next().and_then(|n| n.parse().ok());
+        // Only the job's node ranks hold leases that matter; anything else (an agent refused
+        // before it claimed a rank, an old vigil) loses nobody.
+        if node.is_none_or(|n| n >= self.cfg.nnodes) {
+            return Ok(());
+        }
         self.node_lost(reason, node).await
     }
 
