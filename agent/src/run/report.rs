@@ -66,7 +66,7 @@ impl Agent {
                         "the job is stopping ({reason}, on node {node}); stopping this node's ranks"
                     ))
                 }
-                JobEnd::Lost { reason, .. } => console_note(&format!(
+                JobEnd::Lost { reason, .. } if !self.refused => console_note(&format!(
                     "{reason}; stopping this node's ranks, the job ends (requeue it to go on)"
                 )),
                 _ => {}
