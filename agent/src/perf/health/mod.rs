@@ -191,7 +191,10 @@ const HW_THROTTLE: u64 = 0x8 | 0x40 | 0x80;
 pub fn gpu_checks(f: &GpuFacts, o: &HealthOptions) -> Vec<Check> {
     let count = match &f.count {
         Ok(n) => *n,
-        Err(why) => {
+        Err(off) => {
+            // "GPU telemetry off: ..." says what the agent does without NVML; a failed check
+            // says only why NVML is unusable.
+            let why = off.strip_prefix("GPU telemetry off: ").unwrap_or(off);
             let c = match o.gpus {
                 Some(n) if n > 0 => check(
                     "gpu_count",
@@ -207,7 +210,7 @@ pub fn gpu_checks(f: &GpuFacts, o: &HealthOptions) -> Vec<Check> {
                         f.devices.join(", ")
                     ),
                 ),
-                _ => check("gpu_count", Status::Skip, why.clone()),
+                _ => check("gpu_count", Status::Skip, off.clone()),
             };
             return vec![c];
         }
