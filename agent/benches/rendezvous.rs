@@ -81,6 +81,7 @@ async fn one_round(n: u32, spares: u32) -> (Duration, Duration, Duration) {
             host: format!("sim{node}"),
             max_restarts: 3,
             secret: None,
+            job: None,
         };
         let (tx, req_rx) = mpsc::unbounded_channel();
         let (ev_tx, rx) = mpsc::unbounded_channel();

@@ -125,7 +125,9 @@ def test_storage_not_writable_fails(job):
 
 
 def test_no_nvml_says_gpu_checks_are_off_and_passes(job):
-    env = base_env(VIGIL_NVML_LIB=str(job / "no-such-libnvidia-ml.so"))
+    # No NVIDIA device files (VIGIL_DEV_DIR): only then is no NVML "no GPU here".
+    (job / "dev").mkdir()
+    env = base_env(VIGIL_NVML_LIB=str(job / "no-such-libnvidia-ml.so"), VIGIL_DEV_DIR=str(job / "dev"))
     r = run_vigil(["health", "--ib-root", str(job / "none")], cwd=job, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     checks = lines(r.stdout)

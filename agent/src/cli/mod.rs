@@ -126,6 +126,7 @@ impl HealthArgs {
         crate::perf::health::HealthOptions {
             nvml_lib: self.nvml_lib.clone(),
             gpus: self.gpus,
+            dev_dir: crate::perf::health::dev_dir(),
             min_free_mib: self.min_free_mib,
             ib_root: self.ib_root.clone(),
             require_ib: self.require_ib,

@@ -62,7 +62,14 @@ pub(super) fn start(
             let opts = g.health_options();
             let report = off_loop(move || health::run_checks(&opts))
                 .await
-                .unwrap_or_else(|| health::HealthReport { checks: vec![] });
+                .unwrap_or_else(|| health::HealthReport {
+                    // Fails closed: checks that could not run vouch for nothing.
+                    checks: vec![health::Check {
+                        name: "health",
+                        status: health::Status::Fail,
+                        detail: "the checks could not run (no thread)".into(),
+                    }],
+                });
             let mut v = report.to_json();
             v["event"] = "health_check".into();
             v["cycle"] = cycle.into();

@@ -111,6 +111,9 @@ struct Agent {
     leave: Option<JobRequest>,
     /// How the last cycle ended, when another node ended it.
     peer_end: Option<JobEnd>,
+    /// The job refused this agent (a stray, a wrong secret, a taken node rank): its one line is
+    /// the error at exit, with no note about stopping ranks it never had.
+    refused: bool,
     steps_log: perf::StepsLog,
     /// Standbys promoted so far (node rank 0), for the ledger.
     promotions: Vec<crate::allocation::ledger::Promotion>,
@@ -283,6 +286,7 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
         host: host.clone(),
         max_restarts: cfg.max_restarts,
         secret: store.secret.clone(),
+        job: cfg.job_id.clone(),
     };
     if cfg.nnodes > 1 {
         console_note(&format!(
@@ -332,6 +336,7 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
         max_restarts: cfg.max_restarts,
         leave: None,
         peer_end: None,
+        refused: false,
         steps_log: Default::default(),
         promotions: Vec::new(),
         stragglers: perf::Stragglers::new(cfg.straggler.clone(), cfg.nproc),
@@ -468,6 +473,7 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
                     });
                 }
                 FromCoord::Lost { reason, requeue } => {
+                    agent.refused |= !requeue;
                     agent.queue.push_back(Event::CoordinationLost { reason, requeue });
                 }
                 FromCoord::StopAsked { cycle, trigger } => {

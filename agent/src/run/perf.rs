@@ -36,10 +36,11 @@ impl StepsLog {
     }
 }
 
-/// One local rank's step times and the sections it has open (for their durations).
+/// One local rank's step times and when its `--straggler-section` opened (other sections are
+/// not kept: a rank may use any number of names).
 struct RankFeed {
     times: RankTimes,
-    open: Vec<(String, Instant)>,
+    open: Option<Instant>,
 }
 
 /// What a node shares with node rank 0 each time: its ranks' summary and, per global rank, what
@@ -71,7 +72,7 @@ impl Stragglers {
         let ranks = (0..nproc)
             .map(|_| RankFeed {
                 times: RankTimes::new(straggler::DEFAULT_WINDOW, &plan.section),
-                open: Vec::new(),
+                open: None,
             })
             .collect();
         Stragglers {
@@ -90,18 +91,16 @@ impl Stragglers {
             RankMsg::StepTiming { step, duration_us } => {
                 r.times.on_step_timing(*step, *duration_us as f64 / 1e6);
             }
-            RankMsg::SectionStart { name } => {
-                r.open.retain(|(n, _)| n != name);
-                r.open.push((name.clone(), now));
+            RankMsg::SectionStart { name } if *name == self.plan.section => {
+                r.open = Some(now);
             }
             RankMsg::SectionEnd { name } => {
-                if let Some(i) = r.open.iter().position(|(n, _)| n == name) {
-                    let (n, t) = r.open.remove(i);
+                if let Some(t) = r.open.take_if(|_| *name == self.plan.section) {
                     r.times
-                        .on_section(&n, now.saturating_duration_since(t).as_secs_f64());
+                        .on_section(name, now.saturating_duration_since(t).as_secs_f64());
                 }
             }
-            RankMsg::EndAllSections => r.open.clear(),
+            RankMsg::EndAllSections => r.open = None,
             RankMsg::Heartbeat { step: Some(step) } | RankMsg::Progress { step } => {
                 r.times.on_step(*step, now);
             }
@@ -113,7 +112,7 @@ impl Stragglers {
     pub(super) fn new_attempt(&mut self) {
         for r in &mut self.ranks {
             r.times.new_attempt();
-            r.open.clear();
+            r.open = None;
         }
     }
 

@@ -69,7 +69,7 @@ impl Agent {
                         "the job is stopping ({reason}, on node {node}); stopping this node's ranks"
                     ))
                 }
-                JobEnd::Lost { reason, .. } => console_note(&format!(
+                JobEnd::Lost { reason, .. } if !self.refused => console_note(&format!(
                     "{reason}; stopping this node's ranks, the job ends (requeue it to go on)"
                 )),
                 _ => {}
@@ -133,6 +133,9 @@ impl Agent {
                 to_cycle - 1,
                 *ran_ms as f64 / 1000.0,
                 *backoff_ms as f64 / 1000.0
+            )),
+            Record::SectionNamesCapped { rank, kept, .. } => console_note(&format!(
+                "rank {rank} used more than {kept} distinct section names: new names are no longer timed or used for calculated timeouts (name sections by phase, not by step or file)"
             )),
             Record::TimeoutsUpdated { source, timeouts } => console_note(&format!(
                 "timeouts ({source}): {}",

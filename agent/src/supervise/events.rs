@@ -334,6 +334,14 @@ pub enum Record {
         local_rank: u32,
         rank: u32,
     },
+    /// The rank closed a section under a new name past `kept` distinct names: that name's
+    /// durations, and those of every later new name, are not kept (once per rank and attempt).
+    SectionNamesCapped {
+        cycle: u32,
+        local_rank: u32,
+        rank: u32,
+        kept: usize,
+    },
     Hang {
         cycle: u32,
         local_rank: u32,

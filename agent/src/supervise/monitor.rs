@@ -19,6 +19,11 @@ pub const CALC_MIN_STEPS: u32 = 2;
 /// No calculated timeout is shorter than this: a rank's ordinary jitter (GC, page faults) must not
 /// look like a hang because its steps happened to be short while it was observed.
 pub const CALC_FLOOR: Duration = Duration::from_secs(1);
+/// Distinct section names whose durations are kept per rank: a job that names sections after
+/// data (a step number, a file) would otherwise make every calculation, merge and timeouts
+/// message grow without end. As many as one timeouts message to the ranks carries; names with a
+/// timeout in force are kept past it.
+pub const MAX_SECTION_NAMES: usize = vigil_ipc::MAX_SECTIONS;
 
 /// The timeouts in force. `None` disables that check.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -227,6 +232,18 @@ impl Observed {
                 .keys()
                 .all(|s| self.sections.contains_key(s))
     }
+
+    /// `ready_for` of the ranks' merge, without merging: its cost grows with the configured
+    /// sections, not with the names the ranks used.
+    pub fn all_ready_for(ranks: &[&Observed], configured: &Timeouts) -> bool {
+        let sections_only = !ranks.is_empty() && ranks.iter().all(|o| o.sections_only);
+        let steps = ranks.iter().map(|o| o.steps).min().unwrap_or(0);
+        (sections_only || steps >= AUTO_MIN_STEPS)
+            && configured
+                .sections
+                .keys()
+                .all(|s| ranks.iter().any(|o| o.sections.contains_key(s)))
+    }
 }
 
 /// Which timeouts a job asked to have calculated (NVRx's `calculate_and_set_hb_timeouts` and
@@ -397,6 +414,8 @@ pub struct RankMonitor {
     sections_only: bool,
     /// What it does no longer counts as what it needs (it, or a rank of its attempt, was hung).
     frozen: bool,
+    /// It closed a section whose name found no room under [`MAX_SECTION_NAMES`].
+    names_capped: bool,
     pub observed: Observed,
 }
 
@@ -412,6 +431,7 @@ impl RankMonitor {
             disconnected: false,
             sections_only: false,
             frozen: false,
+            names_capped: false,
             observed: Observed::default(),
         }
     }
@@ -448,15 +468,24 @@ impl RankMonitor {
         }
     }
 
-    pub fn on_msg(&mut self, now: Instant, msg: &RankMsg) {
-        let kept = self.observed.clone();
-        self.track(now, msg);
-        if self.frozen {
-            self.observed = kept;
-        }
+    /// Whether a section name was dropped under [`MAX_SECTION_NAMES`] (said once per rank).
+    pub fn names_capped(&self) -> bool {
+        self.names_capped
     }
 
-    fn track(&mut self, now: Instant, msg: &RankMsg) {
+    pub fn on_msg(&mut self, now: Instant, msg: &RankMsg) {
+        self.on_msg_keeping(now, msg, &BTreeMap::new());
+    }
+
+    /// As [`Self::on_msg`]; the names in `timed` (the timeouts in force) are kept past the cap.
+    /// Costs the same whatever the number of names seen: no copy of what was observed.
+    pub fn on_msg_keeping(
+        &mut self,
+        now: Instant,
+        msg: &RankMsg,
+        timed: &BTreeMap<String, Duration>,
+    ) {
+        let learn = !self.frozen;
         match msg {
             RankMsg::Register { .. } => {
                 if !self.registered {
@@ -473,39 +502,47 @@ impl RankMonitor {
                 }
             }
             RankMsg::Heartbeat { .. } => {
-                match self.last_heartbeat {
-                    None => {
-                        let d = now.saturating_duration_since(self.started);
-                        self.observed.initial = max_opt(self.observed.initial, Some(d));
+                if learn {
+                    let o = &mut self.observed;
+                    match self.last_heartbeat {
+                        None => {
+                            let d = now.saturating_duration_since(self.started);
+                            o.initial = max_opt(o.initial, Some(d));
+                        }
+                        Some(last) => {
+                            let d = now.saturating_duration_since(last);
+                            o.heartbeat = max_opt(o.heartbeat, Some(d));
+                        }
                     }
-                    Some(last) => {
-                        let d = now.saturating_duration_since(last);
-                        self.observed.heartbeat = max_opt(self.observed.heartbeat, Some(d));
-                    }
+                    o.steps = o.steps.saturating_add(1);
+                    // It heartbeats after all: calculation waits for its heartbeats too.
+                    o.sections_only = false;
                 }
                 self.last_heartbeat = Some(now);
-                self.observed.steps = self.observed.steps.saturating_add(1);
-                // It heartbeats after all: calculation waits for its heartbeats too.
-                self.observed.sections_only = false;
             }
             RankMsg::SectionStart { name } => {
-                self.end_section(now);
+                self.end_section(now, timed);
                 if let Some(out) = self.out_since.take() {
-                    let d = now.saturating_duration_since(out);
-                    self.observed.out_of_section = max_opt(self.observed.out_of_section, Some(d));
+                    if learn {
+                        let d = now.saturating_duration_since(out);
+                        let o = &mut self.observed;
+                        o.out_of_section = max_opt(o.out_of_section, Some(d));
+                    }
                 }
                 if self.last_heartbeat.is_none() {
                     self.sections_only = true;
-                    self.observed.sections_only = true;
+                    if learn {
+                        self.observed.sections_only = true;
+                    }
                 }
                 self.section = Some((name.clone(), now));
             }
             RankMsg::SectionEnd { name } => {
                 if self.section.as_ref().is_some_and(|(open, _)| open == name) {
-                    self.end_section(now);
+                    self.end_section(now, timed);
                 }
             }
-            RankMsg::EndAllSections => self.end_section(now),
+            RankMsg::EndAllSections => self.end_section(now, timed),
             RankMsg::Finished => self.finished = true,
             RankMsg::StepTiming { .. }
             | RankMsg::CalculateTimeouts { .. }
@@ -520,12 +557,22 @@ impl RankMonitor {
         }
     }
 
-    fn end_section(&mut self, now: Instant) {
-        if let Some((name, since)) = self.section.take() {
-            let d = now.saturating_duration_since(since);
-            let e = self.observed.sections.entry(name.clone()).or_default();
+    fn end_section(&mut self, now: Instant, timed: &BTreeMap<String, Duration>) {
+        let Some((name, since)) = self.section.take() else {
+            return;
+        };
+        self.out_since = Some(now);
+        if self.frozen {
+            return;
+        }
+        let d = now.saturating_duration_since(since);
+        let sections = &mut self.observed.sections;
+        if let Some(e) = sections.get_mut(&name) {
             *e = (*e).max(d);
-            self.out_since = Some(now);
+        } else if sections.len() < MAX_SECTION_NAMES || timed.contains_key(&name) {
+            sections.insert(name, d);
+        } else {
+            self.names_capped = true;
         }
     }
 
@@ -693,6 +740,24 @@ mod tests {
         m.on_msg(now, &start("checkpoint"));
         m.on_msg(now + s(30), &end("checkpoint"));
         assert!(m.observed.ready_for(&configured));
+        // Across ranks: the same verdict as on their merge.
+        let other = Observed {
+            steps: AUTO_MIN_STEPS - 1,
+            ..Default::default()
+        };
+        let merged = m.observed.merge(&other);
+        assert!(!merged.ready_for(&configured));
+        assert!(!Observed::all_ready_for(
+            &[&m.observed, &other],
+            &configured
+        ));
+        let other = Observed {
+            steps: AUTO_MIN_STEPS,
+            ..Default::default()
+        };
+        assert!(m.observed.merge(&other).ready_for(&configured));
+        assert!(Observed::all_ready_for(&[&m.observed, &other], &configured));
+        assert!(!Observed::all_ready_for(&[], &configured));
     }
 
     #[test]
@@ -782,6 +847,29 @@ mod tests {
     }
 
     #[test]
+    fn section_names_are_capped_except_timed_ones() {
+        let t0 = Instant::now();
+        let mut m = RankMonitor::new(t0);
+        m.on_msg(t0, &reg());
+        for i in 0..MAX_SECTION_NAMES + 5 {
+            let n = format!("s{i}");
+            m.on_msg(t0, &start(&n));
+            m.on_msg(t0 + s(1), &end(&n));
+            assert_eq!(m.names_capped(), i >= MAX_SECTION_NAMES, "{i}");
+        }
+        assert_eq!(m.observed.sections.len(), MAX_SECTION_NAMES);
+        // A name already kept still learns; a name with a timeout in force is kept past the cap.
+        m.on_msg(t0 + s(1), &start("s0"));
+        m.on_msg(t0 + s(9), &end("s0"));
+        assert_eq!(m.observed.sections["s0"], s(8));
+        let timed = [("checkpoint".to_string(), s(600))].into();
+        m.on_msg_keeping(t0, &start("checkpoint"), &timed);
+        m.on_msg_keeping(t0 + s(3), &end("checkpoint"), &timed);
+        assert_eq!(m.observed.sections["checkpoint"], s(3));
+        assert_eq!(m.observed.sections.len(), MAX_SECTION_NAMES + 1);
+    }
+
+    #[test]
     fn a_frozen_rank_learns_nothing() {
         let t0 = Instant::now();
         let mut m = RankMonitor::new(t0);
@@ -791,6 +879,8 @@ mod tests {
         let before = m.observed.clone();
         m.freeze();
         m.on_msg(t0 + s(5), &hb());
+        m.on_msg(t0 + s(6), &start("a"));
+        m.on_msg(t0 + s(7), &end("a"));
         m.bump_out_of_section(t0 + s(9));
         assert_eq!(m.observed, before, "the hang's gap is not observed");
     }

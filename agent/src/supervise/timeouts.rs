@@ -72,9 +72,17 @@ impl Supervisor {
         else {
             return;
         };
-        let (registered, finished) = (m.registered(), m.finished());
-        m.on_msg(now, &msg);
+        let (registered, finished, capped) = (m.registered(), m.finished(), m.names_capped());
+        m.on_msg_keeping(now, &msg, &self.timeouts.sections);
         let rank = self.cfg.rank_offset + local_rank;
+        if !capped && m.names_capped() {
+            out.push(Action::Record(Record::SectionNamesCapped {
+                cycle: self.cycle,
+                local_rank,
+                rank,
+                kept: monitor::MAX_SECTION_NAMES,
+            }));
+        }
         match &msg {
             RankMsg::Register { .. } if !registered => {
                 out.push(Action::Record(Record::Registered {
@@ -342,10 +350,16 @@ impl Supervisor {
         {
             return;
         }
-        let merged = self.merged_observations();
-        if !merged.ready_for(&self.cfg.timeouts) {
+        // Asked on every section end until ready: no merged copy of every rank's sections.
+        let observed: Vec<&Observed> = self
+            .ranks
+            .iter()
+            .filter_map(|r| r.monitor.as_ref().map(|m| &m.observed))
+            .collect();
+        if !Observed::all_ready_for(&observed, &self.cfg.timeouts) {
             return;
         }
+        let merged = self.merged_observations();
         self.calculated_this_cycle = true;
         let fresh = monitor::calculate(
             &self.timeouts,

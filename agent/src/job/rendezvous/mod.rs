@@ -37,9 +37,12 @@ use vigil_store::{KeySpace, LeaseEvent, StoreClient};
 use crate::supervise::monitor::Timeouts;
 use crate::supervise::{choose_stop_step, JobEnd, JobRequest, StepReport, AGREEMENT_BUDGET};
 
+mod connect;
 mod liveness;
 pub(crate) mod wire;
 
+pub(crate) use connect::connect_client;
+use connect::{admitted, store_lost, Fatal};
 use liveness::liveness;
 pub use liveness::{liveness_period, Liveness, Silent};
 use wire::to_json;
@@ -116,6 +119,21 @@ pub struct CoordConfig {
     /// The job's secret, proven to node rank 0's store on every connection (`None`: the store
     /// asks for none).
     pub secret: Option<Arc<[u8]>>,
+    /// The job's identity (`--rdzv-id`, Slurm's or NGC's job id): an agent of another job that
+    /// reaches the store is refused.
+    pub job: Option<String>,
+}
+
+impl CoordConfig {
+    /// What this agent takes the job to be ([`JobShape`]).
+    pub fn shape(&self) -> JobShape {
+        JobShape {
+            job: self.job.clone(),
+            nnodes: self.nnodes,
+            active: self.active,
+            nproc: self.nproc,
+        }
+    }
 }
 
 /// What node rank 0 has besides the clients: its store's key space and the other agents' leases.
@@ -237,44 +255,10 @@ impl Drop for Coordinator {
     }
 }
 
-type Fatal = (String, bool);
-
-/// Why an agent lost the job's coordination when its connection to the store failed.
-fn store_lost(store: SocketAddr, e: impl std::fmt::Display) -> String {
-    format!(
-        "lost the connection to node rank 0's store at {store}: {e}; node rank 0's agent died or the network failed"
-    )
-}
-
 /// Parks until `key` is set, then reads it.
 async fn wait_get(c: &mut StoreClient, key: &str) -> Result<Vec<u8>, vigil_store::StoreError> {
     c.wait(&[key], Duration::MAX).await?;
     c.get(key).await
-}
-
-pub(crate) async fn connect_client(cfg: &CoordConfig) -> Result<StoreClient, Fatal> {
-    let mut c = StoreClient::connect(cfg.store, cfg.join_timeout)
-        .await
-        .map_err(|e| {
-            (
-                format!(
-                    "cannot reach node rank 0's store at {} ({e}); check that node rank 0 runs vigil with the same --master-addr/--master-port or --rdzv-endpoint",
-                    cfg.store
-                ),
-                true,
-            )
-        })?;
-    let _ = c.set_peer_timeout(cfg.peer_timeout);
-    c.authenticate(cfg.secret.as_deref())
-        .await
-        .map_err(|e| match e {
-            vigil_store::StoreError::Auth(why) => (
-                format!("node rank 0's store at {}: {why}", cfg.store),
-                false,
-            ),
-            e => (store_lost(cfg.store, e), true),
-        })?;
-    Ok(c)
 }
 
 impl Coordinator {
@@ -286,6 +270,15 @@ impl Coordinator {
         let mut ctl = connect_client(&cfg).await?;
         let waiter_client = connect_client(&cfg).await?;
         let lost_store = |e: vigil_store::StoreError| (store_lost(cfg.store, e), true);
+        // A stray (another --nnodes, another job) must be refused before it writes anything:
+        // node rank 0 says what the job is, every other agent compares before claiming a rank.
+        if cfg.node_rank == 0 {
+            ctl.set(key::JOB, &to_json(&cfg.shape()))
+                .await
+                .map_err(lost_store)?;
+        } else {
+            admitted(&mut ctl, &cfg).await?;
+        }
         // Two agents claiming one node rank would silently corrupt the job: refuse.
         let me = format!("{} (pid {})", cfg.host, std::process::id());
         let owner = ctl
@@ -851,7 +844,12 @@ impl Coordinator {
             "node {key} ({}) was lost: its agent's connection to the store closed or went silent for --node-timeout",
             String::from_utf8_lossy(&value)
         );
-        let node = key.rsplit('/').next().and_then(|n| n.parse().ok());
+        let node: Option<u32> = key.rsplit('/').next().and_then(|n| n.parse().ok());
+        // Only the job's node ranks hold leases that matter; anything else (an agent refused
+        // before it claimed a rank, an old vigil) loses nobody.
+        if node.is_none_or(|n| n >= self.cfg.nnodes) {
+            return Ok(());
+        }
         self.node_lost(reason, node).await
     }
 

@@ -40,6 +40,64 @@ pub struct Go {
     pub calculated: Option<Timeouts>,
 }
 
+/// What every agent of a job must agree on before it may write any of the job's keys: node rank
+/// 0 writes it first (`vigil/job`); every other agent reads it and compares its own
+/// ([`JobShape::refusal`]) before it claims its node rank.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobShape {
+    /// The job's identity (`--rdzv-id`, Slurm's or NGC's job id); `None`: none.
+    pub job: Option<String>,
+    /// Every agent, standbys included (`--nnodes`'s MAX).
+    pub nnodes: u32,
+    /// The nodes that run ranks (`--nnodes`'s MIN).
+    pub active: u32,
+    /// Node rank 0's `--nproc-per-node`.
+    pub nproc: u32,
+}
+
+impl JobShape {
+    fn nnodes_flag(&self) -> String {
+        if self.active < self.nnodes {
+            format!("--nnodes {}:{}", self.active, self.nnodes)
+        } else {
+            format!("--nnodes {}", self.nnodes)
+        }
+    }
+
+    /// Why an agent of shape `mine` may not join this job (pure); `None`: it may. Ranks per node
+    /// must match only with hot spares, where a standby takes any node's place; otherwise nodes
+    /// may run different `--nproc-per-node` (and a node rank is claimed once).
+    pub fn refusal(&self, mine: &JobShape, node_rank: u32) -> Option<String> {
+        let id = |j: &Option<String>| match j {
+            Some(j) => format!("job id {j:?}"),
+            None => "no job id".to_string(),
+        };
+        let why = if self.job != mine.job {
+            format!(
+                "it runs {} and this agent has {} (--rdzv-id, SLURM_JOB_ID): an agent of another job",
+                id(&self.job),
+                id(&mine.job)
+            )
+        } else if (self.nnodes, self.active) != (mine.nnodes, mine.active) {
+            format!(
+                "it runs {} and this agent has {}",
+                self.nnodes_flag(),
+                mine.nnodes_flag()
+            )
+        } else if self.active < self.nnodes && self.nproc != mine.nproc {
+            format!(
+                "it runs --nproc-per-node {} with hot spares (a standby takes any node's place) and this agent has --nproc-per-node {}",
+                self.nproc, mine.nproc
+            )
+        } else {
+            return None;
+        };
+        Some(format!(
+            "refused by node rank 0: {why}; this agent (--node-rank {node_rank}) does not belong to that job and left it untouched: give every node of a job the same --nnodes, --nproc-per-node and job id"
+        ))
+    }
+}
+
 /// The value of `c<N>/go`: start, or the job ended before this cycle could begin.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -51,6 +109,8 @@ pub enum Verdict {
 /// Client key names (the store puts `/` in front; everything lives under `/vigil/`, which
 /// survives the reset between attempts).
 pub mod key {
+    /// The job's [`super::JobShape`], written by node rank 0 before any other agent may join.
+    pub const JOB: &str = "vigil/job";
     pub fn owner(node: u32) -> String {
         format!("vigil/owner/{node}")
     }
@@ -198,6 +258,47 @@ pub(super) fn to_json<T: Serialize>(v: &T) -> Vec<u8> {
 mod slot_tests {
     use super::*;
     use std::collections::BTreeMap;
+
+    fn shape(job: Option<&str>, active: u32, nnodes: u32, nproc: u32) -> JobShape {
+        JobShape {
+            job: job.map(str::to_string),
+            nnodes,
+            active,
+            nproc,
+        }
+    }
+
+    #[test]
+    fn a_stray_of_another_shape_or_job_is_refused_and_told_why() {
+        let job = shape(Some("7"), 2, 2, 1);
+        assert_eq!(job.refusal(&job.clone(), 1), None);
+        let why = job.refusal(&shape(Some("7"), 3, 3, 1), 2).unwrap();
+        assert!(
+            why.starts_with(
+                "refused by node rank 0: it runs --nnodes 2 and this agent has --nnodes 3;"
+            ),
+            "{why}"
+        );
+        let why = job.refusal(&shape(Some("8"), 2, 2, 1), 1).unwrap();
+        assert!(
+            why.contains("job id \"7\" and this agent has job id \"8\""),
+            "{why}"
+        );
+        let why = job.refusal(&shape(None, 2, 2, 1), 1).unwrap();
+        assert!(why.contains("this agent has no job id"), "{why}");
+        // Without spares nodes may run different --nproc-per-node.
+        assert_eq!(job.refusal(&shape(Some("7"), 2, 2, 4), 1), None);
+        let spares = shape(None, 2, 3, 1);
+        let why = spares.refusal(&shape(None, 2, 4, 1), 3).unwrap();
+        assert!(
+            why.contains("--nnodes 2:3 and this agent has --nnodes 2:4"),
+            "{why}"
+        );
+        let why = spares.refusal(&shape(None, 2, 3, 2), 2).unwrap();
+        assert!(why.contains("--nproc-per-node 1 with hot spares"), "{why}");
+        assert!(why.contains("--nproc-per-node 2"), "{why}");
+        assert!(!why.contains('\n'));
+    }
 
     fn info(nproc: u32) -> NodeInfo {
         NodeInfo {

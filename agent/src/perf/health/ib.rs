@@ -13,6 +13,20 @@ pub struct IbPort {
     pub state: Option<String>,
     pub link_downed: Option<u64>,
     pub symbol_error: Option<u64>,
+    /// Counters whose file is there but does not hold a number: `link_downed "abc"`.
+    pub garbled: Vec<String>,
+}
+
+/// A counter file's text (`None`: no such file) as a count, or what it held instead.
+pub fn parse_counter(name: &str, text: Option<String>) -> Result<Option<u64>, String> {
+    let Some(text) = text else {
+        return Ok(None);
+    };
+    text.parse::<u64>().map(Some).map_err(|_| {
+        let shown: String = text.chars().take(24).collect();
+        let more = if shown.len() < text.len() { "..." } else { "" };
+        format!("{name} {shown:?}{more} is not a count")
+    })
 }
 
 fn read_trim(p: &Path) -> Option<String> {
@@ -32,9 +46,16 @@ pub fn read_ib(root: &Path) -> Vec<IbPort> {
         };
         for port in ports.flatten() {
             let p = port.path();
-            let counter = |name: &str| {
-                read_trim(&p.join("counters").join(name)).and_then(|s| s.parse::<u64>().ok())
+            let mut garbled = Vec::new();
+            let mut counter = |name: &str| {
+                let text = read_trim(&p.join("counters").join(name));
+                parse_counter(name, text).unwrap_or_else(|why| {
+                    garbled.push(why);
+                    None
+                })
             };
+            let link_downed = counter("link_downed");
+            let symbol_error = counter("symbol_error");
             out.push(IbPort {
                 device: device.clone(),
                 port: port.file_name().to_string_lossy().into_owned(),
@@ -43,8 +64,9 @@ pub fn read_ib(root: &Path) -> Vec<IbPort> {
                     Some((_, name)) => name.trim().to_string(),
                     None => s,
                 }),
-                link_downed: counter("link_downed"),
-                symbol_error: counter("symbol_error"),
+                link_downed,
+                symbol_error,
+                garbled,
             });
         }
     }
@@ -79,6 +101,8 @@ pub fn ib_check(root: &Path, ports: Vec<IbPort>, require: bool, max_errors: u64)
                 why.push(format!("{name} {n}"));
             }
         }
+        // A counter that cannot be read as a count cannot vouch for the port.
+        why.extend(p.garbled.iter().cloned());
         if !why.is_empty() {
             bad.push(format!("{} port {}: {}", p.device, p.port, why.join(", ")));
         }
@@ -108,6 +132,7 @@ mod tests {
             state: Some(state.into()),
             link_downed: Some(downed),
             symbol_error: Some(sym),
+            garbled: vec![],
         }
     }
 
@@ -127,6 +152,27 @@ mod tests {
             ib_check(root, vec![port("ACTIVE", 0, 5)], false, 10).status,
             Status::Pass
         );
+        let mut g = port("ACTIVE", 0, 0);
+        g.garbled = vec![parse_counter("symbol_error", Some("12abc".into())).unwrap_err()];
+        let c = ib_check(root, vec![g], false, 0);
+        assert_eq!(c.status, Status::Fail);
+        assert_eq!(
+            c.detail,
+            "mlx5_0 port 1: symbol_error \"12abc\" is not a count"
+        );
+    }
+
+    #[test]
+    fn counters_parse_or_say_what_they_held() {
+        assert_eq!(parse_counter("link_downed", None), Ok(None));
+        assert_eq!(parse_counter("link_downed", Some("7".into())), Ok(Some(7)));
+        let e = parse_counter("link_downed", Some("x".repeat(100))).unwrap_err();
+        assert!(e.ends_with("\"... is not a count"), "{e}");
+        assert!(e.len() < 80, "{e}");
+        assert!(parse_counter("link_downed", Some("-1".into())).is_err());
+        assert!(parse_counter("link_downed", Some("\u{1b}[2J".into()))
+            .unwrap_err()
+            .contains("\\u{1b}"));
     }
 
     #[test]
@@ -146,6 +192,7 @@ mod tests {
                 state: Some("ACTIVE".into()),
                 link_downed: Some(7),
                 symbol_error: None,
+                garbled: vec![],
             }]
         );
     }

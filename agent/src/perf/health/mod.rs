@@ -16,13 +16,40 @@ pub use ib::{ib_check, read_ib, IbPort};
 /// The default InfiniBand sysfs tree.
 pub const IB_ROOT: &str = "/sys/class/infiniband";
 
+/// Where the NVIDIA device files (`nvidia0`, `nvidiactl`...) are looked for: `$VIGIL_DEV_DIR`
+/// (for tests: a machine without GPUs "has" them when the directory holds `nvidia*` files), else
+/// `/dev`.
+pub fn dev_dir() -> PathBuf {
+    std::env::var_os("VIGIL_DEV_DIR")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/dev"))
+}
+
+/// The `nvidia*` entries of `dir`, sorted: a node with them has an NVIDIA driver and GPUs, so NVML
+/// not loading there is a fault, not "no GPU here".
+pub fn nvidia_devices(dir: &Path) -> Vec<String> {
+    let mut out: Vec<String> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("nvidia"))
+        .collect();
+    out.sort();
+    out
+}
+
 /// What to check. `Default` checks what is there and requires nothing more.
 #[derive(Debug, Clone)]
 pub struct HealthOptions {
     /// The NVML library (`--nvml-lib`); `None`: $VIGIL_NVML_LIB, else the system's.
     pub nvml_lib: Option<PathBuf>,
-    /// GPUs that must be present; `None`: as many as NVML sees (and no NVML is no failure).
+    /// GPUs that must be present; `None`: as many as NVML sees (no NVML is then a failure only
+    /// where `dev_dir` holds NVIDIA device files).
     pub gpus: Option<u32>,
+    /// Where NVIDIA device files are looked for ([`dev_dir`]).
+    pub dev_dir: PathBuf,
     /// Free memory every GPU must have, in MiB.
     pub min_free_mib: Option<u64>,
     pub ib_root: PathBuf,
@@ -40,6 +67,7 @@ impl Default for HealthOptions {
         HealthOptions {
             nvml_lib: None,
             gpus: None,
+            dev_dir: dev_dir(),
             min_free_mib: None,
             ib_root: PathBuf::from(IB_ROOT),
             require_ib: false,
@@ -152,6 +180,8 @@ impl HealthReport {
 /// What NVML told about this node's GPUs: `Err` says why there is no NVML.
 pub struct GpuFacts {
     pub count: Result<u32, String>,
+    /// The NVIDIA device files found ([`nvidia_devices`]).
+    pub devices: Vec<String>,
     pub samples: Vec<GpuSample>,
     pub holders: Vec<GpuProcess>,
 }
@@ -163,14 +193,26 @@ const HW_THROTTLE: u64 = 0x8 | 0x40 | 0x80;
 pub fn gpu_checks(f: &GpuFacts, o: &HealthOptions) -> Vec<Check> {
     let count = match &f.count {
         Ok(n) => *n,
-        Err(why) => {
+        Err(off) => {
+            // "GPU telemetry off: ..." says what the agent does without NVML; a failed check
+            // says only why NVML is unusable.
+            let why = off.strip_prefix("GPU telemetry off: ").unwrap_or(off);
             let c = match o.gpus {
                 Some(n) if n > 0 => check(
                     "gpu_count",
                     Status::Fail,
                     format!("{n} GPU(s) expected, none usable: {why}"),
                 ),
-                _ => check("gpu_count", Status::Skip, why.clone()),
+                // Fails closed: a driver is here, so a broken or wrong NVML hides real GPUs.
+                _ if !f.devices.is_empty() => check(
+                    "gpu_count",
+                    Status::Fail,
+                    format!(
+                        "NVIDIA devices present ({}) but NVML is unusable: {why}",
+                        f.devices.join(", ")
+                    ),
+                ),
+                _ => check("gpu_count", Status::Skip, off.clone()),
             };
             return vec![c];
         }
@@ -365,11 +407,13 @@ fn free_bytes(dir: &Path) -> Result<u64, String> {
     Ok(s.blocks_available() as u64 * s.fragment_size() as u64)
 }
 
-/// What NVML tells about this node's GPUs (the edge).
-pub fn read_gpus(lib: Option<&Path>) -> GpuFacts {
+/// What NVML tells about this node's GPUs (the edge); `dev` is where device files are looked for.
+pub fn read_gpus(lib: Option<&Path>, dev: &Path) -> GpuFacts {
+    let devices = nvidia_devices(dev);
     match GpuSource::open(gpu::nvml_lib(lib).as_deref()) {
         Err(e) => GpuFacts {
             count: Err(e),
+            devices,
             samples: vec![],
             holders: vec![],
         },
@@ -382,6 +426,7 @@ pub fn read_gpus(lib: Option<&Path>) -> GpuFacts {
                 .collect();
             GpuFacts {
                 count,
+                devices,
                 samples,
                 holders,
             }
@@ -391,7 +436,7 @@ pub fn read_gpus(lib: Option<&Path>) -> GpuFacts {
 
 /// Every check, reading this node.
 pub fn run_checks(o: &HealthOptions) -> HealthReport {
-    let mut checks = gpu_checks(&read_gpus(o.nvml_lib.as_deref()), o);
+    let mut checks = gpu_checks(&read_gpus(o.nvml_lib.as_deref(), &o.dev_dir), o);
     checks.push(ib_check(
         &o.ib_root,
         read_ib(&o.ib_root),
@@ -426,6 +471,7 @@ mod tests {
     fn facts(samples: Vec<GpuSample>) -> GpuFacts {
         GpuFacts {
             count: Ok(samples.len() as u32),
+            devices: vec![],
             samples,
             holders: vec![],
         }
@@ -443,8 +489,9 @@ mod tests {
 
     #[test]
     fn no_nvml_skips_unless_gpus_are_expected() {
-        let f = GpuFacts {
+        let mut f = GpuFacts {
             count: Err("GPU telemetry off: no driver".into()),
+            devices: vec![],
             samples: vec![],
             holders: vec![],
         };
@@ -458,6 +505,30 @@ mod tests {
         let c = gpu_checks(&f, &o);
         assert_eq!(c[0].status, Status::Fail);
         assert!(c[0].detail.contains("8 GPU(s) expected"));
+        // Device files say a driver is here: no NVML is then a failure without --gpus too.
+        f.devices = vec!["nvidia0".into(), "nvidiactl".into()];
+        let c = gpu_checks(&f, &HealthOptions::default());
+        assert_eq!(c[0].status, Status::Fail);
+        assert!(
+            c[0].detail
+                .contains("(nvidia0, nvidiactl) but NVML is unusable"),
+            "{}",
+            c[0].detail
+        );
+    }
+
+    #[test]
+    fn nvidia_device_files_are_found() {
+        let dir = std::env::temp_dir().join(format!("vigil-dev-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        assert!(nvidia_devices(&dir).is_empty());
+        for n in ["nvidia1", "null", "nvidiactl", "nvidia0"] {
+            std::fs::write(dir.join(n), "").unwrap();
+        }
+        let found = nvidia_devices(&dir);
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(found, ["nvidia0", "nvidia1", "nvidiactl"]);
+        assert!(nvidia_devices(Path::new("/no/such/dir")).is_empty());
     }
 
     #[test]

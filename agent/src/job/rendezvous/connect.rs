@@ -1,0 +1,76 @@
+//! Connecting to node rank 0's store: proving the secret, and being admitted to the job (an
+//! agent of another shape or job is refused before it writes anything).
+
+use vigil_store::StoreClient;
+
+use super::wire::{key, JobShape};
+use super::CoordConfig;
+use std::net::SocketAddr;
+
+pub(super) type Fatal = (String, bool);
+
+/// Why an agent lost the job's coordination when its connection to the store failed.
+pub(super) fn store_lost(store: SocketAddr, e: impl std::fmt::Display) -> String {
+    format!(
+        "lost the connection to node rank 0's store at {store}: {e}; node rank 0's agent died or the network failed"
+    )
+}
+
+pub(crate) async fn connect_client(cfg: &CoordConfig) -> Result<StoreClient, Fatal> {
+    let mut c = StoreClient::connect(cfg.store, cfg.join_timeout)
+        .await
+        .map_err(|e| {
+            (
+                format!(
+                    "cannot reach node rank 0's store at {} ({e}); check that node rank 0 runs vigil with the same --master-addr/--master-port or --rdzv-endpoint",
+                    cfg.store
+                ),
+                true,
+            )
+        })?;
+    let _ = c.set_peer_timeout(cfg.peer_timeout);
+    c.authenticate(cfg.secret.as_deref())
+        .await
+        .map_err(|e| match e {
+            vigil_store::StoreError::Auth(why) => (
+                format!("node rank 0's store at {}: {why}", cfg.store),
+                false,
+            ),
+            e => (store_lost(cfg.store, e), true),
+        })?;
+    Ok(c)
+}
+
+/// Waits (up to `--join-timeout`) for node rank 0's [`JobShape`] and compares this agent's with
+/// it; a stray is refused, having written nothing.
+pub(super) async fn admitted(ctl: &mut StoreClient, cfg: &CoordConfig) -> Result<(), Fatal> {
+    let lost_store = |e: vigil_store::StoreError| (store_lost(cfg.store, e), true);
+    if let Err(e) = ctl.wait(&[key::JOB], cfg.join_timeout).await {
+        return Err(if e.is_timeout() {
+            (
+                format!(
+                    "node rank 0's store at {} did not say within --join-timeout ({}s) which job it runs; is node rank 0 a vigil agent of this job?",
+                    cfg.store,
+                    cfg.join_timeout.as_secs()
+                ),
+                true,
+            )
+        } else {
+            lost_store(e)
+        });
+    }
+    let theirs = ctl.get(key::JOB).await.map_err(lost_store)?;
+    let theirs: JobShape = serde_json::from_slice(&theirs).map_err(|_| {
+        (
+            format!(
+                "node rank 0's store at {} holds no job this vigil understands; run the same vigil on every node",
+                cfg.store
+            ),
+            false,
+        )
+    })?;
+    match theirs.refusal(&cfg.shape(), cfg.node_rank) {
+        Some(why) => Err((why, false)),
+        None => Ok(()),
+    }
+}
