@@ -352,3 +352,29 @@ print(json.dumps([t.should_stop, t.strategy.saved]))
     out, err = finish(proc)
     assert json.loads(out) == [True, []]
     assert "stopping without a checkpoint" in err and "stop_checkpoint_path" in err
+
+
+def test_an_empty_selection_of_sections_calculates_none_as_nvrx(agent):
+    # NVRx: `selected_sections=[]` selects no section (only the out-of-section timeout here);
+    # None selects every section observed.
+    proc = spawn(
+        """
+import json
+import vigil.compat as ft
+c = ft.RankMonitorClient()
+c.init_workload_monitoring()
+print(json.dumps([c.calculate_and_set_section_timeouts(selected_sections=[]),
+                  c.calculate_and_set_section_timeouts(selected_sections=[], calc_out_of_section=False),
+                  sorted(c.section_timeouts.calculated_sections)]))
+""",
+        child_env(agent),
+    )
+    conn = agent.accept()
+    assert conn.next()["type"] == "Register"
+    assert conn.next() == _calc()
+    assert conn.next() == _calc(out_of_section=True)
+    conn.send(_answer(out_of_section=True))
+    assert conn.next() == _calc()
+    conn.send(_answer())
+    out, _ = finish(proc)
+    assert json.loads(out) == [True, True, []]

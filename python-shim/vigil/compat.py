@@ -185,17 +185,19 @@ class RankMonitorClient:
         skip_if_not_ready: bool = False,
     ) -> bool:
         """Has the agent calculate and set the timeouts of ``selected_sections`` (every section
-        observed when None or empty) and, with ``calc_out_of_section``, the out-of-section timeout
+        observed when None; none when empty, as NVRx) and, with ``calc_out_of_section``, the out-of-section timeout
         (a collective: every rank calls it). True once they are in force; when a selected section
         was never observed, False with ``skip_if_not_ready``, else ``RankMonitorClientError``.
         Outside vigil: False.
         """
         self._ensure_is_ready()
-        names = list(selected_sections) if selected_sections else None
+        names = list(selected_sections) if selected_sections is not None else None
         answer = vigil.calculate_timeouts(sections=names, out_of_section=calc_out_of_section)
         if answer is None:
             return False
-        if not (answer["sections"] and (answer["out_of_section"] or not calc_out_of_section)):
+        # No section selected: nothing to calculate there, so nothing missing.
+        sections_ok = answer["sections"] or names == []
+        if not (sections_ok and (answer["out_of_section"] or not calc_out_of_section)):
             return self._not_ready(skip_if_not_ready)
         self._refresh()
         self._sec.calculated_sections |= set(names if names is not None else self._sec.section)
