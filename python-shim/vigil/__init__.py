@@ -46,6 +46,8 @@ __all__ = [
 
 SOCKET_ENV = "VIGIL_SOCKET"
 STACK_FILE_ENV = "VIGIL_STACK_FILE"
+#: Written to the stack file at import: which of the dumped threads is the main one.
+MAIN_THREAD_LINE = "vigil: main thread of pid %d is 0x%016x\n"
 #: Longest a message that must not be dropped (section, timing, finished) waits for buffer space.
 SEND_TIMEOUT_S = 5.0
 CONNECT_TIMEOUT_S = 5.0
@@ -620,6 +622,15 @@ def _install_stack_dumps():
         pass  # not the main thread: keep whatever is installed
     faulthandler.register(signal.SIGUSR2, file=f, all_threads=True, chain=True)
     _stack_file = f
+    # faulthandler names threads only by id, and the thread the signal lands on comes first: this
+    # line lets the agent show the main thread (the training loop) first, whatever else runs.
+    try:
+        import threading
+
+        f.write(MAIN_THREAD_LINE % (_getpid(), threading.main_thread().ident or 0))
+        f.flush()
+    except (OSError, ValueError):
+        pass
 
 
 _install_stack_dumps()
