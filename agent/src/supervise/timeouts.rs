@@ -156,6 +156,13 @@ impl Supervisor {
                 }
                 self.on_step(now, local_rank, step);
             }
+            RankMsg::HoldsSignals { signals } => {
+                if let Some(r) = self.ranks.get_mut(local_rank as usize) {
+                    r.holds = signals;
+                }
+                self.kill_if_holding(local_rank, out);
+            }
+            RankMsg::Signalled { signal } => self.on_rank_signalled(now, local_rank, signal, out),
             _ => {}
         }
     }
