@@ -39,9 +39,9 @@ pub fn main_thread_of(stack_file: &str, pid: i32) -> Option<u64> {
     let prefix = format!("vigil: main thread of pid {pid} is ");
     stack_file
         .lines()
+        .rev()
         .filter_map(|l| l.trim().strip_prefix(prefix.as_str()))
-        .filter_map(thread_id)
-        .last()
+        .find_map(thread_id)
 }
 
 /// The thread id in `Thread 0x00007f01 ...`, `Current thread 0x00007f01 [name] ...` or `0x7f01`.
