@@ -34,9 +34,11 @@ def attempt_log(job, attempt, local_rank):
 
 
 def test_readme_example_a_crash_kills_the_ranks_that_hold_sigterm_at_once_and_they_save_nothing(job):
+    # The README's command with 100 steps instead of 20: ranks that start late under load must not
+    # be able to reach the end (2 s) before rank 3 crashes at its step 5.
     r = run_vigil(
         ["run", "--nproc-per-node", "4", "--max-restarts", "1", "--log-dir", "logs",
-         TOY, "--steps", "20", "--crash-at", "5"],
+         TOY, "--steps", "100", "--crash-at", "5"],
         cwd=job, env=without_torch(job), timeout=300,
     )
     assert r.returncode == 0, r.stderr
@@ -66,7 +68,7 @@ def test_readme_example_a_crash_kills_the_ranks_that_hold_sigterm_at_once_and_th
         resumed = [int(m) for m in re.findall(r"resumed from step (\d+)$", out, re.M)]
         assert all((n + 1) % 5 == 0 for n in resumed), out
         assert resumed or f"rank {rank}: starting at step 0" in out, out
-        assert f"rank {rank}: done after 20 steps" in out
+        assert f"rank {rank}: done after 100 steps" in out
 
 
 BLOCKED = """
