@@ -266,3 +266,44 @@ def test_the_hang_excerpt_shows_the_main_thread_first_whatever_other_threads_run
     # The console's excerpt starts with the training loop too.
     excerpt = r.stderr.split("innermost frames:", 1)[1]
     assert excerpt.index("the_training_loop_hangs_here") < excerpt.index("loader_worker")
+
+
+ALL_BLOCKED = """
+import os, pathlib, sys, time
+import vigil
+out = pathlib.Path(os.environ["OUT_DIR"])
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+if os.environ["TORCHELASTIC_RESTART_COUNT"] != "0":
+    sys.exit(0)
+vigil.should_stop(1)  # holds SIGTERM from here on
+if rank != world - 1:
+    r, w = os.pipe()
+    (out / f"holding_{rank}").write_text(str(os.getpid()))
+    os.read(r, 1)  # in a collective with the rank that is about to die
+    (out / f"unblocked_{rank}").write_text("1")
+else:
+    while len(list(out.glob("holding_*"))) < world - 1:
+        time.sleep(0.01)
+    sys.exit(3)
+"""
+
+
+def test_a_failure_on_another_node_kills_this_nodes_blocked_ranks_at_once(job):
+    import sys
+    sys.path.insert(0, os.path.dirname(__file__))
+    from test_multinode import Nodes
+
+    write(job / "t.py", ALL_BLOCKED)
+    nodes = Nodes(job, 2, ["t.py"], nproc=2, extra=["--max-restarts", "1", "--workers-stop-timeout", "30"])
+    res = nodes.wait(timeout=120)
+    assert [rc for rc, _, _ in res] == [0, 0], [e for _, _, e in res]
+    assert not list(job.glob("unblocked_*"))
+    for i in (0, 1):
+        assert of(nodes.events(i), "escalate") == [], "nobody waited for the 30 s grace"
+        assert one(nodes.events(i), "result")["outcome"] == "succeeded"
+    ev0 = nodes.events(0)
+    stop = one(ev0, "stop", cycle=0)
+    assert stop["reason"] == "peer" and sorted(stop["killed"]) == sorted(stop["pids"]), stop
+    for rank in (0, 1):
+        e = one(ev0, "rank_exited", cycle=0, rank=rank)
+        assert e.get("signal") == signal.SIGKILL and e["expected"] is True, e
