@@ -13,6 +13,7 @@ import re
 import signal
 
 from harness import REPO, base_env, events, of, one, run_dirs, run_vigil, start_vigil, wait_for, write
+from test_multinode import Nodes
 
 TOY = str(REPO / "examples" / "toy_train.py")
 
@@ -289,10 +290,6 @@ else:
 
 
 def test_a_failure_on_another_node_kills_this_nodes_blocked_ranks_at_once(job):
-    import sys
-    sys.path.insert(0, os.path.dirname(__file__))
-    from test_multinode import Nodes
-
     write(job / "t.py", ALL_BLOCKED)
     nodes = Nodes(job, 2, ["t.py"], nproc=2, extra=["--max-restarts", "1", "--workers-stop-timeout", "30"])
     res = nodes.wait(timeout=120)
