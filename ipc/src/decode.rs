@@ -23,7 +23,8 @@ fn rank_payload_len_ok(k: u8, len: usize) -> Option<bool> {
     Some(match k {
         kind::REGISTER | kind::STEP_TIMING => len == 16,
         kind::HEARTBEAT => len == 0 || len == 8,
-        kind::PROGRESS => len == 8,
+        kind::PROGRESS | kind::HOLDS_SIGNALS => len == 8,
+        kind::SIGNALLED => len == 4,
         kind::END_ALL_SECTIONS | kind::FINISHED => len == 0,
         kind::SECTION_START
         | kind::SECTION_END
@@ -110,6 +111,8 @@ fn rank_payload(k: u8, payload: &[u8]) -> Result<RankMsg, DecodeError> {
         },
         kind::FINISHED => RankMsg::Finished,
         kind::PROGRESS => RankMsg::Progress { step: r.u64()? },
+        kind::HOLDS_SIGNALS => RankMsg::HoldsSignals { signals: r.u64()? },
+        kind::SIGNALLED => RankMsg::Signalled { signal: r.u32()? },
         kind::WORKLOAD_CONTROL => RankMsg::WorkloadControl {
             action: r.u8()?,
             description: r.string(MAX_REASON_LEN, DecodeError::ReasonTooLong)?,

@@ -31,6 +31,8 @@ pub fn encode_rank(msg: &RankMsg, out: &mut Vec<u8>) {
         }
         RankMsg::EndAllSections | RankMsg::Finished => {}
         RankMsg::Progress { step } => out.extend_from_slice(&step.to_le_bytes()),
+        RankMsg::HoldsSignals { signals } => out.extend_from_slice(&signals.to_le_bytes()),
+        RankMsg::Signalled { signal } => out.extend_from_slice(&signal.to_le_bytes()),
         RankMsg::WorkloadControl {
             action,
             description,

@@ -38,6 +38,8 @@ pub mod kind {
     pub const CALCULATE_TIMEOUTS: u8 = 0x08;
     pub const PROGRESS: u8 = 0x09;
     pub const WORKLOAD_CONTROL: u8 = 0x0a;
+    pub const HOLDS_SIGNALS: u8 = 0x0b;
+    pub const SIGNALLED: u8 = 0x0c;
     pub const TIMEOUTS: u8 = 0x81;
     pub const STOP_REQUEST: u8 = 0x82;
     pub const TIMEOUTS_CALCULATED: u8 = 0x83;
@@ -90,6 +92,15 @@ pub enum RankMsg {
         action: u8,
         description: String,
     },
+    /// This rank holds these signals for `should_stop(step)` (bit `n` is signal `n`): they are
+    /// noted, not fatal, so a stop that must end the rank at once cannot use them.
+    HoldsSignals {
+        signals: u64,
+    },
+    /// This rank received `signal`, one it holds, from outside (not from the agent).
+    Signalled {
+        signal: u32,
+    },
 }
 
 /// `WorkloadControl` action: keep this node out of the job from the next attempt on.
@@ -135,6 +146,8 @@ impl RankMsg {
             RankMsg::CalculateTimeouts { .. } => kind::CALCULATE_TIMEOUTS,
             RankMsg::Progress { .. } => kind::PROGRESS,
             RankMsg::WorkloadControl { .. } => kind::WORKLOAD_CONTROL,
+            RankMsg::HoldsSignals { .. } => kind::HOLDS_SIGNALS,
+            RankMsg::Signalled { .. } => kind::SIGNALLED,
         }
     }
 }

@@ -55,6 +55,10 @@ for step, dur in [(0, 0), (42, 1500000), (U64_MAX, U64_MAX)]:
 rank.append((frame(0x07), msg("Finished")))
 for step in [0, 41, 1234567890123, U64_MAX]:
     rank.append((frame(0x09, q(step)), msg("Progress", step=step)))
+for signals in [0, (1 << 15) | (1 << 10) | (1 << 12), U64_MAX]:
+    rank.append((frame(0x0B, q(signals)), msg("HoldsSignals", signals=signals)))
+for sig in [15, 10, 0, 2**32 - 1]:
+    rank.append((frame(0x0C, struct.pack("<I", sig)), msg("Signalled", signal=sig)))
 for action, desc in [(1, "exclude: ECC errors"), (2, ""), (7, "ü" * 10)]:
     rank.append((frame(0x0A, bytes([action]) + s(desc)), msg("WorkloadControl", action=action, description=desc)))
 for hb, oos, alls, secs in [(True, False, False, []), (False, True, True, []),
@@ -99,7 +103,12 @@ err("rank", frame(0x02, version=2), "unsupported_version")
 err("rank", frame(0x02, version=0), "unsupported_version")
 err("rank", b"\x56\x02", "unsupported_version")
 err("rank", frame(0x00), "unknown_kind")
-err("rank", frame(0x0B), "unknown_kind")
+err("rank", frame(0x0D), "unknown_kind")
+err("rank", frame(0x0B), "bad_length")
+err("rank", frame(0x0B, q(1) + b"\x00"), "bad_length")
+err("rank", frame(0x0C, q(15)), "bad_length")
+err("rank", frame(0x0C, b"\x0f\x00\x00"), "bad_length")
+err("rank", frame(0x0C, struct.pack("<I", 15))[:10], "incomplete")
 err("rank", frame(0x0A), "truncated")
 err("rank", frame(0x0A, b"\x01" + struct.pack("<H", 1025) + b"x" * 1025), "reason_too_long")
 err("rank", frame(0x7F, q(1)), "unknown_kind")

@@ -55,7 +55,7 @@ impl Rng {
 }
 
 fn random_rank(r: &mut Rng) -> RankMsg {
-    match r.below(8) {
+    match r.below(10) {
         0 => RankMsg::Register {
             rank: r.next() as u32,
             local_rank: r.next() as u32,
@@ -71,6 +71,10 @@ fn random_rank(r: &mut Rng) -> RankMsg {
             duration_us: r.u64(),
         },
         6 => RankMsg::Progress { step: r.u64() },
+        7 => RankMsg::HoldsSignals { signals: r.u64() },
+        8 => RankMsg::Signalled {
+            signal: r.next() as u32,
+        },
         _ => RankMsg::Finished,
     }
 }
@@ -145,8 +149,9 @@ fn mutate(r: &mut Rng, buf: &mut Vec<u8>) {
             _ if len > 2 => {
                 // A kind code from the other direction or out of range.
                 buf[2] = [
-                    0x00, 0x01, 0x02, 0x03, 0x07, 0x08, 0x09, 0x0a, 0x7f, 0x80, 0x81, 0x82, 0xff,
-                ][r.below(13)];
+                    0x00, 0x01, 0x02, 0x03, 0x07, 0x08, 0x09, 0x0a, 0x0b, 0x0c, 0x0d, 0x7f, 0x80,
+                    0x81, 0x82, 0xff,
+                ][r.below(16)];
             }
             _ => {}
         }

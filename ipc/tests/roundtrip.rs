@@ -92,6 +92,21 @@ fn progress_roundtrips_as_a_fixed_8_byte_step() {
 }
 
 #[test]
+fn held_signals_and_a_signal_received_roundtrip_at_fixed_sizes() {
+    for signals in [0, 1 << 15 | 1 << 10 | 1 << 12, u64::MAX] {
+        let b = rank_roundtrip(RankMsg::HoldsSignals { signals });
+        assert_eq!(b.len(), HEADER_LEN + 8);
+        assert_eq!(b[2], kind::HOLDS_SIGNALS);
+    }
+    for signal in [0, 15, u32::MAX] {
+        let b = rank_roundtrip(RankMsg::Signalled { signal });
+        assert_eq!(b.len(), HEADER_LEN + 4);
+        assert_eq!(b[2], kind::SIGNALLED);
+        assert_eq!(b[HEADER_LEN..], signal.to_le_bytes());
+    }
+}
+
+#[test]
 fn timeouts_roundtrip() {
     agent_roundtrip(AgentMsg::Timeouts {
         initial_ms: None,
@@ -351,6 +366,8 @@ fn rank_msg() -> impl Strategy<Value = RankMsg> {
             .prop_map(|(step, duration_us)| RankMsg::StepTiming { step, duration_us }),
         Just(RankMsg::Finished),
         any::<u64>().prop_map(|step| RankMsg::Progress { step }),
+        any::<u64>().prop_map(|signals| RankMsg::HoldsSignals { signals }),
+        any::<u32>().prop_map(|signal| RankMsg::Signalled { signal }),
     ]
 }
 

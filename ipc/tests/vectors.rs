@@ -54,6 +54,8 @@ fn rank_to_json(m: &RankMsg) -> Value {
         }
         RankMsg::Finished => json!({"type": "Finished"}),
         RankMsg::Progress { step } => json!({"type": "Progress", "step": step}),
+        RankMsg::HoldsSignals { signals } => json!({"type": "HoldsSignals", "signals": signals}),
+        RankMsg::Signalled { signal } => json!({"type": "Signalled", "signal": signal}),
         RankMsg::WorkloadControl {
             action,
             description,
@@ -93,6 +95,12 @@ fn rank_from_json(v: &Value) -> RankMsg {
         "Finished" => RankMsg::Finished,
         "Progress" => RankMsg::Progress {
             step: v["step"].as_u64().expect("u64"),
+        },
+        "HoldsSignals" => RankMsg::HoldsSignals {
+            signals: v["signals"].as_u64().expect("u64"),
+        },
+        "Signalled" => RankMsg::Signalled {
+            signal: u32_of(&v["signal"]),
         },
         "WorkloadControl" => RankMsg::WorkloadControl {
             action: v["action"].as_u64().expect("u64") as u8,
@@ -248,10 +256,12 @@ fn every_vector_decodes_to_its_meaning_and_reencodes_identically() {
             "EndAllSections",
             "Finished",
             "Heartbeat",
+            "HoldsSignals",
             "Progress",
             "Register",
             "SectionEnd",
             "SectionStart",
+            "Signalled",
             "StepTiming",
             "WorkloadControl"
         ])

@@ -321,6 +321,12 @@ spin_forever_in_python()
         text = stack_file.read_text()
         assert "idle_thread_wait" in text
         assert "most recent call first" in text
+        # The shim names the main thread (faulthandler does not), so the agent can show it first.
+        (line,) = [l for l in text.splitlines() if l.startswith("vigil: main thread of pid %d is " % proc.pid)]
+        main_id = line.rsplit(" ", 1)[1]
+        spinning = next(l for l in text.splitlines() if "most recent call first" in l and main_id in l)
+        after = text.split(spinning, 1)[1].split("most recent call first")[0]
+        assert "spin_forever_in_python" in after
     finally:
         proc.kill()
         proc.communicate()

@@ -223,6 +223,7 @@ print(json.dumps({"stopped_at": stopped_at, "saved": t.strategy.saved}))
         {"type": "SectionStart", "name": "step"},
         {"type": "SectionEnd", "name": "step"},
         {"type": "Heartbeat", "step": 1},
+        {"type": "HoldsSignals", "signals": (1 << 15) | (1 << 10) | (1 << 12)},  # SIGTERM, SIGUSR1, SIGUSR2
         {"type": "Progress", "step": 1},
         {"type": "SectionStart", "name": "checkpointing"},
         {"type": "SectionEnd", "name": "checkpointing"},

@@ -29,7 +29,8 @@ def test_vector_file_covers_every_kind_and_error():
     types = {m["type"] for _, k, _, m in VECTOR_LINES if k != "error"}
     assert types == {
         "Register", "Heartbeat", "SectionStart", "SectionEnd", "EndAllSections", "StepTiming",
-        "Finished", "Progress", "WorkloadControl", "Timeouts", "StopRequest", "CalculateTimeouts", "TimeoutsCalculated",
+        "Finished", "Progress", "WorkloadControl", "HoldsSignals", "Signalled", "Timeouts", "StopRequest",
+        "CalculateTimeouts", "TimeoutsCalculated",
     }
     errors = {m["error"] for _, k, _, m in VECTOR_LINES if k == "error"}
     assert len(errors) == 14

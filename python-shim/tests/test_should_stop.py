@@ -1,6 +1,7 @@
 """``vigil.should_stop(step)``: Progress messages and the agreed stop step, against a fake agent."""
 
 import json
+import signal
 import subprocess
 
 from conftest import child_env, finish, spawn
@@ -9,6 +10,10 @@ from test_client import COUNT_WARNINGS, hb, register
 
 def progress(step):
     return {"type": "Progress", "step": step}
+
+
+#: What the first should_stop(step) tells the agent: it holds the stop signals (default action).
+HELD = {"type": "HoldsSignals", "signals": sum(1 << s for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2))}
 
 
 def stop(at_step, reason="time limit"):
@@ -41,6 +46,7 @@ print(json.dumps([got, vigil_warnings()]))
     out, _ = finish(proc)
     assert conn.drain() == [
         register(proc, rank=5, local_rank=1),
+        HELD,
         progress(0),
         progress(1),
         progress(2),
@@ -71,7 +77,7 @@ print(json.dumps([r, vigil_warnings()]))
     )
     conn = agent.accept()
     # No request before the rank took "before": on a loaded machine it would otherwise see it.
-    conn.expect(register(proc), progress(1), hb(99))
+    conn.expect(register(proc), HELD, progress(1), hb(99))
     conn.send(stop(5, "SIGTERM"))
     # Each step the rank evaluates is reported, in order, before the next request goes out.
     conn.expect(progress(3), progress(4), progress(5), progress(6))
@@ -105,7 +111,7 @@ print(json.dumps([before, ok, after, vigil_warnings()]))
         child_env(agent),
     )
     conn = agent.accept()
-    conn.expect(register(proc), progress(9))
+    conn.expect(register(proc), HELD, progress(9))
     conn.send(stop(10))
     out, _ = finish(proc)
     assert conn.drain() == [progress(0), progress(9)]
@@ -130,7 +136,8 @@ vigil.should_stop(6)
     first = agent.accept()
     second = agent.accept()
     finish(proc)
-    assert first.drain() == [register(proc), progress(5)]
+    assert first.drain() == [register(proc), HELD, progress(5)]
+    # Held once per process: the agent keeps it for the rank, whatever connection it uses.
     assert second.drain() == [register(proc), progress(5), progress(6)]
 
 
@@ -155,7 +162,7 @@ print(json.dumps([vigil.should_stop(n - 1), vigil.is_connected()]), flush=True)
         stdin=subprocess.PIPE,
     )
     conn = agent.accept()
-    conn.expect(register(proc), progress(0))
+    conn.expect(register(proc), HELD, progress(0))
     assert proc.stdout.readline().strip() == "connected"
     conn.reading.clear()
     # The reader thread parks after the recv it is blocked in returns: at most one more chunk.
@@ -188,3 +195,46 @@ print(json.dumps([[vigil.should_stop(s) for s in range(3)], vigil.stop_step(), v
     got, at, warned = json.loads(finish(proc)[0])
     assert got == [False, False, False] and at is None
     assert len(warned) == 1 and "VIGIL_SOCKET" in warned[0]
+
+
+def test_a_held_signal_is_reported_to_the_agent_once_by_the_next_call(agent):
+    proc = spawn(
+        COUNT_WARNINGS
+        + """
+import os, signal
+vigil.should_stop(1)
+os.kill(os.getpid(), signal.SIGTERM)  # from outside vigil: `kill` by hand
+os.kill(os.getpid(), signal.SIGUSR1)
+got = [vigil.should_stop(2), vigil.should_stop(3)]
+print(json.dumps([got, vigil_warnings()]))
+""",
+        child_env(agent),
+    )
+    conn = agent.accept()
+    out, _ = finish(proc)
+    # The handler only notes it; the next should_stop tells the agent (the first signal, once).
+    assert conn.drain() == [
+        register(proc),
+        HELD,
+        progress(1),
+        progress(2),
+        {"type": "Signalled", "signal": int(signal.SIGTERM)},
+        progress(3),
+    ]
+    got, warned = json.loads(out)
+    assert got == [False, False] and warned == []
+
+
+def test_signals_the_program_handles_itself_are_not_reported_as_held(agent):
+    proc = spawn(
+        """
+import signal, vigil
+signal.signal(signal.SIGTERM, lambda *a: None)  # e.g. NeMo's or Lightning's own handler
+vigil.should_stop(1)
+""",
+        child_env(agent),
+    )
+    conn = agent.accept()
+    finish(proc)
+    held = (1 << signal.SIGUSR1) | (1 << signal.SIGUSR2)
+    assert conn.drain() == [register(proc), {"type": "HoldsSignals", "signals": held}, progress(1)]

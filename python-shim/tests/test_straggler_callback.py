@@ -92,8 +92,8 @@ print(fit(t, [0.01, 0.3, 0.01]))
     # The slow batch is measured as slow (a lower bound only: the machine may be slower still).
     assert timing[1]["duration_us"] >= 300_000
     assert timing[1]["duration_us"] > timing[0]["duration_us"]
-    # Nothing else but registering and the steps should_stop(step) reports.
-    assert {m["type"] for m in msgs} == {"Register", "StepTiming", "Progress"}
+    # Nothing else but registering, the steps should_stop(step) reports and the signals it holds.
+    assert {m["type"] for m in msgs} == {"Register", "StepTiming", "Progress", "HoldsSignals"}
 
 
 def test_arguments_that_differ_from_the_agent_name_the_flag_once(agent):

@@ -47,6 +47,8 @@ __all__ = [
 SOCKET_ENV = "VIGIL_SOCKET"
 PROTOCOL_ENV = "VIGIL_PROTOCOL"
 STACK_FILE_ENV = "VIGIL_STACK_FILE"
+#: Written to the stack file at import: which of the dumped threads is the main one.
+MAIN_THREAD_LINE = "vigil: main thread of pid %d is 0x%016x\n"
 #: Longest a message that must not be dropped (section, timing, finished) waits for buffer space.
 SEND_TIMEOUT_S = 5.0
 CONNECT_TIMEOUT_S = 5.0
@@ -76,8 +78,11 @@ _decoder = None
 _stop_requested = False
 # A rank that calls should_stop(step) stops at the agreed step, so a stop signal sent to every
 # process of a Slurm step (preemption, `scancel --signal`, `--signal` without `B:`) must not kill
-# it first: should_stop(step) holds SIGTERM/SIGUSR1/SIGUSR2 (where they have their default action)
-# and waits for the agent's stop step, at most SIGNAL_WAIT seconds, then stops on its own.
+# it first: should_stop(step) holds SIGTERM/SIGUSR1/SIGUSR2 (where they have their default action),
+# tells the agent which it holds (a stop after a failure then ends this rank with SIGKILL, at
+# once) and, when one arrives, tells the agent (the job then stops at one step, as for a signal to
+# the agent) and waits for the agent's stop step, at most SIGNAL_WAIT seconds, then stops on its
+# own.
 SIGNAL_WAIT = 10.0
 # should_stop looks for the agent's messages at most this often (a poll is a system call; the
 # stop step leaves a second of steps for the request to arrive, so a millisecond costs nothing).
@@ -86,6 +91,7 @@ _poll_due = 0.0
 _monotonic = _time.monotonic
 _signals_held = False
 _signalled_at = None
+_signal_received = None  # the first held signal that arrived, until the agent was told
 _stop_reason = None
 _stop_step = None
 _timeouts = None
@@ -442,6 +448,8 @@ def should_stop(step=None):
             _poll_due = now + POLL_EVERY
             if p.poll(0):
                 _poll()
+    if _signal_received is not None:
+        _report_signal()
     if not _stop_requested:
         # Signalled from outside and the agent never asked: stop rather than run on forever.
         return _signalled_at is not None and _time.monotonic() - _signalled_at > SIGNAL_WAIT
@@ -451,23 +459,38 @@ def should_stop(step=None):
 
 def _hold_stop_signals():
     """Lets SIGTERM/SIGUSR1/SIGUSR2 be noted instead of killing the rank (only where they have
-    their default action, only under vigil, only from the main thread)."""
+    their default action, only under vigil, only from the main thread), and tells the agent which
+    are held: SIGTERM would not end this rank, so a stop after a failure uses SIGKILL."""
     global _signals_held
     _signals_held = True
     if not _os.environ.get(SOCKET_ENV):
         return
+    held = 0
     for sig in (_signal.SIGTERM, _signal.SIGUSR1, _signal.SIGUSR2):
         try:
             if _signal.getsignal(sig) == _signal.SIG_DFL:
                 _signal.signal(sig, _on_stop_signal)
+                held |= 1 << int(sig)
         except (ValueError, OSError):
-            return  # not the main thread: leave the signals alone
+            break  # not the main thread: leave the signals alone
+    if held:
+        _send(_protocol.encode_holds_signals(held))
 
 
 def _on_stop_signal(signum, frame):
-    global _signalled_at
+    # Only notes it: this runs between two bytecodes of the main thread, maybe in the middle of a
+    # frame being sent, so the agent is told by the next should_stop().
+    global _signalled_at, _signal_received
     if _signalled_at is None:
         _signalled_at = _time.monotonic()
+        _signal_received = int(signum)
+
+
+def _report_signal():
+    """Tells the agent that a held signal arrived from outside: the job stops at one step."""
+    global _signal_received
+    sig, _signal_received = _signal_received, None
+    _send(_protocol.encode_signalled(sig))
 
 
 def _valid_step(step):
@@ -625,6 +648,15 @@ def _install_stack_dumps():
         pass  # not the main thread: keep whatever is installed
     faulthandler.register(signal.SIGUSR2, file=f, all_threads=True, chain=True)
     _stack_file = f
+    # faulthandler names threads only by id, and the thread the signal lands on comes first: this
+    # line lets the agent show the main thread (the training loop) first, whatever else runs.
+    try:
+        import threading
+
+        f.write(MAIN_THREAD_LINE % (_getpid(), threading.main_thread().ident or 0))
+        f.flush()
+    except (OSError, ValueError):
+        pass
 
 
 _install_stack_dumps()

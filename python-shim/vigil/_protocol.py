@@ -24,11 +24,13 @@ FINISHED = 0x07
 CALCULATE_TIMEOUTS = 0x08
 PROGRESS = 0x09
 WORKLOAD_CONTROL = 0x0A
+HOLDS_SIGNALS = 0x0B
+SIGNALLED = 0x0C
 TIMEOUTS = 0x81
 STOP_REQUEST = 0x82
 TIMEOUTS_CALCULATED = 0x83
 
-RANK_KINDS = frozenset(range(REGISTER, WORKLOAD_CONTROL + 1))
+RANK_KINDS = frozenset(range(REGISTER, SIGNALLED + 1))
 AGENT_KINDS = frozenset((TIMEOUTS, STOP_REQUEST, TIMEOUTS_CALCULATED))
 
 _HEADER = struct.Struct("<BBBBI")
@@ -47,6 +49,9 @@ _REGISTER_HEADER = _header(REGISTER, 16)
 _HEARTBEAT_STEP_HEADER = _header(HEARTBEAT, 8)
 _STEP_TIMING_HEADER = _header(STEP_TIMING, 16)
 _PROGRESS_HEADER = _header(PROGRESS, 8)
+_HOLDS_SIGNALS_HEADER = _header(HOLDS_SIGNALS, 8)
+_SIGNALLED = struct.Struct("<8sI")
+_SIGNALLED_HEADER = _header(SIGNALLED, 4)
 
 #: The whole frame of a heartbeat without a step: a bare header.
 HEARTBEAT_FRAME = _header(HEARTBEAT, 0)
@@ -70,6 +75,16 @@ def step_timing_frame(step, duration_us):
 def progress_frame(step):
     """Frame of ``Progress`` (this rank is at ``step``); ``struct.error`` unless 0 <= step < 2**64."""
     return _pack_u64_frame(_PROGRESS_HEADER, step)
+
+
+def encode_holds_signals(signals):
+    """Frame of ``HoldsSignals``: bit n of ``signals`` set = this rank holds signal n for should_stop."""
+    return _pack_u64_frame(_HOLDS_SIGNALS_HEADER, signals)
+
+
+def encode_signalled(signal):
+    """Frame of ``Signalled``: this rank received ``signal`` (one it holds) from outside."""
+    return _SIGNALLED.pack(_SIGNALLED_HEADER, signal)
 
 
 class DecodeError(ValueError):
@@ -170,6 +185,10 @@ def encode(msg):
         return FINISHED_FRAME
     if t == "Progress":
         return progress_frame(msg["step"])
+    if t == "HoldsSignals":
+        return encode_holds_signals(msg["signals"])
+    if t == "Signalled":
+        return encode_signalled(msg["signal"])
     if t == "WorkloadControl":
         return encode_workload_control(msg["action"], msg["description"])
     if t == "Timeouts":
@@ -194,6 +213,8 @@ _FIXED_LENGTHS = {
     STEP_TIMING: (16,),
     FINISHED: (0,),
     PROGRESS: (8,),
+    HOLDS_SIGNALS: (8,),
+    SIGNALLED: (4,),
 }
 _AGENT_FIXED_LENGTHS = {TIMEOUTS_CALCULATED: (3,)}
 
@@ -314,6 +335,10 @@ def decode_rank_frame(buf):
         msg = {"type": "StepTiming", "step": r.u64(), "duration_us": r.u64()}
     elif kind == PROGRESS:
         msg = {"type": "Progress", "step": r.u64()}
+    elif kind == HOLDS_SIGNALS:
+        msg = {"type": "HoldsSignals", "signals": r.u64()}
+    elif kind == SIGNALLED:
+        msg = {"type": "Signalled", "signal": struct.unpack("<I", r.take(4))[0]}
     elif kind == WORKLOAD_CONTROL:
         msg = {"type": "WorkloadControl", "action": r.take(1)[0],
                "description": r.string(MAX_REASON_LEN, "reason_too_long")}

@@ -39,6 +39,27 @@ pub(super) fn describe_timeouts(t: &Timeouts) -> String {
     s
 }
 
+/// "stopping 4 rank(s) after a rank failed: ...": who gets which signal. Ranks that hold the
+/// signal for `vigil.should_stop` (`killed` of them) get SIGKILL at once in a stop that saves
+/// nothing.
+fn stop_line(reason: StopReason, signal: i32, grace_ms: u64, n: usize, killed: usize) -> String {
+    let why = match reason {
+        StopReason::RankFailed => "after a rank failed",
+        StopReason::Signal => "on a signal to the agent",
+        StopReason::SpawnFailed => "after a rank could not start",
+        StopReason::Peer => "as the job's other nodes do",
+    };
+    let sig = crate::values::signal_name(signal);
+    let graceful = format!("{sig} then SIGKILL after {:.1}s", grace_ms as f64 / 1000.0);
+    let held =
+        format!("SIGKILL now (they hold {sig} for vigil.should_stop, and this stop saves nothing)");
+    match (killed, n - killed.min(n)) {
+        (0, _) => format!("stopping {n} rank(s) {why}: {graceful}"),
+        (_, 0) => format!("stopping {n} rank(s) {why}: {held}"),
+        (k, rest) => format!("stopping {n} rank(s) {why}: {k} {held}, {rest} {graceful}"),
+    }
+}
+
 impl Agent {
     pub(super) fn note(&self, rec: &Record) {
         match rec {
@@ -94,18 +115,18 @@ impl Agent {
                 signal,
                 grace_ms,
                 pids,
+                killed,
                 ..
-            } if !pids.is_empty() => console_note(&format!(
-                "stopping {} rank(s) {}: {} then SIGKILL after {:.1}s",
+            } if !pids.is_empty() => console_note(&stop_line(
+                *reason,
+                *signal,
+                *grace_ms,
                 pids.len(),
-                match reason {
-                    StopReason::RankFailed => "after a rank failed",
-                    StopReason::Signal => "on a signal to the agent",
-                    StopReason::SpawnFailed => "after a rank could not start",
-                    StopReason::Peer => "as the job's other nodes do",
-                },
-                crate::values::signal_name(*signal),
-                *grace_ms as f64 / 1000.0
+                killed.len(),
+            )),
+            Record::RankSignalled { rank, signal, .. } => console_note(&format!(
+                "rank {rank} received {} (sent to the rank, not to vigil): the job stops at one step, as for a signal to vigil",
+                crate::values::signal_name(*signal)
             )),
             Record::Escalate { pids, .. } => console_note(&format!(
                 "{} rank(s) still running after the grace period: SIGKILL",

@@ -33,9 +33,32 @@ pub fn why_missing(via_shim: bool, write_error: Option<&str>, wait: Duration) ->
     }
 }
 
+/// The main thread's id (as faulthandler prints it) that the shim of process `pid` wrote to the
+/// stack file at import (`vigil: main thread of pid P is 0x...`; the latest such line counts).
+pub fn main_thread_of(stack_file: &str, pid: i32) -> Option<u64> {
+    let prefix = format!("vigil: main thread of pid {pid} is ");
+    stack_file
+        .lines()
+        .rev()
+        .filter_map(|l| l.trim().strip_prefix(prefix.as_str()))
+        .find_map(thread_id)
+}
+
+/// The thread id in `Thread 0x00007f01 ...`, `Current thread 0x00007f01 [name] ...` or `0x7f01`.
+fn thread_id(text: &str) -> Option<u64> {
+    let hex = text.split_whitespace().find_map(|w| w.strip_prefix("0x"))?;
+    u64::from_str_radix(hex, 16).ok()
+}
+
 /// From faulthandler's dump, each thread's innermost frames (most recent call first), at most
-/// `per_thread` frames for each of at most `threads` threads, the current thread first.
-pub fn innermost_frames(dump: &str, per_thread: usize, threads: usize) -> Vec<String> {
+/// `per_thread` frames for each of at most `threads` threads: the main thread first (`main`, the
+/// id the shim recorded; named `(main)`), then the thread the signal landed on, then the others.
+pub fn innermost_frames(
+    dump: &str,
+    main: Option<u64>,
+    per_thread: usize,
+    threads: usize,
+) -> Vec<String> {
     let mut out = Vec::new();
     let mut blocks: Vec<(String, Vec<String>)> = Vec::new();
     for line in dump.lines() {
@@ -52,7 +75,18 @@ pub fn innermost_frames(dump: &str, per_thread: usize, threads: usize) -> Vec<St
             }
         }
     }
-    blocks.sort_by_key(|(name, _)| !name.starts_with("Current thread"));
+    let is_main = |name: &str| main.is_some() && thread_id(name) == main;
+    for (name, _) in blocks.iter_mut() {
+        if is_main(name) {
+            name.push_str(" (main)");
+        }
+    }
+    blocks.sort_by_key(|(name, _)| {
+        (
+            !name.ends_with(" (main)"),
+            !name.starts_with("Current thread"),
+        )
+    });
     for (name, frames) in blocks.into_iter().take(threads) {
         for f in frames.into_iter().take(per_thread) {
             out.push(format!("{name}: {f}"));
@@ -94,6 +128,8 @@ fn proc_snapshot(pid: i32) -> String {
 
 /// The most of a rank's stack dump read (its thousands of threads fit many times over).
 const STACKS_LIMIT: u64 = 16 << 20;
+/// How far into the stack file the shim's main-thread line is looked for.
+const MAIN_LINE_LIMIT: u64 = 1 << 20;
 
 /// What was added to `p` after `from`, at most `cap` bytes; `None` when nothing was, or when `p`
 /// is no regular file (the rank's directory is the rank's: it may have put a FIFO there).
@@ -143,12 +179,15 @@ pub async fn capture(pid: i32, dir: &Path, via_shim: bool, wait: Duration) -> St
             last = len;
         }
     }
+    // The shim names the main thread near the start of the file, at import.
+    let main = read_from(&py_path, 0, MAIN_LINE_LIMIT)
+        .and_then(|b| main_thread_of(&String::from_utf8_lossy(&b), pid));
     let dump =
         read_from(&py_path, before, STACKS_LIMIT).map(|b| String::from_utf8_lossy(&b).into_owned());
     StackReport {
         innermost: dump
             .as_deref()
-            .map(|d| innermost_frames(d, 3, 4))
+            .map(|d| innermost_frames(d, main, 3, 4))
             .unwrap_or_default(),
         missing: if dump.is_some() {
             String::new()
@@ -167,7 +206,7 @@ mod tests {
     #[test]
     fn parses_faulthandler_dump_current_thread_first() {
         let dump = "Thread 0x00007f01 (most recent call first):\n  File \"/x/loader.py\", line 10 in get\n  File \"/usr/lib/python3.11/threading.py\", line 975 in run\n\nCurrent thread 0x00007f00 (most recent call first):\n  File \"/x/train.py\", line 5 in spin\n  File \"/x/train.py\", line 9 in step\n  File \"/x/train.py\", line 12 in main\n  File \"/x/train.py\", line 14 in <module>\n";
-        let f = innermost_frames(dump, 2, 4);
+        let f = innermost_frames(dump, None, 2, 4);
         assert_eq!(
             f,
             vec![
@@ -177,7 +216,40 @@ mod tests {
                 "Thread 0x00007f01: File \"/usr/lib/python3.11/threading.py\", line 975 in run",
             ]
         );
-        assert!(innermost_frames("garbage\n", 3, 3).is_empty());
+        assert!(innermost_frames("garbage\n", None, 3, 3).is_empty());
+    }
+
+    #[test]
+    fn the_main_thread_comes_first_whichever_thread_took_the_signal() {
+        // Four loader threads (the newest first, as faulthandler lists them), the signal on one of
+        // them, the main thread last: without the shim's line it would be cut off.
+        let mut dump = String::from(
+            "vigil: main thread of pid 7 is 0x00007f0000000099\n\
+             vigil: main thread of pid 42 is 0x00007f0000000001\n",
+        );
+        let before = dump.len();
+        for t in 2..6 {
+            let head = if t == 4 { "Current thread" } else { "Thread" };
+            dump.push_str(&format!(
+                "{head} 0x00007f000000000{t} (most recent call first):\n  File \"/x/loader.py\", line {t} in get\n\n"
+            ));
+        }
+        dump.push_str("Thread 0x00007f0000000001 [python3] (most recent call first):\n  File \"/x/train.py\", line 5 in train_loop\n");
+        let main = main_thread_of(&dump, 42);
+        assert_eq!(main, Some(0x7f0000000001));
+        assert_eq!(main_thread_of(&dump, 7), Some(0x7f0000000099));
+        assert_eq!(main_thread_of(&dump, 8), None);
+        let f = innermost_frames(&dump[before..], main, 1, 3);
+        assert_eq!(
+            f,
+            vec![
+                "Thread 0x00007f0000000001 [python3] (main): File \"/x/train.py\", line 5 in train_loop",
+                "Current thread 0x00007f0000000004: File \"/x/loader.py\", line 4 in get",
+                "Thread 0x00007f0000000002: File \"/x/loader.py\", line 2 in get",
+            ]
+        );
+        // Without the line (a rank with an older shim): the signalled thread first, as before.
+        assert!(innermost_frames(&dump[before..], None, 1, 3)[0].starts_with("Current thread"));
     }
 
     #[test]

@@ -323,6 +323,10 @@ pub enum Record {
         signal: i32,
         grace_ms: u64,
         pids: Vec<i32>,
+        /// Of `pids`, those sent SIGKILL at once instead: they hold `signal` for
+        /// `vigil.should_stop`, and this stop (a failure, a hang, a lost node) saves nothing.
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        killed: Vec<i32>,
     },
     Escalate {
         cycle: u32,
@@ -412,6 +416,14 @@ pub enum Record {
         cycle: u32,
         step: Option<u64>,
         trigger: String,
+    },
+    /// A rank received a stop signal it holds for `vigil.should_stop`, sent to it rather than to
+    /// the agent; the job stops at one step as for a signal to the agent.
+    RankSignalled {
+        cycle: u32,
+        local_rank: u32,
+        rank: u32,
+        signal: i32,
     },
     /// These ranks were still running when the stop window ended; they are stopped now.
     StopOverdue {

@@ -65,6 +65,8 @@ struct Rank {
     listens: bool,
     /// It cannot be asked to stop at a step and was signalled instead: its exit is expected.
     told_to_stop: bool,
+    /// The signals it holds for `should_stop(step)` (bit n: signal n): they would not end it.
+    holds: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -149,6 +151,9 @@ pub struct Supervisor {
     stop: Option<StopState>,
     /// The stop signal this agent received, forwarded to ranks that cannot be asked.
     stop_sig: Option<i32>,
+    /// The ranks are being stopped at once (a failure, a hang, a lost node): a rank that holds
+    /// the stop signal gets SIGKILL.
+    kill_holders: bool,
     /// When to ask for a stop ahead of the allocation's end, and the window the ranks then get.
     stop_at: Option<(Instant, Duration)>,
     /// The highest step any local rank reported in this allocation.
@@ -196,6 +201,7 @@ impl Supervisor {
             streak: 0,
             stop: None,
             stop_sig: None,
+            kill_holders: false,
             stop_at: None,
             highest_step: None,
             attempt_steps: Vec::new(),

@@ -25,6 +25,15 @@ pub const CALC_FLOOR: Duration = Duration::from_secs(1);
 /// timeout in force are kept past it.
 pub const MAX_SECTION_NAMES: usize = vigil_ipc::MAX_SECTIONS;
 
+/// The least initial timeout a calculation turns on where none was in force (NVRx's `null`).
+///
+/// The initial timeout covers a rank's start: the interpreter, imports, data, compilation and the
+/// rendezvous with every other rank, all slower on a loaded node, a cold file cache or beside a
+/// slow peer. One quick start says little about the next, and a false hang there costs a whole
+/// attempt, so a calculation never lowers the initial timeout in force (the configured one, to
+/// begin with): it can only raise it, after a slow start was seen.
+pub const INITIAL_CALC_FLOOR: Duration = Duration::from_secs(60);
+
 /// The timeouts in force. `None` disables that check.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Timeouts {
@@ -310,7 +319,8 @@ pub fn calculate_requested(
         && obs.heartbeat.is_some()
     {
         done.heartbeat = true;
-        wanted.initial = Some(Duration::MAX);
+        // Never below the initial timeout in force: `calculate` keeps the larger.
+        wanted.initial = Some(current.initial.unwrap_or(INITIAL_CALC_FLOOR));
         wanted.heartbeat = Some(Duration::MAX);
     }
     // As NVRx's calculator: the sections and the out-of-section timeout asked for together are
@@ -348,8 +358,9 @@ pub fn calculate_requested(
 }
 
 /// New timeouts from observations: `factor` times the longest observed, averaged with the previous
-/// calculated value when there is one, never below [`CALC_FLOOR`]. Only checks that are enabled in
-/// `current` are calculated; the others stay as they are.
+/// calculated value when there is one, never below [`CALC_FLOOR`]; the initial timeout never below
+/// the one in `current` (see [`INITIAL_CALC_FLOOR`]). Only checks that are enabled in `current` are
+/// calculated; the others stay as they are.
 pub fn calculate(
     current: &Timeouts,
     obs: &Observed,
@@ -381,7 +392,8 @@ pub fn calculate(
             current.initial,
             obs.initial,
             previous.and_then(|p| p.initial),
-        ),
+        )
+        .map(|t| t.max(current.initial.unwrap_or_default())),
         heartbeat: calc(
             current.heartbeat,
             obs.heartbeat,
@@ -547,6 +559,8 @@ impl RankMonitor {
             RankMsg::StepTiming { .. }
             | RankMsg::CalculateTimeouts { .. }
             | RankMsg::Progress { .. }
+            | RankMsg::HoldsSignals { .. }
+            | RankMsg::Signalled { .. }
             | RankMsg::WorkloadControl { .. } => {}
         }
     }
@@ -808,7 +822,23 @@ mod tests {
         };
         let (next, done) = calculate_requested(&cur, &obs, None, 5.0, &hb);
         assert!(done.heartbeat && !done.sections && !done.out_of_section);
-        assert_eq!((next.initial, next.heartbeat), (Some(s(15)), Some(s(10))));
+        // 5 x 3 s of start would be 15 s: one quick start is no floor for the next.
+        assert_eq!(
+            (next.initial, next.heartbeat),
+            (Some(INITIAL_CALC_FLOOR), Some(s(10)))
+        );
+        let slow_start = Observed {
+            initial: Some(s(30)),
+            ..obs.clone()
+        };
+        let (next, _) = calculate_requested(&cur, &slow_start, None, 5.0, &hb);
+        assert_eq!(next.initial, Some(s(150)), "a slow start raises it");
+        let configured = Timeouts {
+            initial: Some(s(1800)),
+            ..cur.clone()
+        };
+        let (next, _) = calculate_requested(&configured, &slow_start, None, 5.0, &hb);
+        assert_eq!(next.initial, Some(s(1800)), "never below the one in force");
         assert_eq!(next.sections, cur.sections, "sections were not asked for");
         let too_early = Observed {
             steps: 1,
@@ -921,6 +951,42 @@ mod tests {
             calculate(&cur, &tiny, None, 5.0).heartbeat,
             Some(CALC_FLOOR)
         );
+    }
+
+    #[test]
+    fn a_calculated_initial_timeout_is_never_below_the_one_in_force() {
+        let cur = Timeouts {
+            initial: Some(s(60)),
+            heartbeat: Some(s(600)),
+            ..Default::default()
+        };
+        let quick = Observed {
+            initial: Some(s(3)),
+            heartbeat: Some(s(1)),
+            steps: 20,
+            ..Default::default()
+        };
+        // 5 x 3 s = 15 s would declare a start of 15 s hung (field finding 9).
+        let c = calculate(&cur, &quick, None, 5.0);
+        assert_eq!((c.initial, c.heartbeat), (Some(s(60)), Some(s(5))));
+        let again = calculate(&c, &quick, Some(&c), 5.0);
+        assert_eq!(
+            again.initial,
+            Some(s(60)),
+            "quick starts never wear it down"
+        );
+        let slow = Observed {
+            initial: Some(s(40)),
+            ..quick.clone()
+        };
+        let raised = calculate(&c, &slow, Some(&c), 5.0);
+        assert_eq!(
+            raised.initial,
+            Some(s(130)),
+            "(200 + 60) / 2: a slow start raises it"
+        );
+        let after = calculate(&raised, &quick, Some(&raised), 5.0);
+        assert_eq!(after.initial, Some(s(130)), "and it stays raised");
     }
 
     #[test]

@@ -95,6 +95,7 @@ impl Supervisor {
         self.asking = None;
         self.answering = None;
         self.hang_seen = false;
+        self.kill_holders = false;
         self.ranks = (0..self.cfg.nproc)
             .map(|_| Rank {
                 pid: None,
@@ -103,6 +104,7 @@ impl Supervisor {
                 pace: None,
                 listens: false,
                 told_to_stop: false,
+                holds: 0,
             })
             .collect();
         vec![

@@ -128,15 +128,36 @@ impl Supervisor {
             Phase::Finished | Phase::Joining | Phase::Waiting | Phase::BackingOff { .. } => return,
         }
         let pids = self.live_pids();
+        self.kill_holders = self.stop_is_immediate(reason);
+        let sig_for = |p: i32| {
+            special
+                .filter(|(sp, _)| *sp == p)
+                .map_or(signal, |(_, s)| s)
+        };
+        // A rank that holds the signal for `should_stop` would only note it and run on (or stay
+        // blocked in a collective) until the grace ends: a stop that must end it gets SIGKILL.
+        let killed: Vec<i32> = pids
+            .iter()
+            .copied()
+            .filter(|p| self.kill_holders && self.holds(*p, sig_for(*p)))
+            .collect();
         out.push(Action::Record(Record::Stop {
             cycle: self.cycle,
             reason,
             signal,
             grace_ms: grace.as_millis() as u64,
             pids: pids.clone(),
+            killed: killed.clone(),
         }));
+        if !killed.is_empty() {
+            out.push(Action::SignalGroups {
+                pgids: killed.clone(),
+                signal: SIGKILL,
+            });
+        }
         let (special_pids, rest): (Vec<i32>, Vec<i32>) = pids
             .into_iter()
+            .filter(|p| !killed.contains(p))
             .partition(|p| special.is_some_and(|(sp, _)| sp == *p));
         if !rest.is_empty() {
             out.push(Action::SignalGroups {
@@ -148,6 +169,49 @@ impl Supervisor {
             out.push(Action::SignalGroups {
                 pgids: special_pids,
                 signal: sig,
+            });
+        }
+    }
+
+    /// Whether a stop for `reason` ends the ranks at once: a failure, a hang or a lost node is not
+    /// a preemption, so there is nothing to save at a step and nothing to wait for. Only a stop
+    /// at an agreed step (a signal, the time limit, a node stopped for good) gives the ranks that
+    /// hold the stop signal time to save; so does a failure during such a stop, whose ranks were
+    /// already asked to save at that step.
+    pub(super) fn stop_is_immediate(&self, reason: StopReason) -> bool {
+        self.stop.is_none()
+            && match reason {
+                StopReason::RankFailed | StopReason::SpawnFailed => true,
+                StopReason::Peer => !matches!(self.end, Some(JobEnd::Stopped { .. })),
+                StopReason::Signal => false,
+            }
+    }
+
+    /// Whether the rank whose process group is `pid` holds `sig` for `should_stop`.
+    fn holds(&self, pid: i32, sig: i32) -> bool {
+        self.ranks
+            .iter()
+            .any(|r| r.pid == Some(pid) && holds_signal(r.holds, sig))
+    }
+
+    /// A rank said which signals it holds (or that one arrived): during a stop that ends ranks at
+    /// once, a rank that holds what it was sent gets SIGKILL now. A rank whose message the agent
+    /// had not read yet when the stop began is caught here.
+    pub(super) fn kill_if_holding(&mut self, local_rank: u32, out: &mut Vec<Action>) {
+        let Some(r) = self.ranks.get(local_rank as usize) else {
+            return;
+        };
+        let (Some(pid), RankState::Running) = (r.pid, r.state) else {
+            return;
+        };
+        let sent = [SIGTERM, self.cfg.termination_signal];
+        if self.kill_holders
+            && matches!(self.phase, Phase::Stopping { killed: false, .. })
+            && sent.iter().any(|s| holds_signal(r.holds, *s))
+        {
+            out.push(Action::SignalGroups {
+                pgids: vec![pid],
+                signal: SIGKILL,
             });
         }
     }
@@ -179,4 +243,9 @@ impl Supervisor {
             }
         }
     }
+}
+
+/// Whether bit `sig` is set in a `HoldsSignals` mask.
+pub(super) fn holds_signal(mask: u64, sig: i32) -> bool {
+    (1..64).contains(&sig) && mask & (1u64 << sig) != 0
 }

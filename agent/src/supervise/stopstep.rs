@@ -134,6 +134,34 @@ impl Supervisor {
         }));
     }
 
+    /// A rank received a stop signal it holds, sent to it alone (outside Slurm, `kill` by hand):
+    /// the job stops at one step, as for that signal to the agent. It is not this agent's own
+    /// signal, so a later signal to the agent is still the first one and not obeyed at once.
+    pub(super) fn on_rank_signalled(
+        &mut self,
+        now: Instant,
+        local_rank: u32,
+        signal: u32,
+        out: &mut Vec<Action>,
+    ) {
+        let Some(sig) = i32::try_from(signal).ok().filter(|s| is_stop_signal(*s)) else {
+            return;
+        };
+        out.push(Action::Record(Record::RankSignalled {
+            cycle: self.cycle,
+            local_rank,
+            rank: self.cfg.rank_offset + local_rank,
+            signal: sig,
+        }));
+        match self.phase {
+            Phase::Running => {
+                let window = self.cfg.term_timeout;
+                self.trigger_stop(now, crate::values::signal_name(sig), window, out);
+            }
+            _ => self.kill_if_holding(local_rank, out),
+        }
+    }
+
     /// The job learned of a stop (ours or another node's trigger): report our ranks' steps, and
     /// signal the ranks that cannot be asked.
     pub(super) fn on_stop_asked(

@@ -3,11 +3,13 @@
 
 use super::*;
 
-/// `loaded` values for the checks that are enabled in `configured`; the rest as configured.
+/// `loaded` values for the checks that are enabled in `configured`; the rest as configured. The
+/// initial timeout is never below the configured one (`monitor::INITIAL_CALC_FLOOR` says why),
+/// whatever a saved file says.
 fn overlay(configured: &Timeouts, loaded: &Timeouts) -> Timeouts {
     let pick = |c: Option<Duration>, l: Option<Duration>| c.and(l).or(c);
     Timeouts {
-        initial: pick(configured.initial, loaded.initial),
+        initial: pick(configured.initial, loaded.initial).max(configured.initial),
         heartbeat: pick(configured.heartbeat, loaded.heartbeat),
         sections: configured
             .sections
@@ -162,6 +164,13 @@ impl Supervisor {
                 }
                 self.on_step(now, local_rank, step);
             }
+            RankMsg::HoldsSignals { signals } => {
+                if let Some(r) = self.ranks.get_mut(local_rank as usize) {
+                    r.holds = signals;
+                }
+                self.kill_if_holding(local_rank, out);
+            }
+            RankMsg::Signalled { signal } => self.on_rank_signalled(now, local_rank, signal, out),
             _ => {}
         }
     }
@@ -316,7 +325,7 @@ impl Supervisor {
             return;
         };
         let mut next = self.timeouts.clone();
-        next.initial = c.initial.or(next.initial);
+        next.initial = c.initial.max(next.initial);
         next.heartbeat = c.heartbeat.or(next.heartbeat);
         next.out_of_section = c.out_of_section.or(next.out_of_section);
         next.sections.extend(c.sections);
