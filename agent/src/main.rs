@@ -115,6 +115,7 @@ fn run(a: RunArgs) -> i32 {
         nofile: nofile(),
         gpus: &gpus,
         env: &env,
+        now: std::time::SystemTime::now(),
     };
     let fail = |msg: String| {
         eprintln!("vigil: error: {msg}");
@@ -133,6 +134,9 @@ fn run(a: RunArgs) -> i32 {
     }
     if let Err(e) = run::check_command(&cfg, script_is_file, &a.training_script) {
         return fail(e.0);
+    }
+    if let Err(e) = run::prepare_state(&cfg) {
+        return fail(e.to_string());
     }
     let run_dir = match run::make_run_dir(&cfg) {
         Ok(d) => d,
@@ -216,7 +220,8 @@ fn main() -> ExitCode {
         }
         Command::Ledger { target } => {
             let env = |k: &str| std::env::var(k).ok();
-            match vigil::allocation::ledger::ledger_command(target.as_deref(), &env) {
+            let cwd = std::env::current_dir().unwrap_or_default();
+            match vigil::allocation::ledger::ledger_command(target.as_deref(), &env, &cwd) {
                 Ok(table) => {
                     print!("{table}");
                     0

@@ -36,6 +36,18 @@ pub(super) fn describe_timeouts(t: &Timeouts) -> String {
     s
 }
 
+/// Why ranks are stopped "on a signal": the trigger that asked for the stop, when one did (the
+/// allocation's end is no signal).
+fn stop_cause(trigger: Option<&str>) -> String {
+    match trigger {
+        Some("time-limit") => "for the allocation's time limit".into(),
+        Some("end-time") => "for the allocation's end (--end-time)".into(),
+        Some(t) if t.starts_with("SIG") => format!("on {t} to the agent"),
+        Some(t) => format!("for {t}"),
+        None => "on a signal to the agent".into(),
+    }
+}
+
 impl Agent {
     pub(super) fn note(&self, rec: &Record) {
         match rec {
@@ -96,10 +108,10 @@ impl Agent {
                 "stopping {} rank(s) {}: {} then SIGKILL after {:.1}s",
                 pids.len(),
                 match reason {
-                    StopReason::RankFailed => "after a rank failed",
-                    StopReason::Signal => "on a signal to the agent",
-                    StopReason::SpawnFailed => "after a rank could not start",
-                    StopReason::Peer => "as the job's other nodes do",
+                    StopReason::RankFailed => "after a rank failed".to_string(),
+                    StopReason::Signal => stop_cause(self.stop_trigger.as_deref()),
+                    StopReason::SpawnFailed => "after a rank could not start".to_string(),
+                    StopReason::Peer => "as the job's other nodes do".to_string(),
                 },
                 crate::values::signal_name(*signal),
                 *grace_ms as f64 / 1000.0
