@@ -116,6 +116,7 @@ fn run(a: RunArgs) -> i32 {
         gpus: &gpus,
         env: &env,
         now: std::time::SystemTime::now(),
+        cwd: std::env::current_dir().ok(),
     };
     let fail = |msg: String| {
         eprintln!("vigil: error: {msg}");

@@ -138,6 +138,8 @@ pub struct Host<'a> {
     pub env: &'a dyn Fn(&str) -> Option<String>,
     /// The wall clock now: an `--end-time` already past is refused.
     pub now: std::time::SystemTime,
+    /// The agent's working directory (`None`: unknown, removed).
+    pub cwd: Option<PathBuf>,
 }
 
 pub fn parse_nproc(s: &str, host: &Host) -> Result<u32, ConfigError> {
@@ -608,7 +610,7 @@ pub fn resolve(a: &RunArgs, host: &Host) -> Result<LaunchConfig, ConfigError> {
     let identity = Identity::resolve(nodes.job_id.as_deref(), host.env);
     let slurm_job_id = (host.env)("SLURM_JOB_ID").filter(|s| !s.trim().is_empty());
     let state_dir = a.state_dir.clone().or_else(|| {
-        let base = state_base(a, slurm_job_id.is_some(), host.env);
+        let base = state_base(a, slurm_job_id.is_some(), host);
         identity
             .as_ref()
             .map(|i| crate::job::state::job_state_dir(&base, &i.key()))
@@ -704,18 +706,19 @@ pub fn resolve(a: &RunArgs, host: &Host) -> Result<LaunchConfig, ConfigError> {
 }
 
 /// Where a job's state directory is made when `--state-dir` is not given: `--log-dir`; else,
-/// under Slurm, the job's submit directory (node rank 0 of the next allocation may be on another
-/// host, whose `$TMPDIR` is not this one's); else `$TMPDIR`.
-fn state_base(a: &RunArgs, slurm: bool, env: &dyn Fn(&str) -> Option<String>) -> PathBuf {
-    let var = |k: &str| env(k).filter(|v| !v.trim().is_empty());
+/// under Slurm, the job's working directory (`--chdir`, else the submit directory: where Slurm
+/// writes the job's output; node rank 0 of the next allocation may be on another host, whose
+/// `$TMPDIR` is not this one's), else its submit directory; else `$TMPDIR`.
+fn state_base(a: &RunArgs, slurm: bool, host: &Host) -> PathBuf {
+    let var = |k: &str| (host.env)(k).filter(|v| !v.trim().is_empty());
+    let slurm_dir = || {
+        host.cwd
+            .clone()
+            .or_else(|| var("SLURM_SUBMIT_DIR").map(PathBuf::from))
+    };
     a.log_dir
         .clone()
-        .or_else(|| {
-            slurm
-                .then(|| var("SLURM_SUBMIT_DIR"))
-                .flatten()
-                .map(PathBuf::from)
-        })
+        .or_else(|| slurm.then(slurm_dir).flatten())
         .unwrap_or_else(|| PathBuf::from(var("TMPDIR").unwrap_or_else(|| "/tmp".into())))
 }
 
@@ -906,6 +909,7 @@ mod tests {
             gpus,
             env: &no_env,
             now: std::time::SystemTime::now(),
+            cwd: None,
         }
     }
 
@@ -1036,6 +1040,7 @@ mod tests {
                 gpus: &none,
                 env: e,
                 now: std::time::SystemTime::now(),
+                cwd: None,
             };
             let mut full = a.to_vec();
             full.push("t.py");
@@ -1068,6 +1073,7 @@ mod tests {
             gpus,
             env: &no_env,
             now: std::time::SystemTime::now(),
+            cwd: None,
         };
         assert!(check_nproc(32, &host(2, 4096, &no_gpu)).is_ok());
         let e = check_nproc(33, &host(2, 4096, &no_gpu)).unwrap_err().0;
@@ -1181,6 +1187,7 @@ mod tests {
             gpus: &none,
             env: &env,
             now: std::time::SystemTime::now(),
+            cwd: None,
         };
         assert_eq!(
             resolve(&args(&["t.py"]), &h2).unwrap().command[0],
@@ -1211,6 +1218,15 @@ mod tests {
         };
         let c = resolve(&args(&["t.py"]), &h).unwrap();
         let dir = PathBuf::from("/home/u/exp/vigil-job-alpha-1");
+        assert_eq!(c.allocation.state_dir.as_ref(), Some(&dir));
+        // The job's working directory (sbatch --chdir) first: its output is there.
+        let h = Host {
+            env: &slurm,
+            cwd: Some("/lustre/run".into()),
+            ..host_with(&none)
+        };
+        let c = resolve(&args(&["t.py"]), &h).unwrap();
+        let dir = PathBuf::from("/lustre/run/vigil-job-alpha-1");
         assert_eq!(c.allocation.state_dir.as_ref(), Some(&dir));
         assert_eq!(c.timeouts_file.load, Some(dir.join("timeouts.json")));
         assert!(c.allocation.identity.as_ref().unwrap().first_allocation);
