@@ -265,9 +265,16 @@ pub fn prepare_state(cfg: &LaunchConfig) -> Result<(), state::Unwritable> {
     match state::set_aside(dir, &names, &stamp) {
         Ok(None) => Ok(()),
         Ok(Some(to)) => {
+            let job =
+                cfg.allocation
+                    .identity
+                    .as_ref()
+                    .map_or(String::new(), |i| match &i.cluster {
+                        Some(c) => format!("{} of cluster {c}", i.job_id),
+                        None => i.job_id.clone(),
+                    });
             console_note(&format!(
-                "this is the first allocation of Slurm job {}, but {} already held a job's state: another job with the same id wrote it (a new controller state, or another cluster sharing the directory); set aside in {}, nothing of it is used",
-                cfg.allocation.identity.as_ref().map_or(String::new(), |i| i.key()),
+                "this is the first allocation of Slurm job {job}, but {} already held a job's state: an earlier job with the same id wrote it (ids start again at 1 with a new controller state); moved to {}, nothing of it is used",
                 dir.display(),
                 to.display()
             ));
