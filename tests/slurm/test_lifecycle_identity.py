@@ -198,3 +198,24 @@ def test_a_one_minute_job_with_a_20s_lead_checkpoints_is_requeued_and_finishes(r
     for a in range(1, len(recs)):
         assert rs[(0, a, 0)]["resumed_from"] == rs[(0, a - 1, 0)]["checkpoint"] + 1, rs
     assert rs[(0, len(recs) - 1, 0)]["end"] == "finished", rs
+
+
+def test_a_lead_as_long_as_the_slurm_time_limit_is_capped_and_the_job_finishes(slurm_cluster, tmp_path):
+    """Finding 5 under Slurm, where the end is known only at run time: the default 60 s lead and a
+    1-minute limit. The lead is capped at half the allocation, said once per allocation; the ranks
+    train, checkpoint, and the job finishes."""
+    home = tmp_path
+    job = submit(home, "capped", TRAIN, 1, {"TOTAL_STEPS": 300, "STEP_S": 0.1}, "", sbatch_opts="--time=1")
+    info = wait_job(job, timeout=300)
+    out = output(home, "capped", job)
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", f"{info}\n{out}"
+    allocations = int(info["Restarts"]) + 1
+    assert allocations >= 2, info
+    capped = [l for l in out.splitlines() if "the stop lead of 60s would leave less than half" in l]
+    assert len(capped) == allocations, out
+    recs = records(state_dir(home, job))
+    assert [r["decision"] for r in recs] == ["requeue"] * (allocations - 1) + ["finished"], recs
+    for r in recs[:-1]:
+        assert r["outcome"] == "stopped" and r["stop_step"] and r["stop_lead_s"] <= 30.0, r
+    rs = runs(home / "capped")
+    assert rs[(0, 1, 0)]["resumed_from"] == rs[(0, 0, 0)]["checkpoint"] + 1 > 1, rs
