@@ -147,3 +147,28 @@ def test_stops_before_a_first_step_end_a_wrapper_loop_as_no_progress(job):
     recs = [json.loads(l) for l in (job / "state" / "ledger.jsonl").read_text().splitlines()]
     assert [(r["allocation"], r["outcome"], r["decision"]) for r in recs] == [
         (1, "stopped", "requeue"), (2, "stopped", "requeue"), (3, "stopped", "stop")], recs
+
+
+# Fills the filesystem of FILL (until it is full), then fails.
+FILLS_THEN_FAILS = """
+import os, sys
+fd = os.open(os.environ["FILL"], os.O_WRONLY | os.O_CREAT)
+try:
+    while True:
+        os.write(fd, b"x" * 4096)
+except OSError:
+    pass
+sys.exit(3)
+"""
+
+
+def test_a_state_dir_that_fills_up_during_the_run_ends_the_loop_instead_of_an_uncounted_requeue(job):
+    write(job / "fills.py", FILLS_THEN_FAILS)
+    mnt, prefix = in_a_private_mount(job, "size=256k")
+    r = subprocess.run([*prefix, vigil_bin(), "run", "--nproc-per-node", "1", "--log-dir", str(job / "logs"),
+                        "--rdzv-id", "j4", "--max-requeues", "5", "--state-dir", str(mnt / "state"), "fills.py"],
+                       cwd=job, env=base_env(OUT_DIR=job, FILL=mnt / "fill"), capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode not in (0, 75), r.stderr  # the failure's own status: do not run again
+    assert "this allocation is not recorded" in r.stderr, r.stderr
+    assert "not requeued: failed, 1 in a row (--max-requeues 5), but the ledger in" in r.stderr, r.stderr

@@ -357,6 +357,23 @@ fn by_history(facts: &Facts, history: &[Record], limits: &Limits) -> Verdict {
     }
 }
 
+/// The verdict when this allocation's record could not be written to the ledger in `dir`: a
+/// requeue becomes a stop (the next allocation could not count it, so a job failing on a full
+/// disk would be requeued forever); anything else stands.
+pub fn unrecorded(v: Verdict, status: i32, dir: &str) -> Verdict {
+    match v.decision {
+        Decision::Requeue { why, .. } => Verdict {
+            decision: Decision::Stop {
+                why: format!(
+                    "{why}, but the ledger in {dir} cannot be written, so this requeue could not be counted; make it writable, then requeue or run the job again by hand"
+                ),
+            },
+            exit_status: do_not_requeue(status),
+        },
+        _ => v,
+    }
+}
+
 /// Allocations without progress at the end of `entries` (each one's outcome and highest step),
 /// counted back to the last with progress, within the last `window`. A stopped allocation
 /// without a step made none even before any step was ever reported; a failed or lost one then
@@ -675,6 +692,22 @@ mod tests {
         };
         let ledger = run(&vec![facts(Outcome::Stopped, None); 6], &off);
         assert!(decisions(&ledger).iter().all(|d| *d == (R, 75)));
+    }
+
+    #[test]
+    fn a_requeue_that_cannot_be_recorded_is_a_stop() {
+        let l = Limits::default();
+        let v = decide(&facts(Outcome::Failed, None), &[], &l);
+        assert_eq!(v.decision.kind(), R);
+        let u = unrecorded(v, 3, "/s");
+        assert_eq!((u.decision.kind(), u.exit_status), (S, 3));
+        assert!(u.decision.why().starts_with(
+            "failed, 1 in a row (--max-requeues 2), but the ledger in /s cannot be written"
+        ));
+        let stopped = unrecorded(decide(&facts(Outcome::Stopped, Some(4)), &[], &l), 75, "/s");
+        assert_eq!((stopped.decision.kind(), stopped.exit_status), (S, 1));
+        let done = decide(&facts(Outcome::Finished, Some(4)), &[], &l);
+        assert_eq!(unrecorded(done.clone(), 0, "/s"), done);
     }
 
     #[test]

@@ -418,11 +418,18 @@ pub(super) fn conclude(e: Ending) -> i32 {
         exit_status: verdict.exit_status,
         promotions: e.promotions.clone(),
     };
+    let mut verdict = verdict;
+    let mut why = why;
     if let Err(err) = std::fs::create_dir_all(&dir).and_then(|_| ledger::append(&dir, &rec)) {
         console_note(&format!(
             "cannot write the job's ledger in {} ({err}); this allocation is not recorded",
             dir.display()
         ));
+        if facts.counted {
+            // A requeue nobody counted could repeat forever (a disk that stays full).
+            verdict = policy::unrecorded(verdict, facts.status, &dir.display().to_string());
+            why = verdict.decision.why().to_string();
+        }
     }
     match (&verdict.decision, slurm_job.as_deref()) {
         (policy::Decision::Requeue { exclude, .. }, Some(id)) => {
