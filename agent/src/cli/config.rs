@@ -722,40 +722,21 @@ fn state_base(a: &RunArgs, slurm: bool, host: &Host) -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(var("TMPDIR").unwrap_or_else(|| "/tmp".into())))
 }
 
-/// An end given by flags that leaves no time before the stop lead is refused: the ranks would be
-/// asked to stop before their first step, every run (Slurm's end, known only at run time, caps
-/// the lead instead: `run::allocation`).
+/// An end given by flags that leaves no time before the stop lead is refused
+/// ([`crate::allocation::endtime::check_flag_end`]).
 fn check_flag_end(
     a: &RunArgs,
     end: &EndSpec,
     lead: Duration,
     now: std::time::SystemTime,
 ) -> Result<(), ConfigError> {
-    let fix = |span: Duration| {
-        let smaller = (span.as_secs_f64() / 4.0).floor().max(1.0);
-        format!("give a later end, or a smaller --stop-lead (such as --stop-lead {smaller:.0})")
+    use crate::allocation::endtime::{check_flag_end, FlagEnd};
+    let flag = match (end, &a.end_time, &a.time_limit) {
+        (EndSpec::At(t), Some(v), _) => FlagEnd::At(*t, v),
+        (EndSpec::After(d), _, Some(v)) => FlagEnd::After(*d, v),
+        _ => return Ok(()),
     };
-    let lead_s = lead.as_secs_f64();
-    match (end, &a.end_time, &a.time_limit) {
-        (EndSpec::At(t), Some(v), _) => match t.duration_since(now) {
-            Err(ago) => err(format!(
-                "--end-time {v}: that time has passed ({:.0}s ago); give a time in the future, such as {}",
-                ago.duration().as_secs_f64(),
-                humantime::format_rfc3339_seconds(now + Duration::from_secs(4 * 3600))
-            )),
-            Ok(left) if left <= lead => err(format!(
-                "--end-time {v} is {:.0}s away, not more than the stop lead ({lead_s:.0}s, --stop-lead): the ranks would be asked to stop at once; {}",
-                left.as_secs_f64(),
-                fix(left)
-            )),
-            Ok(_) => Ok(()),
-        },
-        (EndSpec::After(d), _, Some(v)) if *d <= lead => err(format!(
-            "--time-limit {v} is not longer than the stop lead ({lead_s:.0}s, --stop-lead): the ranks would be asked to stop at once; give a longer --time-limit, or a smaller --stop-lead (such as --stop-lead {:.0})",
-            (d.as_secs_f64() / 4.0).floor().max(1.0)
-        )),
-        _ => Ok(()),
-    }
+    check_flag_end(&flag, lead, now).map_err(ConfigError)
 }
 
 /// When the allocation ends: `--end-time`, `--time-limit`, else Slurm's `SLURM_JOB_END_TIME`
