@@ -111,6 +111,8 @@ fn run(a: RunArgs) -> i32 {
         nofile: nofile(),
         gpus: &gpus,
         env: &env,
+        now: std::time::SystemTime::now(),
+        cwd: std::env::current_dir().ok(),
     };
     let fail = |msg: String| {
         eprintln!("vigil: error: {msg}");
@@ -142,6 +144,9 @@ fn run(a: RunArgs) -> i32 {
     }
     if let Err(e) = run::check_command(&cfg, script_is_file, &a.training_script) {
         return fail(e.0);
+    }
+    if let Err(e) = run::prepare_state(&cfg) {
+        return fail(e.to_string());
     }
     let run_dir = match run::make_run_dir(&cfg) {
         Ok(d) => d,
@@ -231,7 +236,8 @@ fn main() -> ExitCode {
         }
         Command::Ledger { target } => {
             let env = |k: &str| std::env::var(k).ok();
-            match vigil::allocation::ledger::ledger_command(target.as_deref(), &env) {
+            let cwd = std::env::current_dir().unwrap_or_default();
+            match vigil::allocation::ledger::ledger_command(target.as_deref(), &env, &cwd) {
                 Ok(table) => {
                     print!("{}", vigil_report::term_safe(&table));
                     0

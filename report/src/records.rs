@@ -58,7 +58,13 @@ pub fn find(dir: &Path) -> Found {
             let path = entry.path();
             let Ok(ft) = entry.file_type() else { continue };
             if ft.is_dir() {
-                if depth < MAX_DEPTH {
+                // Another job's state, set aside by the first allocation of a job whose Slurm id
+                // it reused (docs/allocations.md, "The promise").
+                let aside = entry
+                    .file_name()
+                    .to_string_lossy()
+                    .starts_with("set-aside-");
+                if depth < MAX_DEPTH && !aside {
                     queue.push((path, depth + 1));
                 }
             } else if ft.is_file() {
@@ -223,11 +229,13 @@ mod tests {
         let run = root.join("runs/vigil_t_1");
         let state = root.join("state");
         let deep = root.join("a/b/c/d/e/f");
-        for d in [&run, &state, &deep] {
+        let aside = state.join("set-aside-2026-01-01T000000Z");
+        for d in [&run, &state, &deep, &aside] {
             fs::create_dir_all(d).unwrap();
         }
         fs::write(run.join(EVENTS), "{\"event\":\"result\",\"ts\":1}\n").unwrap();
         fs::write(state.join(LEDGER), "{\"format\":1}\n").unwrap();
+        fs::write(aside.join(LEDGER), "{\"format\":1}\n").unwrap();
         fs::write(deep.join(EVENTS), "{\"event\":\"result\",\"ts\":1}\n").unwrap();
         let found = find(&root);
         let mut seen = Vec::new();
@@ -236,7 +244,7 @@ mod tests {
         assert_eq!(found.events.len(), 1);
         assert!(found.events[0].ends_with("runs/vigil_t_1/events.jsonl"));
         assert_eq!((seen.len(), notes.len()), (1, 0));
-        assert_eq!(found.ledgers.len(), 1);
+        assert_eq!(found.ledgers.len(), 1, "not another job's, set aside");
         assert!(found.notes.is_empty(), "{:?}", found.notes);
     }
 }

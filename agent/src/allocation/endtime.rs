@@ -293,6 +293,44 @@ pub fn parse_squeue_end(out: &str) -> Result<Option<SystemTime>, String> {
     parse_slurm_time(line, &local_to_epoch)
 }
 
+/// An end given by a flag, with the flag's text.
+#[derive(Debug, Clone, Copy)]
+pub enum FlagEnd<'a> {
+    /// `--end-time`.
+    At(SystemTime, &'a str),
+    /// `--time-limit`.
+    After(Duration, &'a str),
+}
+
+/// Refuses an end given by flags that leaves no time before the stop lead `lead`: the ranks would
+/// be asked to stop before their first step, in every run (`--end-time` past or within the lead,
+/// a `--time-limit` not longer than it). Slurm's own end, known only at run time, caps the lead
+/// instead (`allocation::lead::cap`).
+pub fn check_flag_end(end: &FlagEnd, lead: Duration, now: SystemTime) -> Result<(), String> {
+    let lead_s = lead.as_secs_f64();
+    let smaller = |span: Duration| (span.as_secs_f64() / 4.0).floor().max(1.0);
+    match *end {
+        FlagEnd::At(t, v) => match t.duration_since(now) {
+            Err(ago) => Err(format!(
+                "--end-time {v}: that time has passed ({:.0}s ago); give a time in the future, such as {}",
+                ago.duration().as_secs_f64(),
+                humantime::format_rfc3339_seconds(now + Duration::from_secs(4 * 3600))
+            )),
+            Ok(left) if left <= lead => Err(format!(
+                "--end-time {v} is {:.0}s away, not more than the stop lead ({lead_s:.0}s, --stop-lead): the ranks would be asked to stop at once; give a later end, or a smaller --stop-lead (such as --stop-lead {:.0})",
+                left.as_secs_f64(),
+                smaller(left)
+            )),
+            Ok(_) => Ok(()),
+        },
+        FlagEnd::After(d, v) if d <= lead => Err(format!(
+            "--time-limit {v} is not longer than the stop lead ({lead_s:.0}s, --stop-lead): the ranks would be asked to stop at once; give a longer --time-limit, or a smaller --stop-lead (such as --stop-lead {:.0})",
+            smaller(d)
+        )),
+        FlagEnd::After(..) => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

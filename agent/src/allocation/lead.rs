@@ -32,6 +32,14 @@ pub fn stop_lead(
         .min(Duration::from_secs_f64(MAX_SECONDS))
 }
 
+/// The lead that leaves the allocation (`span`, from the agent's start to the end) a useful
+/// part, half of it, to train in: `Some(half)` when `lead` is longer. A lead as long as the
+/// allocation would ask the ranks to stop before their first step, in every allocation.
+pub fn cap(lead: Duration, span: Duration) -> Option<Duration> {
+    let half = span / 2;
+    (lead > half).then_some(half)
+}
+
 /// What the lead is calculated from, kept in the job's state directory beside the calculated
 /// timeouts so the next allocation starts with it. Seconds; `None` until observed.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -146,6 +154,15 @@ mod tests {
         assert_eq!(when_to_stop(end, s(900.0), now_wall, now), now);
         assert_eq!(when_to_stop(now_wall - s(5.0), s(1.0), now_wall, now), now);
         assert_eq!(when_to_stop(end, Duration::MAX, now_wall, now), now);
+    }
+
+    #[test]
+    fn a_lead_past_half_the_allocation_is_capped_at_half() {
+        assert_eq!(cap(s(20.0), s(60.0)), None);
+        assert_eq!(cap(s(30.0), s(60.0)), None);
+        assert_eq!(cap(s(60.0), s(60.0)), Some(s(30.0)));
+        assert_eq!(cap(s(60.0), s(40.0)), Some(s(20.0)));
+        assert_eq!(cap(s(1.0), Duration::ZERO), Some(Duration::ZERO));
     }
 
     #[test]

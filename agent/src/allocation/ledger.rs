@@ -10,7 +10,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::job::state::job_state_dir;
+use crate::job::state::STATE_DIR_PREFIX;
 use crate::values::file_safe;
 
 /// Bumped when a record's meaning changes; records of another format are skipped.
@@ -76,6 +76,9 @@ pub struct Record {
     /// 1-based.
     pub allocation: u32,
     pub job_id: Option<String>,
+    /// `SLURM_CLUSTER_NAME`, for a Slurm job id (ids start again at 1 with a new controller).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<String>,
     /// `SLURM_RESTART_COUNT`, or 0.
     pub restart_count: u32,
     pub nodes: Vec<String>,
@@ -211,6 +214,20 @@ pub fn decode(text: &str, path: &Path) -> (Vec<Record>, Vec<String>) {
         }
     }
     (records, notes)
+}
+
+/// The records written by the job `job_id` of `cluster`, and how many others were left out
+/// (another job sharing a `--state-dir`). A record without a cluster (an older vigil) counts as
+/// any cluster's.
+pub fn of_job(
+    records: Vec<Record>,
+    job_id: Option<&str>,
+    cluster: Option<&str>,
+) -> (Vec<Record>, usize) {
+    let (mine, others): (Vec<Record>, Vec<Record>) = records.into_iter().partition(|r| {
+        r.job_id.as_deref() == job_id && (r.cluster.is_none() || r.cluster.as_deref() == cluster)
+    });
+    (mine, others.len())
 }
 
 /// The index of the next allocation: one more than the highest recorded.
@@ -380,35 +397,59 @@ impl std::fmt::Display for LedgerError {
 impl std::error::Error for LedgerError {}
 
 /// Which state directory `vigil ledger [TARGET]` means. TARGET is a state directory (it holds
-/// `ledger.jsonl` or is named `vigil-job-<id>`), a log directory holding `vigil-job-<id>/`, or a
-/// job id, looked up as `$TMPDIR/vigil-job-<id>` (the default state directory of a job run
-/// without `--log-dir`; for one with a log dir, give the log dir). No TARGET: `$SLURM_JOB_ID`.
+/// `ledger.jsonl` or is named `vigil-job-<key>`), a log directory holding `vigil-job-<key>/`, or a
+/// job id. A job id is looked up where vigil makes a job's state directory by default: the
+/// Slurm submit directory (`$SLURM_SUBMIT_DIR`, else the current directory, where `vigil ledger`
+/// is usually run from) and `$TMPDIR`, as `vigil-job-<id>` or `vigil-job-<cluster>-<id>`
+/// (`$SLURM_CLUSTER_NAME` picks the cluster; without it, a single match). No TARGET:
+/// `$SLURM_JOB_ID`.
 pub fn resolve_dir(
     target: Option<&str>,
     env: &dyn Fn(&str) -> Option<String>,
+    cwd: &Path,
 ) -> Result<PathBuf, LedgerError> {
-    let tmp = || {
-        PathBuf::from(
-            env("TMPDIR")
-                .filter(|t| !t.is_empty())
-                .unwrap_or("/tmp".into()),
-        )
-    };
+    let var = |k: &str| env(k).filter(|v| !v.trim().is_empty());
+    let cluster = var("SLURM_CLUSTER_NAME");
     let by_id = |id: &str| -> Result<PathBuf, LedgerError> {
-        let dir = job_state_dir(&tmp(), id);
-        if dir.is_dir() {
-            Ok(dir)
-        } else {
-            Err(LedgerError(format!(
-                "no state directory for job {id}: looked for {} (a job run with --log-dir or --state-dir keeps it there: pass that directory)",
-                dir.display()
-            )))
+        let mut bases: Vec<PathBuf> = Vec::new();
+        for b in [
+            var("SLURM_SUBMIT_DIR").map(PathBuf::from),
+            Some(cwd.to_path_buf()),
+            Some(PathBuf::from(var("TMPDIR").unwrap_or("/tmp".into()))),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            if !bases.contains(&b) {
+                bases.push(b);
+            }
+        }
+        let mut found: Vec<PathBuf> = Vec::new();
+        for b in &bases {
+            for p in job_dirs(b) {
+                if names_job(&p, id, cluster.as_deref()) && !found.contains(&p) {
+                    found.push(p);
+                }
+            }
+        }
+        match found.len() {
+            1 => Ok(found.remove(0)),
+            0 => Err(LedgerError(format!(
+                "no state directory for job {id}: looked for vigil-job-{}{} in {} (a job run with --log-dir or --state-dir keeps it there: pass that directory)",
+                cluster.as_deref().map_or("[<cluster>-]".to_string(), |c| format!("[{}-]", file_safe(c))),
+                file_safe(id),
+                bases.iter().map(|b| b.display().to_string()).collect::<Vec<_>>().join(", ")
+            ))),
+            _ => Err(LedgerError(format!(
+                "several state directories for job {id} (clusters sharing this directory, or ids reused): {}; pass one of them",
+                found.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+            ))),
         }
     };
     let target = match target {
         Some(t) => t,
         None => {
-            return match env("SLURM_JOB_ID").filter(|j| !j.is_empty()) {
+            return match var("SLURM_JOB_ID") {
                 Some(id) => by_id(&id),
                 None => Err(LedgerError(
                     "which job? pass a state directory, a log directory or a job id (SLURM_JOB_ID is not set)".into(),
@@ -421,25 +462,18 @@ pub fn resolve_dir(
         let named = path
             .file_name()
             .and_then(|n| n.to_str())
-            .is_some_and(|n| n.starts_with("vigil-job-"));
+            .is_some_and(|n| n.starts_with(STATE_DIR_PREFIX));
         if named || path.join(FILE).exists() {
             return Ok(path.to_path_buf());
         }
-        let mut jobs: Vec<PathBuf> = std::fs::read_dir(path)
-            .map_err(|e| LedgerError(format!("cannot list {}: {e}", path.display())))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| {
-                p.is_dir()
-                    && p.file_name()
-                        .and_then(|n| n.to_str())
-                        .is_some_and(|n| n.starts_with("vigil-job-"))
-            })
-            .collect();
-        jobs.sort();
-        if let Some(id) = env("SLURM_JOB_ID").filter(|j| !j.is_empty()) {
-            let mine = path.join(format!("vigil-job-{}", file_safe(&id)));
-            if jobs.contains(&mine) {
-                return Ok(mine);
+        let mut jobs = job_dirs(path);
+        if let Some(id) = var("SLURM_JOB_ID") {
+            let mine: Vec<&PathBuf> = jobs
+                .iter()
+                .filter(|p| names_job(p, &id, cluster.as_deref()))
+                .collect();
+            if let [one] = mine[..] {
+                return Ok(one.clone());
             }
         }
         return match jobs.len() {
@@ -464,12 +498,55 @@ pub fn resolve_dir(
     by_id(target)
 }
 
+/// The job state directories (`vigil-job-*`) in `dir`, sorted; none when it cannot be listed.
+fn job_dirs(dir: &Path) -> Vec<PathBuf> {
+    let mut jobs: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| {
+                    p.is_dir()
+                        && p.file_name()
+                            .and_then(|n| n.to_str())
+                            .is_some_and(|n| n.starts_with(STATE_DIR_PREFIX))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    jobs.sort();
+    jobs
+}
+
+/// `dir` is the state directory of job `id`: `vigil-job-<id>`, or `vigil-job-<cluster>-<id>`
+/// (any cluster when `cluster` is not known).
+fn names_job(dir: &Path, id: &str, cluster: Option<&str>) -> bool {
+    let Some(name) = dir.file_name().and_then(|n| n.to_str()) else {
+        return false;
+    };
+    let id = file_safe(id);
+    let Some(rest) = name.strip_prefix(STATE_DIR_PREFIX) else {
+        return false;
+    };
+    if rest == id {
+        return true;
+    }
+    match (
+        rest.strip_suffix(id.as_str())
+            .and_then(|c| c.strip_suffix('-')),
+        cluster,
+    ) {
+        (Some(c), Some(want)) => c == file_safe(want),
+        (Some(c), None) => !c.is_empty(),
+        (None, _) => false,
+    }
+}
+
 /// `vigil ledger [TARGET]`: the table, followed by notes on skipped lines.
 pub fn ledger_command(
     target: Option<&str>,
     env: &dyn Fn(&str) -> Option<String>,
+    cwd: &Path,
 ) -> Result<String, LedgerError> {
-    let dir = resolve_dir(target, env)?;
+    let dir = resolve_dir(target, env, cwd)?;
     let (records, notes) = read(&dir)
         .map_err(|e| LedgerError(format!("cannot read {}: {e}", dir.join(FILE).display())))?;
     let mut out = if records.is_empty() {
@@ -489,6 +566,7 @@ pub fn ledger_command(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::job::state::job_state_dir;
     use proptest::prelude::*;
 
     fn rec(i: u32) -> Record {
@@ -497,6 +575,7 @@ mod tests {
             format: FORMAT,
             allocation: i,
             job_id: Some("4242".into()),
+            cluster: None,
             restart_count: i - 1,
             nodes: vec!["gpu-a01".into(), "gpu-a02".into(), "gpu-a03".into()],
             start: 1_767_225_600.0 + f64::from(i - 1) * 20_000.0,
@@ -775,27 +854,29 @@ mod tests {
         let state = job_state_dir(&logs, "4242");
         append(&state, &rec(1)).unwrap();
         let tmp = d.0.join("tmp");
+        let cwd = d.0.join("submit");
+        std::fs::create_dir_all(&cwd).unwrap();
         let env_of = |pairs: Vec<(&'static str, String)>| {
             move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone())
         };
         let none = env_of(vec![("TMPDIR", tmp.display().to_string())]);
         // A state dir, and a log dir holding one.
         for target in [&state, &logs] {
-            let out = ledger_command(Some(target.to_str().unwrap()), &none).unwrap();
+            let out = ledger_command(Some(target.to_str().unwrap()), &none, &cwd).unwrap();
             assert!(out.starts_with("#  "), "{out}");
             assert!(out.contains("1000@time-limit"), "{out}");
         }
-        // A job id: looked up under $TMPDIR.
-        let e = ledger_command(Some("4242"), &none).unwrap_err().to_string();
+        // A job id: looked up in the current (submit) directory and under $TMPDIR.
+        let e = ledger_command(Some("4242"), &none, &cwd)
+            .unwrap_err()
+            .to_string();
         assert!(
-            e.contains(&format!(
-                "looked for {}",
-                tmp.join("vigil-job-4242").display()
-            )),
+            e.contains("vigil-job-[<cluster>-]4242")
+                && e.contains(&format!("{}, {}", cwd.display(), tmp.display())),
             "{e}"
         );
         append(&job_state_dir(&tmp, "4242"), &rec(1)).unwrap();
-        assert!(ledger_command(Some("4242"), &none)
+        assert!(ledger_command(Some("4242"), &none, &cwd)
             .unwrap()
             .contains("requeue"));
         // No target: SLURM_JOB_ID, or an error that says what to pass.
@@ -803,28 +884,90 @@ mod tests {
             ("TMPDIR", tmp.display().to_string()),
             ("SLURM_JOB_ID", "4242".into()),
         ]);
-        assert!(ledger_command(None, &slurm).unwrap().contains("requeue"));
-        let e = ledger_command(None, &none).unwrap_err().to_string();
+        assert!(ledger_command(None, &slurm, &cwd)
+            .unwrap()
+            .contains("requeue"));
+        let e = ledger_command(None, &none, &cwd).unwrap_err().to_string();
         assert!(e.contains("SLURM_JOB_ID is not set"), "{e}");
         // A log dir with two jobs: SLURM_JOB_ID picks, else the error names them.
         append(&job_state_dir(&logs, "77"), &rec(1)).unwrap();
-        let e = ledger_command(Some(logs.to_str().unwrap()), &none)
+        let e = ledger_command(Some(logs.to_str().unwrap()), &none, &cwd)
             .unwrap_err()
             .to_string();
         assert!(e.contains("vigil-job-4242, vigil-job-77"), "{e}");
-        assert!(ledger_command(Some(logs.to_str().unwrap()), &slurm).is_ok());
+        assert!(ledger_command(Some(logs.to_str().unwrap()), &slurm, &cwd).is_ok());
         // Nothing there.
-        let e = ledger_command(Some(d.0.join("nope/x").to_str().unwrap()), &none).unwrap_err();
+        let e =
+            ledger_command(Some(d.0.join("nope/x").to_str().unwrap()), &none, &cwd).unwrap_err();
         assert!(e.to_string().contains("is not a directory"), "{e}");
         let empty = d.0.join("empty");
         std::fs::create_dir_all(&empty).unwrap();
-        let e = ledger_command(Some(empty.to_str().unwrap()), &none).unwrap_err();
+        let e = ledger_command(Some(empty.to_str().unwrap()), &none, &cwd).unwrap_err();
         assert!(e.to_string().contains("holds no ledger"), "{e}");
         // A state dir with no allocation yet.
         let fresh = job_state_dir(&d.0, "9");
         std::fs::create_dir_all(&fresh).unwrap();
-        let out = ledger_command(Some(fresh.to_str().unwrap()), &none).unwrap();
+        let out = ledger_command(Some(fresh.to_str().unwrap()), &none, &cwd).unwrap();
         assert!(out.starts_with("no allocation recorded"), "{out}");
+    }
+
+    #[test]
+    fn a_slurm_job_id_is_found_under_its_cluster_in_the_submit_directory() {
+        let d = Dir::new("cluster");
+        let submit = d.0.join("home");
+        let tmp = d.0.join("tmp");
+        let env_of = |pairs: Vec<(&'static str, String)>| {
+            move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone())
+        };
+        let login = env_of(vec![("TMPDIR", tmp.display().to_string())]);
+        let a = job_state_dir(&submit, "alpha-7");
+        append(&a, &rec(1)).unwrap();
+        // From the submit directory (the login node: no Slurm variables), the one match.
+        assert_eq!(resolve_dir(Some("7"), &login, &submit).unwrap(), a);
+        // Ids 17 and 7-x are other jobs.
+        append(&job_state_dir(&submit, "alpha-17"), &rec(1)).unwrap();
+        append(&job_state_dir(&submit, "x-7-1"), &rec(1)).unwrap();
+        assert_eq!(resolve_dir(Some("7"), &login, &submit).unwrap(), a);
+        // A second cluster sharing the home directory: name one, or let SLURM_CLUSTER_NAME pick.
+        let b = job_state_dir(&submit, "beta-7");
+        append(&b, &rec(1)).unwrap();
+        let e = resolve_dir(Some("7"), &login, &submit)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("several state directories for job 7"), "{e}");
+        let in_job = env_of(vec![
+            ("SLURM_JOB_ID", "7".into()),
+            ("SLURM_CLUSTER_NAME", "beta".into()),
+            ("SLURM_SUBMIT_DIR", submit.display().to_string()),
+        ]);
+        assert_eq!(resolve_dir(None, &in_job, &d.0).unwrap(), b);
+        assert_eq!(
+            resolve_dir(Some(submit.to_str().unwrap()), &in_job, &d.0).unwrap(),
+            b
+        );
+    }
+
+    #[test]
+    fn records_of_another_job_are_left_out() {
+        let mine = Record {
+            cluster: Some("alpha".into()),
+            ..rec(1)
+        };
+        let older_vigil = rec(2);
+        let other_cluster = Record {
+            cluster: Some("beta".into()),
+            ..rec(3)
+        };
+        let other_id = Record {
+            job_id: Some("1".into()),
+            ..rec(4)
+        };
+        let (kept, left) = of_job(
+            vec![mine.clone(), older_vigil.clone(), other_cluster, other_id],
+            Some("4242"),
+            Some("alpha"),
+        );
+        assert_eq!((kept, left), (vec![mine, older_vigil], 2));
     }
 
     proptest! {

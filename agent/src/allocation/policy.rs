@@ -20,9 +20,11 @@
 //!
 //! Progress: an allocation made progress when its highest step is at least the highest of every
 //! earlier allocation plus `--min-progress-steps` (the first allocation that reports a step
-//! always has). While no allocation has ever reported a step, progress is unknown and neither
-//! counts nor resets (ranks that never call `should_stop(step)` are not judged on it).
-//! `--max-no-progress 0` turns the check off.
+//! always has). An allocation stopped (time limit, preemption) in which no rank reported a step
+//! made none: a lead as long as the allocation, or ranks that never reach their first step,
+//! must not be requeued forever. A failed or lost allocation before any step was ever reported
+//! neither counts nor resets (`--max-requeues` bounds those). `--max-no-progress 0` turns the
+//! check off.
 //!
 //! ft_launcher (NVRx `TrainingProgressTracker`) compared: it counts *in-job cycles* whose
 //! iteration, read from `--ft-checkpoint-iteration-file`, grew by less than
@@ -37,7 +39,7 @@
 
 use super::ledger::{DecisionKind, Outcome, Record};
 pub use crate::supervise::progress::attempt_no_progress;
-use crate::supervise::progress::trailing_no_progress;
+use crate::supervise::progress::{progress, Progress};
 
 /// `vigil run`'s status for "run me again" (`EX_TEMPFAIL`).
 pub const REQUEUE_STATUS: i32 = 75;
@@ -245,23 +247,31 @@ fn by_history(facts: &Facts, history: &[Record], limits: &Limits) -> Verdict {
     }
 
     // 3. No progress over the allocations.
-    let mut highest: Vec<Option<u64>> = history.iter().map(|r| r.highest_step).collect();
-    highest.push(facts.highest_step);
-    let stuck = trailing_no_progress(&highest, limits.min_progress_steps, window.len() + 1);
+    let mut entries: Vec<(Outcome, Option<u64>)> = history
+        .iter()
+        .map(|r| (r.outcome, r.highest_step))
+        .collect();
+    entries.push((facts.outcome, facts.highest_step));
+    let stuck = stuck_allocations(&entries, limits.min_progress_steps, window.len() + 1);
     let best_before = history.iter().filter_map(|r| r.highest_step).max();
+    let no_step_ever = best_before.is_none() && facts.highest_step.is_none();
     if limits.max_no_progress > 0 && stuck >= limits.max_no_progress as usize {
         return Verdict {
             decision: Decision::Stop {
                 why: format!(
-                    "no progress: the highest step {} (--max-no-progress {}, --min-progress-steps {})",
-                    if limits.min_progress_steps <= 1 {
+                    "no progress: {} (--max-no-progress {}, --min-progress-steps {})",
+                    if no_step_ever {
                         format!(
-                            "stayed at {} over the last {stuck} allocations",
+                            "no rank reported a step to vigil.should_stop(step) in the last {stuck} allocations"
+                        )
+                    } else if limits.min_progress_steps <= 1 {
+                        format!(
+                            "the highest step stayed at {} over the last {stuck} allocations",
                             step(best_before.max(facts.highest_step))
                         )
                     } else {
                         format!(
-                            "({}) grew by less than {} in each of the last {stuck} allocations",
+                            "the highest step ({}) grew by less than {} in each of the last {stuck} allocations",
                             step(best_before.max(facts.highest_step)),
                             limits.min_progress_steps
                         )
@@ -297,6 +307,10 @@ fn by_history(facts: &Facts, history: &[Record], limits: &Limits) -> Verdict {
     let progress_note = || match (best_before, facts.highest_step) {
         (Some(b), Some(h)) if stuck == 0 => format!("progress {b}..{h}"),
         (None, Some(h)) if stuck == 0 => format!("reached step {h}"),
+        (_, None) if stuck > 0 => format!(
+            "no step reported ({stuck} of --max-no-progress {} in a row)",
+            limits.max_no_progress
+        ),
         _ if stuck > 0 => format!(
             "no progress ({stuck} of --max-no-progress {} in a row)",
             limits.max_no_progress
@@ -341,6 +355,46 @@ fn by_history(facts: &Facts, history: &[Record], limits: &Limits) -> Verdict {
             }
         }
     }
+}
+
+/// The verdict when this allocation's record could not be written to the ledger in `dir`: a
+/// requeue becomes a stop (the next allocation could not count it, so a job failing on a full
+/// disk would be requeued forever); anything else stands.
+pub fn unrecorded(v: Verdict, status: i32, dir: &str) -> Verdict {
+    match v.decision {
+        Decision::Requeue { why, .. } => Verdict {
+            decision: Decision::Stop {
+                why: format!(
+                    "{why}, but the ledger in {dir} cannot be written, so this requeue could not be counted; make it writable, then requeue or run the job again by hand"
+                ),
+            },
+            exit_status: do_not_requeue(status),
+        },
+        _ => v,
+    }
+}
+
+/// Allocations without progress at the end of `entries` (each one's outcome and highest step),
+/// counted back to the last with progress, within the last `window`. A stopped allocation
+/// without a step made none even before any step was ever reported; a failed or lost one then
+/// stays unknown (neither counts nor resets).
+fn stuck_allocations(entries: &[(Outcome, Option<u64>)], min: u64, window: usize) -> usize {
+    let highest: Vec<Option<u64>> = entries.iter().map(|e| e.1).collect();
+    let mut n = 0;
+    for ((outcome, _), p) in entries
+        .iter()
+        .zip(progress(&highest, min))
+        .rev()
+        .take(window)
+    {
+        match p {
+            Progress::Made => break,
+            Progress::None => n += 1,
+            Progress::Unknown if *outcome == Outcome::Stopped => n += 1,
+            Progress::Unknown => {}
+        }
+    }
+    n
 }
 
 #[cfg(test)]
@@ -417,6 +471,7 @@ mod tests {
             format: FORMAT,
             allocation: i,
             job_id: Some("1".into()),
+            cluster: None,
             restart_count: i - 1,
             nodes: vec!["n1".into()],
             start: 0.0,
@@ -613,14 +668,62 @@ mod tests {
     }
 
     #[test]
-    fn ranks_that_never_report_a_step_are_not_judged_on_progress() {
+    fn allocations_stopped_before_any_step_made_no_progress() {
         let l = Limits::default();
-        let allocs = vec![facts(Outcome::Stopped, None); 6];
-        assert!(decisions(&run(&allocs, &l)).iter().all(|d| *d == (R, 75)));
-        // But once steps were reported, an allocation without any made none.
+        // Stopped before a first step, again and again (a lead as long as the allocation).
+        let ledger = run(&vec![facts(Outcome::Stopped, None); 3], &l);
+        assert_eq!(decisions(&ledger), [(R, 75), (R, 75), (S, 1)]);
+        assert_eq!(
+            ledger[0].why,
+            "time-limit, no step reported (1 of --max-no-progress 3 in a row)"
+        );
+        assert_eq!(
+            ledger[2].why,
+            "no progress: no rank reported a step to vigil.should_stop(step) in the last 3 allocations (--max-no-progress 3, --min-progress-steps 1)"
+        );
+        // Once steps were reported, an allocation without any made none either.
         let mut allocs = vec![facts(Outcome::Stopped, Some(7))];
         allocs.extend(vec![facts(Outcome::Stopped, None); 3]);
         assert_eq!(decisions(&run(&allocs, &l)).last(), Some(&(S, 1)));
+        // 0 turns the check off.
+        let off = Limits {
+            max_no_progress: 0,
+            ..l.clone()
+        };
+        let ledger = run(&vec![facts(Outcome::Stopped, None); 6], &off);
+        assert!(decisions(&ledger).iter().all(|d| *d == (R, 75)));
+    }
+
+    #[test]
+    fn a_requeue_that_cannot_be_recorded_is_a_stop() {
+        let l = Limits::default();
+        let v = decide(&facts(Outcome::Failed, None), &[], &l);
+        assert_eq!(v.decision.kind(), R);
+        let u = unrecorded(v, 3, "/s");
+        assert_eq!((u.decision.kind(), u.exit_status), (S, 3));
+        assert!(u.decision.why().starts_with(
+            "failed, 1 in a row (--max-requeues 2), but the ledger in /s cannot be written"
+        ));
+        let stopped = unrecorded(decide(&facts(Outcome::Stopped, Some(4)), &[], &l), 75, "/s");
+        assert_eq!((stopped.decision.kind(), stopped.exit_status), (S, 1));
+        let done = decide(&facts(Outcome::Finished, Some(4)), &[], &l);
+        assert_eq!(unrecorded(done.clone(), 0, "/s"), done);
+    }
+
+    #[test]
+    fn failures_without_steps_are_bounded_by_max_requeues_as_before() {
+        // Ranks that never call should_stop(step) and just fail: --max-requeues decides, even
+        // when it allows more than --max-no-progress.
+        let l = Limits {
+            max_requeues: 4,
+            ..Limits::default()
+        };
+        let ledger = run(&vec![facts(Outcome::Failed, None); 5], &l);
+        assert_eq!(
+            decisions(&ledger),
+            [(R, 75), (R, 75), (R, 75), (R, 75), (S, 1)]
+        );
+        assert!(ledger[4].why.contains("more than --max-requeues 4"));
     }
 
     #[test]
@@ -693,6 +796,30 @@ mod tests {
     }
 
     proptest! {
+        /// The promise: allocations that make no progress end in a stop, never an endless
+        /// requeue, whatever mix of stops, failures and lost nodes they are.
+        #[test]
+        fn allocations_without_progress_are_never_requeued_forever(
+            outcomes in proptest::collection::vec(0u8..3, 1..200),
+            stuck_at in proptest::option::of(0u64..1000),
+            max_requeues in 0u32..4, max_np in 1u32..4,
+        ) {
+            let l = Limits { max_requeues, max_no_progress: max_np, ..Limits::default() };
+            let bound = ((max_np + 1) * (max_requeues + 1)) as usize;
+            let mut ledger: Vec<Record> = Vec::new();
+            for (i, o) in outcomes.iter().enumerate() {
+                let outcome = [Outcome::Stopped, Outcome::Failed, Outcome::Lost][*o as usize];
+                let r = record(i as u32 + 1, &facts(outcome, stuck_at), &l, &ledger);
+                let requeued = r.decision == DecisionKind::Requeue;
+                ledger.push(r);
+                if !requeued {
+                    break;
+                }
+            }
+            let requeues = ledger.iter().filter(|r| r.decision == DecisionKind::Requeue).count();
+            prop_assert!(requeues < bound, "{} requeues: {:?}", requeues, decisions(&ledger));
+        }
+
         #[test]
         fn decisions_and_statuses_agree(
             outcomes in proptest::collection::vec(0u8..5, 1..12),

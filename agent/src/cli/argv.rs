@@ -85,6 +85,9 @@ pub fn check_run_line(words: &[String], nodes: u32, gpus_per_node: u32) -> Resul
         nofile: u64::MAX,
         gpus: &gpus,
         env: &env,
+        now: std::time::SystemTime::now(),
+        // The job's working directory is the compute node's: not known here, not asked.
+        cwd: None,
     };
     config::resolve(&a, &host).map(|_| ())
 }

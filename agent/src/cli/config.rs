@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::cli::RunArgs;
-use crate::job::state::TimeoutsPlace;
+use crate::job::state::{Identity, TimeoutsPlace};
 use crate::supervise::monitor::{parse_section_timeouts, Timeouts};
 use crate::values::{err, parse_signal, seconds, ConfigError, MAX_SECONDS};
 
@@ -124,6 +124,8 @@ pub struct AllocationPlan {
     /// Where the ledger lives: `--state-dir`, else the job's state dir, else (no job identity)
     /// `None`: the run directory.
     pub state_dir: Option<PathBuf>,
+    /// Whose state it is (`None`: a job without an identity).
+    pub identity: Option<Identity>,
 }
 
 /// What the machine says, for resolving `--nproc-per-node cpu|gpu|auto` and the interpreter.
@@ -134,6 +136,10 @@ pub struct Host<'a> {
     /// GPU count, or why it is unknown.
     pub gpus: &'a dyn Fn() -> Result<u32, String>,
     pub env: &'a dyn Fn(&str) -> Option<String>,
+    /// The wall clock now: an `--end-time` already past is refused.
+    pub now: std::time::SystemTime,
+    /// The agent's working directory (`None`: unknown, removed).
+    pub cwd: Option<PathBuf>,
 }
 
 pub fn parse_nproc(s: &str, host: &Host) -> Result<u32, ConfigError> {
@@ -549,10 +555,6 @@ fn join_timeout(a: &RunArgs) -> Result<Duration, ConfigError> {
 }
 
 pub fn resolve(a: &RunArgs, host: &Host) -> Result<LaunchConfig, ConfigError> {
-    let state_base = a
-        .log_dir
-        .clone()
-        .unwrap_or_else(|| PathBuf::from((host.env)("TMPDIR").unwrap_or_else(|| "/tmp".into())));
     let nodes = crate::job::nodes::discover(
         &crate::job::nodes::NodeFlags {
             nnodes: a.nnodes.as_deref(),
@@ -619,6 +621,17 @@ pub fn resolve(a: &RunArgs, host: &Host) -> Result<LaunchConfig, ConfigError> {
         }
         n => nodes.nnodes - n,
     };
+    let identity = Identity::resolve(nodes.job_id.as_deref(), host.env);
+    let slurm_job_id = (host.env)("SLURM_JOB_ID").filter(|s| !s.trim().is_empty());
+    let state_dir = a.state_dir.clone().or_else(|| {
+        let base = state_base(a, slurm_job_id.is_some(), host);
+        identity
+            .as_ref()
+            .map(|i| crate::job::state::job_state_dir(&base, &i.key()))
+    });
+    let stop_lead = secs("--stop-lead", a.stop_lead)?;
+    let end = end_spec(a, host)?;
+    check_flag_end(a, &end, stop_lead, host.now)?;
     Ok(LaunchConfig {
         nproc,
         nnodes: nodes.nnodes,
@@ -675,27 +688,22 @@ pub fn resolve(a: &RunArgs, host: &Host) -> Result<LaunchConfig, ConfigError> {
         stack_wait: secs("--stack-dump-timeout", a.stack_dump_timeout)?,
         timeouts_file: TimeoutsPlace::resolve(
             a.timeouts_file.as_deref(),
-            nodes.job_id.as_deref(),
-            &state_base,
+            state_dir.as_deref().filter(|_| identity.is_some()),
         ),
         gpu: gpu_config(a).map_err(ConfigError)?,
         allocation: AllocationPlan {
-            end: end_spec(a, host)?,
+            end,
             end_from_flags: a.end_time.is_some() || a.time_limit.is_some(),
-            slurm_job_id: (host.env)("SLURM_JOB_ID").filter(|s| !s.trim().is_empty()),
-            stop_lead: secs("--stop-lead", a.stop_lead)?,
+            slurm_job_id,
+            stop_lead,
             limits: crate::allocation::policy::Limits {
                 max_requeues: a.max_requeues,
                 max_no_progress: a.max_no_progress,
                 min_progress_steps: u64::from(a.min_progress_steps),
                 no_restart_exit_code: a.no_restart_exit_code,
             },
-            state_dir: a.state_dir.clone().or_else(|| {
-                nodes
-                    .job_id
-                    .as_deref()
-                    .map(|id| crate::job::state::job_state_dir(&state_base, id))
-            }),
+            state_dir,
+            identity,
         },
         straggler: StragglerPlan {
             interval: match secs("--straggler-report-interval", a.straggler_report_interval)? {
@@ -709,6 +717,40 @@ pub fn resolve(a: &RunArgs, host: &Host) -> Result<LaunchConfig, ConfigError> {
             section: a.straggler_section.clone(),
         },
     })
+}
+
+/// Where a job's state directory is made when `--state-dir` is not given: `--log-dir`; else,
+/// under Slurm, the job's working directory (`--chdir`, else the submit directory: where Slurm
+/// writes the job's output; node rank 0 of the next allocation may be on another host, whose
+/// `$TMPDIR` is not this one's), else its submit directory; else `$TMPDIR`.
+fn state_base(a: &RunArgs, slurm: bool, host: &Host) -> PathBuf {
+    let var = |k: &str| (host.env)(k).filter(|v| !v.trim().is_empty());
+    let slurm_dir = || {
+        host.cwd
+            .clone()
+            .or_else(|| var("SLURM_SUBMIT_DIR").map(PathBuf::from))
+    };
+    a.log_dir
+        .clone()
+        .or_else(|| slurm.then(slurm_dir).flatten())
+        .unwrap_or_else(|| PathBuf::from(var("TMPDIR").unwrap_or_else(|| "/tmp".into())))
+}
+
+/// An end given by flags that leaves no time before the stop lead is refused
+/// ([`crate::allocation::endtime::check_flag_end`]).
+fn check_flag_end(
+    a: &RunArgs,
+    end: &EndSpec,
+    lead: Duration,
+    now: std::time::SystemTime,
+) -> Result<(), ConfigError> {
+    use crate::allocation::endtime::{check_flag_end, FlagEnd};
+    let flag = match (end, &a.end_time, &a.time_limit) {
+        (EndSpec::At(t), Some(v), _) => FlagEnd::At(*t, v),
+        (EndSpec::After(d), _, Some(v)) => FlagEnd::After(*d, v),
+        _ => return Ok(()),
+    };
+    check_flag_end(&flag, lead, now).map_err(ConfigError)
 }
 
 /// When the allocation ends: `--end-time`, `--time-limit`, else Slurm's `SLURM_JOB_END_TIME`
@@ -861,6 +903,8 @@ mod tests {
             nofile: 1024,
             gpus,
             env: &no_env,
+            now: std::time::SystemTime::now(),
+            cwd: None,
         }
     }
 
@@ -990,6 +1034,8 @@ mod tests {
                 nofile: 1024,
                 gpus: &none,
                 env: e,
+                now: std::time::SystemTime::now(),
+                cwd: None,
             };
             let mut full = a.to_vec();
             full.push("t.py");
@@ -1021,6 +1067,8 @@ mod tests {
             nofile,
             gpus,
             env: &no_env,
+            now: std::time::SystemTime::now(),
+            cwd: None,
         };
         assert!(check_nproc(32, &host(2, 4096, &no_gpu)).is_ok());
         let e = check_nproc(33, &host(2, 4096, &no_gpu)).unwrap_err().0;
@@ -1133,12 +1181,114 @@ mod tests {
             nofile: 1024,
             gpus: &none,
             env: &env,
+            now: std::time::SystemTime::now(),
+            cwd: None,
         };
         assert_eq!(
             resolve(&args(&["t.py"]), &h2).unwrap().command[0],
             "/opt/py"
         );
         assert!(resolve(&args(&["-m", "--no-python", "x"]), &h).is_err());
+    }
+
+    #[test]
+    fn a_slurm_jobs_state_lives_by_its_submit_directory_under_its_cluster() {
+        let none = || Ok(0);
+        let slurm = |k: &str| {
+            [
+                ("SLURM_JOB_ID", "1"),
+                ("SLURM_NNODES", "1"),
+                ("SLURM_JOB_NODELIST", "n1"),
+                ("SLURM_CLUSTER_NAME", "alpha"),
+                ("SLURM_SUBMIT_DIR", "/home/u/exp"),
+                ("TMPDIR", "/tmp/node-local"),
+            ]
+            .iter()
+            .find(|(n, _)| *n == k)
+            .map(|(_, v)| v.to_string())
+        };
+        let h = Host {
+            env: &slurm,
+            ..host_with(&none)
+        };
+        let c = resolve(&args(&["t.py"]), &h).unwrap();
+        let dir = PathBuf::from("/home/u/exp/vigil-job-alpha-1");
+        assert_eq!(c.allocation.state_dir.as_ref(), Some(&dir));
+        // The job's working directory (sbatch --chdir) first: its output is there.
+        let h = Host {
+            env: &slurm,
+            cwd: Some("/lustre/run".into()),
+            ..host_with(&none)
+        };
+        let c = resolve(&args(&["t.py"]), &h).unwrap();
+        let dir = PathBuf::from("/lustre/run/vigil-job-alpha-1");
+        assert_eq!(c.allocation.state_dir.as_ref(), Some(&dir));
+        assert_eq!(c.timeouts_file.load, Some(dir.join("timeouts.json")));
+        assert!(c.allocation.identity.as_ref().unwrap().first_allocation);
+        assert_eq!(c.run_id, "1", "TORCHELASTIC_RUN_ID stays Slurm's id");
+        // --log-dir is the job's output: its state goes there; --state-dir holds both.
+        let c = resolve(&args(&["--log-dir", "/shared/logs", "t.py"]), &h).unwrap();
+        assert_eq!(
+            c.allocation.state_dir,
+            Some(PathBuf::from("/shared/logs/vigil-job-alpha-1"))
+        );
+        let c = resolve(&args(&["--state-dir", "/s", "t.py"]), &h).unwrap();
+        assert_eq!(c.allocation.state_dir, Some(PathBuf::from("/s")));
+        assert_eq!(
+            c.timeouts_file.load,
+            Some(PathBuf::from("/s/timeouts.json"))
+        );
+        // Outside Slurm: $TMPDIR, as before; without an identity, no state dir.
+        let tmp = |k: &str| (k == "TMPDIR").then(|| "/t".to_string());
+        let h = Host {
+            env: &tmp,
+            ..host_with(&none)
+        };
+        let c = resolve(&args(&["--rdzv-id", "r", "t.py"]), &h).unwrap();
+        assert_eq!(
+            c.allocation.state_dir,
+            Some(PathBuf::from("/t/vigil-job-r"))
+        );
+        let c = resolve(&args(&["t.py"]), &h).unwrap();
+        assert_eq!((c.allocation.state_dir, c.timeouts_file.load), (None, None));
+    }
+
+    #[test]
+    fn an_end_that_leaves_no_time_before_the_stop_lead_is_refused() {
+        let none = || Ok(0);
+        let h = host_with(&none);
+        let refused = |a: &[&str]| {
+            let mut full = a.to_vec();
+            full.push("t.py");
+            resolve(&args(&full), &h).unwrap_err().0
+        };
+        let e = refused(&["--time-limit", "40s"]);
+        assert!(
+            e.contains("--time-limit 40s is not longer than the stop lead (60s")
+                && e.contains("--stop-lead 10"),
+            "{e}"
+        );
+        assert!(refused(&["--time-limit", "20s", "--stop-lead", "20"]).contains("--time-limit 20s"));
+        for past in ["1000", "2020-01-01T00:00:00Z"] {
+            let e = refused(&["--end-time", past]);
+            assert!(e.contains("that time has passed"), "{e}");
+        }
+        let soon = (h.now + Duration::from_secs(30))
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+            .to_string();
+        assert!(refused(&["--end-time", &soon]).contains("not more than the stop lead"));
+        // A lead that leaves less than half is capped at run time, not refused here.
+        for ok in [
+            &["--time-limit", "61s"][..],
+            &["--time-limit", "1m", "--stop-lead", "20"],
+            &["--end-time", &soon, "--stop-lead", "10"],
+        ] {
+            let mut full = ok.to_vec();
+            full.push("t.py");
+            assert!(resolve(&args(&full), &h).is_ok(), "{ok:?}");
+        }
     }
 
     #[test]

@@ -46,8 +46,8 @@ pub enum Command {
     Run(Box<RunArgs>),
     /// Print a job's ledger: one line per allocation (docs/allocations.md).
     Ledger {
-        /// A state directory, a log directory holding vigil-job-<id>/, or a job id
-        /// (default: $SLURM_JOB_ID's).
+        /// A state directory, a log directory holding vigil-job-<key>/, or a job id, looked up in
+        /// the submit directory, the current one and $TMPDIR (default: $SLURM_JOB_ID's).
         target: Option<String>,
     },
     /// Render a training recipe into a Slurm job running vigil and submit it (docs/launch.md).
@@ -564,7 +564,8 @@ pub struct RunArgs {
     pub no_restart_exit_code: Option<i32>,
 
     /// Where the job's ledger and calculated values live across allocations (default: the job's
-    /// state directory, <log-dir or $TMPDIR>/vigil-job-<id>/).
+    /// state directory: under Slurm <log-dir or the job's working dir>/vigil-job-<cluster>-<id>/,
+    /// else <log-dir or $TMPDIR>/vigil-job-<id>/).
     #[arg(long = "state-dir", alias = "state_dir", value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
 

@@ -202,6 +202,11 @@ impl Agent {
                     }
                 }
                 Action::Record(rec) => {
+                    if let Record::StopTriggered { trigger, .. }
+                    | Record::StopAgreed { trigger, .. } = &rec
+                    {
+                        self.stop_trigger.get_or_insert_with(|| trigger.clone());
+                    }
                     self.note(&rec);
                     self.events.write(&rec);
                 }

@@ -10,6 +10,7 @@ use std::sync::mpsc as std_mpsc;
 use super::*;
 use crate::allocation::{endtime, lead, ledger, policy, slurm};
 use crate::cli::config::EndSpec;
+use crate::job::state;
 
 /// How often Slurm is asked again for the job's end (`scontrol update TimeLimit=` moves it).
 const REREAD_EVERY: Duration = Duration::from_secs(60);
@@ -33,6 +34,10 @@ pub(super) struct EndWatch {
     reread: Option<std_mpsc::Receiver<Option<SystemTime>>>,
     /// Pids of Slurm commands in flight: children of the agent that are not a rank's leftovers.
     pub(super) helpers: std::sync::Arc<std::sync::Mutex<Vec<i32>>>,
+    /// When the agent started: the allocation it has is from here to `end`.
+    started: SystemTime,
+    /// Node rank 0 says it when the lead is capped, once.
+    tell_cap: bool,
 }
 
 impl EndWatch {
@@ -70,11 +75,20 @@ impl EndWatch {
             next_reread: Instant::now() + REREAD_EVERY,
             reread: None,
             helpers: Default::default(),
+            started: now_wall,
+            tell_cap: cfg.node_rank == 0,
         }
     }
 
-    /// The lead now: the carried one, or what this allocation observed, whichever is longer.
+    /// The lead now: the carried one, or what this allocation observed, whichever is longer,
+    /// capped at half the allocation ([`lead::cap`]).
     pub(super) fn lead(&self, sup: &Supervisor) -> Duration {
+        let (lead, _) = self.lead_and_cap(sup);
+        lead
+    }
+
+    /// The lead, and the uncapped one and the allocation's span when it was capped.
+    fn lead_and_cap(&self, sup: &Supervisor) -> (Duration, Option<(Duration, Duration)>) {
         let (ckpt, step) = sup.lead_observed();
         let seen = lead::stop_lead(
             self.floor,
@@ -83,14 +97,31 @@ impl EndWatch {
             step,
             LEAD_MARGIN_STEPS,
         );
-        seen.max(self.carried)
+        let lead = seen.max(self.carried);
+        let Some(end) = self.end else {
+            return (lead, None);
+        };
+        let span = end.duration_since(self.started).unwrap_or_default();
+        match lead::cap(lead, span) {
+            Some(capped) => (capped, Some((lead, span))),
+            None => (lead, None),
+        }
     }
 
     /// What to tell the supervisor, if anything changed: when to ask for the stop, and the window.
     pub(super) fn tick(&mut self, sup: &Supervisor, job_now: Instant) -> Option<Event> {
         self.poll_reread();
         let end = self.end?;
-        let lead = self.lead(sup);
+        let (lead, capped) = self.lead_and_cap(sup);
+        if let (Some((full, span)), true) = (capped, self.tell_cap) {
+            self.tell_cap = false;
+            console_note(&format!(
+                "the stop lead of {:.0}s would leave less than half of the allocation ({:.0}s from the agent's start to its end) to train: capped at {:.0}s; give a longer time limit, or a smaller --stop-lead if checkpoints are quicker",
+                full.as_secs_f64(),
+                span.as_secs_f64(),
+                lead.as_secs_f64()
+            ));
+        }
         let at = lead::when_to_stop(end, lead, SystemTime::now(), job_now);
         // Told again only when it moved by more than a second (wall and monotonic clocks drift).
         let moved = match self.sent {
@@ -204,9 +235,95 @@ pub(super) fn state_dir(cfg: &LaunchConfig, run_dir: &Path) -> PathBuf {
         .unwrap_or_else(|| run_dir.to_path_buf())
 }
 
+/// Makes sure the job's state directory can keep the ledger, before any rank starts (every node:
+/// one that cannot is refused on its own, the others must not wait for it), and, on node rank 0
+/// in a Slurm job's first allocation, sets aside what another job with the same id left there.
+pub fn prepare_state(cfg: &LaunchConfig) -> Result<(), state::Unwritable> {
+    let Some(dir) = &cfg.allocation.state_dir else {
+        return Ok(());
+    };
+    let host = nix::unistd::gethostname()
+        .map(|h| h.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    state::check_writable(dir, &format!("{host}-{}", std::process::id()))?;
+    let first = cfg
+        .allocation
+        .identity
+        .as_ref()
+        .is_some_and(|i| i.first_allocation);
+    if cfg.node_rank != 0 || !first {
+        return Ok(());
+    }
+    let mut names = vec![ledger::FILE];
+    // Timeouts the user pointed at with --timeouts-file are theirs, not this directory's.
+    if cfg.timeouts_file.load.as_deref() == Some(dir.join(state::TIMEOUTS_FILE).as_path()) {
+        names.push(state::TIMEOUTS_FILE);
+    }
+    let stamp = humantime::format_rfc3339_seconds(SystemTime::now())
+        .to_string()
+        .replace(':', "");
+    match state::set_aside(dir, &names, &stamp) {
+        Ok(None) => Ok(()),
+        Ok(Some(to)) => {
+            let job =
+                cfg.allocation
+                    .identity
+                    .as_ref()
+                    .map_or(String::new(), |i| match &i.cluster {
+                        Some(c) => format!("{} of cluster {c}", i.job_id),
+                        None => i.job_id.clone(),
+                    });
+            console_note(&format!(
+                "this is the first allocation of Slurm job {job}, but {} already held a job's state: an earlier job with the same id wrote it (ids start again at 1 with a new controller state); moved to {}, nothing of it is used",
+                dir.display(),
+                to.display()
+            ));
+            Ok(())
+        }
+        Err(e) => Err(state::Unwritable {
+            dir: dir.clone(),
+            why: format!("holds another job's state that cannot be set aside ({e}); move it away"),
+        }),
+    }
+}
+
+/// The ledger's records of this job: none in a first allocation (state there is another job's,
+/// and is being set aside), and never another job's (a `--state-dir` shared with it).
+pub(super) fn history(cfg: &LaunchConfig, run_dir: &Path) -> (Vec<ledger::Record>, Vec<String>) {
+    let id = cfg.allocation.identity.as_ref();
+    if id.is_some_and(|i| i.first_allocation) {
+        return Default::default();
+    }
+    let dir = state_dir(cfg, run_dir);
+    let (records, mut notes) = match ledger::read(&dir) {
+        Ok(r) => r,
+        Err(e) => {
+            return (
+                Vec::new(),
+                vec![format!(
+                    "cannot read the job's ledger {}: {e}",
+                    dir.join(ledger::FILE).display()
+                )],
+            )
+        }
+    };
+    let (mine, others) = ledger::of_job(
+        records,
+        id.map(|i| i.job_id.as_str()),
+        id.and_then(|i| i.cluster.as_deref()),
+    );
+    if others > 0 {
+        notes.push(format!(
+            "{}: {others} record(s) of another job left out (a state directory is one job's)",
+            dir.join(ledger::FILE).display()
+        ));
+    }
+    (mine, notes)
+}
+
 /// The lead the job's earlier allocations ended with, from its ledger.
 pub(super) fn carried_lead(cfg: &LaunchConfig, run_dir: &Path) -> Option<Duration> {
-    let (records, _) = ledger::read(&state_dir(cfg, run_dir)).ok()?;
+    let (records, _) = history(cfg, run_dir);
     let last = records.last()?.stop_lead_s;
     (last.is_finite() && last > 0.0 && last <= crate::values::MAX_SECONDS)
         .then(|| Duration::from_secs_f64(last))
@@ -229,7 +346,7 @@ fn ledger_outcome(o: &Outcome) -> ledger::Outcome {
 pub(super) fn conclude(e: Ending) -> i32 {
     let cfg = e.cfg;
     let dir = state_dir(cfg, e.run_dir);
-    let (history, notes) = ledger::read(&dir).unwrap_or_default();
+    let (history, notes) = history(cfg, e.run_dir);
     for n in notes {
         console_note(&n);
     }
@@ -277,6 +394,11 @@ pub(super) fn conclude(e: Ending) -> i32 {
         format: ledger::FORMAT,
         allocation: ledger::next_index(&history),
         job_id: cfg.job_id.clone(),
+        cluster: cfg
+            .allocation
+            .identity
+            .as_ref()
+            .and_then(|i| i.cluster.clone()),
         restart_count: std::env::var("SLURM_RESTART_COUNT")
             .ok()
             .and_then(|v| v.trim().parse().ok())
@@ -296,11 +418,18 @@ pub(super) fn conclude(e: Ending) -> i32 {
         exit_status: verdict.exit_status,
         promotions: e.promotions.clone(),
     };
+    let mut verdict = verdict;
+    let mut why = why;
     if let Err(err) = std::fs::create_dir_all(&dir).and_then(|_| ledger::append(&dir, &rec)) {
         console_note(&format!(
             "cannot write the job's ledger in {} ({err}); this allocation is not recorded",
             dir.display()
         ));
+        if facts.counted {
+            // A requeue nobody counted could repeat forever (a disk that stays full).
+            verdict = policy::unrecorded(verdict, facts.status, &dir.display().to_string());
+            why = verdict.decision.why().to_string();
+        }
     }
     match (&verdict.decision, slurm_job.as_deref()) {
         (policy::Decision::Requeue { exclude, .. }, Some(id)) => {

@@ -29,6 +29,7 @@ pub mod stacks;
 mod store_host;
 pub mod summary;
 
+pub use allocation::prepare_state;
 use clock::{JobClock, CLOCK_TICK};
 use eventlog::EventLog;
 use prelaunch::provenance;
@@ -117,6 +118,8 @@ struct Agent {
     steps_log: perf::StepsLog,
     /// Standbys promoted so far (node rank 0), for the ledger.
     promotions: Vec<crate::allocation::ledger::Promotion>,
+    /// What asked for the stop under way (`time-limit`, `SIGTERM`, ...), for the console.
+    stop_trigger: Option<String>,
     stragglers: perf::Stragglers,
     /// The node's GPUs, when NVML is there.
     gpus: gpuwatch::GpuWatch,
@@ -339,6 +342,7 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
         refused: false,
         steps_log: Default::default(),
         promotions: Vec::new(),
+        stop_trigger: None,
         stragglers: perf::Stragglers::new(cfg.straggler.clone(), cfg.nproc),
         gpus: gpuwatch::GpuWatch::start(cfg.gpu.nvml_lib.clone(), gpu_tx),
         share,

@@ -6,7 +6,7 @@ use super::*;
 /// Who this node's saved state says wrote it.
 pub(super) fn provenance(cfg: &LaunchConfig) -> Provenance {
     Provenance {
-        job_id: cfg.job_id.clone(),
+        job_id: cfg.allocation.identity.as_ref().map(|i| i.key()),
         program: cfg.program.clone(),
         nnodes: cfg.nnodes,
         nproc_per_node: cfg.nproc,

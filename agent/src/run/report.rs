@@ -42,13 +42,7 @@ pub(super) fn describe_timeouts(t: &Timeouts) -> String {
 /// "stopping 4 rank(s) after a rank failed: ...": who gets which signal. Ranks that hold the
 /// signal for `vigil.should_stop` (`killed` of them) get SIGKILL at once in a stop that saves
 /// nothing.
-fn stop_line(reason: StopReason, signal: i32, grace_ms: u64, n: usize, killed: usize) -> String {
-    let why = match reason {
-        StopReason::RankFailed => "after a rank failed",
-        StopReason::Signal => "on a signal to the agent",
-        StopReason::SpawnFailed => "after a rank could not start",
-        StopReason::Peer => "as the job's other nodes do",
-    };
+fn stop_line(why: &str, signal: i32, grace_ms: u64, n: usize, killed: usize) -> String {
     let sig = crate::values::signal_name(signal);
     let graceful = format!("{sig} then SIGKILL after {:.1}s", grace_ms as f64 / 1000.0);
     let held =
@@ -57,6 +51,18 @@ fn stop_line(reason: StopReason, signal: i32, grace_ms: u64, n: usize, killed: u
         (0, _) => format!("stopping {n} rank(s) {why}: {graceful}"),
         (_, 0) => format!("stopping {n} rank(s) {why}: {held}"),
         (k, rest) => format!("stopping {n} rank(s) {why}: {k} {held}, {rest} {graceful}"),
+    }
+}
+
+/// Why ranks are stopped "on a signal": the trigger that asked for the stop, when one did (the
+/// allocation's end is no signal).
+fn stop_cause(trigger: Option<&str>) -> String {
+    match trigger {
+        Some("time-limit") => "for the allocation's time limit".into(),
+        Some("end-time") => "for the allocation's end (--end-time)".into(),
+        Some(t) if t.starts_with("SIG") => format!("on {t} to the agent"),
+        Some(t) => format!("for {t}"),
+        None => "on a signal to the agent".into(),
     }
 }
 
@@ -118,7 +124,12 @@ impl Agent {
                 killed,
                 ..
             } if !pids.is_empty() => console_note(&stop_line(
-                *reason,
+                &match reason {
+                    StopReason::RankFailed => "after a rank failed".to_string(),
+                    StopReason::Signal => stop_cause(self.stop_trigger.as_deref()),
+                    StopReason::SpawnFailed => "after a rank could not start".to_string(),
+                    StopReason::Peer => "as the job's other nodes do".to_string(),
+                },
                 *signal,
                 *grace_ms,
                 pids.len(),
