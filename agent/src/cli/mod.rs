@@ -141,20 +141,21 @@ impl HealthArgs {
 pub struct RunArgs {
     /// Number of nodes, `N` or `MIN:MAX`: MAX agents, MIN of them run ranks and the rest are
     /// standbys that take a lost node's place (hot spares). Default: from Slurm or NGC, else 1.
-    #[arg(long, env = "PET_NNODES")]
+    #[arg(help_heading = "torchrun's options", long, env = "PET_NNODES")]
     pub nnodes: Option<String>,
 
     /// Hot spares without Slurm's topology: node ids in blocks of this many (an NVLink domain, a
     /// switch) are close; a standby from the lost node's block is chosen first (NVRx's `segment`).
-    #[arg(long, value_parser = count)]
+    #[arg(help_heading = "Nodes and hot spares (vigil)", long, value_parser = count)]
     pub segment: Option<u32>,
 
     /// Of the job's nodes (Slurm's), this many wait as standbys (hot spares), as `--nnodes MIN:MAX`.
-    #[arg(long = "spare-nodes", alias = "spare_nodes", default_value_t = 0, value_parser = count)]
+    #[arg(help_heading = "Nodes and hot spares (vigil)", long = "spare-nodes", alias = "spare_nodes", default_value_t = 0, value_parser = count)]
     pub spare_nodes: u32,
 
     /// Ranks on this node: an integer, `cpu`, `gpu` or `auto`.
     #[arg(
+        help_heading = "torchrun's options",
         long = "nproc-per-node",
         alias = "nproc_per_node",
         env = "PET_NPROC_PER_NODE",
@@ -163,20 +164,28 @@ pub struct RunArgs {
     pub nproc_per_node: String,
 
     /// This node's rank among the nodes. Default: from Slurm or NGC, else 0.
-    #[arg(long = "node-rank", alias = "node_rank", env = "PET_NODE_RANK", value_parser = count)]
+    #[arg(help_heading = "torchrun's options", long = "node-rank", alias = "node_rank", env = "PET_NODE_RANK", value_parser = count)]
     pub node_rank: Option<u32>,
 
-    /// Address of node rank 0, where vigil's store runs. Default: from Slurm or NGC, else 127.0.0.1.
-    #[arg(long = "master-addr", alias = "master_addr", env = "PET_MASTER_ADDR")]
+    /// Address of node rank 0, where vigil's store runs (the ranks' MASTER_ADDR, as written).
+    /// Default: from Slurm or NGC, else torchrun's: `localhost` on one node, `127.0.0.1` with
+    /// --master-port.
+    #[arg(
+        help_heading = "torchrun's options",
+        long = "master-addr",
+        alias = "master_addr",
+        env = "PET_MASTER_ADDR"
+    )]
     pub master_addr: Option<String>,
 
     /// Port of vigil's store on node rank 0. Default: a free port on one node; 29500 on several
     /// (under Slurm, a port derived from the job id).
-    #[arg(long = "master-port", alias = "master_port", env = "PET_MASTER_PORT", value_parser = port)]
+    #[arg(help_heading = "torchrun's options", long = "master-port", alias = "master_port", env = "PET_MASTER_PORT", value_parser = port)]
     pub master_port: Option<u16>,
 
     /// Rendezvous backend: `static` or `c10d`.
     #[arg(
+        help_heading = "torchrun's options",
         long = "rdzv-backend",
         alias = "rdzv_backend",
         env = "PET_RDZV_BACKEND",
@@ -186,37 +195,44 @@ pub struct RunArgs {
 
     /// Rendezvous endpoint `host[:port]`.
     #[arg(
+        help_heading = "torchrun's options",
         long = "rdzv-endpoint",
         alias = "rdzv_endpoint",
         env = "PET_RDZV_ENDPOINT",
-        default_value = ""
+        default_value = "",
+        hide_default_value = true
     )]
     pub rdzv_endpoint: String,
 
-    /// Job id shared by every node (`TORCHELASTIC_RUN_ID`).
+    /// Job id shared by every node (`TORCHELASTIC_RUN_ID`). Default: the Slurm or NGC job id,
+    /// else `none` (torchrun's).
     #[arg(
+        help_heading = "torchrun's options",
         long = "rdzv-id",
         alias = "rdzv_id",
         env = "PET_RDZV_ID",
-        default_value = "none"
+        default_value = "none",
+        hide_default_value = true
     )]
     pub rdzv_id: String,
 
     /// Extra rendezvous settings `key=value,...`.
     #[arg(
+        help_heading = "torchrun's options",
         long = "rdzv-conf",
         alias = "rdzv_conf",
         env = "PET_RDZV_CONF",
-        default_value = ""
+        default_value = "",
+        hide_default_value = true
     )]
     pub rdzv_conf: String,
 
     /// Single-node job with a local rendezvous on a free port.
-    #[arg(long, env = "PET_STANDALONE", value_parser = pet_switch)]
+    #[arg(help_heading = "torchrun's options", long, env = "PET_STANDALONE", value_parser = pet_switch)]
     pub standalone: bool,
 
     /// In-job restarts of the whole group before giving up.
-    #[arg(
+    #[arg(help_heading = "torchrun's options", 
         long = "max-restarts",
         alias = "max_restarts",
         env = "PET_MAX_RESTARTS",
@@ -226,7 +242,7 @@ pub struct RunArgs {
     pub max_restarts: u32,
 
     /// Accepted for torchrun compatibility; vigil is event-driven and does not poll.
-    #[arg(
+    #[arg(help_heading = "Accepted for torchrun compatibility (no effect)", 
         long = "monitor-interval",
         alias = "monitor_interval",
         env = "PET_MONITOR_INTERVAL",
@@ -236,7 +252,7 @@ pub struct RunArgs {
     pub monitor_interval: f64,
 
     /// Accepted for torchrun compatibility (`spawn`, `fork`, `forkserver`); ranks are always new processes.
-    #[arg(
+    #[arg(help_heading = "Accepted for torchrun compatibility (no effect)", 
         long = "start-method",
         alias = "start_method",
         env = "PET_START_METHOD",
@@ -246,15 +262,20 @@ pub struct RunArgs {
     pub start_method: String,
 
     /// Role name (`ROLE_NAME`, console prefix).
-    #[arg(long, env = "PET_ROLE", default_value = "default")]
+    #[arg(
+        help_heading = "torchrun's options",
+        long,
+        env = "PET_ROLE",
+        default_value = "default"
+    )]
     pub role: String,
 
     /// Run the script as a Python module (`python -m`).
-    #[arg(short = 'm', long, env = "PET_MODULE", value_parser = pet_switch)]
+    #[arg(help_heading = "torchrun's options", short = 'm', long, env = "PET_MODULE", value_parser = pet_switch)]
     pub module: bool,
 
     /// Run the script as a command without the Python interpreter.
-    #[arg(
+    #[arg(help_heading = "torchrun's options", 
         long = "no-python",
         alias = "no_python",
         env = "PET_NO_PYTHON",
@@ -263,7 +284,7 @@ pub struct RunArgs {
     pub no_python: bool,
 
     /// Run the script with `runpy.run_path` (it must be a path to a Python file).
-    #[arg(
+    #[arg(help_heading = "torchrun's options", 
         long = "run-path",
         alias = "run_path",
         env = "PET_RUN_PATH",
@@ -271,45 +292,76 @@ pub struct RunArgs {
     )]
     pub run_path: bool,
 
-    /// Directory for per-rank logs, error files and the event log of every attempt.
-    #[arg(long = "log-dir", alias = "log_dir", env = "PET_LOG_DIR")]
+    /// Directory for per-rank logs, error files and the event log of every attempt. Default:
+    /// $TMPDIR (or /tmp).
+    #[arg(
+        help_heading = "torchrun's options",
+        long = "log-dir",
+        alias = "log_dir",
+        env = "PET_LOG_DIR"
+    )]
     pub log_dir: Option<PathBuf>,
 
     /// Keep streams out of the console (files only): 0 none, 1 stdout, 2 stderr, 3 both, or `lr:v,...`.
-    #[arg(short = 'r', long, env = "PET_REDIRECTS", default_value = "0")]
+    #[arg(
+        help_heading = "torchrun's options",
+        short = 'r',
+        long,
+        env = "PET_REDIRECTS",
+        default_value = "0"
+    )]
     pub redirects: String,
 
     /// Streams to show on the console and keep in files (vigil always keeps files): as --redirects.
-    #[arg(short = 't', long, env = "PET_TEE", default_value = "0")]
+    #[arg(
+        help_heading = "torchrun's options",
+        short = 't',
+        long,
+        env = "PET_TEE",
+        default_value = "0"
+    )]
     pub tee: String,
 
     /// Only these local ranks print to the console, e.g. `0` or `0,3` (files keep everything).
     #[arg(
+        help_heading = "torchrun's options",
         long = "local-ranks-filter",
         alias = "local_ranks_filter",
         env = "PET_LOCAL_RANKS_FILTER",
-        default_value = ""
+        default_value = "",
+        hide_default_value = true
     )]
     pub local_ranks_filter: String,
 
     /// Address of this node for rendezvous.
-    #[arg(long = "local-addr", alias = "local_addr", env = "PET_LOCAL_ADDR")]
+    #[arg(
+        help_heading = "Accepted for torchrun compatibility (no effect)",
+        long = "local-addr",
+        alias = "local_addr",
+        env = "PET_LOCAL_ADDR"
+    )]
     pub local_addr: Option<String>,
 
     /// Accepted for torchrun compatibility; vigil's log layout is fixed (docs/usage.md).
-    #[arg(long = "logs-specs", alias = "logs_specs", env = "PET_LOGS_SPECS")]
+    #[arg(
+        help_heading = "Accepted for torchrun compatibility (no effect)",
+        long = "logs-specs",
+        alias = "logs_specs",
+        env = "PET_LOGS_SPECS"
+    )]
     pub logs_specs: Option<String>,
 
-    /// Seconds the nodes wait for each other at each rendezvous (also `--rdzv-conf join_timeout=S`).
-    #[arg(long = "join-timeout", alias = "join_timeout", value_parser = seconds)]
+    /// Seconds the nodes wait for each other at each rendezvous (also `--rdzv-conf
+    /// join_timeout=S`). Default: 600.
+    #[arg(help_heading = "Nodes and hot spares (vigil)", long = "join-timeout", alias = "join_timeout", value_parser = seconds)]
     pub join_timeout: Option<f64>,
 
     /// Seconds after which a node that went silent (machine lost, network cut) counts as lost.
-    #[arg(long = "node-timeout", alias = "node_timeout", default_value_t = 30.0, value_parser = seconds)]
+    #[arg(help_heading = "Nodes and hot spares (vigil)", long = "node-timeout", alias = "node_timeout", default_value_t = 30.0, value_parser = seconds)]
     pub node_timeout: f64,
 
     /// Seconds between SIGTERM and SIGKILL when stopping ranks after a failure.
-    #[arg(
+    #[arg(help_heading = "Supervision and restarts (vigil)", 
         long = "workers-stop-timeout",
         alias = "workers_stop_timeout",
         default_value_t = 15.0,
@@ -318,11 +370,11 @@ pub struct RunArgs {
     pub workers_stop_timeout: f64,
 
     /// Seconds a forwarded signal gives ranks before SIGKILL (default: --shutdown-timeout, else 30).
-    #[arg(long = "term-timeout", alias = "term_timeout", value_parser = seconds)]
+    #[arg(help_heading = "Supervision and restarts (vigil)", long = "term-timeout", alias = "term_timeout", value_parser = seconds)]
     pub term_timeout: Option<f64>,
 
     /// torchrun's name for --term-timeout; also read from TORCH_ELASTIC_SHUTDOWN_TIMEOUT.
-    #[arg(
+    #[arg(help_heading = "torchrun's options", 
         long = "shutdown-timeout",
         alias = "shutdown_timeout",
         env = "PET_SHUTDOWN_TIMEOUT",
@@ -332,6 +384,7 @@ pub struct RunArgs {
 
     /// Signals the agent catches and forwards to the ranks before stopping them (comma-separated).
     #[arg(
+        help_heading = "torchrun's options",
         long = "signals-to-handle",
         alias = "signals_to_handle",
         env = "PET_SIGNALS_TO_HANDLE",
@@ -342,34 +395,40 @@ pub struct RunArgs {
     /// Console prefix of each rank's lines; `${role_name}`, `${rank}`, `${local_rank}`,
     /// `${hostname}` are replaced. Default: `[${role_name}${local_rank}]:`.
     #[arg(
+        help_heading = "torchrun's options",
         long = "log-line-prefix-template",
         alias = "log_line_prefix_template",
         env = "PET_LOG_LINE_PREFIX_TEMPLATE",
-        default_value = ""
+        default_value = "",
+        hide_default_value = true
     )]
     pub log_line_prefix_template: String,
 
     /// Copy stdout lines containing any of these comma-separated strings (`,,` is a comma) to
     /// attempt_<n>/filtered_stdout.log in the run directory.
     #[arg(
+        help_heading = "torchrun's options",
         long = "duplicate-stdout-filters",
         alias = "duplicate_stdout_filters",
         env = "PET_DUPLICATE_STDOUT_FILTERS",
-        default_value = ""
+        default_value = "",
+        hide_default_value = true
     )]
     pub duplicate_stdout_filters: String,
 
     /// As --duplicate-stdout-filters, for stderr (attempt_<n>/filtered_stderr.log).
     #[arg(
+        help_heading = "torchrun's options",
         long = "duplicate-stderr-filters",
         alias = "duplicate_stderr_filters",
         env = "PET_DUPLICATE_STDERR_FILTERS",
-        default_value = ""
+        default_value = "",
+        hide_default_value = true
     )]
     pub duplicate_stderr_filters: String,
 
     /// Every rank gets LOCAL_RANK=0 and sees only its own GPU (CUDA_VISIBLE_DEVICES), as device 0.
-    #[arg(
+    #[arg(help_heading = "torchrun's options", 
         long = "virtual-local-rank",
         alias = "virtual_local_rank",
         env = "PET_VIRTUAL_LOCAL_RANK",
@@ -378,7 +437,7 @@ pub struct RunArgs {
     pub virtual_local_rank: bool,
 
     /// Accepted for torchrun compatibility; vigil always writes its own event log (--event-log).
-    #[arg(
+    #[arg(help_heading = "Accepted for torchrun compatibility (no effect)", 
         long = "event-log-handler",
         alias = "event_log_handler",
         env = "PET_EVENT_LOG_HANDLER",
@@ -389,7 +448,7 @@ pub struct RunArgs {
 
     /// Bind each rank to the CPUs (and memory) of its GPU's NUMA node: `node`, `socket`,
     /// `exclusive` or `core-complex` (docs/health.md).
-    #[arg(
+    #[arg(help_heading = "torchrun's options", 
         long = "numa-binding",
         alias = "numa_binding",
         value_parser = ["node", "socket", "exclusive", "core-complex"]
@@ -398,24 +457,29 @@ pub struct RunArgs {
 
     /// With --numa-binding, memory comes only from the GPU's NUMA node (true) or preferably from
     /// it (false); ft_launcher's numa_bind_strict.
-    #[arg(long = "numa-bind-strict", alias = "numa_bind_strict", hide = true, num_args = 0..=1,
+    #[arg(help_heading = "Node health and GPUs (vigil)", long = "numa-bind-strict", alias = "numa_bind_strict", hide = true, num_args = 0..=1,
           require_equals = true, default_missing_value = "true", default_value = "true",
           value_parser = pet_switch)]
     pub numa_bind_strict: bool,
 
     /// The NVML library to load (default: $VIGIL_NVML_LIB, else the driver's libnvidia-ml.so.1).
-    #[arg(long = "nvml-lib", alias = "nvml_lib")]
+    #[arg(
+        help_heading = "Node health and GPUs (vigil)",
+        long = "nvml-lib",
+        alias = "nvml_lib"
+    )]
     pub nvml_lib: Option<PathBuf>,
 
     /// Check the node (`vigil health`: GPUs, InfiniBand, --health-storage-path) before each
     /// rendezvous; a failing node ends the allocation asking to requeue without it.
-    #[arg(long = "health-check", alias = "health_check", num_args = 0..=1, require_equals = true,
+    #[arg(help_heading = "Node health and GPUs (vigil)", long = "health-check", alias = "health_check", num_args = 0..=1, require_equals = true,
           overrides_with = "health_check",
-          default_missing_value = "true", default_value = "false", value_parser = pet_switch)]
+          default_missing_value = "true", default_value = "false", hide_default_value = true, value_parser = pet_switch)]
     pub health_check: bool,
 
     /// Directories --health-check also requires writable with 1 GiB free (comma-separated).
     #[arg(
+        help_heading = "Node health and GPUs (vigil)",
         long = "health-storage-path",
         alias = "health_storage_path",
         value_delimiter = ','
@@ -424,23 +488,23 @@ pub struct RunArgs {
 
     /// Seconds to wait between attempts until this node's ranks' GPUs have released their
     /// memory (0: no wait).
-    #[arg(long = "gpu-memory-reclaim-timeout", alias = "gpu_memory_reclaim_timeout",
+    #[arg(help_heading = "Node health and GPUs (vigil)", long = "gpu-memory-reclaim-timeout", alias = "gpu_memory_reclaim_timeout",
           default_value_t = 50.0, value_parser = seconds)]
     pub gpu_memory_reclaim_timeout: f64,
 
     /// MiB a GPU may still have in use and count as released.
-    #[arg(long = "gpu-memory-tolerance-mb", alias = "gpu_memory_tolerance_mb",
+    #[arg(help_heading = "Node health and GPUs (vigil)", long = "gpu-memory-tolerance-mb", alias = "gpu_memory_tolerance_mb",
           default_value_t = 512.0, value_parser = crate::perf::health::parse_mib)]
     pub gpu_memory_tolerance_mb: f64,
 
     /// Seconds between two looks at the GPUs' memory while waiting.
-    #[arg(long = "gpu-memory-poll-interval", alias = "gpu_memory_poll_interval",
+    #[arg(help_heading = "Node health and GPUs (vigil)", long = "gpu-memory-poll-interval", alias = "gpu_memory_poll_interval",
           default_value_t = 2.0, value_parser = seconds)]
     pub gpu_memory_poll_interval: f64,
 
     /// Seconds before the second restart in a row; each further one waits twice as long (up to
     /// --restart-backoff-max). The first restart is immediate; 0 turns back-off off.
-    #[arg(
+    #[arg(help_heading = "Supervision and restarts (vigil)", 
         long = "restart-backoff",
         alias = "restart_backoff",
         default_value_t = 1.0,
@@ -449,7 +513,7 @@ pub struct RunArgs {
     pub restart_backoff: f64,
 
     /// The longest wait before a restart, in seconds.
-    #[arg(
+    #[arg(help_heading = "Supervision and restarts (vigil)", 
         long = "restart-backoff-max",
         alias = "restart_backoff_max",
         default_value_t = 30.0,
@@ -458,7 +522,7 @@ pub struct RunArgs {
     pub restart_backoff_max: f64,
 
     /// An attempt that ran this many seconds before failing makes the next restart immediate again.
-    #[arg(
+    #[arg(help_heading = "Supervision and restarts (vigil)", 
         long = "restart-backoff-reset",
         alias = "restart_backoff_reset",
         default_value_t = 300.0,
@@ -467,7 +531,7 @@ pub struct RunArgs {
     pub restart_backoff_reset: f64,
 
     /// Seconds from a rank's start to its first heartbeat (catches ranks that never connect).
-    #[arg(
+    #[arg(help_heading = "Hang detection (vigil; off until a timeout is given)", 
         long = "initial-heartbeat-timeout",
         alias = "initial_heartbeat_timeout",
         value_parser = seconds
@@ -475,15 +539,19 @@ pub struct RunArgs {
     pub initial_heartbeat_timeout: Option<f64>,
 
     /// Seconds allowed between two heartbeats of a rank.
-    #[arg(long = "heartbeat-timeout", alias = "heartbeat_timeout", value_parser = seconds)]
+    #[arg(help_heading = "Hang detection (vigil; off until a timeout is given)", long = "heartbeat-timeout", alias = "heartbeat_timeout", value_parser = seconds)]
     pub heartbeat_timeout: Option<f64>,
 
     /// Per-section timeouts `step=60,checkpointing=600`; `warmup=S` applies to every section during the first --warmup-steps heartbeats.
-    #[arg(long = "section-timeouts", alias = "section_timeouts")]
+    #[arg(
+        help_heading = "Hang detection (vigil; off until a timeout is given)",
+        long = "section-timeouts",
+        alias = "section_timeouts"
+    )]
     pub section_timeouts: Option<String>,
 
     /// Seconds a rank may spend outside every section (after it connected).
-    #[arg(
+    #[arg(help_heading = "Hang detection (vigil; off until a timeout is given)", 
         long = "out-of-section-timeout",
         alias = "out_of_section_timeout",
         value_parser = seconds
@@ -491,15 +559,16 @@ pub struct RunArgs {
     pub out_of_section_timeout: Option<f64>,
 
     /// Heartbeats during which the `warmup` section timeout applies.
-    #[arg(long = "warmup-steps", alias = "warmup_steps", default_value_t = 5, value_parser = count)]
+    #[arg(help_heading = "Hang detection (vigil; off until a timeout is given)", long = "warmup-steps", alias = "warmup_steps", default_value_t = 5, value_parser = count)]
     pub warmup_steps: u32,
 
     /// Calculated timeouts are this many times the longest observed.
-    #[arg(long = "safety-factor", alias = "safety_factor", default_value_t = 5.0, value_parser = factor)]
+    #[arg(help_heading = "Hang detection (vigil; off until a timeout is given)", long = "safety-factor", alias = "safety_factor", default_value_t = 5.0, value_parser = factor)]
     pub safety_factor: f64,
 
     /// Signal a hung rank gets once its stacks are captured (SIGKILL follows after --workers-stop-timeout).
     #[arg(
+        help_heading = "Hang detection (vigil; off until a timeout is given)",
         long = "rank-termination-signal",
         alias = "rank_termination_signal",
         default_value = "SIGTERM"
@@ -507,7 +576,7 @@ pub struct RunArgs {
     pub rank_termination_signal: String,
 
     /// Seconds to wait for a hung rank's Python stack dump before terminating it.
-    #[arg(
+    #[arg(help_heading = "Hang detection (vigil; off until a timeout is given)", 
         long = "stack-dump-timeout",
         alias = "stack_dump_timeout",
         default_value_t = 2.0,
@@ -515,77 +584,103 @@ pub struct RunArgs {
     )]
     pub stack_dump_timeout: f64,
 
-    /// State file for calculated timeouts (default: vigil_timeouts_<run id>.json in the log dir).
-    #[arg(long = "timeouts-file", alias = "timeouts_file")]
+    /// File for calculated timeouts, loaded at start and saved when they change (default:
+    /// timeouts.json in the job's state directory, or in the run directory for a run without a
+    /// job id, which loads none).
+    #[arg(
+        help_heading = "Hang detection (vigil; off until a timeout is given)",
+        long = "timeouts-file",
+        alias = "timeouts_file"
+    )]
     pub timeouts_file: Option<PathBuf>,
 
     /// Print vigil's shell completion script for `bash` or `zsh` and exit (torchrun's, from shtab).
-    #[arg(
+    #[arg(help_heading = "torchrun's options", 
         long = "print-completion",
         alias = "print_completion",
         value_name = "SHELL",
-        value_parser = ["bash", "zsh", "tcsh"]
+        value_parser = ["bash", "zsh"]
     )]
     pub print_completion: Option<String>,
 
     /// Across allocations (docs/allocations.md): seconds before the allocation's end at which
     /// the ranks are asked to checkpoint at one step and exit, at least; vigil raises it to what
     /// it measured a checkpoint and the steps to the stop step take (times --safety-factor).
-    #[arg(long = "stop-lead", alias = "stop_lead", default_value_t = 60.0, value_parser = seconds)]
+    #[arg(help_heading = "Across allocations: stop at one step, requeue (vigil)", long = "stop-lead", alias = "stop_lead", default_value_t = 60.0, value_parser = seconds)]
     pub stop_lead: f64,
 
     /// When the allocation ends: unix seconds or RFC 3339 (2026-11-23T18:00:00Z). Default under
     /// Slurm: the job's end time, re-read as it changes.
-    #[arg(long = "end-time", alias = "end_time", value_name = "TIME")]
+    #[arg(
+        help_heading = "Across allocations: stop at one step, requeue (vigil)",
+        long = "end-time",
+        alias = "end_time",
+        value_name = "TIME"
+    )]
     pub end_time: Option<String>,
 
     /// How long the allocation lasts from the agent's start, as BCP's --total-runtime: Slurm's
     /// forms (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS) or 90s, 45m, 2h, 1d.
-    #[arg(long = "time-limit", alias = "time_limit", value_name = "DURATION")]
+    #[arg(
+        help_heading = "Across allocations: stop at one step, requeue (vigil)",
+        long = "time-limit",
+        alias = "time_limit",
+        value_name = "DURATION"
+    )]
     pub time_limit: Option<String>,
 
     /// Consecutive failed allocations after which the job is not requeued any more.
-    #[arg(long = "max-requeues", alias = "max_requeues", default_value_t = 2, value_parser = count)]
+    #[arg(help_heading = "Across allocations: stop at one step, requeue (vigil)", long = "max-requeues", alias = "max_requeues", default_value_t = 2, value_parser = count)]
     pub max_requeues: u32,
 
     /// Allocations in a row without progress (highest step grown by --min-progress-steps) after
     /// which the job is not requeued any more (ft_launcher's max_no_progress_cycles).
-    #[arg(long = "max-no-progress", alias = "max_no_progress", default_value_t = 3, value_parser = count)]
+    #[arg(help_heading = "Across allocations: stop at one step, requeue (vigil)", long = "max-no-progress", alias = "max_no_progress", default_value_t = 3, value_parser = count)]
     pub max_no_progress: u32,
 
     /// Steps the highest step must grow by to count as progress (ft_launcher's
     /// min_progress_iterations).
-    #[arg(long = "min-progress-steps", alias = "min_progress_steps", default_value_t = 1, value_parser = count)]
+    #[arg(help_heading = "Across allocations: stop at one step, requeue (vigil)", long = "min-progress-steps", alias = "min_progress_steps", default_value_t = 1, value_parser = count)]
     pub min_progress_steps: u32,
 
     /// The exit status for "do not requeue" (ft_launcher's no_restart_exit_code); default: the
     /// failure's own status.
-    #[arg(long = "no-restart-exit-code", alias = "no_restart_exit_code", hide = true, value_parser = clap::value_parser!(i32).range(1..=255))]
+    #[arg(help_heading = "Across allocations: stop at one step, requeue (vigil)", long = "no-restart-exit-code", alias = "no_restart_exit_code", value_parser = clap::value_parser!(i32).range(1..=255))]
     pub no_restart_exit_code: Option<i32>,
 
     /// Where the job's ledger and calculated values live across allocations (default: the job's
     /// state directory: under Slurm <log-dir or the job's working dir>/vigil-job-<cluster>-<id>/,
     /// else <log-dir or $TMPDIR>/vigil-job-<id>/).
-    #[arg(long = "state-dir", alias = "state_dir", value_name = "DIR")]
+    #[arg(
+        help_heading = "Across allocations: stop at one step, requeue (vigil)",
+        long = "state-dir",
+        alias = "state_dir",
+        value_name = "DIR"
+    )]
     pub state_dir: Option<PathBuf>,
 
     /// Stragglers (docs/stragglers.md): seconds between the job-wide straggler reports node rank
     /// 0 prints and logs (NVRx's report_time_interval).
-    #[arg(long = "straggler-report-interval", alias = "straggler_report_interval", default_value_t = 300.0, value_parser = seconds)]
+    #[arg(help_heading = "Stragglers (vigil)", long = "straggler-report-interval", alias = "straggler_report_interval", default_value_t = 300.0, value_parser = seconds)]
     pub straggler_report_interval: f64,
 
     /// A rank whose relative or individual score is below this is a straggler (NVRx's
     /// gpu_relative_perf_threshold / gpu_individual_perf_threshold).
-    #[arg(long = "straggler-threshold", alias = "straggler_threshold", default_value_t = 0.7, value_parser = fraction)]
+    #[arg(help_heading = "Stragglers (vigil)", long = "straggler-threshold", alias = "straggler_threshold", default_value_t = 0.7, value_parser = fraction)]
     pub straggler_threshold: f64,
 
     /// When a report finds a straggler, stop the job at an agreed step (the ranks checkpoint) and
     /// requeue it without the straggler's node (NVRx's stop_if_detected).
-    #[arg(long = "stop-if-straggler", alias = "stop_if_straggler")]
+    #[arg(
+        help_heading = "Stragglers (vigil)",
+        long = "stop-if-straggler",
+        alias = "stop_if_straggler"
+    )]
     pub stop_if_straggler: bool,
 
     /// For ranks that send no step timings: the section whose durations are their step times.
     #[arg(
+        help_heading = "Stragglers (vigil)",
         long = "straggler-section",
         alias = "straggler_section",
         default_value = "step",
@@ -594,7 +689,11 @@ pub struct RunArgs {
     pub straggler_section: String,
 
     /// JSON-lines event log (default: events.jsonl in the run directory).
-    #[arg(long = "event-log", alias = "event_log")]
+    #[arg(
+        help_heading = "Output (vigil)",
+        long = "event-log",
+        alias = "event_log"
+    )]
     pub event_log: Option<PathBuf>,
 
     /// The training script (or module with -m, or command with --no-python).
