@@ -85,7 +85,7 @@ if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
     assert st["proc_stacks"] and Path(st["proc_stacks"]).is_file()
     assert f"process {hang['pid']}:" in Path(st["proc_stacks"]).read_text()
     stop = one(ev, "stop", cycle=0)
-    assert stop["reason"] == "rank_failed" and hang["pid"] in stop["pids"]
+    assert stop["reason"] == "rank_hung" and hang["pid"] in stop["pids"]
     exited = one(ev, "rank_exited", cycle=0)
     assert exited.get("signal") == signal.SIGTERM
     restart = one(ev, "restart")

@@ -102,19 +102,23 @@ impl Agent {
                 _ => {}
             },
             Record::RankExited {
+                cycle,
+                local_rank,
                 rank,
                 pid,
                 exit_code,
                 signal,
                 expected: false,
-                ..
             } => console_note(&format!(
-                "rank {rank} (pid {pid}) failed: {}",
+                "rank {rank} (pid {pid}) failed: {}; its output: {}",
                 match (exit_code, signal) {
                     (Some(c), _) => format!("exit code {c}"),
                     (_, Some(s)) => format!("killed by {}", crate::values::signal_name(*s)),
                     _ => "unknown".into(),
-                }
+                },
+                self.attempt_dir(*cycle, *local_rank)
+                    .join("stderr.log")
+                    .display()
             )),
             Record::Stop {
                 reason,
@@ -126,6 +130,7 @@ impl Agent {
             } if !pids.is_empty() => console_note(&stop_line(
                 &match reason {
                     StopReason::RankFailed => "after a rank failed".to_string(),
+                    StopReason::RankHung => "after a rank hung".to_string(),
                     StopReason::Signal => stop_cause(self.stop_trigger.as_deref()),
                     StopReason::SpawnFailed => "after a rank could not start".to_string(),
                     StopReason::Peer => "as the job's other nodes do".to_string(),
@@ -144,8 +149,14 @@ impl Agent {
                 pids.len()
             )),
             Record::RankSpawnFailed { error, .. } => console_note(error),
-            Record::Hang { rank, pid, hang, .. } => console_note(&format!(
-                "rank {rank} (pid {pid}) is hung: {} of {:.1}s passed (silent for {:.1}s){}; capturing its stacks",
+            Record::Hang {
+                cycle,
+                local_rank,
+                rank,
+                pid,
+                hang,
+            } => console_note(&format!(
+                "rank {rank} (pid {pid}) is hung: {} of {:.1}s passed (silent for {:.1}s){}; capturing its stacks into {}",
                 hang.timeout,
                 hang.limit_ms as f64 / 1000.0,
                 hang.silent_ms as f64 / 1000.0,
@@ -153,7 +164,10 @@ impl Agent {
                     ", its process is stopped (SIGSTOP?)"
                 } else {
                     ""
-                }
+                },
+                self.attempt_dir(*cycle, *local_rank)
+                    .join("stacks.txt")
+                    .display()
             )),
             Record::Restart {
                 to_cycle,
@@ -245,6 +259,11 @@ impl Agent {
                     hang: f.hang.clone(),
                     stacks,
                     pid: f.pid,
+                    logs: Some(
+                        self.attempt_dir(f.cycle, f.local_rank)
+                            .to_string_lossy()
+                            .into_owned(),
+                    ),
                     error_file: error
                         .as_ref()
                         .map(|_| error_path.to_string_lossy().into_owned()),

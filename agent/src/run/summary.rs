@@ -20,6 +20,8 @@ pub struct FailedRank {
     pub hang: Option<Hang>,
     pub stacks: Option<StackReport>,
     pub pid: i32,
+    /// The rank's directory of this attempt: stdout.log, stderr.log, stacks.txt, error.json.
+    pub logs: Option<String>,
     pub error_file: Option<String>,
     /// From the error file: the exception message and Python traceback.
     pub error: Option<ErrorRecord>,
@@ -77,6 +79,9 @@ fn rank_block(out: &mut String, idx: usize, f: &FailedRank) {
         describe_exit(f.how),
         f.pid
     );
+    if let Some(logs) = &f.logs {
+        let _ = writeln!(out, "  logs      : {logs}/ (stdout.log, stderr.log)");
+    }
     let _ = writeln!(
         out,
         "  error_file: {}",
@@ -197,6 +202,7 @@ mod tests {
             hang: None,
             stacks: None,
             pid: 100 + rank as i32,
+            logs: None,
             error_file: None,
             error: None,
             stderr_tail: tail.iter().map(|s| s.to_string()).collect(),
@@ -236,6 +242,7 @@ mod tests {
             hang: Some(hang(stopped)),
             stacks: None,
             pid: 100,
+            logs: None,
             error_file: None,
             error: None,
             stderr_tail: Vec::new(),

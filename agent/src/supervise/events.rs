@@ -188,6 +188,8 @@ pub enum JobEnd {
 pub enum StopReason {
     /// A rank failed; restart if the budget allows.
     RankFailed,
+    /// A rank was found hung (and is being killed after its stacks); as a failure.
+    RankHung,
     /// The agent was signalled; forward it and end.
     Signal,
     /// A rank could not be started; the command is broken, so never restart.

@@ -164,7 +164,7 @@ impl Supervisor {
             at: now,
         });
         let term = self.cfg.termination_signal;
-        self.begin_stop_except(now, StopReason::RankFailed, SIGTERM, Some((pid, term)), out);
+        self.begin_stop_except(now, StopReason::RankHung, SIGTERM, Some((pid, term)), out);
         let reason = format!(
             "rank {} hung: {} of {:.1}s passed",
             self.cfg.rank_offset + local_rank,

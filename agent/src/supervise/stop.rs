@@ -100,9 +100,10 @@ impl Supervisor {
             StopReason::Peer if matches!(self.end, Some(JobEnd::Stopped { .. })) => {
                 self.cfg.term_timeout
             }
-            StopReason::RankFailed | StopReason::SpawnFailed | StopReason::Peer => {
-                self.cfg.workers_stop_timeout
-            }
+            StopReason::RankFailed
+            | StopReason::RankHung
+            | StopReason::SpawnFailed
+            | StopReason::Peer => self.cfg.workers_stop_timeout,
         };
         let kill_at = now + grace;
         match &mut self.phase {
@@ -181,7 +182,7 @@ impl Supervisor {
     pub(super) fn stop_is_immediate(&self, reason: StopReason) -> bool {
         self.stop.is_none()
             && match reason {
-                StopReason::RankFailed | StopReason::SpawnFailed => true,
+                StopReason::RankFailed | StopReason::RankHung | StopReason::SpawnFailed => true,
                 StopReason::Peer => !matches!(self.end, Some(JobEnd::Stopped { .. })),
                 StopReason::Signal => false,
             }
