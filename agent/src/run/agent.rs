@@ -275,7 +275,14 @@ impl Agent {
         let rank = self.rank_offset + local_rank;
         let mut msg = format!("rank {rank} stacks captured");
         match &report.python {
-            Some(p) => msg.push_str(&format!(" (Python: {})", p.display())),
+            Some(p) if report.missing.is_empty() => {
+                msg.push_str(&format!(" (Python: {})", p.display()))
+            }
+            Some(p) => msg.push_str(&format!(
+                " (Python: {}, perhaps cut short: {})",
+                p.display(),
+                report.missing
+            )),
             None => msg.push_str(&format!(" (no Python stacks: {})", report.missing)),
         }
         if let Some(p) = &report.proc {

@@ -189,7 +189,9 @@ pub async fn capture(pid: i32, dir: &Path, via_shim: bool, wait: Duration) -> St
             .as_deref()
             .map(|d| innermost_frames(d, main, 3, 4))
             .unwrap_or_default(),
-        missing: if dump.is_some() {
+        // A full disk may still take part of a dump (the rest of a page the shim's first line
+        // started): say that it cannot be written either way.
+        missing: if dump.is_some() && write_error.is_none() {
             String::new()
         } else {
             why_missing(via_shim, write_error.as_deref(), wait)
