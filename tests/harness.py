@@ -13,6 +13,17 @@ REPO = Path(__file__).resolve().parent.parent
 SHIM = REPO / "python-shim"
 
 
+def require_torch():
+    """Skips the calling module without torch, unless VIGIL_REQUIRE_TORCH=1 (CI), which makes a
+    missing torch an error."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:  # pragma: no cover - depends on the machine
+        if os.environ.get("VIGIL_REQUIRE_TORCH") == "1":
+            raise RuntimeError("VIGIL_REQUIRE_TORCH=1 but torch is not importable: pip install torch")
+        pytest.skip("torch is not installed (set VIGIL_REQUIRE_TORCH=1 to make this an error)", allow_module_level=True)
+
+
 def vigil_bin() -> str:
     path = os.environ.get("VIGIL_BIN") or str(REPO / "target" / "debug" / "vigil")
     if not os.access(path, os.X_OK):

@@ -1,20 +1,7 @@
 """Real torch.distributed under vigil: the environment is what torch expects."""
-import os
+from harness import require_torch, base_env, events, run_vigil, write
 
-import pytest
-
-from harness import base_env, events, run_vigil, write
-
-try:
-    import torch  # noqa: F401
-    HAVE_TORCH = True
-except ImportError:  # pragma: no cover - depends on the machine
-    HAVE_TORCH = False
-
-if not HAVE_TORCH:
-    if os.environ.get("VIGIL_REQUIRE_TORCH") == "1":
-        raise RuntimeError("VIGIL_REQUIRE_TORCH=1 but torch is not importable: pip install torch")
-    pytest.skip("torch is not installed (set VIGIL_REQUIRE_TORCH=1 to make this an error)", allow_module_level=True)
+require_torch()
 
 ALL_REDUCE = """
 import os, sys

@@ -18,19 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import base_env, vigil_bin, write
+from harness import require_torch, base_env, vigil_bin, write
 
-try:
-    import torch  # noqa: F401
-
-    HAVE_TORCH = True
-except ImportError:  # pragma: no cover - depends on the machine
-    HAVE_TORCH = False
-
-if not HAVE_TORCH:
-    if os.environ.get("VIGIL_REQUIRE_TORCH") == "1":
-        raise RuntimeError("VIGIL_REQUIRE_TORCH=1 but torch is not importable: pip install torch")
-    pytest.skip("torch is not installed (set VIGIL_REQUIRE_TORCH=1 to make this an error)", allow_module_level=True)
+require_torch()
 
 TORCHRUN = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or shutil.which("torchrun")
 
