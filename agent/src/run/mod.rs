@@ -25,6 +25,7 @@ mod perf;
 mod prelaunch;
 pub mod proc;
 mod report;
+mod slurm_job;
 pub mod stacks;
 mod store_host;
 pub mod summary;
@@ -79,7 +80,7 @@ struct Agent {
     events: EventLog,
     watchdog: Option<Watchdog>,
     /// How each attempt of the job ended (node rank 0 blames nodes from it).
-    cycle_ends: Vec<JobEnd>,
+    cycle_ends: Vec<(u32, JobEnd)>,
     /// Children of the agent that are its own commands (`squeue`), not a rank's leftovers.
     helper_pids: Arc<std::sync::Mutex<Vec<i32>>>,
     /// How every process the ranks started is found again at the end of an attempt.
@@ -292,6 +293,8 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
     }
     let (share, mut shared_rx) =
         crate::job::exchange::start(coord_cfg.clone(), cfg.straggler.interval);
+    // Node rank 0 reads which nodes' ranks failed in each attempt when it blames nodes.
+    let head_keys = store.head.as_ref().map(|h| h.keys.clone());
     let coordinator = tokio::task::spawn_local(rendezvous::run(
         coord_cfg,
         store.head,
@@ -359,7 +362,7 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
         node_rank: agent.cfg.node_rank,
         saves_timeouts: agent.cfg.node_rank == 0,
         workers_stop_timeout: agent.cfg.workers_stop_timeout,
-        term_timeout: agent.cfg.term_timeout,
+        term_timeout: slurm_job::term_window(&agent.cfg),
         timeouts: agent.cfg.timeouts.clone(),
         warmup_steps: agent.cfg.warmup_steps,
         safety_factor: agent.cfg.safety_factor,
@@ -446,7 +449,7 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
                     agent.queue.push_back(Event::Joined { cycle, rank_offset, max_restarts, calculated });
                 }
                 FromCoord::CycleEnded { cycle, end } => {
-                    agent.cycle_ends.push(end.clone());
+                    agent.cycle_ends.push((cycle, end.clone()));
                     if end != JobEnd::Done {
                         agent.peer_end = Some(end.clone());
                     }
@@ -647,7 +650,20 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
             blame: {
                 use crate::allocation::blame;
                 let env = |k: &str| std::env::var(k).ok();
-                let mut ranks = blame::nodes_to_blame(&agent.cycle_ends);
+                let failed_on: Vec<(u32, u32)> = head_keys
+                    .as_ref()
+                    .map(|k| {
+                        k.keys_raw()
+                            .iter()
+                            .filter_map(|raw| rendezvous::key::parse_failed(raw))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let mut ranks = blame::nodes_to_blame(&blame::Attempts {
+                    nnodes: agent.cfg.nnodes,
+                    ends: &agent.cycle_ends,
+                    failed_on: &failed_on,
+                });
                 if sup.exclude_asked() {
                     ranks.push(agent.cfg.node_rank);
                 }
