@@ -199,11 +199,10 @@ fn slurm_facts(dir: &str) -> String {
 export SLURM_JOB_END_TIME="${{SLURM_JOB_END_TIME:-$(SLURM_TIME_FORMAT=%s squeue -h -j "$SLURM_JOB_ID" -o %e)}}"
 export VIGIL_SLURM_KILL_WAIT="$(scontrol show config | sed -n 's/^KillWait *= *\([0-9]*\).*/\1/p')"
 export VIGIL_SLURM_GRACE_TIME="$(scontrol show partition "$SLURM_JOB_PARTITION" | sed -n 's/.*GraceTime=\([0-9]*\).*/\1/p')"
-# Where vigil (node rank 0) asks for a requeue it cannot make itself; and Slurm's SIGTERM at the
-# time limit must not end this script before the requeue below.
+# Where vigil (node rank 0) asks for a requeue it cannot make itself (no trap on SIGTERM: a
+# scancel must end this script, not see it requeue the job).
 export VIGIL_REQUEUE_FILE={}."$SLURM_JOB_ID"
 rm -f "$VIGIL_REQUEUE_FILE"
-trap : TERM
 
 "#,
         sh_quote(&format!("{dir}/state/requeue"))
