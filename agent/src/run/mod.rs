@@ -8,6 +8,8 @@
 //! - `clock.rs`: the job's clock, which skips the agent's own suspension.
 //! - `prelaunch.rs`: run directory and checks before any rank starts.
 //! - `eventlog.rs`: `events.jsonl`. `store_host.rs`: hosting and finding vigil's store.
+//! - `slurm_job.rs`: the Slurm job: the window after its SIGTERM, the exclusions the partition
+//!   can spare, the requeue (by `scontrol`, or by the batch script inside a container).
 //! - `gpuwatch.rs`: the node's GPUs (NVML samples, XID events) while the job runs.
 //! - `perf.rs`: `steps` records, step times for straggler scores, the job's straggler report.
 //! - `proc.rs`: process groups, containment, the watchdog. `output.rs`: rank output to logs and
