@@ -270,8 +270,10 @@ def test_without_slurms_commands_vigil_stops_before_the_limit_and_the_script_req
     # Said once what it cannot do itself and what the script does, nothing failed loudly.
     assert out.count("Slurm's commands are not on PATH here") == 2, out  # one line per allocation
     assert "the end time is SLURM_JOB_END_TIME's" in out, out
-    # The window after Slurm's own SIGTERM: KillWait 5 s (cluster.sh) less a second for vigil.
-    assert "after Slurm's SIGTERM the ranks get 4.0s (KillWait 5s from VIGIL_SLURM_KILL_WAIT" in out, out
+    # The window after Slurm's own SIGTERM: KillWait 5 s (cluster.sh) at the time limit, the
+    # partition's GraceTime 10 s at a preemption, each less a second or two for vigil.
+    assert ("after Slurm's SIGTERM the ranks get 4.0s at the time limit (KillWait 5s from VIGIL_SLURM_KILL_WAIT), "
+            "8.0s at a preemption (GraceTime 10s from VIGIL_SLURM_GRACE_TIME)") in out, out
     assert "the batch script requeues Slurm job" in out, out
     assert "could not requeue" not in out and "cannot learn when" not in out, out
     rs = runs(tmp_path)
@@ -288,11 +290,13 @@ def test_without_slurms_commands_vigil_stops_before_the_limit_and_the_script_req
 
 @pytest.mark.parametrize("inside", [False, True], ids=["slurm-on-path", "container"])
 def test_after_slurms_sigterm_the_ranks_are_told_slurms_window(slurm_cluster, tmp_path, inside):
-    # Slurm's SIGTERM to the steps (as at a time limit or preemption): the ranks have KillWait
-    # (5 s here, GraceTime 10 s on 'debug'), not --term-timeout's 30 s.
+    # A SIGTERM to the steps 10 minutes before the time limit can only be a preemption's (or
+    # scancel --signal's): the ranks have the partition's GraceTime (10 s on 'debug', KillWait
+    # 5 s), less vigil's own 2 s, not --term-timeout's 30 s.
     total, world = 10000, 2 * NPROC
     kw = {"before": SCRIPT_BEFORE, "after": SCRIPT_AFTER, "vigil_path": no_slurm_path(tmp_path)} if inside else {}
-    job_id = submit(tmp_path, 2, {"TOTAL_STEPS": total, "STEP_S": 0.1}, max_restarts=0, **kw)
+    job_id = submit(tmp_path, 2, {"TOTAL_STEPS": total, "STEP_S": 0.1}, sbatch_opts="--time=10",
+                    max_restarts=0, **kw)
     deadline = time.monotonic() + 120
     while not all((tmp_path / f"run_{r}_0_0.json").exists() for r in range(world)):
         assert show_job(job_id)["JobState"] not in TERMINAL_STATES, output(tmp_path, job_id)
@@ -307,5 +311,5 @@ def test_after_slurms_sigterm_the_ranks_are_told_slurms_window(slurm_cluster, tm
     slurm_cmd("scancel", job_id)
     wait_job(job_id, timeout=120)
     out = output(tmp_path, job_id)
-    assert "SIGTERM: asking every rank to checkpoint at one agreed step and exit (they have 4s)" in out, out
+    assert "SIGTERM: asking every rank to checkpoint at one agreed step and exit (they have 8s)" in out, out
     assert "they have 30s" not in out, out

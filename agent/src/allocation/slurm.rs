@@ -127,18 +127,29 @@ pub fn parse_grace_time(out: &str) -> Option<Duration> {
         .map(Duration::from_secs)
 }
 
-/// The window vigil gives the ranks after Slurm's SIGTERM: the shortest Slurm may give (KillWait at
-/// the time limit; the partition's GraceTime, when set, at a preemption; vigil cannot tell which
-/// SIGTERM it got), less a fifth (1 to 5 s) for vigil to record and requeue before Slurm's SIGKILL,
-/// and never more than `term_timeout`. `None` when Slurm's KillWait is not known.
+/// A SIGTERM this close to the allocation's end, or later, may be the time limit's (Slurm
+/// enforces limits every 30 s).
+const NEAR_THE_END: Duration = Duration::from_secs(30);
+
+/// The window vigil gives the ranks after Slurm's SIGTERM: what Slurm gives, less a fifth (1 to
+/// 5 s) for vigil to record and requeue before Slurm's SIGKILL, and never more than
+/// `term_timeout`. Slurm gives KillWait at the time limit and the partition's GraceTime (when set)
+/// at a preemption; far from the `end` a SIGTERM cannot be the time limit's, near it or with the
+/// end unknown it may be either, and the shorter is told. `None` when KillWait is not known.
 pub fn signal_window(
     term_timeout: Duration,
     kill_wait: Option<Duration>,
     grace: Option<Duration>,
+    end: Option<SystemTime>,
+    now: SystemTime,
 ) -> Option<Duration> {
-    let slurm = match grace.filter(|g| !g.is_zero()) {
-        Some(g) => kill_wait?.min(g),
-        None => kill_wait?,
+    let kill_wait = kill_wait?;
+    let grace = grace.filter(|g| !g.is_zero());
+    let far_from_end = end.is_some_and(|e| now + NEAR_THE_END < e);
+    let slurm = match grace {
+        Some(g) if far_from_end => g,
+        Some(g) => kill_wait.min(g),
+        None => kill_wait,
     };
     let margin = (slurm / 5).clamp(Duration::from_secs(1), Duration::from_secs(5));
     let told = if slurm > margin {
@@ -530,22 +541,30 @@ mod tests {
     }
 
     #[test]
-    fn the_window_after_slurms_sigterm_is_the_shortest_slurm_gives_less_vigils_own() {
+    fn the_window_after_slurms_sigterm_is_what_slurm_gives_less_vigils_own() {
         let s = Duration::from_secs;
+        let now = UNIX_EPOCH + s(1_000_000);
+        let w = |term: u64, kw: Option<u64>, grace: Option<u64>, end: Option<SystemTime>| {
+            signal_window(s(term), kw.map(s), grace.map(s), end, now)
+        };
         // The field run: KillWait 10 s, no grace: 8 s, not --term-timeout's 30.
-        assert_eq!(signal_window(s(30), Some(s(10)), Some(s(0))), Some(s(8)));
-        // A grace shorter than KillWait is the shorter window; a longer one is not used.
-        assert_eq!(signal_window(s(30), Some(s(10)), Some(s(5))), Some(s(4)));
-        assert_eq!(signal_window(s(30), Some(s(5)), Some(s(10))), Some(s(4)));
+        assert_eq!(w(30, Some(10), Some(0), None), Some(s(8)));
+        // Far from the end only a preemption (GraceTime) or scancel --signal sends SIGTERM.
+        let far = Some(now + s(3600));
+        assert_eq!(w(30, Some(5), Some(20), far), Some(s(16)));
+        assert_eq!(w(30, Some(10), None, far), Some(s(8)));
+        // Near the end, past it, or with the end unknown: the time limit's KillWait, or a
+        // shorter grace.
+        for end in [Some(now + s(10)), Some(now - s(10)), None] {
+            assert_eq!(w(30, Some(5), Some(20), end), Some(s(4)), "{end:?}");
+            assert_eq!(w(30, Some(10), Some(5), end), Some(s(4)), "{end:?}");
+        }
         // --term-timeout below Slurm's window stays; a long KillWait loses at most 5 s.
-        assert_eq!(signal_window(s(3), Some(s(10)), None), Some(s(3)));
-        assert_eq!(signal_window(s(300), Some(s(120)), None), Some(s(115)));
-        assert_eq!(
-            signal_window(s(30), Some(s(1)), None),
-            Some(Duration::from_millis(500))
-        );
+        assert_eq!(w(3, Some(10), None, None), Some(s(3)));
+        assert_eq!(w(300, Some(120), None, None), Some(s(115)));
+        assert_eq!(w(30, Some(1), None, None), Some(Duration::from_millis(500)));
         // Unknown KillWait: nothing to say.
-        assert_eq!(signal_window(s(30), None, Some(s(10))), None);
+        assert_eq!(w(30, None, Some(10), far), None);
     }
 
     #[test]

@@ -74,6 +74,11 @@ impl EndWatch {
         }
     }
 
+    /// When the allocation ends, as far as known.
+    pub(super) fn end(&self) -> Option<SystemTime> {
+        self.end
+    }
+
     /// The lead now: the carried one, or what this allocation observed, whichever is longer.
     pub(super) fn lead(&self, sup: &Supervisor) -> Duration {
         let (ckpt, step) = sup.lead_observed();

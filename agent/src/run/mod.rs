@@ -357,6 +357,7 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
         _ => None,
     };
     let mut clock = JobClock::new();
+    let signal_window = slurm_job::signal_window(&agent.cfg);
     let (mut sup, first) = Supervisor::new(SupervisorConfig {
         nproc: agent.cfg.nproc,
         rank_offset: 0,
@@ -364,7 +365,7 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
         node_rank: agent.cfg.node_rank,
         saves_timeouts: agent.cfg.node_rank == 0,
         workers_stop_timeout: agent.cfg.workers_stop_timeout,
-        term_timeout: slurm_job::term_window(&agent.cfg),
+        term_timeout: agent.cfg.term_timeout,
         timeouts: agent.cfg.timeouts.clone(),
         warmup_steps: agent.cfg.warmup_steps,
         safety_factor: agent.cfg.safety_factor,
@@ -403,6 +404,13 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
             ));
         }
         while let Some(ev) = agent.queue.pop_front() {
+            // A signal to the agent gets Slurm's window (a SIGTERM far from the allocation's end
+            // is no time limit's: slurm_job::SignalWindow); a stop a peer asked for or one ahead
+            // of the end keeps --term-timeout and the lead.
+            sup.set_term_timeout(match ev {
+                Event::Signal(_) => signal_window.at(endw.end(), SystemTime::now()),
+                _ => agent.cfg.term_timeout,
+            });
             let actions = sup.handle(now, ev);
             agent.execute(actions);
         }

@@ -5,7 +5,7 @@
 //! (allocation::slurm's module doc).
 
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use super::report::console_note;
 use crate::allocation::{blame, policy, slurm};
@@ -42,14 +42,33 @@ fn secs_env(k: &str) -> Result<Option<Duration>, String> {
     }
 }
 
-/// The ranks' window after a SIGTERM to the agent: under Slurm the shortest Slurm gives
-/// (`slurm::signal_window`), from the batch script's variables or `scontrol`; else
-/// `--term-timeout`. Node rank 0 says once what it could not learn, and, inside a container,
-/// what it leaves to the batch script.
-pub(super) fn term_window(cfg: &LaunchConfig) -> Duration {
+/// The ranks' window after a SIGTERM to the agent: under Slurm what Slurm gives
+/// (`slurm::signal_window`), else `--term-timeout`.
+#[derive(Debug, Clone)]
+pub(super) struct SignalWindow {
+    term: Duration,
+    kill_wait: Option<Duration>,
+    grace: Option<Duration>,
+}
+
+impl SignalWindow {
+    /// The window for a SIGTERM that comes `now`, the allocation ending at `end`.
+    pub(super) fn at(&self, end: Option<SystemTime>, now: SystemTime) -> Duration {
+        slurm::signal_window(self.term, self.kill_wait, self.grace, end, now).unwrap_or(self.term)
+    }
+}
+
+/// Reads Slurm's KillWait and the partition's GraceTime, from the batch script's variables or
+/// `scontrol`. Node rank 0 says once what it could not learn, and, inside a container, what it
+/// leaves to the batch script.
+pub(super) fn signal_window(cfg: &LaunchConfig) -> SignalWindow {
     let term = cfg.term_timeout;
     if cfg.allocation.slurm_job_id.is_none() {
-        return term;
+        return SignalWindow {
+            term,
+            kill_wait: None,
+            grace: None,
+        };
     }
     let here = commands_here();
     let mut notes: Vec<String> = Vec::new();
@@ -82,24 +101,31 @@ pub(super) fn term_window(cfg: &LaunchConfig) -> Duration {
         partition.as_deref().map(slurm::show_partition),
         slurm::parse_grace_time,
     );
-    let window = slurm::signal_window(
+    let window = SignalWindow {
         term,
-        kill_wait.as_ref().map(|k| k.0),
-        grace.as_ref().map(|g| g.0),
-    );
+        kill_wait: kill_wait.as_ref().map(|k| k.0),
+        grace: grace.as_ref().map(|g| g.0),
+    };
     if cfg.node_rank == 0 {
-        let told = match (&kill_wait, window) {
-            (Some((kw, from)), Some(w)) => format!(
-                "after Slurm's SIGTERM the ranks get {:.1}s (KillWait {}s from {from}{})",
-                w.as_secs_f64(),
+        let now = SystemTime::now();
+        let at_limit = window.at(Some(now), now);
+        let far = window.at(Some(now + Duration::from_secs(86_400)), now);
+        let told = match &kill_wait {
+            Some((kw, from)) => format!(
+                "after Slurm's SIGTERM the ranks get {:.1}s at the time limit (KillWait {}s from {from}){}",
+                at_limit.as_secs_f64(),
                 kw.as_secs(),
                 grace
                     .as_ref()
                     .filter(|g| !g.0.is_zero())
-                    .map(|(g, f)| format!(", GraceTime {}s from {f}", g.as_secs()))
+                    .map(|(g, f)| format!(
+                        ", {:.1}s at a preemption (GraceTime {}s from {f})",
+                        far.as_secs_f64(),
+                        g.as_secs()
+                    ))
                     .unwrap_or_default()
             ),
-            _ => format!(
+            None => format!(
                 "after Slurm's SIGTERM the ranks get --term-timeout {:.0}s, assuming Slurm's KillWait is no shorter ({KILL_WAIT_ENV} tells it)",
                 term.as_secs_f64()
             ),
@@ -127,7 +153,7 @@ pub(super) fn term_window(cfg: &LaunchConfig) -> Duration {
             console_note(&n);
         }
     }
-    window.unwrap_or(term)
+    window
 }
 
 /// The nodes the next allocation will avoid, of those `decision` wants: only under Slurm with
