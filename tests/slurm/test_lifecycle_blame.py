@@ -179,23 +179,24 @@ def one_node_cluster(action: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def one_node(slurm_cluster):
-    """A private one-node cluster (n1) beside the shared one (which keeps munged ours to share);
-    slurmlib's commands point at it while the fixture lasts."""
+def one_node_up(slurm_cluster):
+    """A private one-node cluster (n1) beside the shared one (which keeps munged its own to
+    share), for this module's tests."""
     started = False
     if one_node_cluster("status").returncode != 0:
         p = one_node_cluster("start")
         if p.returncode != 0:
             _unavailable(f"the one-node cluster did not start:\n{p.stdout}")
         started = True
-    shared = slurmlib.SLURM_CONF
-    slurmlib.SLURM_CONF = ONE_DIR / "etc" / "slurm.conf"
-    try:
-        yield
-    finally:
-        slurmlib.SLURM_CONF = shared
-        if started:
-            one_node_cluster("stop")
+    yield
+    if started:
+        one_node_cluster("stop")
+
+
+@pytest.fixture
+def one_node(one_node_up, monkeypatch):
+    """slurmlib's commands (sbatch, scontrol) point at the one-node cluster during one test."""
+    monkeypatch.setattr(slurmlib, "SLURM_CONF", ONE_DIR / "etc" / "slurm.conf")
 
 
 def test_a_one_node_job_failing_on_the_only_node_of_its_cluster_excludes_nobody(one_node, tmp_path):
