@@ -242,6 +242,7 @@ pub fn sbatch(job: &Job, t: &Target) -> String {
         "\n# vigil's own store secret, the same on every node of this allocation.\n\
          export VIGIL_STORE_SECRET=\"${VIGIL_STORE_SECRET:-$(od -An -N32 -tx1 /dev/urandom | tr -d ' \\n')}\"\n\n",
     );
+    s.push_str(&slurm_facts(&dir));
     // vigil requeues the job itself (docs/allocations.md): srun must not kill the other nodes'
     // agents when one exits non-zero, they agree on the outcome themselves.
     let mut lines = vec!["srun --kill-on-bad-exit=0".to_string()];
@@ -266,7 +267,30 @@ pub fn sbatch(job: &Job, t: &Target) -> String {
     lines.push(words(&script));
     s.push_str(&lines.join(" \\\n    "));
     s.push('\n');
+    s.push_str(
+        "# vigil could not requeue the job itself (no scontrol in the container): it asked for it here.\n\
+         if [ -e \"$VIGIL_REQUEUE_FILE\" ]; then scontrol requeue \"$SLURM_JOB_ID\"; fi\n",
+    );
     s
+}
+
+/// Before `srun`: what vigil cannot ask Slurm inside a container (no `squeue`, `scontrol` or
+/// munge socket in most images), read here and passed in the environment, and the file vigil
+/// asks for a requeue in (docs/launch.md, "Inside a container").
+fn slurm_facts(dir: &str) -> String {
+    format!(
+        r#"# What vigil cannot ask Slurm from inside a container: the end time, KillWait, GraceTime.
+export SLURM_JOB_END_TIME="${{SLURM_JOB_END_TIME:-$(SLURM_TIME_FORMAT=%s squeue -h -j "$SLURM_JOB_ID" -o %e)}}"
+export VIGIL_SLURM_KILL_WAIT="$(scontrol show config | sed -n 's/^KillWait *= *\([0-9]*\).*/\1/p')"
+export VIGIL_SLURM_GRACE_TIME="$(scontrol show partition "$SLURM_JOB_PARTITION" | sed -n 's/.*GraceTime=\([0-9]*\).*/\1/p')"
+# Where vigil (node rank 0) asks for a requeue it cannot make itself (no trap on SIGTERM: a
+# scancel must end this script, not see it requeue the job).
+export VIGIL_REQUEUE_FILE={}."$SLURM_JOB_ID"
+rm -f "$VIGIL_REQUEUE_FILE"
+
+"#,
+        sh_quote(&format!("{dir}/state/requeue"))
+    )
 }
 
 /// The batch script of an interactive allocation: it holds the nodes until the time limit or

@@ -102,7 +102,8 @@ def test_flags_override_the_recipe(job):
     assert "#SBATCH --nodes=3\n" in p.stdout and "#SBATCH --partition=low\n" in p.stdout
     assert "--max-restarts 4 --workers-stop-timeout 5" in p.stdout
     assert 'export FOO="bar baz"' in p.stdout
-    assert p.stdout.rstrip().endswith("examples/toy_train.py --steps 7")
+    srun = p.stdout.split("\n# vigil could not requeue")[0]
+    assert srun.rstrip().endswith("examples/toy_train.py --steps 7")
 
 
 def test_interactive_dry_run_holds_the_allocation(job):

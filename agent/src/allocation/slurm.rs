@@ -10,6 +10,7 @@ use std::process::Stdio;
 use std::sync::mpsc;
 use std::time::{Duration, SystemTime};
 
+use super::blame::{usable_state, PartitionNode};
 use super::endtime::{local_to_epoch, parse_slurm_time, parse_slurm_time_limit, Civil};
 use crate::job::hostlist;
 
@@ -72,6 +73,105 @@ pub fn exclude_nodes(job_id: &str, nodes: &[String]) -> Cmd {
     )
 }
 
+/// `sinfo -h -N -p PARTITION -o "%N %t"`: the partition's nodes, one a line, with their state.
+pub fn sinfo_nodes(partition: &str) -> Cmd {
+    Cmd::new("sinfo", &["-h", "-N", "-p", partition, "-o", "%N %t"])
+}
+
+/// `scontrol show config`: `KillWait`.
+pub fn show_config() -> Cmd {
+    Cmd::new("scontrol", &["show", "config"])
+}
+
+/// `scontrol show partition PARTITION`: `GraceTime`.
+pub fn show_partition(partition: &str) -> Cmd {
+    Cmd::new("scontrol", &["show", "partition", partition])
+}
+
+/// Parses `sinfo -h -N -o "%N %t"` (a node in several partitions is listed once per partition).
+pub fn parse_sinfo_nodes(out: &str) -> Result<Vec<PartitionNode>, String> {
+    let mut nodes: Vec<PartitionNode> = Vec::new();
+    for line in out.lines().filter(|l| !l.trim().is_empty()) {
+        let mut w = line.split_whitespace();
+        let (Some(name), Some(state)) = (w.next(), w.next()) else {
+            return Err(format!(
+                "sinfo printed {:?}, not a node and its state",
+                line.trim()
+            ));
+        };
+        if !nodes.iter().any(|n| n.name == name) {
+            nodes.push(PartitionNode {
+                name: name.to_string(),
+                usable: usable_state(state),
+            });
+        }
+    }
+    Ok(nodes)
+}
+
+/// `KillWait = 30 sec` in `scontrol show config`: seconds from Slurm's SIGTERM to its SIGKILL.
+pub fn parse_kill_wait(out: &str) -> Option<Duration> {
+    out.lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once('=')?;
+            (k.trim() == "KillWait").then(|| v.split_whitespace().next()?.parse().ok())?
+        })
+        .map(Duration::from_secs)
+}
+
+/// `GraceTime=10` in `scontrol show partition`: a preempted job's seconds before it is ended.
+pub fn parse_grace_time(out: &str) -> Option<Duration> {
+    out.split_whitespace()
+        .find_map(|w| w.strip_prefix("GraceTime="))
+        .and_then(|v| v.parse().ok())
+        .map(Duration::from_secs)
+}
+
+/// A SIGTERM this close to the allocation's end, or later, may be the time limit's (Slurm
+/// enforces limits every 30 s).
+const NEAR_THE_END: Duration = Duration::from_secs(30);
+
+/// The window vigil gives the ranks after Slurm's SIGTERM: what Slurm gives, less a fifth (1 to
+/// 5 s) for vigil to record and requeue before Slurm's SIGKILL, and never more than
+/// `term_timeout`. Slurm gives KillWait at the time limit and the partition's GraceTime (when set)
+/// at a preemption; far from the `end` a SIGTERM cannot be the time limit's, near it or with the
+/// end unknown it may be either, and the shorter is told. `None` when KillWait is not known.
+pub fn signal_window(
+    term_timeout: Duration,
+    kill_wait: Option<Duration>,
+    grace: Option<Duration>,
+    end: Option<SystemTime>,
+    now: SystemTime,
+) -> Option<Duration> {
+    let kill_wait = kill_wait?;
+    let grace = grace.filter(|g| !g.is_zero());
+    let far_from_end = end.is_some_and(|e| now + NEAR_THE_END < e);
+    let slurm = match grace {
+        Some(g) if far_from_end => g,
+        Some(g) => kill_wait.min(g),
+        None => kill_wait,
+    };
+    let margin = (slurm / 5).clamp(Duration::from_secs(1), Duration::from_secs(5));
+    let told = if slurm > margin {
+        slurm - margin
+    } else {
+        slurm / 2
+    };
+    Some(told.min(term_timeout))
+}
+
+/// Whether `program` is an executable file in one of `path`'s directories.
+pub fn on_path(program: &str, path: Option<&str>) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    path.unwrap_or("")
+        .split(':')
+        .filter(|d| !d.is_empty())
+        .any(|d| {
+            std::fs::metadata(std::path::Path::new(d).join(program))
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+}
+
 /// The nodes a job already excludes followed by the new ones, without repeats.
 pub fn merge_excluded(current: &[String], new: &[String]) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
@@ -96,6 +196,10 @@ pub struct JobInfo {
     pub restarts: Option<u32>,
     pub nodes: Vec<String>,
     pub excluded: Vec<String>,
+    /// `Partition=`: where the job runs.
+    pub partition: Option<String>,
+    /// `NumNodes=`: how many nodes the job needs.
+    pub num_nodes: Option<u32>,
 }
 
 /// Whether Slurm is ending the job before its time limit: cancelled (`scancel`), or preempted past
@@ -159,6 +263,11 @@ pub fn parse_show_job_with(
         restarts: field("Restarts").and_then(|r| r.parse().ok()),
         nodes: hosts("NodeList")?,
         excluded: hosts("ExcNodeList")?,
+        partition: field("Partition")
+            .filter(|p| !p.is_empty() && *p != "(null)")
+            .map(str::to_string),
+        // `NumNodes=2` or, while pending, `NumNodes=2-2`.
+        num_nodes: field("NumNodes").and_then(|n| n.split('-').next()?.parse().ok()),
     })
 }
 
@@ -335,6 +444,8 @@ mod tests {
                 restarts: Some(2),
                 nodes: names(&["n1", "n2"]),
                 excluded: names(&["n3", "n4"]),
+                partition: Some("debug".into()),
+                num_nodes: Some(2),
             }
         );
     }
@@ -409,6 +520,59 @@ mod tests {
             exclude_nodes("75", &nodes).args,
             names(&["update", "JobId=75", "ExcNodeList=n3,n4,n1"])
         );
+    }
+
+    #[test]
+    fn sinfo_config_and_partition_answers() {
+        let nodes = parse_sinfo_nodes("n1 alloc\nn2 idle*\nn3 drain\nn1 alloc\n").unwrap();
+        let got: Vec<(&str, bool)> = nodes.iter().map(|n| (n.name.as_str(), n.usable)).collect();
+        assert_eq!(got, vec![("n1", true), ("n2", true), ("n3", false)]);
+        assert!(parse_sinfo_nodes("n1\n").unwrap_err().contains("\"n1\""));
+        assert_eq!(
+            sinfo_nodes("debug").args,
+            names(&["-h", "-N", "-p", "debug", "-o", "%N %t"])
+        );
+        let config = "JobCompType             = jobcomp/none\nKillWait                = 5 sec\nKillOnBadExit           = 0\n";
+        assert_eq!(parse_kill_wait(config), Some(Duration::from_secs(5)));
+        assert_eq!(parse_kill_wait("KillOnBadExit = 0\n"), None);
+        let part = "PartitionName=debug\n   AllowGroups=ALL AllowAccounts=ALL\n   DefaultTime=NONE DisableRootJobs=NO ExclusiveUser=NO GraceTime=10 Hidden=NO\n";
+        assert_eq!(parse_grace_time(part), Some(Duration::from_secs(10)));
+        assert_eq!(parse_grace_time("PartitionName=x\n"), None);
+    }
+
+    #[test]
+    fn the_window_after_slurms_sigterm_is_what_slurm_gives_less_vigils_own() {
+        let s = Duration::from_secs;
+        let now = UNIX_EPOCH + s(1_000_000);
+        let w = |term: u64, kw: Option<u64>, grace: Option<u64>, end: Option<SystemTime>| {
+            signal_window(s(term), kw.map(s), grace.map(s), end, now)
+        };
+        // The field run: KillWait 10 s, no grace: 8 s, not --term-timeout's 30.
+        assert_eq!(w(30, Some(10), Some(0), None), Some(s(8)));
+        // Far from the end only a preemption (GraceTime) or scancel --signal sends SIGTERM.
+        let far = Some(now + s(3600));
+        assert_eq!(w(30, Some(5), Some(20), far), Some(s(16)));
+        assert_eq!(w(30, Some(10), None, far), Some(s(8)));
+        // Near the end, past it, or with the end unknown: the time limit's KillWait, or a
+        // shorter grace.
+        for end in [Some(now + s(10)), Some(now - s(10)), None] {
+            assert_eq!(w(30, Some(5), Some(20), end), Some(s(4)), "{end:?}");
+            assert_eq!(w(30, Some(10), Some(5), end), Some(s(4)), "{end:?}");
+        }
+        // --term-timeout below Slurm's window stays; a long KillWait loses at most 5 s.
+        assert_eq!(w(3, Some(10), None, None), Some(s(3)));
+        assert_eq!(w(300, Some(120), None, None), Some(s(115)));
+        assert_eq!(w(30, Some(1), None, None), Some(Duration::from_millis(500)));
+        // Unknown KillWait: nothing to say.
+        assert_eq!(w(30, None, Some(10), far), None);
+    }
+
+    #[test]
+    fn programs_are_found_on_path_only_where_they_are() {
+        assert!(on_path("sh", Some("/nonexistent:/bin:/usr/bin")));
+        assert!(!on_path("sh", Some("/nonexistent")));
+        assert!(!on_path("sh", Some("")));
+        assert!(!on_path("sh", None));
     }
 
     fn sh(script: &str) -> Cmd {

@@ -49,7 +49,8 @@ impl EndWatch {
         let end = match &plan.end {
             EndSpec::At(t) => Some(*t),
             EndSpec::After(d) => now_wall.checked_add(*d),
-            EndSpec::Unknown => plan.slurm_job_id.as_deref().and_then(|id| {
+            // Without Slurm's commands (a container) node rank 0 has said so once (slurm_job).
+            EndSpec::Unknown => plan.slurm_job_id.as_deref().filter(|_| super::slurm_job::commands_here()).and_then(|id| {
                 match slurm::run_command(&slurm::squeue_end_time(id), SLURM_TIMEOUT)
                     .map_err(|e| e.to_string())
                     .and_then(|out| endtime::parse_squeue_end(&out))
@@ -78,6 +79,11 @@ impl EndWatch {
             started: now_wall,
             tell_cap: cfg.node_rank == 0,
         }
+    }
+
+    /// When the allocation ends, as far as known.
+    pub(super) fn end(&self) -> Option<SystemTime> {
+        self.end
     }
 
     /// The lead now: the carried one, or what this allocation observed, whichever is longer,
@@ -351,11 +357,14 @@ pub(super) fn conclude(e: Ending) -> i32 {
         console_note(&n);
     }
     let slurm_job = cfg.allocation.slurm_job_id.clone();
-    let info = slurm_job.as_deref().and_then(|id| {
-        slurm::run_command(&slurm::show_job(id), SLURM_TIMEOUT)
-            .ok()
-            .and_then(|out| slurm::parse_show_job(&out).ok())
-    });
+    let info = slurm_job
+        .as_deref()
+        .filter(|_| super::slurm_job::commands_here())
+        .and_then(|id| {
+            slurm::run_command(&slurm::show_job(id), SLURM_TIMEOUT)
+                .ok()
+                .and_then(|out| slurm::parse_show_job(&out).ok())
+        });
     let (trigger, stop_step) = match e.outcome {
         Outcome::Stopped { trigger, step } => (Some(trigger.clone()), *step),
         Outcome::Signaled { signal } => (Some(crate::values::signal_name(*signal)), None),
@@ -381,6 +390,7 @@ pub(super) fn conclude(e: Ending) -> i32 {
     };
     let verdict = policy::decide(&facts, &history, &cfg.allocation.limits);
     let why = verdict.decision.why().to_string();
+    let excluded = super::slurm_job::exclusions(cfg, &verdict.decision, info.as_ref());
     let nodes = info
         .as_ref()
         .map(|i| i.nodes.clone())
@@ -413,7 +423,7 @@ pub(super) fn conclude(e: Ending) -> i32 {
         stop_trigger: trigger,
         decision: verdict.decision.kind(),
         why: why.clone(),
-        excluded: verdict.decision.exclude().to_vec(),
+        excluded,
         stop_lead_s: e.lead.as_secs_f64(),
         exit_status: verdict.exit_status,
         promotions: e.promotions.clone(),
@@ -432,30 +442,8 @@ pub(super) fn conclude(e: Ending) -> i32 {
         }
     }
     match (&verdict.decision, slurm_job.as_deref()) {
-        (policy::Decision::Requeue { exclude, .. }, Some(id)) => {
-            // Slurm refuses ExcNodeList on a running job: requeue first (the job is then
-            // COMPLETING and takes the update), and the update ignores the SIGTERM the requeue
-            // sends to every process of the job (allocation::slurm::run_command).
-            match slurm::run_command(&slurm::requeue(id), SLURM_TIMEOUT) {
-                Ok(_) => console_note(&format!("requeued Slurm job {id}: {why}")),
-                Err(err) => console_note(&format!(
-                    "could not requeue Slurm job {id} ({err}); requeue it by hand to go on"
-                )),
-            }
-            if !exclude.is_empty() {
-                let current = info
-                    .as_ref()
-                    .map(|i| i.excluded.clone())
-                    .unwrap_or_default();
-                let all = slurm::merge_excluded(&current, exclude);
-                match slurm::run_command(&slurm::exclude_nodes(id, &all), SLURM_TIMEOUT) {
-                    Ok(_) => console_note(&format!("the next allocation avoids {}", all.join(","))),
-                    Err(err) => console_note(&format!(
-                        "cannot keep {} out of the next allocation: {err}",
-                        all.join(",")
-                    )),
-                }
-            }
+        (policy::Decision::Requeue { .. }, Some(id)) => {
+            super::slurm_job::requeue(id, &why, &rec.excluded, info.as_ref())
         }
         (policy::Decision::Requeue { .. }, None) => {
             console_note(&requeue_by_hand(&why, verdict.exit_status))

@@ -8,6 +8,8 @@
 //! - `clock.rs`: the job's clock, which skips the agent's own suspension.
 //! - `prelaunch.rs`: run directory and checks before any rank starts.
 //! - `eventlog.rs`: `events.jsonl`. `store_host.rs`: hosting and finding vigil's store.
+//! - `slurm_job.rs`: the Slurm job: the window after its SIGTERM, the exclusions the partition
+//!   can spare, the requeue (by `scontrol`, or by the batch script inside a container).
 //! - `gpuwatch.rs`: the node's GPUs (NVML samples, XID events) while the job runs.
 //! - `perf.rs`: `steps` records, step times for straggler scores, the job's straggler report.
 //! - `proc.rs`: process groups, containment, the watchdog. `output.rs`: rank output to logs and
@@ -25,6 +27,7 @@ mod perf;
 mod prelaunch;
 pub mod proc;
 mod report;
+mod slurm_job;
 pub mod stacks;
 mod store_host;
 pub mod summary;
@@ -80,7 +83,7 @@ struct Agent {
     events: EventLog,
     watchdog: Option<Watchdog>,
     /// How each attempt of the job ended (node rank 0 blames nodes from it).
-    cycle_ends: Vec<JobEnd>,
+    cycle_ends: Vec<(u32, JobEnd)>,
     /// Children of the agent that are its own commands (`squeue`), not a rank's leftovers.
     helper_pids: Arc<std::sync::Mutex<Vec<i32>>>,
     /// How every process the ranks started is found again at the end of an attempt.
@@ -303,6 +306,8 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
     }
     let (share, mut shared_rx) =
         crate::job::exchange::start(coord_cfg.clone(), cfg.straggler.interval);
+    // Node rank 0 reads which nodes' ranks failed in each attempt when it blames nodes.
+    let head_keys = store.head.as_ref().map(|h| h.keys.clone());
     let coordinator = tokio::task::spawn_local(rendezvous::run(
         coord_cfg,
         store.head,
@@ -365,6 +370,7 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
         _ => None,
     };
     let mut clock = JobClock::new();
+    let signal_window = slurm_job::signal_window(&agent.cfg);
     let (mut sup, first) = Supervisor::new(SupervisorConfig {
         nproc: agent.cfg.nproc,
         rank_offset: 0,
@@ -411,6 +417,13 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
             ));
         }
         while let Some(ev) = agent.queue.pop_front() {
+            // A signal to the agent gets Slurm's window (a SIGTERM far from the allocation's end
+            // is no time limit's: slurm_job::SignalWindow); a stop a peer asked for or one ahead
+            // of the end keeps --term-timeout and the lead.
+            sup.set_term_timeout(match ev {
+                Event::Signal(_) => signal_window.at(endw.end(), SystemTime::now()),
+                _ => agent.cfg.term_timeout,
+            });
             let actions = sup.handle(now, ev);
             agent.execute(actions);
         }
@@ -459,7 +472,7 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
                     agent.queue.push_back(Event::Joined { cycle, rank_offset, max_restarts, calculated });
                 }
                 FromCoord::CycleEnded { cycle, end } => {
-                    agent.cycle_ends.push(end.clone());
+                    agent.cycle_ends.push((cycle, end.clone()));
                     if end != JobEnd::Done {
                         agent.peer_end = Some(end.clone());
                     }
@@ -661,7 +674,20 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
             blame: {
                 use crate::allocation::blame;
                 let env = |k: &str| std::env::var(k).ok();
-                let mut ranks = blame::nodes_to_blame(&agent.cycle_ends);
+                let failed_on: Vec<(u32, u32)> = head_keys
+                    .as_ref()
+                    .map(|k| {
+                        k.keys_raw()
+                            .iter()
+                            .filter_map(|raw| rendezvous::key::parse_failed(raw))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let mut ranks = blame::nodes_to_blame(&blame::Attempts {
+                    nnodes: agent.cfg.nnodes,
+                    ends: &agent.cycle_ends,
+                    failed_on: &failed_on,
+                });
                 if sup.exclude_asked() {
                     ranks.push(agent.cfg.node_rank);
                 }

@@ -234,6 +234,12 @@ impl Supervisor {
         &self.cfg
     }
 
+    /// `--term-timeout` from now on: the runtime gives a signal Slurm's window (KillWait at the
+    /// time limit, GraceTime at a preemption), which depends on when it comes.
+    pub fn set_term_timeout(&mut self, window: Duration) {
+        self.cfg.term_timeout = window;
+    }
+
     /// Failures of the current cycle, first observed first.
     pub fn failures(&self) -> &[Failure] {
         &self.failures

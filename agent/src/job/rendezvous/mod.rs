@@ -492,6 +492,9 @@ impl Coordinator {
             }
             JobRequest::Health { healthy } => self.healthy = Some(healthy),
             JobRequest::ReportEnd { cycle, end } => {
+                if let JobEnd::Failed { node, .. } = &end {
+                    self.ctl.set(&key::failed(cycle, *node), b"").await?;
+                }
                 self.ctl
                     .compare_set(&key::end(cycle), b"", &to_json(&end))
                     .await?;

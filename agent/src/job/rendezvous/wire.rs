@@ -137,6 +137,18 @@ pub mod key {
     pub fn end(c: u32) -> String {
         format!("vigil/c{c}/end")
     }
+    /// Set by a node whose own ranks failed or hung in cycle `c`, whether or not its report
+    /// became the cycle's verdict: node rank 0 blames a node only for failures no other node had.
+    pub fn failed(c: u32, node: u32) -> String {
+        format!("vigil/failed/{c}/{node}")
+    }
+    pub const FAILED_PREFIX_RAW: &[u8] = b"/vigil/failed/";
+    /// Parses a raw key under [`FAILED_PREFIX_RAW`] into `(cycle, node)`.
+    pub fn parse_failed(raw: &[u8]) -> Option<(u32, u32)> {
+        let rest = std::str::from_utf8(raw.strip_prefix(FAILED_PREFIX_RAW)?).ok()?;
+        let (c, n) = rest.split_once('/')?;
+        Some((c.parse().ok()?, n.parse().ok()?))
+    }
     pub fn done(c: u32) -> String {
         format!("vigil/c{c}/done")
     }
@@ -334,5 +346,14 @@ mod slot_tests {
         let back: Go = serde_json::from_str(old).unwrap();
         assert_eq!(back, go);
         assert!(!serde_json::to_string(&go).unwrap().contains("slots"));
+    }
+
+    #[test]
+    fn failure_keys_read_back_as_cycle_and_node() {
+        let raw = format!("/{}", key::failed(3, 12));
+        assert!(raw.as_bytes().starts_with(key::FAILED_PREFIX_RAW));
+        assert_eq!(key::parse_failed(raw.as_bytes()), Some((3, 12)));
+        assert_eq!(key::parse_failed(b"/vigil/failed/x/1"), None);
+        assert_eq!(key::parse_failed(b"/vigil/lease/1"), None);
     }
 }
