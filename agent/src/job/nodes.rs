@@ -306,7 +306,8 @@ pub fn discover(f: &NodeFlags, env: &dyn Fn(&str) -> Option<String>) -> Result<N
         (None, Some(e)) => e.node_rank,
         (None, None) if nnodes > 1 => {
             return err(format!(
-                "--nnodes {nnodes} needs --node-rank on every node (0 to {}), or run under Slurm (srun) or NGC, which say it",
+                "--nnodes {} needs --node-rank on every node (0 to {}), or run under Slurm (srun) or NGC, which say it",
+                f.nnodes.unwrap_or_default(),
                 nnodes - 1
             ))
         }
@@ -329,7 +330,8 @@ pub fn discover(f: &NodeFlags, env: &dyn Fn(&str) -> Option<String>) -> Result<N
         (None, Some(e)) => (e.head.clone(), e.source == Source::Slurm),
         (None, None) if nnodes > 1 => {
             return err(format!(
-                "--nnodes {nnodes} needs the address of node rank 0: give --master-addr (or --rdzv-endpoint host:port) on every node"
+                "--nnodes {} needs the address of node rank 0: give --master-addr (or --rdzv-endpoint host:port) on every node",
+                f.nnodes.unwrap_or_default()
             ))
         }
         // One node and no address: torchrun's own defaults, `localhost` (the standalone
@@ -445,6 +447,16 @@ mod tests {
         };
         let n = discover(&with_port, &env_of(&[])).unwrap();
         assert_eq!(n.head_host, "127.0.0.1");
+    }
+
+    #[test]
+    fn errors_quote_nnodes_as_written() {
+        let f = NodeFlags {
+            nnodes: Some("1:4"),
+            ..flags()
+        };
+        let e = discover(&f, &env_of(&[])).unwrap_err().to_string();
+        assert!(e.starts_with("--nnodes 1:4 needs"), "{e}");
     }
 
     #[test]
