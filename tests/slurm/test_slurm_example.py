@@ -52,7 +52,7 @@ def test_the_example_batch_script_stops_before_the_limit_requeues_and_finishes(s
     job_dir = tmp_path / "shared"
     steps, world = 1000, 2 * NPROC  # 50 s of steps: more than a 1-minute allocation less its 20 s lead
     env = {"JOB_DIR": job_dir, "NPROC": NPROC, "STOP_LEAD": 20, "VIGIL": fake_container_vigil(tmp_path),
-           "PYTHON_EXEC": sys.executable}
+           "PYTHON_EXEC": sys.executable, "IMAGE": ""}  # IMAGE: no pyxis here
     job_id = submit_example(
         tmp_path, env, ["--nodes=2", "--time=1"],
         [str(TOY), "--steps", str(steps), "--step-time", "0.05", "--ckpt-every", "0",
@@ -92,3 +92,59 @@ def test_the_example_batch_script_stops_before_the_limit_requeues_and_finishes(s
     assert sorted(int(r) for r in re.findall(rf"rank (\d+): done after {steps} steps", out)) == list(range(world)), out
     assert not (job_dir / f"requeue.{job_id}").exists()
     assert (job_dir / "logs").is_dir() and any((job_dir / "logs").iterdir())
+
+
+
+# --- the script's own logic, without a cluster (the pyxis variant cannot run on the test cluster) --
+
+ECHO_ARGS = 'for a in "$@"; do echo "$a"; done\nexit 75'  # a node's vigil stopped for the time limit
+ASK_REQUEUE = 'echo requeue > "$VIGIL_REQUEUE_FILE"\nexit 75'  # node rank 0 asks the script to requeue
+
+
+def run_script(d: Path, srun_body: str, env: dict, *args) -> subprocess.CompletedProcess:
+    """Runs the example with FAKE srun/squeue/scontrol on PATH: srun runs `srun_body`; scontrol
+    records its arguments in JOB_DIR/scontrol.log."""
+    b = d / "FAKE-slurm-bin"
+    b.mkdir(exist_ok=True)
+    (b / "srun").write_text(f"#!/bin/sh\n{srun_body}\n")
+    (b / "squeue").write_text("#!/bin/sh\necho 1795551234\n")
+    (b / "scontrol").write_text('#!/bin/sh\necho "scontrol $*" >> "$JOB_DIR/scontrol.log"\n')
+    for f in b.iterdir():
+        f.chmod(0o755)
+    base = {"PATH": f"{b}:/usr/bin:/bin", "SLURM_JOB_ID": "42", "SLURM_SUBMIT_DIR": str(d),
+            "SLURM_JOB_PARTITION": "debug", "JOB_DIR": str(d / "shared")}
+    return subprocess.run(["bash", str(EXAMPLE), *args], env={**base, **env}, cwd=d,
+                          capture_output=True, text=True, timeout=60)
+
+
+def scontrol_calls(d: Path) -> str:
+    f = d / "shared" / "scontrol.log"
+    return f.read_text() if f.exists() else ""
+
+
+def test_the_example_runs_vigil_in_the_image_through_pyxis_when_image_is_set(tmp_path):
+    p = run_script(tmp_path, ECHO_ARGS, {"IMAGE": "nvcr.io#nvidia/pytorch:25.01-py3"}, "train.py", "--lr", "1")
+    shared = tmp_path / "shared"
+    args = p.stdout.splitlines()
+    assert p.returncode == 75, p  # srun's status: nobody asked for a requeue
+    assert args[:4] == ["--kill-on-bad-exit=0", "--container-image=nvcr.io#nvidia/pytorch:25.01-py3",
+                        f"--container-mounts={shared}:{shared},{tmp_path}:{tmp_path}",
+                        f"--container-workdir={tmp_path}"], args
+    assert args[4:6] == ["vigil", "run"] and args[-3:] == ["train.py", "--lr", "1"], args
+    assert f"--state-dir\n{shared}/state-42\n" in p.stdout and "--stop-lead\n480\n" in p.stdout, args
+    assert "requeue" not in scontrol_calls(tmp_path), p
+
+
+def test_the_example_without_an_image_runs_vigil_on_the_node_and_requeues_only_on_request(tmp_path):
+    p = run_script(tmp_path, ECHO_ARGS, {"IMAGE": ""}, "train.py")
+    assert p.returncode == 75 and "--container" not in p.stdout, p
+    assert p.stdout.splitlines()[:3] == ["--kill-on-bad-exit=0", "vigil", "run"], p
+    assert "requeue" not in scontrol_calls(tmp_path), p
+    p = run_script(tmp_path, ASK_REQUEUE, {"IMAGE": ""}, "train.py")
+    assert p.returncode == 0 and "scontrol requeue 42" in scontrol_calls(tmp_path), p
+
+
+def test_the_example_without_a_training_command_says_how_to_call_it(tmp_path):
+    p = run_script(tmp_path, ECHO_ARGS, {})
+    assert p.returncode == 2 and "usage: sbatch train.sbatch TRAIN.py [ARGS...]" in p.stderr, p
+    assert p.stdout == "", p  # srun never ran
