@@ -113,7 +113,9 @@ def run_script(d: Path, srun_body: str, env: dict, *args) -> subprocess.Complete
         f.chmod(0o755)
     base = {"PATH": f"{b}:/usr/bin:/bin", "SLURM_JOB_ID": "42", "SLURM_SUBMIT_DIR": str(d),
             "SLURM_JOB_PARTITION": "debug", "JOB_DIR": str(d / "shared")}
-    return subprocess.run(["bash", str(EXAMPLE), *args], env={**base, **env}, cwd=d,
+    work = d / "work"  # the job's working directory (sbatch --chdir), not the submit directory
+    work.mkdir(exist_ok=True)
+    return subprocess.run(["bash", str(EXAMPLE), *args], env={**base, **env}, cwd=work,
                           capture_output=True, text=True, timeout=60)
 
 
@@ -124,12 +126,12 @@ def scontrol_calls(d: Path) -> str:
 
 def test_the_example_runs_vigil_in_the_image_through_pyxis_when_image_is_set(tmp_path):
     p = run_script(tmp_path, ECHO_ARGS, {"IMAGE": "nvcr.io#nvidia/pytorch:25.01-py3"}, "train.py", "--lr", "1")
-    shared = tmp_path / "shared"
+    shared, work = tmp_path / "shared", tmp_path / "work"
     args = p.stdout.splitlines()
     assert p.returncode == 75, p  # srun's status: nobody asked for a requeue
     assert args[:4] == ["--kill-on-bad-exit=0", "--container-image=nvcr.io#nvidia/pytorch:25.01-py3",
-                        f"--container-mounts={shared}:{shared},{tmp_path}:{tmp_path}",
-                        f"--container-workdir={tmp_path}"], args
+                        f"--container-mounts={shared}:{shared},{work}:{work}",
+                        f"--container-workdir={work}"], args
     assert args[4:6] == ["vigil", "run"] and args[-3:] == ["train.py", "--lr", "1"], args
     assert f"--state-dir\n{shared}/state-42\n" in p.stdout and "--stop-lead\n480\n" in p.stdout, args
     assert "requeue" not in scontrol_calls(tmp_path), p
