@@ -9,6 +9,7 @@ use std::time::{Duration, Instant, SystemTime};
 use clap::Args;
 
 use crate::experiment::{self, Meta};
+use crate::recipe::Origin;
 use crate::recipe::{self, Facts};
 use crate::render::{self, Target};
 use crate::{err, slurm, Error, RunCheck, RunOption};
@@ -47,7 +48,7 @@ pub struct LaunchArgs {
     /// The recipe's `account`.
     #[arg(short = 'A', long)]
     pub account: Option<String>,
-    /// The recipe's `time` (Slurm's HH:MM:SS).
+    /// The recipe's `time`: Slurm's HH:MM:SS (D-HH:MM:SS) or 4h, 90m, 1d, 1h30m.
     #[arg(short = 't', long)]
     pub time: Option<String>,
     /// The recipe's `image` (a .sqsh path or a registry reference).
@@ -111,8 +112,8 @@ fn fail(cmd: &str, e: Error) -> i32 {
 }
 
 /// The recipe table: the file, then --set, then the named flags.
-fn recipe_table(a: &LaunchArgs) -> Result<(toml::Table, String), Error> {
-    let (mut table, origin) = match &a.recipe {
+fn recipe_table(a: &LaunchArgs) -> Result<(toml::Table, Origin), Error> {
+    let (mut table, mut origin) = match &a.recipe {
         Some(p) => {
             let origin = p.display().to_string();
             // Its name is written into the script's header.
@@ -127,9 +128,9 @@ fn recipe_table(a: &LaunchArgs) -> Result<(toml::Table, String), Error> {
                     e.reason()
                 ))
             })?;
-            (recipe::parse_table(&text, &origin)?, origin)
+            (recipe::parse_table(&text, &origin)?, Origin::file(&origin))
         }
-        None => (toml::Table::new(), "the flags".to_string()),
+        None => (toml::Table::new(), Origin::file("the flags")),
     };
     for s in &a.set {
         let Some((k, v)) = s.split_once('=') else {
@@ -138,25 +139,28 @@ fn recipe_table(a: &LaunchArgs) -> Result<(toml::Table, String), Error> {
             ));
         };
         recipe::set_key(&mut table, k.trim(), recipe::toml_value(v))?;
+        origin.set(k.trim(), format!("--set {}", k.trim()));
     }
     let s = |v: &Option<String>| v.clone().map(toml::Value::String);
     let n = |v: Option<u32>| v.map(|n| toml::Value::Integer(n.into()));
-    for (k, v) in [
-        ("name", s(&a.name)),
-        ("nodes", n(a.nodes)),
-        ("nproc_per_node", n(a.nproc_per_node)),
-        ("partition", s(&a.partition)),
-        ("account", s(&a.account)),
-        ("time", s(&a.time)),
-        ("image", s(&a.image)),
-        ("cluster", s(&a.cluster)),
-        ("script", s(&a.script)),
+    for (k, flag, v) in [
+        ("name", "--name", s(&a.name)),
+        ("nodes", "--nodes", n(a.nodes)),
+        ("nproc_per_node", "--nproc-per-node", n(a.nproc_per_node)),
+        ("partition", "-p/--partition", s(&a.partition)),
+        ("account", "-A/--account", s(&a.account)),
+        ("time", "-t/--time", s(&a.time)),
+        ("image", "-i/--image", s(&a.image)),
+        ("cluster", "--cluster", s(&a.cluster)),
+        ("script", "-s/--script", s(&a.script)),
     ] {
         if let Some(v) = v {
             table.insert(k.into(), v);
+            origin.set(k, flag.into());
         }
     }
     if !a.args.is_empty() {
+        origin.set("args", "the arguments after --".into());
         table.insert(
             "args".into(),
             toml::Value::Array(a.args.iter().cloned().map(toml::Value::String).collect()),
@@ -287,7 +291,11 @@ fn launch_inner(a: &LaunchArgs, run: &[RunOption], check_run: RunCheck) -> Resul
 
 /// The rendered `vigil run` line through the agent's own parser and checks, as the job's agents
 /// will take it: a bad `[vigil]` value is refused before anything is submitted.
-fn check_vigil_line(line: &crate::RunLine, origin: &str, check_run: RunCheck) -> Result<(), Error> {
+fn check_vigil_line(
+    line: &crate::RunLine,
+    origin: &Origin,
+    check_run: RunCheck,
+) -> Result<(), Error> {
     check_run(line).map_err(|e| {
         Error(format!(
             "{origin}: vigil run would refuse this job: {e} (fix the `[vigil]` table or --set vigil.KEY=...; nothing was submitted)"

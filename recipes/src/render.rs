@@ -500,7 +500,14 @@ mod tests {
                 .unwrap_or_default()
         ))
         .unwrap();
-        crate::recipe::resolve(&r, "r", Path::new("/w d"), "/opt/v/vigil", true).unwrap()
+        crate::recipe::resolve(
+            &r,
+            &crate::recipe::Origin::file("r"),
+            Path::new("/w d"),
+            "/opt/v/vigil",
+            true,
+        )
+        .unwrap()
     }
 
     #[test]
