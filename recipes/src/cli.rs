@@ -216,6 +216,9 @@ fn launch_inner(a: &LaunchArgs, run: &[RunOption], check_run: RunCheck) -> Resul
     }
     let home = experiment::home(&env, &cwd)?;
     recipe::plain("VIGIL_HOME", "the experiment home", &home.to_string_lossy())?;
+    if let Some(w) = render::unseen_vigil(&job, &home.join("experiments")) {
+        eprintln!("vigil launch: warning: {w}");
+    }
     if !a.interactive {
         let planned = home.join("experiments").join(&job.name).join("check");
         check_vigil_line(&render::slurm_run_line(&job, &planned), &origin, check_run)?;

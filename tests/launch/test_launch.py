@@ -237,3 +237,21 @@ def test_durations_as_vigil_run_takes_them_render_in_slurm_form(job):
         p = run_vigil(["launch", str(r), "--dry-run", "-t", given], cwd=job, env=env_for(job))
         assert p.returncode == 0, (given, p.stderr)
         assert f"#SBATCH --time={want}\n" in p.stdout, (given, p.stdout)
+
+
+def test_a_vigil_bin_the_image_may_not_hold_is_warned_about_not_refused(job):
+    args = container_job(job) + ["--dry-run"]
+    env = env_for(job, HF_TOKEN="x", WANDB_API_KEY="y")
+    p = run_vigil(args + ["--set", "vigil_bin=/opt/nowhere/vigil"], cwd=job, env=env)
+    assert p.returncode == 0, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("vigil launch: warning: vigil_bin /opt/nowhere/vigil"), p.stderr
+    assert "docs/install.md" in lines[0] and "/opt/nowhere:/opt/nowhere:ro" in lines[0], lines[0]
+    assert "/opt/nowhere/vigil run" in p.stdout
+    # A mounted directory, the image's own `vigil` on PATH, or the default (the running binary,
+    # mounted): no warning.
+    for bin_ in [str(job / "work" / "vigil"), "vigil"]:
+        p = run_vigil(args + ["--set", f"vigil_bin={bin_}"], cwd=job, env=env)
+        assert p.returncode == 0 and p.stderr == "", (bin_, p.stderr)
+    p = run_vigil(args, cwd=job, env=env)
+    assert p.returncode == 0 and p.stderr == "", p.stderr
