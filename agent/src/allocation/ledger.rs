@@ -397,8 +397,9 @@ impl std::fmt::Display for LedgerError {
 impl std::error::Error for LedgerError {}
 
 /// Which state directory `vigil ledger [TARGET]` means. TARGET is a state directory (it holds
-/// `ledger.jsonl` or is named `vigil-job-<key>`), a log directory holding `vigil-job-<key>/`, or a
-/// job id. A job id is looked up where vigil makes a job's state directory by default: the
+/// `ledger.jsonl` or is named `vigil-job-<key>`), a log directory holding `vigil-job-<key>/` (else
+/// the one ledger below it, found as `vigil report` finds it: a plain `vigil run --log-dir` or run
+/// directory, an experiment), or a job id. A job id is looked up where vigil makes a job's state directory by default: the
 /// Slurm submit directory (`$SLURM_SUBMIT_DIR`, else the current directory, where `vigil ledger`
 /// is usually run from) and `$TMPDIR`, as `vigil-job-<id>` or `vigil-job-<cluster>-<id>`
 /// (`$SLURM_CLUSTER_NAME` picks the cluster; without it, a single match). No TARGET:
@@ -476,10 +477,15 @@ pub fn resolve_dir(
                 return Ok(one.clone());
             }
         }
+        if jobs.is_empty() {
+            // A plain `vigil run --log-dir` log directory, a run directory or an experiment:
+            // the ledger below it, found as `vigil report` finds it.
+            jobs = vigil_report::target::ledger_dirs(path);
+        }
         return match jobs.len() {
             1 => Ok(jobs.remove(0)),
             0 => Err(LedgerError(format!(
-                "{} holds no ledger: neither {FILE} nor a vigil-job-<id>/ directory",
+                "{} holds no ledger: neither {FILE} nor a vigil-job-<id>/ directory, nor a run directory with one below it",
                 path.display()
             ))),
             _ => Err(LedgerError(format!(
