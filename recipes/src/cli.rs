@@ -301,8 +301,15 @@ fn check_vigil_line(
     check_run: RunCheck,
 ) -> Result<(), Error> {
     check_run(line).map_err(|e| {
+        // The option clap names (`'--max-restarts <..>'`), when a flag gave it, is the flag's.
+        let who = origin
+            .flag_keys()
+            .filter_map(|k| k.strip_prefix("vigil."))
+            .find(|k| e.0.contains(&format!("'--{} ", k.replace('_', "-"))))
+            .map(|k| origin.of(&format!("vigil.{k}")).to_string())
+            .unwrap_or_else(|| origin.to_string());
         Error(format!(
-            "{origin}: vigil run would refuse this job: {e} (fix the `[vigil]` table or --set vigil.KEY=...; nothing was submitted)"
+            "{who}: vigil run would refuse this job: {e} (fix the `[vigil]` table or --set vigil.KEY=...; nothing was submitted)"
         ))
     })
 }

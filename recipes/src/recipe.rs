@@ -254,9 +254,22 @@ pub fn check_keys(table: &toml::Table, origin: &Origin, run: &[RunOption]) -> Re
 
 /// Deserializes a checked table; serde's message made one line.
 pub fn from_table(table: toml::Table, origin: &Origin) -> Result<Recipe, Error> {
-    Recipe::deserialize(toml::Value::Table(table)).map_err(|e| {
+    // serde's message names no key: the key a flag gave that fails alone is the flag's.
+    let alone_fails = |k: &str| {
+        table.get(k).is_some_and(|v| {
+            let one = toml::Table::from_iter([(k.to_string(), v.clone())]);
+            Recipe::deserialize(toml::Value::Table(one)).is_err()
+        })
+    };
+    let by_flag = origin
+        .flag_keys()
+        .map(|k| k.split('.').next().unwrap_or(k))
+        .find(|k| alone_fails(k))
+        .map(|k| origin.of(k).to_string());
+    Recipe::deserialize(toml::Value::Table(table.clone())).map_err(|e| {
         Error(format!(
-            "{origin}: {}",
+            "{}: {}",
+            by_flag.unwrap_or_else(|| origin.to_string()),
             e.message().trim().replace('\n', " ")
         ))
     })
@@ -291,6 +304,11 @@ impl Origin {
     pub fn set(&mut self, key: &str, flag: String) {
         self.flags.retain(|(k, _)| k != key);
         self.flags.push((key.to_string(), flag));
+    }
+
+    /// The (dotted) keys that flags set.
+    pub fn flag_keys(&self) -> impl Iterator<Item = &str> {
+        self.flags.iter().map(|(k, _)| k.as_str())
     }
 
     /// Who gave `key` (dotted): the flag that set it or one of its tables, else the file.
@@ -864,6 +882,11 @@ mod tests {
         let e = resolve(&r, &o, Path::new("/w"), "/bin/vigil", false).unwrap_err();
         assert!(e.0.starts_with("-t/--time: time = \"soon\""), "{e}");
         assert_eq!(o.of("env.X"), "my.toml");
+        let mut t = parse_table("name = \"a\"\n", "my.toml").unwrap();
+        set_key(&mut t, "nodes", toml_value("abc")).unwrap();
+        o.set("nodes", "--set nodes".into());
+        let e = from_table(t, &o).unwrap_err();
+        assert!(e.0.starts_with("--set nodes: invalid type"), "{e}");
     }
 
     fn job(text: &str) -> Result<Job, Error> {

@@ -214,6 +214,8 @@ def test_a_flags_error_names_the_flag_not_the_file(job):
         (["--set", "time=soon"], "--set time: time = \"soon\""),
         (["--set", "vigil.max_restart=3"], "--set vigil.max_restart: unknown key `vigil.max_restart`"),
         (["--set", "nodez=3"], "--set nodez: unknown key `nodez`"),
+        (["--set", "nodes=abc"], "--set nodes: invalid type"),
+        (["--set", "vigil.max_restarts=abc"], "--set vigil.max_restarts: vigil run would refuse this job"),
     ]:
         line = refused(run_vigil(["launch", str(r), "--dry-run"] + flags, cwd=job, env=env_for(job)))
         assert line.startswith("vigil launch: error: " + want), (flags, line)
