@@ -501,7 +501,15 @@ pub fn resolve_dir(
     if target.contains('/') || path.exists() {
         return Err(LedgerError(format!("{target} is not a directory")));
     }
-    by_id(target)
+    let not_a_job = match by_id(target) {
+        Ok(d) => return Ok(d),
+        Err(e) => e,
+    };
+    // Not a job id here: an experiment's id or name, as `vigil report` takes it.
+    match vigil_report::resolve_target(target, env).map(|d| vigil_report::target::ledger_dirs(&d)) {
+        Ok(mut dirs) if dirs.len() == 1 => Ok(dirs.remove(0)),
+        _ => Err(not_a_job),
+    }
 }
 
 /// The job state directories (`vigil-job-*`) in `dir`, sorted; none when it cannot be listed.
@@ -871,6 +879,16 @@ mod tests {
             let out = ledger_command(Some(target.to_str().unwrap()), &none, &cwd).unwrap();
             assert!(out.starts_with("#  "), "{out}");
             assert!(out.contains("1000@time-limit"), "{out}");
+        }
+        // An experiment's name (its newest launch) or id under $VIGIL_HOME, as report takes.
+        let launch = d.0.join("home/experiments/demo/demo_20260101-000000");
+        append(&launch.join("state"), &rec(1)).unwrap();
+        let home = env_of(vec![("VIGIL_HOME", d.0.join("home").display().to_string())]);
+        for name in ["demo", "demo_20260101-000000"] {
+            assert_eq!(
+                resolve_dir(Some(name), &home, &cwd).unwrap(),
+                launch.join("state")
+            );
         }
         // A job id: looked up in the current (submit) directory and under $TMPDIR.
         let e = ledger_command(Some("4242"), &none, &cwd)
