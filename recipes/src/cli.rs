@@ -9,6 +9,7 @@ use std::time::{Duration, Instant, SystemTime};
 use clap::Args;
 
 use crate::experiment::{self, Meta};
+use crate::recipe::Origin;
 use crate::recipe::{self, Facts};
 use crate::render::{self, Target};
 use crate::{err, slurm, Error, RunCheck, RunOption};
@@ -47,7 +48,7 @@ pub struct LaunchArgs {
     /// The recipe's `account`.
     #[arg(short = 'A', long)]
     pub account: Option<String>,
-    /// The recipe's `time` (Slurm's HH:MM:SS).
+    /// The recipe's `time`: Slurm's HH:MM:SS (D-HH:MM:SS) or 4h, 90m, 1d, 1h30m.
     #[arg(short = 't', long)]
     pub time: Option<String>,
     /// The recipe's `image` (a .sqsh path or a registry reference).
@@ -67,7 +68,8 @@ pub struct LaunchArgs {
 #[derive(Debug, Clone, Args)]
 pub struct ExperimentArg {
     /// An experiment id (`name_YYYYMMDD-HHMMSS`), a name (its latest launch) or an experiment
-    /// directory; default: the latest launch.
+    /// directory; for status and logs also a log, run or state directory of a plain `vigil run`
+    /// (docs/usage.md, "Naming a job"); default: the latest launch.
     #[arg(value_name = "EXPERIMENT")]
     pub experiment: Option<String>,
 }
@@ -111,8 +113,8 @@ fn fail(cmd: &str, e: Error) -> i32 {
 }
 
 /// The recipe table: the file, then --set, then the named flags.
-fn recipe_table(a: &LaunchArgs) -> Result<(toml::Table, String), Error> {
-    let (mut table, origin) = match &a.recipe {
+fn recipe_table(a: &LaunchArgs) -> Result<(toml::Table, Origin), Error> {
+    let (mut table, mut origin) = match &a.recipe {
         Some(p) => {
             let origin = p.display().to_string();
             // Its name is written into the script's header.
@@ -127,9 +129,9 @@ fn recipe_table(a: &LaunchArgs) -> Result<(toml::Table, String), Error> {
                     e.reason()
                 ))
             })?;
-            (recipe::parse_table(&text, &origin)?, origin)
+            (recipe::parse_table(&text, &origin)?, Origin::file(&origin))
         }
-        None => (toml::Table::new(), "the flags".to_string()),
+        None => (toml::Table::new(), Origin::file("the flags")),
     };
     for s in &a.set {
         let Some((k, v)) = s.split_once('=') else {
@@ -138,25 +140,28 @@ fn recipe_table(a: &LaunchArgs) -> Result<(toml::Table, String), Error> {
             ));
         };
         recipe::set_key(&mut table, k.trim(), recipe::toml_value(v))?;
+        origin.set(k.trim(), format!("--set {}", k.trim()));
     }
     let s = |v: &Option<String>| v.clone().map(toml::Value::String);
     let n = |v: Option<u32>| v.map(|n| toml::Value::Integer(n.into()));
-    for (k, v) in [
-        ("name", s(&a.name)),
-        ("nodes", n(a.nodes)),
-        ("nproc_per_node", n(a.nproc_per_node)),
-        ("partition", s(&a.partition)),
-        ("account", s(&a.account)),
-        ("time", s(&a.time)),
-        ("image", s(&a.image)),
-        ("cluster", s(&a.cluster)),
-        ("script", s(&a.script)),
+    for (k, flag, v) in [
+        ("name", "--name", s(&a.name)),
+        ("nodes", "--nodes", n(a.nodes)),
+        ("nproc_per_node", "--nproc-per-node", n(a.nproc_per_node)),
+        ("partition", "-p/--partition", s(&a.partition)),
+        ("account", "-A/--account", s(&a.account)),
+        ("time", "-t/--time", s(&a.time)),
+        ("image", "-i/--image", s(&a.image)),
+        ("cluster", "--cluster", s(&a.cluster)),
+        ("script", "-s/--script", s(&a.script)),
     ] {
         if let Some(v) = v {
             table.insert(k.into(), v);
+            origin.set(k, flag.into());
         }
     }
     if !a.args.is_empty() {
+        origin.set("args", "the arguments after --".into());
         table.insert(
             "args".into(),
             toml::Value::Array(a.args.iter().cloned().map(toml::Value::String).collect()),
@@ -212,6 +217,9 @@ fn launch_inner(a: &LaunchArgs, run: &[RunOption], check_run: RunCheck) -> Resul
     }
     let home = experiment::home(&env, &cwd)?;
     recipe::plain("VIGIL_HOME", "the experiment home", &home.to_string_lossy())?;
+    if let Some(w) = render::unseen_vigil(&job, &home.join("experiments")) {
+        eprintln!("vigil launch: warning: {w}");
+    }
     if !a.interactive {
         let planned = home.join("experiments").join(&job.name).join("check");
         check_vigil_line(&render::slurm_run_line(&job, &planned), &origin, check_run)?;
@@ -287,10 +295,21 @@ fn launch_inner(a: &LaunchArgs, run: &[RunOption], check_run: RunCheck) -> Resul
 
 /// The rendered `vigil run` line through the agent's own parser and checks, as the job's agents
 /// will take it: a bad `[vigil]` value is refused before anything is submitted.
-fn check_vigil_line(line: &crate::RunLine, origin: &str, check_run: RunCheck) -> Result<(), Error> {
+fn check_vigil_line(
+    line: &crate::RunLine,
+    origin: &Origin,
+    check_run: RunCheck,
+) -> Result<(), Error> {
     check_run(line).map_err(|e| {
+        // The option clap names (`'--max-restarts <..>'`), when a flag gave it, is the flag's.
+        let who = origin
+            .flag_keys()
+            .filter_map(|k| k.strip_prefix("vigil."))
+            .find(|k| e.0.contains(&format!("'--{} ", k.replace('_', "-"))))
+            .map(|k| origin.of(&format!("vigil.{k}")).to_string())
+            .unwrap_or_else(|| origin.to_string());
         Error(format!(
-            "{origin}: vigil run would refuse this job: {e} (fix the `[vigil]` table or --set vigil.KEY=...; nothing was submitted)"
+            "{who}: vigil run would refuse this job: {e} (fix the `[vigil]` table or --set vigil.KEY=...; nothing was submitted)"
         ))
     })
 }
@@ -372,7 +391,19 @@ fn job_id(m: &Meta) -> Result<&str, Error> {
 
 pub fn status(a: &ExperimentArg) -> i32 {
     let run = || -> Result<(), Error> {
-        let m = find(a.experiment.as_deref())?;
+        let m = match named(a.experiment.as_deref())? {
+            Named::Experiment(m) => m,
+            Named::Records(dir) => {
+                // No Slurm job to ask: vigil's own view only, as `vigil report` reads the records.
+                let mut out = format!("Records in {}\n", dir.display());
+                for line in vigil_view(&dir) {
+                    out.push_str(&line);
+                    out.push('\n');
+                }
+                print!("{}", vigil_report::term_safe(&out));
+                return Ok(());
+            }
+        };
         let id = job_id(&m)?;
         let info = slurm::show_job(id)?;
         let state = match &info {
@@ -428,54 +459,34 @@ fn vigil_view(exp_dir: &Path) -> Vec<String> {
     }
 }
 
-/// Rank `rank`'s latest attempt: its stdout.log and stderr.log, from the run directories'
-/// event logs under the experiment (`rank_started` names the run dir, attempt and local rank).
+/// Rank `rank`'s latest attempt: its stdout.log and stderr.log, from the event logs below `dir`
+/// (an experiment, a log, run or state directory: vigil_report::target, shared with report).
 fn rank_logs(dir: &Path, rank: u32) -> Result<(PathBuf, PathBuf), Error> {
-    let mut best: Option<(f64, PathBuf)> = None;
-    let runs = std::fs::read_dir(dir.join("runs")).map_err(|e| {
-        Error(format!(
-            "{}: {e}; the job has not started vigil yet",
-            dir.join("runs").display()
-        ))
-    })?;
-    for run in runs.flatten() {
-        // Streamed, each line bounded: an event log may be large, or not a file at all.
-        let Ok(lines) =
-            vigil_bounded::lines(&run.path().join("events.jsonl"), vigil_bounded::LINE_LIMIT)
-        else {
-            continue;
-        };
-        for line in lines.map_while(Result::ok) {
-            let Ok(ev) = serde_json::from_str::<serde_json::Value>(&line.text) else {
-                continue;
-            };
-            if ev["event"] != "rank_started" || ev["rank"].as_u64() != Some(rank.into()) {
-                continue;
-            }
-            let (Some(ts), Some(cycle), Some(local)) = (
-                ev["ts"].as_f64(),
-                ev["cycle"].as_u64(),
-                ev["local_rank"].as_u64(),
-            ) else {
-                continue;
-            };
-            if best.as_ref().is_none_or(|(b, _)| ts > *b) {
-                best = Some((
-                    ts,
-                    run.path()
-                        .join(format!("attempt_{cycle}"))
-                        .join(local.to_string()),
-                ));
-            }
-        }
-    }
-    match best {
-        Some((_, d)) => Ok((d.join("stdout.log"), d.join("stderr.log"))),
+    match vigil_report::target::rank_dir(dir, rank) {
+        Some(d) => Ok((d.join("stdout.log"), d.join("stderr.log"))),
         None => err(format!(
-            "no rank {rank} in {}: the job has not started it (yet), or it has fewer ranks",
-            dir.join("runs").display()
+            "no rank {rank} in {}: no event log below it records that rank starting (not started yet, fewer ranks, or not a vigil log directory)",
+            dir.display()
         )),
     }
+}
+
+/// What `vigil status`/`logs` TARGET names: a launched experiment (its directory, id or name),
+/// or a directory of vigil's records that no experiment made (`vigil run --log-dir`, a run or a
+/// state directory), read as `vigil report` reads it.
+enum Named {
+    Experiment(Meta),
+    Records(PathBuf),
+}
+
+fn named(q: Option<&str>) -> Result<Named, Error> {
+    if let Some(q) = q {
+        let p = Path::new(q);
+        if p.is_dir() && !p.join(experiment::META).is_file() {
+            return Ok(Named::Records(p.to_path_buf()));
+        }
+    }
+    find(q).map(Named::Experiment)
 }
 
 /// Terminal control bytes written as text (`\x1b`), for a log copied to a terminal: C0 controls
@@ -540,9 +551,38 @@ fn pump(path: &Path, pos: &mut u64, out: &mut dyn Write, raw: bool) -> u64 {
     total
 }
 
+/// `vigil logs --rank N DIR` for a directory no experiment made: there is no job log and no
+/// Slurm job to watch, so -f follows the rank's files until Ctrl-C.
+fn dir_logs(a: &LogsArgs, dir: &Path) -> Result<(), Error> {
+    let Some(rank) = a.rank else {
+        return err(format!(
+            "{} is not a launched experiment, so it has no job log: give --rank N for one rank's output",
+            dir.display()
+        ));
+    };
+    let (o, e) = rank_logs(dir, rank)?;
+    let files = [(o, false), (e, true)];
+    let mut pos = [0u64; 2];
+    let mut out = std::io::stdout();
+    let mut errs = std::io::stderr();
+    loop {
+        for ((p, to_err), at) in files.iter().zip(pos.iter_mut()) {
+            let sink: &mut dyn Write = if *to_err { &mut errs } else { &mut out };
+            pump(p, at, sink, a.raw);
+        }
+        if !a.follow {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
 pub fn logs(a: &LogsArgs) -> i32 {
     let run = || -> Result<(), Error> {
-        let m = find(a.which.experiment.as_deref())?;
+        let m = match named(a.which.experiment.as_deref())? {
+            Named::Experiment(m) => m,
+            Named::Records(dir) => return dir_logs(a, &dir),
+        };
         let id = job_id(&m)?.to_string();
         let files: Vec<(PathBuf, bool)> = match a.rank {
             Some(r) => {
@@ -606,7 +646,19 @@ pub fn logs(a: &LogsArgs) -> i32 {
 
 pub fn cancel(a: &ExperimentArg) -> i32 {
     let run = || -> Result<(), Error> {
-        let m = find(a.experiment.as_deref())?;
+        let m = match named(a.experiment.as_deref())? {
+            Named::Experiment(m) => m,
+            Named::Records(dir) => {
+                // No Slurm job to ask: vigil's own view only, as `vigil report` reads the records.
+                let mut out = format!("Records in {}\n", dir.display());
+                for line in vigil_view(&dir) {
+                    out.push_str(&line);
+                    out.push('\n');
+                }
+                print!("{}", vigil_report::term_safe(&out));
+                return Ok(());
+            }
+        };
         let id = job_id(&m)?;
         match slurm::state(id)? {
             Some(s) if slurm::is_terminal(&s) => {

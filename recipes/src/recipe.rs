@@ -196,23 +196,26 @@ fn settable(run: &[RunOption]) -> Vec<&RunOption> {
 
 /// Checks the keys of the table (top level and `[vigil]`) before deserializing, so that an
 /// unknown key is named with the nearest known one.
-pub fn check_keys(table: &toml::Table, origin: &str, run: &[RunOption]) -> Result<(), Error> {
+pub fn check_keys(table: &toml::Table, origin: &Origin, run: &[RunOption]) -> Result<(), Error> {
     for key in table.keys() {
         if !KEYS.contains(&key.as_str()) {
             let near = nearest(key, KEYS.iter().copied()).unwrap_or("name");
             return err(format!(
-                "{origin}: unknown key `{key}`; did you mean `{near}`? (docs/launch.md lists the keys)"
+                "{}: unknown key `{key}`; did you mean `{near}`? (docs/launch.md lists the keys)",
+                origin.of(key)
             ));
         }
     }
     if let Some(v) = table.get("vigil") {
         let Some(vt) = v.as_table() else {
             return err(format!(
-                "{origin}: `vigil` must be a table of vigil run's options, e.g. [vigil] max_restarts = 3"
+                "{}: `vigil` must be a table of vigil run's options, e.g. [vigil] max_restarts = 3",
+                origin.of("vigil")
             ));
         };
         let ok = settable(run);
         for (key, value) in vt {
+            let origin = origin.of(&format!("vigil.{key}"));
             let dash = key.replace('_', "-");
             if let Some((_, why)) = RENDERED.iter().find(|(r, _)| *r == dash) {
                 return err(format!(
@@ -250,37 +253,83 @@ pub fn check_keys(table: &toml::Table, origin: &str, run: &[RunOption]) -> Resul
 }
 
 /// Deserializes a checked table; serde's message made one line.
-pub fn from_table(table: toml::Table, origin: &str) -> Result<Recipe, Error> {
-    Recipe::deserialize(toml::Value::Table(table)).map_err(|e| {
+pub fn from_table(table: toml::Table, origin: &Origin) -> Result<Recipe, Error> {
+    // serde's message names no key: the key a flag gave that fails alone is the flag's.
+    let alone_fails = |k: &str| {
+        table.get(k).is_some_and(|v| {
+            let one = toml::Table::from_iter([(k.to_string(), v.clone())]);
+            Recipe::deserialize(toml::Value::Table(one)).is_err()
+        })
+    };
+    let by_flag = origin
+        .flag_keys()
+        .map(|k| k.split('.').next().unwrap_or(k))
+        .find(|k| alone_fails(k))
+        .map(|k| origin.of(k).to_string());
+    Recipe::deserialize(toml::Value::Table(table.clone())).map_err(|e| {
         Error(format!(
-            "{origin}: {}",
+            "{}: {}",
+            by_flag.unwrap_or_else(|| origin.to_string()),
             e.message().trim().replace('\n', " ")
         ))
     })
 }
 
-/// A Slurm time limit (`MM`, `MM:SS`, `HH:MM:SS`, `D-HH`, `D-HH:MM`, `D-HH:MM:SS`) in seconds.
+/// A time limit (Slurm's `MM`, `MM:SS`, `HH:MM:SS`, `D-HH`, `D-HH:MM`, `D-HH:MM:SS`, or `4h`,
+/// `90m`, `1d`, `1h30m` as `vigil run --time-limit` takes) in seconds; `None` when not one or zero.
 pub fn slurm_time_secs(t: &str) -> Option<u64> {
-    let num = |s: &str| -> Option<u64> {
-        (!s.is_empty() && s.len() <= 6 && s.bytes().all(|b| b.is_ascii_digit()))
-            .then(|| s.parse().ok())
-            .flatten()
-    };
-    let (days, rest) = match t.split_once('-') {
-        Some((d, r)) => (Some(num(d)?), r),
-        None => (None, t),
-    };
-    let parts: Vec<u64> = rest.split(':').map(num).collect::<Option<_>>()?;
-    let secs = match (days, parts.as_slice()) {
-        (None, [m]) => m * 60,
-        (None, [m, s]) => m * 60 + s,
-        (None, [h, m, s]) => h * 3600 + m * 60 + s,
-        (Some(d), [h]) => d * 86400 + h * 3600,
-        (Some(d), [h, m]) => d * 86400 + h * 3600 + m * 60,
-        (Some(d), [h, m, s]) => d * 86400 + h * 3600 + m * 60 + s,
-        _ => return None,
-    };
-    (secs > 0).then_some(secs)
+    crate::slurm::parse_duration(t.trim())
+        .ok()
+        .map(|d| d.as_secs())
+        .filter(|s| *s > 0)
+}
+
+/// Where each value of the recipe table came from: the file, or the flag that set it, so that
+/// an error names what the user typed (`-t/--time`, `--set vigil.max_restarts`), not the file.
+#[derive(Debug, Clone, Default)]
+pub struct Origin {
+    file: String,
+    flags: Vec<(String, String)>,
+}
+
+impl Origin {
+    pub fn file(name: &str) -> Origin {
+        Origin {
+            file: name.to_string(),
+            flags: Vec::new(),
+        }
+    }
+
+    /// Records that `flag` set the (dotted) `key`; a later flag for the same key wins.
+    pub fn set(&mut self, key: &str, flag: String) {
+        self.flags.retain(|(k, _)| k != key);
+        self.flags.push((key.to_string(), flag));
+    }
+
+    /// The (dotted) keys that flags set.
+    pub fn flag_keys(&self) -> impl Iterator<Item = &str> {
+        self.flags.iter().map(|(k, _)| k.as_str())
+    }
+
+    /// Who gave `key` (dotted): the flag that set it or one of its tables, else the file.
+    pub fn of(&self, key: &str) -> &str {
+        let mut k = key;
+        loop {
+            if let Some((_, f)) = self.flags.iter().find(|(fk, _)| fk == k) {
+                return f;
+            }
+            match k.rsplit_once('.') {
+                Some((parent, _)) => k = parent,
+                None => return &self.file,
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.file)
+    }
 }
 
 fn is_identifier(s: &str) -> bool {
@@ -384,26 +433,28 @@ pub struct Job {
 /// I/O. `cwd` makes relative directories absolute; `vigil_bin` is the running binary's path.
 pub fn resolve(
     r: &Recipe,
-    origin: &str,
+    origin: &Origin,
     cwd: &Path,
     vigil_bin: &str,
     interactive: bool,
 ) -> Result<Job, Error> {
     let name = r.name.clone().ok_or_else(|| {
         Error(format!(
-            "{origin}: the recipe has no `name`; add name = \"my-run\" or give --name"
+            "{}: the recipe has no `name`; add name = \"my-run\" or give --name",
+            origin.of("name")
         ))
     })?;
     if !is_name(&name) {
         return err(format!(
-            "{origin}: name {name:?} must be letters, digits, `-`, `_` or `.` (starting with a letter or digit), at most 100"
+            "{}: name {name:?} must be letters, digits, `-`, `_` or `.` (starting with a letter or digit), at most 100", origin.of("name")
         ));
     }
     let preset = match &r.cluster {
         Some(c) => Some(presets::find(c).ok_or_else(|| {
             let near = nearest(c, presets::names()).unwrap_or("hcc-a3m");
             Error(format!(
-                "{origin}: unknown cluster `{c}`; did you mean `{near}`? (presets: {})",
+                "{}: unknown cluster `{c}`; did you mean `{near}`? (presets: {})",
+                origin.of("cluster"),
                 presets::names().join(", ")
             ))
         })?),
@@ -411,14 +462,14 @@ pub fn resolve(
     };
     let nodes = r.nodes.unwrap_or(1);
     if nodes == 0 {
-        return err(format!("{origin}: nodes = 0; give 1 or more"));
+        return err(format!("{}: nodes = 0; give 1 or more", origin.of("nodes")));
     }
     let gpus_per_node = r
         .gpus_per_node
         .or(preset.map(|p| p.gpus_per_node))
         .unwrap_or(0);
     let nproc_per_node = match r.nproc_per_node {
-        Some(0) => return err(format!("{origin}: nproc_per_node = 0; give 1 or more")),
+        Some(0) => return err(format!("{}: nproc_per_node = 0; give 1 or more", origin.of("nproc_per_node"))),
         Some(n) => n,
         None if gpus_per_node > 0 => gpus_per_node,
         None => {
@@ -427,24 +478,31 @@ pub fn resolve(
             ))
         }
     };
-    if let Some(t) = &r.time {
-        if slurm_time_secs(t).is_none() {
-            return err(format!(
-                "{origin}: time = {t:?} is not a Slurm time limit; give HH:MM:SS (e.g. \"04:00:00\"), MM, MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
-            ));
-        }
-    }
+    let time = match &r.time {
+        None => None,
+        Some(t) => match slurm_time_secs(t) {
+            Some(secs) => Some(crate::slurm::slurm_time(secs)),
+            None => {
+                return err(format!(
+                    "{}: time = {t:?} is not a time limit; give HH:MM:SS (e.g. \"04:00:00\"), D-HH:MM:SS, or 4h, 90m, 1d, 1h30m as vigil run --time-limit takes",
+                    origin.of("time")
+                ))
+            }
+        },
+    };
     let script = match (&r.script, interactive) {
         (Some(s), _) if s.is_empty() => {
             return err(format!(
-                "{origin}: script is empty; give the training script's path"
+                "{}: script is empty; give the training script's path",
+                origin.of("script")
             ))
         }
         (Some(s), _) => Some(s.clone()),
         (None, true) => None,
         (None, false) => {
             return err(format!(
-                "{origin}: the recipe has no `script`; add script = \"train.py\" or give --script"
+                "{}: the recipe has no `script`; add script = \"train.py\" or give --script",
+                origin.of("script")
             ))
         }
     };
@@ -452,7 +510,8 @@ pub fn resolve(
         if let Some(v) = v {
             if v.is_empty() || v.contains(|c: char| c.is_whitespace() || c == ',') {
                 return err(format!(
-                    "{origin}: {what} = {v:?} must be one name (no spaces or commas)"
+                    "{}: {what} = {v:?} must be one name (no spaces or commas)",
+                    origin.of(what)
                 ));
             }
         }
@@ -486,6 +545,7 @@ pub fn resolve(
         .unwrap_or_default();
     for (k, v) in &r.env {
         if !is_identifier(k) {
+            let origin = origin.of(&format!("env.{k}"));
             return err(format!(
                 "{origin}: env key {k:?} is not a variable name (letters, digits, `_`)"
             ));
@@ -493,6 +553,7 @@ pub fn resolve(
         env.push((k.clone(), v.clone()));
     }
     for s in &r.secrets {
+        let origin = origin.of("secrets");
         if !is_identifier(s) {
             return err(format!(
                 "{origin}: secret {s:?} is not a variable name; secrets list the names of variables (\"HF_TOKEN\"), never their values"
@@ -512,7 +573,8 @@ pub fn resolve(
         }
         mounts.extend(dirs.iter().map(|(_, d)| Mount::same(d)));
         for m in &r.mounts {
-            let mut m = Mount::parse(m).map_err(|e| Error(format!("{origin}: {e}")))?;
+            let mut m =
+                Mount::parse(m).map_err(|e| Error(format!("{}: {e}", origin.of("mounts"))))?;
             workspaces.push(m.clone());
             if !Path::new(&m.src).is_absolute() {
                 m.src = abs(Path::new(&m.src)).display().to_string();
@@ -521,7 +583,7 @@ pub fn resolve(
         }
     } else if !r.mounts.is_empty() {
         return err(format!(
-            "{origin}: `mounts` needs a container `image`; without one the job sees the host's files as they are"
+            "{}: `mounts` needs a container `image`; without one the job sees the host's files as they are", origin.of("mounts")
         ));
     }
     let mut vigil_args = Vec::new();
@@ -542,7 +604,7 @@ pub fn resolve(
         gpus_per_node,
         partition: r.partition.clone(),
         account: r.account.clone(),
-        time: r.time.clone(),
+        time,
         script,
         args: r.args.clone(),
         image: r.image.clone(),
@@ -575,8 +637,9 @@ pub fn plain(origin: &str, what: &str, value: &str) -> Result<(), Error> {
 }
 
 /// [`plain`] over every text of the job that rendering writes into a script or a command line.
-fn no_control_characters(job: &Job, origin: &str) -> Result<(), Error> {
-    let one = |what: &str, v: &str| plain(origin, what, v);
+fn no_control_characters(job: &Job, origin: &Origin) -> Result<(), Error> {
+    let one =
+        |what: &str, v: &str| plain(origin.of(what.split(' ').next().unwrap_or(what)), what, v);
     let opt = |what: &str, v: &Option<String>| v.as_deref().map_or(Ok(()), |v| one(what, v));
     one("name", &job.name)?;
     opt("cluster", &job.cluster)?;
@@ -712,8 +775,8 @@ mod tests {
 
     fn load(text: &str) -> Result<Recipe, Error> {
         let t = parse_table(text, "r.toml")?;
-        check_keys(&t, "r.toml", &run_opts())?;
-        from_table(t, "r.toml")
+        check_keys(&t, &Origin::file("r.toml"), &run_opts())?;
+        from_table(t, &Origin::file("r.toml"))
     }
 
     #[test]
@@ -749,7 +812,7 @@ mod tests {
         set_key(&mut t, "time", toml_value("00:10:00")).unwrap();
         set_key(&mut t, "env.OMP_NUM_THREADS", toml_value("4")).unwrap();
         set_key(&mut t, "env.X", toml_value("a b")).unwrap();
-        let r = from_table(t, "r").unwrap();
+        let r = from_table(t, &Origin::file("r")).unwrap();
         assert_eq!(r.vigil["max_restarts"].as_integer(), Some(3));
         assert_eq!(r.partition.as_deref(), Some("debug"));
         assert_eq!(r.args, ["--steps", "5"]);
@@ -758,11 +821,15 @@ mod tests {
         assert_eq!(r.env["X"], "a b");
         let r = from_table(
             parse_table("args = [\"--steps\", 5, 0.5, true]\n", "r").unwrap(),
-            "r",
+            &Origin::file("r"),
         )
         .unwrap();
         assert_eq!(r.args, ["--steps", "5", "0.5", "true"]);
-        let e = from_table(parse_table("env = { A = [1] }\n", "r").unwrap(), "r").unwrap_err();
+        let e = from_table(
+            parse_table("env = { A = [1] }\n", "r").unwrap(),
+            &Origin::file("r"),
+        )
+        .unwrap_err();
         assert!(e.0.contains("env.A must be text"), "{e}");
         let mut t = toml::Table::new();
         assert!(set_key(&mut t, "a..b", toml_value("1")).is_err());
@@ -777,13 +844,59 @@ mod tests {
         assert_eq!(slurm_time_secs("1:30"), Some(90));
         assert_eq!(slurm_time_secs("1-2"), Some(93600));
         assert_eq!(slurm_time_secs("1-0:0:10"), Some(86410));
-        for bad in ["", "0", "1h", "a:b", "1-", "1:2:3:4", "-5"] {
+        assert_eq!(slurm_time_secs("4h"), Some(14400));
+        assert_eq!(slurm_time_secs("1h30m"), Some(5400));
+        assert_eq!(slurm_time_secs("1d"), Some(86400));
+        for bad in ["", "0", "0s", "soon", "a:b", "1-", "1:2:3:4", "-5"] {
             assert_eq!(slurm_time_secs(bad), None, "{bad}");
         }
     }
 
+    #[test]
+    fn a_time_in_units_is_rendered_in_slurm_form() {
+        let j = job("name = \"a\"\nscript = \"t\"\nnproc_per_node = 1\ntime = \"4h\"\n").unwrap();
+        assert_eq!(j.time.as_deref(), Some("04:00:00"));
+        let j = job("name = \"a\"\nscript = \"t\"\nnproc_per_node = 1\ntime = \"1d\"\n").unwrap();
+        assert_eq!(j.time.as_deref(), Some("1-00:00:00"));
+    }
+
+    #[test]
+    fn an_error_names_the_flag_that_gave_the_value() {
+        let mut t = parse_table(
+            "name = \"a\"\nscript = \"t\"\nnproc_per_node = 1\n",
+            "my.toml",
+        )
+        .unwrap();
+        let mut o = Origin::file("my.toml");
+        t.insert("time".into(), toml::Value::String("soon".into()));
+        o.set("time", "-t/--time".into());
+        set_key(&mut t, "vigil.max_restart", toml_value("3")).unwrap();
+        o.set("vigil.max_restart", "--set vigil.max_restart".into());
+        let e = check_keys(&t, &o, &run_opts()).unwrap_err();
+        assert!(
+            e.0.starts_with("--set vigil.max_restart: unknown key"),
+            "{e}"
+        );
+        t.get_mut("vigil").unwrap().as_table_mut().unwrap().clear();
+        let r = from_table(t, &o).unwrap();
+        let e = resolve(&r, &o, Path::new("/w"), "/bin/vigil", false).unwrap_err();
+        assert!(e.0.starts_with("-t/--time: time = \"soon\""), "{e}");
+        assert_eq!(o.of("env.X"), "my.toml");
+        let mut t = parse_table("name = \"a\"\n", "my.toml").unwrap();
+        set_key(&mut t, "nodes", toml_value("abc")).unwrap();
+        o.set("nodes", "--set nodes".into());
+        let e = from_table(t, &o).unwrap_err();
+        assert!(e.0.starts_with("--set nodes: invalid type"), "{e}");
+    }
+
     fn job(text: &str) -> Result<Job, Error> {
-        resolve(&load(text)?, "r.toml", Path::new("/w"), "/bin/vigil", false)
+        resolve(
+            &load(text)?,
+            &Origin::file("r.toml"),
+            Path::new("/w"),
+            "/bin/vigil",
+            false,
+        )
     }
 
     #[test]
@@ -802,7 +915,7 @@ mod tests {
             .contains("no `nproc_per_node`"));
         assert!(job("name = \"a b\"\nscript = \"t\"\nnproc_per_node = 1\n").is_err());
         assert!(
-            job("name = \"a\"\nscript = \"t\"\nnproc_per_node = 1\ntime = \"4h\"\n")
+            job("name = \"a\"\nscript = \"t\"\nnproc_per_node = 1\ntime = \"soon\"\n")
                 .unwrap_err()
                 .0
                 .contains("HH:MM:SS")

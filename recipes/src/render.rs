@@ -153,6 +153,27 @@ fn env_lines(job: &Job, s: &mut String) {
     }
 }
 
+/// One line when the srun line would run a `vigil_bin` that the container cannot see: not
+/// mounted (no mount's target holds it) and not the plain `vigil` the image's PATH finds. The
+/// experiment directory `dir` is mounted too. A warning only: the image may hold that path.
+pub fn unseen_vigil(job: &Job, dir: &Path) -> Option<String> {
+    job.image.as_ref()?;
+    let bin = Path::new(&job.vigil_bin);
+    let plain = !job.vigil_bin.contains('/');
+    let mounted = job.mount_vigil
+        || bin.starts_with(dir)
+        || job.mounts.iter().any(|m| bin.starts_with(&m.dst));
+    if plain || mounted {
+        return None;
+    }
+    Some(format!(
+        "vigil_bin {} is under no mounted directory, so the container runs it from the image, which may not hold it (nor the rank library `import vigil`): install the vigil wheel in the image and set vigil_bin = \"vigil\" (docs/install.md), or mount its directory (mounts = [\"{}:{}:ro\"])",
+        job.vigil_bin,
+        bin.parent().unwrap_or(bin).display(),
+        bin.parent().unwrap_or(bin).display()
+    ))
+}
+
 /// srun's container flags (pyxis), one per line, or nothing without an image.
 fn container_flags(job: &Job, dir: &Path) -> Vec<String> {
     let Some(img) = &job.image else {
@@ -500,7 +521,14 @@ mod tests {
                 .unwrap_or_default()
         ))
         .unwrap();
-        crate::recipe::resolve(&r, "r", Path::new("/w d"), "/opt/v/vigil", true).unwrap()
+        crate::recipe::resolve(
+            &r,
+            &crate::recipe::Origin::file("r"),
+            Path::new("/w d"),
+            "/opt/v/vigil",
+            true,
+        )
+        .unwrap()
     }
 
     #[test]
@@ -533,5 +561,27 @@ mod tests {
         assert_eq!(runtime(36000), "10h");
         assert_eq!(runtime(5400), "90m");
         assert_eq!(runtime(61), "61s");
+    }
+
+    #[test]
+    fn a_vigil_bin_the_container_cannot_see_is_warned_about() {
+        let d = Path::new("/home/u/.vigil/experiments");
+        let mut j = job(Some("img.sqsh"));
+        assert_eq!(unseen_vigil(&j, d), None, "the running binary is mounted");
+        j.mount_vigil = false;
+        j.vigil_bin = "/opt/v/vigil".into();
+        let w = unseen_vigil(&j, d).expect("not mounted, not on PATH");
+        assert!(
+            w.contains("/opt/v/vigil") && w.contains("docs/install.md"),
+            "{w}"
+        );
+        assert!(w.contains("mounts = [\"/opt/v:/opt/v:ro\"]"), "{w}");
+        j.vigil_bin = "/w d/bin/vigil".into();
+        assert_eq!(unseen_vigil(&j, d), None, "under the mounted workdir");
+        j.vigil_bin = "vigil".into();
+        assert_eq!(unseen_vigil(&j, d), None, "the image's PATH");
+        let mut j = job(None);
+        j.mount_vigil = false;
+        assert_eq!(unseen_vigil(&j, d), None, "no container");
     }
 }

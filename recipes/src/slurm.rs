@@ -3,8 +3,64 @@
 
 use std::collections::BTreeMap;
 use std::process::{Command, Output};
+use std::time::Duration;
 
 use crate::{err, Error};
+
+/// Slurm's duration forms (`M`, `M:S`, `H:M:S`, `D-H`, `D-H:M`, `D-H:M:S`) or a number with
+/// units (`90s`, `45m`, `2h`, `1d`, `1h30m`).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    if s.is_empty() {
+        return Err("it is empty".into());
+    }
+    if s.starts_with('-') {
+        return Err("it is negative".into());
+    }
+    if s.bytes().any(|b| b.is_ascii_alphabetic()) {
+        return humantime::parse_duration(s).map_err(|e| format!("{e}"));
+    }
+    let num = |t: &str| -> Result<u64, String> {
+        if t.is_empty() || !t.bytes().all(|c| c.is_ascii_digit()) {
+            return Err(format!("{t:?} is not a whole number"));
+        }
+        t.parse::<u64>().map_err(|_| format!("{t:?} is too large"))
+    };
+    let (days, clock) = match s.split_once('-') {
+        Some((d, rest)) => (Some(num(d)?), rest),
+        None => (None, s),
+    };
+    let parts = clock
+        .split(':')
+        .map(num)
+        .collect::<Result<Vec<u64>, String>>()?;
+    let (h, m, sec) = match (days.is_some(), parts.as_slice()) {
+        (false, [m]) => (0, *m, 0),
+        (false, [m, s]) => (0, *m, *s),
+        (false, [h, m, s]) | (true, [h, m, s]) => (*h, *m, *s),
+        (true, [h]) => (*h, 0, 0),
+        (true, [h, m]) => (*h, *m, 0),
+        _ => return Err("it has too many fields".into()),
+    };
+    let total = days
+        .unwrap_or(0)
+        .checked_mul(86_400)
+        .and_then(|d| d.checked_add(h.checked_mul(3600)?))
+        .and_then(|t| t.checked_add(m.checked_mul(60)?))
+        .and_then(|t| t.checked_add(sec))
+        .ok_or("it is too large")?;
+    Ok(Duration::from_secs(total))
+}
+
+/// A duration in Slurm's `--time` form: `HH:MM:SS`, or `D-HH:MM:SS` from a day on.
+pub fn slurm_time(secs: u64) -> String {
+    let (d, r) = (secs / 86_400, secs % 86_400);
+    let hms = format!("{:02}:{:02}:{:02}", r / 3600, r % 3600 / 60, r % 60);
+    if d > 0 {
+        format!("{d}-{hms}")
+    } else {
+        hms
+    }
+}
 
 fn one_line(s: &[u8]) -> String {
     String::from_utf8_lossy(s)
@@ -167,5 +223,18 @@ mod tests {
             parse_partitions("debug\nlow\ndebug\n\nhigh\n"),
             ["debug", "low", "high"]
         );
+    }
+
+    #[test]
+    fn durations_in_slurm_form() {
+        let secs = |t: &str| parse_duration(t).unwrap().as_secs();
+        assert_eq!(slurm_time(secs("4h")), "04:00:00");
+        assert_eq!(slurm_time(secs("90m")), "01:30:00");
+        assert_eq!(slurm_time(secs("1h30m")), "01:30:00");
+        assert_eq!(slurm_time(secs("1d")), "1-00:00:00");
+        assert_eq!(slurm_time(secs("1-2:03")), "1-02:03:00");
+        assert_eq!(slurm_time(secs("04:00:00")), "04:00:00");
+        assert_eq!(slurm_time(secs("90")), "01:30:00");
+        assert!(parse_duration("soon").is_err());
     }
 }

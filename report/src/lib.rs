@@ -10,6 +10,7 @@ mod model;
 mod plot;
 pub mod records;
 mod status;
+pub mod target;
 
 use std::path::{Path, PathBuf};
 

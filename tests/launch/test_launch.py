@@ -155,7 +155,7 @@ def test_incomplete_or_wrong_recipes_are_refused_before_anything(job):
         ('name = "a"\nscript = "t.py"\n', "no `nproc_per_node`"),
         ('name = "a"\nnproc_per_node = 1\nscript = "missing.py"\n', "script " + str(job / "missing.py") + " does not exist"),
         ('name = "a"\nnproc_per_node = 1\nscript = "t.py"\nimage = "nope.sqsh"\n', "image " + str(job / "nope.sqsh") + " does not exist"),
-        ('name = "a"\nnproc_per_node = 1\nscript = "t.py"\ntime = "4h"\n', "HH:MM:SS"),
+        ('name = "a"\nnproc_per_node = 1\nscript = "t.py"\ntime = "soon"\n', "HH:MM:SS"),
         ('name = "a"\nscript = "t.py"\ncluster = "hcc-a3"\n', "did you mean `hcc-a3m`?"),
         ('name = "a"\nnproc_per_node = 1\nscript = "t.py"\n[vigil]\nlog_dir = "x"\n', "set by vigil launch itself"),
         ('name = "a"\nnproc_per_node = 1\nscript = "t.py"\nmounts = ["/a:/b"]\n', "needs a container `image`"),
@@ -200,3 +200,60 @@ def test_a_bad_flag_is_one_line_pointing_at_launch_help(job):
     p = run_vigil(["launch", "--bogus"], cwd=job, env=env_for(job))
     assert p.returncode == 2 and p.stdout == ""
     assert p.stderr == "vigil: error: unexpected argument '--bogus' found; see `vigil launch --help`\n"
+
+
+def test_a_flags_error_names_the_flag_not_the_file(job):
+    (job / "t.py").write_text("")
+    r = job / "my.toml"
+    r.write_text('name = "a"\nnproc_per_node = 1\nscript = "t.py"\n')
+    for flags, want in [
+        (["-t", "soon"], "-t/--time: time = \"soon\""),
+        (["--time", "soon"], "-t/--time: time = \"soon\""),
+        (["--nodes", "0"], "--nodes: nodes = 0"),
+        (["-p", "a b"], "-p/--partition: partition"),
+        (["--set", "time=soon"], "--set time: time = \"soon\""),
+        (["--set", "vigil.max_restart=3"], "--set vigil.max_restart: unknown key `vigil.max_restart`"),
+        (["--set", "nodez=3"], "--set nodez: unknown key `nodez`"),
+        (["--set", "nodes=abc"], "--set nodes: invalid type"),
+        (["--set", "vigil.max_restarts=abc"], "--set vigil.max_restarts: vigil run would refuse this job"),
+    ]:
+        line = refused(run_vigil(["launch", str(r), "--dry-run"] + flags, cwd=job, env=env_for(job)))
+        assert line.startswith("vigil launch: error: " + want), (flags, line)
+        assert "my.toml" not in line, (flags, line)
+    # The file's own mistakes still name the file.
+    r.write_text('name = "a"\nnproc_per_node = 1\nscript = "t.py"\ntime = "soon"\n')
+    line = refused(run_vigil(["launch", str(r), "--dry-run"], cwd=job, env=env_for(job)))
+    assert line.startswith(f"vigil launch: error: {r}: time = "), line
+
+
+def test_durations_as_vigil_run_takes_them_render_in_slurm_form(job):
+    (job / "t.py").write_text("")
+    r = job / "my.toml"
+    for given, want in [("4h", "04:00:00"), ("90m", "01:30:00"), ("1d", "1-00:00:00"),
+                        ("1h30m", "01:30:00"), ("04:00:00", "04:00:00"), ("2-12", "2-12:00:00")]:
+        r.write_text(f'name = "a"\nnproc_per_node = 1\nscript = "t.py"\ntime = "{given}"\n')
+        p = run_vigil(["launch", str(r), "--dry-run"], cwd=job, env=env_for(job))
+        assert p.returncode == 0, (given, p.stderr)
+        assert f"#SBATCH --time={want}\n" in p.stdout, (given, p.stdout)
+        r.write_text('name = "a"\nnproc_per_node = 1\nscript = "t.py"\n')
+        p = run_vigil(["launch", str(r), "--dry-run", "-t", given], cwd=job, env=env_for(job))
+        assert p.returncode == 0, (given, p.stderr)
+        assert f"#SBATCH --time={want}\n" in p.stdout, (given, p.stdout)
+
+
+def test_a_vigil_bin_the_image_may_not_hold_is_warned_about_not_refused(job):
+    args = container_job(job) + ["--dry-run"]
+    env = env_for(job, HF_TOKEN="x", WANDB_API_KEY="y")
+    p = run_vigil(args + ["--set", "vigil_bin=/opt/nowhere/vigil"], cwd=job, env=env)
+    assert p.returncode == 0, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("vigil launch: warning: vigil_bin /opt/nowhere/vigil"), p.stderr
+    assert "docs/install.md" in lines[0] and "/opt/nowhere:/opt/nowhere:ro" in lines[0], lines[0]
+    assert "/opt/nowhere/vigil run" in p.stdout
+    # A mounted directory, the image's own `vigil` on PATH, or the default (the running binary,
+    # mounted): no warning.
+    for bin_ in [str(job / "work" / "vigil"), "vigil"]:
+        p = run_vigil(args + ["--set", f"vigil_bin={bin_}"], cwd=job, env=env)
+        assert p.returncode == 0 and p.stderr == "", (bin_, p.stderr)
+    p = run_vigil(args, cwd=job, env=env)
+    assert p.returncode == 0 and p.stderr == "", p.stderr

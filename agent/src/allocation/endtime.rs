@@ -200,49 +200,8 @@ pub fn parse_time_limit(value: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-/// Slurm's duration forms (`M`, `M:S`, `H:M:S`, `D-H`, `D-H:M`, `D-H:M:S`) or a number with
-/// units (`90s`, `45m`, `2h`, `1d`, `1h30m`).
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    if s.is_empty() {
-        return Err("it is empty".into());
-    }
-    if s.starts_with('-') {
-        return Err("it is negative".into());
-    }
-    if s.bytes().any(|b| b.is_ascii_alphabetic()) {
-        return humantime::parse_duration(s).map_err(|e| format!("{e}"));
-    }
-    let num = |t: &str| -> Result<u64, String> {
-        if t.is_empty() || !t.bytes().all(|c| c.is_ascii_digit()) {
-            return Err(format!("{t:?} is not a whole number"));
-        }
-        t.parse::<u64>().map_err(|_| format!("{t:?} is too large"))
-    };
-    let (days, clock) = match s.split_once('-') {
-        Some((d, rest)) => (Some(num(d)?), rest),
-        None => (None, s),
-    };
-    let parts = clock
-        .split(':')
-        .map(num)
-        .collect::<Result<Vec<u64>, String>>()?;
-    let (h, m, sec) = match (days.is_some(), parts.as_slice()) {
-        (false, [m]) => (0, *m, 0),
-        (false, [m, s]) => (0, *m, *s),
-        (false, [h, m, s]) | (true, [h, m, s]) => (*h, *m, *s),
-        (true, [h]) => (*h, 0, 0),
-        (true, [h, m]) => (*h, *m, 0),
-        _ => return Err("it has too many fields".into()),
-    };
-    let total = days
-        .unwrap_or(0)
-        .checked_mul(86_400)
-        .and_then(|d| d.checked_add(h.checked_mul(3600)?))
-        .and_then(|t| t.checked_add(m.checked_mul(60)?))
-        .and_then(|t| t.checked_add(sec))
-        .ok_or("it is too large")?;
-    Ok(Duration::from_secs(total))
-}
+/// A duration as Slurm or a person writes it; shared with `vigil launch` (one parser for both).
+pub use vigil_recipes::slurm::parse_duration;
 
 /// Slurm's `TimeLimit=`: `None` for `UNLIMITED`, `Partition_Limit` and the like.
 pub fn parse_slurm_time_limit(s: &str) -> Option<Duration> {

@@ -397,8 +397,9 @@ impl std::fmt::Display for LedgerError {
 impl std::error::Error for LedgerError {}
 
 /// Which state directory `vigil ledger [TARGET]` means. TARGET is a state directory (it holds
-/// `ledger.jsonl` or is named `vigil-job-<key>`), a log directory holding `vigil-job-<key>/`, or a
-/// job id. A job id is looked up where vigil makes a job's state directory by default: the
+/// `ledger.jsonl` or is named `vigil-job-<key>`), a log directory holding `vigil-job-<key>/` (else
+/// the one ledger below it, found as `vigil report` finds it: a plain `vigil run --log-dir` or run
+/// directory, an experiment), or a job id. A job id is looked up where vigil makes a job's state directory by default: the
 /// Slurm submit directory (`$SLURM_SUBMIT_DIR`, else the current directory, where `vigil ledger`
 /// is usually run from) and `$TMPDIR`, as `vigil-job-<id>` or `vigil-job-<cluster>-<id>`
 /// (`$SLURM_CLUSTER_NAME` picks the cluster; without it, a single match). No TARGET:
@@ -476,10 +477,15 @@ pub fn resolve_dir(
                 return Ok(one.clone());
             }
         }
+        if jobs.is_empty() {
+            // A plain `vigil run --log-dir` log directory, a run directory or an experiment:
+            // the ledger below it, found as `vigil report` finds it.
+            jobs = vigil_report::target::ledger_dirs(path);
+        }
         return match jobs.len() {
             1 => Ok(jobs.remove(0)),
             0 => Err(LedgerError(format!(
-                "{} holds no ledger: neither {FILE} nor a vigil-job-<id>/ directory",
+                "{} holds no ledger: neither {FILE} nor a vigil-job-<id>/ directory, nor a run directory with one below it",
                 path.display()
             ))),
             _ => Err(LedgerError(format!(
@@ -495,7 +501,15 @@ pub fn resolve_dir(
     if target.contains('/') || path.exists() {
         return Err(LedgerError(format!("{target} is not a directory")));
     }
-    by_id(target)
+    let not_a_job = match by_id(target) {
+        Ok(d) => return Ok(d),
+        Err(e) => e,
+    };
+    // Not a job id here: an experiment's id or name, as `vigil report` takes it.
+    match vigil_report::resolve_target(target, env).map(|d| vigil_report::target::ledger_dirs(&d)) {
+        Ok(mut dirs) if dirs.len() == 1 => Ok(dirs.remove(0)),
+        _ => Err(not_a_job),
+    }
 }
 
 /// The job state directories (`vigil-job-*`) in `dir`, sorted; none when it cannot be listed.
@@ -865,6 +879,16 @@ mod tests {
             let out = ledger_command(Some(target.to_str().unwrap()), &none, &cwd).unwrap();
             assert!(out.starts_with("#  "), "{out}");
             assert!(out.contains("1000@time-limit"), "{out}");
+        }
+        // An experiment's name (its newest launch) or id under $VIGIL_HOME, as report takes.
+        let launch = d.0.join("home/experiments/demo/demo_20260101-000000");
+        append(&launch.join("state"), &rec(1)).unwrap();
+        let home = env_of(vec![("VIGIL_HOME", d.0.join("home").display().to_string())]);
+        for name in ["demo", "demo_20260101-000000"] {
+            assert_eq!(
+                resolve_dir(Some(name), &home, &cwd).unwrap(),
+                launch.join("state")
+            );
         }
         // A job id: looked up in the current (submit) directory and under $TMPDIR.
         let e = ledger_command(Some("4242"), &none, &cwd)

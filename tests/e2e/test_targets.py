@@ -1,0 +1,63 @@
+"""One way to name a job everywhere (issue 25, field finding 26): `vigil logs --rank N`, `status`,
+`ledger` and `report` all take a plain `vigil run` log directory and its run directory, as well
+as a launched experiment. A real `vigil run` with two ranks, then each command on its directories.
+"""
+import pytest
+
+from harness import base_env, run_dirs, run_vigil, write
+
+
+@pytest.fixture
+def ran(job):
+    write(job / "train.py", "import os, sys\nr = os.environ['RANK']\nprint('out of rank', r)\nprint('err of rank', r, file=sys.stderr)\n")
+    p = run_vigil(["run", "--log-dir", str(job / "logs"), "--nproc-per-node", "2", str(job / "train.py")], cwd=job)
+    assert p.returncode == 0, p.stderr
+    (run,) = run_dirs(job / "logs")
+    return job, run
+
+
+def env_for(job):
+    # No experiments here: a name would be looked up under this empty home.
+    return base_env(VIGIL_HOME=job / "home")
+
+
+def targets(job, run):
+    return [str(job / "logs"), str(run)]
+
+
+def test_logs_rank_reads_a_log_and_a_run_directory(ran):
+    job, run = ran
+    for t in targets(job, run):
+        p = run_vigil(["logs", "--rank", "1", t], cwd=job, env=env_for(job))
+        assert p.returncode == 0, (t, p.stderr)
+        assert p.stdout == "out of rank 1\n" and p.stderr == "err of rank 1\n", (t, p.stdout, p.stderr)
+        p = run_vigil(["logs", "--rank", "5", t], cwd=job, env=env_for(job))
+        assert p.returncode == 2 and "no rank 5 in" in p.stderr, (t, p.stderr)
+        p = run_vigil(["logs", t], cwd=job, env=env_for(job))
+        assert p.returncode == 2 and "give --rank N" in p.stderr, (t, p.stderr)
+
+
+def test_status_reads_a_log_and_a_run_directory(ran):
+    job, run = ran
+    for t in targets(job, run):
+        p = run_vigil(["status", t], cwd=job, env=env_for(job))
+        assert p.returncode == 0, (t, p.stderr)
+        assert p.stdout.startswith(f"Records in {t}\n"), p.stdout
+        assert "1 allocation" in p.stdout and "every rank exited 0" in p.stdout, p.stdout
+
+
+def test_ledger_reads_a_log_and_a_run_directory(ran):
+    job, run = ran
+    for t in targets(job, run):
+        p = run_vigil(["ledger", t], cwd=job, env=env_for(job))
+        assert p.returncode == 0, (t, p.stderr)
+        rows = [l for l in p.stdout.splitlines() if l.startswith("1 ")]
+        assert len(rows) == 1 and "finished" in rows[0], p.stdout
+
+
+def test_report_reads_a_log_and_a_run_directory(ran):
+    job, run = ran
+    for t in targets(job, run):
+        p = run_vigil(["report", t, "-o", str(job / "r.html")], cwd=job, env=env_for(job))
+        assert p.returncode == 0, (t, p.stderr)
+        assert "allocation" in (job / "r.html").read_text()
