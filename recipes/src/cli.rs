@@ -389,18 +389,23 @@ fn job_id(m: &Meta) -> Result<&str, Error> {
     })
 }
 
+/// A directory of vigil's records with no Slurm job to ask: vigil's own view only, as
+/// `vigil report` reads the records.
+fn print_records(dir: &Path) {
+    let mut out = format!("Records in {}\n", dir.display());
+    for line in vigil_view(dir) {
+        out.push_str(&line);
+        out.push('\n');
+    }
+    print!("{}", vigil_report::term_safe(&out));
+}
+
 pub fn status(a: &ExperimentArg) -> i32 {
     let run = || -> Result<(), Error> {
         let m = match named(a.experiment.as_deref())? {
             Named::Experiment(m) => m,
             Named::Records(dir) => {
-                // No Slurm job to ask: vigil's own view only, as `vigil report` reads the records.
-                let mut out = format!("Records in {}\n", dir.display());
-                for line in vigil_view(&dir) {
-                    out.push_str(&line);
-                    out.push('\n');
-                }
-                print!("{}", vigil_report::term_safe(&out));
+                print_records(&dir);
                 return Ok(());
             }
         };
@@ -649,13 +654,7 @@ pub fn cancel(a: &ExperimentArg) -> i32 {
         let m = match named(a.experiment.as_deref())? {
             Named::Experiment(m) => m,
             Named::Records(dir) => {
-                // No Slurm job to ask: vigil's own view only, as `vigil report` reads the records.
-                let mut out = format!("Records in {}\n", dir.display());
-                for line in vigil_view(&dir) {
-                    out.push_str(&line);
-                    out.push('\n');
-                }
-                print!("{}", vigil_report::term_safe(&out));
+                print_records(&dir);
                 return Ok(());
             }
         };
