@@ -143,7 +143,10 @@ async fn one_round(n: u32, spares: u32) -> (Duration, Duration, Duration) {
     }
     let restart = t2.elapsed();
     for a in agents {
-        let _ = a.tx.send(JobRequest::Leave { poison: None });
+        let _ = a.tx.send(JobRequest::Leave {
+            poison: None,
+            highest_step: None,
+        });
         let _ = a.task.await;
     }
     (connect_time, join0, restart)

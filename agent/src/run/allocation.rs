@@ -225,6 +225,8 @@ pub(super) struct Ending<'a> {
     pub run_dir: &'a Path,
     pub outcome: &'a Outcome,
     pub sup: &'a Supervisor,
+    /// The highest step the other nodes' ranks reported (node rank 0 reads it as they leave).
+    pub peers_highest: Option<u64>,
     pub started: SystemTime,
     pub lead: Duration,
     /// Nodes to keep out of the next allocation.
@@ -375,7 +377,7 @@ pub(super) fn conclude(e: Ending) -> i32 {
         outcome: ledger_outcome(e.outcome),
         status: e.outcome.exit_code(),
         marked_finished: e.sup.training_finished(),
-        highest_step: e.sup.highest_step(),
+        highest_step: e.sup.highest_step().max(e.peers_highest),
         stop_trigger: trigger.clone(),
         blame: e.blame.clone(),
         requeue_allowed: info.as_ref().and_then(|i| i.requeue),

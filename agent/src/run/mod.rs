@@ -596,7 +596,25 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
         }
     })
     .await;
-    if let Some(leave) = agent.leave.take() {
+    // A rank's last steps may still sit in its socket when its exit was reaped first: count them,
+    // so the ledger's highest step is the one the ranks reached.
+    while let Ok(m) = ipc_rx.try_recv() {
+        if let IpcIn::Message {
+            cycle,
+            local_rank,
+            msg,
+            at,
+        } = m
+        {
+            if cycle == sup.cycle() {
+                sup.note_late_step(at, local_rank, &msg);
+            }
+        }
+    }
+    if let Some(mut leave) = agent.leave.take() {
+        if let JobRequest::Leave { highest_step, .. } = &mut leave {
+            *highest_step = sup.highest_step();
+        }
         // The coordinator returns once this node has left the job (node rank 0: once the others
         // have, or one node timeout).
         if agent.coord.send(leave).is_ok() {
@@ -668,6 +686,14 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
             run_dir: &agent.run_dir,
             outcome: &outcome,
             sup: &sup,
+            peers_highest: head_keys.as_ref().and_then(|k| {
+                k.keys_raw()
+                    .iter()
+                    .filter(|raw| raw.starts_with(rendezvous::key::HIGHEST_PREFIX_RAW))
+                    .filter_map(|raw| k.get_raw(raw))
+                    .filter_map(|v| std::str::from_utf8(&v).ok()?.parse::<u64>().ok())
+                    .max()
+            }),
             started: started_wall,
             lead: endw.lead(&sup),
             promotions: agent.promotions.clone(),

@@ -460,8 +460,12 @@ pub enum JobRequest {
         timeouts: Timeouts,
     },
     /// The agent ends: leave the job; when `poison` is set, make any node waiting to join that
-    /// cycle end with that verdict instead of waiting for this node.
-    Leave { poison: Option<(u32, JobEnd)> },
+    /// cycle end with that verdict instead of waiting for this node. `highest_step`: the highest
+    /// step this node's ranks reported, left for node rank 0's ledger.
+    Leave {
+        poison: Option<(u32, JobEnd)>,
+        highest_step: Option<u64>,
+    },
     /// Record a stop trigger for the job (the first one recorded wins); every node then gets
     /// `StopAsked`.
     StopTrigger { cycle: u32, trigger: String },

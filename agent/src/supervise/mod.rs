@@ -250,6 +250,14 @@ impl Supervisor {
         &self.timeouts
     }
 
+    /// A step a rank reported that was read only after the job ended here (its exit was reaped
+    /// first): counted in [`Self::highest_step`], and nothing else.
+    pub fn note_late_step(&mut self, at: Instant, local_rank: u32, msg: &RankMsg) {
+        if let RankMsg::Progress { step } | RankMsg::Heartbeat { step: Some(step) } = msg {
+            self.on_step(at, local_rank, *step);
+        }
+    }
+
     /// Whether any rank said "training finished" (the job must not be requeued).
     pub fn training_finished(&self) -> bool {
         self.training_finished

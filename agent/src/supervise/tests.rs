@@ -935,7 +935,10 @@ fn multi_node_peer_failure_stops_ours_without_counting_them_as_failures() {
     assert!(s.failures().is_empty());
     // Budget 0: the job failed; nobody else needs poisoning, every node got the same verdict.
     assert_eq!(finish(&a), Some(&Outcome::Failed { restarts: 0 }));
-    assert!(a.contains(&Action::Job(JobRequest::Leave { poison: None })));
+    assert!(a.contains(&Action::Job(JobRequest::Leave {
+        poison: None,
+        highest_step: None
+    })));
 }
 
 #[test]
@@ -1013,7 +1016,8 @@ fn multi_node_signal_stops_everyone_for_good() {
     );
     assert_eq!(finish(&a), Some(&Outcome::Signaled { signal: SIGTERM }));
     assert!(a.contains(&Action::Job(JobRequest::Leave {
-        poison: Some((0, stopped))
+        poison: Some((0, stopped)),
+        highest_step: None
     })));
     // Another node learns of it, even while joining, and ends with the same status.
     let (mut other, _) = node(0, 1, 5);
@@ -1097,7 +1101,8 @@ fn an_unfit_node_ends_before_joining_and_asks_to_be_left_out() {
     assert!(has(&a, |x| matches!(
         x,
         Action::Job(JobRequest::Leave {
-            poison: Some((0, JobEnd::Lost { node: Some(1), .. }))
+            poison: Some((0, JobEnd::Lost { node: Some(1), .. })),
+            ..
         })
     )));
     assert!(!has(&a, |x| matches!(x, Action::SpawnCycle { .. })));
@@ -1151,7 +1156,8 @@ fn an_unfit_node_while_ranks_run_stops_them_and_asks_to_be_left_out() {
     assert!(has(&a, |x| matches!(
         x,
         Action::Job(JobRequest::Leave {
-            poison: Some((_, JobEnd::Lost { node: Some(1), .. }))
+            poison: Some((_, JobEnd::Lost { node: Some(1), .. })),
+            ..
         })
     )));
     assert!(!has(&a, |x| matches!(

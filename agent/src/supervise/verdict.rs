@@ -260,6 +260,7 @@ impl Supervisor {
         self.phase = Phase::Finished;
         out.push(Action::Job(JobRequest::Leave {
             poison: poison.map(|p| (self.cycle, p)),
+            highest_step: self.highest_step,
         }));
         out.push(Action::Record(Record::Result {
             exit_code: outcome.exit_code(),

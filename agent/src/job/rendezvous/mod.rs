@@ -384,8 +384,8 @@ impl Coordinator {
             tokio::select! {
                 req = rx.recv() => match req {
                     None => return,
-                    Some(JobRequest::Leave { poison }) => {
-                        self.leave(poison).await;
+                    Some(JobRequest::Leave { poison, highest_step }) => {
+                        self.leave(poison, highest_step).await;
                         return;
                     }
                     Some(req) => {
@@ -913,7 +913,7 @@ impl Coordinator {
         Ok(())
     }
 
-    async fn leave(&mut self, poison: Option<(u32, JobEnd)>) {
+    async fn leave(&mut self, poison: Option<(u32, JobEnd)>, highest_step: Option<u64>) {
         if let Some(t) = self.timeouts_task.take() {
             t.abort();
         }
@@ -925,7 +925,11 @@ impl Coordinator {
             None => {
                 let lease = key::lease(self.cfg.node_rank);
                 let alive = key::alive(self.cfg.node_rank);
+                let highest = key::highest(self.cfg.node_rank);
                 let _ = tokio::time::timeout(self.cfg.peer_timeout, async {
+                    if let Some(step) = highest_step {
+                        let _ = self.ctl.set(&highest, step.to_string().as_bytes()).await;
+                    }
                     // Left, not lost: node rank 0 stops watching a counter below 1.
                     let _ = self.ctl.set(&alive, b"-1").await;
                     self.ctl.delete_key(&lease).await

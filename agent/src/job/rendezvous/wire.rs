@@ -122,6 +122,12 @@ pub mod key {
         format!("vigil/alive/{node}")
     }
     pub const LEASE_PREFIX_RAW: &[u8] = b"/vigil/lease/";
+    /// The highest step any of the node's ranks reported, written once as its agent leaves: node
+    /// rank 0 records the job's highest step in the ledger, not only its own ranks'.
+    pub fn highest(node: u32) -> String {
+        format!("vigil/highest/{node}")
+    }
+    pub const HIGHEST_PREFIX_RAW: &[u8] = b"/vigil/highest/";
     pub fn join(c: u32, node: u32) -> String {
         format!("vigil/c{c}/join/{node}")
     }
