@@ -172,3 +172,42 @@ def test_a_state_dir_that_fills_up_during_the_run_ends_the_loop_instead_of_an_un
     assert r.returncode not in (0, 75), r.stderr  # the failure's own status: do not run again
     assert "this allocation is not recorded" in r.stderr, r.stderr
     assert "not requeued: failed, 1 in a row (--max-requeues 5), but the ledger in" in r.stderr, r.stderr
+
+
+# Node 1's rank runs ahead to step 40; node 0's rank then fails at step 1.
+AHEAD_THEN_FAIL = """
+import os, pathlib, sys, time
+import vigil
+out = pathlib.Path(os.environ["OUT_DIR"])
+if os.environ["GROUP_RANK"] == "1":
+    for step in range(41):
+        vigil.should_stop(step)
+    (out / "ahead").write_text("1")
+    while True:
+        time.sleep(0.05)
+while not (out / "ahead").exists():
+    time.sleep(0.02)
+vigil.should_stop(1)
+sys.exit(3)
+"""
+
+
+def test_the_ledger_keeps_the_highest_step_of_any_node_not_only_node_rank_0s(job):
+    """The highest step in the ledger is the job's: node 1's ranks reached step 40 while node rank
+    0's reached 1 when the job failed, and the next allocation's no-progress rule needs the 40."""
+    from test_multinode import free_port
+
+    write(job / "ahead.py", AHEAD_THEN_FAIL)
+    port = free_port()
+    procs = [subprocess.Popen(
+        [vigil_bin(), "run", "--nnodes", "2", "--node-rank", str(i), "--master-addr", "127.0.0.1",
+         "--master-port", str(port), "--nproc-per-node", "1", "--rdzv-id", "ahead",
+         "--max-requeues", "3", "--state-dir", str(job / "state"), "--log-dir", str(job / f"node{i}"),
+         "ahead.py"],
+        cwd=job, env=base_env(OUT_DIR=job), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for i in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert procs[0].returncode == 75, outs[0][1]
+    recs = [json.loads(l) for l in (job / "state" / "ledger.jsonl").read_text().splitlines()]
+    assert len(recs) == 1 and recs[0]["outcome"] == "failed", recs
+    assert recs[0]["highest_step"] == 40, recs
