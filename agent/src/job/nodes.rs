@@ -2,7 +2,8 @@
 //! (NGC). Pure: the environment is passed in as a function. A flag that contradicts the
 //! environment is an error naming both, never a silent choice.
 
-use super::hostlist;
+use vigil_slurm::nodelist::{self, NodeListError};
+
 use crate::values::ConfigError;
 
 /// torchrun's flags that say who the nodes are (`None`: not given).
@@ -152,21 +153,7 @@ fn from_slurm(env: &dyn Fn(&str) -> Option<String>) -> Result<Option<EnvNodes>, 
             ));
         }
     }
-    let (list_var, list) = ["SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"]
-        .iter()
-        .find_map(|v| env(v).map(|l| (*v, l)))
-        .ok_or_else(|| {
-            ConfigError(
-                "SLURM_JOB_NODELIST is unset: cannot tell which node runs vigil's store; give --master-addr".into(),
-            )
-        })?;
-    let hosts = hostlist::expand(&list)
-        .map_err(|e| ConfigError(format!("{list_var}={list:?} is not a Slurm hostlist: {e}")))?;
-    let head = hosts.first().cloned().ok_or_else(|| {
-        ConfigError(format!(
-            "{list_var} is empty: cannot tell which node runs vigil's store; give --master-addr"
-        ))
-    })?;
+    let head = slurm_head(env)?;
     Ok(Some(EnvNodes {
         source: Source::Slurm,
         nnodes,
@@ -177,6 +164,20 @@ fn from_slurm(env: &dyn Fn(&str) -> Option<String>) -> Result<Option<EnvNodes>, 
         port: Some(slurm_port(&job_id)),
         run_id: Some(job_id),
     }))
+}
+
+/// Node rank 0's host under Slurm: the first node of the step's (or job's) node list.
+fn slurm_head(env: &dyn Fn(&str) -> Option<String>) -> Result<String, ConfigError> {
+    let no_store = "cannot tell which node runs vigil's store; give --master-addr";
+    match nodelist::nodes(env) {
+        // `expand` names at least one host.
+        Ok((var, hosts)) => hosts
+            .into_iter()
+            .next()
+            .ok_or_else(|| ConfigError(format!("{var} is empty: {no_store}"))),
+        Err(e @ NodeListError::Unset) => err(format!("{e}: {no_store}")),
+        Err(e) => err(e.to_string()),
+    }
 }
 
 fn from_ngc(env: &dyn Fn(&str) -> Option<String>) -> Result<Option<EnvNodes>, ConfigError> {
