@@ -1,66 +1,13 @@
 //! The Slurm edge: sinfo, sbatch, squeue, scontrol and scancel, run as the user's own client
 //! commands (with the caller's environment, `SLURM_CONF` included). Parsing is pure.
 
-use std::collections::BTreeMap;
-use std::process::{Command, Output};
-use std::time::Duration;
+use std::process::Output;
+
+use vigil_slurm::cmd::Cmd;
+pub use vigil_slurm::show_job::{parse as parse_show_job, Fields};
+pub use vigil_slurm::time::{format_duration as slurm_time, parse_duration};
 
 use crate::{err, Error};
-
-/// Slurm's duration forms (`M`, `M:S`, `H:M:S`, `D-H`, `D-H:M`, `D-H:M:S`) or a number with
-/// units (`90s`, `45m`, `2h`, `1d`, `1h30m`).
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    if s.is_empty() {
-        return Err("it is empty".into());
-    }
-    if s.starts_with('-') {
-        return Err("it is negative".into());
-    }
-    if s.bytes().any(|b| b.is_ascii_alphabetic()) {
-        return humantime::parse_duration(s).map_err(|e| format!("{e}"));
-    }
-    let num = |t: &str| -> Result<u64, String> {
-        if t.is_empty() || !t.bytes().all(|c| c.is_ascii_digit()) {
-            return Err(format!("{t:?} is not a whole number"));
-        }
-        t.parse::<u64>().map_err(|_| format!("{t:?} is too large"))
-    };
-    let (days, clock) = match s.split_once('-') {
-        Some((d, rest)) => (Some(num(d)?), rest),
-        None => (None, s),
-    };
-    let parts = clock
-        .split(':')
-        .map(num)
-        .collect::<Result<Vec<u64>, String>>()?;
-    let (h, m, sec) = match (days.is_some(), parts.as_slice()) {
-        (false, [m]) => (0, *m, 0),
-        (false, [m, s]) => (0, *m, *s),
-        (false, [h, m, s]) | (true, [h, m, s]) => (*h, *m, *s),
-        (true, [h]) => (*h, 0, 0),
-        (true, [h, m]) => (*h, *m, 0),
-        _ => return Err("it has too many fields".into()),
-    };
-    let total = days
-        .unwrap_or(0)
-        .checked_mul(86_400)
-        .and_then(|d| d.checked_add(h.checked_mul(3600)?))
-        .and_then(|t| t.checked_add(m.checked_mul(60)?))
-        .and_then(|t| t.checked_add(sec))
-        .ok_or("it is too large")?;
-    Ok(Duration::from_secs(total))
-}
-
-/// A duration in Slurm's `--time` form: `HH:MM:SS`, or `D-HH:MM:SS` from a day on.
-pub fn slurm_time(secs: u64) -> String {
-    let (d, r) = (secs / 86_400, secs % 86_400);
-    let hms = format!("{:02}:{:02}:{:02}", r / 3600, r % 3600 / 60, r % 60);
-    if d > 0 {
-        format!("{d}-{hms}")
-    } else {
-        hms
-    }
-}
 
 fn one_line(s: &[u8]) -> String {
     String::from_utf8_lossy(s)
@@ -71,9 +18,10 @@ fn one_line(s: &[u8]) -> String {
         .join("; ")
 }
 
-/// Runs one Slurm command; a missing command is an error that says where to run vigil.
+/// Runs one Slurm command (no timeout: the user is there to interrupt it); a missing command is
+/// an error that says where to run vigil.
 pub fn run(cmd: &str, args: &[&str]) -> Result<Output, Error> {
-    Command::new(cmd).args(args).output().map_err(|e| {
+    Cmd::new(cmd, args).command().output().map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
             Error(format!(
                 "`{cmd}` is not on PATH: this needs Slurm's client commands; run it on a login node of the cluster"
@@ -132,7 +80,7 @@ pub fn submit(script: &std::path::Path) -> Result<String, Error> {
 
 /// `scontrol show job -o ID` as fields; None when Slurm no longer knows the job (without
 /// accounting, MinJobAge after it ended).
-pub fn show_job(id: &str) -> Result<Option<BTreeMap<String, String>>, Error> {
+pub fn show_job(id: &str) -> Result<Option<Fields>, Error> {
     let out = run("scontrol", &["show", "job", "-o", id])?;
     if !out.status.success() {
         return Ok(None);
@@ -141,32 +89,8 @@ pub fn show_job(id: &str) -> Result<Option<BTreeMap<String, String>>, Error> {
     Ok(text.lines().next().map(parse_show_job))
 }
 
-/// One line of `scontrol show job -o`: `Key=Value` pairs; a token without `=` belongs to the
-/// value before it (`Reason=...`, `Command=...` may hold spaces).
-pub fn parse_show_job(line: &str) -> BTreeMap<String, String> {
-    let mut fields = BTreeMap::new();
-    let mut key: Option<String> = None;
-    for tok in line.split(' ').filter(|t| !t.is_empty()) {
-        match tok.split_once('=') {
-            Some((k, v)) if !k.is_empty() => {
-                fields.insert(k.to_string(), v.to_string());
-                key = Some(k.to_string());
-            }
-            _ => {
-                if let Some(k) = &key {
-                    if let Some(v) = fields.get_mut(k) {
-                        v.push(' ');
-                        v.push_str(tok);
-                    }
-                }
-            }
-        }
-    }
-    fields
-}
-
 /// Every job squeue knows, id to state (`squeue -t all`).
-pub fn states() -> Result<BTreeMap<String, String>, Error> {
+pub fn states() -> Result<std::collections::BTreeMap<String, String>, Error> {
     let out = checked("squeue", &["-h", "-t", "all", "-o", "%i|%T"])?;
     Ok(out
         .lines()
@@ -208,14 +132,6 @@ pub fn is_terminal(state: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn show_job_line() {
-        let f = parse_show_job("JobId=7 JobName=a b=c Reason=None Command=/x/y z JobState=RUNNING");
-        assert_eq!(f["JobId"], "7");
-        assert_eq!(f["Command"], "/x/y z");
-        assert_eq!(f["JobState"], "RUNNING");
-    }
 
     #[test]
     fn partitions_once_each() {

@@ -10,8 +10,8 @@
 //! blamed for it. Faults a node finds in itself (a health check, a GPU fault) and stragglers are
 //! added by the caller. [`cap_to_partition`] then keeps enough nodes for the job to be scheduled.
 
-use crate::job::hostlist;
 use crate::supervise::JobEnd;
+use vigil_slurm::{hostlist, nodelist};
 
 /// What node rank 0 knows of one allocation's attempts.
 #[derive(Debug, Clone, Default)]
@@ -151,15 +151,9 @@ pub fn cap_to_partition(
 /// Slurm node names by node rank: the step's node list (`SLURM_NODEID` indexes it), else the
 /// job's. Empty outside Slurm or when the list cannot be read.
 pub fn slurm_node_names(env: &dyn Fn(&str) -> Option<String>) -> Vec<String> {
-    [
-        "SLURM_STEP_NODELIST",
-        "SLURM_JOB_NODELIST",
-        "SLURM_NODELIST",
-    ]
-    .iter()
-    .find_map(|v| env(v).filter(|s| !s.trim().is_empty()))
-    .and_then(|l| hostlist::expand(&l).ok())
-    .unwrap_or_default()
+    nodelist::node_list(&|v| env(v).filter(|s| !s.trim().is_empty()))
+        .and_then(|(_, l)| hostlist::expand(&l).ok())
+        .unwrap_or_default()
 }
 
 /// The names of `ranks` in `names` (a rank without a name is left out).

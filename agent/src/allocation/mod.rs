@@ -9,8 +9,9 @@
 //!   ledger's earlier records (the rules are tabled there).
 //! - [`ledger`]: one JSON record per allocation in the job's state directory, and `vigil ledger`.
 //! - [`slurm`]: the `squeue`/`scontrol` command lines as plain data, parsing their answers, and
-//!   [`slurm::run_command`], a blocking runner for use only outside the agent's event loop (the
-//!   agent reaps every child with `waitpid(-1)` and would steal a command's status).
+//!   [`slurm::run_command`] (the `vigil_slurm` crate's), a blocking runner for use only outside
+//!   the agent's event loop (the agent reaps every child with `waitpid(-1)` and would steal a
+//!   command's status).
 
 pub mod blame;
 pub mod endtime;

@@ -1,69 +1,47 @@
-//! Slurm's commands as plain data, their answers parsed, and a blocking runner.
+//! Slurm's commands as the agent runs them, their answers as far as the agent needs them, and
+//! what it concludes from them (the window after Slurm's SIGTERM, whether the job is ending
+//! early). Slurm's own forms (`show job` words, times, hostlists) and the blocking runner are
+//! the `vigil_slurm` crate's.
 //!
 //! [`run_command`] must only be used where the agent's event loop is not running (before it
 //! starts, after it ended): the loop reaps every child with `waitpid(-1)`, since the agent is a
 //! subreaper, and would take the command's exit status from under the runner.
 
-use std::io::Read;
-use std::os::unix::process::CommandExt;
-use std::process::Stdio;
-use std::sync::mpsc;
 use std::time::{Duration, SystemTime};
 
+pub use vigil_slurm::cmd::{run_command, Cmd, RunError};
+use vigil_slurm::hostlist::{self, HostlistError};
+use vigil_slurm::show_job;
+use vigil_slurm::time::{
+    local_to_epoch, parse_duration, parse_limit, parse_time, Civil, TimeError,
+};
+
 use super::blame::{usable_state, PartitionNode};
-use super::endtime::{local_to_epoch, parse_slurm_time, parse_slurm_time_limit, Civil};
-use crate::job::hostlist;
 
-/// A command line to run: program, arguments and the variables added to the environment.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Cmd {
-    pub program: String,
-    pub args: Vec<String>,
-    pub env: Vec<(String, String)>,
-}
-
-impl Cmd {
-    fn new(program: &str, args: &[&str]) -> Cmd {
-        Cmd {
-            program: program.into(),
-            args: args.iter().map(|a| a.to_string()).collect(),
-            env: vec![("SLURM_TIME_FORMAT".into(), "%s".into())],
-        }
-    }
-}
-
-impl std::fmt::Display for Cmd {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        for (k, v) in &self.env {
-            write!(f, "{k}={v} ")?;
-        }
-        write!(f, "{}", self.program)?;
-        for a in &self.args {
-            write!(f, " {a}")?;
-        }
-        Ok(())
-    }
+/// Every command the agent runs prints times as epoch seconds (no time zone to guess).
+fn cmd(program: &str, args: &[&str]) -> Cmd {
+    Cmd::new(program, args).with_env("SLURM_TIME_FORMAT", "%s")
 }
 
 /// `SLURM_TIME_FORMAT=%s squeue -h -j ID -o %e`: the job's end time, as epoch seconds.
 pub fn squeue_end_time(job_id: &str) -> Cmd {
-    Cmd::new("squeue", &["-h", "-j", job_id, "-o", "%e"])
+    cmd("squeue", &["-h", "-j", job_id, "-o", "%e"])
 }
 
 /// `SLURM_TIME_FORMAT=%s scontrol show job ID`.
 pub fn show_job(job_id: &str) -> Cmd {
-    Cmd::new("scontrol", &["show", "job", job_id])
+    cmd("scontrol", &["show", "job", job_id])
 }
 
 /// `scontrol requeue ID`.
 pub fn requeue(job_id: &str) -> Cmd {
-    Cmd::new("scontrol", &["requeue", job_id])
+    cmd("scontrol", &["requeue", job_id])
 }
 
 /// `scontrol update JobId=ID ExcNodeList=a,b`: the list replaces the job's, so pass the union of
 /// what it excluded already and the new nodes ([`merge_excluded`]).
 pub fn exclude_nodes(job_id: &str, nodes: &[String]) -> Cmd {
-    Cmd::new(
+    cmd(
         "scontrol",
         &[
             "update",
@@ -75,29 +53,31 @@ pub fn exclude_nodes(job_id: &str, nodes: &[String]) -> Cmd {
 
 /// `sinfo -h -N -p PARTITION -o "%N %t"`: the partition's nodes, one a line, with their state.
 pub fn sinfo_nodes(partition: &str) -> Cmd {
-    Cmd::new("sinfo", &["-h", "-N", "-p", partition, "-o", "%N %t"])
+    cmd("sinfo", &["-h", "-N", "-p", partition, "-o", "%N %t"])
 }
 
 /// `scontrol show config`: `KillWait`.
 pub fn show_config() -> Cmd {
-    Cmd::new("scontrol", &["show", "config"])
+    cmd("scontrol", &["show", "config"])
 }
 
 /// `scontrol show partition PARTITION`: `GraceTime`.
 pub fn show_partition(partition: &str) -> Cmd {
-    Cmd::new("scontrol", &["show", "partition", partition])
+    cmd("scontrol", &["show", "partition", partition])
 }
 
+/// A line of `sinfo` that is not a node and its state.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("sinfo printed {0:?}, not a node and its state")]
+pub struct SinfoError(pub String);
+
 /// Parses `sinfo -h -N -o "%N %t"` (a node in several partitions is listed once per partition).
-pub fn parse_sinfo_nodes(out: &str) -> Result<Vec<PartitionNode>, String> {
+pub fn parse_sinfo_nodes(out: &str) -> Result<Vec<PartitionNode>, SinfoError> {
     let mut nodes: Vec<PartitionNode> = Vec::new();
     for line in out.lines().filter(|l| !l.trim().is_empty()) {
         let mut w = line.split_whitespace();
         let (Some(name), Some(state)) = (w.next(), w.next()) else {
-            return Err(format!(
-                "sinfo printed {:?}, not a node and its state",
-                line.trim()
-            ));
+            return Err(SinfoError(line.trim().to_string()));
         };
         if !nodes.iter().any(|n| n.name == name) {
             nodes.push(PartitionNode {
@@ -222,39 +202,55 @@ pub fn ending_early(info: &JobInfo) -> bool {
     }
 }
 
+/// Why `scontrol show job` gave no [`JobInfo`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ShowJobError {
+    #[error("scontrol show job did not describe a job (it printed {0:?})")]
+    NotAJob(String),
+    #[error("{key}={list}: {source}")]
+    Hostlist {
+        key: &'static str,
+        list: String,
+        source: HostlistError,
+    },
+    #[error(transparent)]
+    Time(#[from] TimeError),
+}
+
 /// Parses `scontrol show job ID` (`Key=Value` words; `EndTime=` as epoch seconds or local time).
-pub fn parse_show_job(out: &str) -> Result<JobInfo, String> {
+pub fn parse_show_job(out: &str) -> Result<JobInfo, ShowJobError> {
     parse_show_job_with(out, &local_to_epoch)
 }
 
 pub fn parse_show_job_with(
     out: &str,
     local: &dyn Fn(Civil) -> Option<i64>,
-) -> Result<JobInfo, String> {
-    let field = |key: &str| -> Option<&str> {
-        out.split_whitespace()
-            .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
-    };
+) -> Result<JobInfo, ShowJobError> {
+    let fields = show_job::parse(out);
+    let field = |key: &str| fields.get(key).map(String::as_str);
     if field("JobId").is_none() {
         let first = out.lines().next().unwrap_or("").trim();
-        return Err(format!(
-            "scontrol show job did not describe a job (it printed {first:?})"
-        ));
+        return Err(ShowJobError::NotAJob(first.to_string()));
     }
-    let hosts = |key: &str| -> Result<Vec<String>, String> {
+    let hosts = |key: &'static str| -> Result<Vec<String>, ShowJobError> {
         match field(key) {
-            None | Some("") | Some("(null)") | Some("None") => Ok(Vec::new()),
-            Some(list) => hostlist::expand(list).map_err(|e| format!("{key}={list}: {e}")),
+            None => Ok(Vec::new()),
+            Some(list) if show_job::unset(list) => Ok(Vec::new()),
+            Some(list) => hostlist::expand(list).map_err(|source| ShowJobError::Hostlist {
+                key,
+                list: list.to_string(),
+                source,
+            }),
         }
     };
     Ok(JobInfo {
         state: field("JobState").map(str::to_string),
         end_time: match field("EndTime") {
             None => None,
-            Some(t) => parse_slurm_time(t, local)?,
+            Some(t) => parse_time(t, local)?,
         },
-        time_limit: field("TimeLimit").and_then(parse_slurm_time_limit),
-        run_time: field("RunTime").and_then(|t| crate::allocation::endtime::parse_duration(t).ok()),
+        time_limit: field("TimeLimit").and_then(parse_limit),
+        run_time: field("RunTime").and_then(|t| parse_duration(t).ok()),
         requeue: match field("Requeue") {
             Some("1") => Some(true),
             Some("0") => Some(false),
@@ -271,141 +267,11 @@ pub fn parse_show_job_with(
     })
 }
 
-/// Why a command gave no answer; one line each.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RunError {
-    Spawn {
-        cmd: String,
-        why: String,
-    },
-    TimedOut {
-        cmd: String,
-        after: Duration,
-    },
-    Failed {
-        cmd: String,
-        status: String,
-        stderr: String,
-    },
-}
-
-impl std::fmt::Display for RunError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            RunError::Spawn { cmd, why } => write!(f, "cannot run `{cmd}`: {why}"),
-            RunError::TimedOut { cmd, after } => {
-                write!(
-                    f,
-                    "`{cmd}` did not finish in {} s and was killed",
-                    after.as_secs_f64()
-                )
-            }
-            RunError::Failed {
-                cmd,
-                status,
-                stderr,
-            } => {
-                write!(f, "`{cmd}` failed ({status})")?;
-                match stderr.lines().map(str::trim).find(|l| !l.is_empty()) {
-                    Some(line) => write!(f, ": {line}"),
-                    None => Ok(()),
-                }
-            }
-        }
-    }
-}
-
-impl std::error::Error for RunError {}
-
-/// Runs `cmd` to its end and returns its standard output; kills it (its whole process group) at
-/// `timeout`. Blocking: never call it while the agent's event loop runs (see the module doc).
-pub fn run_command(cmd: &Cmd, timeout: Duration) -> Result<String, RunError> {
-    let shown = cmd.to_string();
-    let mut command = std::process::Command::new(&cmd.program);
-    // `scontrol requeue` SIGTERMs every process of the job's steps, the agent and this command
-    // included, while the agent still has `scontrol update ExcNodeList=` to run: the command
-    // ignores SIGTERM (an ignored signal stays ignored across exec), the timeout's SIGKILL still
-    // works.
-    // SAFETY: between fork and exec only async-signal-safe calls: signal(2).
-    unsafe {
-        command.pre_exec(|| {
-            libc::signal(libc::SIGTERM, libc::SIG_IGN);
-            Ok(())
-        });
-    }
-    let mut child = command
-        .args(&cmd.args)
-        .envs(cmd.env.iter().map(|(k, v)| (k, v)))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .spawn()
-        .map_err(|e| RunError::Spawn {
-            cmd: shown.clone(),
-            why: match e.kind() {
-                std::io::ErrorKind::NotFound => format!("{} is not on PATH", cmd.program),
-                _ => e.to_string(),
-            },
-        })?;
-    let pid = child.id() as i32;
-    let mut stdout = child.stdout.take();
-    let mut stderr = child.stderr.take();
-    let (tx, rx) = mpsc::channel();
-    // The pipes are read on threads so that a command that writes much cannot block on a full
-    // pipe while we wait for it; the waiting thread reports when all is read and it has exited.
-    std::thread::spawn(move || {
-        let err_reader = std::thread::spawn(move || {
-            let mut buf = Vec::new();
-            if let Some(e) = stderr.as_mut() {
-                let _ = e.read_to_end(&mut buf);
-            }
-            buf
-        });
-        let mut out = Vec::new();
-        if let Some(o) = stdout.as_mut() {
-            let _ = o.read_to_end(&mut out);
-        }
-        let err = err_reader.join().unwrap_or_default();
-        let status = child.wait();
-        let _ = tx.send((status, out, err));
-    });
-    let (status, out, err) = match rx.recv_timeout(timeout) {
-        Ok(r) => r,
-        Err(_) => {
-            // A negative pid signals the command's whole process group.
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(-pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-            // Its reader thread finishes once the group is gone; nothing waits for it.
-            return Err(RunError::TimedOut {
-                cmd: shown,
-                after: timeout,
-            });
-        }
-    };
-    let status = status.map_err(|e| RunError::Spawn {
-        cmd: shown.clone(),
-        why: e.to_string(),
-    })?;
-    let text = |b: Vec<u8>| String::from_utf8_lossy(&b).into_owned();
-    if status.success() {
-        Ok(text(out))
-    } else {
-        Err(RunError::Failed {
-            cmd: shown,
-            status: status.to_string(),
-            stderr: text(err),
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::allocation::endtime::civil_to_epoch;
     use std::time::UNIX_EPOCH;
+    use vigil_slurm::time::civil_to_epoch;
 
     const SHOW_EPOCH: &str = "JobId=75 JobName=pretrain
    UserId=root(0) GroupId=root(0) MCS_label=N/A
@@ -492,17 +358,31 @@ mod tests {
     }
 
     #[test]
+    fn values_with_spaces_and_a_second_record_leave_the_fields_alone() {
+        let text = SHOW_EPOCH
+            .replace("JobName=pretrain", "JobName=pre train run")
+            .replace("Reason=None", "Reason=ReqNodeNotAvail, UnavailableNodes:n3")
+            + "\nJobId=76 JobName=second\n   JobState=PENDING NodeList=(null)\n";
+        let j = parse_show_job_with(&text, &utc).unwrap();
+        assert_eq!(j, parse_show_job_with(SHOW_EPOCH, &utc).unwrap());
+    }
+
+    #[test]
     fn show_job_errors_are_one_line_and_name_what_was_wrong() {
         let e = parse_show_job_with("slurm_load_jobs error: Invalid job id specified\n", &utc)
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("Invalid job id"), "{e}");
-        let e = parse_show_job_with(&SHOW_EPOCH.replace("n[1-2]", "n[1-"), &utc).unwrap_err();
+        let e = parse_show_job_with(&SHOW_EPOCH.replace("n[1-2]", "n[1-"), &utc)
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("NodeList=n[1-"), "{e}");
         let e = parse_show_job_with(
             &SHOW_EPOCH.replace("EndTime=1767226200", "EndTime=soon"),
             &utc,
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("\"soon\""), "{e}");
     }
 
@@ -527,7 +407,10 @@ mod tests {
         let nodes = parse_sinfo_nodes("n1 alloc\nn2 idle*\nn3 drain\nn1 alloc\n").unwrap();
         let got: Vec<(&str, bool)> = nodes.iter().map(|n| (n.name.as_str(), n.usable)).collect();
         assert_eq!(got, vec![("n1", true), ("n2", true), ("n3", false)]);
-        assert!(parse_sinfo_nodes("n1\n").unwrap_err().contains("\"n1\""));
+        assert!(parse_sinfo_nodes("n1\n")
+            .unwrap_err()
+            .to_string()
+            .contains("\"n1\""));
         assert_eq!(
             sinfo_nodes("debug").args,
             names(&["-h", "-N", "-p", "debug", "-o", "%N %t"])
@@ -573,84 +456,5 @@ mod tests {
         assert!(!on_path("sh", Some("/nonexistent")));
         assert!(!on_path("sh", Some("")));
         assert!(!on_path("sh", None));
-    }
-
-    fn sh(script: &str) -> Cmd {
-        Cmd {
-            program: "sh".into(),
-            args: names(&["-c", script]),
-            env: vec![("SLURM_TIME_FORMAT".into(), "%s".into())],
-        }
-    }
-
-    #[test]
-    fn the_runner_returns_stdout_with_the_environment_given() {
-        let out = run_command(
-            &sh("echo \"end $SLURM_TIME_FORMAT\""),
-            Duration::from_secs(60),
-        );
-        assert_eq!(out, Ok("end %s\n".into()));
-    }
-
-    #[test]
-    fn the_runner_reports_failure_with_its_first_stderr_line() {
-        let e = run_command(
-            &sh("echo; echo 'Invalid job id' >&2; exit 3"),
-            Duration::from_secs(60),
-        )
-        .unwrap_err();
-        let line = e.to_string();
-        assert!(
-            line.contains("exit status: 3") && line.ends_with(": Invalid job id"),
-            "{line}"
-        );
-        let e = run_command(
-            &Cmd {
-                program: "vigil-no-such-program".into(),
-                args: vec![],
-                env: vec![],
-            },
-            Duration::from_secs(60),
-        )
-        .unwrap_err();
-        assert!(
-            e.to_string()
-                .contains("vigil-no-such-program is not on PATH"),
-            "{e}"
-        );
-    }
-
-    #[test]
-    fn the_runner_kills_a_command_that_overruns_with_its_children() {
-        let dir = std::env::temp_dir().join(format!("vigil-run-cmd-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let pidfile = dir.join("child.pid");
-        let script = format!("sleep 300 & echo $! > {}; wait", pidfile.display());
-        let e = run_command(&sh(&script), Duration::from_millis(500)).unwrap_err();
-        assert!(matches!(e, RunError::TimedOut { .. }), "{e}");
-        assert!(e.to_string().contains("did not finish in 0.5 s"), "{e}");
-        // The background sleep was in the command's process group: it is gone (or a zombie
-        // about to be reaped by init), never left running.
-        let pid: i32 = std::fs::read_to_string(&pidfile)
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap();
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        loop {
-            let state = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .ok()
-                .and_then(|s| s.rsplit(')').next().map(|r| r.trim().chars().next()))
-                .flatten();
-            if matches!(state, None | Some('Z') | Some('X')) {
-                break;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "sleep {pid} still {state:?}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -750,7 +750,7 @@ fn check_flag_end(
         (EndSpec::After(d), _, Some(v)) => FlagEnd::After(*d, v),
         _ => return Ok(()),
     };
-    check_flag_end(&flag, lead, now).map_err(ConfigError)
+    check_flag_end(&flag, lead, now).map_err(|e| ConfigError(e.to_string()))
 }
 
 /// When the allocation ends: `--end-time`, `--time-limit`, else Slurm's `SLURM_JOB_END_TIME`
@@ -763,10 +763,10 @@ fn end_spec(a: &RunArgs, host: &Host) -> Result<EndSpec, ConfigError> {
         }
         (Some(t), None) => endtime::parse_end_time(t)
             .map(EndSpec::At)
-            .map_err(ConfigError),
+            .map_err(|e| ConfigError(e.to_string())),
         (None, Some(d)) => endtime::parse_time_limit(d)
             .map(EndSpec::After)
-            .map_err(ConfigError),
+            .map_err(|e| ConfigError(e.to_string())),
         (None, None) => Ok(endtime::parse_slurm_end_env(
             (host.env)("SLURM_JOB_END_TIME").as_deref(),
         )

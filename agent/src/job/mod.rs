@@ -3,7 +3,6 @@
 //! (whose it is, where it lives).
 
 pub mod exchange;
-pub mod hostlist;
 pub mod nodes;
 pub mod rendezvous;
 pub mod spares;

@@ -2,7 +2,8 @@
 //! (NGC). Pure: the environment is passed in as a function. A flag that contradicts the
 //! environment is an error naming both, never a silent choice.
 
-use super::hostlist;
+use vigil_slurm::nodelist::{self, NodeListError};
+
 use crate::values::ConfigError;
 
 /// torchrun's flags that say who the nodes are (`None`: not given).
@@ -152,21 +153,7 @@ fn from_slurm(env: &dyn Fn(&str) -> Option<String>) -> Result<Option<EnvNodes>, 
             ));
         }
     }
-    let (list_var, list) = ["SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"]
-        .iter()
-        .find_map(|v| env(v).map(|l| (*v, l)))
-        .ok_or_else(|| {
-            ConfigError(
-                "SLURM_JOB_NODELIST is unset: cannot tell which node runs vigil's store; give --master-addr".into(),
-            )
-        })?;
-    let hosts = hostlist::expand(&list)
-        .map_err(|e| ConfigError(format!("{list_var}={list:?} is not a Slurm hostlist: {e}")))?;
-    let head = hosts.first().cloned().ok_or_else(|| {
-        ConfigError(format!(
-            "{list_var} is empty: cannot tell which node runs vigil's store; give --master-addr"
-        ))
-    })?;
+    let head = slurm_head(env)?;
     Ok(Some(EnvNodes {
         source: Source::Slurm,
         nnodes,
@@ -177,6 +164,20 @@ fn from_slurm(env: &dyn Fn(&str) -> Option<String>) -> Result<Option<EnvNodes>, 
         port: Some(slurm_port(&job_id)),
         run_id: Some(job_id),
     }))
+}
+
+/// Node rank 0's host under Slurm: the first node of the step's (or job's) node list.
+fn slurm_head(env: &dyn Fn(&str) -> Option<String>) -> Result<String, ConfigError> {
+    let no_store = "cannot tell which node runs vigil's store; give --master-addr";
+    match nodelist::nodes(env) {
+        // `expand` names at least one host.
+        Ok((var, hosts)) => hosts
+            .into_iter()
+            .next()
+            .ok_or_else(|| ConfigError(format!("{var} is empty: {no_store}"))),
+        Err(e @ NodeListError::Unset) => err(format!("{e}: {no_store}")),
+        Err(e) => err(e.to_string()),
+    }
 }
 
 fn from_ngc(env: &dyn Fn(&str) -> Option<String>) -> Result<Option<EnvNodes>, ConfigError> {
@@ -228,92 +229,18 @@ pub fn parse_nnodes(s: &str) -> Result<(u32, u32), ConfigError> {
 
 /// Decides the job's nodes from the flags and the environment.
 pub fn discover(f: &NodeFlags, env: &dyn Fn(&str) -> Option<String>) -> Result<Nodes, ConfigError> {
-    let flag_nnodes = match f.nnodes {
-        None => None,
-        Some(s) => {
-            let (lo, hi) = parse_nnodes(s)?;
-            Some((lo, hi))
-        }
-    };
+    let flag_nnodes = f.nnodes.map(parse_nnodes).transpose()?;
     if f.standalone {
-        if flag_nnodes.is_some_and(|(_, hi)| hi > 1) {
-            return err(format!(
-                "--standalone runs one node, but --nnodes is {}; drop one of them",
-                f.nnodes.unwrap_or("1")
-            ));
-        }
-        return Ok(Nodes {
-            nnodes: 1,
-            active: 1,
-            node_rank: 0,
-            job_id: explicit_id(f.rdzv_id),
-            // torchrun's standalone rendezvous is `localhost:0`, and MASTER_ADDR says so.
-            head_host: "localhost".into(),
-            port: None,
-            source: Source::Flags,
-            slurm_head: false,
-        });
+        return standalone(f, flag_nnodes);
     }
     let envn = match from_slurm(env)? {
         Some(e) => Some(e),
         None => from_ngc(env)?,
     };
-    let (ep_host, ep_port) = if f.rdzv_endpoint.trim().is_empty() {
-        (None, None)
-    } else {
-        let (h, p) = split_endpoint(f.rdzv_endpoint.trim())?;
-        (Some(h), Some(p.unwrap_or(RDZV_DEFAULT_PORT)))
-    };
-    // `host:0` (or `--master-port 0`): a free port, as torchrun picks for a single node; other
-    // nodes could not find it.
-    let any_port = match (ep_port, f.master_port) {
-        (Some(0), _) => Some(format!("--rdzv-endpoint {}", f.rdzv_endpoint)),
-        (_, Some(0)) => Some("--master-port 0".to_string()),
-        _ => None,
-    };
-    let ep_port = ep_port.filter(|&p| p != 0);
-    let master_port = f.master_port.filter(|&p| p != 0);
-    if let (Some(_), Some(p), Some(mp)) = (&ep_host, ep_port, master_port) {
-        if p != mp {
-            return err(format!(
-                "--rdzv-endpoint {} (port {p}) and --master-port {mp} disagree: vigil runs one store on node rank 0; give one of them",
-                f.rdzv_endpoint
-            ));
-        }
-    }
-    // `MIN:MAX`: MAX agents, MIN of them run ranks, the rest are standbys (hot spares).
-    let (active, nnodes) = match (flag_nnodes, &envn) {
-        (Some((_, n)), Some(e)) if n != e.nnodes => {
-            return err(format!(
-                "--nnodes {} contradicts {}={}: drop --nnodes, or run the job on {n} nodes",
-                f.nnodes.unwrap_or(""),
-                e.nnodes_var,
-                e.nnodes
-            ))
-        }
-        (Some(range), _) => range,
-        (None, Some(e)) => (e.nnodes, e.nnodes),
-        (None, None) => (1, 1),
-    };
-    let node_rank = match (f.node_rank, &envn) {
-        (Some(r), Some(e)) if r != e.node_rank => {
-            return err(format!(
-                "--node-rank {r} contradicts {}={}: drop --node-rank and let vigil read it",
-                e.node_rank_var, e.node_rank
-            ))
-        }
-        (Some(r), _) => r,
-        (None, Some(e)) => e.node_rank,
-        (None, None) if nnodes > 1 => {
-            return err(format!(
-                "--nnodes {} needs --node-rank on every node (0 to {}), or run under Slurm (srun) or NGC, which say it",
-                f.nnodes.unwrap_or_default(),
-                nnodes - 1
-            ))
-        }
-        (None, None) => 0,
-    };
-    if let Some(flag) = any_port.filter(|_| nnodes > 1) {
+    let ep = endpoint_flags(f)?;
+    let (active, nnodes) = node_counts(f, flag_nnodes, envn.as_ref())?;
+    let node_rank = node_rank(f, envn.as_ref(), nnodes)?;
+    if let Some(flag) = ep.any_port.filter(|_| nnodes > 1) {
         return err(format!(
             "{flag}: port 0 (any free port) works on one node only; give the port every node should connect to"
         ));
@@ -324,22 +251,9 @@ pub fn discover(f: &NodeFlags, env: &dyn Fn(&str) -> Option<String>) -> Result<N
             nnodes - 1
         ));
     }
-    let flag_head = ep_host.clone().or(f.master_addr.map(str::to_string));
-    let (head_host, slurm_head) = match (flag_head, &envn) {
-        (Some(h), _) => (h, false),
-        (None, Some(e)) => (e.head.clone(), e.source == Source::Slurm),
-        (None, None) if nnodes > 1 => {
-            return err(format!(
-                "--nnodes {} needs the address of node rank 0: give --master-addr (or --rdzv-endpoint host:port) on every node",
-                f.nnodes.unwrap_or_default()
-            ))
-        }
-        // One node and no address: torchrun's own defaults, `localhost` (the standalone
-        // rendezvous it picks when no port is given either), else --master-addr's 127.0.0.1.
-        (None, None) if f.master_port.is_none() => ("localhost".into(), false),
-        (None, None) => ("127.0.0.1".into(), false),
-    };
-    let port = ep_port.or(master_port).or(match &envn {
+    let flag_head = ep.host.or(f.master_addr.map(str::to_string));
+    let (head_host, slurm_head) = head_host(f, flag_head, envn.as_ref(), nnodes)?;
+    let port = ep.port.or(ep.master_port).or(match &envn {
         Some(e) if nnodes > 1 => e.port.or(Some(MASTER_DEFAULT_PORT)),
         _ if nnodes > 1 => Some(MASTER_DEFAULT_PORT),
         _ => None,
@@ -357,6 +271,132 @@ pub fn discover(f: &NodeFlags, env: &dyn Fn(&str) -> Option<String>) -> Result<N
     })
 }
 
+/// `--standalone`: one node, torchrun's `localhost:0` rendezvous.
+fn standalone(f: &NodeFlags, flag_nnodes: Option<(u32, u32)>) -> Result<Nodes, ConfigError> {
+    if flag_nnodes.is_some_and(|(_, hi)| hi > 1) {
+        return err(format!(
+            "--standalone runs one node, but --nnodes is {}; drop one of them",
+            f.nnodes.unwrap_or("1")
+        ));
+    }
+    Ok(Nodes {
+        nnodes: 1,
+        active: 1,
+        node_rank: 0,
+        job_id: explicit_id(f.rdzv_id),
+        // torchrun's standalone rendezvous is `localhost:0`, and MASTER_ADDR says so.
+        head_host: "localhost".into(),
+        port: None,
+        source: Source::Flags,
+        slurm_head: false,
+    })
+}
+
+/// What `--rdzv-endpoint` and `--master-port` say, port 0 set apart.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct EndpointFlags {
+    host: Option<String>,
+    /// The endpoint's port (torchrun's default when it names none); never 0.
+    port: Option<u16>,
+    /// `--master-port`; never 0.
+    master_port: Option<u16>,
+    /// The flag that asked for port 0 (any free port), as written.
+    any_port: Option<String>,
+}
+
+/// Reads `--rdzv-endpoint` and `--master-port`; refuses two ports that disagree.
+fn endpoint_flags(f: &NodeFlags) -> Result<EndpointFlags, ConfigError> {
+    let (host, ep_port) = if f.rdzv_endpoint.trim().is_empty() {
+        (None, None)
+    } else {
+        let (h, p) = split_endpoint(f.rdzv_endpoint.trim())?;
+        (Some(h), Some(p.unwrap_or(RDZV_DEFAULT_PORT)))
+    };
+    // `host:0` (or `--master-port 0`): a free port, as torchrun picks for a single node; other
+    // nodes could not find it.
+    let any_port = match (ep_port, f.master_port) {
+        (Some(0), _) => Some(format!("--rdzv-endpoint {}", f.rdzv_endpoint)),
+        (_, Some(0)) => Some("--master-port 0".to_string()),
+        _ => None,
+    };
+    let port = ep_port.filter(|&p| p != 0);
+    let master_port = f.master_port.filter(|&p| p != 0);
+    if let (Some(_), Some(p), Some(mp)) = (&host, port, master_port) {
+        if p != mp {
+            return err(format!(
+                "--rdzv-endpoint {} (port {p}) and --master-port {mp} disagree: vigil runs one store on node rank 0; give one of them",
+                f.rdzv_endpoint
+            ));
+        }
+    }
+    Ok(EndpointFlags {
+        host,
+        port,
+        master_port,
+        any_port,
+    })
+}
+
+/// `(active, nnodes)`. `MIN:MAX`: MAX agents, MIN of them run ranks, the rest are standbys (hot
+/// spares).
+fn node_counts(
+    f: &NodeFlags,
+    flag_nnodes: Option<(u32, u32)>,
+    envn: Option<&EnvNodes>,
+) -> Result<(u32, u32), ConfigError> {
+    match (flag_nnodes, envn) {
+        (Some((_, n)), Some(e)) if n != e.nnodes => err(format!(
+            "--nnodes {} contradicts {}={}: drop --nnodes, or run the job on {n} nodes",
+            f.nnodes.unwrap_or(""),
+            e.nnodes_var,
+            e.nnodes
+        )),
+        (Some(range), _) => Ok(range),
+        (None, Some(e)) => Ok((e.nnodes, e.nnodes)),
+        (None, None) => Ok((1, 1)),
+    }
+}
+
+/// This node's rank: `--node-rank`, else what the environment says; refuses a contradiction.
+fn node_rank(f: &NodeFlags, envn: Option<&EnvNodes>, nnodes: u32) -> Result<u32, ConfigError> {
+    match (f.node_rank, envn) {
+        (Some(r), Some(e)) if r != e.node_rank => err(format!(
+            "--node-rank {r} contradicts {}={}: drop --node-rank and let vigil read it",
+            e.node_rank_var, e.node_rank
+        )),
+        (Some(r), _) => Ok(r),
+        (None, Some(e)) => Ok(e.node_rank),
+        (None, None) if nnodes > 1 => err(format!(
+            "--nnodes {} needs --node-rank on every node (0 to {}), or run under Slurm (srun) or NGC, which say it",
+            f.nnodes.unwrap_or_default(),
+            nnodes - 1
+        )),
+        (None, None) => Ok(0),
+    }
+}
+
+/// Node rank 0's host, and whether it is a Slurm node name: the flags' if given, else the
+/// environment's.
+fn head_host(
+    f: &NodeFlags,
+    flag_head: Option<String>,
+    envn: Option<&EnvNodes>,
+    nnodes: u32,
+) -> Result<(String, bool), ConfigError> {
+    match (flag_head, envn) {
+        (Some(h), _) => Ok((h, false)),
+        (None, Some(e)) => Ok((e.head.clone(), e.source == Source::Slurm)),
+        (None, None) if nnodes > 1 => err(format!(
+            "--nnodes {} needs the address of node rank 0: give --master-addr (or --rdzv-endpoint host:port) on every node",
+            f.nnodes.unwrap_or_default()
+        )),
+        // One node and no address: torchrun's own defaults, `localhost` (the standalone
+        // rendezvous it picks when no port is given either), else --master-addr's 127.0.0.1.
+        (None, None) if f.master_port.is_none() => Ok(("localhost".into(), false)),
+        (None, None) => Ok(("127.0.0.1".into(), false)),
+    }
+}
+
 /// `--rdzv-id`'s default, `none`, names no job.
 fn explicit_id(rdzv_id: &str) -> Option<String> {
     (!rdzv_id.is_empty() && rdzv_id != "none").then(|| rdzv_id.to_string())
@@ -369,7 +409,7 @@ pub fn resolve_head(
     port: u16,
     slurm: bool,
     scontrol: &dyn Fn(&str) -> Option<String>,
-) -> Result<std::net::SocketAddr, String> {
+) -> Result<std::net::SocketAddr, ResolveError> {
     use std::net::ToSocketAddrs;
     let dns = (host, port).to_socket_addrs().map(|mut a| a.next());
     if let Ok(Some(a)) = dns {
@@ -385,13 +425,19 @@ pub fn resolve_head(
             }
         }
     }
-    Err(format!(
-        "cannot resolve node rank 0's address {host:?}{}; give --master-addr with an address every node can reach",
-        match dns {
-            Err(e) => format!(" ({e})"),
-            Ok(_) => String::new(),
-        }
-    ))
+    Err(ResolveError {
+        host: host.to_string(),
+        dns: dns.err().map(|e| e.to_string()),
+    })
+}
+
+/// Node rank 0's name resolves to no address, by DNS nor (for a Slurm node) by Slurm.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("cannot resolve node rank 0's address {host:?}{}; give --master-addr with an address every node can reach", dns.as_ref().map(|e| format!(" ({e})")).unwrap_or_default())]
+pub struct ResolveError {
+    pub host: String,
+    /// DNS's error, when it gave one (none when it answered with no address).
+    pub dns: Option<String>,
 }
 
 /// `NodeAddr=` from `scontrol show node NAME -o`.
@@ -693,6 +739,151 @@ mod tests {
             e.contains("--master-port 0") && e.contains("one node only"),
             "{e}"
         );
+    }
+
+    fn slurm_env(nnodes: u32, node_rank: u32) -> EnvNodes {
+        EnvNodes {
+            source: Source::Slurm,
+            nnodes,
+            nnodes_var: "SLURM_NNODES",
+            node_rank,
+            node_rank_var: "SLURM_NODEID",
+            head: "n1".into(),
+            run_id: Some("7".into()),
+            port: Some(slurm_port("7")),
+        }
+    }
+
+    #[test]
+    fn endpoint_flags_set_port_zero_apart() {
+        let ep = |rdzv_endpoint: &'static str, master_port: Option<u16>| {
+            endpoint_flags(&NodeFlags {
+                rdzv_endpoint,
+                master_port,
+                ..flags()
+            })
+        };
+        assert_eq!(ep("", None).unwrap(), EndpointFlags::default());
+        let got = ep("head", Some(29400)).unwrap();
+        assert_eq!(
+            (got.host.as_deref(), got.port, got.master_port),
+            (Some("head"), Some(RDZV_DEFAULT_PORT), Some(29400))
+        );
+        let got = ep("[::1]:0", None).unwrap();
+        assert_eq!((got.host.as_deref(), got.port), (Some("::1"), None));
+        assert_eq!(got.any_port.as_deref(), Some("--rdzv-endpoint [::1]:0"));
+        let got = ep("", Some(0)).unwrap();
+        assert_eq!(
+            (got.master_port, got.any_port.as_deref()),
+            (None, Some("--master-port 0"))
+        );
+        // Without an endpoint host the two ports cannot disagree.
+        assert!(ep("h:1", Some(2)).unwrap_err().0.contains("disagree"));
+        assert!(ep("h:1", Some(1)).is_ok());
+    }
+
+    #[test]
+    fn node_counts_and_rank_from_flags_or_environment() {
+        let f = |nnodes: Option<&'static str>, node_rank: Option<u32>| NodeFlags {
+            nnodes,
+            node_rank,
+            ..flags()
+        };
+        let env = slurm_env(3, 2);
+        assert_eq!(node_counts(&f(None, None), None, None).unwrap(), (1, 1));
+        assert_eq!(
+            node_counts(&f(None, None), None, Some(&env)).unwrap(),
+            (3, 3)
+        );
+        assert_eq!(
+            node_counts(&f(Some("2:3"), None), Some((2, 3)), Some(&env)).unwrap(),
+            (2, 3)
+        );
+        let e = node_counts(&f(Some("4"), None), Some((4, 4)), Some(&env)).unwrap_err();
+        assert!(
+            e.0.starts_with("--nnodes 4 contradicts SLURM_NNODES=3"),
+            "{e}"
+        );
+        assert_eq!(node_rank(&f(None, None), Some(&env), 3).unwrap(), 2);
+        assert_eq!(node_rank(&f(None, Some(2)), Some(&env), 3).unwrap(), 2);
+        assert_eq!(node_rank(&f(None, None), None, 1).unwrap(), 0);
+        let e = node_rank(&f(None, Some(1)), Some(&env), 3).unwrap_err();
+        assert!(
+            e.0.starts_with("--node-rank 1 contradicts SLURM_NODEID=2"),
+            "{e}"
+        );
+        let e = node_rank(&f(Some("2"), None), None, 2).unwrap_err();
+        assert!(e.0.contains("(0 to 1)"), "{e}");
+    }
+
+    #[test]
+    fn the_head_is_the_flags_then_the_environments_then_torchruns_default() {
+        let env = slurm_env(3, 2);
+        let f = flags();
+        assert_eq!(
+            head_host(&f, Some("h".into()), Some(&env), 3).unwrap(),
+            ("h".to_string(), false)
+        );
+        assert_eq!(
+            head_host(&f, None, Some(&env), 3).unwrap(),
+            ("n1".to_string(), true)
+        );
+        assert_eq!(
+            head_host(&f, None, None, 1).unwrap(),
+            ("localhost".to_string(), false)
+        );
+        let with_port = NodeFlags {
+            master_port: Some(1),
+            ..flags()
+        };
+        assert_eq!(
+            head_host(&with_port, None, None, 1).unwrap(),
+            ("127.0.0.1".to_string(), false)
+        );
+        assert!(head_host(&f, None, None, 2)
+            .unwrap_err()
+            .0
+            .contains("--master-addr"));
+    }
+
+    #[test]
+    fn the_slurm_head_is_the_first_node_of_the_steps_list() {
+        let head = |pairs: &[(&str, &str)]| slurm_head(&env_of(pairs));
+        assert_eq!(
+            head(&[
+                ("SLURM_JOB_NODELIST", "a[1-4]"),
+                ("SLURM_STEP_NODELIST", "a[3-4]")
+            ])
+            .unwrap(),
+            "a3"
+        );
+        assert_eq!(head(&[("SLURM_NODELIST", "old7")]).unwrap(), "old7");
+        let e = head(&[]).unwrap_err().0;
+        assert!(
+            e.starts_with("SLURM_JOB_NODELIST is unset: cannot tell which node runs vigil's store"),
+            "{e}"
+        );
+        let e = head(&[("SLURM_JOB_NODELIST", "n[1-")]).unwrap_err().0;
+        assert!(
+            e.starts_with("SLURM_JOB_NODELIST=\"n[1-\" is not a Slurm hostlist: hostlist"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn an_unresolvable_head_says_what_dns_said() {
+        let e = resolve_head("vigil-no-such-host.invalid", 1, true, &|_| None).unwrap_err();
+        assert_eq!(e.host, "vigil-no-such-host.invalid");
+        let text = e.to_string();
+        assert!(
+            text.starts_with("cannot resolve node rank 0's address \"vigil-no-such-host.invalid\"")
+                && text.ends_with("give --master-addr with an address every node can reach"),
+            "{text}"
+        );
+        let via_slurm = resolve_head("vigil-no-such-host.invalid", 80, true, &|_| {
+            Some("NodeName=x NodeAddr=127.0.0.1 State=IDLE".into())
+        });
+        assert_eq!(via_slurm.unwrap().ip().to_string(), "127.0.0.1");
     }
 
     #[test]

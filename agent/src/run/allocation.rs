@@ -53,7 +53,7 @@ impl EndWatch {
             EndSpec::Unknown => plan.slurm_job_id.as_deref().filter(|_| super::slurm_job::commands_here()).and_then(|id| {
                 match slurm::run_command(&slurm::squeue_end_time(id), SLURM_TIMEOUT)
                     .map_err(|e| e.to_string())
-                    .and_then(|out| endtime::parse_squeue_end(&out))
+                    .and_then(|out| endtime::parse_squeue_end(&out).map_err(|e| e.to_string()))
                 {
                     Ok(t) => t,
                     Err(e) => {

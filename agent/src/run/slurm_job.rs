@@ -31,14 +31,25 @@ pub(super) fn commands_here() -> bool {
     slurm::on_path("scontrol", env("PATH").as_deref())
 }
 
-fn secs_env(k: &str) -> Result<Option<Duration>, String> {
+/// A batch script's variable that should hold whole seconds and does not.
+#[derive(Debug, thiserror::Error)]
+#[error("{var}={value:?} is not a whole number of seconds")]
+struct NotSeconds {
+    var: String,
+    value: String,
+}
+
+fn secs_env(k: &str) -> Result<Option<Duration>, NotSeconds> {
     match env(k) {
         None => Ok(None),
         Some(v) => v
             .trim()
             .parse::<u64>()
             .map(|s| Some(Duration::from_secs(s)))
-            .map_err(|_| format!("{k}={v:?} is not a whole number of seconds")),
+            .map_err(|_| NotSeconds {
+                var: k.to_string(),
+                value: v,
+            }),
     }
 }
 
@@ -77,7 +88,7 @@ pub(super) fn signal_window(cfg: &LaunchConfig) -> SignalWindow {
             match secs_env(var) {
                 Ok(Some(d)) => return Some((d, var.to_string())),
                 Ok(None) => {}
-                Err(e) => notes.push(e),
+                Err(e) => notes.push(e.to_string()),
             }
             let cmd = cmd.filter(|_| here)?;
             match slurm::run_command(&cmd, SLURM_TIMEOUT) {
@@ -190,7 +201,7 @@ pub(super) fn exclusions(
         .unwrap_or(cfg.nnodes);
     let nodes = match slurm::run_command(&slurm::sinfo_nodes(&partition), SLURM_TIMEOUT)
         .map_err(|e| e.to_string())
-        .and_then(|out| slurm::parse_sinfo_nodes(&out))
+        .and_then(|out| slurm::parse_sinfo_nodes(&out).map_err(|e| e.to_string()))
     {
         Ok(n) => n,
         Err(e) => {

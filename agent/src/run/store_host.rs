@@ -117,7 +117,8 @@ pub(super) fn setup_store(
         port,
         cfg.master_is_slurm_node,
         &scontrol_show_node,
-    )?;
+    )
+    .map_err(|e| e.to_string())?;
     if cfg.node_rank != 0 {
         return Ok(StoreSetup {
             client_addr: head,

@@ -5,14 +5,36 @@
 /// Expansion stops here: a hostlist naming more hosts is surely a mistake.
 pub const MAX_HOSTS: usize = 1 << 20;
 
+/// A hostlist that cannot be expanded, and why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("hostlist {list:?}: {why}")]
 pub struct HostlistError {
     pub list: String,
-    pub why: String,
+    pub why: Why,
 }
 
-fn bracket_values(body: &str) -> Result<Vec<String>, String> {
+/// What is wrong with a hostlist.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Why {
+    #[error("range {0:?} is too large")]
+    RangeTooLarge(String),
+    #[error("range {0:?} runs backwards")]
+    Backwards(String),
+    #[error("range {0:?} names more than {MAX_HOSTS} hosts")]
+    RangeTooLong(String),
+    #[error("{0:?} inside brackets is not a number or a range")]
+    NotANumber(String),
+    #[error("a ']' has no matching '['")]
+    Unopened,
+    #[error("a '[' is never closed")]
+    Unclosed,
+    #[error("it names more than {MAX_HOSTS} hosts")]
+    TooMany,
+    #[error("it names no host")]
+    Empty,
+}
+
+fn bracket_values(body: &str) -> Result<Vec<String>, Why> {
     let mut out = Vec::new();
     for item in body.split(',') {
         let item = item.trim();
@@ -26,39 +48,33 @@ fn bracket_values(body: &str) -> Result<Vec<String>, String> {
                     && lo.bytes().chain(hi.bytes()).all(|b| b.is_ascii_digit()) =>
             {
                 let (a, b): (u64, u64) = (
-                    lo.parse()
-                        .map_err(|_| format!("range {item:?} is too large"))?,
-                    hi.parse()
-                        .map_err(|_| format!("range {item:?} is too large"))?,
+                    lo.parse().map_err(|_| Why::RangeTooLarge(item.into()))?,
+                    hi.parse().map_err(|_| Why::RangeTooLarge(item.into()))?,
                 );
                 if a > b {
-                    return Err(format!("range {item:?} runs backwards"));
+                    return Err(Why::Backwards(item.into()));
                 }
                 if (b - a) as usize >= MAX_HOSTS {
-                    return Err(format!("range {item:?} names more than {MAX_HOSTS} hosts"));
+                    return Err(Why::RangeTooLong(item.into()));
                 }
                 let width = lo.len();
                 out.extend((a..=b).map(|n| format!("{n:0width$}")));
             }
-            _ => {
-                return Err(format!(
-                    "{item:?} inside brackets is not a number or a range"
-                ))
-            }
+            _ => return Err(Why::NotANumber(item.into())),
         }
     }
     Ok(out)
 }
 
 /// Expands one host expression without top-level commas, e.g. `gpu[1-2]-ib[0-1]`.
-fn expand_one(expr: &str) -> Result<Vec<String>, String> {
+fn expand_one(expr: &str) -> Result<Vec<String>, Why> {
     let mut hosts = vec![String::new()];
     let mut rest = expr;
     while !rest.is_empty() {
         match rest.find('[') {
             None => {
                 if rest.contains(']') {
-                    return Err("a ']' has no matching '['".into());
+                    return Err(Why::Unopened);
                 }
                 hosts.iter_mut().for_each(|h| h.push_str(rest));
                 break;
@@ -66,12 +82,12 @@ fn expand_one(expr: &str) -> Result<Vec<String>, String> {
             Some(open) => {
                 let (lit, tail) = rest.split_at(open);
                 if lit.contains(']') {
-                    return Err("a ']' has no matching '['".into());
+                    return Err(Why::Unopened);
                 }
-                let close = tail.find(']').ok_or("a '[' is never closed")?;
+                let close = tail.find(']').ok_or(Why::Unclosed)?;
                 let vals = bracket_values(&tail[1..close])?;
                 if hosts.len().saturating_mul(vals.len()) > MAX_HOSTS {
-                    return Err(format!("it names more than {MAX_HOSTS} hosts"));
+                    return Err(Why::TooMany);
                 }
                 hosts = hosts
                     .iter()
@@ -86,7 +102,7 @@ fn expand_one(expr: &str) -> Result<Vec<String>, String> {
 
 /// Expands a whole hostlist into host names, in order.
 pub fn expand(list: &str) -> Result<Vec<String>, HostlistError> {
-    let fail = |why: String| HostlistError {
+    let fail = |why: Why| HostlistError {
         list: list.to_string(),
         why,
     };
@@ -99,11 +115,7 @@ pub fn expand(list: &str) -> Result<Vec<String>, HostlistError> {
         if !at_end {
             match bytes[i] {
                 b'[' => depth += 1,
-                b']' => {
-                    depth = depth
-                        .checked_sub(1)
-                        .ok_or_else(|| fail("a ']' has no matching '['".into()))?
-                }
+                b']' => depth = depth.checked_sub(1).ok_or_else(|| fail(Why::Unopened))?,
                 _ => {}
             }
         }
@@ -112,17 +124,17 @@ pub fn expand(list: &str) -> Result<Vec<String>, HostlistError> {
             if !expr.is_empty() {
                 out.extend(expand_one(expr).map_err(fail)?);
                 if out.len() > MAX_HOSTS {
-                    return Err(fail(format!("it names more than {MAX_HOSTS} hosts")));
+                    return Err(fail(Why::TooMany));
                 }
             }
             start = i + 1;
         }
     }
     if depth != 0 {
-        return Err(fail("a '[' is never closed".into()));
+        return Err(fail(Why::Unclosed));
     }
     if out.is_empty() {
-        return Err(fail("it names no host".into()));
+        return Err(fail(Why::Empty));
     }
     Ok(out)
 }
