@@ -1,7 +1,14 @@
 //! What goes into the supervisor and what comes out: its configuration, events, actions, the
 //! records of the event log, the job's verdicts and the agent's outcome.
 
-use super::*;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use vigil_ipc::{AgentMsg, RankMsg};
+
+use super::backoff::Backoff;
+use super::monitor::{HangKind, Timeouts};
+use super::stopstep::StepReport;
 
 /// How a rank's process ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -1,22 +1,128 @@
 //! Hang verdicts: which rank is hung first, asking the runtime which ranks are stopped, naming the
 //! root cause, and the diagnosis (stacks) before the stop.
+//!
+//! [`HangWatch`] is the attempt's hang state machine: watching, then probing (the runtime looks
+//! which ranks are stopped), then diagnosing one rank (its stacks are taken), then concluding (the
+//! rank is terminated and the attempt stops). Once a hang was seen, nothing more is calculated in
+//! the attempt. The supervisor's part below picks the ranks and turns each step into actions.
 
-use super::*;
+use std::time::Instant;
+
+use super::events::{Action, Failure, Hang, Record, StopReason, SIGTERM};
+use super::monitor::{Due, RankMonitor};
+use super::state::{Phase, RankState};
+use super::Supervisor;
+
+/// A hung rank whose stacks are being captured: rank, why, and when to stop waiting.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Diagnosis {
+    local_rank: u32,
+    hang: Hang,
+    until: Instant,
+}
+
+/// What a tick means for hangs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum HangStep {
+    Nothing,
+    /// A hang is due: ask the runtime which ranks are stopped.
+    Probe,
+    /// The diagnosis' wait is over: terminate the hung rank.
+    Conclude,
+}
+
+/// One attempt's hang handling.
+#[derive(Debug, Clone, Default)]
+pub(super) struct HangWatch {
+    diagnosing: Option<Diagnosis>,
+    /// A hang is due and the runtime was asked which ranks are stopped (`ProbeStopped`).
+    probing: bool,
+    /// A rank of this attempt was declared hung: nothing it or the others do from then on says
+    /// what the job needs.
+    seen: bool,
+}
+
+impl HangWatch {
+    /// A rank was declared hung in this attempt.
+    pub fn seen(&self) -> bool {
+        self.seen
+    }
+
+    /// When to wake next: the diagnosis' end, or else when the earliest hang is due.
+    pub fn deadline(&self, due: impl FnOnce() -> Option<Instant>) -> Option<Instant> {
+        match &self.diagnosing {
+            Some(d) => Some(d.until),
+            None => due(),
+        }
+    }
+
+    /// A tick at `now`, with the earliest hang due at `due`.
+    pub fn tick(&mut self, now: Instant, due: Option<Instant>) -> HangStep {
+        match &self.diagnosing {
+            Some(d) if now >= d.until => HangStep::Conclude,
+            Some(_) => HangStep::Nothing,
+            None if !self.probing && due.is_some_and(|at| now >= at) => {
+                self.probing = true;
+                HangStep::Probe
+            }
+            None => HangStep::Nothing,
+        }
+    }
+
+    /// The runtime answered the probe: whether a diagnosis may begin.
+    pub fn probed(&mut self) -> bool {
+        std::mem::take(&mut self.probing) && self.diagnosing.is_none()
+    }
+
+    pub fn begin(&mut self, local_rank: u32, hang: Hang, until: Instant) {
+        self.seen = true;
+        self.diagnosing = Some(Diagnosis {
+            local_rank,
+            hang,
+            until,
+        });
+    }
+
+    /// Whether `local_rank` is the rank being diagnosed.
+    pub fn diagnosing(&self, local_rank: u32) -> bool {
+        self.diagnosing
+            .as_ref()
+            .is_some_and(|d| d.local_rank == local_rank)
+    }
+
+    /// Ends the diagnosis: the hung rank and why.
+    pub fn conclude(&mut self) -> Option<(u32, Hang)> {
+        self.diagnosing.take().map(|d| (d.local_rank, d.hang))
+    }
+
+    /// `local_rank` ended on its own: a diagnosis of it is over.
+    pub fn rank_ended(&mut self, local_rank: u32) {
+        if self.diagnosing(local_rank) {
+            self.diagnosing = None;
+        }
+    }
+
+    /// The attempt is being stopped for another reason: no diagnosis goes on.
+    pub fn cancel(&mut self) {
+        self.diagnosing = None;
+    }
+}
 
 impl Supervisor {
     /// The running rank that will be hung first, and when.
     pub(super) fn earliest_hang(&self) -> Option<(u32, Due)> {
-        self.ranks
+        self.attempt
+            .ranks
             .iter()
             .enumerate()
-            .filter(|(_, r)| r.state == RankState::Running)
-            .filter_map(|(i, r)| {
-                r.monitor
-                    .as_ref()?
-                    .deadline(&self.timeouts, self.cfg.warmup_steps)
-                    .map(|d| (i as u32, d))
-            })
+            .filter(|(_, r)| r.running())
+            .filter_map(|(i, r)| self.own_deadline(i as u32, r.monitor.as_ref()?))
             .min_by_key(|(_, d)| d.at)
+    }
+
+    fn own_deadline(&self, local_rank: u32, m: &RankMonitor) -> Option<(u32, Due)> {
+        m.deadline(&self.timeouts.in_force, self.cfg.warmup_steps)
+            .map(|d| (local_rank, d))
     }
 
     pub(super) fn on_stacks_captured(
@@ -25,11 +131,7 @@ impl Supervisor {
         local_rank: u32,
         out: &mut Vec<Action>,
     ) {
-        if self
-            .diagnosing
-            .as_ref()
-            .is_some_and(|(lr, _, _)| *lr == local_rank)
-        {
+        if self.attempt.hangs.diagnosing(local_rank) {
             self.conclude_hang(now, out);
         }
     }
@@ -37,33 +139,26 @@ impl Supervisor {
     /// A tick while ranks run: a diagnosis whose wait is over ends; a hang that is due makes the
     /// runtime look which ranks are stopped before anything is declared.
     pub(super) fn hang_tick(&mut self, now: Instant, out: &mut Vec<Action>) {
-        if self
-            .diagnosing
-            .as_ref()
-            .is_some_and(|(_, _, until)| now >= *until)
-        {
-            self.conclude_hang(now, out);
-        } else if self.diagnosing.is_none()
-            && !self.probing
-            && self.earliest_hang().is_some_and(|(_, d)| now >= d.at)
-        {
-            self.probing = true;
-            let ranks = self
-                .ranks
-                .iter()
-                .enumerate()
-                .filter(|(_, r)| r.state == RankState::Running)
-                .filter_map(|(i, r)| Some((i as u32, r.pid?)))
-                .collect();
-            out.push(Action::ProbeStopped { ranks });
+        let due = self.earliest_hang().map(|(_, d)| d.at);
+        match self.attempt.hangs.tick(now, due) {
+            HangStep::Conclude => self.conclude_hang(now, out),
+            HangStep::Probe => {
+                let ranks = self
+                    .attempt
+                    .ranks
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, r)| r.running())
+                    .filter_map(|(i, r)| Some((i as u32, r.pid?)))
+                    .collect();
+                out.push(Action::ProbeStopped { ranks });
+            }
+            HangStep::Nothing => {}
         }
     }
 
     pub(super) fn on_probed(&mut self, now: Instant, stopped: Vec<u32>, out: &mut Vec<Action>) {
-        if std::mem::take(&mut self.probing)
-            && self.phase == Phase::Running
-            && self.diagnosing.is_none()
-        {
+        if self.attempt.hangs.probed() && self.phase == Phase::Running {
             // Still due? A message may have come in while the runtime looked.
             if let Some((lr, due)) = self.earliest_hang().filter(|(_, d)| now >= d.at) {
                 let (lr, due, frozen) = self.root_of_hang(lr, due, &stopped);
@@ -85,18 +180,16 @@ impl Supervisor {
         if stopped.contains(&due_rank) {
             return (due_rank, due, true);
         }
+        let ranks = &self.attempt.ranks;
         let frozen = stopped
             .iter()
-            .filter(|lr| {
-                self.ranks
-                    .get(**lr as usize)
-                    .is_some_and(|r| r.state == RankState::Running)
-            })
+            .filter(|lr| ranks.get(**lr as usize).is_some_and(|r| r.running()))
             .map(|lr| {
-                let own = self.ranks[*lr as usize]
+                let own = ranks[*lr as usize]
                     .monitor
                     .as_ref()
-                    .and_then(|m| m.deadline(&self.timeouts, self.cfg.warmup_steps));
+                    .and_then(|m| self.own_deadline(*lr, m))
+                    .map(|(_, d)| d);
                 (*lr, own)
             })
             .min_by_key(|(lr, own)| (own.is_none(), own.as_ref().map(|d| d.since), *lr));
@@ -114,11 +207,15 @@ impl Supervisor {
         stopped: bool,
         out: &mut Vec<Action>,
     ) {
-        let Some(pid) = self.ranks[local_rank as usize].pid else {
+        let Some(pid) = self.attempt.ranks[local_rank as usize].pid else {
             return;
         };
-        self.hang_seen = true;
-        for m in self.ranks.iter_mut().filter_map(|r| r.monitor.as_mut()) {
+        for m in self
+            .attempt
+            .ranks
+            .iter_mut()
+            .filter_map(|r| r.monitor.as_mut())
+        {
             m.freeze();
         }
         let hang = Hang {
@@ -130,34 +227,36 @@ impl Supervisor {
         out.push(Action::Record(Record::Hang {
             cycle: self.cycle,
             local_rank,
-            rank: self.cfg.rank_offset + local_rank,
+            rank: self.job.rank_offset + local_rank,
             pid,
             hang: hang.clone(),
         }));
         out.push(Action::CaptureStacks {
             local_rank,
             pid,
-            via_shim: self.ranks[local_rank as usize]
+            via_shim: self.attempt.ranks[local_rank as usize]
                 .monitor
                 .as_ref()
                 .is_some_and(RankMonitor::registered),
         });
-        self.diagnosing = Some((local_rank, hang, now + self.cfg.stack_wait));
+        let until = now + self.cfg.stack_wait;
+        self.attempt.hangs.begin(local_rank, hang, until);
     }
 
     /// The hung rank's stacks are taken (or the wait is over): terminate it and stop the cycle.
     pub(super) fn conclude_hang(&mut self, now: Instant, out: &mut Vec<Action>) {
-        let Some((local_rank, hang, _)) = self.diagnosing.take() else {
+        let Some((local_rank, hang)) = self.attempt.hangs.conclude() else {
             return;
         };
-        let r = &self.ranks[local_rank as usize];
+        let r = &self.attempt.ranks[local_rank as usize];
         let (Some(pid), RankState::Running) = (r.pid, r.state) else {
             return;
         };
-        self.failures.push(Failure {
+        let rank = self.job.rank_offset + local_rank;
+        self.attempt.failures.push(Failure {
             cycle: self.cycle,
             local_rank,
-            rank: self.cfg.rank_offset + local_rank,
+            rank,
             pid,
             how: None,
             hang: Some(hang.clone()),
@@ -166,11 +265,68 @@ impl Supervisor {
         let term = self.cfg.termination_signal;
         self.begin_stop_except(now, StopReason::RankHung, SIGTERM, Some((pid, term)), out);
         let reason = format!(
-            "rank {} hung: {} of {:.1}s passed",
-            self.cfg.rank_offset + local_rank,
+            "rank {rank} hung: {} of {:.1}s passed",
             hang.timeout,
             hang.limit_ms as f64 / 1000.0
         );
         self.report_failure(reason, out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::supervise::monitor::HangKind;
+    use std::time::Duration;
+
+    fn hang() -> Hang {
+        Hang {
+            timeout: HangKind::Heartbeat,
+            limit_ms: 1000,
+            silent_ms: 1500,
+            stopped: false,
+        }
+    }
+
+    #[test]
+    fn a_due_hang_is_probed_once_then_diagnosed_then_concluded() {
+        let t = Instant::now();
+        let s = Duration::from_secs(1);
+        let mut w = HangWatch::default();
+        assert_eq!(w.tick(t, None), HangStep::Nothing);
+        assert_eq!(w.tick(t, Some(t + s)), HangStep::Nothing);
+        assert_eq!(w.tick(t + s, Some(t + s)), HangStep::Probe);
+        // Probing: no second probe until the answer comes.
+        assert_eq!(w.tick(t + 2 * s, Some(t + s)), HangStep::Nothing);
+        assert!(w.probed());
+        assert!(!w.probed(), "one answer per probe");
+        assert!(!w.seen());
+        w.begin(3, hang(), t + 5 * s);
+        assert!(w.seen() && w.diagnosing(3) && !w.diagnosing(2));
+        assert_eq!(w.deadline(|| Some(t)), Some(t + 5 * s));
+        assert_eq!(w.tick(t + 4 * s, Some(t)), HangStep::Nothing);
+        assert_eq!(w.tick(t + 5 * s, Some(t)), HangStep::Conclude);
+        assert_eq!(w.conclude(), Some((3, hang())));
+        assert_eq!(w.conclude(), None);
+        assert!(w.seen(), "a hang seen stays seen for the attempt");
+        assert_eq!(w.deadline(|| Some(t)), Some(t));
+    }
+
+    #[test]
+    fn a_diagnosis_ends_with_its_rank_or_a_stop() {
+        let t = Instant::now();
+        let mut w = HangWatch::default();
+        w.begin(1, hang(), t);
+        w.rank_ended(0);
+        assert!(w.diagnosing(1));
+        w.rank_ended(1);
+        assert!(!w.diagnosing(1) && w.conclude().is_none());
+        w.begin(2, hang(), t);
+        w.cancel();
+        assert_eq!(w.conclude(), None);
+        // A probe answered while a diagnosis runs starts nothing.
+        w.begin(2, hang(), t);
+        assert_eq!(w.tick(t, Some(t)), HangStep::Conclude);
+        assert!(!w.probed());
     }
 }

@@ -11,23 +11,35 @@
 //! job's verdict ([`Event::CycleEnded`]), which is the same on every node. So the cycle number is
 //! the job's restart count and `--max-restarts` is one budget for the whole job.
 //!
+//! State is kept by how long it lives (`state.rs`): the configuration stays as launched; what the
+//! job assigned this node (rank offset, restart budget) and what lasts the allocation is the
+//! `JobState`; everything about one attempt is an `Attempt`, a fresh value each time one starts, so
+//! nothing is reset by hand. Hangs (`HangWatch`), the timeout calculation (`TimeoutState` and the
+//! attempt's `Requests`) and the stop agreement (`StopAgreement`) are small state machines of their
+//! own, each unit-tested beside its code.
+//!
 //! `handle` only dispatches; each decision lives with its concern:
-//! - `ranks.rs`: starting a cycle's ranks; a rank started, failed to start, exited, disconnected.
-//! - `timeouts.rs`: rank messages, timeouts in force, calculating them and adopting the job's.
+//! - `ranks.rs`: starting an attempt's ranks; a rank started, failed to start, exited, disconnected.
+//! - `messages.rs`: what a rank's messages mean (registration, steps, workload control, signals).
+//! - `timeouts.rs`: timeouts in force, calculating them and adopting the job's.
 //! - `hangs.rs`: the first rank due, which ranks are stopped, root cause, diagnosis (stacks).
+//! - `stopstep.rs`: stopping at one agreed step (triggers, the agreement, the ranks' window).
 //! - `stop.rs`: the agent's signals, stopping with a grace, escalating to SIGKILL.
 //! - `nodefault.rs`: a node that cannot go on (GPU fault, failed health check); stragglers.
-//! - `verdict.rs`: reporting this node's end of a cycle, the job's verdict, back-off, the outcome.
-//! - `backoff.rs` (restart back-off) and `monitor.rs` (per-rank liveness, timeout calculation) are
-//!   plain functions over plain data; `events.rs` holds every type that goes in or comes out.
+//! - `verdict.rs`: reporting this node's end of an attempt, the job's verdict, back-off, the outcome.
+//! - `backoff.rs` (restart back-off), `progress.rs` (progress over attempts) and `monitor.rs`
+//!   (per-rank liveness, timeout calculation) are plain functions over plain data; `events.rs`
+//!   holds every type that goes in or comes out.
 
 mod backoff;
 mod events;
 mod hangs;
+mod messages;
 pub mod monitor;
 mod nodefault;
 pub mod progress;
 mod ranks;
+mod state;
 mod stop;
 mod stopstep;
 mod timeouts;
@@ -36,189 +48,51 @@ mod verdict;
 pub use backoff::Backoff;
 pub use events::*;
 pub use stopstep::{choose_stop_step, is_stop_signal, StepReport, AGREEMENT_BUDGET};
-use stopstep::{Pace, StopState};
 
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
-use vigil_ipc::{AgentMsg, RankMsg};
+use vigil_ipc::RankMsg;
 
-use monitor::{CalcRequest, Calculated, Due, HangKind, Observed, RankMonitor, Timeouts};
+use monitor::Timeouts;
+use state::{Attempt, JobState, Phase};
+use stopstep::StopAgreement;
+use timeouts::TimeoutState;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum RankState {
-    NotStarted,
-    Running,
-    Exited(ExitKind),
-    SpawnFailed,
-}
-
-#[derive(Debug, Clone)]
-struct Rank {
-    pid: Option<i32>,
-    state: RankState,
-    /// Liveness, from the moment the rank was started.
-    monitor: Option<RankMonitor>,
-    /// The steps it reported (`should_stop(step)`, heartbeats with a step).
-    pace: Option<Pace>,
-    /// It reported its step through `vigil.should_stop(step)`, so it stops at the agreed step.
-    listens: bool,
-    /// It cannot be asked to stop at a step and was signalled instead: its exit is expected.
-    told_to_stop: bool,
-    /// The signals it holds for `should_stop(step)` (bit n: signal n): they would not end it.
-    holds: u64,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Phase {
-    /// Waiting for the rendezvous of `cycle` (no rank runs).
-    Joining,
-    Running,
-    Stopping {
-        reason: StopReason,
-        kill_at: Instant,
-        killed: bool,
-    },
-    /// Every local rank exited 0; waiting for the other nodes.
-    Waiting,
-    /// The last attempt failed; join `cycle` (already the next one) at `until`.
-    BackingOff {
-        until: Instant,
-    },
-    Finished,
-}
-
-/// A calculation this node shared with the others, waiting for the job's result: what this node
-/// could calculate (and which sections), and which local ranks to answer.
-#[derive(Debug, Clone)]
-struct Answering {
-    round: u32,
-    done: Calculated,
-    sections: Vec<String>,
-    ranks: Vec<u32>,
-}
-
+/// The supervisor's state, by lifetime: the configuration (as launched), the job's state (what it
+/// assigned and what lasts the allocation), the attempt under way (fresh per attempt), and the
+/// two state machines that span attempts (the timeouts in force, the stop agreement).
 #[derive(Debug, Clone)]
 pub struct Supervisor {
     cfg: SupervisorConfig,
+    /// The attempt under way (or being joined): the job's restart count.
     cycle: u32,
-    ranks: Vec<Rank>,
     phase: Phase,
-    /// Failures of the current cycle in the order observed; the first is the root cause.
-    failures: Vec<Failure>,
-    /// The signal that ended the agent, if any.
-    signal: Option<i32>,
-    spawn_error: Option<(u32, String)>,
-    /// The timeouts in force now.
-    timeouts: Timeouts,
-    /// The last calculated timeouts (loaded or from this run), blended into the next calculation.
-    calculated: Option<Timeouts>,
-    calculated_this_cycle: bool,
-    /// The job's code calculates timeouts when it asks (NVRx's client announced itself or asked):
-    /// vigil then never calculates on its own.
-    on_request: bool,
-    /// Calculation requests of this cycle so far (the round of the latest one).
-    calc_round: u32,
-    /// The request being collected: what was asked and which local ranks asked.
-    asking: Option<(CalcRequest, Vec<u32>)>,
-    /// The round shared with the other nodes, waiting for the job's result.
-    answering: Option<Answering>,
-    /// A rank of this cycle was declared hung: nothing it or the others do from then on says what
-    /// the job needs, so nothing more is calculated in this cycle.
-    hang_seen: bool,
-    /// A hung rank whose stacks are being captured: rank, why, and when to stop waiting.
-    diagnosing: Option<(u32, Hang, Instant)>,
-    /// A hang is due and the runtime was asked which ranks are stopped (`ProbeStopped`).
-    probing: bool,
-    training_finished: bool,
-    /// The job's verdict on the current cycle, once known.
-    end: Option<JobEnd>,
-    /// Whether this node already reported how the current cycle ended here.
-    reported: bool,
-    /// For a `Lost` verdict that came from this node's own coordination: may a requeue help?
-    lost_requeue: bool,
-    /// Whether the current cycle's process groups were already swept.
-    reaped: bool,
-    /// How this node stopped the job for good (a signal beats a rank that could not start): what
-    /// nodes still heading for another cycle are told when this one leaves.
-    stopped: Option<JobEnd>,
-    /// When the current cycle started and when the job's verdict on it came.
-    started_at: Option<Instant>,
-    ended_at: Option<Instant>,
-    /// Restarts in the current back-off streak.
-    streak: u32,
+    job: JobState,
+    attempt: Attempt,
+    timeouts: TimeoutState,
     /// A stop at an agreed step, once asked for (by any node); it ends the allocation.
-    stop: Option<StopState>,
-    /// The stop signal this agent received, forwarded to ranks that cannot be asked.
-    stop_sig: Option<i32>,
-    /// The ranks are being stopped at once (a failure, a hang, a lost node): a rank that holds
-    /// the stop signal gets SIGKILL.
-    kill_holders: bool,
-    /// When to ask for a stop ahead of the allocation's end, and the window the ranks then get.
-    stop_at: Option<(Instant, Duration)>,
-    /// The highest step any local rank reported in this allocation.
-    highest_step: Option<u64>,
-    /// The highest step reached in each attempt that ended, in order.
-    attempt_steps: Vec<Option<u64>>,
-    /// Why this node cannot run ranks any more (`NodeFault`); it leaves the job.
-    fault: Option<String>,
-    /// Nodes to requeue without, found by straggler reports (node rank 0).
-    blamed: Vec<u32>,
-    /// A rank asked (NVRx's workload control) for no further attempt / to exclude this node.
-    shutdown_asked: bool,
-    exclude_asked: bool,
+    stop: StopAgreement,
 }
 
 impl Supervisor {
     /// A supervisor about to start cycle 0; feed it the returned actions first.
     pub fn new(cfg: SupervisorConfig) -> (Self, Vec<Action>) {
-        let mut s = Supervisor {
-            ranks: Vec::new(),
-            cfg,
+        let s = Supervisor {
             cycle: 0,
-            phase: Phase::Running,
-            failures: Vec::new(),
-            signal: None,
-            spawn_error: None,
-            timeouts: Timeouts::default(),
-            calculated: None,
-            calculated_this_cycle: false,
-            on_request: false,
-            calc_round: 0,
-            asking: None,
-            answering: None,
-            hang_seen: false,
-            diagnosing: None,
-            probing: false,
-            training_finished: false,
-            end: None,
-            reported: false,
-            lost_requeue: true,
-            reaped: false,
-            stopped: None,
-            started_at: None,
-            ended_at: None,
-            streak: 0,
-            stop: None,
-            stop_sig: None,
-            kill_holders: false,
-            stop_at: None,
-            highest_step: None,
-            attempt_steps: Vec::new(),
-            shutdown_asked: false,
-            exclude_asked: false,
-            fault: None,
-            blamed: Vec::new(),
+            phase: Phase::Joining,
+            job: JobState::new(&cfg),
+            attempt: Attempt::none(),
+            timeouts: TimeoutState::new(&cfg.timeouts),
+            stop: StopAgreement::default(),
+            cfg,
         };
         let mut actions = Vec::new();
-        s.timeouts = s.cfg.timeouts.clone();
-        if s.timeouts.any() {
+        if s.timeouts.in_force.any() {
             actions.push(Action::Record(Record::TimeoutsUpdated {
                 source: "configured",
-                timeouts: s.timeouts.clone(),
+                timeouts: s.timeouts.in_force.clone(),
             }));
         }
-        s.phase = Phase::Joining;
         actions.push(Action::Job(JobRequest::Join {
             cycle: 0,
             calculated: s.cfg.calculated.clone(),
@@ -237,17 +111,27 @@ impl Supervisor {
     /// `--term-timeout` from now on: the runtime gives a signal Slurm's window (KillWait at the
     /// time limit, GraceTime at a preemption), which depends on when it comes.
     pub fn set_term_timeout(&mut self, window: Duration) {
-        self.cfg.term_timeout = window;
+        self.job.term_timeout = window;
+    }
+
+    /// The job's restart budget, as node rank 0 handed it over at the last join.
+    pub fn max_restarts(&self) -> u32 {
+        self.job.max_restarts
+    }
+
+    /// Global rank of local rank 0 in the current attempt, as the job's rendezvous assigned it.
+    pub fn rank_offset(&self) -> u32 {
+        self.job.rank_offset
     }
 
     /// Failures of the current cycle, first observed first.
     pub fn failures(&self) -> &[Failure] {
-        &self.failures
+        &self.attempt.failures
     }
 
     /// The timeouts in force now.
     pub fn timeouts(&self) -> &Timeouts {
-        &self.timeouts
+        &self.timeouts.in_force
     }
 
     /// A step a rank reported that was read only after the job ended here (its exit was reaped
@@ -260,17 +144,21 @@ impl Supervisor {
 
     /// Whether any rank said "training finished" (the job must not be requeued).
     pub fn training_finished(&self) -> bool {
-        self.training_finished
+        self.job.steps.training_finished
     }
 
     /// The highest step any local rank reported in this allocation.
     pub fn highest_step(&self) -> Option<u64> {
-        self.highest_step
+        self.job.steps.highest
     }
 
     /// The lowest and highest step this attempt's ranks last reported (`None`: none reported).
     pub fn step_range(&self) -> Option<(u64, u64)> {
-        let steps = self.ranks.iter().filter_map(|r| r.pace.map(|p| p.step));
+        let steps = self
+            .attempt
+            .ranks
+            .iter()
+            .filter_map(|r| r.pace.map(|p| p.step));
         let (lo, hi) = steps.fold((u64::MAX, None), |(lo, hi): (u64, Option<u64>), s| {
             (lo.min(s), Some(hi.map_or(s, |h| h.max(s))))
         });
@@ -279,24 +167,22 @@ impl Supervisor {
 
     /// The trigger and agreed step of the stop under way, if one was asked for.
     pub fn stop_asked(&self) -> Option<(String, Option<u64>)> {
-        self.stop
-            .as_ref()
-            .map(|s| (s.trigger.clone(), s.agreed.flatten()))
+        self.stop.asked()
     }
 
     /// A rank asked to shut the workload down (the job is not to run again).
     pub fn shutdown_asked(&self) -> bool {
-        self.shutdown_asked
+        self.job.asked.shutdown
     }
 
     /// A rank asked to keep this node out of the job.
     pub fn exclude_asked(&self) -> bool {
-        self.exclude_asked
+        self.job.asked.exclude
     }
 
     /// The nodes this node's decisions blame (straggler reports): requeue without them.
     pub fn blamed_nodes(&self) -> &[u32] {
-        &self.blamed
+        &self.job.asked.blamed
     }
 
     pub fn is_finished(&self) -> bool {
@@ -305,10 +191,7 @@ impl Supervisor {
 
     /// Local rank of a rank leader's pid in the current cycle.
     pub fn local_rank_of(&self, pid: i32) -> Option<u32> {
-        self.ranks
-            .iter()
-            .position(|r| r.pid == Some(pid))
-            .map(|i| i as u32)
+        self.attempt.local_rank_of(pid)
     }
 
     pub fn next_deadline(&self) -> Option<Instant> {
@@ -318,18 +201,14 @@ impl Supervisor {
                 killed: false,
                 ..
             } => Some(kill_at),
-            Phase::Running => match &self.diagnosing {
-                Some((_, _, until)) => Some(*until),
-                None => self.earliest_hang().map(|(_, due)| due.at),
-            },
+            Phase::Running => self
+                .attempt
+                .hangs
+                .deadline(|| self.earliest_hang().map(|(_, due)| due.at)),
             Phase::BackingOff { until } => Some(until),
             _ => None,
         };
-        let stop = match &self.stop {
-            None => self.stop_at.map(|(at, _)| at),
-            Some(st) if !st.overdue && self.phase == Phase::Running => Some(st.deadline),
-            Some(_) => None,
-        };
+        let stop = self.stop.deadline(self.phase == Phase::Running);
         [own, stop].into_iter().flatten().min()
     }
 
@@ -368,7 +247,7 @@ impl Supervisor {
                 self.backoff_tick(now, &mut out);
                 self.escalate_tick(now, &mut out);
             }
-            Event::StopAt { at, window } => self.stop_at = at.map(|a| (a, window)),
+            Event::StopAt { at, window } => self.stop.set_end(at, window),
             Event::StopAsked { cycle, trigger } => {
                 self.on_stop_asked(now, cycle, trigger, &mut out)
             }

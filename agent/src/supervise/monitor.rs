@@ -74,7 +74,7 @@ impl Timeouts {
 }
 
 mod opt_secs {
-    use super::*;
+    use super::{secs, Deserialize, Duration, Serialize};
     pub fn serialize<S: serde::Serializer>(v: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
         v.map(|d| d.as_secs_f64()).serialize(s)
     }
@@ -102,7 +102,7 @@ fn secs<E: serde::de::Error>(x: f64) -> Result<Option<Duration>, E> {
 }
 
 mod map_secs {
-    use super::*;
+    use super::{secs, BTreeMap, Deserialize, Duration, Serialize};
     pub fn serialize<S: serde::Serializer>(
         v: &BTreeMap<String, Duration>,
         s: S,

@@ -10,7 +10,11 @@
 //! an agreed step, as for a signal, so every rank checkpoints; the straggler's nodes are blamed,
 //! so node rank 0 requeues the job without them.
 
-use super::*;
+use std::time::Instant;
+
+use super::events::{Action, Record, StopReason, SIGTERM};
+use super::state::Phase;
+use super::Supervisor;
 
 impl Supervisor {
     pub(super) fn on_node_fault(
@@ -20,15 +24,15 @@ impl Supervisor {
         at_gate: bool,
         out: &mut Vec<Action>,
     ) {
-        if self.fault.is_some() && !at_gate {
+        if self.job.asked.fault.is_some() && !at_gate {
             return;
         }
         out.push(Action::Record(Record::NodeFault {
             cycle: self.cycle,
             reason: reason.clone(),
         }));
-        self.fault = Some(reason.clone());
-        self.exclude_asked = true;
+        self.job.asked.fault = Some(reason.clone());
+        self.job.asked.exclude = true;
         match self.phase {
             // The checks before a rendezvous failed, so this node never joined it: leave the job
             // now, telling the others this node is to be left out.
@@ -45,7 +49,7 @@ impl Supervisor {
 
     /// The next attempt was about to start on a node with a fault: it fails at once instead.
     pub(super) fn fault_at_start(&mut self, out: &mut Vec<Action>) -> bool {
-        let Some(reason) = self.fault.clone() else {
+        let Some(reason) = self.job.asked.fault.clone() else {
             return false;
         };
         self.report_failure(format!("node {}: {reason}", self.cfg.node_rank), out);
@@ -53,18 +57,19 @@ impl Supervisor {
     }
 
     pub(super) fn on_stragglers(&mut self, now: Instant, nodes: Vec<u32>, out: &mut Vec<Action>) {
-        if !self.cfg.stop_if_straggler || self.stop.is_some() || self.phase != Phase::Running {
+        if !self.cfg.stop_if_straggler || self.stop.under_way() || self.phase != Phase::Running {
             return;
         }
+        let blamed = &mut self.job.asked.blamed;
         for n in nodes {
-            if !self.blamed.contains(&n) {
-                self.blamed.push(n);
+            if !blamed.contains(&n) {
+                blamed.push(n);
             }
         }
-        if self.blamed.is_empty() {
+        if blamed.is_empty() {
             return;
         }
-        let window = self.cfg.term_timeout;
+        let window = self.job.term_timeout;
         self.trigger_stop(now, "straggler".to_string(), window, out);
     }
 }

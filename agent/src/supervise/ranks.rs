@@ -1,7 +1,13 @@
-//! Ranks and attempts: starting a cycle's ranks, and what a rank's start, failure to start, exit
-//! or lost connection means.
+//! Ranks and attempts: starting an attempt's ranks, and what a rank's start, failure to start,
+//! exit or lost connection means.
 
-use super::*;
+use std::time::Instant;
+
+use super::events::{exit_phrase, Action, ExitKind, Failure, JobEnd, Record, StopReason};
+use super::events::{SIGKILL, SIGTERM};
+use super::monitor::RankMonitor;
+use super::state::{Attempt, Phase, RankState};
+use super::Supervisor;
 
 impl Supervisor {
     pub(super) fn on_spawned(
@@ -11,24 +17,25 @@ impl Supervisor {
         pid: i32,
         out: &mut Vec<Action>,
     ) {
-        if let Some(r) = self.ranks.get_mut(local_rank as usize) {
-            r.pid = Some(pid);
-            r.state = RankState::Running;
-            r.monitor = Some(RankMonitor::new(now));
-            out.push(Action::Record(Record::RankStarted {
-                cycle: self.cycle,
-                local_rank,
-                rank: self.cfg.rank_offset + local_rank,
-                pid,
-            }));
-            // A stop that began while the group was being spawned must reach this rank too.
-            if let Phase::Stopping { killed, .. } = self.phase {
-                let signal = if killed { SIGKILL } else { SIGTERM };
-                out.push(Action::SignalGroups {
-                    pgids: vec![pid],
-                    signal,
-                });
-            }
+        let Some(r) = self.attempt.ranks.get_mut(local_rank as usize) else {
+            return;
+        };
+        r.pid = Some(pid);
+        r.state = RankState::Running;
+        r.monitor = Some(RankMonitor::new(now));
+        out.push(Action::Record(Record::RankStarted {
+            cycle: self.cycle,
+            local_rank,
+            rank: self.job.rank_offset + local_rank,
+            pid,
+        }));
+        // A stop that began while the group was being spawned must reach this rank too.
+        if let Phase::Stopping { killed, .. } = self.phase {
+            let signal = if killed { SIGKILL } else { SIGTERM };
+            out.push(Action::SignalGroups {
+                pgids: vec![pid],
+                signal,
+            });
         }
     }
 
@@ -39,38 +46,33 @@ impl Supervisor {
         error: String,
         out: &mut Vec<Action>,
     ) {
-        if let Some(r) = self.ranks.get_mut(local_rank as usize) {
-            r.state = RankState::SpawnFailed;
-            // The runtime starts no further rank of this cycle after a failed spawn.
-            for r in self.ranks.iter_mut() {
-                if r.state == RankState::NotStarted {
-                    r.state = RankState::SpawnFailed;
-                }
+        let Some(r) = self.attempt.ranks.get_mut(local_rank as usize) else {
+            return;
+        };
+        r.state = RankState::SpawnFailed;
+        // The runtime starts no further rank of this attempt after a failed spawn.
+        for r in self.attempt.ranks.iter_mut() {
+            if r.state == RankState::NotStarted {
+                r.state = RankState::SpawnFailed;
             }
-            out.push(Action::Record(Record::RankSpawnFailed {
-                cycle: self.cycle,
-                local_rank,
-                error: error.clone(),
-            }));
-            if self.spawn_error.is_none() {
-                self.spawn_error = Some((local_rank, error.clone()));
-            }
-            self.begin_stop(now, StopReason::SpawnFailed, SIGTERM, out);
-            let end = JobEnd::Stopped {
-                node: self.cfg.node_rank,
-                reason: format!(
-                    "rank {} could not start: {error}",
-                    self.cfg.rank_offset + local_rank
-                ),
-                exit_code: 2,
-            };
-            self.stopped.get_or_insert(end.clone());
-            self.report(end, out);
         }
+        out.push(Action::Record(Record::RankSpawnFailed {
+            cycle: self.cycle,
+            local_rank,
+            error: error.clone(),
+        }));
+        let rank = self.job.rank_offset + local_rank;
+        self.job
+            .ending
+            .spawn_error
+            .get_or_insert_with(|| (local_rank, error.clone()));
+        self.begin_stop(now, StopReason::SpawnFailed, SIGTERM, out);
+        self.stop_for_good(format!("rank {rank} could not start: {error}"), 2, out);
     }
 
     pub(super) fn on_disconnected(&mut self, local_rank: u32) {
         if let Some(m) = self
+            .attempt
             .ranks
             .get_mut(local_rank as usize)
             .and_then(|r| r.monitor.as_mut())
@@ -79,34 +81,11 @@ impl Supervisor {
         }
     }
 
+    /// Attempt `cycle` starts: a fresh [`Attempt`] replaces the last one, whole.
     pub(super) fn start_cycle(&mut self, now: Instant, cycle: u32) -> Vec<Action> {
         self.cycle = cycle;
-        self.started_at = Some(now);
-        self.ended_at = None;
         self.phase = Phase::Running;
-        self.end = None;
-        self.reported = false;
-        self.reaped = false;
-        self.failures.clear();
-        self.diagnosing = None;
-        self.probing = false;
-        self.calculated_this_cycle = false;
-        self.calc_round = 0;
-        self.asking = None;
-        self.answering = None;
-        self.hang_seen = false;
-        self.kill_holders = false;
-        self.ranks = (0..self.cfg.nproc)
-            .map(|_| Rank {
-                pid: None,
-                state: RankState::NotStarted,
-                monitor: None,
-                pace: None,
-                listens: false,
-                told_to_stop: false,
-                holds: 0,
-            })
-            .collect();
+        self.attempt = Attempt::start(now, self.cfg.nproc);
         vec![
             Action::Record(Record::CycleStart {
                 cycle,
@@ -117,14 +96,6 @@ impl Supervisor {
         ]
     }
 
-    pub(super) fn live_pids(&self) -> Vec<i32> {
-        self.ranks
-            .iter()
-            .filter(|r| r.state == RankState::Running)
-            .filter_map(|r| r.pid)
-            .collect()
-    }
-
     pub(super) fn on_reaped(
         &mut self,
         now: Instant,
@@ -132,30 +103,25 @@ impl Supervisor {
         how: ExitKind,
         out: &mut Vec<Action>,
     ) {
-        let Some(local_rank) = self.local_rank_of(pid) else {
+        let Some(local_rank) = self.attempt.local_rank_of(pid) else {
             return;
         };
-        let rank = &mut self.ranks[local_rank as usize];
-        if rank.state != RankState::Running {
+        let rank = &mut self.attempt.ranks[local_rank as usize];
+        if !rank.running() {
             return;
         }
         rank.state = RankState::Exited(how);
         let told_to_stop = rank.told_to_stop;
         if let Some(f) = self
+            .attempt
             .failures
             .iter_mut()
             .find(|f| f.pid == pid && f.how.is_none())
         {
             f.how = Some(how);
         }
-        if self
-            .diagnosing
-            .as_ref()
-            .is_some_and(|(lr, _, _)| *lr == local_rank)
-        {
-            // The hung rank ended on its own while its stacks were being taken.
-            self.diagnosing = None;
-        }
+        // The hung rank ended on its own while its stacks were being taken.
+        self.attempt.hangs.rank_ended(local_rank);
         // A rank that ends while we are stopping the cycle was stopped by us, whatever its status.
         let stopping = matches!(self.phase, Phase::Stopping { .. }) || told_to_stop;
         let failed = !how.success() && !stopping;
@@ -163,36 +129,32 @@ impl Supervisor {
             ExitKind::Code(c) => (Some(c), None),
             ExitKind::Signal(s) => (None, Some(s)),
         };
+        let rank = self.job.rank_offset + local_rank;
         out.push(Action::Record(Record::RankExited {
             cycle: self.cycle,
             local_rank,
-            rank: self.cfg.rank_offset + local_rank,
+            rank,
             pid,
             exit_code,
             signal,
             expected: !failed,
         }));
         if failed {
-            self.failures.push(Failure {
+            self.attempt.failures.push(Failure {
                 cycle: self.cycle,
                 local_rank,
-                rank: self.cfg.rank_offset + local_rank,
+                rank,
                 pid,
                 how: Some(how),
                 hang: None,
                 at: now,
             });
             self.begin_stop(now, StopReason::RankFailed, SIGTERM, out);
-            let reason = format!(
-                "rank {} {}",
-                self.cfg.rank_offset + local_rank,
-                exit_phrase(how)
-            );
-            self.report_failure(reason, out);
+            self.report_failure(format!("rank {rank} {}", exit_phrase(how)), out);
         }
     }
 
-    /// Tells the other nodes that this cycle failed here, once per cycle.
+    /// Tells the other nodes that this attempt failed here, once per attempt.
     pub(super) fn report_failure(&mut self, reason: String, out: &mut Vec<Action>) {
         let node = self.cfg.node_rank;
         self.report(JobEnd::Failed { node, reason }, out);

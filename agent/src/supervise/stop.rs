@@ -1,6 +1,13 @@
 //! Stopping: signals to the agent, stopping the ranks with a grace, and the escalation to SIGKILL.
 
-use super::*;
+use std::time::Instant;
+
+use vigil_ipc::AgentMsg;
+
+use super::events::{Action, JobEnd, Record, StopReason, SIGINT, SIGKILL, SIGTERM};
+use super::state::Phase;
+use super::stopstep::is_stop_signal;
+use super::Supervisor;
 
 impl Supervisor {
     pub(super) fn on_signal(&mut self, now: Instant, sig: i32, out: &mut Vec<Action>) {
@@ -9,20 +16,16 @@ impl Supervisor {
         // once (below): under Slurm every node gets the signal, and one that learned of the stop
         // from a faster node first must not take its own signal for a second one.
         if is_stop_signal(sig)
-            && self.stop_sig.is_none()
             && self.phase == Phase::Running
-            && self
-                .ranks
-                .iter()
-                .any(|r| r.state == RankState::Running && r.listens)
+            && self.attempt.ranks.iter().any(|r| r.running() && r.listens)
+            && self.stop.first_signal(sig)
         {
-            self.stop_sig = Some(sig);
-            let window = self.cfg.term_timeout;
+            let window = self.job.term_timeout;
             self.trigger_stop(now, crate::values::signal_name(sig), window, out);
             return;
         }
         // Obeyed at once: ranks that hold stop signals for `should_stop(step)` are told to stop now.
-        if self.stop.is_some() && self.ranks.iter().any(|r| r.listens) {
+        if self.stop.under_way() && self.attempt.ranks.iter().any(|r| r.listens) {
             out.push(Action::SendToAll(AgentMsg::StopRequest {
                 reason: crate::values::signal_name(sig),
                 at_step: None,
@@ -44,7 +47,7 @@ impl Supervisor {
                 }
             }
             _ => {
-                self.signal = Some(sig);
+                self.job.ending.signal = Some(sig);
                 let end = JobEnd::Stopped {
                     node: self.cfg.node_rank,
                     reason: format!(
@@ -54,7 +57,7 @@ impl Supervisor {
                     ),
                     exit_code: 128 + sig,
                 };
-                self.stopped = Some(end.clone());
+                self.job.ending.stopped = Some(end.clone());
                 self.report(end, out);
                 match &mut self.phase {
                     // No rank runs: nothing to stop, `settle` ends the agent.
@@ -95,10 +98,10 @@ impl Supervisor {
         out: &mut Vec<Action>,
     ) {
         let grace = match reason {
-            StopReason::Signal => self.cfg.term_timeout,
+            StopReason::Signal => self.job.term_timeout,
             // A node stopped for good by a signal gives ours the same time to save their work.
-            StopReason::Peer if matches!(self.end, Some(JobEnd::Stopped { .. })) => {
-                self.cfg.term_timeout
+            StopReason::Peer if matches!(self.attempt.end, Some(JobEnd::Stopped { .. })) => {
+                self.job.term_timeout
             }
             StopReason::RankFailed
             | StopReason::RankHung
@@ -128,8 +131,8 @@ impl Supervisor {
             }
             Phase::Finished | Phase::Joining | Phase::Waiting | Phase::BackingOff { .. } => return,
         }
-        let pids = self.live_pids();
-        self.kill_holders = self.stop_is_immediate(reason);
+        let pids = self.attempt.live_pids();
+        self.attempt.kill_holders = self.stop_is_immediate(reason);
         let sig_for = |p: i32| {
             special
                 .filter(|(sp, _)| *sp == p)
@@ -140,7 +143,7 @@ impl Supervisor {
         let killed: Vec<i32> = pids
             .iter()
             .copied()
-            .filter(|p| self.kill_holders && self.holds(*p, sig_for(*p)))
+            .filter(|p| self.attempt.kill_holders && self.holds(*p, sig_for(*p)))
             .collect();
         out.push(Action::Record(Record::Stop {
             cycle: self.cycle,
@@ -180,17 +183,18 @@ impl Supervisor {
     /// hold the stop signal time to save; so does a failure during such a stop, whose ranks were
     /// already asked to save at that step.
     pub(super) fn stop_is_immediate(&self, reason: StopReason) -> bool {
-        self.stop.is_none()
+        !self.stop.under_way()
             && match reason {
                 StopReason::RankFailed | StopReason::RankHung | StopReason::SpawnFailed => true,
-                StopReason::Peer => !matches!(self.end, Some(JobEnd::Stopped { .. })),
+                StopReason::Peer => !matches!(self.attempt.end, Some(JobEnd::Stopped { .. })),
                 StopReason::Signal => false,
             }
     }
 
     /// Whether the rank whose process group is `pid` holds `sig` for `should_stop`.
     fn holds(&self, pid: i32, sig: i32) -> bool {
-        self.ranks
+        self.attempt
+            .ranks
             .iter()
             .any(|r| r.pid == Some(pid) && holds_signal(r.holds, sig))
     }
@@ -199,14 +203,14 @@ impl Supervisor {
     /// once, a rank that holds what it was sent gets SIGKILL now. A rank whose message the agent
     /// had not read yet when the stop began is caught here.
     pub(super) fn kill_if_holding(&mut self, local_rank: u32, out: &mut Vec<Action>) {
-        let Some(r) = self.ranks.get(local_rank as usize) else {
+        let Some(r) = self.attempt.ranks.get(local_rank as usize) else {
             return;
         };
-        let (Some(pid), RankState::Running) = (r.pid, r.state) else {
+        let (Some(pid), true) = (r.pid, r.running()) else {
             return;
         };
         let sent = [SIGTERM, self.cfg.termination_signal];
-        if self.kill_holders
+        if self.attempt.kill_holders
             && matches!(self.phase, Phase::Stopping { killed: false, .. })
             && sent.iter().any(|s| holds_signal(r.holds, *s))
         {
@@ -231,7 +235,7 @@ impl Supervisor {
                     kill_at,
                     killed: true,
                 };
-                let pids = self.live_pids();
+                let pids = self.attempt.live_pids();
                 out.push(Action::Record(Record::Escalate {
                     cycle: self.cycle,
                     signal: SIGKILL,

@@ -18,7 +18,14 @@
 //! Ranks still running when the stop window ends (`--term-timeout` for a signal, the lead for the
 //! time limit) are stopped as any stop: SIGTERM, then SIGKILL after `--term-timeout`.
 
-use super::*;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use vigil_ipc::AgentMsg;
+
+use super::events::{Action, JobEnd, JobRequest, Record, StopReason, EXIT_LOST};
+use super::state::Phase;
+use super::Supervisor;
 
 /// The time S allows for the agreement to finish and reach every rank's next `should_stop`.
 pub const AGREEMENT_BUDGET: Duration = Duration::from_secs(1);
@@ -82,19 +89,151 @@ impl Pace {
 
 /// A stop under way on this node.
 #[derive(Debug, Clone, PartialEq)]
-pub(super) struct StopState {
+struct StopState {
     /// What asked for it: `SIGTERM`, `SIGUSR1`, `time-limit`, ...
-    pub trigger: String,
+    trigger: String,
     /// The job learned it (every node gets `StopAsked`).
-    pub asked: bool,
+    asked: bool,
     /// The job's stop step, once agreed (`Some(None)`: stop now).
-    pub agreed: Option<Option<u64>>,
+    agreed: Option<Option<u64>>,
     /// Until when the ranks may stop on their own.
-    pub deadline: Instant,
+    deadline: Instant,
     /// How long the ranks were given.
-    pub window: Duration,
+    window: Duration,
     /// The window ran out and the remaining ranks were stopped.
-    pub overdue: bool,
+    overdue: bool,
+}
+
+impl StopState {
+    fn new(now: Instant, trigger: String, window: Duration) -> Self {
+        StopState {
+            trigger,
+            asked: false,
+            agreed: None,
+            deadline: now + window,
+            window,
+            overdue: false,
+        }
+    }
+}
+
+/// The stop agreement, for the whole allocation (a stop ends it): triggered here or learned from
+/// the job, then agreed on a step, then over once the ranks' window ran out.
+#[derive(Debug, Clone, Default)]
+pub(super) struct StopAgreement {
+    state: Option<StopState>,
+    /// The stop signal this agent received, forwarded to ranks that cannot be asked.
+    sig: Option<i32>,
+    /// When to ask for a stop ahead of the allocation's end, and the window the ranks then get.
+    at: Option<(Instant, Duration)>,
+}
+
+impl StopAgreement {
+    /// A stop was asked for (by any node).
+    pub fn under_way(&self) -> bool {
+        self.state.is_some()
+    }
+
+    /// The job agreed on the stop step.
+    pub fn agreed(&self) -> bool {
+        self.state.as_ref().is_some_and(|s| s.agreed.is_some())
+    }
+
+    /// The trigger and agreed step, if a stop was asked for.
+    pub fn asked(&self) -> Option<(String, Option<u64>)> {
+        self.state
+            .as_ref()
+            .map(|s| (s.trigger.clone(), s.agreed.flatten()))
+    }
+
+    /// What asked for the stop (empty: none).
+    pub fn trigger_name(&self) -> &str {
+        self.state.as_ref().map_or("", |s| s.trigger.as_str())
+    }
+
+    /// The allocation's end moved: ask for a stop at `at` (`None`: no end known).
+    pub fn set_end(&mut self, at: Option<Instant>, window: Duration) {
+        self.at = at.map(|a| (a, window));
+    }
+
+    /// When to wake: the time-limit trigger, or the end of the ranks' window while they run.
+    pub fn deadline(&self, running: bool) -> Option<Instant> {
+        match &self.state {
+            None => self.at.map(|(at, _)| at),
+            Some(st) if !st.overdue && running => Some(st.deadline),
+            Some(_) => None,
+        }
+    }
+
+    /// This agent received stop signal `sig` before any other.
+    pub fn first_signal(&mut self, sig: i32) -> bool {
+        self.sig.is_none() && {
+            self.sig = Some(sig);
+            true
+        }
+    }
+
+    /// The signal ranks that cannot be asked get: the agent's own, or SIGTERM for the time limit.
+    pub fn signal(&self) -> i32 {
+        self.sig.unwrap_or(libc::SIGTERM)
+    }
+
+    /// This node saw `trigger`: whether that starts a stop (none was under way).
+    pub fn trigger(&mut self, now: Instant, trigger: &str, window: Duration) -> bool {
+        if self.state.is_some() {
+            return false;
+        }
+        self.state = Some(StopState::new(now, trigger.to_string(), window));
+        true
+    }
+
+    /// The allocation's end is within the stop lead and no stop is under way: the window.
+    pub fn time_limit_due(&self, now: Instant) -> Option<Duration> {
+        match self.at {
+            Some((at, window)) if self.state.is_none() && now >= at => Some(window),
+            _ => None,
+        }
+    }
+
+    /// The job learned of a stop for `trigger` (the first recorded, whichever node saw it):
+    /// whether this is the first time (this node then reports its steps).
+    pub fn learn(&mut self, now: Instant, trigger: String, window: Duration) -> bool {
+        let st = self
+            .state
+            .get_or_insert_with(|| StopState::new(now, trigger.clone(), window));
+        if st.asked {
+            return false;
+        }
+        st.asked = true;
+        st.trigger = trigger;
+        true
+    }
+
+    /// The job's stop step: the trigger, when this is the first agreement.
+    pub fn agree(&mut self, step: Option<u64>) -> Option<&str> {
+        let st = self.state.as_mut().filter(|s| s.agreed.is_none())?;
+        st.agreed = Some(step);
+        Some(&st.trigger)
+    }
+
+    /// The request a rank gets once the stop step is agreed.
+    pub fn msg(&self) -> AgentMsg {
+        let st = self.state.as_ref();
+        AgentMsg::StopRequest {
+            reason: st.map(|s| s.trigger.clone()).unwrap_or_default(),
+            at_step: st.and_then(|s| s.agreed).flatten(),
+        }
+    }
+
+    /// The ranks' window is over at `now`: the window, once.
+    pub fn window_over(&mut self, now: Instant) -> Option<Duration> {
+        let st = self
+            .state
+            .as_mut()
+            .filter(|s| !s.overdue && now >= s.deadline)?;
+        st.overdue = true;
+        Some(st.window)
+    }
 }
 
 /// The signals that ask for a stop at a step, rather than being forwarded at once.
@@ -111,17 +250,9 @@ impl Supervisor {
         window: Duration,
         out: &mut Vec<Action>,
     ) {
-        if self.stop.is_some() {
+        if !self.stop.trigger(now, &trigger, window) {
             return;
         }
-        self.stop = Some(StopState {
-            trigger: trigger.clone(),
-            asked: false,
-            agreed: None,
-            deadline: now + window,
-            window,
-            overdue: false,
-        });
         out.push(Action::Record(Record::StopTriggered {
             cycle: self.cycle,
             node: self.cfg.node_rank,
@@ -150,12 +281,12 @@ impl Supervisor {
         out.push(Action::Record(Record::RankSignalled {
             cycle: self.cycle,
             local_rank,
-            rank: self.cfg.rank_offset + local_rank,
+            rank: self.job.rank_offset + local_rank,
             signal: sig,
         }));
         match self.phase {
             Phase::Running => {
-                let window = self.cfg.term_timeout;
+                let window = self.job.term_timeout;
                 self.trigger_stop(now, crate::values::signal_name(sig), window, out);
             }
             _ => self.kill_if_holding(local_rank, out),
@@ -171,24 +302,9 @@ impl Supervisor {
         trigger: String,
         out: &mut Vec<Action>,
     ) {
-        if cycle != self.cycle {
+        if cycle != self.cycle || !self.stop.learn(now, trigger, self.job.term_timeout) {
             return;
         }
-        let window = self.cfg.term_timeout;
-        let st = self.stop.get_or_insert_with(|| StopState {
-            trigger: trigger.clone(),
-            asked: false,
-            agreed: None,
-            deadline: now + window,
-            window,
-            overdue: false,
-        });
-        if st.asked {
-            return;
-        }
-        st.asked = true;
-        // The job's trigger is the first recorded, whichever node saw it.
-        st.trigger = trigger;
         let report = self.step_report();
         out.push(Action::Job(JobRequest::StopSteps {
             cycle: self.cycle,
@@ -197,38 +313,42 @@ impl Supervisor {
         if self.phase != Phase::Running {
             return;
         }
-        let (asked, deaf): (Vec<&Rank>, Vec<&Rank>) = self
-            .ranks
-            .iter()
-            .filter(|r| r.state == RankState::Running)
-            .partition(|r| r.listens);
-        if asked.is_empty() {
+        let running = || self.attempt.ranks.iter().filter(|r| r.running());
+        if !running().any(|r| r.listens) {
             // Nobody here can checkpoint on request: stop as a signal always did.
-            let sig = self.stop_signal();
-            let end = JobEnd::Stopped {
-                node: self.cfg.node_rank,
-                reason: format!(
-                    "node {} was asked to stop ({}) and its ranks do not use vigil's shim",
-                    self.cfg.node_rank,
-                    self.stop.as_ref().map(|s| s.trigger.as_str()).unwrap_or("")
-                ),
-                exit_code: EXIT_LOST,
-            };
-            self.stopped.get_or_insert(end.clone());
-            self.report(end, out);
-            self.begin_stop(now, StopReason::Signal, sig, out);
+            let node = self.cfg.node_rank;
+            let reason = format!(
+                "node {node} was asked to stop ({}) and its ranks do not use vigil's shim",
+                self.stop.trigger_name()
+            );
+            self.stop_for_good(reason, EXIT_LOST, out);
+            self.begin_stop(now, StopReason::Signal, self.stop.signal(), out);
             return;
         }
-        let pgids: Vec<i32> = deaf.iter().filter_map(|r| r.pid).collect();
+        let pgids: Vec<i32> = running()
+            .filter(|r| !r.listens)
+            .filter_map(|r| r.pid)
+            .collect();
         if !pgids.is_empty() {
-            let sig = self.stop_signal();
-            for r in self.ranks.iter_mut() {
-                if r.state == RankState::Running && !r.listens {
+            for r in self.attempt.ranks.iter_mut() {
+                if r.running() && !r.listens {
                     r.told_to_stop = true;
                 }
             }
-            out.push(Action::SignalGroups { pgids, signal: sig });
+            let signal = self.stop.signal();
+            out.push(Action::SignalGroups { pgids, signal });
         }
+    }
+
+    /// This node stops the job for good (unless it already did): tell the other nodes.
+    pub(super) fn stop_for_good(&mut self, reason: String, exit_code: i32, out: &mut Vec<Action>) {
+        let end = JobEnd::Stopped {
+            node: self.cfg.node_rank,
+            reason,
+            exit_code,
+        };
+        self.job.ending.stopped.get_or_insert(end.clone());
+        self.report(end, out);
     }
 
     /// The job agreed on its stop step: tell every rank that speaks to the shim.
@@ -236,85 +356,60 @@ impl Supervisor {
         if cycle != self.cycle {
             return;
         }
-        let Some(st) = self.stop.as_mut() else {
+        let Some(trigger) = self.stop.agree(step) else {
             return;
         };
-        if st.agreed.is_some() {
-            return;
-        }
-        st.agreed = Some(step);
         out.push(Action::Record(Record::StopAgreed {
             cycle,
             step,
-            trigger: st.trigger.clone(),
+            trigger: trigger.to_string(),
         }));
         if matches!(self.phase, Phase::Running | Phase::Stopping { .. }) {
-            out.push(Action::SendToAll(self.stop_msg()));
-        }
-    }
-
-    /// The request a rank gets once the stop step is agreed.
-    pub(super) fn stop_msg(&self) -> AgentMsg {
-        let st = self.stop.as_ref();
-        AgentMsg::StopRequest {
-            reason: st.map(|s| s.trigger.clone()).unwrap_or_default(),
-            at_step: st.and_then(|s| s.agreed).flatten(),
+            out.push(Action::SendToAll(self.stop.msg()));
         }
     }
 
     /// The stop window is over: the ranks still running are stopped as any stop is.
     pub(super) fn stop_window_tick(&mut self, now: Instant, out: &mut Vec<Action>) {
-        let Some(st) = self.stop.as_mut() else {
-            return;
-        };
-        if st.overdue || now < st.deadline || self.phase != Phase::Running {
+        if self.phase != Phase::Running {
             return;
         }
-        st.overdue = true;
-        let window = st.window;
+        let Some(window) = self.stop.window_over(now) else {
+            return;
+        };
         let late: Vec<u32> = self
+            .attempt
             .ranks
             .iter()
             .enumerate()
-            .filter(|(_, r)| r.state == RankState::Running)
-            .map(|(i, _)| self.cfg.rank_offset + i as u32)
+            .filter(|(_, r)| r.running())
+            .map(|(i, _)| self.job.rank_offset + i as u32)
             .collect();
         out.push(Action::Record(Record::StopOverdue {
             cycle: self.cycle,
             ranks: late.clone(),
             window_ms: window.as_millis() as u64,
         }));
-        let end = JobEnd::Stopped {
-            node: self.cfg.node_rank,
-            reason: format!(
-                "rank(s) {} did not stop within {:.0} s of being asked",
-                late.iter()
-                    .map(|r| r.to_string())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                window.as_secs_f64()
-            ),
-            exit_code: EXIT_LOST,
-        };
-        self.stopped.get_or_insert(end.clone());
-        self.report(end, out);
+        let late: Vec<String> = late.iter().map(|r| r.to_string()).collect();
+        let reason = format!(
+            "rank(s) {} did not stop within {:.0} s of being asked",
+            late.join(", "),
+            window.as_secs_f64()
+        );
+        self.stop_for_good(reason, EXIT_LOST, out);
         self.begin_stop(now, StopReason::Signal, libc::SIGTERM, out);
     }
 
     /// The allocation's end is within the stop lead: ask for a stop.
     pub(super) fn stop_at_tick(&mut self, now: Instant, out: &mut Vec<Action>) {
-        let Some((at, window)) = self.stop_at else {
-            return;
-        };
-        if self.stop.is_some() || now < at {
-            return;
+        if let Some(window) = self.stop.time_limit_due(now) {
+            self.trigger_stop(now, "time-limit".into(), window, out);
         }
-        self.trigger_stop(now, "time-limit".into(), window, out);
     }
 
     /// The highest step this node's ranks reported, and their fastest pace.
     pub(super) fn step_report(&self) -> StepReport {
-        let paces = self.ranks.iter().filter_map(|r| r.pace);
+        let paces = self.attempt.ranks.iter().filter_map(|r| r.pace);
         let mut report = StepReport {
             max_step: None,
             steps_per_s: None,
@@ -332,6 +427,7 @@ impl Supervisor {
     /// says `checkpoint`) and the slowest rank's step time.
     pub fn lead_observed(&self) -> (Option<Duration>, Option<Duration>) {
         let ckpt = self
+            .attempt
             .merged_observations()
             .sections
             .iter()
@@ -339,6 +435,7 @@ impl Supervisor {
             .map(|(_, d)| *d)
             .max();
         let slowest = self
+            .attempt
             .ranks
             .iter()
             .filter_map(|r| r.pace.and_then(|p| p.steps_per_s))
@@ -350,19 +447,14 @@ impl Supervisor {
         )
     }
 
-    /// The signal ranks that cannot be asked get: the agent's own, or SIGTERM for the time limit.
-    fn stop_signal(&self) -> i32 {
-        self.stop_sig.unwrap_or(libc::SIGTERM)
-    }
-
     /// A rank reported it reached `step`.
     pub(super) fn on_step(&mut self, now: Instant, local_rank: u32, step: u64) {
-        if let Some(r) = self.ranks.get_mut(local_rank as usize) {
+        if let Some(r) = self.attempt.ranks.get_mut(local_rank as usize) {
             match r.pace.as_mut() {
                 Some(p) => p.update(step, now),
                 None => r.pace = Some(Pace::new(step, now)),
             }
-            self.highest_step = self.highest_step.max(Some(step));
+            self.job.steps.highest = self.job.steps.highest.max(Some(step));
         }
     }
 }
@@ -416,6 +508,74 @@ mod tests {
         assert_eq!((p.step, p.steps_per_s), (10, Some(10.0)));
         p.update(40, t + Duration::from_secs(2));
         assert_eq!(p.steps_per_s, Some(20.0));
+    }
+
+    #[test]
+    fn a_stop_is_triggered_once_learned_once_and_agreed_once() {
+        let t = Instant::now();
+        let w = Duration::from_secs(30);
+        let mut s = StopAgreement::default();
+        assert!(!s.under_way() && s.asked().is_none());
+        assert!(s.trigger(t, "SIGTERM", w));
+        assert!(
+            !s.trigger(t, "time-limit", w),
+            "a stop under way is not triggered again"
+        );
+        // The job's trigger is the first recorded, which may be another node's.
+        assert!(s.learn(t, "SIGUSR1".into(), w));
+        assert!(!s.learn(t, "SIGTERM".into(), w));
+        assert_eq!(s.trigger_name(), "SIGUSR1");
+        assert!(!s.agreed());
+        assert_eq!(s.agree(Some(7)), Some("SIGUSR1"));
+        assert_eq!(s.agree(Some(9)), None);
+        assert_eq!(s.asked(), Some(("SIGUSR1".into(), Some(7))));
+        assert_eq!(
+            s.msg(),
+            AgentMsg::StopRequest {
+                reason: "SIGUSR1".into(),
+                at_step: Some(7)
+            }
+        );
+    }
+
+    #[test]
+    fn a_stop_learned_from_the_job_starts_its_window_here() {
+        let t = Instant::now();
+        let w = Duration::from_secs(30);
+        let mut s = StopAgreement::default();
+        assert!(s.learn(t, "SIGTERM".into(), w));
+        assert_eq!(s.deadline(true), Some(t + w));
+        assert_eq!(s.deadline(false), None, "no window while no rank runs");
+        assert_eq!(s.window_over(t + w / 2), None);
+        assert_eq!(s.window_over(t + w), Some(w));
+        assert_eq!(s.window_over(t + w), None, "once");
+        assert_eq!(s.deadline(true), None);
+    }
+
+    #[test]
+    fn the_time_limit_triggers_at_the_lead_unless_a_stop_is_under_way() {
+        let t = Instant::now();
+        let w = Duration::from_secs(60);
+        let mut s = StopAgreement::default();
+        assert_eq!(s.time_limit_due(t), None);
+        s.set_end(Some(t + w), w / 2);
+        assert_eq!(s.deadline(true), Some(t + w));
+        assert_eq!(s.time_limit_due(t), None);
+        assert_eq!(s.time_limit_due(t + w), Some(w / 2));
+        s.set_end(None, w);
+        assert_eq!(s.time_limit_due(t + w), None, "the end is no longer known");
+        s.set_end(Some(t), w);
+        assert!(s.trigger(t, "SIGTERM", w));
+        assert_eq!(s.time_limit_due(t + w), None);
+    }
+
+    #[test]
+    fn only_the_agent_s_first_signal_is_its_stop_signal() {
+        let mut s = StopAgreement::default();
+        assert_eq!(s.signal(), libc::SIGTERM);
+        assert!(s.first_signal(libc::SIGUSR1));
+        assert!(!s.first_signal(libc::SIGTERM));
+        assert_eq!(s.signal(), libc::SIGUSR1);
     }
 
     proptest! {

@@ -1,5 +1,7 @@
 use super::*;
+use monitor::HangKind;
 use std::collections::VecDeque;
+use vigil_ipc::AgentMsg;
 
 /// A supervisor whose coordination is looped back: what the job's rendezvous and store answer
 /// when this is the only node. (`multi_node_*` tests below drive the coordination events by
@@ -40,8 +42,8 @@ impl Solo {
             let reply = match &a {
                 Action::Job(JobRequest::Join { cycle, calculated }) => Some(Event::Joined {
                     cycle: *cycle,
-                    rank_offset: self.s.cfg.rank_offset,
-                    max_restarts: self.s.cfg.max_restarts,
+                    rank_offset: self.s.job.rank_offset,
+                    max_restarts: self.s.job.max_restarts,
                     calculated: calculated.clone(),
                 }),
                 Action::Job(JobRequest::ReportEnd { cycle, end }) => Some(Event::CycleEnded {
@@ -834,7 +836,7 @@ fn multi_node_ranks_start_only_once_every_node_joined() {
     // The job's budget and this node's global ranks come from the rendezvous.
     let a = s.handle(t, joined(0, 6, 1));
     assert_eq!(spawns(&a), vec![0]);
-    assert_eq!(s.config().max_restarts, 1);
+    assert_eq!(s.max_restarts(), 1);
     let a = s.handle(
         t,
         Event::RankSpawned {

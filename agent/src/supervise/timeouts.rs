@@ -1,7 +1,21 @@
-//! Timeouts in force: what the ranks report (heartbeats, sections, steps), calculating timeouts
-//! from it when vigil or the job's code asks, and adopting the job's value.
+//! Timeouts in force: calculating them from what the ranks report when vigil or the job's code
+//! asks, and adopting the job's value.
+//!
+//! Two small state machines, each pure:
+//! - [`TimeoutState`] (whole allocation): the timeouts in force, the last calculated ones and
+//!   whether the job's code calculates on request (then vigil never calculates on its own).
+//! - [`Requests`] (one attempt): vigil's own calculation done or not, and the job's requests:
+//!   collecting one from every local rank, then one round shared with the other nodes at a time,
+//!   answered when the job's result for that round comes.
 
-use super::*;
+use std::time::Duration;
+
+use vigil_ipc::AgentMsg;
+
+use super::events::{Action, JobRequest, Record};
+use super::monitor::{self, CalcRequest, Calculated, Observed, Timeouts};
+use super::state::Phase;
+use super::Supervisor;
 
 /// `loaded` values for the checks that are enabled in `configured`; the rest as configured. The
 /// initial timeout is never below the configured one (`monitor::INITIAL_CALC_FLOOR` says why),
@@ -21,25 +35,171 @@ fn overlay(configured: &Timeouts, loaded: &Timeouts) -> Timeouts {
     }
 }
 
-impl Supervisor {
+/// The timeouts in force and what was calculated, across attempts.
+#[derive(Debug, Clone)]
+pub(super) struct TimeoutState {
+    pub in_force: Timeouts,
+    /// The last calculated timeouts (loaded or from this run), blended into the next calculation.
+    pub calculated: Option<Timeouts>,
+    /// The job's code calculates timeouts when it asks (NVRx's client announced itself or asked).
+    pub on_request: bool,
+}
+
+impl TimeoutState {
+    pub fn new(configured: &Timeouts) -> Self {
+        TimeoutState {
+            in_force: configured.clone(),
+            calculated: None,
+            on_request: false,
+        }
+    }
+
+    /// Puts `next` in force; whether that changed anything.
+    fn set(&mut self, next: Timeouts) -> bool {
+        let changed = next != self.in_force;
+        self.in_force = next;
+        changed
+    }
+
     /// Timeouts handed over by the job (loaded from the state file by node rank 0, or calculated
     /// over all nodes) replace the ones in force for the checks that are enabled.
+    pub fn adopt(&mut self, configured: &Timeouts, job: &Timeouts) -> bool {
+        self.calculated = Some(job.clone());
+        self.set(overlay(configured, job))
+    }
+
+    /// The job's code turned out to calculate on request (only the first call does anything).
+    /// Under NVRx's rule calculated timeouts take precedence over configured ones, disabled ones
+    /// included: timeouts this job calculated before (the state file, an earlier attempt) apply
+    /// to every check. Whether that changed the timeouts in force.
+    pub fn switch_to_requests(&mut self) -> bool {
+        if std::mem::replace(&mut self.on_request, true) {
+            return false;
+        }
+        let Some(c) = self.calculated.clone() else {
+            return false;
+        };
+        let mut next = self.in_force.clone();
+        next.initial = c.initial.max(next.initial);
+        next.heartbeat = c.heartbeat.or(next.heartbeat);
+        next.out_of_section = c.out_of_section.or(next.out_of_section);
+        next.sections.extend(c.sections);
+        self.set(next)
+    }
+
+    /// The job's result `job` of a requested calculation, of which this node calculated `done`
+    /// (and these `sections`): keeps what was calculated (returned, to be saved, when anything
+    /// was) and puts `job` in force (`bool`: whether that changed anything).
+    pub fn answered(
+        &mut self,
+        done: Calculated,
+        sections: &[String],
+        job: Timeouts,
+    ) -> (Option<Timeouts>, bool) {
+        let mut kept = self.calculated.clone().unwrap_or_default();
+        if done.heartbeat {
+            kept.initial = job.initial;
+            kept.heartbeat = job.heartbeat;
+        }
+        for name in sections {
+            if let Some(d) = job.sections.get(name) {
+                kept.sections.insert(name.clone(), *d);
+            }
+        }
+        if done.out_of_section {
+            kept.out_of_section = job.out_of_section;
+        }
+        let kept = (done.heartbeat || done.sections || done.out_of_section).then_some(kept);
+        if kept.is_some() {
+            self.calculated = kept.clone();
+        }
+        (kept, self.set(job))
+    }
+}
+
+/// A calculation this node shared with the others, waiting for the job's result: what this node
+/// could calculate (and which sections), and which local ranks to answer.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Answering {
+    round: u32,
+    pub done: Calculated,
+    pub sections: Vec<String>,
+    pub ranks: Vec<u32>,
+}
+
+/// One attempt's calculations.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Requests {
+    /// vigil's own calculation (flags mode) was shared in this attempt.
+    pub own_done: bool,
+    /// Requests so far (the round of the latest one).
+    round: u32,
+    /// The request being collected: what was asked and which local ranks asked.
+    asking: Option<(CalcRequest, Vec<u32>)>,
+    answering: Option<Answering>,
+}
+
+impl Requests {
+    /// `local_rank` asks for `req` (added to what the others of the node asked).
+    pub fn ask(&mut self, local_rank: u32, req: &CalcRequest) {
+        let (all, mut ranks) = self.asking.take().unwrap_or_default();
+        if !ranks.contains(&local_rank) {
+            ranks.push(local_rank);
+        }
+        self.asking = Some((all.union(req), ranks));
+    }
+
+    /// The ranks that asked, while a request is collected and no round waits for its result.
+    pub fn collecting(&self) -> Option<&[u32]> {
+        match (&self.asking, &self.answering) {
+            (Some((_, ranks)), None) => Some(ranks),
+            _ => None,
+        }
+    }
+
+    /// The collected request, to be calculated now.
+    pub fn take(&mut self) -> Option<(CalcRequest, Vec<u32>)> {
+        self.asking.take()
+    }
+
+    /// This node shared its calculation for `ranks`: the round the job's result will carry.
+    pub fn share(&mut self, done: Calculated, sections: Vec<String>, ranks: Vec<u32>) -> u32 {
+        self.round += 1;
+        self.answering = Some(Answering {
+            round: self.round,
+            done,
+            sections,
+            ranks,
+        });
+        self.round
+    }
+
+    /// The job's result of `round` came: what it answers, if that round waits for it.
+    pub fn answer(&mut self, round: u32) -> Option<Answering> {
+        self.answering.take_if(|a| a.round == round)
+    }
+}
+
+impl Supervisor {
+    /// The timeouts in force changed (`changed`): record it and tell every rank.
+    fn announce(&self, changed: bool, source: &'static str, out: &mut Vec<Action>) {
+        if changed {
+            out.push(Action::Record(Record::TimeoutsUpdated {
+                source,
+                timeouts: self.timeouts.in_force.clone(),
+            }));
+            out.push(Action::SendToAll(self.timeouts.in_force.to_msg()));
+        }
+    }
+
     pub(super) fn adopt_timeouts(
         &mut self,
         job: &Timeouts,
         source: &'static str,
         out: &mut Vec<Action>,
     ) {
-        let merged = overlay(&self.cfg.timeouts, job);
-        self.calculated = Some(job.clone());
-        if merged != self.timeouts {
-            self.timeouts = merged;
-            out.push(Action::Record(Record::TimeoutsUpdated {
-                source,
-                timeouts: self.timeouts.clone(),
-            }));
-            out.push(Action::SendToAll(self.timeouts.to_msg()));
-        }
+        let changed = self.timeouts.adopt(&self.cfg.timeouts, job);
+        self.announce(changed, source, out);
     }
 
     pub(super) fn on_job_timeouts(
@@ -59,120 +219,9 @@ impl Supervisor {
         }
     }
 
-    pub(super) fn on_message(
-        &mut self,
-        now: Instant,
-        local_rank: u32,
-        msg: RankMsg,
-        out: &mut Vec<Action>,
-    ) {
-        let Some(m) = self
-            .ranks
-            .get_mut(local_rank as usize)
-            .filter(|r| r.state == RankState::Running)
-            .and_then(|r| r.monitor.as_mut())
-        else {
-            return;
-        };
-        let (registered, finished, capped) = (m.registered(), m.finished(), m.names_capped());
-        m.on_msg_keeping(now, &msg, &self.timeouts.sections);
-        let rank = self.cfg.rank_offset + local_rank;
-        if !capped && m.names_capped() {
-            out.push(Action::Record(Record::SectionNamesCapped {
-                cycle: self.cycle,
-                local_rank,
-                rank,
-                kept: monitor::MAX_SECTION_NAMES,
-            }));
-        }
-        match &msg {
-            RankMsg::Register { .. } if !registered => {
-                out.push(Action::Record(Record::Registered {
-                    cycle: self.cycle,
-                    local_rank,
-                    rank,
-                }));
-                out.push(Action::SendToRank {
-                    local_rank,
-                    msg: self.timeouts.to_msg(),
-                });
-                // A rank that connects after the stop step was agreed is told it too.
-                if self.stop.as_ref().is_some_and(|s| s.agreed.is_some()) {
-                    out.push(Action::SendToRank {
-                        local_rank,
-                        msg: self.stop_msg(),
-                    });
-                }
-            }
-            RankMsg::Finished if !finished => {
-                self.training_finished = true;
-                out.push(Action::Record(Record::TrainingFinished {
-                    cycle: self.cycle,
-                    local_rank,
-                    rank,
-                }));
-            }
-            _ => {}
-        }
-        match msg {
-            RankMsg::CalculateTimeouts {
-                heartbeat,
-                out_of_section,
-                all_sections,
-                sections,
-            } => {
-                let req = CalcRequest {
-                    heartbeat,
-                    out_of_section,
-                    all_sections,
-                    sections,
-                };
-                self.on_calc_request(now, local_rank, req, out);
-            }
-            RankMsg::Heartbeat { step } => {
-                if let Some(step) = step {
-                    self.on_step(now, local_rank, step);
-                }
-                self.maybe_calculate(out)
-            }
-            RankMsg::SectionEnd { .. } => self.maybe_calculate(out),
-            RankMsg::WorkloadControl {
-                action,
-                description,
-            } => {
-                let name = match action {
-                    vigil_ipc::WORKLOAD_EXCLUDE_NODE => {
-                        self.exclude_asked = true;
-                        "exclude_this_node"
-                    }
-                    vigil_ipc::WORKLOAD_SHUTDOWN => {
-                        self.shutdown_asked = true;
-                        "shutdown_workload"
-                    }
-                    _ => return,
-                };
-                out.push(Action::Record(Record::WorkloadControl {
-                    cycle: self.cycle,
-                    rank: self.cfg.rank_offset + local_rank,
-                    action: name,
-                    description,
-                }));
-            }
-            RankMsg::Progress { step } => {
-                if let Some(r) = self.ranks.get_mut(local_rank as usize) {
-                    r.listens = true;
-                }
-                self.on_step(now, local_rank, step);
-            }
-            RankMsg::HoldsSignals { signals } => {
-                if let Some(r) = self.ranks.get_mut(local_rank as usize) {
-                    r.holds = signals;
-                }
-                self.kill_if_holding(local_rank, out);
-            }
-            RankMsg::Signalled { signal } => self.on_rank_signalled(now, local_rank, signal, out),
-            _ => {}
-        }
+    /// Calculation is over for this attempt: a hang was seen, or the ranks are not running.
+    fn calculation_over(&self) -> bool {
+        self.attempt.hangs.seen() || self.phase != Phase::Running
     }
 
     /// A rank asks for timeouts to be calculated (NVRx's `calculate_and_set_*`, which every rank
@@ -180,20 +229,18 @@ impl Supervisor {
     /// was asked and shares it; the ranks are answered when the job's result comes (`answer`).
     pub(super) fn on_calc_request(
         &mut self,
-        now: Instant,
+        now: std::time::Instant,
         local_rank: u32,
         req: CalcRequest,
         out: &mut Vec<Action>,
     ) {
-        if !self.on_request {
-            self.on_request = true;
-            self.adopt_calculated_for_requests(out);
-        }
+        let changed = self.timeouts.switch_to_requests();
+        self.announce(changed, "loaded", out);
         if req == CalcRequest::default() {
             // Only the announcement that this code calculates when it asks.
             return;
         }
-        if self.hang_seen || self.phase != Phase::Running {
+        if self.calculation_over() {
             out.push(Action::SendToRank {
                 local_rank,
                 msg: AgentMsg::TimeoutsCalculated {
@@ -205,43 +252,39 @@ impl Supervisor {
             return;
         }
         if req.out_of_section {
-            if let Some(m) = self.ranks[local_rank as usize].monitor.as_mut() {
+            if let Some(m) = self.attempt.ranks[local_rank as usize].monitor.as_mut() {
                 m.bump_out_of_section(now);
             }
         }
-        let (all, mut ranks) = self.asking.take().unwrap_or_default();
-        if !ranks.contains(&local_rank) {
-            ranks.push(local_rank);
-        }
-        self.asking = Some((all.union(&req), ranks));
+        self.attempt.requests.ask(local_rank, &req);
         self.maybe_answer_requests(out);
     }
 
     /// Calculates the collected request once every running, registered rank of the node asked
     /// (a rank that ended or closed its connection is not waited for).
     pub(super) fn maybe_answer_requests(&mut self, out: &mut Vec<Action>) {
-        let Some((_, ranks)) = &self.asking else {
+        let Some(asked) = self.attempt.requests.collecting() else {
             return;
         };
-        if self.answering.is_some() || self.hang_seen || self.phase != Phase::Running {
+        if self.calculation_over() {
             return;
         }
-        let waiting = self.ranks.iter().enumerate().any(|(i, r)| {
-            r.state == RankState::Running
+        let waiting = self.attempt.ranks.iter().enumerate().any(|(i, r)| {
+            r.running()
                 && r.monitor.as_ref().is_some_and(|m| m.watched())
-                && !ranks.contains(&(i as u32))
+                && !asked.contains(&(i as u32))
         });
         if waiting {
             return;
         }
-        let Some((req, ranks)) = self.asking.take() else {
+        let Some((req, ranks)) = self.attempt.requests.take() else {
             return;
         };
-        let observed = self.merged_observations();
+        let observed = self.attempt.merged_observations();
         let (next, done) = monitor::calculate_requested(
-            &self.timeouts,
+            &self.timeouts.in_force,
             &observed,
-            self.calculated.as_ref(),
+            self.timeouts.calculated.as_ref(),
             self.cfg.safety_factor,
             &req,
         );
@@ -250,16 +293,10 @@ impl Supervisor {
             (true, true) => observed.sections.keys().cloned().collect(),
             (true, false) => req.sections,
         };
-        self.calc_round += 1;
-        self.answering = Some(Answering {
-            round: self.calc_round,
-            done,
-            sections,
-            ranks,
-        });
+        let round = self.attempt.requests.share(done, sections, ranks);
         out.push(Action::Job(JobRequest::ShareTimeouts {
             cycle: self.cycle,
-            round: self.calc_round,
+            round,
             timeouts: next,
         }));
     }
@@ -267,100 +304,41 @@ impl Supervisor {
     /// The job's result of a requested calculation: put it in force, keep and save what was
     /// calculated, and tell each rank that asked what was set.
     pub(super) fn answer(&mut self, round: u32, job: Timeouts, out: &mut Vec<Action>) {
-        let Some(Answering {
-            done,
-            sections,
-            ranks,
-            ..
-        }) = self.answering.take_if(|a| a.round == round)
-        else {
+        let Some(a) = self.attempt.requests.answer(round) else {
             return;
         };
-        let mut kept = self.calculated.clone().unwrap_or_default();
-        if done.heartbeat {
-            kept.initial = job.initial;
-            kept.heartbeat = job.heartbeat;
+        let (kept, changed) = self.timeouts.answered(a.done, &a.sections, job);
+        if let Some(kept) = kept.filter(|_| self.cfg.saves_timeouts) {
+            out.push(Action::SaveTimeouts(kept));
         }
-        for name in &sections {
-            if let Some(d) = job.sections.get(name) {
-                kept.sections.insert(name.clone(), *d);
-            }
-        }
-        if done.out_of_section {
-            kept.out_of_section = job.out_of_section;
-        }
-        let calculated_any = done.heartbeat || done.sections || done.out_of_section;
-        if calculated_any {
-            self.calculated = Some(kept.clone());
-            if self.cfg.saves_timeouts {
-                out.push(Action::SaveTimeouts(kept));
-            }
-        }
-        if job != self.timeouts {
-            self.timeouts = job;
-            out.push(Action::Record(Record::TimeoutsUpdated {
-                source: "calculated",
-                timeouts: self.timeouts.clone(),
-            }));
-            out.push(Action::SendToAll(self.timeouts.to_msg()));
-        }
-        for local_rank in ranks {
+        self.announce(changed, "calculated", out);
+        for local_rank in a.ranks {
             out.push(Action::SendToRank {
                 local_rank,
                 msg: AgentMsg::TimeoutsCalculated {
-                    heartbeat: done.heartbeat,
-                    sections: done.sections,
-                    out_of_section: done.out_of_section,
+                    heartbeat: a.done.heartbeat,
+                    sections: a.done.sections,
+                    out_of_section: a.done.out_of_section,
                 },
             });
         }
         self.maybe_answer_requests(out);
     }
 
-    /// Under NVRx's rule calculated timeouts take precedence over configured ones, disabled ones
-    /// included: timeouts this job calculated before (the state file, an earlier cycle) apply to
-    /// every check once the job turns out to calculate on request.
-    pub(super) fn adopt_calculated_for_requests(&mut self, out: &mut Vec<Action>) {
-        let Some(c) = self.calculated.clone() else {
-            return;
-        };
-        let mut next = self.timeouts.clone();
-        next.initial = c.initial.max(next.initial);
-        next.heartbeat = c.heartbeat.or(next.heartbeat);
-        next.out_of_section = c.out_of_section.or(next.out_of_section);
-        next.sections.extend(c.sections);
-        if next != self.timeouts {
-            self.timeouts = next;
-            out.push(Action::Record(Record::TimeoutsUpdated {
-                source: "loaded",
-                timeouts: self.timeouts.clone(),
-            }));
-            out.push(Action::SendToAll(self.timeouts.to_msg()));
-        }
-    }
-
-    /// What every rank of this node was seen to need (the maximum over ranks).
-    pub(super) fn merged_observations(&self) -> Observed {
-        self.ranks
-            .iter()
-            .filter_map(|r| r.monitor.as_ref().map(|m| m.observed.clone()))
-            .reduce(|a, b| a.merge(&b))
-            .unwrap_or_default()
-    }
-
     /// Flags mode: once every rank has been observed long enough, set the timeouts from what they
     /// needed. Never when the job's code calculates on request, or after a hang in this cycle.
     pub(super) fn maybe_calculate(&mut self, out: &mut Vec<Action>) {
-        if self.calculated_this_cycle
-            || self.on_request
-            || self.hang_seen
-            || !self.timeouts.any()
-            || self.ranks.iter().any(|r| r.monitor.is_none())
+        if self.attempt.requests.own_done
+            || self.timeouts.on_request
+            || self.attempt.hangs.seen()
+            || !self.timeouts.in_force.any()
+            || self.attempt.ranks.iter().any(|r| r.monitor.is_none())
         {
             return;
         }
         // Asked on every section end until ready: no merged copy of every rank's sections.
         let observed: Vec<&Observed> = self
+            .attempt
             .ranks
             .iter()
             .filter_map(|r| r.monitor.as_ref().map(|m| &m.observed))
@@ -368,12 +346,12 @@ impl Supervisor {
         if !Observed::all_ready_for(&observed, &self.cfg.timeouts) {
             return;
         }
-        let merged = self.merged_observations();
-        self.calculated_this_cycle = true;
+        let merged = self.attempt.merged_observations();
+        self.attempt.requests.own_done = true;
         let fresh = monitor::calculate(
-            &self.timeouts,
+            &self.timeouts.in_force,
             &merged,
-            self.calculated.as_ref(),
+            self.timeouts.calculated.as_ref(),
             self.cfg.safety_factor,
         );
         // Applied when every node has calculated (`JobTimeouts`): the job's value is the maximum.
@@ -382,5 +360,111 @@ impl Supervisor {
             round: 0,
             timeouts: fresh,
         }));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn secs(s: u64) -> Option<Duration> {
+        Some(Duration::from_secs(s))
+    }
+
+    fn hb(initial: u64, heartbeat: u64) -> Timeouts {
+        Timeouts {
+            initial: secs(initial),
+            heartbeat: secs(heartbeat),
+            ..Timeouts::default()
+        }
+    }
+
+    #[test]
+    fn the_job_s_timeouts_apply_to_the_enabled_checks_only() {
+        let configured = Timeouts {
+            heartbeat: secs(30),
+            ..Timeouts::default()
+        };
+        let mut t = TimeoutState::new(&configured);
+        let mut job = hb(5, 9);
+        job.out_of_section = secs(7);
+        assert!(t.adopt(&configured, &job));
+        assert_eq!(t.in_force.heartbeat, secs(9));
+        assert_eq!(
+            (t.in_force.initial, t.in_force.out_of_section),
+            (None, None)
+        );
+        assert_eq!(t.calculated, Some(job.clone()));
+        assert!(
+            !t.adopt(&configured, &job),
+            "the same value changes nothing"
+        );
+    }
+
+    #[test]
+    fn switching_to_requests_applies_what_was_calculated_once() {
+        let configured = Timeouts::default();
+        let mut t = TimeoutState::new(&configured);
+        t.calculated = Some(hb(60, 9));
+        assert!(t.switch_to_requests());
+        assert_eq!(t.in_force, hb(60, 9));
+        t.calculated = Some(hb(60, 3));
+        assert!(!t.switch_to_requests(), "only the first request switches");
+        assert!(t.on_request);
+    }
+
+    #[test]
+    fn an_answer_keeps_only_what_this_node_calculated() {
+        let mut t = TimeoutState::new(&Timeouts::default());
+        let mut job = hb(60, 9);
+        job.sections.insert("step".into(), Duration::from_secs(4));
+        job.sections.insert("ckpt".into(), Duration::from_secs(8));
+        let done = Calculated {
+            heartbeat: false,
+            sections: true,
+            out_of_section: false,
+        };
+        let (kept, changed) = t.answered(done, &["step".to_string()], job.clone());
+        let kept = kept.expect("a section was calculated");
+        assert_eq!(kept.heartbeat, None);
+        assert_eq!(kept.sections.keys().collect::<Vec<_>>(), ["step"]);
+        assert!(changed && t.in_force == job);
+        let nothing = Calculated {
+            heartbeat: false,
+            sections: false,
+            out_of_section: false,
+        };
+        assert_eq!(t.answered(nothing, &[], job), (None, false));
+        assert_eq!(t.calculated, Some(kept));
+    }
+
+    #[test]
+    fn requests_go_one_round_at_a_time() {
+        let mut r = Requests::default();
+        assert_eq!(r.collecting(), None);
+        let hb = CalcRequest {
+            heartbeat: true,
+            ..CalcRequest::default()
+        };
+        r.ask(1, &hb);
+        r.ask(0, &hb);
+        r.ask(1, &hb);
+        assert_eq!(r.collecting(), Some(&[1, 0][..]));
+        let (req, ranks) = r.take().unwrap();
+        assert!(req.heartbeat);
+        let done = Calculated {
+            heartbeat: true,
+            sections: false,
+            out_of_section: false,
+        };
+        assert_eq!(r.share(done, vec![], ranks), 1);
+        // The next request is collected but waits for round 1's result.
+        r.ask(0, &hb);
+        assert_eq!(r.collecting(), None);
+        assert_eq!(r.answer(2), None, "not the round waited for");
+        assert_eq!(r.answer(1).map(|a| a.ranks), Some(vec![1, 0]));
+        assert_eq!(r.collecting(), Some(&[0][..]));
+        let (_, ranks) = r.take().unwrap();
+        assert_eq!(r.share(done, vec![], ranks), 2);
     }
 }

@@ -1,7 +1,13 @@
-//! The job's verdicts: reporting how this node's part of a cycle ended, acting on the job's verdict
-//! (restart after a back-off, end), and settling the outcome once nothing runs.
+//! The job's verdicts: reporting how this node's part of an attempt ended, acting on the job's
+//! verdict (restart after a back-off, end), and settling the outcome once nothing runs.
 
-use super::*;
+use std::time::Instant;
+
+use super::events::{Action, JobEnd, JobRequest, Outcome, Record, StopReason, EXIT_LOST, SIGTERM};
+use super::monitor::Timeouts;
+use super::progress::attempt_no_progress;
+use super::state::{Attempt, Phase, RankState};
+use super::Supervisor;
 
 impl Supervisor {
     pub(super) fn on_joined(
@@ -13,36 +19,36 @@ impl Supervisor {
         calculated: Option<Timeouts>,
         out: &mut Vec<Action>,
     ) {
-        if self.phase == Phase::Joining && cycle == self.cycle {
-            self.cfg.rank_offset = rank_offset;
-            self.cfg.max_restarts = max_restarts;
-            out.push(Action::Record(Record::Joined { cycle, rank_offset }));
-            if let Some(t) = calculated.filter(|t| Some(t) != self.calculated.as_ref()) {
-                let source = if cycle == 0 { "loaded" } else { "calculated" };
-                self.adopt_timeouts(&t, source, out);
-            }
-            let start = self.start_cycle(now, cycle);
-            if self.fault_at_start(out) {
-                // No rank starts on a node that cannot run them; the job's verdict ends it.
-                for r in self.ranks.iter_mut() {
-                    r.state = RankState::SpawnFailed;
-                }
-                return;
-            }
-            out.extend(start);
+        if self.phase != Phase::Joining || cycle != self.cycle {
+            return;
         }
+        // What the job assigned this node for this attempt.
+        self.job.rank_offset = rank_offset;
+        self.job.max_restarts = max_restarts;
+        out.push(Action::Record(Record::Joined { cycle, rank_offset }));
+        if let Some(t) = calculated.filter(|t| Some(t) != self.timeouts.calculated.as_ref()) {
+            let source = if cycle == 0 { "loaded" } else { "calculated" };
+            self.adopt_timeouts(&t, source, out);
+        }
+        let start = self.start_cycle(now, cycle);
+        if self.fault_at_start(out) {
+            // No rank starts on a node that cannot run them; the job's verdict ends it.
+            for r in self.attempt.ranks.iter_mut() {
+                r.state = RankState::SpawnFailed;
+            }
+            return;
+        }
+        out.extend(start);
     }
 
     /// A standby in `cycle`: as a node whose ranks all finished at once, it only waits for the
-    /// cycle's verdict, then goes on (or ends) with every other node.
+    /// attempt's verdict, then goes on (or ends) with every other node.
     pub(super) fn on_standby(&mut self, now: Instant, cycle: u32, out: &mut Vec<Action>) {
         if self.phase != Phase::Joining || cycle != self.cycle {
             return;
         }
         out.push(Action::Record(Record::Standby { cycle }));
-        let _ = self.start_cycle(now, cycle);
-        self.ranks.clear();
-        self.reported = true;
+        self.attempt = Attempt::standby(now);
         self.phase = Phase::Waiting;
     }
 
@@ -53,19 +59,20 @@ impl Supervisor {
         end: JobEnd,
         out: &mut Vec<Action>,
     ) {
-        if cycle == self.cycle && self.end.is_none() {
-            out.push(Action::Record(Record::CycleEnded {
-                cycle,
-                end: end.clone(),
-            }));
-            self.end = Some(end);
-            self.ended_at = Some(now);
-            if self.phase == Phase::Joining {
-                // The rendezvous itself was ended by a node that stopped or was lost.
-                self.phase = Phase::Waiting;
-            }
-            self.stop_for_peer(now, out);
+        if cycle != self.cycle || self.attempt.end.is_some() {
+            return;
         }
+        out.push(Action::Record(Record::CycleEnded {
+            cycle,
+            end: end.clone(),
+        }));
+        self.attempt.end = Some(end);
+        self.attempt.ended_at = Some(now);
+        if self.phase == Phase::Joining {
+            // The rendezvous itself was ended by a node that stopped or was lost.
+            self.phase = Phase::Waiting;
+        }
+        self.stop_for_peer(now, out);
     }
 
     pub(super) fn on_coordination_lost(
@@ -75,42 +82,43 @@ impl Supervisor {
         requeue: bool,
         out: &mut Vec<Action>,
     ) {
-        // Whatever the cycle's verdict was, no further cycle can be agreed on.
+        // Whatever the attempt's verdict was, no further attempt can be agreed on.
         let end = JobEnd::Lost { reason, node: None };
         out.push(Action::Record(Record::CycleEnded {
             cycle: self.cycle,
             end: end.clone(),
         }));
-        self.lost_requeue = requeue;
-        self.end = Some(end);
+        self.job.ending.lost_requeue = requeue;
+        self.attempt.end = Some(end);
         if matches!(self.phase, Phase::Joining | Phase::BackingOff { .. }) {
             self.phase = Phase::Waiting;
         }
         self.stop_for_peer(now, out);
     }
 
-    /// A back-off that is over: join the next cycle's rendezvous.
+    /// A back-off that is over: join the next attempt's rendezvous.
     pub(super) fn backoff_tick(&mut self, now: Instant, out: &mut Vec<Action>) {
-        if let Phase::BackingOff { until } = self.phase {
-            if self.stop.is_some() {
-                // The allocation ends before the next attempt could do anything: no restart, and
-                // nodes that did not see the stop must not wait for this one at the next attempt.
-                self.phase = Phase::Waiting;
-                self.stopped.get_or_insert(JobEnd::Stopped {
-                    node: self.cfg.node_rank,
-                    reason: "the allocation ends".into(),
-                    exit_code: EXIT_LOST,
-                });
-                self.settle(out);
-            } else if now >= until {
-                self.join_next(out);
-            }
+        let Phase::BackingOff { until } = self.phase else {
+            return;
+        };
+        if self.stop.under_way() {
+            // The allocation ends before the next attempt could do anything: no restart, and
+            // nodes that did not see the stop must not wait for this one at the next attempt.
+            self.phase = Phase::Waiting;
+            self.job.ending.stopped.get_or_insert(JobEnd::Stopped {
+                node: self.cfg.node_rank,
+                reason: "the allocation ends".into(),
+                exit_code: EXIT_LOST,
+            });
+            self.settle(out);
+        } else if now >= until {
+            self.join_next(out);
         }
     }
 
     pub(super) fn report(&mut self, end: JobEnd, out: &mut Vec<Action>) {
-        if !self.reported && self.end.is_none() {
-            self.reported = true;
+        if !self.attempt.reported && self.attempt.end.is_none() {
+            self.attempt.reported = true;
             out.push(Action::Job(JobRequest::ReportEnd {
                 cycle: self.cycle,
                 end,
@@ -120,139 +128,166 @@ impl Supervisor {
 
     /// The job's verdict arrived: a node that is still running its ranks stops them.
     pub(super) fn stop_for_peer(&mut self, now: Instant, out: &mut Vec<Action>) {
-        if self.phase == Phase::Running && self.end != Some(JobEnd::Done) {
-            self.diagnosing = None;
+        if self.phase == Phase::Running && self.attempt.end != Some(JobEnd::Done) {
+            self.attempt.hangs.cancel();
             self.begin_stop(now, StopReason::Peer, SIGTERM, out);
         }
     }
 
-    /// Join the rendezvous of the (already incremented) next cycle.
+    /// Join the rendezvous of the (already incremented) next attempt.
     pub(super) fn join_next(&mut self, out: &mut Vec<Action>) {
         self.phase = Phase::Joining;
         // The last attempt's verdict is spent: a verdict on the next one (a node that left the
         // job poisons it) must not be taken for a repeat and ignored.
-        self.end = None;
+        self.attempt.end = None;
         out.push(Action::Job(JobRequest::Join {
             cycle: self.cycle,
-            calculated: self.calculated.clone(),
+            calculated: self.timeouts.calculated.clone(),
         }));
     }
 
-    /// Once no rank of the cycle is running and the job's verdict is known, decide what comes next.
+    /// Once no rank of the attempt is running and the job's verdict is known, decide what comes
+    /// next: another attempt, or the agent's outcome.
     pub(super) fn settle(&mut self, out: &mut Vec<Action>) {
         if matches!(
             self.phase,
             Phase::Joining | Phase::Finished | Phase::BackingOff { .. }
-        ) || self
-            .ranks
-            .iter()
-            .any(|r| matches!(r.state, RankState::Running | RankState::NotStarted))
+        ) || self.attempt.any_left()
         {
             return;
         }
-        if !self.reaped {
-            self.reaped = true;
-            let pgids: Vec<i32> = self.ranks.iter().filter_map(|r| r.pid).collect();
-            if !pgids.is_empty() {
-                out.push(Action::ReapGroups { pgids });
-            }
-        }
+        self.sweep(out);
         if self.phase == Phase::Running {
             // Every rank exited 0 on its own.
             self.phase = Phase::Waiting;
-            if !self.reported {
-                self.reported = true;
+            if !self.attempt.reported {
+                self.attempt.reported = true;
                 out.push(Action::Job(JobRequest::ReportDone { cycle: self.cycle }));
             }
         }
-        let outcome = if let Some(signal) = self.signal {
-            Outcome::Signaled { signal }
-        } else if let Some((local_rank, error)) = self.spawn_error.clone() {
-            Outcome::SpawnFailed { local_rank, error }
-        } else {
-            match self.end.clone() {
-                None => return,
-                Some(JobEnd::Done) => match self.stop_asked() {
-                    Some((trigger, step)) => Outcome::Stopped { trigger, step },
-                    None => Outcome::Succeeded,
-                },
-                Some(JobEnd::Failed { .. }) if self.no_progress_now() => Outcome::NoProgress {
-                    attempts: self.attempt_steps.len() as u32,
-                    step: self.highest_step,
-                },
-                // This node is to leave the job (ExcludeThisNode): it cannot go on without it, so
-                // the job ends as for a lost node and is requeued elsewhere.
-                Some(JobEnd::Failed { .. }) if self.exclude_asked => Outcome::Lost {
-                    reason: match &self.fault {
-                        Some(f) => format!(
-                            "node {} cannot run ranks ({f}), and the job cannot go on without it",
-                            self.cfg.node_rank
-                        ),
-                        None => format!(
-                            "a rank asked to exclude node {} (ExcludeThisNode), and the job cannot go on without it",
-                            self.cfg.node_rank
-                        ),
-                    },
-                    requeue: true,
-                },
-                // A stop ends the allocation: no restart, whatever failed while stopping; so does
-                // a rank's ShutdownWorkload.
-                Some(JobEnd::Failed { .. })
-                    if self.cycle < self.cfg.max_restarts
-                        && self.stop.is_none()
-                        && !self.shutdown_asked =>
-                {
-                    let next = self.cycle + 1;
-                    let ran = match (self.started_at, self.ended_at) {
-                        (Some(s), Some(e)) => e.saturating_duration_since(s),
-                        _ => Duration::ZERO,
-                    };
-                    let (wait, streak) = self.cfg.backoff.next(self.streak, ran);
-                    self.streak = streak;
-                    out.push(Action::Record(Record::Restart {
-                        from_cycle: self.cycle,
-                        to_cycle: next,
-                        restarts_left: self.cfg.max_restarts - next,
-                        ran_ms: ran.as_millis() as u64,
-                        backoff_ms: wait.as_millis() as u64,
-                    }));
-                    self.cycle = next;
-                    match self.ended_at {
-                        Some(at) if !wait.is_zero() => {
-                            self.phase = Phase::BackingOff { until: at + wait };
-                        }
-                        _ => self.join_next(out),
-                    }
-                    return;
-                }
-                Some(JobEnd::Failed { .. }) => Outcome::Failed {
-                    restarts: self.cycle,
-                },
-                Some(JobEnd::Stopped { .. }) if self.stop.is_some() => {
-                    let (trigger, step) = self.stop_asked().unwrap_or_default();
-                    Outcome::Stopped { trigger, step }
-                }
-                Some(JobEnd::Stopped {
-                    node,
-                    reason,
-                    exit_code,
-                }) => Outcome::PeerStopped {
-                    node,
-                    reason,
-                    exit_code,
-                },
-                Some(JobEnd::Lost { reason, .. }) => Outcome::Lost {
-                    reason,
-                    requeue: self.lost_requeue,
-                },
+        if let Some(outcome) = self.outcome(out) {
+            self.finish(outcome, out);
+        }
+    }
+
+    /// Every rank leader of the attempt is reaped: sweep their process groups, once.
+    fn sweep(&mut self, out: &mut Vec<Action>) {
+        if std::mem::replace(&mut self.attempt.reaped, true) {
+            return;
+        }
+        let pgids: Vec<i32> = self.attempt.ranks.iter().filter_map(|r| r.pid).collect();
+        if !pgids.is_empty() {
+            out.push(Action::ReapGroups { pgids });
+        }
+    }
+
+    /// The agent's outcome, once this node must end; `None` while the verdict is not known yet,
+    /// or when another attempt follows (already under way).
+    fn outcome(&mut self, out: &mut Vec<Action>) -> Option<Outcome> {
+        if let Some(signal) = self.job.ending.signal {
+            return Some(Outcome::Signaled { signal });
+        }
+        if let Some((local_rank, error)) = self.job.ending.spawn_error.clone() {
+            return Some(Outcome::SpawnFailed { local_rank, error });
+        }
+        Some(match self.attempt.end.clone()? {
+            JobEnd::Done => match self.stop_asked() {
+                Some((trigger, step)) => Outcome::Stopped { trigger, step },
+                None => Outcome::Succeeded,
+            },
+            JobEnd::Failed { .. } => return self.after_failure(out),
+            JobEnd::Stopped { .. } if self.stop.under_way() => {
+                let (trigger, step) = self.stop_asked().unwrap_or_default();
+                Outcome::Stopped { trigger, step }
             }
-        };
-        // Nodes still heading for another cycle must not wait for this one.
+            JobEnd::Stopped {
+                node,
+                reason,
+                exit_code,
+            } => Outcome::PeerStopped {
+                node,
+                reason,
+                exit_code,
+            },
+            JobEnd::Lost { reason, .. } => Outcome::Lost {
+                reason,
+                requeue: self.job.ending.lost_requeue,
+            },
+        })
+    }
+
+    /// The job's verdict is a failure: restart, or the outcome that ends this node.
+    fn after_failure(&mut self, out: &mut Vec<Action>) -> Option<Outcome> {
+        if self.no_progress_now() {
+            return Some(Outcome::NoProgress {
+                attempts: self.job.steps.per_attempt.len() as u32,
+                step: self.job.steps.highest,
+            });
+        }
+        if self.job.asked.exclude {
+            // This node is to leave the job (ExcludeThisNode): it cannot go on without it, so
+            // the job ends as for a lost node and is requeued elsewhere.
+            return Some(Outcome::Lost {
+                reason: self.exclusion_reason(),
+                requeue: true,
+            });
+        }
+        // A stop ends the allocation: no restart, whatever failed while stopping; so does a
+        // rank's ShutdownWorkload.
+        if self.cycle < self.job.max_restarts && !self.stop.under_way() && !self.job.asked.shutdown
+        {
+            self.restart(out);
+            return None;
+        }
+        Some(Outcome::Failed {
+            restarts: self.cycle,
+        })
+    }
+
+    fn exclusion_reason(&self) -> String {
+        let node = self.cfg.node_rank;
+        match &self.job.asked.fault {
+            Some(f) => {
+                format!("node {node} cannot run ranks ({f}), and the job cannot go on without it")
+            }
+            None => format!(
+                "a rank asked to exclude node {node} (ExcludeThisNode), and the job cannot go on without it"
+            ),
+        }
+    }
+
+    /// The next attempt: at once, or after the back-off from the job's verdict on this one.
+    fn restart(&mut self, out: &mut Vec<Action>) {
+        let next = self.cycle + 1;
+        let ran = self.attempt.ran();
+        let (wait, streak) = self.cfg.backoff.next(self.job.streak, ran);
+        self.job.streak = streak;
+        out.push(Action::Record(Record::Restart {
+            from_cycle: self.cycle,
+            to_cycle: next,
+            restarts_left: self.job.max_restarts - next,
+            ran_ms: ran.as_millis() as u64,
+            backoff_ms: wait.as_millis() as u64,
+        }));
+        self.cycle = next;
+        match self.attempt.ended_at {
+            Some(at) if !wait.is_zero() => {
+                self.phase = Phase::BackingOff { until: at + wait };
+            }
+            _ => self.join_next(out),
+        }
+    }
+
+    /// This node ends with `outcome`: leave the job and tell the runtime.
+    fn finish(&mut self, outcome: Outcome, out: &mut Vec<Action>) {
+        // Nodes still heading for another attempt must not wait for this one.
         let poison = match &outcome {
-            Outcome::Signaled { .. } | Outcome::SpawnFailed { .. } => self.stopped.clone(),
-            _ if self.stop.is_some() => self.stopped.clone(),
+            Outcome::Signaled { .. } | Outcome::SpawnFailed { .. } => {
+                self.job.ending.stopped.clone()
+            }
+            _ if self.stop.under_way() => self.job.ending.stopped.clone(),
             Outcome::Lost { reason, .. } => Some(JobEnd::Lost {
-                node: self.exclude_asked.then_some(self.cfg.node_rank),
+                node: self.job.asked.exclude.then_some(self.cfg.node_rank),
                 reason: reason.clone(),
             }),
             _ => None,
@@ -260,7 +295,7 @@ impl Supervisor {
         self.phase = Phase::Finished;
         out.push(Action::Job(JobRequest::Leave {
             poison: poison.map(|p| (self.cycle, p)),
-            highest_step: self.highest_step,
+            highest_step: self.job.steps.highest,
         }));
         out.push(Action::Record(Record::Result {
             exit_code: outcome.exit_code(),
@@ -275,14 +310,10 @@ impl Supervisor {
         let Some((n, min)) = self.cfg.no_progress else {
             return false;
         };
-        if self.attempt_steps.len() as u32 <= self.cycle {
-            let reached = self
-                .ranks
-                .iter()
-                .filter_map(|r| r.pace.map(|p| p.step))
-                .max();
-            self.attempt_steps.push(reached);
+        let steps = &mut self.job.steps.per_attempt;
+        if steps.len() as u32 <= self.cycle {
+            steps.push(self.attempt.highest_step());
         }
-        super::progress::attempt_no_progress(&self.attempt_steps, n, min)
+        attempt_no_progress(steps, n, min)
     }
 }
