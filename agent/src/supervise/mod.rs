@@ -43,7 +43,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use vigil_ipc::{AgentMsg, RankMsg};
 
-use monitor::{CalcRequest, Calculated, Due, HangKind, Observed, RankMonitor, Timeouts};
+use monitor::{CalcRequest, Calculated, Due, Observed, RankMonitor, Timeouts};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum RankState {
