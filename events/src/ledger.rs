@@ -54,6 +54,12 @@ pub enum DecisionKind {
     Stop,
 }
 
+impl std::fmt::Display for DecisionKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 impl DecisionKind {
     pub fn name(self) -> &'static str {
         match self {

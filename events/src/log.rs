@@ -213,43 +213,54 @@ pub enum StopReason {
     Peer,
 }
 
-/// What the agent ends with.
+/// What the agent ends with. Fields read from a line that lacks them take their defaults.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "outcome", rename_all = "snake_case")]
 pub enum Outcome {
     Succeeded,
     /// The restart budget is spent; the first observed failure of the last cycle is the root cause.
     Failed {
+        #[serde(default)]
         restarts: u32,
     },
     /// The agent was asked to stop by this signal.
     Signaled {
+        #[serde(default)]
         signal: i32,
     },
     SpawnFailed {
+        #[serde(default)]
         local_rank: u32,
+        #[serde(default)]
         error: String,
     },
     /// Another node stopped the job for good; this node ends with that node's status.
     PeerStopped {
+        #[serde(default)]
         node: u32,
+        #[serde(default)]
         reason: String,
+        #[serde(default)]
         exit_code: i32,
     },
     /// A node was lost or the job's coordination failed.
     Lost {
+        #[serde(default)]
         reason: String,
+        #[serde(default)]
         requeue: bool,
     },
     /// The in-job attempts stopped making progress: `attempts` in a row did not pass the best
     /// step before them (`--max-no-progress`).
     NoProgress {
+        #[serde(default)]
         attempts: u32,
         step: Option<u64>,
     },
     /// Every rank stopped at the agreed step (or was stopped) because of `trigger`; the job is
     /// to go on in the next allocation.
     Stopped {
+        #[serde(default)]
         trigger: String,
         step: Option<u64>,
     },
@@ -452,6 +463,7 @@ pub enum Record {
     Result {
         #[serde(flatten)]
         outcome: Outcome,
+        #[serde(default)]
         exit_code: i32,
     },
     /// A rank asked, through NVRx's workload control, for `action` (`exclude_this_node`,
@@ -587,7 +599,7 @@ pub enum Record {
     GpuTelemetry {
         on: bool,
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        gpus: Option<u32>,
+        gpus: Option<usize>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         why: Option<String>,
     },
@@ -657,12 +669,32 @@ pub struct Line {
 }
 
 impl Line {
-    /// One line of `events.jsonl`; `None` for a line without an `event` or a `ts`, or one whose
-    /// known event does not have the fields it needs.
+    /// One line of `events.jsonl`; `None` for a line without an `event` or a `ts`. A known
+    /// event without the fields this vigil needs (a hand-written line, another vigil's) still
+    /// counts for its time and node, as [`Record::Unknown`].
     pub fn parse(v: &serde_json::Value) -> Option<Line> {
         v.get("event")?.as_str()?;
-        Line::deserialize(v).ok()
+        if let Ok(line) = Line::deserialize(v) {
+            return Some(line);
+        }
+        let s = Stamp::deserialize(v).ok()?;
+        Some(Line {
+            ts: s.ts,
+            host: s.host,
+            node_rank: s.node_rank,
+            record: Record::Unknown,
+        })
     }
+}
+
+/// What the runtime adds to every line.
+#[derive(Deserialize)]
+struct Stamp {
+    ts: f64,
+    #[serde(default)]
+    host: Option<String>,
+    #[serde(default)]
+    node_rank: Option<u32>,
 }
 
 /// A name the agent writes from a fixed set ([`TIMEOUTS_SOURCES`], [`WORKLOAD_ACTIONS`]). An
@@ -1115,6 +1147,13 @@ mod tests {
                 ..
             }
         ));
+        // A known event without the fields it needs still has a time and a node.
+        let l = parse(r#"{"event":"registered","cycle":0,"host":"n1","node_rank":1,"ts":50.5}"#)
+            .unwrap();
+        assert_eq!(
+            (l.ts, l.node_rank, l.record),
+            (50.5, Some(1), Record::Unknown)
+        );
         // No `ts` or no `event`: not a line of the log.
         assert!(parse(r#"{"event":"cycle_start","cycle":0}"#).is_none());
         assert!(parse(r#"{"ts":1.0,"cycle":0}"#).is_none());
