@@ -1,7 +1,13 @@
 //! What goes into the supervisor and what comes out: its configuration, events, actions, the
 //! records of the event log, the job's verdicts and the agent's outcome.
 
-use super::*;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use vigil_ipc::{AgentMsg, RankMsg};
+
+use super::monitor::Timeouts;
+use super::{Backoff, StepReport};
 
 // The records of the event log and the types they carry are the schema crate's.
 pub use vigil_events::log::{Hang, HangKind, JobEnd, Outcome, Record, StopReason, EXIT_LOST};
