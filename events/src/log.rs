@@ -701,9 +701,12 @@ struct Stamp {
 /// alias, so that serde does not take the field for one borrowed from the input.
 pub type FixedName = &'static str;
 
+/// What each rank's GPU was doing (`straggler_report`'s `gpus`).
+pub type ByRank = BTreeMap<u32, String>;
+
 /// A map keyed by rank: JSON keeps the keys as strings (`"3"`); one that is not a rank is left
 /// out.
-fn by_rank<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<u32, String>, D::Error> {
+fn by_rank<'de, D: Deserializer<'de>>(d: D) -> Result<ByRank, D::Error> {
     let m = BTreeMap::<String, String>::deserialize(d)?;
     Ok(m.into_iter()
         .filter_map(|(k, v)| Some((k.parse().ok()?, v)))

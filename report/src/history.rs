@@ -86,47 +86,16 @@ impl RunBuilder {
                     a.reason = end.reason().map(str::to_string);
                 }
             }
-            Record::RankExited {
-                cycle,
-                local_rank,
-                rank,
-                exit_code,
-                signal,
-                expected: false,
-                ..
-            } => run.failures.push(Failure {
-                ts,
-                cycle: *cycle,
-                rank: Some(*rank),
-                local_rank: Some(*local_rank),
-                exit_code: *exit_code,
-                signal: *signal,
-                error: None,
-            }),
-            Record::RankSpawnFailed {
-                cycle,
-                local_rank,
-                error,
-            } => run.failures.push(Failure {
-                ts,
-                cycle: *cycle,
-                rank: None,
-                local_rank: Some(*local_rank),
-                error: Some(error.clone()),
-                ..Failure::default()
-            }),
+            Record::RankExited { .. } | Record::RankSpawnFailed { .. } => {
+                run.failures.extend(failure(ts, &line.record))
+            }
             Record::Hang {
                 cycle, rank, hang, ..
             } => run.hangs.push(Hang {
                 ts,
                 cycle: *cycle,
                 rank: Some(*rank),
-                timeout: match &hang.timeout {
-                    HangKind::Initial => "initial".into(),
-                    HangKind::Heartbeat => "heartbeat".into(),
-                    HangKind::OutOfSection => "out_of_section".into(),
-                    HangKind::Section(s) => format!("section {s}"),
-                },
+                timeout: timeout_name(&hang.timeout),
                 silent_ms: Some(hang.silent_ms),
                 frames: Vec::new(),
             }),
@@ -158,32 +127,9 @@ impl RunBuilder {
                 restarts_left: Some(*restarts_left),
                 backoff_ms: Some(*backoff_ms),
             }),
-            Record::StopTriggered { cycle, trigger, .. } => run.stops.push(Stop {
-                ts,
-                cycle: *cycle,
-                kind: StopKind::Triggered {
-                    trigger: trigger.clone(),
-                },
-            }),
-            Record::StopAgreed {
-                cycle,
-                step,
-                trigger,
-            } => run.stops.push(Stop {
-                ts,
-                cycle: *cycle,
-                kind: StopKind::Agreed {
-                    step: *step,
-                    trigger: Some(trigger.clone()),
-                },
-            }),
-            Record::StopOverdue { cycle, ranks, .. } => run.stops.push(Stop {
-                ts,
-                cycle: *cycle,
-                kind: StopKind::Overdue {
-                    ranks: ranks.clone(),
-                },
-            }),
+            Record::StopTriggered { .. }
+            | Record::StopAgreed { .. }
+            | Record::StopOverdue { .. } => run.stops.extend(stop(ts, &line.record)),
             Record::Steps {
                 cycle,
                 step,
@@ -194,30 +140,9 @@ impl RunBuilder {
                 step: *step,
                 min_step: *min_step,
             }),
-            Record::StragglerReport {
-                ranks,
-                stragglers,
-                threshold,
-                unscored,
-                gpus,
-            } => run.straggler_reports.push(StragglerReport {
-                ts,
-                ranks: ranks
-                    .iter()
-                    .map(|r| RankScore {
-                        rank: r.rank,
-                        gpu: gpus.get(&r.rank).cloned(),
-                        node_rank: r.node_rank,
-                        host: r.host.clone(),
-                        relative: r.relative,
-                        individual: r.individual,
-                        median_s: r.median_s,
-                    })
-                    .collect(),
-                stragglers: stragglers.clone(),
-                threshold: *threshold,
-                unscored: *unscored,
-            }),
+            Record::StragglerReport { .. } => run
+                .straggler_reports
+                .extend(straggler_report(ts, &line.record)),
             Record::NodeFault { cycle, reason } => run.node_faults.push(NodeFault {
                 ts,
                 cycle: *cycle,
@@ -243,6 +168,119 @@ impl RunBuilder {
         }
         self.run
     }
+}
+
+/// A rank's failure: it exited non-zero on its own, or could not be started.
+fn failure(ts: f64, r: &Record) -> Option<Failure> {
+    match r {
+        Record::RankExited {
+            cycle,
+            local_rank,
+            rank,
+            exit_code,
+            signal,
+            expected: false,
+            ..
+        } => Some(Failure {
+            ts,
+            cycle: *cycle,
+            rank: Some(*rank),
+            local_rank: Some(*local_rank),
+            exit_code: *exit_code,
+            signal: *signal,
+            error: None,
+        }),
+        Record::RankSpawnFailed {
+            cycle,
+            local_rank,
+            error,
+        } => Some(Failure {
+            ts,
+            cycle: *cycle,
+            rank: None,
+            local_rank: Some(*local_rank),
+            error: Some(error.clone()),
+            ..Failure::default()
+        }),
+        _ => None,
+    }
+}
+
+/// A stop asked, agreed or overdue.
+fn stop(ts: f64, r: &Record) -> Option<Stop> {
+    let (cycle, kind) = match r {
+        Record::StopTriggered { cycle, trigger, .. } => (
+            cycle,
+            StopKind::Triggered {
+                trigger: trigger.clone(),
+            },
+        ),
+        Record::StopAgreed {
+            cycle,
+            step,
+            trigger,
+        } => (
+            cycle,
+            StopKind::Agreed {
+                step: *step,
+                trigger: Some(trigger.clone()),
+            },
+        ),
+        Record::StopOverdue { cycle, ranks, .. } => (
+            cycle,
+            StopKind::Overdue {
+                ranks: ranks.clone(),
+            },
+        ),
+        _ => return None,
+    };
+    Some(Stop {
+        ts,
+        cycle: *cycle,
+        kind,
+    })
+}
+
+/// `initial`, `heartbeat`, `out_of_section` or `section NAME`.
+fn timeout_name(k: &HangKind) -> String {
+    match k {
+        HangKind::Initial => "initial".into(),
+        HangKind::Heartbeat => "heartbeat".into(),
+        HangKind::OutOfSection => "out_of_section".into(),
+        HangKind::Section(s) => format!("section {s}"),
+    }
+}
+
+/// A straggler report, each rank with what its GPU was doing when the report knew.
+fn straggler_report(ts: f64, r: &Record) -> Option<StragglerReport> {
+    let Record::StragglerReport {
+        ranks,
+        stragglers,
+        threshold,
+        unscored,
+        gpus,
+    } = r
+    else {
+        return None;
+    };
+    Some(StragglerReport {
+        ts,
+        ranks: ranks
+            .iter()
+            .map(|r| RankScore {
+                rank: r.rank,
+                gpu: gpus.get(&r.rank).cloned(),
+                node_rank: r.node_rank,
+                host: r.host.clone(),
+                relative: r.relative,
+                individual: r.individual,
+                median_s: r.median_s,
+            })
+            .collect(),
+        stragglers: stragglers.clone(),
+        threshold: *threshold,
+        unscored: *unscored,
+    })
 }
 
 /// The agent's `result`: its outcome's name, and the outcome's own fields as `key=value`.
