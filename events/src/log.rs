@@ -1100,6 +1100,48 @@ mod tests {
         );
     }
 
+    /// The lines that were `json!` objects before they were records read as they did.
+    #[test]
+    fn former_json_lines_are_written_as_before() {
+        let line = |r: Record| serde_json::to_value(r).unwrap().to_string();
+        assert_eq!(
+            line(Record::GpuTelemetry {
+                on: true,
+                gpus: Some(8),
+                why: None
+            }),
+            r#"{"event":"gpu_telemetry","gpus":8,"on":true}"#
+        );
+        assert_eq!(
+            line(Record::GpuTelemetry {
+                on: false,
+                gpus: None,
+                why: Some("no NVML".into())
+            }),
+            r#"{"event":"gpu_telemetry","on":false,"why":"no NVML"}"#
+        );
+        assert_eq!(
+            line(Record::Steps {
+                cycle: 1,
+                step: 7,
+                min_step: Some(5)
+            }),
+            r#"{"cycle":1,"event":"steps","min_step":5,"step":7}"#
+        );
+        assert_eq!(
+            line(Record::Containment { cgroup: None }),
+            r#"{"cgroup":null,"event":"containment"}"#
+        );
+        assert_eq!(
+            line(Record::Nodes {
+                nnodes: Some(1),
+                store: Some("127.0.0.1:1".into()),
+                run_id: Some("r1".into())
+            }),
+            r#"{"event":"nodes","nnodes":1,"run_id":"r1","store":"127.0.0.1:1"}"#
+        );
+    }
+
     #[test]
     fn old_and_newer_lines_still_read() {
         let parse = |s: &str| Line::parse(&serde_json::from_str(s).unwrap());
