@@ -13,7 +13,7 @@ pub fn err<T>(msg: impl Into<String>) -> Result<T, ConfigError> {
 
 /// The longest duration any flag takes: a year. Larger values overflow the clock arithmetic and
 /// are never meant; leave a timeout out to disable it.
-pub const MAX_SECONDS: f64 = 365.0 * 24.0 * 3600.0;
+pub const MAX_SECONDS: f64 = vigil_events::MAX_SECONDS;
 
 /// Value parser of every seconds flag: a finite number from 0 to [`MAX_SECONDS`].
 pub fn seconds(s: &str) -> Result<f64, String> {
@@ -105,12 +105,9 @@ pub fn parse_signal(flag: &str, s: &str) -> Result<i32, ConfigError> {
         })
 }
 
-/// `SIGTERM` for 15; `signal 99` for a number that names no signal.
-pub fn signal_name(sig: i32) -> String {
-    nix::sys::signal::Signal::try_from(sig)
-        .map(|s| s.as_str().to_string())
-        .unwrap_or_else(|_| format!("signal {sig}"))
-}
+/// `SIGTERM` for 15; `signal 99` for a number that names no signal (the schema crate's, so the
+/// event log and the report name signals alike).
+pub use vigil_events::signal_name;
 
 #[cfg(test)]
 mod tests {

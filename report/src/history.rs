@@ -1,38 +1,20 @@
-//! A job's history built from its records: pure functions over parsed JSON lines.
+//! A job's history built from its records: pure functions over the schema crate's records
+//! (`vigil_events`), read from parsed JSON lines.
 //!
-//! Every field is read leniently: a missing or mistyped field is `None` (or skipped), unknown
-//! event kinds and fields are ignored, so records of older and newer vigils both load.
+//! Reading is lenient: unknown event kinds and fields are ignored and fields older vigils did
+//! not write take their defaults (the schema's rules), so records of older and newer vigils
+//! both load.
 
 use std::path::PathBuf;
 
 use serde_json::Value;
 
+use vigil_events::ledger;
+use vigil_events::log::{HangKind, Line, Outcome, Record};
+
 use crate::records::RecordFile;
 
 pub use crate::model::*;
-
-fn f64_of(v: &Value, k: &str) -> Option<f64> {
-    v.get(k)?.as_f64()
-}
-fn i64_of(v: &Value, k: &str) -> Option<i64> {
-    v.get(k)?.as_i64()
-}
-fn u32_of(v: &Value, k: &str) -> Option<u32> {
-    v.get(k)?.as_u64().and_then(|n| u32::try_from(n).ok())
-}
-fn str_of(v: &Value, k: &str) -> Option<String> {
-    v.get(k)?.as_str().map(str::to_string)
-}
-fn strings_of(v: &Value, k: &str) -> Vec<String> {
-    v.get(k)
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(|x| x.as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default()
-}
 
 /// One node's run from its event log's records (in file order).
 pub fn node_run<'a>(source: PathBuf, records: impl IntoIterator<Item = &'a Value>) -> NodeRun {
@@ -60,12 +42,16 @@ impl RunBuilder {
         }
     }
 
+    /// One line of the event log as parsed JSON; a line without an `event` or a `ts` is skipped.
     pub fn push(&mut self, r: &Value) {
+        if let Some(line) = Line::parse(r) {
+            self.push_line(&line);
+        }
+    }
+
+    pub fn push_line(&mut self, line: &Line) {
         let run = &mut self.run;
-        let Some(event) = r.get("event").and_then(Value::as_str) else {
-            return;
-        };
-        let Some(ts) = f64_of(r, "ts") else { return };
+        let ts = line.ts;
         if self.first {
             run.start = ts;
             self.first = false;
@@ -73,159 +59,97 @@ impl RunBuilder {
         run.start = run.start.min(ts);
         run.end = run.end.max(ts);
         if run.host.is_empty() {
-            if let Some(h) = str_of(r, "host") {
-                run.host = h;
+            if let Some(h) = &line.host {
+                run.host = h.clone();
             }
         }
-        if let Some(n) = u32_of(r, "node_rank") {
+        if let Some(n) = line.node_rank {
             run.node_rank = n;
         }
-        let cycle = u32_of(r, "cycle").unwrap_or(0);
-        match event {
-            "nodes" => {
-                run.run_id = str_of(r, "run_id");
-                run.nnodes = u32_of(r, "nnodes");
+        match &line.record {
+            Record::Nodes { nnodes, run_id, .. } => {
+                run.run_id = run_id.clone();
+                run.nnodes = *nnodes;
             }
-            "cycle_start" => run.attempts.push(Attempt {
-                cycle,
+            Record::CycleStart { cycle, nproc, .. } => run.attempts.push(Attempt {
+                cycle: *cycle,
                 start: ts,
                 end: ts,
                 end_kind: None,
                 reason: None,
-                nproc: u32_of(r, "nproc"),
+                nproc: Some(*nproc),
             }),
-            "cycle_ended" => {
-                if let Some(a) = run.attempts.iter_mut().rev().find(|a| a.cycle == cycle) {
+            Record::CycleEnded { cycle, end } => {
+                if let Some(a) = run.attempts.iter_mut().rev().find(|a| a.cycle == *cycle) {
                     a.end = ts;
-                    a.end_kind = str_of(r, "end");
-                    a.reason = str_of(r, "reason");
+                    a.end_kind = Some(end.name().to_string());
+                    a.reason = end.reason().map(str::to_string);
                 }
             }
-            "rank_exited" if r.get("expected").and_then(Value::as_bool) == Some(false) => {
-                run.failures.push(Failure {
-                    ts,
-                    cycle,
-                    rank: u32_of(r, "rank"),
-                    local_rank: u32_of(r, "local_rank"),
-                    exit_code: i64_of(r, "exit_code"),
-                    signal: i64_of(r, "signal"),
-                    error: None,
-                })
+            Record::RankExited { .. } | Record::RankSpawnFailed { .. } => {
+                run.failures.extend(failure(ts, &line.record))
             }
-            "rank_spawn_failed" => run.failures.push(Failure {
+            Record::Hang {
+                cycle, rank, hang, ..
+            } => run.hangs.push(Hang {
                 ts,
-                cycle,
-                rank: None,
-                local_rank: u32_of(r, "local_rank"),
-                error: Some(str_of(r, "error").unwrap_or_else(|| "unknown error".into())),
-                ..Failure::default()
+                cycle: *cycle,
+                rank: Some(*rank),
+                timeout: timeout_name(&hang.timeout),
+                silent_ms: Some(hang.silent_ms),
+                frames: Vec::new(),
             }),
-            "hang" => {
-                let timeout = match r.get("timeout") {
-                    Some(Value::String(s)) => s.clone(),
-                    Some(Value::Object(o)) => match o.get("section").and_then(Value::as_str) {
-                        Some(s) => format!("section {s}"),
-                        None => "section".into(),
-                    },
-                    _ => "unknown".into(),
-                };
-                run.hangs.push(Hang {
-                    ts,
-                    cycle,
-                    rank: u32_of(r, "rank"),
-                    timeout,
-                    silent_ms: r.get("silent_ms").and_then(Value::as_u64),
-                    frames: Vec::new(),
-                })
-            }
-            "stacks" => {
-                let rank = u32_of(r, "rank");
+            Record::Stacks {
+                cycle,
+                rank,
+                innermost,
+                ..
+            } => {
                 if let Some(h) = run
                     .hangs
                     .iter_mut()
                     .rev()
-                    .find(|h| h.cycle == cycle && h.rank == rank && h.frames.is_empty())
+                    .find(|h| h.cycle == *cycle && h.rank == Some(*rank) && h.frames.is_empty())
                 {
-                    h.frames = strings_of(r, "innermost");
+                    h.frames = innermost.clone();
                 }
             }
-            "restart" => run.restarts.push(Restart {
+            Record::Restart {
+                from_cycle,
+                to_cycle,
+                restarts_left,
+                backoff_ms,
+                ..
+            } => run.restarts.push(Restart {
                 ts,
-                from_cycle: u32_of(r, "from_cycle").unwrap_or(cycle),
-                to_cycle: u32_of(r, "to_cycle").unwrap_or(cycle + 1),
-                restarts_left: u32_of(r, "restarts_left"),
-                backoff_ms: r.get("backoff_ms").and_then(Value::as_u64),
+                from_cycle: *from_cycle,
+                to_cycle: *to_cycle,
+                restarts_left: Some(*restarts_left),
+                backoff_ms: Some(*backoff_ms),
             }),
-            "stop_triggered" => run.stops.push(Stop {
-                ts,
+            Record::StopTriggered { .. }
+            | Record::StopAgreed { .. }
+            | Record::StopOverdue { .. } => run.stops.extend(stop(ts, &line.record)),
+            Record::Steps {
                 cycle,
-                kind: StopKind::Triggered {
-                    trigger: str_of(r, "trigger").unwrap_or_else(|| "unknown".into()),
-                },
-            }),
-            "stop_agreed" => run.stops.push(Stop {
+                step,
+                min_step,
+            } => run.steps.push(StepPoint {
                 ts,
-                cycle,
-                kind: StopKind::Agreed {
-                    step: i64_of(r, "step"),
-                    trigger: str_of(r, "trigger"),
-                },
+                cycle: *cycle,
+                step: *step,
+                min_step: *min_step,
             }),
-            "stop_overdue" => run.stops.push(Stop {
+            Record::StragglerReport { .. } => run
+                .straggler_reports
+                .extend(straggler_report(ts, &line.record)),
+            Record::NodeFault { cycle, reason } => run.node_faults.push(NodeFault {
                 ts,
-                cycle,
-                kind: StopKind::Overdue {
-                    ranks: r
-                        .get("ranks")
-                        .and_then(Value::as_array)
-                        .map(|a| {
-                            a.iter()
-                                .filter_map(|x| x.as_u64().map(|n| n as u32))
-                                .collect()
-                        })
-                        .unwrap_or_default(),
-                },
+                cycle: *cycle,
+                reason: reason.clone(),
             }),
-            "steps" => {
-                if let Some(step) = i64_of(r, "step") {
-                    run.steps.push(StepPoint {
-                        ts,
-                        cycle,
-                        step,
-                        min_step: i64_of(r, "min_step"),
-                    })
-                }
-            }
-            "straggler_report" => run.straggler_reports.push(straggler_report(ts, r)),
-            "node_fault" => run.node_faults.push(NodeFault {
-                ts,
-                cycle,
-                reason: str_of(r, "reason").unwrap_or_else(|| "unknown".into()),
-            }),
-            "result" => {
-                let mut detail = Vec::new();
-                if let Some(o) = r.as_object() {
-                    for (k, v) in o {
-                        if matches!(
-                            k.as_str(),
-                            "event" | "ts" | "host" | "node_rank" | "outcome" | "exit_code"
-                        ) {
-                            continue;
-                        }
-                        let v = match v {
-                            Value::String(s) => s.clone(),
-                            other => other.to_string(),
-                        };
-                        detail.push(format!("{k}={v}"));
-                    }
-                }
-                run.result = Some(RunResult {
-                    ts,
-                    outcome: str_of(r, "outcome").unwrap_or_else(|| "unknown".into()),
-                    exit_code: i64_of(r, "exit_code"),
-                    restarts: u32_of(r, "restarts"),
-                    detail: detail.join(" "),
-                })
+            Record::Result { outcome, exit_code } => {
+                run.result = Some(run_result(ts, outcome, *exit_code))
             }
             _ => {}
         }
@@ -246,71 +170,162 @@ impl RunBuilder {
     }
 }
 
-fn straggler_report(ts: f64, r: &Value) -> StragglerReport {
-    let gpus = r.get("gpus").and_then(Value::as_object);
-    let gpu_of = |rank: u32| gpus?.get(&rank.to_string())?.as_str().map(str::to_string);
-    let ranks = r
-        .get("ranks")
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(|x| {
-                    let rank = u32_of(x, "rank")?;
-                    Some(RankScore {
-                        rank,
-                        gpu: gpu_of(rank),
-                        node_rank: u32_of(x, "node_rank"),
-                        host: str_of(x, "host"),
-                        relative: f64_of(x, "relative"),
-                        individual: f64_of(x, "individual"),
-                        median_s: f64_of(x, "median_s"),
-                    })
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    StragglerReport {
+/// A rank's failure: it exited non-zero on its own, or could not be started.
+fn failure(ts: f64, r: &Record) -> Option<Failure> {
+    match r {
+        Record::RankExited {
+            cycle,
+            local_rank,
+            rank,
+            exit_code,
+            signal,
+            expected: false,
+            ..
+        } => Some(Failure {
+            ts,
+            cycle: *cycle,
+            rank: Some(*rank),
+            local_rank: Some(*local_rank),
+            exit_code: *exit_code,
+            signal: *signal,
+            error: None,
+        }),
+        Record::RankSpawnFailed {
+            cycle,
+            local_rank,
+            error,
+        } => Some(Failure {
+            ts,
+            cycle: *cycle,
+            rank: None,
+            local_rank: Some(*local_rank),
+            error: Some(error.clone()),
+            ..Failure::default()
+        }),
+        _ => None,
+    }
+}
+
+/// A stop asked, agreed or overdue.
+fn stop(ts: f64, r: &Record) -> Option<Stop> {
+    let (cycle, kind) = match r {
+        Record::StopTriggered { cycle, trigger, .. } => (
+            cycle,
+            StopKind::Triggered {
+                trigger: trigger.clone(),
+            },
+        ),
+        Record::StopAgreed {
+            cycle,
+            step,
+            trigger,
+        } => (
+            cycle,
+            StopKind::Agreed {
+                step: *step,
+                trigger: Some(trigger.clone()),
+            },
+        ),
+        Record::StopOverdue { cycle, ranks, .. } => (
+            cycle,
+            StopKind::Overdue {
+                ranks: ranks.clone(),
+            },
+        ),
+        _ => return None,
+    };
+    Some(Stop {
         ts,
+        cycle: *cycle,
+        kind,
+    })
+}
+
+/// `initial`, `heartbeat`, `out_of_section` or `section NAME`.
+fn timeout_name(k: &HangKind) -> String {
+    match k {
+        HangKind::Initial => "initial".into(),
+        HangKind::Heartbeat => "heartbeat".into(),
+        HangKind::OutOfSection => "out_of_section".into(),
+        HangKind::Section(s) => format!("section {s}"),
+    }
+}
+
+/// A straggler report, each rank with what its GPU was doing when the report knew.
+fn straggler_report(ts: f64, r: &Record) -> Option<StragglerReport> {
+    let Record::StragglerReport {
         ranks,
-        stragglers: r
-            .get("stragglers")
-            .and_then(Value::as_array)
-            .map(|a| {
-                a.iter()
-                    .filter_map(|x| x.as_u64().map(|n| n as u32))
-                    .collect()
+        stragglers,
+        threshold,
+        unscored,
+        gpus,
+    } = r
+    else {
+        return None;
+    };
+    Some(StragglerReport {
+        ts,
+        ranks: ranks
+            .iter()
+            .map(|r| RankScore {
+                rank: r.rank,
+                gpu: gpus.get(&r.rank).cloned(),
+                node_rank: r.node_rank,
+                host: r.host.clone(),
+                relative: r.relative,
+                individual: r.individual,
+                median_s: r.median_s,
             })
-            .unwrap_or_default(),
-        threshold: f64_of(r, "threshold"),
-        unscored: r.get("unscored").and_then(Value::as_u64),
+            .collect(),
+        stragglers: stragglers.clone(),
+        threshold: *threshold,
+        unscored: *unscored,
+    })
+}
+
+/// The agent's `result`: its outcome's name, and the outcome's own fields as `key=value`.
+fn run_result(ts: f64, outcome: &Outcome, exit_code: i32) -> RunResult {
+    let mut detail = Vec::new();
+    if let Ok(Value::Object(o)) = serde_json::to_value(outcome) {
+        for (k, v) in o.iter().filter(|(k, _)| k.as_str() != "outcome") {
+            let v = match v {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            detail.push(format!("{k}={v}"));
+        }
+    }
+    RunResult {
+        ts,
+        outcome: outcome.name().to_string(),
+        exit_code: Some(exit_code),
+        restarts: match outcome {
+            Outcome::Failed { restarts } => Some(*restarts),
+            _ => None,
+        },
+        detail: detail.join(" "),
     }
 }
 
 /// A ledger record as an allocation (runs not yet assigned). None for records of another format
 /// or without a start time.
 pub fn ledger_allocation(r: &Value) -> Option<Allocation> {
-    if r.get("format").and_then(Value::as_u64) != Some(1) {
-        return None;
-    }
+    let r = ledger::Record::from_value(r)?;
     Some(Allocation {
-        number: u32_of(r, "allocation").unwrap_or(0),
-        job_id: match r.get("job_id") {
-            Some(Value::String(s)) => Some(s.clone()),
-            Some(Value::Number(n)) => Some(n.to_string()),
-            _ => None,
-        },
-        start: f64_of(r, "start")?,
-        end: f64_of(r, "end"),
-        nodes: strings_of(r, "nodes"),
-        outcome: str_of(r, "outcome"),
-        decision: str_of(r, "decision"),
-        why: str_of(r, "why"),
-        highest_step: i64_of(r, "highest_step"),
-        restarts: u32_of(r, "restarts").unwrap_or(0),
-        stop_step: i64_of(r, "stop_step"),
-        stop_trigger: str_of(r, "stop_trigger"),
-        excluded: strings_of(r, "excluded"),
-        exit_status: i64_of(r, "exit_status"),
+        number: r.allocation,
+        job_id: r.job_id,
+        start: r.start,
+        end: Some(r.end),
+        nodes: r.nodes,
+        outcome: Some(r.outcome.name().to_string()),
+        decision: Some(r.decision),
+        why: Some(r.why),
+        highest_step: r.highest_step,
+        restarts: r.restarts,
+        stop_step: r.stop_step,
+        stop_trigger: r.stop_trigger,
+        excluded: r.excluded,
+        exit_status: Some(r.exit_status),
         from_ledger: true,
         runs: Vec::new(),
     })

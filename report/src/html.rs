@@ -2,9 +2,11 @@
 
 use std::fmt::Write;
 
+use vigil_events::ledger::DecisionKind;
+
 use crate::fmt::{duration, utc};
 use crate::history::History;
-use crate::plot::{self, TimeAxis};
+use crate::plot::{self, PlotError, TimeAxis};
 
 const STYLE: &str = "
 body { font-family: sans-serif; margin: 24px; color: #222; max-width: 1160px; }
@@ -42,7 +44,7 @@ pub fn esc(s: &str) -> String {
     out
 }
 
-fn figure(out: &mut String, id: &str, plot: Option<Result<String, String>>, empty: &str) {
+fn figure(out: &mut String, id: &str, plot: Option<Result<String, PlotError>>, empty: &str) {
     match plot {
         Some(Ok(svg)) => {
             let _ = write!(out, "<figure id=\"{id}\">\n{svg}\n</figure>\n");
@@ -51,7 +53,7 @@ fn figure(out: &mut String, id: &str, plot: Option<Result<String, String>>, empt
             let _ = writeln!(
                 out,
                 "<p class=\"error\" id=\"{id}\">This plot could not be drawn: {}</p>",
-                esc(&e)
+                esc(&e.to_string())
             );
         }
         None => {
@@ -187,7 +189,7 @@ fn allocations_table(out: &mut String, h: &History) {
             a.highest_step.map_or_else(|| "-".to_string(), |s| s.to_string()),
             a.restarts,
             esc(&stop),
-            esc(a.decision.as_deref().unwrap_or("-")),
+            esc(a.decision.map_or("-", DecisionKind::name)),
             esc(a.why.as_deref().unwrap_or("")),
             if a.from_ledger { "ledger" } else { "event logs" },
         );

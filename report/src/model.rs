@@ -4,6 +4,9 @@
 
 use std::path::PathBuf;
 
+use vigil_events::ledger::DecisionKind;
+pub use vigil_events::signal_name;
+
 #[derive(Debug, Clone, Default)]
 pub struct History {
     /// The directory the records were looked for in.
@@ -29,14 +32,14 @@ pub struct Allocation {
     /// allocation, node rank 0's `result` outcome.
     pub outcome: Option<String>,
     /// `finished`, `requeue` or `stop` (ledger only).
-    pub decision: Option<String>,
+    pub decision: Option<DecisionKind>,
     pub why: Option<String>,
-    pub highest_step: Option<i64>,
+    pub highest_step: Option<u64>,
     pub restarts: u32,
-    pub stop_step: Option<i64>,
+    pub stop_step: Option<u64>,
     pub stop_trigger: Option<String>,
     pub excluded: Vec<String>,
-    pub exit_status: Option<i64>,
+    pub exit_status: Option<i32>,
     /// Whether this came from a ledger record (else inferred from event logs).
     pub from_ledger: bool,
     /// Indices into `History::runs`.
@@ -45,15 +48,14 @@ pub struct Allocation {
 
 impl Allocation {
     pub fn requeued(&self) -> bool {
-        self.decision.as_deref() == Some("requeue")
+        self.decision == Some(DecisionKind::Requeue)
     }
 
     /// A stop for a signal (preemption, `scancel --signal`) rather than the time limit.
     pub fn preempted(&self) -> bool {
-        matches!(
-            self.stop_trigger.as_deref(),
-            Some("SIGTERM" | "SIGUSR1" | "SIGUSR2")
-        )
+        self.stop_trigger
+            .as_deref()
+            .is_some_and(vigil_events::signals::is_stop_signal_name)
     }
 }
 
@@ -111,8 +113,8 @@ pub struct Failure {
     pub cycle: u32,
     pub rank: Option<u32>,
     pub local_rank: Option<u32>,
-    pub exit_code: Option<i64>,
-    pub signal: Option<i64>,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
     /// `rank_spawn_failed`'s error.
     pub error: Option<String>,
 }
@@ -180,7 +182,7 @@ pub enum StopKind {
     Triggered { trigger: String },
     /// `stop_agreed`: the job's stop step (None: stop now).
     Agreed {
-        step: Option<i64>,
+        step: Option<u64>,
         trigger: Option<String>,
     },
     /// `stop_overdue`: ranks still running when the window ended.
@@ -209,8 +211,8 @@ impl Stop {
 pub struct StepPoint {
     pub ts: f64,
     pub cycle: u32,
-    pub step: i64,
-    pub min_step: Option<i64>,
+    pub step: u64,
+    pub min_step: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -292,7 +294,7 @@ impl StragglerReport {
 pub struct RunResult {
     pub ts: f64,
     pub outcome: String,
-    pub exit_code: Option<i64>,
+    pub exit_code: Option<i32>,
     pub restarts: Option<u32>,
     /// The outcome's own fields, as `key=value` pairs.
     pub detail: String,
@@ -306,27 +308,6 @@ pub struct Moment {
     pub node: String,
     pub kind: &'static str,
     pub text: String,
-}
-
-pub fn signal_name(n: i64) -> String {
-    let name = match n {
-        1 => "SIGHUP",
-        2 => "SIGINT",
-        3 => "SIGQUIT",
-        4 => "SIGILL",
-        6 => "SIGABRT",
-        7 => "SIGBUS",
-        8 => "SIGFPE",
-        9 => "SIGKILL",
-        10 => "SIGUSR1",
-        11 => "SIGSEGV",
-        12 => "SIGUSR2",
-        13 => "SIGPIPE",
-        14 => "SIGALRM",
-        15 => "SIGTERM",
-        _ => return format!("signal {n}"),
-    };
-    name.into()
 }
 
 /// `Current thread 0x..: File "/a/b/t.py", line 4 in f` becomes `t.py:4 in f`; a frame of

@@ -84,8 +84,13 @@ fn text_style(size: u32, color: RGBColor, pos: Pos) -> TextStyle<'static> {
     }
 }
 
-fn err<E: std::fmt::Display>(e: E) -> String {
-    e.to_string()
+/// A plot the SVG backend could not draw; the page says why in its place.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct PlotError(String);
+
+fn err<E: std::fmt::Display>(e: E) -> PlotError {
+    PlotError(e.to_string())
 }
 
 /// The node rows of the timeline: node ranks in order, each labelled with its host(s).
@@ -142,7 +147,7 @@ pub fn timeline_rows(h: &History, max: usize) -> Vec<(u32, String)> {
 
 /// The timeline: a band per allocation, a row per node rank with a bar per attempt, and markers
 /// with labels for failures, hangs (with their frame), restarts and stops.
-pub fn timeline(h: &History, axis: &TimeAxis) -> Result<String, String> {
+pub fn timeline(h: &History, axis: &TimeAxis) -> Result<String, PlotError> {
     let rows = timeline_rows(h, MAX_ROWS);
     let row_of = |node_rank: u32| rows.iter().position(|(n, _)| *n == node_rank);
     let n = rows.len().max(1);
@@ -419,7 +424,7 @@ pub fn stop_labels(run: &NodeRun) -> Vec<(f64, String)> {
 }
 
 /// Steps over time: a line per node rank (its ranks' highest step).
-pub fn steps(h: &History, axis: &TimeAxis) -> Option<Result<String, String>> {
+pub fn steps(h: &History, axis: &TimeAxis) -> Option<Result<String, PlotError>> {
     // A line per run (one node in one allocation), so allocations are not joined across the
     // time between them; one colour per node rank.
     let mut lines: Vec<(u32, Vec<(f64, f64)>)> = h
@@ -453,7 +458,7 @@ fn steps_svg(
     lines: &[(u32, Vec<(f64, f64)>)],
     nodes: &[u32],
     axis: &TimeAxis,
-) -> Result<String, String> {
+) -> Result<String, PlotError> {
     let (lo, hi) = lines
         .iter()
         .flat_map(|l| l.1.iter())
@@ -527,7 +532,7 @@ pub fn worst_ranks(h: &History, n: usize) -> Vec<u32> {
 }
 
 /// Straggler scores over time: the relative score of the worst few ranks, and the threshold.
-pub fn stragglers(h: &History, axis: &TimeAxis) -> Option<Result<String, String>> {
+pub fn stragglers(h: &History, axis: &TimeAxis) -> Option<Result<String, PlotError>> {
     let worst = worst_ranks(h, WORST_RANKS);
     if worst.is_empty() {
         return None;
@@ -535,7 +540,7 @@ pub fn stragglers(h: &History, axis: &TimeAxis) -> Option<Result<String, String>
     Some(stragglers_svg(h, axis, &worst))
 }
 
-fn stragglers_svg(h: &History, axis: &TimeAxis, worst: &[u32]) -> Result<String, String> {
+fn stragglers_svg(h: &History, axis: &TimeAxis, worst: &[u32]) -> Result<String, PlotError> {
     let reports = h.straggler_reports();
     let threshold = reports.iter().rev().find_map(|r| r.threshold);
     let mut svg = String::new();

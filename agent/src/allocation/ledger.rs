@@ -8,108 +8,10 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, UNIX_EPOCH};
 
-use serde::{Deserialize, Serialize};
-
 use crate::job::state::STATE_DIR_PREFIX;
 use crate::values::file_safe;
 
-/// Bumped when a record's meaning changes; records of another format are skipped.
-pub const FORMAT: u32 = 1;
-pub const FILE: &str = "ledger.jsonl";
-
-/// How an allocation ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Outcome {
-    /// The ranks called `mark_finished`, or all exited 0 with no stop asked.
-    Finished,
-    /// Stopped for the time limit or a signal (preemption), at the agreed step.
-    Stopped,
-    /// A rank failed (or hung) and the in-job restarts were spent.
-    Failed,
-    /// A node was lost.
-    Lost,
-    /// The in-job attempts stopped making progress.
-    NoProgress,
-}
-
-impl Outcome {
-    pub fn name(self) -> &'static str {
-        match self {
-            Outcome::Finished => "finished",
-            Outcome::Stopped => "stopped",
-            Outcome::Failed => "failed",
-            Outcome::Lost => "lost",
-            Outcome::NoProgress => "no_progress",
-        }
-    }
-
-    /// Counts towards `--max-requeues` (consecutive failed allocations).
-    pub fn is_failure(self) -> bool {
-        matches!(self, Outcome::Failed | Outcome::Lost | Outcome::NoProgress)
-    }
-}
-
-/// What node rank 0 decided after the allocation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum DecisionKind {
-    Finished,
-    Requeue,
-    Stop,
-}
-
-impl DecisionKind {
-    pub fn name(self) -> &'static str {
-        match self {
-            DecisionKind::Finished => "finished",
-            DecisionKind::Requeue => "requeue",
-            DecisionKind::Stop => "stop",
-        }
-    }
-}
-
-/// One allocation.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Record {
-    pub format: u32,
-    /// 1-based.
-    pub allocation: u32,
-    pub job_id: Option<String>,
-    /// `SLURM_CLUSTER_NAME`, for a Slurm job id (ids start again at 1 with a new controller).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cluster: Option<String>,
-    /// `SLURM_RESTART_COUNT`, or 0.
-    pub restart_count: u32,
-    pub nodes: Vec<String>,
-    /// Unix seconds.
-    pub start: f64,
-    pub end: f64,
-    pub outcome: Outcome,
-    pub highest_step: Option<u64>,
-    /// In-job restarts used.
-    pub restarts: u32,
-    pub stop_step: Option<u64>,
-    /// `SIGTERM`, `SIGUSR1`, `end-time`, `time-limit`, ...
-    pub stop_trigger: Option<String>,
-    pub decision: DecisionKind,
-    pub why: String,
-    pub excluded: Vec<String>,
-    pub stop_lead_s: f64,
-    pub exit_status: i32,
-    /// Standbys that took lost or unfit nodes' places during the allocation (hot spares).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub promotions: Vec<Promotion>,
-}
-
-/// One promotion: in attempt `cycle`, node `standby` played group rank `slot` instead of `lost`.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Promotion {
-    pub cycle: u32,
-    pub slot: u32,
-    pub lost: u32,
-    pub standby: u32,
-}
+pub use vigil_events::ledger::{decode, DecisionKind, Outcome, Promotion, Record, FILE, FORMAT};
 
 /// Appends `rec` as one line to `<dir>/ledger.jsonl` (created with the directory), and syncs it.
 /// A last line left unterminated by a crash is closed first, so the new record stays whole.
@@ -162,58 +64,6 @@ pub fn read(dir: &Path) -> std::io::Result<(Vec<Record>, Vec<String>)> {
         }
     }
     Ok(decode(&text, &path))
-}
-
-/// The pure part of [`read`].
-pub fn decode(text: &str, path: &Path) -> (Vec<Record>, Vec<String>) {
-    let mut records = Vec::new();
-    let mut notes = Vec::new();
-    let lines: Vec<&str> = text.split('\n').collect();
-    let unterminated = !text.is_empty() && !text.ends_with('\n');
-    for (i, line) in lines.iter().enumerate() {
-        let line = line.trim();
-        if line.is_empty() {
-            continue;
-        }
-        let n = i + 1;
-        let last = i + 1 == lines.len();
-        let v: serde_json::Value = match serde_json::from_str(line) {
-            Ok(v) => v,
-            Err(_) if last && unterminated => {
-                notes.push(format!(
-                    "{}: line {n} is cut short (a crash while it was written); ignored",
-                    path.display()
-                ));
-                continue;
-            }
-            Err(e) => {
-                notes.push(format!(
-                    "{}: line {n} is not JSON ({e}); ignored",
-                    path.display()
-                ));
-                continue;
-            }
-        };
-        match v.get("format").and_then(|f| f.as_u64()) {
-            Some(f) if f == u64::from(FORMAT) => {}
-            other => {
-                let what = other.map_or("no format".to_string(), |f| format!("format {f}"));
-                notes.push(format!(
-                    "{}: line {n} has {what}; this vigil reads format {FORMAT}; skipped",
-                    path.display()
-                ));
-                continue;
-            }
-        }
-        match serde_json::from_value::<Record>(v) {
-            Ok(r) => records.push(r),
-            Err(e) => notes.push(format!(
-                "{}: line {n} is not a ledger record ({e}); ignored",
-                path.display()
-            )),
-        }
-    }
-    (records, notes)
 }
 
 /// The records written by the job `job_id` of `cluster`, and how many others were left out

@@ -265,9 +265,10 @@ impl Agent {
             console_note(&format!(
                 "killed {killed} process(es) the ranks of attempt {cycle} left running outside their process groups"
             ));
-            self.events.write_value(serde_json::json!({
-                "event": "leftovers_killed", "cycle": cycle, "count": killed,
-            }));
+            self.events.write(&Record::LeftoversKilled {
+                cycle,
+                count: killed,
+            });
         }
     }
 
@@ -295,16 +296,14 @@ impl Agent {
             }
         }
         console_note(&msg);
-        let v = serde_json::json!({
-            "event": "stacks",
-            "cycle": cycle,
-            "local_rank": local_rank,
-            "rank": rank,
-            "python_stacks": report.python,
-            "proc_stacks": report.proc,
-            "innermost": report.innermost,
+        self.events.write(&Record::Stacks {
+            cycle,
+            local_rank,
+            rank,
+            python_stacks: report.python.clone(),
+            proc_stacks: report.proc.clone(),
+            innermost: report.innermost.clone(),
         });
-        self.events.write_value(v);
         self.stack_reports.push((cycle, local_rank, report));
     }
 }

@@ -9,7 +9,7 @@ use crate::perf::{health, numa, GpuConfig};
 
 pub(super) enum GateOut {
     /// An event for the event log, with its console line if any.
-    Record(serde_json::Value, Option<String>),
+    Record(Record, Option<String>),
     /// The node passed: join the rendezvous.
     Join(JobRequest),
     /// The node failed its health check: the supervisor ends asking to requeue without it.
@@ -41,9 +41,11 @@ pub(super) fn start(
         if cycle > 0 && !g.reclaim_timeout.is_zero() {
             let (g2, tx2) = (g.clone(), tx.clone());
             let held = move |gpus: &[u32], holders: &[GpuProcess]| {
-                let v = serde_json::json!({
-                    "event": "gpu_memory_held", "cycle": cycle, "gpus": gpus, "holders": holders,
-                });
+                let v = Record::GpuMemoryHeld {
+                    cycle,
+                    gpus: gpus.to_vec(),
+                    holders: holders.iter().map(holder).collect(),
+                };
                 let line = format!(
                     "waiting up to {}s for GPU(s) {gpus:?} to release their memory before attempt {cycle}",
                     g2.reclaim_timeout.as_secs_f64()
@@ -53,8 +55,13 @@ pub(super) fn start(
             let g3 = g.clone();
             let waited = off_loop(move || wait_released(&g3, nproc, held)).await;
             if let Some(Some(o)) = waited {
-                let mut v = o.record();
-                v["cycle"] = cycle.into();
+                let v = Record::GpuMemoryWait {
+                    cycle,
+                    gpus: o.gpus.clone(),
+                    waited_ms: o.waited_ms,
+                    released: o.released,
+                    holders: o.holders.iter().map(holder).collect(),
+                };
                 let _ = tx.send(GateOut::Record(v, o.console_line(g.reclaim_timeout)));
             }
         }
@@ -70,9 +77,7 @@ pub(super) fn start(
                         detail: "the checks could not run (no thread)".into(),
                     }],
                 });
-            let mut v = report.to_json();
-            v["event"] = "health_check".into();
-            v["cycle"] = cycle.into();
+            let v = health_record(cycle, &report);
             if spares {
                 let line = (!report.healthy()).then(|| format!(
                     "node {node_rank} failed its health check before attempt {cycle} ({}); with standbys in the job it runs no ranks until it passes",
@@ -146,6 +151,39 @@ fn wait_released(
     }
 }
 
+/// A process holding GPU memory, as the event log names it.
+fn holder(p: &GpuProcess) -> vigil_events::log::GpuHolder {
+    vigil_events::log::GpuHolder {
+        gpu: p.gpu,
+        pid: p.pid,
+        name: p.name.clone(),
+        mib: p.mib,
+    }
+}
+
+/// The `health_check` record of the checks before attempt `cycle`.
+fn health_record(cycle: u32, report: &health::HealthReport) -> Record {
+    let status = |s: health::Status| match s {
+        health::Status::Pass => "pass",
+        health::Status::Fail => "fail",
+        health::Status::Skip => "skip",
+    };
+    Record::HealthCheck {
+        cycle,
+        healthy: report.healthy(),
+        failed: report.failed().iter().map(|n| n.to_string()).collect(),
+        checks: report
+            .checks
+            .iter()
+            .map(|c| vigil_events::log::HealthCheck {
+                name: c.name.to_string(),
+                status: status(c.status).into(),
+                detail: c.detail.clone(),
+            })
+            .collect(),
+    }
+}
+
 impl Agent {
     pub(super) fn on_gate(&mut self, out: GateOut) -> Option<Event> {
         match out {
@@ -153,7 +191,7 @@ impl Agent {
                 if let Some(l) = line {
                     console_note(&l);
                 }
-                self.events.write_value(v);
+                self.events.write(&v);
                 None
             }
             GateOut::Join(req) => {

@@ -145,15 +145,19 @@ impl Agent {
     pub(super) fn on_gpu(&mut self, m: FromGpu) -> Option<Event> {
         match m {
             FromGpu::On { count } => {
-                self.events.write_value(
-                    serde_json::json!({"event": "gpu_telemetry", "on": true, "gpus": count}),
-                );
+                self.events.write(&Record::GpuTelemetry {
+                    on: true,
+                    gpus: Some(count),
+                    why: None,
+                });
                 None
             }
             FromGpu::Off(why) => {
-                self.events.write_value(
-                    serde_json::json!({"event": "gpu_telemetry", "on": false, "why": why}),
-                );
+                self.events.write(&Record::GpuTelemetry {
+                    on: false,
+                    gpus: None,
+                    why: Some(why),
+                });
                 None
             }
             FromGpu::Fault { gpu, why } => {
@@ -167,9 +171,12 @@ impl Agent {
                 })
             }
             FromGpu::Xid(ev) => {
-                self.events.write_value(serde_json::json!({
-                    "event": "gpu_xid", "gpu": ev.gpu, "xid": ev.xid, "critical": ev.critical, "text": ev.text,
-                }));
+                self.events.write(&Record::GpuXid {
+                    gpu: ev.gpu,
+                    xid: ev.xid,
+                    critical: ev.critical,
+                    text: ev.text.clone(),
+                });
                 if !ev.critical {
                     console_note(&format!("GPU {}: XID {} ({})", ev.gpu, ev.xid, ev.text));
                     return None;

@@ -354,16 +354,17 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
         gate_tx,
         cfg,
     };
-    agent.events.write_value(serde_json::json!({
-        "event": "containment",
-        "cgroup": agent.containment.cgroup(),
-    }));
-    agent.events.write_value(serde_json::json!({
-        "event": "nodes",
-        "nnodes": agent.cfg.nnodes,
-        "store": format!("{}:{}", agent.store_for_ranks.0, agent.store_for_ranks.1),
-        "run_id": agent.cfg.run_id,
-    }));
+    agent.events.write(&Record::Containment {
+        cgroup: agent.containment.cgroup().map(Path::to_path_buf),
+    });
+    agent.events.write(&Record::Nodes {
+        nnodes: Some(agent.cfg.nnodes),
+        store: Some(format!(
+            "{}:{}",
+            agent.store_for_ranks.0, agent.store_for_ranks.1
+        )),
+        run_id: Some(agent.cfg.run_id.clone()),
+    });
     // Node rank 0 keeps the job's calculated timeouts and hands them to every node.
     let calculated = match (&agent.cfg.timeouts_file.load, agent.cfg.node_rank) {
         (Some(path), 0) => state::load_timeouts(path, &provenance(&agent.cfg), &console_note),
@@ -409,8 +410,9 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
     loop {
         let (now, suspended) = clock.wake();
         if let Some(away) = suspended {
-            let v = serde_json::json!({"event": "suspended", "seconds": away.as_secs_f64()});
-            agent.events.write_value(v);
+            agent.events.write(&Record::Suspended {
+                seconds: away.as_secs_f64(),
+            });
             console_note(&format!(
                 "the agent was suspended for {:.1}s; that time does not count against any timeout",
                 away.as_secs_f64()
@@ -457,9 +459,7 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
                     if refused.admit(Instant::now()) {
                         console_note(&format!("refused a connection on the ranks' socket: {reason}"));
                     }
-                    agent.events.write_value(serde_json::json!({
-                        "event": "ipc_rejected", "peer_pid": peer_pid, "reason": reason,
-                    }));
+                    agent.events.write(&Record::IpcRejected { peer_pid, reason });
                 }
             },
             Some(m) = coord_rx.recv() => match m {
@@ -507,10 +507,9 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
                             "attempt {cycle}: standby node {} takes the place of lost node {} (group rank {})",
                             p.standby, p.lost, p.slot
                         ));
-                        agent.events.write_value(serde_json::json!({
-                            "event": "promotion", "cycle": cycle, "slot": p.slot,
-                            "lost": p.lost, "standby": p.standby,
-                        }));
+                        agent.events.write(&Record::Promotion {
+                            cycle, slot: p.slot, lost: p.lost, standby: p.standby,
+                        });
                     }
                 }
                 FromCoord::Standby { cycle } => {

@@ -32,7 +32,12 @@ impl StepsLog {
         }
         self.last = Some((cycle, lo, hi));
         self.at = Some(now);
-        Some(serde_json::json!({"event": "steps", "cycle": cycle, "step": hi, "min_step": lo}))
+        serde_json::to_value(Record::Steps {
+            cycle,
+            step: hi,
+            min_step: Some(lo),
+        })
+        .ok()
     }
 }
 
@@ -190,9 +195,11 @@ pub(super) fn report(threshold: f64, collected: &[(u32, Vec<u8>)]) -> Option<Rep
         t0.elapsed().as_secs_f64(),
     );
     if let Some(o) = record.as_object_mut() {
-        o.insert("event".into(), "straggler_report".into());
         if !gpus.is_empty() {
-            o.insert("gpus".into(), serde_json::json!(gpus));
+            o.insert(
+                "gpus".into(),
+                serde_json::to_value(&gpus).unwrap_or_default(),
+            );
         }
     }
     Some(Report {

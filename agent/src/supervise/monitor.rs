@@ -7,7 +7,6 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
 use vigil_ipc::RankMsg;
 
 /// Heartbeats every rank must have sent before vigil calculates timeouts on its own (flags mode;
@@ -34,97 +33,9 @@ pub const MAX_SECTION_NAMES: usize = vigil_ipc::MAX_SECTIONS;
 /// begin with): it can only raise it, after a slow start was seen.
 pub const INITIAL_CALC_FLOOR: Duration = Duration::from_secs(60);
 
-/// The timeouts in force. `None` disables that check.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Timeouts {
-    #[serde(with = "opt_secs", default)]
-    pub initial: Option<Duration>,
-    #[serde(with = "opt_secs", default)]
-    pub heartbeat: Option<Duration>,
-    #[serde(with = "map_secs", default)]
-    pub sections: BTreeMap<String, Duration>,
-    #[serde(with = "opt_secs", default)]
-    pub out_of_section: Option<Duration>,
-    /// Applies to every section during the first `warmup_steps` heartbeats.
-    #[serde(with = "opt_secs", default)]
-    pub warmup: Option<Duration>,
-}
-
-impl Timeouts {
-    pub fn any(&self) -> bool {
-        self.initial.is_some()
-            || self.heartbeat.is_some()
-            || !self.sections.is_empty()
-            || self.out_of_section.is_some()
-    }
-
-    pub fn to_msg(&self) -> vigil_ipc::AgentMsg {
-        let ms = |d: Option<Duration>| d.map(|d| d.as_millis() as u64);
-        vigil_ipc::AgentMsg::Timeouts {
-            initial_ms: ms(self.initial),
-            heartbeat_ms: ms(self.heartbeat),
-            out_of_section_ms: ms(self.out_of_section),
-            sections: self
-                .sections
-                .iter()
-                .map(|(k, v)| (k.clone(), v.as_millis() as u64))
-                .collect(),
-        }
-    }
-}
-
-mod opt_secs {
-    use super::{secs, Deserialize, Duration, Serialize};
-    pub fn serialize<S: serde::Serializer>(v: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
-        v.map(|d| d.as_secs_f64()).serialize(s)
-    }
-    pub fn deserialize<'de, D: serde::Deserializer<'de>>(
-        d: D,
-    ) -> Result<Option<Duration>, D::Error> {
-        let v: Option<f64> = Option::deserialize(d)?;
-        Ok(match v {
-            Some(x) => secs(x)?,
-            None => None,
-        })
-    }
-}
-
-/// A saved timeout in seconds: zero, negative or not finite is off; beyond a year is an error
-/// (a hand-edited file), never a panic.
-fn secs<E: serde::de::Error>(x: f64) -> Result<Option<Duration>, E> {
-    if !(x.is_finite() && x > 0.0) {
-        return Ok(None);
-    }
-    if x > crate::values::MAX_SECONDS {
-        return Err(E::custom(format!("a timeout of {x} s is more than a year")));
-    }
-    Ok(Some(Duration::from_secs_f64(x)))
-}
-
-mod map_secs {
-    use super::{secs, BTreeMap, Deserialize, Duration, Serialize};
-    pub fn serialize<S: serde::Serializer>(
-        v: &BTreeMap<String, Duration>,
-        s: S,
-    ) -> Result<S::Ok, S::Error> {
-        v.iter()
-            .map(|(k, d)| (k.clone(), d.as_secs_f64()))
-            .collect::<BTreeMap<_, _>>()
-            .serialize(s)
-    }
-    pub fn deserialize<'de, D: serde::Deserializer<'de>>(
-        d: D,
-    ) -> Result<BTreeMap<String, Duration>, D::Error> {
-        let v: BTreeMap<String, f64> = BTreeMap::deserialize(d)?;
-        let mut out = BTreeMap::new();
-        for (k, x) in v {
-            if let Some(t) = secs(x)? {
-                out.insert(k, t);
-            }
-        }
-        Ok(out)
-    }
-}
+/// The timeouts in force, and which one a hung rank ran past: records of the event log and the
+/// state file, so the schema crate's.
+pub use vigil_events::log::{HangKind, Timeouts};
 
 /// Parses `step=60,checkpointing=600,warmup=900` (seconds; `:` works as well as `=`).
 /// Returns the per-section timeouts and the `warmup` one.
@@ -159,28 +70,6 @@ pub fn parse_section_timeouts(
         }
     }
     Ok((sections, warmup))
-}
-
-/// Which timeout a hung rank ran past.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum HangKind {
-    /// No heartbeat since the rank started (it may never have connected).
-    Initial,
-    Heartbeat,
-    Section(String),
-    OutOfSection,
-}
-
-impl std::fmt::Display for HangKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            HangKind::Initial => write!(f, "initial heartbeat timeout"),
-            HangKind::Heartbeat => write!(f, "heartbeat timeout"),
-            HangKind::Section(s) => write!(f, "section {s:?} timeout"),
-            HangKind::OutOfSection => write!(f, "out-of-section timeout"),
-        }
-    }
 }
 
 /// A deadline and what passing it means: the timeout, how long it is, and since when it ran.

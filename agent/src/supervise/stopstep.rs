@@ -237,9 +237,7 @@ impl StopAgreement {
 }
 
 /// The signals that ask for a stop at a step, rather than being forwarded at once.
-pub fn is_stop_signal(sig: i32) -> bool {
-    sig == libc::SIGTERM || sig == libc::SIGUSR1 || sig == libc::SIGUSR2
-}
+pub use vigil_events::is_stop_signal;
 
 impl Supervisor {
     /// This node saw a trigger: record it for the job, unless a stop is already under way.

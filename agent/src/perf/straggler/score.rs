@@ -1,7 +1,7 @@
 //! What each agent sends (`NodeSummary`), and the job's scores that node rank 0 makes of them.
 
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::times::RankTimes;
 
@@ -192,29 +192,28 @@ pub fn stragglers(scores: &JobScores, threshold: f64) -> Vec<Straggler> {
 /// The event log's record of a report (docs/stragglers.md): every scored rank, the stragglers,
 /// the threshold and how many ranks had no median yet.
 pub fn report_record(scores: &JobScores, threshold: f64) -> Value {
-    let ranks: Vec<Value> = scores
+    let ranks = scores
         .ranks
         .iter()
-        .map(|r| {
-            json!({
-                "rank": r.rank,
-                "node_rank": r.node_rank,
-                "host": scores.host(r.node_rank),
-                "relative": r.relative,
-                "individual": r.individual,
-                "median_s": r.median_s,
-            })
+        .map(|r| vigil_events::log::RankScore {
+            rank: r.rank,
+            node_rank: Some(r.node_rank),
+            host: Some(scores.host(r.node_rank).to_string()),
+            relative: Some(r.relative),
+            individual: Some(r.individual),
+            median_s: Some(r.median_s),
         })
         .collect();
     let slow: Vec<u32> = stragglers(scores, threshold)
         .into_iter()
         .map(|s| s.0)
         .collect();
-    json!({
-        "event": "straggler_report",
-        "ranks": ranks,
-        "stragglers": slow,
-        "threshold": threshold,
-        "unscored": scores.unscored,
+    serde_json::to_value(vigil_events::Record::StragglerReport {
+        ranks,
+        stragglers: slow,
+        threshold: Some(threshold),
+        unscored: Some(scores.unscored as u64),
+        gpus: Default::default(),
     })
+    .unwrap_or_default()
 }

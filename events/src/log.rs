@@ -1,0 +1,1206 @@
+//! The event log, `events.jsonl`: one JSON object per line, `{"event": NAME, ...}` plus what
+//! the agent adds to every line (`ts`, `host`, `node_rank`; see [`Line`]).
+//!
+//! Every line any part of the agent writes is a [`Record`]. Lines carry no format field: this is
+//! format [`FORMAT`], and a change that an older reader would misread gets a new event name
+//! rather than a new meaning for an old one.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer, Serialize};
+
+use crate::MAX_SECONDS;
+
+/// The event log's format. Lines have no `format` field; they are all this one.
+pub const FORMAT: u32 = 1;
+
+/// The timeouts in force. `None` disables that check. Also the state file's `timeouts`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Timeouts {
+    #[serde(with = "opt_secs", default)]
+    pub initial: Option<Duration>,
+    #[serde(with = "opt_secs", default)]
+    pub heartbeat: Option<Duration>,
+    #[serde(with = "map_secs", default)]
+    pub sections: BTreeMap<String, Duration>,
+    #[serde(with = "opt_secs", default)]
+    pub out_of_section: Option<Duration>,
+    /// Applies to every section during the first `warmup_steps` heartbeats.
+    #[serde(with = "opt_secs", default)]
+    pub warmup: Option<Duration>,
+}
+
+impl Timeouts {
+    pub fn any(&self) -> bool {
+        self.initial.is_some()
+            || self.heartbeat.is_some()
+            || !self.sections.is_empty()
+            || self.out_of_section.is_some()
+    }
+
+    pub fn to_msg(&self) -> vigil_ipc::AgentMsg {
+        let ms = |d: Option<Duration>| d.map(|d| d.as_millis() as u64);
+        vigil_ipc::AgentMsg::Timeouts {
+            initial_ms: ms(self.initial),
+            heartbeat_ms: ms(self.heartbeat),
+            out_of_section_ms: ms(self.out_of_section),
+            sections: self
+                .sections
+                .iter()
+                .map(|(k, v)| (k.clone(), v.as_millis() as u64))
+                .collect(),
+        }
+    }
+}
+
+mod opt_secs {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Serialize};
+
+    pub fn serialize<S: serde::Serializer>(v: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        v.map(|d| d.as_secs_f64()).serialize(s)
+    }
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<Duration>, D::Error> {
+        let v: Option<f64> = Option::deserialize(d)?;
+        Ok(match v {
+            Some(x) => super::secs(x)?,
+            None => None,
+        })
+    }
+}
+
+/// A saved timeout in seconds: zero, negative or not finite is off; beyond a year is an error
+/// (a hand-edited file), never a panic.
+fn secs<E: serde::de::Error>(x: f64) -> Result<Option<Duration>, E> {
+    if !(x.is_finite() && x > 0.0) {
+        return Ok(None);
+    }
+    if x > MAX_SECONDS {
+        return Err(E::custom(format!("a timeout of {x} s is more than a year")));
+    }
+    Ok(Some(Duration::from_secs_f64(x)))
+}
+
+mod map_secs {
+    use std::collections::BTreeMap;
+    use std::time::Duration;
+
+    use serde::{Deserialize, Serialize};
+
+    pub fn serialize<S: serde::Serializer>(
+        v: &BTreeMap<String, Duration>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        v.iter()
+            .map(|(k, d)| (k.clone(), d.as_secs_f64()))
+            .collect::<BTreeMap<_, _>>()
+            .serialize(s)
+    }
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(
+        d: D,
+    ) -> Result<BTreeMap<String, Duration>, D::Error> {
+        let v: BTreeMap<String, f64> = BTreeMap::deserialize(d)?;
+        let mut out = BTreeMap::new();
+        for (k, x) in v {
+            if let Some(t) = super::secs(x)? {
+                out.insert(k, t);
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Which timeout a hung rank ran past.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HangKind {
+    /// No heartbeat since the rank started (it may never have connected).
+    Initial,
+    Heartbeat,
+    Section(String),
+    OutOfSection,
+}
+
+impl std::fmt::Display for HangKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HangKind::Initial => write!(f, "initial heartbeat timeout"),
+            HangKind::Heartbeat => write!(f, "heartbeat timeout"),
+            HangKind::Section(s) => write!(f, "section {s:?} timeout"),
+            HangKind::OutOfSection => write!(f, "out-of-section timeout"),
+        }
+    }
+}
+
+/// Why a rank was declared hung.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hang {
+    pub timeout: HangKind,
+    #[serde(default)]
+    pub limit_ms: u64,
+    /// How long the rank had been silent (or in its section) when it was declared hung.
+    #[serde(default)]
+    pub silent_ms: u64,
+    /// The rank's process was stopped (SIGSTOP, a debugger): frozen, and so named the root cause
+    /// ahead of ranks whose timeout ran out first while they waited on it.
+    #[serde(default)]
+    pub stopped: bool,
+}
+
+/// How a cycle ended for the whole job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "end", rename_all = "snake_case")]
+pub enum JobEnd {
+    /// Every rank on every node exited 0.
+    Done,
+    /// A rank failed or hung on `node`: restart if the budget allows.
+    Failed { node: u32, reason: String },
+    /// `node` stopped for good (a signal, a command that cannot start): every node ends with
+    /// `exit_code`, without restarting.
+    Stopped {
+        node: u32,
+        reason: String,
+        exit_code: i32,
+    },
+    /// A node's agent was lost: the job cannot go on with fewer nodes; end so it can be requeued.
+    /// `node`: which one, when known (node rank 0 names the node it lost).
+    Lost {
+        reason: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        node: Option<u32>,
+    },
+}
+
+impl JobEnd {
+    /// `done`, `failed`, `stopped` or `lost`: the `end` field.
+    pub fn name(&self) -> &'static str {
+        match self {
+            JobEnd::Done => "done",
+            JobEnd::Failed { .. } => "failed",
+            JobEnd::Stopped { .. } => "stopped",
+            JobEnd::Lost { .. } => "lost",
+        }
+    }
+
+    pub fn reason(&self) -> Option<&str> {
+        match self {
+            JobEnd::Done => None,
+            JobEnd::Failed { reason, .. }
+            | JobEnd::Stopped { reason, .. }
+            | JobEnd::Lost { reason, .. } => Some(reason),
+        }
+    }
+}
+
+/// Why the ranks of a cycle are being stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    /// A rank failed; restart if the budget allows.
+    RankFailed,
+    /// A rank was found hung (and is being killed after its stacks); as a failure.
+    RankHung,
+    /// The agent was signalled; forward it and end.
+    Signal,
+    /// A rank could not be started; the command is broken, so never restart.
+    SpawnFailed,
+    /// Another node reported a failure or a stop, or a node was lost.
+    Peer,
+}
+
+/// What the agent ends with. Fields read from a line that lacks them take their defaults.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum Outcome {
+    Succeeded,
+    /// The restart budget is spent; the first observed failure of the last cycle is the root cause.
+    Failed {
+        #[serde(default)]
+        restarts: u32,
+    },
+    /// The agent was asked to stop by this signal.
+    Signaled {
+        #[serde(default)]
+        signal: i32,
+    },
+    SpawnFailed {
+        #[serde(default)]
+        local_rank: u32,
+        #[serde(default)]
+        error: String,
+    },
+    /// Another node stopped the job for good; this node ends with that node's status.
+    PeerStopped {
+        #[serde(default)]
+        node: u32,
+        #[serde(default)]
+        reason: String,
+        #[serde(default)]
+        exit_code: i32,
+    },
+    /// A node was lost or the job's coordination failed.
+    Lost {
+        #[serde(default)]
+        reason: String,
+        #[serde(default)]
+        requeue: bool,
+    },
+    /// The in-job attempts stopped making progress: `attempts` in a row did not pass the best
+    /// step before them (`--max-no-progress`).
+    NoProgress {
+        #[serde(default)]
+        attempts: u32,
+        step: Option<u64>,
+    },
+    /// Every rank stopped at the agreed step (or was stopped) because of `trigger`; the job is
+    /// to go on in the next allocation.
+    Stopped {
+        #[serde(default)]
+        trigger: String,
+        step: Option<u64>,
+    },
+}
+
+/// Exit status when a node was lost: `EX_TEMPFAIL`, "try again later", so a job script can requeue.
+pub const EXIT_LOST: i32 = 75;
+
+impl Outcome {
+    /// The agent's exit status (documented in docs/usage.md).
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Outcome::Succeeded => 0,
+            Outcome::Failed { .. } => 1,
+            Outcome::Signaled { signal } => 128 + signal,
+            Outcome::SpawnFailed { .. } => 2,
+            Outcome::PeerStopped { exit_code, .. } => *exit_code,
+            Outcome::Lost { requeue: true, .. } => EXIT_LOST,
+            Outcome::Lost { requeue: false, .. } => 2,
+            Outcome::Stopped { .. } => EXIT_LOST,
+            Outcome::NoProgress { .. } => 1,
+        }
+    }
+
+    /// `succeeded`, `failed`, ...: the `outcome` field.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Outcome::Succeeded => "succeeded",
+            Outcome::Failed { .. } => "failed",
+            Outcome::Signaled { .. } => "signaled",
+            Outcome::SpawnFailed { .. } => "spawn_failed",
+            Outcome::PeerStopped { .. } => "peer_stopped",
+            Outcome::Lost { .. } => "lost",
+            Outcome::NoProgress { .. } => "no_progress",
+            Outcome::Stopped { .. } => "stopped",
+        }
+    }
+}
+
+/// A process that held GPU memory (`gpu_memory_held`, `gpu_memory_wait`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuHolder {
+    pub gpu: u32,
+    pub pid: u32,
+    /// From /proc/<pid>/comm; empty when the process is gone or in another pid namespace.
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub mib: u64,
+}
+
+/// One check of a health report (`health_check`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HealthCheck {
+    pub name: String,
+    /// `pass`, `fail` or `skip`.
+    pub status: String,
+    #[serde(default)]
+    pub detail: String,
+}
+
+/// One scored rank of a straggler report.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RankScore {
+    pub rank: u32,
+    #[serde(default)]
+    pub node_rank: Option<u32>,
+    #[serde(default)]
+    pub host: Option<String>,
+    /// The job's fastest median / this rank's median.
+    #[serde(default)]
+    pub relative: Option<f64>,
+    /// This rank's best median / its current median (1.0 when it has no best yet).
+    #[serde(default)]
+    pub individual: Option<f64>,
+    #[serde(default)]
+    pub median_s: Option<f64>,
+}
+
+/// A line of the event log, without the fields the runtime adds (time, host, node rank).
+///
+/// Fields an older vigil may not have written read as their defaults.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum Record {
+    CycleStart {
+        cycle: u32,
+        #[serde(default)]
+        restart_count: u32,
+        #[serde(default)]
+        nproc: u32,
+    },
+    RankStarted {
+        cycle: u32,
+        local_rank: u32,
+        rank: u32,
+        pid: i32,
+    },
+    RankSpawnFailed {
+        #[serde(default)]
+        cycle: u32,
+        #[serde(default)]
+        local_rank: u32,
+        #[serde(default = "unknown")]
+        error: String,
+    },
+    RankExited {
+        #[serde(default)]
+        cycle: u32,
+        #[serde(default)]
+        local_rank: u32,
+        #[serde(default)]
+        rank: u32,
+        #[serde(default)]
+        pid: i32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        exit_code: Option<i32>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        signal: Option<i32>,
+        /// False when the rank ended on its own and not zero: a failure.
+        expected: bool,
+    },
+    Stop {
+        cycle: u32,
+        reason: StopReason,
+        /// The signal sent to every live rank's process group.
+        signal: i32,
+        grace_ms: u64,
+        pids: Vec<i32>,
+        /// Of `pids`, those sent SIGKILL at once instead: they hold `signal` for
+        /// `vigil.should_stop`, and this stop (a failure, a hang, a lost node) saves nothing.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        killed: Vec<i32>,
+    },
+    Escalate {
+        cycle: u32,
+        signal: i32,
+        pids: Vec<i32>,
+    },
+    Registered {
+        cycle: u32,
+        local_rank: u32,
+        rank: u32,
+    },
+    /// The rank closed a section under a new name past `kept` distinct names: that name's
+    /// durations, and those of every later new name, are not kept (once per rank and attempt).
+    SectionNamesCapped {
+        cycle: u32,
+        local_rank: u32,
+        rank: u32,
+        kept: usize,
+    },
+    Hang {
+        #[serde(default)]
+        cycle: u32,
+        #[serde(default)]
+        local_rank: u32,
+        #[serde(default)]
+        rank: u32,
+        #[serde(default)]
+        pid: i32,
+        #[serde(flatten)]
+        hang: Hang,
+    },
+    TrainingFinished {
+        cycle: u32,
+        local_rank: u32,
+        rank: u32,
+    },
+    TimeoutsUpdated {
+        /// `configured`, `loaded` (from the state file) or `calculated`.
+        #[serde(deserialize_with = "timeouts_source")]
+        source: FixedName,
+        timeouts: Timeouts,
+    },
+    Restart {
+        #[serde(default)]
+        from_cycle: u32,
+        #[serde(default)]
+        to_cycle: u32,
+        #[serde(default)]
+        restarts_left: u32,
+        /// How long the failed attempt ran, from its start to the job's verdict on it.
+        #[serde(default)]
+        ran_ms: u64,
+        /// How long the agent waits before joining the next attempt.
+        #[serde(default)]
+        backoff_ms: u64,
+    },
+    Joined {
+        cycle: u32,
+        rank_offset: u32,
+    },
+    CycleEnded {
+        #[serde(default)]
+        cycle: u32,
+        #[serde(flatten)]
+        end: JobEnd,
+    },
+    Result {
+        #[serde(flatten)]
+        outcome: Outcome,
+        #[serde(default)]
+        exit_code: i32,
+    },
+    /// A rank asked, through NVRx's workload control, for `action` (`exclude_this_node`,
+    /// `shutdown_workload`).
+    WorkloadControl {
+        cycle: u32,
+        rank: u32,
+        #[serde(deserialize_with = "workload_action")]
+        action: FixedName,
+        description: String,
+    },
+    /// This node is a standby in `cycle` (hot spares): no ranks here.
+    Standby {
+        cycle: u32,
+    },
+    /// This node cannot run ranks any more; it leaves the job.
+    NodeFault {
+        #[serde(default)]
+        cycle: u32,
+        #[serde(default = "unknown")]
+        reason: String,
+    },
+    /// This node saw a stop trigger (a signal, the allocation's end within the lead).
+    StopTriggered {
+        #[serde(default)]
+        cycle: u32,
+        #[serde(default)]
+        node: u32,
+        #[serde(default = "unknown")]
+        trigger: String,
+        #[serde(default)]
+        window_ms: u64,
+    },
+    /// The job's stop step, told to every rank that speaks to the shim.
+    StopAgreed {
+        #[serde(default)]
+        cycle: u32,
+        #[serde(default)]
+        step: Option<u64>,
+        #[serde(default = "unknown")]
+        trigger: String,
+    },
+    /// A rank received a stop signal it holds for `vigil.should_stop`, sent to it rather than to
+    /// the agent; the job stops at one step as for a signal to the agent.
+    RankSignalled {
+        cycle: u32,
+        local_rank: u32,
+        rank: u32,
+        signal: i32,
+    },
+    /// These ranks were still running when the stop window ended; they are stopped now.
+    StopOverdue {
+        #[serde(default)]
+        cycle: u32,
+        #[serde(default)]
+        ranks: Vec<u32>,
+        #[serde(default)]
+        window_ms: u64,
+    },
+    /// The agent's first line: the cgroup its ranks run in, if it has one of its own.
+    Containment {
+        cgroup: Option<PathBuf>,
+    },
+    /// The job's size, the store the ranks are told and the run id.
+    Nodes {
+        #[serde(default)]
+        nnodes: Option<u32>,
+        #[serde(default)]
+        store: Option<String>,
+        #[serde(default)]
+        run_id: Option<String>,
+    },
+    /// The agent's process was suspended this long (the clock jumped); not counted as silence.
+    Suspended {
+        seconds: f64,
+    },
+    /// A connection on the ranks' socket was refused.
+    IpcRejected {
+        peer_pid: Option<i32>,
+        reason: String,
+    },
+    /// In attempt `cycle`, node `standby` plays group rank `slot` instead of node `lost`.
+    Promotion {
+        cycle: u32,
+        slot: u32,
+        lost: u32,
+        standby: u32,
+    },
+    /// Processes the ranks of attempt `cycle` left running outside their process groups, killed.
+    LeftoversKilled {
+        cycle: u32,
+        count: usize,
+    },
+    /// A hung rank's stacks: where they were written and the innermost frames, innermost first.
+    Stacks {
+        #[serde(default)]
+        cycle: u32,
+        #[serde(default)]
+        local_rank: u32,
+        #[serde(default)]
+        rank: u32,
+        #[serde(default)]
+        python_stacks: Option<PathBuf>,
+        #[serde(default)]
+        proc_stacks: Option<PathBuf>,
+        #[serde(default)]
+        innermost: Vec<String>,
+    },
+    /// Before attempt `cycle`: these GPUs still hold memory; the agent waits for them.
+    GpuMemoryHeld {
+        cycle: u32,
+        gpus: Vec<u32>,
+        holders: Vec<GpuHolder>,
+    },
+    /// How the wait for GPU memory before attempt `cycle` ended.
+    GpuMemoryWait {
+        cycle: u32,
+        gpus: Vec<u32>,
+        waited_ms: u64,
+        released: bool,
+        /// Who still held memory on a GPU over the tolerance when the wait ended.
+        holders: Vec<GpuHolder>,
+    },
+    /// The checks before attempt `cycle`.
+    HealthCheck {
+        cycle: u32,
+        healthy: bool,
+        /// The names of the checks that failed.
+        failed: Vec<String>,
+        checks: Vec<HealthCheck>,
+    },
+    /// GPU telemetry is on (for `gpus` GPUs) or off (and `why`).
+    GpuTelemetry {
+        on: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        gpus: Option<usize>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        why: Option<String>,
+    },
+    /// An XID error NVML reported for `gpu`.
+    GpuXid {
+        gpu: u32,
+        xid: u64,
+        critical: bool,
+        text: String,
+    },
+    /// The highest and lowest step this node's ranks reported in attempt `cycle`.
+    Steps {
+        #[serde(default)]
+        cycle: u32,
+        step: u64,
+        #[serde(default)]
+        min_step: Option<u64>,
+    },
+    /// Node rank 0's straggler report (docs/stragglers.md): every scored rank, the stragglers,
+    /// the threshold and how many ranks had no median yet.
+    StragglerReport {
+        #[serde(default)]
+        ranks: Vec<RankScore>,
+        #[serde(default)]
+        stragglers: Vec<u32>,
+        #[serde(default)]
+        threshold: Option<f64>,
+        #[serde(default)]
+        unscored: Option<u64>,
+        /// What each rank's GPU was doing, when the report knew.
+        #[serde(
+            default,
+            skip_serializing_if = "BTreeMap::is_empty",
+            deserialize_with = "by_rank"
+        )]
+        gpus: BTreeMap<u32, String>,
+    },
+    /// An event this vigil does not know (written by a newer one): read, never written.
+    #[serde(other)]
+    Unknown,
+}
+
+impl Record {
+    /// The `event` field.
+    pub fn name(&self) -> String {
+        match serde_json::to_value(self) {
+            Ok(serde_json::Value::Object(o)) => match o.get("event") {
+                Some(serde_json::Value::String(s)) => s.clone(),
+                _ => "unknown".into(),
+            },
+            _ => "unknown".into(),
+        }
+    }
+}
+
+/// A whole line as read back: the record and the fields the runtime stamps on every line.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Line {
+    /// Unix seconds.
+    pub ts: f64,
+    #[serde(default)]
+    pub host: Option<String>,
+    #[serde(default)]
+    pub node_rank: Option<u32>,
+    #[serde(flatten)]
+    pub record: Record,
+}
+
+impl Line {
+    /// One line of `events.jsonl`; `None` for a line without an `event` or a `ts`. A known
+    /// event without the fields this vigil needs (a hand-written line, another vigil's) still
+    /// counts for its time and node, as [`Record::Unknown`].
+    pub fn parse(v: &serde_json::Value) -> Option<Line> {
+        v.get("event")?.as_str()?;
+        if let Ok(line) = Line::deserialize(v) {
+            return Some(line);
+        }
+        let s = Stamp::deserialize(v).ok()?;
+        Some(Line {
+            ts: s.ts,
+            host: s.host,
+            node_rank: s.node_rank,
+            record: Record::Unknown,
+        })
+    }
+}
+
+/// What the runtime adds to every line.
+#[derive(Deserialize)]
+struct Stamp {
+    ts: f64,
+    #[serde(default)]
+    host: Option<String>,
+    #[serde(default)]
+    node_rank: Option<u32>,
+}
+
+/// A name the agent writes from a fixed set ([`TIMEOUTS_SOURCES`], [`WORKLOAD_ACTIONS`]). An
+/// alias, so that serde does not take the field for one borrowed from the input.
+pub type FixedName = &'static str;
+
+/// What each rank's GPU was doing (`straggler_report`'s `gpus`).
+pub type ByRank = BTreeMap<u32, String>;
+
+/// A map keyed by rank: JSON keeps the keys as strings (`"3"`); one that is not a rank is left
+/// out.
+fn by_rank<'de, D: Deserializer<'de>>(d: D) -> Result<ByRank, D::Error> {
+    let m = BTreeMap::<String, String>::deserialize(d)?;
+    Ok(m.into_iter()
+        .filter_map(|(k, v)| Some((k.parse().ok()?, v)))
+        .collect())
+}
+
+/// What a missing name reads as.
+fn unknown() -> String {
+    "unknown".into()
+}
+
+/// The sources of `timeouts_updated`.
+pub const TIMEOUTS_SOURCES: [&str; 3] = ["configured", "loaded", "calculated"];
+/// The actions of `workload_control`.
+pub const WORKLOAD_ACTIONS: [&str; 2] = ["exclude_this_node", "shutdown_workload"];
+
+/// A name the agent writes from a fixed set, read back as that set's own string; one outside
+/// it (a newer vigil's) reads as `unknown`.
+fn one_of<'de, D: Deserializer<'de>>(d: D, set: &[&'static str]) -> Result<&'static str, D::Error> {
+    let s = String::deserialize(d)?;
+    Ok(set.iter().find(|n| **n == s).copied().unwrap_or("unknown"))
+}
+
+fn timeouts_source<'de, D: Deserializer<'de>>(d: D) -> Result<&'static str, D::Error> {
+    one_of(d, &TIMEOUTS_SOURCES)
+}
+
+fn workload_action<'de, D: Deserializer<'de>>(d: D) -> Result<&'static str, D::Error> {
+    one_of(d, &WORKLOAD_ACTIONS)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::{
+        GpuHolder, Hang, HangKind, HealthCheck, JobEnd, Line, Outcome, RankScore, Record,
+        StopReason, Timeouts,
+    };
+    use std::time::Duration;
+
+    /// Each variant's place, by an exhaustive match: a new variant does not compile until it
+    /// has a place here, and the round trip below fails until it has a sample.
+    fn place(r: &Record) -> usize {
+        match r {
+            Record::CycleStart { .. } => 0,
+            Record::RankStarted { .. } => 1,
+            Record::RankSpawnFailed { .. } => 2,
+            Record::RankExited { .. } => 3,
+            Record::Stop { .. } => 4,
+            Record::Escalate { .. } => 5,
+            Record::Registered { .. } => 6,
+            Record::SectionNamesCapped { .. } => 7,
+            Record::Hang { .. } => 8,
+            Record::TrainingFinished { .. } => 9,
+            Record::TimeoutsUpdated { .. } => 10,
+            Record::Restart { .. } => 11,
+            Record::Joined { .. } => 12,
+            Record::CycleEnded { .. } => 13,
+            Record::Result { .. } => 14,
+            Record::WorkloadControl { .. } => 15,
+            Record::Standby { .. } => 16,
+            Record::NodeFault { .. } => 17,
+            Record::StopTriggered { .. } => 18,
+            Record::StopAgreed { .. } => 19,
+            Record::RankSignalled { .. } => 20,
+            Record::StopOverdue { .. } => 21,
+            Record::Containment { .. } => 22,
+            Record::Nodes { .. } => 23,
+            Record::Suspended { .. } => 24,
+            Record::IpcRejected { .. } => 25,
+            Record::Promotion { .. } => 26,
+            Record::LeftoversKilled { .. } => 27,
+            Record::Stacks { .. } => 28,
+            Record::GpuMemoryHeld { .. } => 29,
+            Record::GpuMemoryWait { .. } => 30,
+            Record::HealthCheck { .. } => 31,
+            Record::GpuTelemetry { .. } => 32,
+            Record::GpuXid { .. } => 33,
+            Record::Steps { .. } => 34,
+            Record::StragglerReport { .. } => 35,
+            Record::Unknown => 36,
+        }
+    }
+
+    fn timeouts() -> Timeouts {
+        Timeouts {
+            initial: Some(Duration::from_secs(60)),
+            heartbeat: Some(Duration::from_millis(2500)),
+            sections: [("step".to_string(), Duration::from_secs(30))].into(),
+            out_of_section: None,
+            warmup: Some(Duration::from_secs(900)),
+        }
+    }
+
+    fn holder() -> GpuHolder {
+        GpuHolder {
+            gpu: 1,
+            pid: 77,
+            name: "python".into(),
+            mib: 2048,
+        }
+    }
+
+    fn samples() -> Vec<Record> {
+        let hang = |timeout| Hang {
+            timeout,
+            limit_ms: 1000,
+            silent_ms: 1001,
+            stopped: false,
+        };
+        vec![
+            Record::CycleStart {
+                cycle: 1,
+                restart_count: 1,
+                nproc: 8,
+            },
+            Record::RankStarted {
+                cycle: 0,
+                local_rank: 1,
+                rank: 9,
+                pid: 4242,
+            },
+            Record::RankSpawnFailed {
+                cycle: 0,
+                local_rank: 0,
+                error: "No such file".into(),
+            },
+            Record::RankExited {
+                cycle: 0,
+                local_rank: 1,
+                rank: 1,
+                pid: 9,
+                exit_code: None,
+                signal: Some(9),
+                expected: false,
+            },
+            Record::Stop {
+                cycle: 0,
+                reason: StopReason::RankFailed,
+                signal: 15,
+                grace_ms: 15000,
+                pids: vec![8, 9],
+                killed: vec![9],
+            },
+            Record::Escalate {
+                cycle: 0,
+                signal: 9,
+                pids: vec![8],
+            },
+            Record::Registered {
+                cycle: 2,
+                local_rank: 0,
+                rank: 4,
+            },
+            Record::SectionNamesCapped {
+                cycle: 0,
+                local_rank: 0,
+                rank: 0,
+                kept: 64,
+            },
+            Record::Hang {
+                cycle: 0,
+                local_rank: 0,
+                rank: 0,
+                pid: 5,
+                hang: hang(HangKind::Section("checkpointing".into())),
+            },
+            Record::Hang {
+                cycle: 0,
+                local_rank: 0,
+                rank: 0,
+                pid: 5,
+                hang: hang(HangKind::OutOfSection),
+            },
+            Record::TrainingFinished {
+                cycle: 0,
+                local_rank: 0,
+                rank: 0,
+            },
+            Record::TimeoutsUpdated {
+                source: "calculated",
+                timeouts: timeouts(),
+            },
+            Record::Restart {
+                from_cycle: 0,
+                to_cycle: 1,
+                restarts_left: 2,
+                ran_ms: 2282,
+                backoff_ms: 500,
+            },
+            Record::Joined {
+                cycle: 0,
+                rank_offset: 8,
+            },
+            Record::CycleEnded {
+                cycle: 0,
+                end: JobEnd::Done,
+            },
+            Record::CycleEnded {
+                cycle: 1,
+                end: JobEnd::Stopped {
+                    node: 1,
+                    reason: "SIGTERM".into(),
+                    exit_code: 143,
+                },
+            },
+            Record::CycleEnded {
+                cycle: 1,
+                end: JobEnd::Lost {
+                    reason: "gone".into(),
+                    node: None,
+                },
+            },
+            Record::Result {
+                outcome: Outcome::NoProgress {
+                    attempts: 3,
+                    step: Some(7),
+                },
+                exit_code: 1,
+            },
+            Record::Result {
+                outcome: Outcome::Succeeded,
+                exit_code: 0,
+            },
+            Record::WorkloadControl {
+                cycle: 0,
+                rank: 3,
+                action: "exclude_this_node",
+                description: "bad GPU".into(),
+            },
+            Record::Standby { cycle: 0 },
+            Record::NodeFault {
+                cycle: 0,
+                reason: "GPU 0: critical XID 79".into(),
+            },
+            Record::StopTriggered {
+                cycle: 0,
+                node: 1,
+                trigger: "SIGUSR1".into(),
+                window_ms: 60000,
+            },
+            Record::StopAgreed {
+                cycle: 0,
+                step: Some(42),
+                trigger: "time-limit".into(),
+            },
+            Record::RankSignalled {
+                cycle: 0,
+                local_rank: 0,
+                rank: 0,
+                signal: 10,
+            },
+            Record::StopOverdue {
+                cycle: 0,
+                ranks: vec![1],
+                window_ms: 30000,
+            },
+            Record::Containment {
+                cgroup: Some("/sys/fs/cgroup/job/vigil".into()),
+            },
+            Record::Nodes {
+                nnodes: Some(2),
+                store: Some("n0:29500".into()),
+                run_id: Some("r1".into()),
+            },
+            Record::Suspended { seconds: 12.5 },
+            Record::IpcRejected {
+                peer_pid: None,
+                reason: "not a rank".into(),
+            },
+            Record::Promotion {
+                cycle: 1,
+                slot: 0,
+                lost: 0,
+                standby: 2,
+            },
+            Record::LeftoversKilled { cycle: 0, count: 3 },
+            Record::Stacks {
+                cycle: 0,
+                local_rank: 0,
+                rank: 0,
+                python_stacks: Some("/tmp/s.py.txt".into()),
+                proc_stacks: None,
+                innermost: vec!["File \"t.py\", line 4 in f".into()],
+            },
+            Record::GpuMemoryHeld {
+                cycle: 1,
+                gpus: vec![1],
+                holders: vec![holder()],
+            },
+            Record::GpuMemoryWait {
+                cycle: 1,
+                gpus: vec![0, 1],
+                waited_ms: 1200,
+                released: false,
+                holders: vec![holder()],
+            },
+            Record::HealthCheck {
+                cycle: 0,
+                healthy: false,
+                failed: vec!["gpus".into()],
+                checks: vec![HealthCheck {
+                    name: "gpus".into(),
+                    status: "fail".into(),
+                    detail: "0 of 8".into(),
+                }],
+            },
+            Record::GpuTelemetry {
+                on: true,
+                gpus: Some(8),
+                why: None,
+            },
+            Record::GpuTelemetry {
+                on: false,
+                gpus: None,
+                why: Some("no NVML".into()),
+            },
+            Record::GpuXid {
+                gpu: 0,
+                xid: 79,
+                critical: true,
+                text: "fell off the bus".into(),
+            },
+            Record::Steps {
+                cycle: 1,
+                step: 7,
+                min_step: Some(5),
+            },
+            Record::StragglerReport {
+                ranks: vec![RankScore {
+                    rank: 3,
+                    node_rank: Some(1),
+                    host: Some("n1".into()),
+                    relative: Some(0.25),
+                    individual: Some(1.0),
+                    median_s: Some(0.5),
+                }],
+                stragglers: vec![3],
+                threshold: Some(0.7),
+                unscored: Some(0),
+                gpus: [(3, "SM clock 300 MHz".to_string())].into(),
+            },
+            Record::Unknown,
+        ]
+    }
+
+    #[test]
+    fn every_record_round_trips() {
+        let all = samples();
+        let places: BTreeSet<usize> = all.iter().map(place).collect();
+        assert_eq!(places, (0..=36).collect(), "a record without a sample");
+        for r in all {
+            let text = serde_json::to_string(&r).unwrap();
+            let back: Record =
+                serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
+            assert_eq!(back, r, "{text}");
+            assert_eq!(
+                serde_json::to_value(&r).unwrap()["event"],
+                r.name().as_str()
+            );
+        }
+    }
+
+    #[test]
+    fn lines_are_written_as_before() {
+        let v = serde_json::to_value(Record::Stop {
+            cycle: 0,
+            reason: StopReason::RankFailed,
+            signal: 15,
+            grace_ms: 15000,
+            pids: vec![8],
+            killed: vec![],
+        })
+        .unwrap();
+        assert_eq!(
+            v.to_string(),
+            r#"{"cycle":0,"event":"stop","grace_ms":15000,"pids":[8],"reason":"rank_failed","signal":15}"#
+        );
+        let v = serde_json::to_value(Record::CycleEnded {
+            cycle: 0,
+            end: JobEnd::Failed {
+                node: 0,
+                reason: "rank 1 exited with code 1".into(),
+            },
+        })
+        .unwrap();
+        assert_eq!(
+            v.to_string(),
+            r#"{"cycle":0,"end":"failed","event":"cycle_ended","node":0,"reason":"rank 1 exited with code 1"}"#
+        );
+    }
+
+    /// The lines that were `json!` objects before they were records read as they did.
+    #[test]
+    fn former_json_lines_are_written_as_before() {
+        let line = |r: Record| serde_json::to_value(r).unwrap().to_string();
+        assert_eq!(
+            line(Record::GpuTelemetry {
+                on: true,
+                gpus: Some(8),
+                why: None
+            }),
+            r#"{"event":"gpu_telemetry","gpus":8,"on":true}"#
+        );
+        assert_eq!(
+            line(Record::GpuTelemetry {
+                on: false,
+                gpus: None,
+                why: Some("no NVML".into())
+            }),
+            r#"{"event":"gpu_telemetry","on":false,"why":"no NVML"}"#
+        );
+        assert_eq!(
+            line(Record::Steps {
+                cycle: 1,
+                step: 7,
+                min_step: Some(5)
+            }),
+            r#"{"cycle":1,"event":"steps","min_step":5,"step":7}"#
+        );
+        assert_eq!(
+            line(Record::Containment { cgroup: None }),
+            r#"{"cgroup":null,"event":"containment"}"#
+        );
+        assert_eq!(
+            line(Record::Nodes {
+                nnodes: Some(1),
+                store: Some("127.0.0.1:1".into()),
+                run_id: Some("r1".into())
+            }),
+            r#"{"event":"nodes","nnodes":1,"run_id":"r1","store":"127.0.0.1:1"}"#
+        );
+    }
+
+    #[test]
+    fn old_and_newer_lines_still_read() {
+        let parse = |s: &str| Line::parse(&serde_json::from_str(s).unwrap());
+        // A newer vigil's event, and a known one with a field this vigil does not know.
+        let l = parse(r#"{"cycle":1,"event":"some_future_event","host":"vm","node_rank":0,"ts":103.3,"new":{"x":1}}"#).unwrap();
+        assert_eq!(l.record, Record::Unknown);
+        let l = parse(r#"{"cycle":1,"event":"cycle_start","nproc":2,"restart_count":1,"ts":1.0,"later":true}"#).unwrap();
+        assert_eq!(
+            l.record,
+            Record::CycleStart {
+                cycle: 1,
+                restart_count: 1,
+                nproc: 2
+            }
+        );
+        // Fields older vigils did not write: `killed`, `stopped`, `ran_ms`, `backoff_ms`.
+        let l = parse(r#"{"cycle":0,"event":"stop","grace_ms":15000,"host":"vm","node_rank":0,"pids":[8],"reason":"rank_failed","signal":15,"ts":102.4}"#).unwrap();
+        assert!(matches!(l.record, Record::Stop { ref killed, .. } if killed.is_empty()));
+        let l = parse(
+            r#"{"event":"hang","ts":1,"cycle":0,"rank":2,"timeout":{"section":"checkpointing"}}"#,
+        )
+        .unwrap();
+        let Record::Hang { rank, hang, .. } = l.record else {
+            panic!()
+        };
+        assert_eq!(
+            (rank, hang.timeout, hang.stopped),
+            (2, HangKind::Section("checkpointing".into()), false)
+        );
+        let l =
+            parse(r#"{"event":"restart","from_cycle":0,"to_cycle":1,"restarts_left":0,"ts":5}"#)
+                .unwrap();
+        assert!(matches!(
+            l.record,
+            Record::Restart {
+                backoff_ms: 0,
+                ran_ms: 0,
+                ..
+            }
+        ));
+        // A source this vigil does not know reads as `unknown`.
+        let l = parse(r#"{"event":"timeouts_updated","source":"guessed","timeouts":{},"ts":1}"#)
+            .unwrap();
+        assert!(matches!(
+            l.record,
+            Record::TimeoutsUpdated {
+                source: "unknown",
+                ..
+            }
+        ));
+        // A known event without the fields it needs still has a time and a node.
+        let l = parse(r#"{"event":"registered","cycle":0,"host":"n1","node_rank":1,"ts":50.5}"#)
+            .unwrap();
+        assert_eq!(
+            (l.ts, l.node_rank, l.record),
+            (50.5, Some(1), Record::Unknown)
+        );
+        // No `ts` or no `event`: not a line of the log.
+        assert!(parse(r#"{"event":"cycle_start","cycle":0}"#).is_none());
+        assert!(parse(r#"{"ts":1.0,"cycle":0}"#).is_none());
+    }
+}
