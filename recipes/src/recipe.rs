@@ -40,7 +40,7 @@ pub struct Recipe {
         deserialize_with = "scalar_map",
         skip_serializing_if = "BTreeMap::is_empty"
     )]
-    pub env: BTreeMap<String, String>,
+    pub env: EnvTable,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secrets: Vec<String>,
     /// The vigil binary the job runs (default: the one running `vigil launch`).
@@ -64,9 +64,10 @@ fn scalar_text(v: toml::Value) -> Option<String> {
     }
 }
 
-fn scalar_map<'de, D: serde::Deserializer<'de>>(
-    d: D,
-) -> Result<BTreeMap<String, String>, D::Error> {
+/// A recipe's `[env]` table: each variable's value as text.
+pub type EnvTable = BTreeMap<String, String>;
+
+fn scalar_map<'de, D: serde::Deserializer<'de>>(d: D) -> Result<EnvTable, D::Error> {
     BTreeMap::<String, toml::Value>::deserialize(d)?
         .into_iter()
         .map(|(k, v)| {
