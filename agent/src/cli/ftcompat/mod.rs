@@ -58,6 +58,14 @@ pub enum FtError {
     CfgInvalid { path: String, reason: String },
 }
 
+/// To the binary an untranslatable line is a launch request that cannot be carried out; the
+/// message is the same one line.
+impl From<FtError> for crate::values::ConfigError {
+    fn from(e: FtError) -> Self {
+        crate::values::ConfigError(e.to_string())
+    }
+}
+
 /// One of `vigil run`'s flags as clap defines it.
 struct RunFlag {
     /// The dash spelling without `--`.
