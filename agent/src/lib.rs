@@ -7,10 +7,12 @@
 //! - `run`: the runtime: event loop, processes, output, the ranks' socket, stacks, summaries (the
 //!   edges).
 //! - `perf`: GPU facts (later straggler scores and NVML telemetry).
+//! - `exit`: the binary's exit statuses, each named and documented once; a leaf.
 //! - `values`: plain values every layer parses; a leaf.
 
 pub mod allocation;
 pub mod cli;
+pub mod exit;
 pub mod job;
 pub mod perf;
 pub mod run;

@@ -3,13 +3,15 @@ use std::process::ExitCode;
 use clap::{CommandFactory, Parser};
 use vigil::cli::config::{self, Host};
 use vigil::cli::{Cli, Command, RunArgs};
+use vigil::exit;
 use vigil::run;
+use vigil::values::ConfigError;
 
 /// Invoked as `ft_launcher` (a symlink), the binary is `vigil run`; `vigil run` takes
 /// ft_launcher's flags (and `--ft-cfg-path` YAML), rewritten to vigil's before parsing. A `--` is
 /// put before the training script, so that nothing after it is read as vigil's flag (torchrun
 /// passes everything after the script untouched, but for a `--` right after it).
-fn args() -> Result<Vec<String>, String> {
+fn args() -> Result<Vec<String>, ConfigError> {
     let mut args: Vec<String> = std::env::args_os()
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
@@ -25,8 +27,7 @@ fn args() -> Result<Vec<String>, String> {
         return Ok(args);
     }
     let (words, notes) =
-        vigil::cli::argv::run_words(&args[2..], &vigil::cli::argv::read_config_file)
-            .map_err(|e| e.to_string())?;
+        vigil::cli::argv::run_words(&args[2..], &vigil::cli::argv::read_config_file)?;
     for note in &notes {
         eprintln!("[vigil] {note}");
     }
@@ -48,18 +49,18 @@ fn print_completion(args: &[String]) -> Option<i32> {
         "zsh" => clap_complete::Shell::Zsh,
         "tcsh" => {
             eprintln!("vigil: error: --print-completion tcsh: vigil writes completion scripts for bash and zsh only; give bash or zsh");
-            return Some(2);
+            return Some(exit::USAGE);
         }
         other => {
             eprintln!("vigil: error: --print-completion {other:?}: give the shell, bash or zsh");
-            return Some(2);
+            return Some(exit::USAGE);
         }
     };
     let mut text = Vec::new();
     clap_complete::generate(shell, &mut Cli::command(), "vigil", &mut text);
     // A closed stdout (`| head`) is the reader's choice, not an error.
     let _ = std::io::Write::write_all(&mut std::io::stdout(), &text);
-    Some(0)
+    Some(exit::SUCCESS)
 }
 
 /// A clap error as one line: what is wrong with which flag and clap's tip, without the usage
@@ -114,15 +115,15 @@ fn run(a: RunArgs) -> i32 {
         now: std::time::SystemTime::now(),
         cwd: std::env::current_dir().ok(),
     };
-    let fail = |msg: String| {
+    let fail = |msg: &dyn std::fmt::Display| {
         eprintln!("vigil: error: {msg}");
-        2
+        exit::USAGE
     };
     if let Some(p) = &a.timeouts_file {
         // Read (bounded) at start on node rank 0; a file that cannot be one is refused here.
         match vigil_bounded::read_bytes(p, vigil::job::state::TIMEOUTS_LIMIT) {
             Err(e) if !e.is_not_found() => {
-                return fail(format!(
+                return fail(&format!(
                     "--timeouts-file {}: {}; give a regular file (vigil writes it) or leave the flag out",
                     p.display(),
                     e.reason()
@@ -133,24 +134,24 @@ fn run(a: RunArgs) -> i32 {
     }
     let cfg = match config::resolve(&a, &host) {
         Ok(c) => c,
-        Err(e) => return fail(e.0),
+        Err(e) => return fail(&e),
     };
     let script_is_file = !a.module && !a.no_python;
     if (script_is_file || a.no_python) && std::path::Path::new(&a.training_script).is_dir() {
-        return fail(format!(
+        return fail(&format!(
             "the training script {:?} is a directory; give the path of a file (or -m and a module name to run a package)",
             a.training_script
         ));
     }
     if let Err(e) = run::check_command(&cfg, script_is_file, &a.training_script) {
-        return fail(e.0);
+        return fail(&e);
     }
     if let Err(e) = run::prepare_state(&cfg) {
-        return fail(e.to_string());
+        return fail(&e);
     }
     let run_dir = match run::make_run_dir(&cfg) {
         Ok(d) => d,
-        Err(e) => return fail(e.0),
+        Err(e) => return fail(&e),
     };
     run::run(cfg, run_dir)
 }
@@ -178,7 +179,7 @@ fn main() -> ExitCode {
     let parsed = match args() {
         Ok(a) => {
             if let Some(code) = print_completion(&a) {
-                return ExitCode::from(code as u8);
+                return exit::code(code);
             }
             if a.get(1).is_some_and(|s| s == "run") {
                 help = "vigil run --help";
@@ -190,7 +191,7 @@ fn main() -> ExitCode {
         }
         Err(e) => {
             eprintln!("vigil: error: {e}");
-            return ExitCode::from(2);
+            return exit::code(exit::USAGE);
         }
     };
     let cli = match parsed {
@@ -203,11 +204,11 @@ fn main() -> ExitCode {
         Err(e) if e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
             // `vigil` alone: the usage, as a usage error.
             let _ = e.print();
-            return ExitCode::from(2);
+            return exit::code(exit::USAGE);
         }
         Err(e) => {
             eprintln!("vigil: error: {}", one_line(&e, help));
-            return ExitCode::from(2);
+            return exit::code(exit::USAGE);
         }
     };
     let code = match cli.command {
@@ -216,7 +217,7 @@ fn main() -> ExitCode {
         Command::Launch(a) => {
             let check = |l: &vigil_recipes::RunLine| {
                 vigil::cli::argv::check_run_line(&l.words, l.nodes, l.gpus_per_node)
-                    .map_err(|e| vigil_recipes::Error(e.0))
+                    .map_err(|e| vigil_recipes::Error::new(e.to_string()))
             };
             vigil_recipes::cli::launch(&a, &run_options(), &check)
         }
@@ -232,7 +233,11 @@ fn main() -> ExitCode {
             } else {
                 print!("{}", report.render());
             }
-            i32::from(!report.healthy())
+            if report.healthy() {
+                exit::SUCCESS
+            } else {
+                exit::FAILURE
+            }
         }
         Command::Ledger { target } => {
             let env = |k: &str| std::env::var(k).ok();
@@ -240,12 +245,12 @@ fn main() -> ExitCode {
             match vigil::allocation::ledger::ledger_command(target.as_deref(), &env, &cwd) {
                 Ok(table) => {
                     print!("{}", vigil_report::term_safe(&table));
-                    0
+                    exit::SUCCESS
                 }
                 Err(e) => {
                     let e = vigil_report::term_safe_line(&e.to_string());
                     eprintln!("vigil ledger: error: {e}");
-                    2
+                    exit::USAGE
                 }
             }
         }
@@ -254,15 +259,15 @@ fn main() -> ExitCode {
             match vigil_report::report_command(&target, output.as_deref(), &env) {
                 Ok(path) => {
                     println!("{}", path.display());
-                    0
+                    exit::SUCCESS
                 }
                 Err(e) => {
                     let e = vigil_report::term_safe_line(&e.to_string());
                     eprintln!("vigil report: error: {e}");
-                    2
+                    exit::USAGE
                 }
             }
         }
     };
-    ExitCode::from(code.clamp(0, 255) as u8)
+    exit::code(code)
 }

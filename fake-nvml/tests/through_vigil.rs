@@ -143,6 +143,11 @@ fn vigil_reads_what_the_file_says() {
     std::env::set_var("FAKE_NVML_FILE", path.with_file_name("missing.json"));
     let err = GpuSource::open(Some(&lib())).err().unwrap();
     assert!(
+        matches!(err, gpu::GpuError::Off(gpu::NvmlOff::Library { .. })),
+        "{err:?}"
+    );
+    let err = err.to_string();
+    assert!(
         err.starts_with("GPU telemetry off: cannot use the NVML library"),
         "{err}"
     );

@@ -101,6 +101,10 @@ pub struct AttachArgs {
     pub command: Vec<String>,
 }
 
+/// The status of every command here that cannot do what was asked (agent/src/exit.rs `USAGE`,
+/// which checks that the two agree).
+pub const EXIT_USAGE: i32 = 2;
+
 fn env(k: &str) -> Option<String> {
     std::env::var(k).ok()
 }
@@ -108,8 +112,11 @@ fn env(k: &str) -> Option<String> {
 /// The error as one line; names and paths in it may come from records, so nothing in it may
 /// drive the terminal.
 fn fail(cmd: &str, e: Error) -> i32 {
-    eprintln!("vigil {cmd}: error: {}", vigil_report::term_safe_line(&e.0));
-    2
+    eprintln!(
+        "vigil {cmd}: error: {}",
+        vigil_report::term_safe_line(&e.to_string())
+    );
+    EXIT_USAGE
 }
 
 /// The recipe table: the file, then --set, then the named flags.

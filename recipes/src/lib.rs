@@ -11,17 +11,18 @@ pub mod recipe;
 pub mod render;
 pub mod slurm;
 
-/// A one-line error for the user: what is wrong and how to fix it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A one-line error for the user: what is wrong and how to fix it. A message, not a kind: every
+/// caller prints it (`vigil <command>: error: ...`, exit status `cli::EXIT_USAGE`) and none
+/// branches on it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
 pub struct Error(pub String);
 
-impl std::fmt::Display for Error {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+impl Error {
+    pub fn new(msg: impl Into<String>) -> Self {
+        Error(msg.into())
     }
 }
-
-impl std::error::Error for Error {}
 
 pub(crate) fn err<T>(msg: impl Into<String>) -> Result<T, Error> {
     Err(Error(msg.into()))

@@ -40,7 +40,7 @@ pub struct Recipe {
         deserialize_with = "scalar_map",
         skip_serializing_if = "BTreeMap::is_empty"
     )]
-    pub env: BTreeMap<String, String>,
+    pub env: EnvTable,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secrets: Vec<String>,
     /// The vigil binary the job runs (default: the one running `vigil launch`).
@@ -64,9 +64,10 @@ fn scalar_text(v: toml::Value) -> Option<String> {
     }
 }
 
-fn scalar_map<'de, D: serde::Deserializer<'de>>(
-    d: D,
-) -> Result<BTreeMap<String, String>, D::Error> {
+/// A recipe's `[env]` table: each variable's value as text.
+pub type EnvTable = BTreeMap<String, String>;
+
+fn scalar_map<'de, D: serde::Deserializer<'de>>(d: D) -> Result<EnvTable, D::Error> {
     BTreeMap::<String, toml::Value>::deserialize(d)?
         .into_iter()
         .map(|(k, v)| {
@@ -431,6 +432,7 @@ pub struct Job {
 
 /// Resolves a recipe against its preset: defaults, completeness and the checks that need no
 /// I/O. `cwd` makes relative directories absolute; `vigil_bin` is the running binary's path.
+/// The first problem found is the error, in the order of the checks below.
 pub fn resolve(
     r: &Recipe,
     origin: &Origin,
@@ -438,6 +440,49 @@ pub fn resolve(
     vigil_bin: &str,
     interactive: bool,
 ) -> Result<Job, Error> {
+    let name = job_name(r, origin)?;
+    let preset = preset_of(r, origin)?;
+    let (nodes, gpus_per_node, nproc_per_node) = ranks(r, origin, preset)?;
+    let time = time_limit(r, origin)?;
+    let script = script(r, origin, interactive)?;
+    check_one_names(r, origin)?;
+    let workdir = r
+        .workdir
+        .as_deref()
+        .map(|p| absolute(cwd, p))
+        .unwrap_or_else(|| cwd.into());
+    let dirs = job_dirs(r, cwd, &workdir);
+    let env = job_env(r, origin, preset)?;
+    let (mounts, workspaces) = job_mounts(r, origin, preset, &dirs, cwd)?;
+    let job = Job {
+        name,
+        cluster: r.cluster.clone(),
+        nodes,
+        nproc_per_node,
+        gpus_per_node,
+        partition: r.partition.clone(),
+        account: r.account.clone(),
+        time,
+        script,
+        args: r.args.clone(),
+        image: r.image.clone(),
+        mounts,
+        workspaces,
+        mount_vigil: r.vigil_bin.is_none(),
+        workdir,
+        workdir_set: r.workdir.is_some(),
+        dirs,
+        env,
+        secrets: r.secrets.clone(),
+        vigil_bin: r.vigil_bin.clone().unwrap_or_else(|| vigil_bin.to_string()),
+        instance: r.instance.clone(),
+        vigil_args: vigil_args(r),
+    };
+    no_control_characters(&job, origin)?;
+    Ok(job)
+}
+
+fn job_name(r: &Recipe, origin: &Origin) -> Result<String, Error> {
     let name = r.name.clone().ok_or_else(|| {
         Error(format!(
             "{}: the recipe has no `name`; add name = \"my-run\" or give --name",
@@ -449,17 +494,30 @@ pub fn resolve(
             "{}: name {name:?} must be letters, digits, `-`, `_` or `.` (starting with a letter or digit), at most 100", origin.of("name")
         ));
     }
-    let preset = match &r.cluster {
-        Some(c) => Some(presets::find(c).ok_or_else(|| {
-            let near = nearest(c, presets::names()).unwrap_or("hcc-a3m");
-            Error(format!(
-                "{}: unknown cluster `{c}`; did you mean `{near}`? (presets: {})",
-                origin.of("cluster"),
-                presets::names().join(", ")
-            ))
-        })?),
-        None => None,
+    Ok(name)
+}
+
+fn preset_of(r: &Recipe, origin: &Origin) -> Result<Option<&'static presets::Preset>, Error> {
+    let Some(c) = &r.cluster else {
+        return Ok(None);
     };
+    presets::find(c).map(Some).ok_or_else(|| {
+        let near = nearest(c, presets::names()).unwrap_or("hcc-a3m");
+        Error(format!(
+            "{}: unknown cluster `{c}`; did you mean `{near}`? (presets: {})",
+            origin.of("cluster"),
+            presets::names().join(", ")
+        ))
+    })
+}
+
+/// Nodes, GPUs per node and ranks per node: the recipe's, else the preset's, else one rank per
+/// GPU.
+fn ranks(
+    r: &Recipe,
+    origin: &Origin,
+    preset: Option<&presets::Preset>,
+) -> Result<(u32, u32, u32), Error> {
     let nodes = r.nodes.unwrap_or(1);
     if nodes == 0 {
         return err(format!("{}: nodes = 0; give 1 or more", origin.of("nodes")));
@@ -478,34 +536,41 @@ pub fn resolve(
             ))
         }
     };
-    let time = match &r.time {
-        None => None,
-        Some(t) => match slurm_time_secs(t) {
-            Some(secs) => Some(crate::slurm::slurm_time(secs)),
-            None => {
-                return err(format!(
-                    "{}: time = {t:?} is not a time limit; give HH:MM:SS (e.g. \"04:00:00\"), D-HH:MM:SS, or 4h, 90m, 1d, 1h30m as vigil run --time-limit takes",
-                    origin.of("time")
-                ))
-            }
-        },
+    Ok((nodes, gpus_per_node, nproc_per_node))
+}
+
+/// `time` in Slurm's own form.
+fn time_limit(r: &Recipe, origin: &Origin) -> Result<Option<String>, Error> {
+    let Some(t) = &r.time else {
+        return Ok(None);
     };
-    let script = match (&r.script, interactive) {
-        (Some(s), _) if s.is_empty() => {
-            return err(format!(
-                "{}: script is empty; give the training script's path",
-                origin.of("script")
-            ))
-        }
-        (Some(s), _) => Some(s.clone()),
-        (None, true) => None,
-        (None, false) => {
-            return err(format!(
-                "{}: the recipe has no `script`; add script = \"train.py\" or give --script",
-                origin.of("script")
-            ))
-        }
-    };
+    match slurm_time_secs(t) {
+        Some(secs) => Ok(Some(crate::slurm::slurm_time(secs))),
+        None => err(format!(
+            "{}: time = {t:?} is not a time limit; give HH:MM:SS (e.g. \"04:00:00\"), D-HH:MM:SS, or 4h, 90m, 1d, 1h30m as vigil run --time-limit takes",
+            origin.of("time")
+        )),
+    }
+}
+
+/// The training script; an interactive job may have none.
+fn script(r: &Recipe, origin: &Origin, interactive: bool) -> Result<Option<String>, Error> {
+    match (&r.script, interactive) {
+        (Some(s), _) if s.is_empty() => err(format!(
+            "{}: script is empty; give the training script's path",
+            origin.of("script")
+        )),
+        (Some(s), _) => Ok(Some(s.clone())),
+        (None, true) => Ok(None),
+        (None, false) => err(format!(
+            "{}: the recipe has no `script`; add script = \"train.py\" or give --script",
+            origin.of("script")
+        )),
+    }
+}
+
+/// `partition` and `account` each name one thing.
+fn check_one_names(r: &Recipe, origin: &Origin) -> Result<(), Error> {
     for (what, v) in [("partition", &r.partition), ("account", &r.account)] {
         if let Some(v) = v {
             if v.is_empty() || v.contains(|c: char| c.is_whitespace() || c == ',') {
@@ -516,24 +581,39 @@ pub fn resolve(
             }
         }
     }
-    let abs = |p: &Path| {
-        if p.is_absolute() {
-            p.to_path_buf()
-        } else {
-            cwd.join(p)
-        }
-    };
-    let workdir = r.workdir.as_deref().map(abs).unwrap_or_else(|| cwd.into());
-    let mut dirs = vec![("workdir", workdir.clone())];
+    Ok(())
+}
+
+fn absolute(cwd: &Path, p: &Path) -> PathBuf {
+    if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        cwd.join(p)
+    }
+}
+
+/// The job's directories by key, absolute, the working directory first.
+fn job_dirs(r: &Recipe, cwd: &Path, workdir: &Path) -> Vec<(&'static str, PathBuf)> {
+    let mut dirs = vec![("workdir", workdir.to_path_buf())];
     for (key, d) in [
         ("log_dir", &r.log_dir),
         ("cache_dir", &r.cache_dir),
         ("data_dir", &r.data_dir),
     ] {
         if let Some(d) = d {
-            dirs.push((key, abs(d)));
+            dirs.push((key, absolute(cwd, d)));
         }
     }
+    dirs
+}
+
+/// The preset's variables the recipe does not set, then the recipe's; the secrets are checked to
+/// be names only, never also in `env`.
+fn job_env(
+    r: &Recipe,
+    origin: &Origin,
+    preset: Option<&presets::Preset>,
+) -> Result<Vec<(String, String)>, Error> {
     let mut env: Vec<(String, String)> = preset
         .map(|p| {
             p.env
@@ -565,63 +645,56 @@ pub fn resolve(
             ));
         }
     }
+    Ok(env)
+}
+
+/// A container job's mounts (the preset's, the job's directories, the recipe's `mounts` made
+/// absolute) and the recipe's mounts as written (`workspaces`); no mounts without an image.
+fn job_mounts(
+    r: &Recipe,
+    origin: &Origin,
+    preset: Option<&presets::Preset>,
+    dirs: &[(&str, PathBuf)],
+    cwd: &Path,
+) -> Result<(Vec<Mount>, Vec<Mount>), Error> {
     let mut mounts = Vec::new();
     let mut workspaces = Vec::new();
-    if r.image.is_some() {
-        if let Some(p) = preset {
-            mounts.extend(p.mounts.iter().map(|m| Mount::same(Path::new(m))));
+    if r.image.is_none() {
+        if !r.mounts.is_empty() {
+            return err(format!(
+                "{}: `mounts` needs a container `image`; without one the job sees the host's files as they are", origin.of("mounts")
+            ));
         }
-        mounts.extend(dirs.iter().map(|(_, d)| Mount::same(d)));
-        for m in &r.mounts {
-            let mut m =
-                Mount::parse(m).map_err(|e| Error(format!("{}: {e}", origin.of("mounts"))))?;
-            workspaces.push(m.clone());
-            if !Path::new(&m.src).is_absolute() {
-                m.src = abs(Path::new(&m.src)).display().to_string();
-            }
-            mounts.push(m);
-        }
-    } else if !r.mounts.is_empty() {
-        return err(format!(
-            "{}: `mounts` needs a container `image`; without one the job sees the host's files as they are", origin.of("mounts")
-        ));
+        return Ok((mounts, workspaces));
     }
-    let mut vigil_args = Vec::new();
+    if let Some(p) = preset {
+        mounts.extend(p.mounts.iter().map(|m| Mount::same(Path::new(m))));
+    }
+    mounts.extend(dirs.iter().map(|(_, d)| Mount::same(d)));
+    for m in &r.mounts {
+        let mut m = Mount::parse(m).map_err(|e| Error(format!("{}: {e}", origin.of("mounts"))))?;
+        workspaces.push(m.clone());
+        if !Path::new(&m.src).is_absolute() {
+            m.src = absolute(cwd, Path::new(&m.src)).display().to_string();
+        }
+        mounts.push(m);
+    }
+    Ok((mounts, workspaces))
+}
+
+/// `[vigil]` as `vigil run` flags: `true` a switch, `false` left out, anything else its value.
+fn vigil_args(r: &Recipe) -> Vec<String> {
+    let mut args = Vec::new();
     for (k, v) in &r.vigil {
         let flag = format!("--{}", k.replace('_', "-"));
         match v {
-            toml::Value::Boolean(true) => vigil_args.push(flag),
+            toml::Value::Boolean(true) => args.push(flag),
             toml::Value::Boolean(false) => {}
-            toml::Value::String(s) => vigil_args.extend([flag, s.clone()]),
-            other => vigil_args.extend([flag, other.to_string()]),
+            toml::Value::String(s) => args.extend([flag, s.clone()]),
+            other => args.extend([flag, other.to_string()]),
         }
     }
-    let job = Job {
-        name,
-        cluster: r.cluster.clone(),
-        nodes,
-        nproc_per_node,
-        gpus_per_node,
-        partition: r.partition.clone(),
-        account: r.account.clone(),
-        time,
-        script,
-        args: r.args.clone(),
-        image: r.image.clone(),
-        mounts,
-        workspaces,
-        mount_vigil: r.vigil_bin.is_none(),
-        workdir,
-        workdir_set: r.workdir.is_some(),
-        dirs,
-        env,
-        secrets: r.secrets.clone(),
-        vigil_bin: r.vigil_bin.clone().unwrap_or_else(|| vigil_bin.to_string()),
-        instance: r.instance.clone(),
-        vigil_args,
-    };
-    no_control_characters(&job, origin)?;
-    Ok(job)
+    args
 }
 
 /// Refuses a control character in `value`, which a rendered script would hold: a newline ends a

@@ -15,13 +15,17 @@ const DOMAIN: &[u8] = b"vigil-store-auth-v1";
 /// Shortest secret accepted: 16 bytes, as `openssl rand -hex 8` gives.
 pub const MIN_SECRET_LEN: usize = 16;
 
-/// `secret` if it is long enough to be one, else a one-line error saying what to do.
-pub fn check_secret(secret: &[u8]) -> Result<&[u8], String> {
+/// A secret too short to be one; the message says what to do.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("VIGIL_STORE_SECRET has {len} bytes, fewer than {MIN_SECRET_LEN}: set it to a random string, e.g. $(openssl rand -hex 32), or unset it")]
+pub struct ShortSecret {
+    pub len: usize,
+}
+
+/// `secret` if it is long enough to be one.
+pub fn check_secret(secret: &[u8]) -> Result<&[u8], ShortSecret> {
     if secret.len() < MIN_SECRET_LEN {
-        return Err(format!(
-            "VIGIL_STORE_SECRET has {} bytes, fewer than {MIN_SECRET_LEN}: set it to a random string, e.g. $(openssl rand -hex 32), or unset it",
-            secret.len()
-        ));
+        return Err(ShortSecret { len: secret.len() });
     }
     Ok(secret)
 }

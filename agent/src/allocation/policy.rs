@@ -42,7 +42,7 @@ pub use crate::supervise::progress::attempt_no_progress;
 use crate::supervise::progress::{progress, Progress};
 
 /// `vigil run`'s status for "run me again" (`EX_TEMPFAIL`).
-pub const REQUEUE_STATUS: i32 = 75;
+pub const REQUEUE_STATUS: i32 = crate::exit::REQUEUE;
 
 /// The limits, from `vigil run`'s flags.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -195,42 +195,10 @@ pub fn decide(facts: &Facts, history: &[Record], limits: &Limits) -> Verdict {
 
 /// The rules of the table above, from this allocation and the ledger's earlier records.
 fn by_history(facts: &Facts, history: &[Record], limits: &Limits) -> Verdict {
-    let failed_status = || {
-        limits
-            .no_restart_exit_code
-            .unwrap_or(do_not_requeue(facts.status))
-    };
-    // Records after the last one that ended the job's run: a hand requeue starts afresh.
-    let since = history
-        .iter()
-        .rposition(|r| r.decision != DecisionKind::Requeue)
-        .map_or(0, |i| i + 1);
-    let window = &history[since..];
-
     // 1. Finished.
     if facts.marked_finished || facts.outcome == Outcome::Finished {
-        let why = if facts.marked_finished {
-            "the ranks called mark_finished"
-        } else {
-            "every rank exited 0 with no stop asked"
-        };
-        let (why, status) = if facts.outcome.is_failure() {
-            (
-                format!(
-                    "{why}; the {} after it is not requeued",
-                    facts.outcome.name()
-                ),
-                do_not_requeue(facts.status),
-            )
-        } else {
-            (why.to_string(), 0)
-        };
-        return Verdict {
-            decision: Decision::Finished { why },
-            exit_status: status,
-        };
+        return finished(facts);
     }
-
     // 2. No progress over the in-job attempts.
     if facts.outcome == Outcome::NoProgress {
         return Verdict {
@@ -245,114 +213,195 @@ fn by_history(facts: &Facts, history: &[Record], limits: &Limits) -> Verdict {
             exit_status: limits.no_restart_exit_code.unwrap_or(1),
         };
     }
-
     // 3. No progress over the allocations.
-    let mut entries: Vec<(Outcome, Option<u64>)> = history
+    let window = since_last_end(history);
+    let p = AllocationProgress::of(facts, history, limits, window.len());
+    if limits.max_no_progress > 0 && p.stuck >= limits.max_no_progress as usize {
+        return Verdict {
+            decision: Decision::Stop {
+                why: p.stop_why(limits),
+            },
+            exit_status: failed_status(facts, limits),
+        };
+    }
+    match facts.outcome {
+        // 4. Stopped for the time limit or preemption.
+        Outcome::Stopped => requeue(
+            facts,
+            format!(
+                "{}, {}",
+                facts.stop_trigger.as_deref().unwrap_or("stop request"),
+                p.note(limits)
+            ),
+        ),
+        // 5. Failed or lost: requeued while the consecutive failures allow.
+        _ => failed_or_lost(facts, window, limits),
+    }
+}
+
+/// The records after the last one that ended the job's run: a hand requeue starts afresh.
+fn since_last_end(history: &[Record]) -> &[Record] {
+    let since = history
         .iter()
-        .map(|r| (r.outcome, r.highest_step))
-        .collect();
-    entries.push((facts.outcome, facts.highest_step));
-    let stuck = stuck_allocations(&entries, limits.min_progress_steps, window.len() + 1);
-    let best_before = history.iter().filter_map(|r| r.highest_step).max();
-    let no_step_ever = best_before.is_none() && facts.highest_step.is_none();
-    if limits.max_no_progress > 0 && stuck >= limits.max_no_progress as usize {
+        .rposition(|r| r.decision != DecisionKind::Requeue)
+        .map_or(0, |i| i + 1);
+    &history[since..]
+}
+
+/// The status of a job that is not to run again: `--ft-no-restart-exit-code`, else the
+/// failure's own.
+fn failed_status(facts: &Facts, limits: &Limits) -> i32 {
+    limits
+        .no_restart_exit_code
+        .unwrap_or(do_not_requeue(facts.status))
+}
+
+/// Rule 1: the ranks are done; a failure after `mark_finished` keeps its status but is not
+/// requeued.
+fn finished(facts: &Facts) -> Verdict {
+    let why = if facts.marked_finished {
+        "the ranks called mark_finished"
+    } else {
+        "every rank exited 0 with no stop asked"
+    };
+    let (why, status) = if facts.outcome.is_failure() {
+        (
+            format!(
+                "{why}; the {} after it is not requeued",
+                facts.outcome.name()
+            ),
+            do_not_requeue(facts.status),
+        )
+    } else {
+        (why.to_string(), 0)
+    };
+    Verdict {
+        decision: Decision::Finished { why },
+        exit_status: status,
+    }
+}
+
+/// How the highest step moved over the allocations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct AllocationProgress {
+    /// Allocations without progress at the end, this one included ([`stuck_allocations`]).
+    stuck: usize,
+    /// The highest step of every earlier allocation.
+    best_before: Option<u64>,
+    /// This allocation's highest step.
+    highest: Option<u64>,
+}
+
+impl AllocationProgress {
+    /// `window` is the number of earlier records since the last that ended the job's run.
+    fn of(facts: &Facts, history: &[Record], limits: &Limits, window: usize) -> Self {
+        let mut entries: Vec<(Outcome, Option<u64>)> = history
+            .iter()
+            .map(|r| (r.outcome, r.highest_step))
+            .collect();
+        entries.push((facts.outcome, facts.highest_step));
+        AllocationProgress {
+            stuck: stuck_allocations(&entries, limits.min_progress_steps, window + 1),
+            best_before: history.iter().filter_map(|r| r.highest_step).max(),
+            highest: facts.highest_step,
+        }
+    }
+
+    /// Rule 3's reason: no step ever, the step stayed, or it grew too little.
+    fn stop_why(&self, limits: &Limits) -> String {
+        let stuck = self.stuck;
+        let what = if self.best_before.is_none() && self.highest.is_none() {
+            format!(
+                "no rank reported a step to vigil.should_stop(step) in the last {stuck} allocations"
+            )
+        } else if limits.min_progress_steps <= 1 {
+            format!(
+                "the highest step stayed at {} over the last {stuck} allocations",
+                step(self.best_before.max(self.highest))
+            )
+        } else {
+            format!(
+                "the highest step ({}) grew by less than {} in each of the last {stuck} allocations",
+                step(self.best_before.max(self.highest)),
+                limits.min_progress_steps
+            )
+        };
+        format!(
+            "no progress: {what} (--max-no-progress {}, --min-progress-steps {})",
+            limits.max_no_progress, limits.min_progress_steps
+        )
+    }
+
+    /// The progress part of a stopped allocation's requeue reason.
+    fn note(&self, limits: &Limits) -> String {
+        let stuck = self.stuck;
+        match (self.best_before, self.highest) {
+            (Some(b), Some(h)) if stuck == 0 => format!("progress {b}..{h}"),
+            (None, Some(h)) if stuck == 0 => format!("reached step {h}"),
+            (_, None) if stuck > 0 => format!(
+                "no step reported ({stuck} of --max-no-progress {} in a row)",
+                limits.max_no_progress
+            ),
+            _ if stuck > 0 => format!(
+                "no progress ({stuck} of --max-no-progress {} in a row)",
+                limits.max_no_progress
+            ),
+            _ => "no steps reported".to_string(),
+        }
+    }
+}
+
+/// A requeue excluding the nodes to blame, unless Slurm cannot requeue the job.
+fn requeue(facts: &Facts, why: String) -> Verdict {
+    if facts.requeue_allowed == Some(false) {
         return Verdict {
             decision: Decision::Stop {
                 why: format!(
-                    "no progress: {} (--max-no-progress {}, --min-progress-steps {})",
-                    if no_step_ever {
-                        format!(
-                            "no rank reported a step to vigil.should_stop(step) in the last {stuck} allocations"
-                        )
-                    } else if limits.min_progress_steps <= 1 {
-                        format!(
-                            "the highest step stayed at {} over the last {stuck} allocations",
-                            step(best_before.max(facts.highest_step))
-                        )
-                    } else {
-                        format!(
-                            "the highest step ({}) grew by less than {} in each of the last {stuck} allocations",
-                            step(best_before.max(facts.highest_step)),
-                            limits.min_progress_steps
-                        )
-                    },
-                    limits.max_no_progress,
-                    limits.min_progress_steps
+                    "{why}, but Slurm cannot requeue this job (Requeue=0: submitted with --no-requeue); resubmit it to go on"
                 ),
             },
-            exit_status: failed_status(),
+            exit_status: REQUEUE_STATUS,
         };
     }
+    Verdict {
+        decision: Decision::Requeue {
+            exclude: facts.blame.clone(),
+            why,
+        },
+        exit_status: REQUEUE_STATUS,
+    }
+}
 
-    let requeue = |why: String| -> Verdict {
-        if facts.requeue_allowed == Some(false) {
-            return Verdict {
-                decision: Decision::Stop {
-                    why: format!(
-                        "{why}, but Slurm cannot requeue this job (Requeue=0: submitted with --no-requeue); resubmit it to go on"
-                    ),
-                },
-                exit_status: REQUEUE_STATUS,
-            };
-        }
+/// Rule 5: a failed or lost allocation is requeued while the failures in a row (this one
+/// included, within `window`) are at most `--max-requeues`.
+fn failed_or_lost(facts: &Facts, window: &[Record], limits: &Limits) -> Verdict {
+    let failed = 1 + window
+        .iter()
+        .rev()
+        .take_while(|r| r.outcome.is_failure())
+        .count();
+    let what = if facts.outcome == Outcome::Lost {
+        "node lost"
+    } else {
+        "failed"
+    };
+    if failed <= limits.max_requeues as usize {
+        requeue(
+            facts,
+            format!(
+                "{what}, {failed} in a row (--max-requeues {})",
+                limits.max_requeues
+            ),
+        )
+    } else {
         Verdict {
-            decision: Decision::Requeue {
-                exclude: facts.blame.clone(),
-                why,
-            },
-            exit_status: REQUEUE_STATUS,
-        }
-    };
-
-    let progress_note = || match (best_before, facts.highest_step) {
-        (Some(b), Some(h)) if stuck == 0 => format!("progress {b}..{h}"),
-        (None, Some(h)) if stuck == 0 => format!("reached step {h}"),
-        (_, None) if stuck > 0 => format!(
-            "no step reported ({stuck} of --max-no-progress {} in a row)",
-            limits.max_no_progress
-        ),
-        _ if stuck > 0 => format!(
-            "no progress ({stuck} of --max-no-progress {} in a row)",
-            limits.max_no_progress
-        ),
-        _ => "no steps reported".to_string(),
-    };
-
-    match facts.outcome {
-        // 4. Stopped for the time limit or preemption.
-        Outcome::Stopped => requeue(format!(
-            "{}, {}",
-            facts.stop_trigger.as_deref().unwrap_or("stop request"),
-            progress_note()
-        )),
-        // 5. Failed or lost: requeued while the consecutive failures allow.
-        _ => {
-            let failed = 1 + window
-                .iter()
-                .rev()
-                .take_while(|r| r.outcome.is_failure())
-                .count();
-            let what = if facts.outcome == Outcome::Lost {
-                "node lost"
-            } else {
-                "failed"
-            };
-            if failed <= limits.max_requeues as usize {
-                requeue(format!(
-                    "{what}, {failed} in a row (--max-requeues {})",
+            decision: Decision::Stop {
+                why: format!(
+                    "{what}, {failed} in a row: more than --max-requeues {}",
                     limits.max_requeues
-                ))
-            } else {
-                Verdict {
-                    decision: Decision::Stop {
-                        why: format!(
-                            "{what}, {failed} in a row: more than --max-requeues {}",
-                            limits.max_requeues
-                        ),
-                    },
-                    exit_status: failed_status(),
-                }
-            }
+                ),
+            },
+            exit_status: failed_status(facts, limits),
         }
     }
 }
@@ -462,6 +511,41 @@ mod tests {
             (d(&f).decision.kind(), d(&f).exit_status),
             (DecisionKind::Requeue, 143)
         );
+    }
+
+    #[test]
+    fn progress_reasons_name_the_steps_and_the_count() {
+        let limits = Limits::default();
+        let p = |stuck, best_before, highest| AllocationProgress {
+            stuck,
+            best_before,
+            highest,
+        };
+        assert_eq!(p(0, Some(3), Some(9)).note(&limits), "progress 3..9");
+        assert_eq!(p(0, None, Some(9)).note(&limits), "reached step 9");
+        assert_eq!(
+            p(2, Some(3), None).note(&limits),
+            "no step reported (2 of --max-no-progress 3 in a row)"
+        );
+        assert_eq!(p(0, None, None).note(&limits), "no steps reported");
+        assert!(p(3, None, None)
+            .stop_why(&limits)
+            .starts_with("no progress: no rank reported a step"));
+        assert!(p(3, Some(5), Some(5))
+            .stop_why(&limits)
+            .contains("the highest step stayed at 5 over the last 3 allocations"));
+    }
+
+    #[test]
+    fn a_hand_requeue_after_a_stop_starts_the_count_afresh() {
+        let limits = Limits::default();
+        let failed = facts(Outcome::Failed, Some(1));
+        let mut ledger = run(&[failed.clone(), failed.clone(), failed.clone()], &limits);
+        assert_eq!(ledger[2].decision, DecisionKind::Stop);
+        assert!(since_last_end(&ledger).is_empty());
+        ledger.push(record(4, &failed, &limits, &ledger));
+        assert_eq!(ledger[3].decision, DecisionKind::Requeue);
+        assert_eq!(since_last_end(&ledger).len(), 1);
     }
 
     fn record(i: u32, f: &Facts, limits: &Limits, history: &[Record]) -> Record {

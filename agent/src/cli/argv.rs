@@ -27,7 +27,7 @@ pub fn run_words(
     words: &[String],
     read: &dyn Fn(&Path) -> std::io::Result<String>,
 ) -> Result<(Vec<String>, Vec<String>), ConfigError> {
-    let t = crate::cli::ftcompat::translate(words, read).map_err(|e| ConfigError(e.to_string()))?;
+    let t = crate::cli::ftcompat::translate(words, read)?;
     let (ours, script) = t.args.split_at(t.script_at);
     let mut out = crate::cli::ftcompat::join_values(ours);
     let mut script = script.to_vec();

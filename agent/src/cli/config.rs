@@ -7,8 +7,18 @@ use std::time::Duration;
 
 use crate::cli::RunArgs;
 use crate::job::state::{Identity, TimeoutsPlace};
+use crate::perf::gpu::GpuError;
 use crate::supervise::monitor::{parse_section_timeouts, Timeouts};
 use crate::values::{err, parse_signal, seconds, ConfigError, MAX_SECONDS};
+
+mod flags;
+mod rank_env;
+
+pub use flags::{
+    check_nproc, parse_filters, parse_nproc, parse_ranks_filter, parse_rdzv_conf,
+    parse_signal_list, parse_std_spec, FDS_PER_RANK, FDS_RESERVED, RANKS_PER_CPU,
+};
+pub use rank_env::{render_prefix, virtual_device, worker_env, RankSlot};
 
 /// Which of a rank's streams reach the console.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,269 +144,12 @@ pub struct Host<'a> {
     /// The agent's open-file limit (soft RLIMIT_NOFILE), which bounds the ranks it can watch.
     pub nofile: u64,
     /// GPU count, or why it is unknown.
-    pub gpus: &'a dyn Fn() -> Result<u32, String>,
+    pub gpus: &'a dyn Fn() -> Result<u32, GpuError>,
     pub env: &'a dyn Fn(&str) -> Option<String>,
     /// The wall clock now: an `--end-time` already past is refused.
     pub now: std::time::SystemTime,
     /// The agent's working directory (`None`: unknown, removed).
     pub cwd: Option<PathBuf>,
-}
-
-pub fn parse_nproc(s: &str, host: &Host) -> Result<u32, ConfigError> {
-    match s {
-        "cpu" => Ok(host.cpus.max(1)),
-        "gpu" => match (host.gpus)() {
-            Ok(n) if n > 0 => Ok(n),
-            Ok(_) => err("--nproc-per-node gpu: this node has no NVIDIA GPU; give a number or `cpu`"),
-            Err(why) => err(format!(
-                "--nproc-per-node gpu: cannot count GPUs ({why}); give a number or `cpu`"
-            )),
-        },
-        "auto" => Ok(match (host.gpus)() {
-            Ok(n) if n > 0 => n,
-            _ => host.cpus.max(1),
-        }),
-        n => match n.parse::<u32>() {
-            Ok(0) => err("--nproc-per-node 0: a node needs at least one rank; give 1 or more"),
-            Ok(n) => Ok(n),
-            Err(_) => err(format!(
-                "--nproc-per-node {n:?} is not valid: give a positive integer, `cpu`, `gpu` or `auto`"
-            )),
-        },
-    }
-}
-
-/// Ranks a node may run per CPU (or per GPU, where it has more GPUs than CPUs): oversubscribing
-/// CPUs for tests is common, a thousand ranks on a laptop is a typo.
-pub const RANKS_PER_CPU: u32 = 16;
-/// File descriptors the agent holds per rank (two pipes, two log files, the rank's socket, spare).
-pub const FDS_PER_RANK: u64 = 8;
-/// File descriptors the agent keeps for itself (store, event log, listeners, watchdog).
-pub const FDS_RESERVED: u64 = 64;
-
-/// Refuses a rank count the node cannot run, before any rank starts: more than
-/// [`RANKS_PER_CPU`] per CPU or GPU, or more than the open-file limit lets the agent watch.
-pub fn check_nproc(nproc: u32, host: &Host) -> Result<(), ConfigError> {
-    let cpu_cap = host.cpus.max(1).saturating_mul(RANKS_PER_CPU);
-    if nproc > cpu_cap {
-        let gpus = (host.gpus)().unwrap_or(0);
-        let cap = host.cpus.max(gpus).max(1).saturating_mul(RANKS_PER_CPU);
-        if nproc > cap {
-            return err(format!(
-                "--nproc-per-node {nproc}: more ranks than this node can run ({} CPUs, {gpus} GPUs; vigil allows {RANKS_PER_CPU} ranks per CPU or GPU); give at most {cap}",
-                host.cpus
-            ));
-        }
-    }
-    let fd_cap = host.nofile.saturating_sub(FDS_RESERVED) / FDS_PER_RANK;
-    if u64::from(nproc) > fd_cap {
-        return err(format!(
-            "--nproc-per-node {nproc}: the open-file limit ({}) lets vigil watch at most {fd_cap} ranks ({FDS_PER_RANK} descriptors each); raise it with `ulimit -n` or give fewer ranks",
-            host.nofile
-        ));
-    }
-    Ok(())
-}
-
-/// torchrun's `--redirects`/`--tee` value: `0..3` for every rank, or `local_rank:value,...`.
-/// Returns, per local rank, (stdout, stderr) selected.
-pub fn parse_std_spec(flag: &str, s: &str, nproc: u32) -> Result<Vec<(bool, bool)>, ConfigError> {
-    let value = |v: &str| -> Result<(bool, bool), ConfigError> {
-        match v.trim() {
-            "0" => Ok((false, false)),
-            "1" => Ok((true, false)),
-            "2" => Ok((false, true)),
-            "3" => Ok((true, true)),
-            _ => err(format!(
-                "{flag} {s:?}: each value must be 0 (none), 1 (stdout), 2 (stderr) or 3 (both)"
-            )),
-        }
-    };
-    let s = s.trim();
-    if !s.contains(':') {
-        return Ok(vec![
-            value(if s.is_empty() { "0" } else { s })?;
-            nproc as usize
-        ]);
-    }
-    let mut out = vec![(false, false); nproc as usize];
-    for part in s.split(',').filter(|p| !p.trim().is_empty()) {
-        let Some((lr, v)) = part.split_once(':') else {
-            return err(format!(
-                "{flag} {s:?}: expected local_rank:value pairs such as 0:3,1:2"
-            ));
-        };
-        let lr: usize = lr
-            .trim()
-            .parse()
-            .map_err(|_| ConfigError(format!("{flag} {s:?}: {lr:?} is not a local rank")))?;
-        if lr >= out.len() {
-            return err(format!(
-                "{flag} {s:?}: local rank {lr} does not exist (this node runs {nproc})"
-            ));
-        }
-        out[lr] = value(v)?;
-    }
-    Ok(out)
-}
-
-pub fn parse_ranks_filter(s: &str, nproc: u32) -> Result<Option<Vec<u32>>, ConfigError> {
-    if s.trim().is_empty() {
-        return Ok(None);
-    }
-    let mut out = Vec::new();
-    for p in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        match p.parse::<u32>() {
-            Ok(r) if r < nproc => out.push(r),
-            Ok(r) => {
-                return err(format!(
-                    "--local-ranks-filter {s:?}: local rank {r} does not exist (this node runs {nproc})"
-                ))
-            }
-            Err(_) => {
-                return err(format!(
-                    "--local-ranks-filter {s:?}: {p:?} is not a local rank; give a list such as 0,2"
-                ))
-            }
-        }
-    }
-    Ok(Some(out))
-}
-
-/// `--signals-to-handle SIGTERM,SIGINT`: signal numbers, in order, without repeats. The agent
-/// cannot catch SIGKILL or SIGSTOP, needs SIGCHLD itself, and lets the synchronous fault signals
-/// (SIGSEGV, SIGBUS, SIGILL, SIGFPE) kill it, as its own faults.
-pub fn parse_signal_list(s: &str) -> Result<Vec<i32>, ConfigError> {
-    let mut out = Vec::new();
-    for name in s.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-        let n = parse_signal("--signals-to-handle", name)?;
-        if [
-            libc::SIGKILL,
-            libc::SIGSTOP,
-            libc::SIGCHLD,
-            libc::SIGSEGV,
-            libc::SIGBUS,
-            libc::SIGILL,
-            libc::SIGFPE,
-        ]
-        .contains(&n)
-        {
-            return err(format!(
-                "--signals-to-handle {s:?}: vigil cannot handle {name}; list signals such as SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
-            ));
-        }
-        if !out.contains(&n) {
-            out.push(n);
-        }
-    }
-    Ok(out)
-}
-
-/// torchrun's `--duplicate-std*-filters` list: comma-separated, `,,` stands for a comma. Empty
-/// items are dropped (torchrun would match every line with one), so `""` copies nothing.
-pub fn parse_filters(s: &str) -> Vec<String> {
-    const HOLD: &str = "\u{0}";
-    s.replace(",,", HOLD)
-        .split(',')
-        .map(|p| p.replace(HOLD, ","))
-        .filter(|p| !p.is_empty())
-        .collect()
-}
-
-/// A rank's console prefix from torchrun's `--log-line-prefix-template`, substituted like
-/// Python's `string.Template.safe_substitute`: `$name` and `${name}` for `role_name`, `rank`,
-/// `local_rank` and `hostname`; `$$` is `$`; anything else stays as written.
-pub fn render_prefix(
-    template: Option<&str>,
-    role: &str,
-    rank: u32,
-    local_rank: u32,
-    hostname: &str,
-) -> String {
-    let Some(t) = template else {
-        return format!("[{role}{local_rank}]:");
-    };
-    let value = |name: &str| -> Option<String> {
-        match name {
-            "role_name" => Some(role.to_string()),
-            "rank" => Some(rank.to_string()),
-            "local_rank" => Some(local_rank.to_string()),
-            "hostname" => Some(hostname.to_string()),
-            _ => None,
-        }
-    };
-    let is_start = |c: char| c.is_ascii_alphabetic() || c == '_';
-    let is_ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
-    let mut out = String::new();
-    let mut rest = t;
-    while let Some(at) = rest.find('$') {
-        out.push_str(&rest[..at]);
-        let after = &rest[at + 1..];
-        if let Some(r) = after.strip_prefix('$') {
-            out.push('$');
-            rest = r;
-        } else if let Some(braced) = after.strip_prefix('{') {
-            let name_len = braced.find('}').filter(|&n| {
-                n > 0 && braced[..n].starts_with(is_start) && braced[..n].chars().all(is_ident)
-            });
-            match name_len.and_then(|n| value(&braced[..n]).map(|v| (n, v))) {
-                Some((n, v)) => {
-                    out.push_str(&v);
-                    rest = &braced[n + 1..];
-                }
-                None => {
-                    out.push('$');
-                    rest = after;
-                }
-            }
-        } else {
-            let n = if after.starts_with(is_start) {
-                after.find(|c: char| !is_ident(c)).unwrap_or(after.len())
-            } else {
-                0
-            };
-            match (n > 0).then(|| value(&after[..n])).flatten() {
-                Some(v) => {
-                    out.push_str(&v);
-                    rest = &after[n..];
-                }
-                None => {
-                    out.push('$');
-                    rest = after;
-                }
-            }
-        }
-    }
-    out.push_str(rest);
-    out
-}
-
-/// torchrun's `--virtual-local-rank`: the GPU a local rank may see, from the agent's
-/// HIP_VISIBLE_DEVICES (if set and not empty) or CUDA_VISIBLE_DEVICES, else the local rank itself.
-/// Returns the variable to follow and the device, or why this rank has no GPU.
-pub fn virtual_device(
-    local_rank: u32,
-    env: &dyn Fn(&str) -> Option<String>,
-) -> Result<String, ConfigError> {
-    let (var, list) = match env("HIP_VISIBLE_DEVICES").filter(|v| !v.is_empty()) {
-        Some(v) => ("HIP_VISIBLE_DEVICES", Some(v)),
-        None => ("CUDA_VISIBLE_DEVICES", env("CUDA_VISIBLE_DEVICES")),
-    };
-    match list {
-        None => Ok(local_rank.to_string()),
-        Some(l) => {
-            let devices: Vec<&str> = l.split(',').collect();
-            devices
-                .get(local_rank as usize)
-                .map(|d| d.trim().to_string())
-                .ok_or_else(|| {
-                    ConfigError(format!(
-                        "--virtual-local-rank: local rank {local_rank} has no GPU in {var}={l}; give --nproc-per-node {} or list more devices",
-                        devices.len()
-                    ))
-                })
-        }
-    }
 }
 
 /// The grace after a forwarded signal: --term-timeout, else --shutdown-timeout, else
@@ -524,24 +277,6 @@ pub fn resolve_timeouts(a: &RunArgs) -> Result<Timeouts, ConfigError> {
     })
 }
 
-/// `--rdzv-conf key=value,...`: the keys vigil uses (`join_timeout`); others are accepted and
-/// ignored, as torchrun's backends ignore keys they do not know.
-pub fn parse_rdzv_conf(s: &str) -> Result<Vec<(String, String)>, ConfigError> {
-    s.split(',')
-        .map(str::trim)
-        .filter(|p| !p.is_empty())
-        .map(|p| {
-            p.split_once('=')
-                .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
-                .ok_or_else(|| {
-                    ConfigError(format!(
-                        "--rdzv-conf {s:?}: {p:?} is not key=value; give e.g. join_timeout=900"
-                    ))
-                })
-        })
-        .collect()
-}
-
 fn join_timeout(a: &RunArgs) -> Result<Duration, ConfigError> {
     let from_conf = parse_rdzv_conf(&a.rdzv_conf)?
         .into_iter()
@@ -554,84 +289,21 @@ fn join_timeout(a: &RunArgs) -> Result<Duration, ConfigError> {
     opt_secs("--join-timeout", Some(v)).map(|d| d.unwrap_or_default())
 }
 
+/// `vigil run`'s flags, checked and resolved against the machine (`host`) into the launch plan.
+/// The first problem found is the error, in the order the flags are checked below.
 pub fn resolve(a: &RunArgs, host: &Host) -> Result<LaunchConfig, ConfigError> {
-    let nodes = crate::job::nodes::discover(
-        &crate::job::nodes::NodeFlags {
-            nnodes: a.nnodes.as_deref(),
-            node_rank: a.node_rank,
-            master_addr: a.master_addr.as_deref(),
-            master_port: a.master_port,
-            rdzv_endpoint: &a.rdzv_endpoint,
-            rdzv_id: &a.rdzv_id,
-            standalone: a.standalone,
-        },
-        host.env,
-    )?;
-    match a.rdzv_backend.as_str() {
-        "static" | "c10d" => {}
-        other => {
-            return err(format!(
-                "--rdzv-backend {other:?} is not supported: use `static` or `c10d`"
-            ))
-        }
-    }
-    if a.training_script.trim().is_empty() {
-        return err("no training script given: vigil run [flags] script.py [args]");
-    }
-    if a.role.is_empty() {
-        return err("--role must not be empty");
-    }
+    let nodes = crate::job::nodes::discover(&node_flags(a), host.env)?;
+    check_launch(a)?;
     let nproc = parse_nproc(&a.nproc_per_node, host)?;
     check_nproc(nproc, host)?;
     if a.virtual_local_rank {
         virtual_device(nproc - 1, host.env)?;
     }
-    let redirects = parse_std_spec("--redirects", &a.redirects, nproc)?;
-    let tee = parse_std_spec("--tee", &a.tee, nproc)?;
-    let filter = parse_ranks_filter(&a.local_ranks_filter, nproc)?;
-    let console = (0..nproc as usize)
-        .map(|lr| {
-            let shown = filter.as_ref().is_none_or(|f| f.contains(&(lr as u32)));
-            Console {
-                stdout: shown && (tee[lr].0 || !redirects[lr].0),
-                stderr: shown && (tee[lr].1 || !redirects[lr].1),
-            }
-        })
-        .collect();
+    let console = consoles(a, nproc)?;
     let python = (host.env)("PYTHON_EXEC").unwrap_or_else(|| "python3".into());
     let command = rank_command(a, &python)?;
-    let entrypoint_name = std::path::Path::new(&a.training_script)
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| a.training_script.clone());
-    let active_nodes = match a.spare_nodes {
-        0 => nodes.active,
-        n if nodes.active != nodes.nnodes => {
-            return err(format!(
-                "--spare-nodes {n} and --nnodes {} both say how many nodes wait as standbys: give one of them",
-                a.nnodes.as_deref().unwrap_or("")
-            ))
-        }
-        n if n >= nodes.nnodes => {
-            return err(format!(
-                "--spare-nodes {n} leaves no node to run ranks in a {}-node job: give at most {}",
-                nodes.nnodes,
-                nodes.nnodes - 1
-            ))
-        }
-        n => nodes.nnodes - n,
-    };
-    let identity = Identity::resolve(nodes.job_id.as_deref(), host.env);
-    let slurm_job_id = (host.env)("SLURM_JOB_ID").filter(|s| !s.trim().is_empty());
-    let state_dir = a.state_dir.clone().or_else(|| {
-        let base = state_base(a, slurm_job_id.is_some(), host);
-        identity
-            .as_ref()
-            .map(|i| crate::job::state::job_state_dir(&base, &i.key()))
-    });
-    let stop_lead = secs("--stop-lead", a.stop_lead)?;
-    let end = end_spec(a, host)?;
-    check_flag_end(a, &end, stop_lead, host.now)?;
+    let active_nodes = active_nodes(a, &nodes)?;
+    let allocation = allocation_plan(a, host, nodes.job_id.as_deref())?;
     Ok(LaunchConfig {
         nproc,
         nnodes: nodes.nnodes,
@@ -656,66 +328,175 @@ pub fn resolve(a: &RunArgs, host: &Host) -> Result<LaunchConfig, ConfigError> {
         term_timeout: term_timeout(a, host.env)?,
         signals: parse_signal_list(&a.signals_to_handle)?,
         signals_to_handle: a.signals_to_handle.clone(),
-        // As torchrun: the flag (or PET_*), else TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE.
-        prefix_template: Some(a.log_line_prefix_template.clone())
-            .filter(|t| !t.is_empty())
-            .or_else(|| (host.env)("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"))
-            .filter(|t| !t.is_empty()),
+        prefix_template: prefix_template(a, host),
         dup_stdout: parse_filters(&a.duplicate_stdout_filters),
         dup_stderr: parse_filters(&a.duplicate_stderr_filters),
         virtual_local_rank: a.virtual_local_rank,
-        backoff: crate::supervise::Backoff {
-            base: secs("--restart-backoff", a.restart_backoff)?,
-            cap: secs("--restart-backoff-max", a.restart_backoff_max)?,
-            reset_after: secs("--restart-backoff-reset", a.restart_backoff_reset)?,
-        },
+        backoff: backoff(a)?,
         command,
-        entrypoint_name,
+        entrypoint_name: entrypoint_name(&a.training_script),
         log_dir: a.log_dir.clone(),
         event_log: a.event_log.clone(),
         console,
         timeouts: resolve_timeouts(a)?,
         warmup_steps: a.warmup_steps,
-        safety_factor: if a.safety_factor.is_finite() && a.safety_factor >= 1.0 {
-            a.safety_factor
-        } else {
-            return err(format!(
-                "--safety-factor {}: give a number >= 1.0",
-                a.safety_factor
-            ));
-        },
+        safety_factor: safety_factor(a.safety_factor)?,
         termination_signal: parse_signal("--rank-termination-signal", &a.rank_termination_signal)?,
         stack_wait: secs("--stack-dump-timeout", a.stack_dump_timeout)?,
         timeouts_file: TimeoutsPlace::resolve(
             a.timeouts_file.as_deref(),
-            state_dir.as_deref().filter(|_| identity.is_some()),
+            allocation
+                .state_dir
+                .as_deref()
+                .filter(|_| allocation.identity.is_some()),
         ),
-        gpu: gpu_config(a).map_err(ConfigError)?,
-        allocation: AllocationPlan {
-            end,
-            end_from_flags: a.end_time.is_some() || a.time_limit.is_some(),
-            slurm_job_id,
-            stop_lead,
-            limits: crate::allocation::policy::Limits {
-                max_requeues: a.max_requeues,
-                max_no_progress: a.max_no_progress,
-                min_progress_steps: u64::from(a.min_progress_steps),
-                no_restart_exit_code: a.no_restart_exit_code,
-            },
-            state_dir,
-            identity,
+        gpu: gpu_config(a).map_err(|e| ConfigError(e.to_string()))?,
+        allocation,
+        straggler: straggler_plan(a)?,
+    })
+}
+
+fn node_flags(a: &RunArgs) -> crate::job::nodes::NodeFlags<'_> {
+    crate::job::nodes::NodeFlags {
+        nnodes: a.nnodes.as_deref(),
+        node_rank: a.node_rank,
+        master_addr: a.master_addr.as_deref(),
+        master_port: a.master_port,
+        rdzv_endpoint: &a.rdzv_endpoint,
+        rdzv_id: &a.rdzv_id,
+        standalone: a.standalone,
+    }
+}
+
+/// The rendezvous backend, the training script and the role: what must be there at all.
+fn check_launch(a: &RunArgs) -> Result<(), ConfigError> {
+    match a.rdzv_backend.as_str() {
+        "static" | "c10d" => {}
+        other => {
+            return err(format!(
+                "--rdzv-backend {other:?} is not supported: use `static` or `c10d`"
+            ))
+        }
+    }
+    if a.training_script.trim().is_empty() {
+        return err("no training script given: vigil run [flags] script.py [args]");
+    }
+    if a.role.is_empty() {
+        return err("--role must not be empty");
+    }
+    Ok(())
+}
+
+/// Which streams of each local rank reach the console: `--redirects` sends a stream to its file
+/// only, `--tee` to both, `--local-ranks-filter` keeps the other ranks off the console.
+fn consoles(a: &RunArgs, nproc: u32) -> Result<Vec<Console>, ConfigError> {
+    let redirects = parse_std_spec("--redirects", &a.redirects, nproc)?;
+    let tee = parse_std_spec("--tee", &a.tee, nproc)?;
+    let filter = parse_ranks_filter(&a.local_ranks_filter, nproc)?;
+    Ok((0..nproc as usize)
+        .map(|lr| {
+            let shown = filter.as_ref().is_none_or(|f| f.contains(&(lr as u32)));
+            Console {
+                stdout: shown && (tee[lr].0 || !redirects[lr].0),
+                stderr: shown && (tee[lr].1 || !redirects[lr].1),
+            }
+        })
+        .collect())
+}
+
+/// The nodes that run ranks: all but `--spare-nodes` (or the standbys `--nnodes MIN:MAX` left).
+fn active_nodes(a: &RunArgs, nodes: &crate::job::nodes::Nodes) -> Result<u32, ConfigError> {
+    match a.spare_nodes {
+        0 => Ok(nodes.active),
+        n if nodes.active != nodes.nnodes => err(format!(
+            "--spare-nodes {n} and --nnodes {} both say how many nodes wait as standbys: give one of them",
+            a.nnodes.as_deref().unwrap_or("")
+        )),
+        n if n >= nodes.nnodes => err(format!(
+            "--spare-nodes {n} leaves no node to run ranks in a {}-node job: give at most {}",
+            nodes.nnodes,
+            nodes.nnodes - 1
+        )),
+        n => Ok(nodes.nnodes - n),
+    }
+}
+
+/// What the failure summary calls the job: the script's file name (`train.py`).
+fn entrypoint_name(script: &str) -> String {
+    std::path::Path::new(script)
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| script.to_string())
+}
+
+/// As torchrun: the flag (or PET_*), else TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE.
+fn prefix_template(a: &RunArgs, host: &Host) -> Option<String> {
+    Some(a.log_line_prefix_template.clone())
+        .filter(|t| !t.is_empty())
+        .or_else(|| (host.env)("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"))
+        .filter(|t| !t.is_empty())
+}
+
+fn backoff(a: &RunArgs) -> Result<crate::supervise::Backoff, ConfigError> {
+    Ok(crate::supervise::Backoff {
+        base: secs("--restart-backoff", a.restart_backoff)?,
+        cap: secs("--restart-backoff-max", a.restart_backoff_max)?,
+        reset_after: secs("--restart-backoff-reset", a.restart_backoff_reset)?,
+    })
+}
+
+fn safety_factor(f: f64) -> Result<f64, ConfigError> {
+    if f.is_finite() && f >= 1.0 {
+        Ok(f)
+    } else {
+        err(format!("--safety-factor {f}: give a number >= 1.0"))
+    }
+}
+
+/// The across-allocations plan: whose state it is and where it lives, when the allocation ends
+/// (an end given by flags that leaves no time for the stop lead is refused), the requeue limits.
+fn allocation_plan(
+    a: &RunArgs,
+    host: &Host,
+    job_id: Option<&str>,
+) -> Result<AllocationPlan, ConfigError> {
+    let identity = Identity::resolve(job_id, host.env);
+    let slurm_job_id = (host.env)("SLURM_JOB_ID").filter(|s| !s.trim().is_empty());
+    let state_dir = a.state_dir.clone().or_else(|| {
+        let base = state_base(a, slurm_job_id.is_some(), host);
+        identity
+            .as_ref()
+            .map(|i| crate::job::state::job_state_dir(&base, &i.key()))
+    });
+    let stop_lead = secs("--stop-lead", a.stop_lead)?;
+    let end = end_spec(a, host)?;
+    check_flag_end(a, &end, stop_lead, host.now)?;
+    Ok(AllocationPlan {
+        end,
+        end_from_flags: a.end_time.is_some() || a.time_limit.is_some(),
+        slurm_job_id,
+        stop_lead,
+        limits: crate::allocation::policy::Limits {
+            max_requeues: a.max_requeues,
+            max_no_progress: a.max_no_progress,
+            min_progress_steps: u64::from(a.min_progress_steps),
+            no_restart_exit_code: a.no_restart_exit_code,
         },
-        straggler: StragglerPlan {
-            interval: match secs("--straggler-report-interval", a.straggler_report_interval)? {
-                d if d.is_zero() => return err(
-                    "--straggler-report-interval 0: give the seconds between reports, such as 300",
-                ),
-                d => d,
-            },
-            threshold: a.straggler_threshold,
-            stop: a.stop_if_straggler,
-            section: a.straggler_section.clone(),
-        },
+        state_dir,
+        identity,
+    })
+}
+
+fn straggler_plan(a: &RunArgs) -> Result<StragglerPlan, ConfigError> {
+    let interval = secs("--straggler-report-interval", a.straggler_report_interval)?;
+    if interval.is_zero() {
+        return err("--straggler-report-interval 0: give the seconds between reports, such as 300");
+    }
+    Ok(StragglerPlan {
+        interval,
+        threshold: a.straggler_threshold,
+        stop: a.stop_if_straggler,
+        section: a.straggler_section.clone(),
     })
 }
 
@@ -774,93 +555,8 @@ fn end_spec(a: &RunArgs, host: &Host) -> Result<EndSpec, ConfigError> {
     }
 }
 
-/// Everything a rank's environment depends on besides the launch plan.
-pub struct RankSlot<'a> {
-    pub local_rank: u32,
-    /// This node's group rank in the attempt (its node rank, unless a standby took a lost node's
-    /// place).
-    pub group_rank: u32,
-    pub restart_count: u32,
-    /// Global rank of this node's local rank 0, and the job's rank count, from the rendezvous.
-    pub rank_offset: u32,
-    pub world_size: u32,
-    /// vigil's store, as the ranks reach it.
-    pub master_addr: &'a str,
-    pub master_port: u16,
-    pub error_file: &'a str,
-}
-
-/// The variables vigil sets for one rank, exactly as torchrun names them. The agent's own
-/// environment is inherited underneath; `env` reads it for the defaults that depend on it.
-pub fn worker_env(
-    cfg: &LaunchConfig,
-    slot: &RankSlot,
-    env: &dyn Fn(&str) -> Option<String>,
-) -> Vec<(String, String)> {
-    let world = slot.world_size;
-    let rank = slot.rank_offset + slot.local_rank;
-    let mut v: Vec<(&str, String)> = vec![
-        ("RANK", rank.to_string()),
-        ("LOCAL_RANK", slot.local_rank.to_string()),
-        ("WORLD_SIZE", world.to_string()),
-        ("LOCAL_WORLD_SIZE", cfg.nproc.to_string()),
-        ("GROUP_RANK", slot.group_rank.to_string()),
-        ("GROUP_WORLD_SIZE", cfg.active_nodes.to_string()),
-        ("ROLE_RANK", rank.to_string()),
-        ("ROLE_NAME", cfg.role.clone()),
-        ("ROLE_WORLD_SIZE", world.to_string()),
-        ("MASTER_ADDR", slot.master_addr.to_string()),
-        ("MASTER_PORT", slot.master_port.to_string()),
-        ("TORCHELASTIC_RESTART_COUNT", slot.restart_count.to_string()),
-        ("TORCHELASTIC_MAX_RESTARTS", cfg.max_restarts.to_string()),
-        ("TORCHELASTIC_RUN_ID", cfg.run_id.clone()),
-        // MASTER_ADDR:MASTER_PORT is vigil's store on node rank 0: ranks connect to it as
-        // clients (torch then prefixes their keys with /worker/attempt_<n>).
-        ("TORCHELASTIC_USE_AGENT_STORE", "True".into()),
-        (
-            "TORCH_NCCL_ASYNC_ERROR_HANDLING",
-            env("TORCH_NCCL_ASYNC_ERROR_HANDLING").unwrap_or_else(|| "1".into()),
-        ),
-        ("TORCHELASTIC_ERROR_FILE", slot.error_file.into()),
-        (
-            "TORCHELASTIC_SIGNALS_TO_HANDLE",
-            cfg.signals_to_handle.clone(),
-        ),
-        // What the shim's StragglerDetectionCallback compares its own arguments with.
-        (
-            "VIGIL_STRAGGLER_INTERVAL",
-            cfg.straggler.interval.as_secs_f64().to_string(),
-        ),
-        (
-            "VIGIL_STRAGGLER_THRESHOLD",
-            cfg.straggler.threshold.to_string(),
-        ),
-        (
-            "VIGIL_STOP_IF_STRAGGLER",
-            u8::from(cfg.straggler.stop).to_string(),
-        ),
-    ];
-    if cfg.nproc > 1 && env("OMP_NUM_THREADS").is_none() {
-        v.push(("OMP_NUM_THREADS", "1".into()));
-    }
-    if cfg.virtual_local_rank {
-        // As torchrun: the rank sees only its own GPU, as device 0. `resolve` checked that the
-        // agent's device list covers every local rank.
-        if let Some(lr) = v.iter_mut().find(|(k, _)| *k == "LOCAL_RANK") {
-            lr.1 = "0".into();
-        }
-        if let Ok(dev) = virtual_device(slot.local_rank, env) {
-            if env("HIP_VISIBLE_DEVICES").is_some_and(|h| !h.is_empty()) {
-                v.push(("HIP_VISIBLE_DEVICES", dev.clone()));
-            }
-            v.push(("CUDA_VISIBLE_DEVICES", dev));
-        }
-    }
-    v.into_iter().map(|(k, val)| (k.to_string(), val)).collect()
-}
-
 /// The GPU side of `vigil run` (perf/): NVML library, health check, memory reclaim, NUMA binding.
-fn gpu_config(a: &RunArgs) -> Result<crate::perf::GpuConfig, String> {
+fn gpu_config(a: &RunArgs) -> Result<crate::perf::GpuConfig, crate::perf::numa::UnknownMode> {
     use crate::perf::{gpu, numa};
     Ok(crate::perf::GpuConfig {
         nvml_lib: gpu::nvml_lib(a.nvml_lib.as_deref()),
@@ -897,7 +593,7 @@ mod tests {
         None
     }
 
-    fn host_with(gpus: &dyn Fn() -> Result<u32, String>) -> Host<'_> {
+    fn host_with(gpus: &dyn Fn() -> Result<u32, GpuError>) -> Host<'_> {
         Host {
             cpus: 6,
             nofile: 1024,
@@ -1087,7 +783,11 @@ mod tests {
     fn nproc_forms() {
         let none = || Ok(0);
         let four = || Ok(4);
-        let broken = || Err("libnvidia-ml.so not found".to_string());
+        let broken = || {
+            Err(GpuError::Off(crate::perf::gpu::NvmlOff::NoDriver(
+                nvml_wrapper::error::NvmlError::LibraryNotFound,
+            )))
+        };
         assert_eq!(parse_nproc("3", &host_with(&none)), Ok(3));
         assert_eq!(parse_nproc("cpu", &host_with(&none)), Ok(6));
         assert_eq!(parse_nproc("auto", &host_with(&none)), Ok(6));

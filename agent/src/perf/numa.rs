@@ -31,18 +31,21 @@ impl Mode {
         }
     }
 
-    pub fn parse(s: &str) -> Result<Mode, String> {
+    pub fn parse(s: &str) -> Result<Mode, UnknownMode> {
         match s {
             "node" => Ok(Mode::Node),
             "socket" => Ok(Mode::Socket),
             "exclusive" => Ok(Mode::Exclusive),
             "core-complex" | "core_complex" => Ok(Mode::CoreComplex),
-            _ => Err(format!(
-                "--numa-binding {s:?}: give node, socket, exclusive or core-complex"
-            )),
+            _ => Err(UnknownMode(s.to_string())),
         }
     }
 }
+
+/// A `--numa-binding` value that names no [`Mode`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("--numa-binding {0:?}: give node, socket, exclusive or core-complex")]
+pub struct UnknownMode(pub String);
 
 /// Where one rank is to run.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -381,7 +384,10 @@ mod tests {
     #[test]
     fn modes_parse() {
         assert_eq!(Mode::parse("core-complex"), Ok(Mode::CoreComplex));
-        assert!(Mode::parse("nodes").unwrap_err().contains("give node"));
+        assert!(Mode::parse("nodes")
+            .unwrap_err()
+            .to_string()
+            .contains("give node"));
     }
 
     proptest! {

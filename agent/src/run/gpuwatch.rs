@@ -95,7 +95,7 @@ fn sample_loop(
     let src = match GpuSource::open(lib.as_deref()) {
         Ok(s) => s,
         Err(off) => {
-            let _ = tx.send(FromGpu::Off(off));
+            let _ = tx.send(FromGpu::Off(off.to_string()));
             return;
         }
     };

@@ -24,7 +24,9 @@ pub fn take_store_secret() -> Result<Option<Vec<u8>>, String> {
         return Ok(None);
     };
     std::env::remove_var(SECRET_ENV);
-    vigil_store::auth::check_secret(v.as_bytes()).map(|s| Some(s.to_vec()))
+    vigil_store::auth::check_secret(v.as_bytes())
+        .map(|s| Some(s.to_vec()))
+        .map_err(|e| e.to_string())
 }
 
 /// MASTER_ADDR for the ranks: the address as the user (or torchrun's defaults) wrote it, as

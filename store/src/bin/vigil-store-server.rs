@@ -24,6 +24,45 @@ With VIGIL_STORE_SECRET set (16 characters or more), only clients that prove
 they hold it may use keys under /vigil/.
 ";
 
+/// A command line this server cannot run with (exit status 2, with the usage).
+#[derive(Debug, thiserror::Error)]
+enum ArgError {
+    #[error("{0} needs a value")]
+    NoValue(&'static str),
+    #[error("bad {flag}: {source}")]
+    Bad {
+        flag: &'static str,
+        source: std::num::ParseIntError,
+    },
+    #[error("unknown argument {0:?}")]
+    Unknown(String),
+}
+
+/// Why the server could not start or serve (exit status 1).
+#[derive(Debug, thiserror::Error)]
+enum ServeError {
+    #[error("cannot resolve {host}: {source}")]
+    Resolve {
+        host: String,
+        source: std::io::Error,
+    },
+    #[error("{0} resolves to no address")]
+    NoAddress(String),
+    #[error(transparent)]
+    Secret(#[from] vigil_store::auth::ShortSecret),
+    #[error("cannot bind {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+/// The exit status of a command line this server cannot run with, as vigil's own (the agent's
+/// exit.rs `USAGE`).
+const EXIT_USAGE: u8 = 2;
+
 struct Args {
     host: String,
     port: u16,
@@ -32,7 +71,7 @@ struct Args {
     ignore_stdin: bool,
 }
 
-fn parse_args() -> Result<Args, String> {
+fn parse_args() -> Result<Args, ArgError> {
     let mut a = Args {
         host: "0.0.0.0".into(),
         port: 29500,
@@ -46,50 +85,46 @@ fn parse_args() -> Result<Args, String> {
             Some((n, v)) if n.starts_with("--") => (n.to_string(), Some(v.to_string())),
             _ => (arg.clone(), None),
         };
-        let mut value = |n: &str| {
+        let mut value = |flag: &'static str| {
             inline
                 .clone()
                 .or_else(|| it.next())
-                .ok_or_else(|| format!("{n} needs a value"))
+                .ok_or(ArgError::NoValue(flag))
         };
+        let bad = |flag| move |source| ArgError::Bad { flag, source };
         match name.as_str() {
             "--host" => a.host = value("--host")?,
-            "--port" => {
-                a.port = value("--port")?
-                    .parse()
-                    .map_err(|e| format!("bad --port: {e}"))?
-            }
-            "--threads" => {
-                a.threads = value("--threads")?
-                    .parse()
-                    .map_err(|e| format!("bad --threads: {e}"))?
-            }
+            "--port" => a.port = value("--port")?.parse().map_err(bad("--port"))?,
+            "--threads" => a.threads = value("--threads")?.parse().map_err(bad("--threads"))?,
             "--max-total-bytes" => {
                 a.max_total = value("--max-total-bytes")?
                     .parse()
-                    .map_err(|e| format!("bad --max-total-bytes: {e}"))?
+                    .map_err(bad("--max-total-bytes"))?
             }
             "--ignore-stdin" => a.ignore_stdin = true,
             "-h" | "--help" => {
                 print!("{USAGE}");
                 std::process::exit(0);
             }
-            other => return Err(format!("unknown argument {other:?}")),
+            other => return Err(ArgError::Unknown(other.to_string())),
         }
     }
     Ok(a)
 }
 
-fn resolve(host: &str, port: u16) -> Result<SocketAddr, String> {
+fn resolve(host: &str, port: u16) -> Result<SocketAddr, ServeError> {
     let host = host.trim_start_matches('[').trim_end_matches(']');
     (host, port)
         .to_socket_addrs()
-        .map_err(|e| format!("cannot resolve {host}: {e}"))?
+        .map_err(|source| ServeError::Resolve {
+            host: host.to_string(),
+            source,
+        })?
         .next()
-        .ok_or_else(|| format!("{host} resolves to no address"))
+        .ok_or_else(|| ServeError::NoAddress(host.to_string()))
 }
 
-async fn run(args: Args) -> Result<(), String> {
+async fn run(args: Args) -> Result<(), ServeError> {
     let addr = resolve(&args.host, args.port)?;
     let secret = match std::env::var_os("VIGIL_STORE_SECRET") {
         None => None,
@@ -100,18 +135,18 @@ async fn run(args: Args) -> Result<(), String> {
     };
     let mut server = StoreServer::bind(addr)
         .await
-        .map_err(|e| format!("cannot bind {addr}: {e}"))?;
+        .map_err(|source| ServeError::Bind { addr, source })?;
     server.set_secret(secret);
     server.set_max_total(args.max_total);
     server.on_drop(std::sync::Arc::new(|peer, why| {
         eprintln!("vigil-store-server: closed the connection from {peer}: {why}");
     }));
-    let local = server.local_addr().map_err(|e| e.to_string())?;
+    let local = server.local_addr()?;
     println!("listening on {local}");
     let handle = server.spawn();
 
-    let mut term = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
-    let mut int = signal(SignalKind::interrupt()).map_err(|e| e.to_string())?;
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
     let stdin_eof = async {
         if args.ignore_stdin {
             return std::future::pending::<()>().await;
@@ -139,7 +174,7 @@ fn main() -> ExitCode {
         Ok(a) => a,
         Err(e) => {
             eprintln!("vigil-store-server: {e}\n{USAGE}");
-            return ExitCode::from(2);
+            return ExitCode::from(EXIT_USAGE);
         }
     };
     let rt = if args.threads <= 1 {

@@ -16,7 +16,7 @@ mod yaml;
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
-use table::*;
+use table::{Dflt, Effect, Kind, Opt, FLAG_ALIASES, OPTS};
 use yaml::load_cfg;
 
 /// The rewritten arguments and one line for each accepted setting that changes nothing in vigil.
@@ -58,10 +58,26 @@ pub enum FtError {
     CfgInvalid { path: String, reason: String },
 }
 
-/// `vigil run`'s long flags (dash spelling, without `--`), each with whether it takes a value,
-/// read from clap's own definition of `vigil run`: every other flag before the script is a switch.
-fn run_flags() -> &'static [(String, bool)] {
-    static FLAGS: std::sync::OnceLock<Vec<(String, bool)>> = std::sync::OnceLock::new();
+/// To the binary an untranslatable line is a launch request that cannot be carried out; the
+/// message is the same one line.
+impl From<FtError> for crate::values::ConfigError {
+    fn from(e: FtError) -> Self {
+        crate::values::ConfigError(e.to_string())
+    }
+}
+
+/// One of `vigil run`'s flags as clap defines it.
+struct RunFlag {
+    /// The dash spelling without `--`.
+    long: String,
+    short: Option<char>,
+    takes_value: bool,
+}
+
+/// `vigil run`'s flags, read from clap's own definition of `vigil run`: every other flag before
+/// the script is a switch.
+fn run_flags() -> &'static [RunFlag] {
+    static FLAGS: std::sync::OnceLock<Vec<RunFlag>> = std::sync::OnceLock::new();
     FLAGS.get_or_init(|| {
         use clap::CommandFactory;
         let cli = crate::cli::Cli::command();
@@ -70,15 +86,26 @@ fn run_flags() -> &'static [(String, bool)] {
             .expect("`vigil run` is a subcommand");
         run.get_arguments()
             .filter_map(|a| {
-                let long = a.get_long()?.replace('_', "-");
-                Some((long, a.get_action().takes_values()))
+                Some(RunFlag {
+                    long: a.get_long()?.replace('_', "-"),
+                    short: a.get_short(),
+                    takes_value: a.get_action().takes_values(),
+                })
             })
             .collect()
     })
 }
 
 fn takes_value(norm: &str) -> bool {
-    run_flags().iter().any(|(n, v)| *v && n == norm)
+    run_flags().iter().any(|f| f.takes_value && f.long == norm)
+}
+
+/// The long name of `vigil run`'s short flag `c` when it takes a value (`-r` is `redirects`).
+fn value_short(c: char) -> Option<&'static str> {
+    run_flags()
+        .iter()
+        .find(|f| f.takes_value && f.short == Some(c))
+        .map(|f| f.long.as_str())
 }
 
 /// argparse's habit that torchrun users rely on: an unambiguous prefix of a long flag is that
@@ -87,12 +114,12 @@ fn takes_value(norm: &str) -> bool {
 /// names the unknown flag); a prefix of several flags is an error naming them.
 fn resolve_prefix(norm: &str, flag: &str) -> Result<String, FtError> {
     let flags = run_flags();
-    if norm.is_empty() || flags.iter().any(|(n, _)| n == norm) {
+    if norm.is_empty() || flags.iter().any(|f| f.long == norm) {
         return Ok(norm.to_string());
     }
     let matches: Vec<&str> = flags
         .iter()
-        .map(|(n, _)| n.as_str())
+        .map(|f| f.long.as_str())
         .filter(|n| n.starts_with(norm))
         .collect();
     match matches.as_slice() {
@@ -108,9 +135,6 @@ fn resolve_prefix(norm: &str, flag: &str) -> Result<String, FtError> {
         }),
     }
 }
-
-/// Short flags of `vigil run` that take a value (`-r 3`, `-r3`).
-const VALUE_SHORTS: &[char] = &['r', 't'];
 
 /// A parsed setting. `None` is ft's null: disabled or unset.
 #[derive(Debug, Clone, PartialEq)]
@@ -137,19 +161,28 @@ enum FtFlag {
     Opt(usize),
 }
 
+/// What the flags before the training script said.
+#[derive(Default)]
+struct Scan {
+    /// vigil's and torchrun's own flags with their values, as given (a prefix written whole).
+    kept: Vec<String>,
+    /// vigil's flags given explicitly (dash spelling, no `--`): each wins over its ft setting.
+    explicit: HashSet<String>,
+    /// ft_launcher settings from the command line, by index into `OPTS`.
+    cli: HashMap<usize, Setting>,
+    /// `--ft-cfg-path`'s value and the flag as written.
+    cfg: Option<(String, String)>,
+    ignore_missing: bool,
+}
+
 /// Rewrite `vigil run`'s arguments (the argv after the subcommand) from ft_launcher's flags to
 /// vigil's. `read` reads the `--ft-cfg-path` file.
 pub fn translate(
     args: &[String],
     read: &dyn Fn(&Path) -> std::io::Result<String>,
 ) -> Result<Translated, FtError> {
-    let mut kept: Vec<String> = Vec::new();
-    let mut explicit: HashSet<String> = HashSet::new();
-    let mut cli: HashMap<usize, Setting> = HashMap::new();
-    let mut cfg: Option<(String, String)> = None;
-    let mut ignore_missing = false;
+    let mut scan = Scan::default();
     let mut tail_at = args.len();
-
     let mut i = 0;
     while i < args.len() {
         let arg = &args[i];
@@ -157,99 +190,139 @@ pub fn translate(
             tail_at = i;
             break;
         }
-        if let Some(body) = arg.strip_prefix("--") {
-            let (name, inline) = match body.split_once('=') {
-                Some((n, v)) => (n, Some(v)),
-                None => (body, None),
-            };
-            let norm = name.replace('_', "-");
-            let flag = format!("--{name}");
-            match classify(&norm, &flag)? {
-                Some(FtFlag::CfgPath) => {
-                    let (value, used) = take_value(args, i, inline, &flag)?;
-                    cfg = Some((value, flag));
-                    i += used;
-                }
-                Some(FtFlag::IgnoreMissing) => {
-                    if let Some(v) = inline {
-                        ignore_missing = parse_bool(v).ok_or_else(|| bad(&flag, v, Kind::Bool))?;
-                    } else {
-                        ignore_missing = true;
-                    }
-                    i += 1;
-                }
-                Some(FtFlag::Opt(idx)) => {
-                    let opt = &OPTS[idx];
-                    let (raw, used) = if matches!(opt.kind, Kind::Bool) && inline.is_none() {
-                        // `--ft-enable-nic-monitor` alone means true; a boolean after it is its value.
-                        match args.get(i + 1).filter(|n| parse_bool(n).is_some()) {
-                            Some(n) => (n.clone(), 2),
-                            None => ("true".to_string(), 1),
-                        }
-                    } else {
-                        take_value(args, i, inline, &flag)?
-                    };
-                    let val =
-                        parse_str(opt.kind, &raw).ok_or_else(|| bad(&flag, &raw, opt.kind))?;
-                    let origin = if inline.is_some() || used == 1 {
-                        format!("{flag}={raw}")
-                    } else {
-                        format!("{flag} {raw}")
-                    };
-                    cli.insert(
-                        idx,
-                        Setting {
-                            val,
-                            origin,
-                            from_yaml: false,
-                        },
-                    );
-                    i += used;
-                }
-                None => {
-                    let norm = resolve_prefix(&norm, &flag)?;
-                    // A prefix is written out whole, so that clap sees the flag itself.
-                    kept.push(match (name.replace('_', "-") == norm, inline) {
-                        (true, _) => arg.clone(),
+        i += match arg.strip_prefix("--") {
+            Some(body) => scan.long(args, i, body)?,
+            None => scan.shorts(args, i),
+        };
+    }
+    let mut notes = Vec::new();
+    let yaml = match &scan.cfg {
+        Some((path, flag)) => load_cfg(path, flag, scan.ignore_missing, read, &mut notes)?,
+        None => HashMap::new(),
+    };
+    let mapped = vigil_flags(&scan.cli, &yaml, &scan.explicit, &mut notes);
+    let mut out = scan.kept;
+    out.extend(mapped);
+    let script_at = out.len();
+    out.extend(args[tail_at..].iter().cloned());
+    Ok(Translated {
+        args: out,
+        script_at,
+        notes,
+    })
+}
+
+impl Scan {
+    /// Takes the long flag `args[i]` (`--` stripped: `body`); returns how many arguments it used.
+    fn long(&mut self, args: &[String], i: usize, body: &str) -> Result<usize, FtError> {
+        let (name, inline) = match body.split_once('=') {
+            Some((n, v)) => (n, Some(v)),
+            None => (body, None),
+        };
+        let norm = name.replace('_', "-");
+        let flag = format!("--{name}");
+        match classify(&norm, &flag)? {
+            Some(FtFlag::CfgPath) => {
+                let (value, used) = take_value(args, i, inline, &flag)?;
+                self.cfg = Some((value, flag));
+                Ok(used)
+            }
+            Some(FtFlag::IgnoreMissing) => {
+                self.ignore_missing = match inline {
+                    Some(v) => parse_bool(v).ok_or_else(|| bad(&flag, v, Kind::Bool))?,
+                    None => true,
+                };
+                Ok(1)
+            }
+            Some(FtFlag::Opt(idx)) => {
+                let (setting, used) = ft_setting(&OPTS[idx], args, i, inline, &flag)?;
+                self.cli.insert(idx, setting);
+                Ok(used)
+            }
+            None => {
+                let norm = resolve_prefix(&norm, &flag)?;
+                // A prefix is written out whole, so that clap sees the flag itself.
+                self.kept
+                    .push(match (name.replace('_', "-") == norm, inline) {
+                        (true, _) => args[i].clone(),
                         (false, Some(v)) => format!("--{norm}={v}"),
                         (false, None) => format!("--{norm}"),
                     });
-                    explicit.insert(norm.clone());
-                    if inline.is_none() && takes_value(&norm) {
-                        if let Some(v) = args.get(i + 1) {
-                            kept.push(v.clone());
-                            i += 1;
-                        }
+                let value = inline.is_none() && takes_value(&norm);
+                self.explicit.insert(norm);
+                match args.get(i + 1).filter(|_| value) {
+                    Some(v) => {
+                        self.kept.push(v.clone());
+                        Ok(2)
                     }
-                    i += 1;
+                    None => Ok(1),
                 }
             }
-        } else {
-            // A cluster of short flags: `-m`, `-r 3`, `-r3`, `-mr3`.
-            kept.push(arg.clone());
-            let shorts: Vec<char> = arg.chars().skip(1).collect();
-            for (k, c) in shorts.iter().enumerate() {
-                if VALUE_SHORTS.contains(c) {
-                    explicit.insert(if *c == 'r' { "redirects" } else { "tee" }.to_string());
-                    if k + 1 == shorts.len() {
-                        if let Some(v) = args.get(i + 1) {
-                            kept.push(v.clone());
-                            i += 1;
-                        }
-                    }
-                    break;
-                }
-            }
-            i += 1;
         }
     }
 
-    let mut notes = Vec::new();
-    let yaml = match &cfg {
-        Some((path, flag)) => load_cfg(path, flag, ignore_missing, read, &mut notes)?,
-        None => HashMap::new(),
-    };
+    /// Takes a cluster of short flags, `args[i]`: `-m`, `-r 3`, `-r3`, `-mr3`; returns how many
+    /// arguments it used.
+    fn shorts(&mut self, args: &[String], i: usize) -> usize {
+        let arg = &args[i];
+        self.kept.push(arg.clone());
+        let shorts: Vec<char> = arg.chars().skip(1).collect();
+        for (k, c) in shorts.iter().enumerate() {
+            if let Some(long) = value_short(*c) {
+                self.explicit.insert(long.to_string());
+                if k + 1 == shorts.len() {
+                    if let Some(v) = args.get(i + 1) {
+                        self.kept.push(v.clone());
+                        return 2;
+                    }
+                }
+                break;
+            }
+        }
+        1
+    }
+}
 
+/// The ft_launcher setting `opt` given as the flag at `args[i]`, and how many arguments it used.
+fn ft_setting(
+    opt: &Opt,
+    args: &[String],
+    i: usize,
+    inline: Option<&str>,
+    flag: &str,
+) -> Result<(Setting, usize), FtError> {
+    let (raw, used) = if matches!(opt.kind, Kind::Bool) && inline.is_none() {
+        // `--ft-enable-nic-monitor` alone means true; a boolean after it is its value.
+        match args.get(i + 1).filter(|n| parse_bool(n).is_some()) {
+            Some(n) => (n.clone(), 2),
+            None => ("true".to_string(), 1),
+        }
+    } else {
+        take_value(args, i, inline, flag)?
+    };
+    let val = parse_str(opt.kind, &raw).ok_or_else(|| bad(flag, &raw, opt.kind))?;
+    let origin = if inline.is_some() || used == 1 {
+        format!("{flag}={raw}")
+    } else {
+        format!("{flag} {raw}")
+    };
+    let setting = Setting {
+        val,
+        origin,
+        from_yaml: false,
+    };
+    Ok((setting, used))
+}
+
+/// vigil's flags for the ft settings (the command line's over the YAML file's), in `OPTS`
+/// order; a note for each setting a vigil flag given explicitly overrides, and for each that
+/// has no effect in vigil.
+fn vigil_flags(
+    cli: &HashMap<usize, Setting>,
+    yaml: &HashMap<usize, Setting>,
+    explicit: &HashSet<String>,
+    notes: &mut Vec<String>,
+) -> Vec<String> {
     let mut mapped = Vec::new();
     for (idx, opt) in OPTS.iter().enumerate() {
         let Some(setting) = cli.get(&idx).or_else(|| yaml.get(&idx)) else {
@@ -283,16 +356,7 @@ pub fn translate(
             }
         }
     }
-
-    let mut out = kept;
-    out.extend(mapped);
-    let script_at = out.len();
-    out.extend(args[tail_at..].iter().cloned());
-    Ok(Translated {
-        args: out,
-        script_at,
-        notes,
-    })
+    mapped
 }
 
 /// vigil's flags before the script with each `--flag value` of a value-taking flag joined into
@@ -608,6 +672,7 @@ fn is_default(val: &Val, default: Dflt) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use super::table::NO_NODE_CHECK;
     use super::*;
 
     #[test]
@@ -1244,11 +1309,21 @@ fault_tolerance:
                 }
             }
             if let (Some(short), true) = (arg.get_short(), arg.get_action().takes_values()) {
-                assert!(VALUE_SHORTS.contains(&short), "-{short} takes a value");
+                let long = arg.get_long().map(|l| l.replace('_', "-"));
+                assert_eq!(
+                    value_short(short),
+                    long.as_deref(),
+                    "-{short} takes a value"
+                );
             }
         }
         assert!(takes_value("max-restarts") && takes_value("nproc-per-node"));
         assert!(!takes_value("standalone") && !takes_value("no-python"));
+        assert_eq!(
+            (value_short('r'), value_short('t')),
+            (Some("redirects"), Some("tee"))
+        );
+        assert_eq!(value_short('m'), None);
     }
 
     #[test]

@@ -1,6 +1,10 @@
 //! Reading ft_launcher's `--ft-cfg-path` YAML file into settings.
 
-use super::*;
+use std::collections::HashMap;
+use std::path::Path;
+
+use super::table::{Kind, OPTS};
+use super::{expected, opt_index, parse_seconds, parse_str, push_section, FtError, Setting, Val};
 
 /// Read the `--ft-cfg-path` file into settings keyed by option index.
 pub(super) fn load_cfg(

@@ -30,7 +30,9 @@ pub use explain::{
     bus_id_sysfs, explain, fault, parse_cpu_list, rank_gpu, rank_text, throttle_names,
     xid_critical, xid_text, CRITICAL_XIDS,
 };
-pub use nvml::{node_cpus, numa_node_of, nvml_lib, watch_xids, GpuSource, XidWatcher};
+pub use nvml::{
+    node_cpus, numa_node_of, nvml_lib, watch_xids, GpuError, GpuSource, NvmlOff, XidWatcher,
+};
 
 use serde::{Deserialize, Serialize};
 
@@ -91,11 +93,11 @@ pub struct GpuProcess {
 }
 
 /// Number of NVIDIA GPUs on this node, or why it cannot be known.
-pub fn gpu_count() -> Result<u32, String> {
+pub fn gpu_count() -> Result<u32, GpuError> {
     gpu_count_with(None)
 }
 
 /// As `gpu_count`, through `--nvml-lib` (`lib`) when given.
-pub fn gpu_count_with(lib: Option<&std::path::Path>) -> Result<u32, String> {
+pub fn gpu_count_with(lib: Option<&std::path::Path>) -> Result<u32, GpuError> {
     GpuSource::open(nvml_lib(lib).as_deref())?.count()
 }

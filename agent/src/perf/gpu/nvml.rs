@@ -11,6 +11,7 @@ use nvml_wrapper::enum_wrappers::device::{Clock, EccCounter, MemoryError, Temper
 use nvml_wrapper::enum_wrappers::nv_link::ErrorCounter;
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::enums::event::XidError;
+use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{Device, Nvml};
 
 use super::{
@@ -34,14 +35,45 @@ pub fn nvml_lib(flag: Option<&Path>) -> Option<PathBuf> {
     })
 }
 
-fn init(lib: Option<&Path>) -> Result<Nvml, String> {
+/// Why NVML cannot be used on this node (every GPU feature is then off).
+#[derive(Debug, thiserror::Error)]
+pub enum NvmlOff {
+    #[error("cannot use the NVML library {} ({source}); fix --nvml-lib / VIGIL_NVML_LIB", path.display())]
+    Library { path: PathBuf, source: NvmlError },
+    #[error("no NVIDIA driver here ({SYSTEM_LIB}: {0})")]
+    NoDriver(NvmlError),
+}
+
+/// What went wrong reaching the GPUs. Callers print it; `vigil health` tells [`GpuError::Off`]
+/// (no NVML at all) from a GPU NVML cannot read.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    /// NVML cannot be loaded: GPU telemetry is off.
+    #[error("GPU telemetry off: {0}")]
+    Off(NvmlOff),
+    #[error("NVML cannot count devices: {0}")]
+    Count(NvmlError),
+    #[error("NVML cannot open GPU {index}: {source}")]
+    Open { index: u32, source: NvmlError },
+    /// NVML works but cannot deliver XID events here.
+    #[error("XID events off: {0}")]
+    XidsOff(NvmlError),
+    #[error("cannot start the XID watcher thread: {0}")]
+    Thread(std::io::Error),
+    #[error("the XID watcher thread ended before it started")]
+    ThreadEnded,
+}
+
+fn init(lib: Option<&Path>) -> Result<Nvml, GpuError> {
     let path: &OsStr = lib.map(Path::as_os_str).unwrap_or(OsStr::new(SYSTEM_LIB));
-    Nvml::builder().lib_path(path).init().map_err(|e| match lib {
-        Some(p) => format!(
-            "GPU telemetry off: cannot use the NVML library {} ({e}); fix --nvml-lib / VIGIL_NVML_LIB",
-            p.display()
-        ),
-        None => format!("GPU telemetry off: no NVIDIA driver here ({SYSTEM_LIB}: {e})"),
+    Nvml::builder().lib_path(path).init().map_err(|source| {
+        GpuError::Off(match lib {
+            Some(p) => NvmlOff::Library {
+                path: p.to_path_buf(),
+                source,
+            },
+            None => NvmlOff::NoDriver(source),
+        })
     })
 }
 
@@ -55,7 +87,7 @@ pub struct GpuSource {
 
 impl GpuSource {
     /// Loads NVML from `lib` (see `nvml_lib`). The error says that GPU telemetry is off and why.
-    pub fn open(lib: Option<&Path>) -> Result<GpuSource, String> {
+    pub fn open(lib: Option<&Path>) -> Result<GpuSource, GpuError> {
         let nvml = init(lib)?;
         let path: &OsStr = lib.map(Path::as_os_str).unwrap_or(OsStr::new(SYSTEM_LIB));
         // SAFETY: loading the library nvml-wrapper already loaded: dlopen hands back the same
@@ -73,16 +105,14 @@ impl GpuSource {
         self.lib.as_deref()
     }
 
-    pub fn count(&self) -> Result<u32, String> {
-        self.nvml
-            .device_count()
-            .map_err(|e| format!("NVML cannot count devices: {e}"))
+    pub fn count(&self) -> Result<u32, GpuError> {
+        self.nvml.device_count().map_err(GpuError::Count)
     }
 
-    fn device(&self, index: u32) -> Result<Device<'_>, String> {
+    fn device(&self, index: u32) -> Result<Device<'_>, GpuError> {
         self.nvml
             .device_by_index(index)
-            .map_err(|e| format!("NVML cannot open GPU {index}: {e}"))
+            .map_err(|source| GpuError::Open { index, source })
     }
 
     /// Every GPU's sample, in index order; a GPU NVML cannot open is left out.
@@ -97,13 +127,14 @@ impl GpuSource {
         (0..self.count().unwrap_or(0))
             .map(|i| {
                 self.device(i)
-                    .and_then(|d| d.uuid().map_err(|e| e.to_string()))
+                    .ok()
+                    .and_then(|d| d.uuid().ok())
                     .unwrap_or_default()
             })
             .collect()
     }
 
-    pub fn sample(&self, index: u32) -> Result<GpuSample, String> {
+    pub fn sample(&self, index: u32) -> Result<GpuSample, GpuError> {
         let d = self.device(index)?;
         let throttle_mask = d.current_throttle_reasons().ok().map(|r| r.bits());
         let mem = d.memory_info().ok();
@@ -253,7 +284,7 @@ impl Drop for XidWatcher {
 pub fn watch_xids(
     lib: Option<&Path>,
     mut on_event: impl FnMut(GpuEvent) + Send + 'static,
-) -> Result<XidWatcher, String> {
+) -> Result<XidWatcher, GpuError> {
     let lib = lib.map(Path::to_path_buf);
     let stop = Arc::new(AtomicBool::new(false));
     let (ready_tx, ready_rx) = mpsc::channel();
@@ -293,7 +324,7 @@ pub fn watch_xids(
                 });
             }
         })
-        .map_err(|e| format!("cannot start the XID watcher thread: {e}"))?;
+        .map_err(GpuError::Thread)?;
     match ready_rx.recv() {
         Ok(Ok(())) => Ok(XidWatcher {
             stop,
@@ -303,23 +334,22 @@ pub fn watch_xids(
             let _ = thread.join();
             Err(e)
         }
-        Err(_) => Err("the XID watcher thread ended before it started".into()),
+        Err(_) => Err(GpuError::ThreadEnded),
     }
 }
 
-fn register(nvml: &Nvml) -> Result<nvml_wrapper::EventSet<'_>, String> {
-    let off = |e: &dyn std::fmt::Display| format!("XID events off: {e}");
-    let mut set = nvml.create_event_set().map_err(|e| off(&e))?;
-    let count = nvml.device_count().map_err(|e| off(&e))?;
+fn register(nvml: &Nvml) -> Result<nvml_wrapper::EventSet<'_>, GpuError> {
+    let mut set = nvml.create_event_set().map_err(GpuError::XidsOff)?;
+    let count = nvml.device_count().map_err(GpuError::XidsOff)?;
     for i in 0..count {
-        let d = nvml.device_by_index(i).map_err(|e| off(&e))?;
+        let d = nvml.device_by_index(i).map_err(GpuError::XidsOff)?;
         let supported = d.supported_event_types().unwrap_or(EventTypes::empty());
         if !supported.contains(EventTypes::CRITICAL_XID_ERROR) {
             continue;
         }
         set = d
             .register_events(EventTypes::CRITICAL_XID_ERROR, set)
-            .map_err(|e| off(&e.error))?;
+            .map_err(|e| GpuError::XidsOff(e.error))?;
     }
     Ok(set)
 }

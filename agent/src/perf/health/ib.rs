@@ -17,15 +17,28 @@ pub struct IbPort {
     pub garbled: Vec<String>,
 }
 
+/// A counter file that does not hold a count: its name and the first 24 characters it held.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{name} {shown:?}{} is not a count", if *.cut { "..." } else { "" })]
+pub struct NotACount {
+    pub name: String,
+    pub shown: String,
+    /// The file held more than `shown`.
+    pub cut: bool,
+}
+
 /// A counter file's text (`None`: no such file) as a count, or what it held instead.
-pub fn parse_counter(name: &str, text: Option<String>) -> Result<Option<u64>, String> {
+pub fn parse_counter(name: &str, text: Option<String>) -> Result<Option<u64>, NotACount> {
     let Some(text) = text else {
         return Ok(None);
     };
     text.parse::<u64>().map(Some).map_err(|_| {
         let shown: String = text.chars().take(24).collect();
-        let more = if shown.len() < text.len() { "..." } else { "" };
-        format!("{name} {shown:?}{more} is not a count")
+        NotACount {
+            name: name.to_string(),
+            cut: shown.len() < text.len(),
+            shown,
+        }
     })
 }
 
@@ -50,7 +63,7 @@ pub fn read_ib(root: &Path) -> Vec<IbPort> {
             let mut counter = |name: &str| {
                 let text = read_trim(&p.join("counters").join(name));
                 parse_counter(name, text).unwrap_or_else(|why| {
-                    garbled.push(why);
+                    garbled.push(why.to_string());
                     None
                 })
             };
@@ -153,7 +166,9 @@ mod tests {
             Status::Pass
         );
         let mut g = port("ACTIVE", 0, 0);
-        g.garbled = vec![parse_counter("symbol_error", Some("12abc".into())).unwrap_err()];
+        g.garbled = vec![parse_counter("symbol_error", Some("12abc".into()))
+            .unwrap_err()
+            .to_string()];
         let c = ib_check(root, vec![g], false, 0);
         assert_eq!(c.status, Status::Fail);
         assert_eq!(
@@ -166,12 +181,15 @@ mod tests {
     fn counters_parse_or_say_what_they_held() {
         assert_eq!(parse_counter("link_downed", None), Ok(None));
         assert_eq!(parse_counter("link_downed", Some("7".into())), Ok(Some(7)));
-        let e = parse_counter("link_downed", Some("x".repeat(100))).unwrap_err();
+        let e = parse_counter("link_downed", Some("x".repeat(100)))
+            .unwrap_err()
+            .to_string();
         assert!(e.ends_with("\"... is not a count"), "{e}");
         assert!(e.len() < 80, "{e}");
         assert!(parse_counter("link_downed", Some("-1".into())).is_err());
         assert!(parse_counter("link_downed", Some("\u{1b}[2J".into()))
             .unwrap_err()
+            .to_string()
             .contains("\\u{1b}"));
     }
 

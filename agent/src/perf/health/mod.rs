@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::perf::gpu::{self, GpuProcess, GpuSample, GpuSource};
+use crate::perf::gpu::{self, GpuError, GpuProcess, GpuSample, GpuSource};
 pub use ib::{ib_check, read_ib, IbPort};
 
 /// The default InfiniBand sysfs tree.
@@ -79,18 +79,18 @@ impl Default for HealthOptions {
 }
 
 /// `--min-free-gib`'s value parser.
-pub fn parse_gib(s: &str) -> Result<f64, String> {
+pub fn parse_gib(s: &str) -> Result<f64, &'static str> {
     match s.trim().parse::<f64>() {
         Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
-        _ => Err("give a number of GiB, 0 or more, such as 50 or 0.5".into()),
+        _ => Err("give a number of GiB, 0 or more, such as 50 or 0.5"),
     }
 }
 
 /// `--gpu-memory-tolerance-mb`'s value parser.
-pub fn parse_mib(s: &str) -> Result<f64, String> {
+pub fn parse_mib(s: &str) -> Result<f64, &'static str> {
     match s.trim().parse::<f64>() {
         Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
-        _ => Err("give a number of MiB, 0 or more, such as 512".into()),
+        _ => Err("give a number of MiB, 0 or more, such as 512"),
     }
 }
 
@@ -179,7 +179,7 @@ impl HealthReport {
 
 /// What NVML told about this node's GPUs: `Err` says why there is no NVML.
 pub struct GpuFacts {
-    pub count: Result<u32, String>,
+    pub count: Result<u32, GpuError>,
     /// The NVIDIA device files found ([`nvidia_devices`]).
     pub devices: Vec<String>,
     pub samples: Vec<GpuSample>,
@@ -193,32 +193,49 @@ const HW_THROTTLE: u64 = 0x8 | 0x40 | 0x80;
 pub fn gpu_checks(f: &GpuFacts, o: &HealthOptions) -> Vec<Check> {
     let count = match &f.count {
         Ok(n) => *n,
-        Err(off) => {
-            // "GPU telemetry off: ..." says what the agent does without NVML; a failed check
-            // says only why NVML is unusable.
-            let why = off.strip_prefix("GPU telemetry off: ").unwrap_or(off);
-            let c = match o.gpus {
-                Some(n) if n > 0 => check(
-                    "gpu_count",
-                    Status::Fail,
-                    format!("{n} GPU(s) expected, none usable: {why}"),
-                ),
-                // Fails closed: a driver is here, so a broken or wrong NVML hides real GPUs.
-                _ if !f.devices.is_empty() => check(
-                    "gpu_count",
-                    Status::Fail,
-                    format!(
-                        "NVIDIA devices present ({}) but NVML is unusable: {why}",
-                        f.devices.join(", ")
-                    ),
-                ),
-                _ => check("gpu_count", Status::Skip, off.clone()),
-            };
-            return vec![c];
-        }
+        Err(e) => return vec![no_nvml_check(e, &f.devices, o.gpus)],
     };
-    let mut out = Vec::new();
-    out.push(match o.gpus {
+    let mut out = vec![count_check(count, o.gpus)];
+    out.extend(access_check(count, &f.samples));
+    if f.samples.is_empty() {
+        return out;
+    }
+    out.push(ecc_check(&f.samples));
+    out.push(throttle_check(&f.samples));
+    out.push(memory_check(f, o.min_free_mib));
+    out
+}
+
+/// `gpu_count` when NVML cannot be used: a failure where GPUs are expected (`--gpus`) or a
+/// driver's device files are here, else a skip.
+fn no_nvml_check(e: &GpuError, devices: &[String], expected: Option<u32>) -> Check {
+    // "GPU telemetry off: ..." says what the agent does without NVML; a failed check says only
+    // why NVML is unusable.
+    let why = match e {
+        GpuError::Off(off) => off.to_string(),
+        other => other.to_string(),
+    };
+    match expected {
+        Some(n) if n > 0 => check(
+            "gpu_count",
+            Status::Fail,
+            format!("{n} GPU(s) expected, none usable: {why}"),
+        ),
+        // Fails closed: a driver is here, so a broken or wrong NVML hides real GPUs.
+        _ if !devices.is_empty() => check(
+            "gpu_count",
+            Status::Fail,
+            format!(
+                "NVIDIA devices present ({}) but NVML is unusable: {why}",
+                devices.join(", ")
+            ),
+        ),
+        _ => check("gpu_count", Status::Skip, e.to_string()),
+    }
+}
+
+fn count_check(count: u32, expected: Option<u32>) -> Check {
+    match expected {
         Some(n) if count < n => check(
             "gpu_count",
             Status::Fail,
@@ -230,45 +247,51 @@ pub fn gpu_checks(f: &GpuFacts, o: &HealthOptions) -> Vec<Check> {
             format!("{count} GPUs ({n} expected)"),
         ),
         None => check("gpu_count", Status::Pass, format!("{count} GPUs")),
-    });
-    if (f.samples.len() as u32) < count {
-        let missing: Vec<String> = (0..count)
-            .filter(|i| !f.samples.iter().any(|s| s.index == *i))
-            .map(|i| i.to_string())
-            .collect();
-        out.push(check(
-            "gpu_access",
-            Status::Fail,
-            format!("NVML cannot read GPU(s) {}", missing.join(", ")),
-        ));
     }
-    if f.samples.is_empty() {
-        return out;
+}
+
+/// `gpu_access` fails for the GPUs NVML counts but cannot read; `None` when it reads them all.
+fn access_check(count: u32, samples: &[GpuSample]) -> Option<Check> {
+    if samples.len() as u32 >= count {
+        return None;
     }
-    let faults: Vec<String> = f
-        .samples
+    let missing: Vec<String> = (0..count)
+        .filter(|i| !samples.iter().any(|s| s.index == *i))
+        .map(|i| i.to_string())
+        .collect();
+    Some(check(
+        "gpu_access",
+        Status::Fail,
+        format!("NVML cannot read GPU(s) {}", missing.join(", ")),
+    ))
+}
+
+fn ecc_check(samples: &[GpuSample]) -> Check {
+    let faults: Vec<String> = samples
         .iter()
         .filter_map(|s| gpu::fault(s).map(|why| format!("GPU {}: {why}", s.index)))
         .collect();
-    out.push(if faults.is_empty() {
+    if faults.is_empty() {
         check(
             "gpu_ecc",
             Status::Pass,
             format!(
                 "no uncorrectable ECC errors or row-remapping failures on {} GPUs",
-                f.samples.len()
+                samples.len()
             ),
         )
     } else {
         check("gpu_ecc", Status::Fail, faults.join("; "))
-    });
-    let slow: Vec<String> = f
-        .samples
+    }
+}
+
+fn throttle_check(samples: &[GpuSample]) -> Check {
+    let slow: Vec<String> = samples
         .iter()
         .filter(|s| s.throttle_mask.is_some_and(|m| m & HW_THROTTLE != 0))
         .map(|s| format!("GPU {}: {}", s.index, gpu::explain(s)))
         .collect();
-    out.push(if slow.is_empty() {
+    if slow.is_empty() {
         check(
             "gpu_throttle",
             Status::Pass,
@@ -276,7 +299,12 @@ pub fn gpu_checks(f: &GpuFacts, o: &HealthOptions) -> Vec<Check> {
         )
     } else {
         check("gpu_throttle", Status::Fail, slow.join("; "))
-    });
+    }
+}
+
+/// `gpu_memory`: the least free memory of any GPU, and each GPU below `--min-free-mib` with the
+/// processes holding it.
+fn memory_check(f: &GpuFacts, min_free_mib: Option<u64>) -> Check {
     let mut low = Vec::new();
     let mut least: Option<u64> = None;
     for s in &f.samples {
@@ -285,22 +313,12 @@ pub fn gpu_checks(f: &GpuFacts, o: &HealthOptions) -> Vec<Check> {
         };
         let free = total.saturating_sub(used);
         least = Some(least.map_or(free, |l| l.min(free)));
-        if o.min_free_mib.is_some_and(|m| free < m) {
-            let who: Vec<String> = f
-                .holders
-                .iter()
-                .filter(|p| p.gpu == s.index)
-                .map(|p| format!("pid {} ({}) {} MiB", p.pid, or_unknown(&p.name), p.mib))
-                .collect();
-            let held = if who.is_empty() {
-                String::new()
-            } else {
-                format!(", held by {}", who.join(", "))
-            };
+        if min_free_mib.is_some_and(|m| free < m) {
+            let held = holders_text(&f.holders, s.index);
             low.push(format!("GPU {}: {free} MiB free of {total}{held}", s.index));
         }
     }
-    out.push(match (least, o.min_free_mib) {
+    match (least, min_free_mib) {
         (None, _) => check("gpu_memory", Status::Skip, "NVML reports no memory figures"),
         (Some(l), Some(m)) if low.is_empty() => check(
             "gpu_memory",
@@ -317,8 +335,21 @@ pub fn gpu_checks(f: &GpuFacts, o: &HealthOptions) -> Vec<Check> {
             Status::Pass,
             format!("at least {l} MiB free on every GPU"),
         ),
-    });
-    out
+    }
+}
+
+/// `, held by pid 42 (python) 4096 MiB, ...` for GPU `gpu`; empty when nothing holds it.
+fn holders_text(holders: &[GpuProcess], gpu: u32) -> String {
+    let who: Vec<String> = holders
+        .iter()
+        .filter(|p| p.gpu == gpu)
+        .map(|p| format!("pid {} ({}) {} MiB", p.pid, or_unknown(&p.name), p.mib))
+        .collect();
+    if who.is_empty() {
+        String::new()
+    } else {
+        format!(", held by {}", who.join(", "))
+    }
 }
 
 fn or_unknown(name: &str) -> &str {
@@ -329,19 +360,38 @@ fn or_unknown(name: &str) -> &str {
     }
 }
 
-/// The storage check from what was found (pure): `write` is the write-and-remove probe's result,
-/// `free_bytes` the file system's free space.
+/// What the storage probe found in a directory: the write-and-remove probe's result and the
+/// file system's free space.
+#[derive(Debug)]
+pub struct StorageFacts {
+    pub write: std::io::Result<()>,
+    pub free_bytes: nix::Result<u64>,
+}
+
+/// Why the storage probe found nothing: it did not run, or it did not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    #[error("cannot start the probe: {0}")]
+    Spawn(std::io::Error),
+    #[error("no answer within {}s (a hung file system?)", .0.as_secs())]
+    Timeout(std::time::Duration),
+}
+
+/// The storage check from what was found (pure).
 pub fn storage_verdict(
     path: &Path,
-    write: Result<(), String>,
-    free_bytes: Result<u64, String>,
+    found: Result<StorageFacts, ProbeError>,
     min_free_gib: f64,
 ) -> Check {
     let p = path.display();
-    if let Err(e) = write {
+    let found = match found {
+        Ok(f) => f,
+        Err(e) => return check("storage", Status::Fail, format!("{p} is not writable: {e}")),
+    };
+    if let Err(e) = found.write {
         return check("storage", Status::Fail, format!("{p} is not writable: {e}"));
     }
-    match free_bytes {
+    match found.free_bytes {
         Err(e) => check(
             "storage",
             Status::Fail,
@@ -363,15 +413,13 @@ pub fn storage_verdict(
     }
 }
 
-fn probe_write(dir: &Path) -> Result<(), String> {
+fn probe_write(dir: &Path) -> std::io::Result<()> {
     use std::io::Write;
     let probe = dir.join(format!(".vigil-health-{}", std::process::id()));
-    let result = std::fs::File::create(&probe)
-        .and_then(|mut f| {
-            f.write_all(b"vigil health\n")?;
-            f.sync_all()
-        })
-        .map_err(|e| e.to_string());
+    let result = std::fs::File::create(&probe).and_then(|mut f| {
+        f.write_all(b"vigil health\n")?;
+        f.sync_all()
+    });
     let _ = std::fs::remove_file(&probe);
     result
 }
@@ -379,31 +427,26 @@ fn probe_write(dir: &Path) -> Result<(), String> {
 /// How long a storage probe may take: a hard-mounted dead NFS or Lustre blocks forever.
 pub const STORAGE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// The write probe and the free space, each bounded by `STORAGE_TIMEOUT` (a probe stuck in the
-/// kernel is left behind on its thread).
-fn probe_storage(dir: &Path) -> (Result<(), String>, Result<u64, String>) {
+/// The write probe and the free space, bounded by `STORAGE_TIMEOUT` (a probe stuck in the kernel
+/// is left behind on its thread).
+fn probe_storage(dir: &Path) -> Result<StorageFacts, ProbeError> {
     let (tx, rx) = std::sync::mpsc::channel();
     let d = dir.to_path_buf();
-    let spawned = std::thread::Builder::new()
+    std::thread::Builder::new()
         .name("vigil-storage-probe".into())
         .spawn(move || {
-            let _ = tx.send((probe_write(&d), free_bytes(&d)));
-        });
-    if let Err(e) = spawned {
-        let e = format!("cannot start the probe: {e}");
-        return (Err(e.clone()), Err(e));
-    }
-    rx.recv_timeout(STORAGE_TIMEOUT).unwrap_or_else(|_| {
-        let e = format!(
-            "no answer within {}s (a hung file system?)",
-            STORAGE_TIMEOUT.as_secs()
-        );
-        (Err(e.clone()), Err(e))
-    })
+            let _ = tx.send(StorageFacts {
+                write: probe_write(&d),
+                free_bytes: free_bytes(&d),
+            });
+        })
+        .map_err(ProbeError::Spawn)?;
+    rx.recv_timeout(STORAGE_TIMEOUT)
+        .map_err(|_| ProbeError::Timeout(STORAGE_TIMEOUT))
 }
 
-fn free_bytes(dir: &Path) -> Result<u64, String> {
-    let s = nix::sys::statvfs::statvfs(dir).map_err(|e| e.to_string())?;
+fn free_bytes(dir: &Path) -> nix::Result<u64> {
+    let s = nix::sys::statvfs::statvfs(dir)?;
     Ok(s.blocks_available() as u64 * s.fragment_size() as u64)
 }
 
@@ -447,8 +490,7 @@ pub fn run_checks(o: &HealthOptions) -> HealthReport {
         checks.push(check("storage", Status::Skip, "no --storage-path given"));
     }
     for p in &o.storage_paths {
-        let (write, free) = probe_storage(p);
-        checks.push(storage_verdict(p, write, free, o.min_free_gib));
+        checks.push(storage_verdict(p, probe_storage(p), o.min_free_gib));
     }
     HealthReport { checks }
 }
@@ -456,7 +498,8 @@ pub fn run_checks(o: &HealthOptions) -> HealthReport {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::perf::gpu::RemappedRows;
+    use crate::perf::gpu::{NvmlOff, RemappedRows};
+    use nvml_wrapper::error::NvmlError;
 
     fn gpu(i: u32) -> GpuSample {
         GpuSample {
@@ -490,7 +533,7 @@ mod tests {
     #[test]
     fn no_nvml_skips_unless_gpus_are_expected() {
         let mut f = GpuFacts {
-            count: Err("GPU telemetry off: no driver".into()),
+            count: Err(GpuError::Off(NvmlOff::NoDriver(NvmlError::LibraryNotFound))),
             devices: vec![],
             samples: vec![],
             holders: vec![],
@@ -498,13 +541,18 @@ mod tests {
         let c = gpu_checks(&f, &HealthOptions::default());
         assert_eq!(c.len(), 1);
         assert_eq!(c[0].status, Status::Skip);
+        assert!(c[0]
+            .detail
+            .starts_with("GPU telemetry off: no NVIDIA driver here"));
         let o = HealthOptions {
             gpus: Some(8),
             ..Default::default()
         };
         let c = gpu_checks(&f, &o);
         assert_eq!(c[0].status, Status::Fail);
-        assert!(c[0].detail.contains("8 GPU(s) expected"));
+        assert!(c[0]
+            .detail
+            .contains("8 GPU(s) expected, none usable: no NVIDIA driver"));
         // Device files say a driver is here: no NVML is then a failure without --gpus too.
         f.devices = vec!["nvidia0".into(), "nvidiactl".into()];
         let c = gpu_checks(&f, &HealthOptions::default());
@@ -582,17 +630,39 @@ mod tests {
     #[test]
     fn storage() {
         let p = Path::new("/x");
+        let found = |write: std::io::Result<()>, free: u64| {
+            Ok(StorageFacts {
+                write,
+                free_bytes: Ok(free),
+            })
+        };
         assert_eq!(
-            storage_verdict(p, Ok(()), Ok(2 << 30), 1.0).status,
+            storage_verdict(p, found(Ok(()), 2 << 30), 1.0).status,
             Status::Pass
         );
         assert_eq!(
-            storage_verdict(p, Ok(()), Ok(1 << 29), 1.0).status,
+            storage_verdict(p, found(Ok(()), 1 << 29), 1.0).status,
             Status::Fail
         );
-        let c = storage_verdict(p, Err("Read-only file system".into()), Ok(0), 1.0);
+        let ro = std::io::Error::other("Read-only file system");
+        let c = storage_verdict(p, found(Err(ro), 0), 1.0);
         assert_eq!(c.status, Status::Fail);
         assert!(c.detail.contains("not writable: Read-only"));
+        let c = storage_verdict(p, Err(ProbeError::Timeout(STORAGE_TIMEOUT)), 1.0);
+        assert_eq!(
+            c.detail,
+            "/x is not writable: no answer within 30s (a hung file system?)"
+        );
+        let no_statvfs = StorageFacts {
+            write: Ok(()),
+            free_bytes: Err(nix::errno::Errno::ENOSYS),
+        };
+        let c = storage_verdict(p, Ok(no_statvfs), 1.0);
+        assert!(
+            c.detail.starts_with("/x: cannot read free space: ENOSYS"),
+            "{}",
+            c.detail
+        );
     }
 
     #[test]

@@ -40,7 +40,7 @@ mod times;
 pub use render::render_report;
 pub use score::{
     report_record, score_job, stragglers, JobScores, NodeSummary, RankScore, RankSummary,
-    Straggler, SUMMARY_FORMAT,
+    Straggler, SummaryError, SUMMARY_FORMAT,
 };
 pub use times::{median, RankTimes, Source};
 

@@ -66,22 +66,30 @@ impl NodeSummary {
     }
 
     /// Reads a peer's summary; the error names what is wrong, for a one-line warning.
-    pub fn parse(bytes: &[u8]) -> Result<Self, String> {
-        let s: NodeSummary = serde_json::from_slice(bytes)
-            .map_err(|e| format!("unreadable straggler summary: {e}"))?;
+    pub fn parse(bytes: &[u8]) -> Result<Self, SummaryError> {
+        let s: NodeSummary = serde_json::from_slice(bytes).map_err(SummaryError::Unreadable)?;
         s.checked()
     }
 
     /// A summary read inside another message: refused unless this vigil reads its format.
-    pub fn checked(self) -> Result<Self, String> {
+    pub fn checked(self) -> Result<Self, SummaryError> {
         if self.format != SUMMARY_FORMAT {
-            return Err(format!(
-                "straggler summary of node {} has format {}, this vigil reads {SUMMARY_FORMAT}: run the same vigil version on every node",
-                self.node_rank, self.format
-            ));
+            return Err(SummaryError::Format {
+                node_rank: self.node_rank,
+                format: self.format,
+            });
         }
         Ok(self)
     }
+}
+
+/// A peer's summary this vigil cannot use.
+#[derive(Debug, thiserror::Error)]
+pub enum SummaryError {
+    #[error("unreadable straggler summary: {0}")]
+    Unreadable(serde_json::Error),
+    #[error("straggler summary of node {node_rank} has format {format}, this vigil reads {SUMMARY_FORMAT}: run the same vigil version on every node")]
+    Format { node_rank: u32, format: u32 },
 }
 
 /// One scored rank. Scores are in (0, 1]; 1.0 is best.
