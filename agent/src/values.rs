@@ -7,6 +7,12 @@
 #[error("{0}")]
 pub struct ConfigError(pub String);
 
+/// Why a flag's value was refused: the fix, such as "give a port number from 0 to 65535" (clap
+/// puts the flag and the value in front).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct BadValue(pub String);
+
 pub fn err<T>(msg: impl Into<String>) -> Result<T, ConfigError> {
     Err(ConfigError(msg.into()))
 }
@@ -16,56 +22,60 @@ pub fn err<T>(msg: impl Into<String>) -> Result<T, ConfigError> {
 pub const MAX_SECONDS: f64 = vigil_events::MAX_SECONDS;
 
 /// Value parser of every seconds flag: a finite number from 0 to [`MAX_SECONDS`].
-pub fn seconds(s: &str) -> Result<f64, String> {
+pub fn seconds(s: &str) -> Result<f64, BadValue> {
     let fix =
         format!("give a number of seconds from 0 to {MAX_SECONDS:.0} (a year), such as 30 or 2.5");
     match s.trim().parse::<f64>() {
         Ok(v) if v.is_finite() && (0.0..=MAX_SECONDS).contains(&v) => Ok(v),
-        _ => Err(fix),
+        _ => Err(BadValue(fix)),
     }
 }
 
 /// Value parser of every count flag: a whole number >= 0 that fits 32 bits.
-pub fn count(s: &str) -> Result<u32, String> {
+pub fn count(s: &str) -> Result<u32, BadValue> {
     s.trim()
         .parse::<u32>()
-        .map_err(|_| format!("give a whole number from 0 to {}", u32::MAX))
+        .map_err(|_| BadValue(format!("give a whole number from 0 to {}", u32::MAX)))
 }
 
 /// Value parser of torchrun's switches (`--standalone`, `-m`, ...), which also come from `PET_*`
 /// as an integer: non-zero is on, as torchrun's `bool(int(value))`. `true`/`false` are clap's own
 /// values for a switch given or left out.
-pub fn pet_switch(s: &str) -> Result<bool, String> {
+pub fn pet_switch(s: &str) -> Result<bool, BadValue> {
     match s.trim() {
         "true" => Ok(true),
         "false" => Ok(false),
         t => t
             .parse::<i64>()
             .map(|n| n != 0)
-            .map_err(|_| "give 1 (on) or 0 (off)".to_string()),
+            .map_err(|_| BadValue("give 1 (on) or 0 (off)".to_string())),
     }
 }
 
 /// Value parser of a TCP port flag.
-pub fn port(s: &str) -> Result<u16, String> {
+pub fn port(s: &str) -> Result<u16, BadValue> {
     s.trim()
         .parse::<u16>()
-        .map_err(|_| "give a port number from 0 to 65535".to_string())
+        .map_err(|_| BadValue("give a port number from 0 to 65535".to_string()))
 }
 
 /// Value parser of a score threshold (`--straggler-threshold`): a number from 0 to 1.
-pub fn fraction(s: &str) -> Result<f64, String> {
+pub fn fraction(s: &str) -> Result<f64, BadValue> {
     match s.trim().parse::<f64>() {
         Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
-        _ => Err("give a number from 0 to 1, such as 0.7".to_string()),
+        _ => Err(BadValue(
+            "give a number from 0 to 1, such as 0.7".to_string(),
+        )),
     }
 }
 
 /// Value parser of `--safety-factor`: a finite number from 1 to 1000.
-pub fn factor(s: &str) -> Result<f64, String> {
+pub fn factor(s: &str) -> Result<f64, BadValue> {
     match s.trim().parse::<f64>() {
         Ok(v) if v.is_finite() && (1.0..=1000.0).contains(&v) => Ok(v),
-        _ => Err("give a number from 1 to 1000, such as 5".to_string()),
+        _ => Err(BadValue(
+            "give a number from 1 to 1000, such as 5".to_string(),
+        )),
     }
 }
 

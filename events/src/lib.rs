@@ -7,6 +7,7 @@
 //! reads as [`log::Record::Unknown`], fields this vigil does not know are ignored, and fields an
 //! older vigil did not write take their defaults.
 
+pub mod exit;
 pub mod ledger;
 pub mod log;
 pub mod signals;

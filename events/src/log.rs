@@ -5,6 +5,7 @@
 //! format [`FORMAT`], and a change that an older reader would misread gets a new event name
 //! rather than a new meaning for an old one.
 
+use crate::exit;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -266,22 +267,22 @@ pub enum Outcome {
     },
 }
 
-/// Exit status when a node was lost: `EX_TEMPFAIL`, "try again later", so a job script can requeue.
-pub const EXIT_LOST: i32 = 75;
+/// Exit status when a node was lost or the job stopped to go on later: "run me again".
+pub const EXIT_LOST: i32 = crate::exit::REQUEUE;
 
 impl Outcome {
     /// The agent's exit status (documented in docs/usage.md).
     pub fn exit_code(&self) -> i32 {
         match self {
-            Outcome::Succeeded => 0,
-            Outcome::Failed { .. } => 1,
-            Outcome::Signaled { signal } => 128 + signal,
-            Outcome::SpawnFailed { .. } => 2,
+            Outcome::Succeeded => exit::SUCCESS,
+            Outcome::Failed { .. } => exit::FAILURE,
+            Outcome::Signaled { signal } => exit::signaled(*signal),
+            Outcome::SpawnFailed { .. } => exit::USAGE,
             Outcome::PeerStopped { exit_code, .. } => *exit_code,
-            Outcome::Lost { requeue: true, .. } => EXIT_LOST,
-            Outcome::Lost { requeue: false, .. } => 2,
-            Outcome::Stopped { .. } => EXIT_LOST,
-            Outcome::NoProgress { .. } => 1,
+            Outcome::Lost { requeue: true, .. } => exit::REQUEUE,
+            Outcome::Lost { requeue: false, .. } => exit::USAGE,
+            Outcome::Stopped { .. } => exit::REQUEUE,
+            Outcome::NoProgress { .. } => exit::FAILURE,
         }
     }
 

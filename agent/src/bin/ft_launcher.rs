@@ -9,7 +9,7 @@ fn main() -> ExitCode {
     let me = std::env::current_exe();
     let Some(vigil) = me.as_ref().ok().map(|p| p.with_file_name("vigil")) else {
         eprintln!("ft_launcher: cannot find where this program lives; run `vigil run` instead");
-        return ExitCode::from(127);
+        return vigil::exit::code(vigil::exit::NOT_FOUND);
     };
     let err = Command::new(&vigil)
         .arg0("ft_launcher")
@@ -19,5 +19,5 @@ fn main() -> ExitCode {
         "ft_launcher: cannot run {} ({err}): the vigil binary belongs beside ft_launcher; reinstall with `pip install vigil-train`",
         vigil.display()
     );
-    ExitCode::from(127)
+    vigil::exit::code(vigil::exit::NOT_FOUND)
 }

@@ -4,7 +4,7 @@
 
 use vigil_slurm::nodelist::{self, NodeListError};
 
-use crate::values::ConfigError;
+use crate::values::{err, ConfigError};
 
 /// torchrun's flags that say who the nodes are (`None`: not given).
 #[derive(Debug, Clone, Default)]
@@ -61,10 +61,6 @@ pub fn slurm_port(job_id: &str) -> u16 {
             a.wrapping_mul(10).wrapping_add((b - b'0') as u64)
         });
     20000 + (id % 12000) as u16
-}
-
-fn err<T>(msg: String) -> Result<T, ConfigError> {
-    Err(ConfigError(msg))
 }
 
 /// `host`, `host:port`, `[v6]:port` or `[v6]`. Port 0 is torchrun's "any free port".

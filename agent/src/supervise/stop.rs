@@ -55,7 +55,7 @@ impl Supervisor {
                         self.cfg.node_rank,
                         crate::values::signal_name(sig)
                     ),
-                    exit_code: 128 + sig,
+                    exit_code: crate::exit::signaled(sig),
                 };
                 self.job.ending.stopped = Some(end.clone());
                 self.report(end, out);
