@@ -43,13 +43,11 @@ pub use store_host::{host_store, take_store_secret, HostedStore, SECRET_ENV};
 
 use std::collections::VecDeque;
 use std::fs::{self, File, OpenOptions};
-use std::io::Write;
-use std::net::SocketAddr;
 use std::os::fd::OwnedFd;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
 use tokio::io::AsyncReadExt;
 use tokio::signal::unix::{signal, SignalKind};
@@ -57,13 +55,12 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use crate::cli::config::{worker_env, LaunchConfig, RankSlot};
-use crate::job::rendezvous::{self, CoordConfig, FromCoord, HeadSide};
-use crate::job::state::{self, Provenance};
+use crate::job::rendezvous::{self, CoordConfig, FromCoord};
+use crate::job::state;
 use crate::supervise::monitor::Timeouts;
 use crate::supervise::{
     Action, Event, JobEnd, JobRequest, Outcome, Record, StopReason, Supervisor, SupervisorConfig,
 };
-use crate::values::file_safe;
 use ipc_server::{IpcIn, Shared};
 use output::{ConsoleStream, Dup, LineSplitter, LogFile, Sink, Tail};
 use proc::Watchdog;
