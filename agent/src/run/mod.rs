@@ -55,11 +55,12 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use crate::cli::config::{worker_env, LaunchConfig, RankSlot};
-use crate::job::rendezvous::{self, CoordConfig, FromCoord};
+use crate::cli::derive::CoordFacts;
+use crate::job::rendezvous::{self, FromCoord};
 use crate::job::state;
 use crate::supervise::monitor::Timeouts;
 use crate::supervise::{
-    Action, Event, JobEnd, JobRequest, Outcome, Record, StopReason, Supervisor, SupervisorConfig,
+    Action, Event, JobEnd, JobRequest, Outcome, Record, StopReason, Supervisor,
 };
 use ipc_server::{IpcIn, Shared};
 use output::{ConsoleStream, Dup, LineSplitter, LogFile, Sink, Tail};
@@ -274,23 +275,14 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
     };
     let (coord_tx, coord_rx_req) = mpsc::unbounded_channel();
     let (coord_ev_tx, mut coord_rx) = mpsc::unbounded_channel();
-    let coord_cfg = CoordConfig {
-        nnodes: cfg.nnodes,
-        active: cfg.active_nodes,
-        segment: cfg.segment,
+    let coord_cfg = cfg.coord_config(CoordFacts {
+        host: host.clone(),
+        store: store.client_addr,
+        secret: store.secret.clone(),
         topology: std::env::var("SLURM_TOPOLOGY_ADDR")
             .ok()
             .filter(|t| !t.trim().is_empty()),
-        node_rank: cfg.node_rank,
-        nproc: cfg.nproc,
-        store: store.client_addr,
-        join_timeout: cfg.join_timeout,
-        peer_timeout: cfg.node_timeout,
-        host: host.clone(),
-        max_restarts: cfg.max_restarts,
-        secret: store.secret.clone(),
-        job: cfg.job_id.clone(),
-    };
+    });
     if cfg.nnodes > 1 {
         console_note(&format!(
             "node {} of {}; vigil's store is at {}:{}{}",
@@ -368,28 +360,7 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
     };
     let mut clock = JobClock::new();
     let signal_window = slurm_job::signal_window(&agent.cfg);
-    let (mut sup, first) = Supervisor::new(SupervisorConfig {
-        nproc: agent.cfg.nproc,
-        rank_offset: 0,
-        max_restarts: agent.cfg.max_restarts,
-        node_rank: agent.cfg.node_rank,
-        saves_timeouts: agent.cfg.node_rank == 0,
-        workers_stop_timeout: agent.cfg.workers_stop_timeout,
-        term_timeout: agent.cfg.term_timeout,
-        timeouts: agent.cfg.timeouts.clone(),
-        warmup_steps: agent.cfg.warmup_steps,
-        safety_factor: agent.cfg.safety_factor,
-        termination_signal: agent.cfg.termination_signal,
-        stack_wait: agent.cfg.stack_wait,
-        calculated,
-        backoff: agent.cfg.backoff,
-        no_progress: {
-            let l = &agent.cfg.allocation.limits;
-            (agent.cfg.nnodes == 1 && l.max_no_progress > 0)
-                .then_some((l.max_no_progress, l.min_progress_steps))
-        },
-        stop_if_straggler: agent.cfg.straggler.stop,
-    });
+    let (mut sup, first) = Supervisor::new(agent.cfg.supervisor_config(calculated));
     agent.execute(first);
     let started_wall = SystemTime::now();
     let mut endw = allocation::EndWatch::start(
@@ -466,7 +437,7 @@ async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>
                     agent.stragglers.new_attempt();
                     agent.world_size = world_size;
                     agent.max_restarts = max_restarts;
-                    agent.queue.push_back(Event::Joined { cycle, rank_offset, max_restarts, calculated });
+                    agent.queue.push_back(Event::Joined { cycle, rank_offset, world_size, max_restarts, calculated });
                 }
                 FromCoord::CycleEnded { cycle, end } => {
                     agent.cycle_ends.push((cycle, end.clone()));

@@ -84,7 +84,7 @@ impl Agent {
                 self.max_restarts.saturating_sub(*cycle),
                 self.run_dir.display()
             )),
-            Record::CycleEnded { cycle, end } => match end {
+            Record::CycleEnded { cycle, end, .. } => match end {
                 JobEnd::Done => {}
                 JobEnd::Failed { node, reason } if *node != self.cfg.node_rank => {
                     console_note(&format!(

@@ -40,6 +40,8 @@ pub struct SupervisorConfig {
     pub nproc: u32,
     /// Global rank of local rank 0 on this node.
     pub rank_offset: u32,
+    /// Ranks in the whole job (the rendezvous says, per attempt).
+    pub world_size: u32,
     pub max_restarts: u32,
     /// This node's rank among the job's nodes (named in what it reports to the others).
     pub node_rank: u32,
@@ -77,6 +79,7 @@ impl SupervisorConfig {
         SupervisorConfig {
             nproc,
             rank_offset: 0,
+            world_size: nproc,
             max_restarts,
             node_rank: 0,
             saves_timeouts: true,
@@ -118,10 +121,12 @@ pub enum Event {
     /// Time passed; sent when `next_deadline` is reached.
     Tick,
     /// Every node joined this cycle: start the ranks. The job's rendezvous decides the global rank
-    /// of local rank 0, the job's restart budget and the calculated timeouts in force.
+    /// of local rank 0, the job's rank count, the job's restart budget and the calculated timeouts
+    /// in force.
     Joined {
         cycle: u32,
         rank_offset: u32,
+        world_size: u32,
         max_restarts: u32,
         calculated: Option<Timeouts>,
     },
@@ -294,6 +299,11 @@ pub enum Record {
         cycle: u32,
         restart_count: u32,
         nproc: u32,
+        /// The attempt's ranks are `rank_offset..rank_offset + nproc` of `world_size`.
+        rank_offset: u32,
+        world_size: u32,
+        /// What is left of the job's restart budget once this attempt started.
+        restarts_left: u32,
     },
     RankStarted {
         cycle: u32,
@@ -329,6 +339,9 @@ pub enum Record {
         /// `vigil.should_stop`, and this stop (a failure, a hang, a lost node) saves nothing.
         #[serde(skip_serializing_if = "Vec::is_empty")]
         killed: Vec<i32>,
+        /// What asked for the stop at a step under way (`time-limit`, `SIGTERM`, ...), if one is.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        trigger: Option<String>,
     },
     Escalate {
         cycle: u32,
@@ -383,6 +396,10 @@ pub enum Record {
         cycle: u32,
         #[serde(flatten)]
         end: JobEnd,
+        /// When the job's coordination itself was lost: whether running the job again may help
+        /// (`false`: the job refused this agent).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        requeue: Option<bool>,
     },
     Result {
         #[serde(flatten)]

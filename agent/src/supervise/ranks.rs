@@ -112,6 +112,9 @@ impl Supervisor {
                 cycle,
                 restart_count: cycle,
                 nproc: self.cfg.nproc,
+                rank_offset: self.cfg.rank_offset,
+                world_size: self.cfg.world_size,
+                restarts_left: self.cfg.max_restarts.saturating_sub(cycle),
             }),
             Action::SpawnCycle { cycle },
         ]

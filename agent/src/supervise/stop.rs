@@ -149,6 +149,7 @@ impl Supervisor {
             grace_ms: grace.as_millis() as u64,
             pids: pids.clone(),
             killed: killed.clone(),
+            trigger: self.stop.as_ref().map(|s| s.trigger.clone()),
         }));
         if !killed.is_empty() {
             out.push(Action::SignalGroups {

@@ -8,13 +8,14 @@ impl Supervisor {
         &mut self,
         now: Instant,
         cycle: u32,
-        rank_offset: u32,
+        (rank_offset, world_size): (u32, u32),
         max_restarts: u32,
         calculated: Option<Timeouts>,
         out: &mut Vec<Action>,
     ) {
         if self.phase == Phase::Joining && cycle == self.cycle {
             self.cfg.rank_offset = rank_offset;
+            self.cfg.world_size = world_size;
             self.cfg.max_restarts = max_restarts;
             out.push(Action::Record(Record::Joined { cycle, rank_offset }));
             if let Some(t) = calculated.filter(|t| Some(t) != self.calculated.as_ref()) {
@@ -57,6 +58,7 @@ impl Supervisor {
             out.push(Action::Record(Record::CycleEnded {
                 cycle,
                 end: end.clone(),
+                requeue: None,
             }));
             self.end = Some(end);
             self.ended_at = Some(now);
@@ -80,6 +82,7 @@ impl Supervisor {
         out.push(Action::Record(Record::CycleEnded {
             cycle: self.cycle,
             end: end.clone(),
+            requeue: Some(requeue),
         }));
         self.lost_requeue = requeue;
         self.end = Some(end);
