@@ -332,6 +332,9 @@ async fn write_frames(mut wr: OwnedWriteHalf, mut out_rx: mpsc::UnboundedReceive
     }
 }
 
+/// Why a connection is closed: the line the event log (and the console) get.
+struct Refusal(String);
+
 /// One accepted connection of a checked peer.
 struct Conn {
     pid: i32,
@@ -390,7 +393,7 @@ impl Conn {
             Some(me) => me,
             None => match self.register(&msg) {
                 Ok(me) => me,
-                Err(reason) => {
+                Err(Refusal(reason)) => {
                     self.reject(reason).await;
                     return false;
                 }
@@ -413,15 +416,15 @@ impl Conn {
 
     /// A connection's first message must register it as a rank of the current cycle that the
     /// peer is (or descends from).
-    fn register(&mut self, msg: &RankMsg) -> Result<(u32, u32), String> {
+    fn register(&mut self, msg: &RankMsg) -> Result<(u32, u32), Refusal> {
         let pid = self.pid;
         let RankMsg::Register {
             local_rank, cycle, ..
         } = msg
         else {
-            return Err(format!(
+            return Err(Refusal(format!(
                 "process {pid} sent a message before registering; connection closed"
-            ));
+            )));
         };
         let (lr, cycle) = (*local_rank, *cycle);
         let expected = self
@@ -433,9 +436,9 @@ impl Conn {
             .flatten();
         let current = self.shared.cycle.get();
         if cycle != current || !expected.is_some_and(|r| belongs_to(pid, r)) {
-            return Err(format!(
+            return Err(Refusal(format!(
                 "process {pid} registered as local rank {lr} of cycle {cycle}, which it is not (current cycle {current})"
-            ));
+            )));
         }
         self.me = Some((cycle, lr));
         self.shared.add_route(
