@@ -353,6 +353,14 @@ pub enum Record {
         restart_count: u32,
         #[serde(default)]
         nproc: u32,
+        /// The attempt's ranks are `rank_offset..rank_offset + nproc` of `world_size`.
+        #[serde(default)]
+        rank_offset: u32,
+        #[serde(default)]
+        world_size: u32,
+        /// What is left of the job's restart budget once this attempt started.
+        #[serde(default)]
+        restarts_left: u32,
     },
     RankStarted {
         cycle: u32,
@@ -395,6 +403,9 @@ pub enum Record {
         /// `vigil.should_stop`, and this stop (a failure, a hang, a lost node) saves nothing.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         killed: Vec<i32>,
+        /// What asked for the stop at a step under way (`time-limit`, `SIGTERM`, ...), if one is.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        trigger: Option<String>,
     },
     Escalate {
         cycle: u32,
@@ -460,6 +471,10 @@ pub enum Record {
         cycle: u32,
         #[serde(flatten)]
         end: JobEnd,
+        /// When the job's coordination itself was lost: whether running the job again may help
+        /// (`false`: the job refused this agent).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        requeue: Option<bool>,
     },
     Result {
         #[serde(flatten)]
@@ -824,6 +839,9 @@ mod tests {
                 cycle: 1,
                 restart_count: 1,
                 nproc: 8,
+                rank_offset: 8,
+                world_size: 16,
+                restarts_left: 2,
             },
             Record::RankStarted {
                 cycle: 0,
@@ -852,6 +870,7 @@ mod tests {
                 grace_ms: 15000,
                 pids: vec![8, 9],
                 killed: vec![9],
+                trigger: Some("time-limit".into()),
             },
             Record::Escalate {
                 cycle: 0,
@@ -906,6 +925,7 @@ mod tests {
             Record::CycleEnded {
                 cycle: 0,
                 end: JobEnd::Done,
+                requeue: None,
             },
             Record::CycleEnded {
                 cycle: 1,
@@ -914,6 +934,7 @@ mod tests {
                     reason: "SIGTERM".into(),
                     exit_code: 143,
                 },
+                requeue: None,
             },
             Record::CycleEnded {
                 cycle: 1,
@@ -921,6 +942,7 @@ mod tests {
                     reason: "gone".into(),
                     node: None,
                 },
+                requeue: Some(false),
             },
             Record::Result {
                 outcome: Outcome::NoProgress {
@@ -1081,6 +1103,7 @@ mod tests {
             grace_ms: 15000,
             pids: vec![8],
             killed: vec![],
+            trigger: None,
         })
         .unwrap();
         assert_eq!(
@@ -1093,6 +1116,7 @@ mod tests {
                 node: 0,
                 reason: "rank 1 exited with code 1".into(),
             },
+            requeue: None,
         })
         .unwrap();
         assert_eq!(
@@ -1155,7 +1179,10 @@ mod tests {
             Record::CycleStart {
                 cycle: 1,
                 restart_count: 1,
-                nproc: 2
+                nproc: 2,
+                rank_offset: 0,
+                world_size: 0,
+                restarts_left: 0,
             }
         );
         // Fields older vigils did not write: `killed`, `stopped`, `ran_ms`, `backoff_ms`.

@@ -79,7 +79,7 @@ impl RunBuilder {
                 reason: None,
                 nproc: Some(*nproc),
             }),
-            Record::CycleEnded { cycle, end } => {
+            Record::CycleEnded { cycle, end, .. } => {
                 if let Some(a) = run.attempts.iter_mut().rev().find(|a| a.cycle == *cycle) {
                     a.end = ts;
                     a.end_kind = Some(end.name().to_string());

@@ -3,6 +3,7 @@
 
 pub mod argv;
 pub mod config;
+pub mod derive;
 pub mod ftcompat;
 
 use std::path::PathBuf;

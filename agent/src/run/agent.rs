@@ -1,13 +1,142 @@
-//! Carrying out the supervisor's actions on this node: spawning a cycle's ranks, signalling and
-//! sweeping process groups, stacks of a hung rank.
+//! The effectors of one node: what the agent holds to carry out the supervisor's actions, and
+//! carrying them out: spawning an attempt's ranks, signalling and sweeping process groups, stacks
+//! of a hung rank, the event log.
 
-use super::*;
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::fs::{self, File};
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::sync::{Arc, Mutex};
+
+use tokio::io::AsyncReadExt;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use super::eventlog::EventLog;
+use super::ipc_server::Shared;
+use super::output::{self, ConsoleStream, Dup, LineSplitter, LogFile, Sink, Tail};
+use super::prelaunch::provenance;
+use super::proc::{self, Watchdog};
+use super::report::{self, attempt_dir, console_note, Reporter};
+use super::stacks::{self, StackReport};
+use super::{gate, gpuwatch, perf};
+use crate::allocation::ledger::Promotion;
+use crate::cli::config::{render_prefix, worker_env, LaunchConfig, RankSlot};
+use crate::job::state;
+use crate::perf::numa;
+use crate::supervise::{Action, Event, JobEnd, JobRequest, Outcome, Record};
+
+/// This node's place in the current attempt, as the rendezvous assigned it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Slot {
+    /// GROUP_RANK: the node rank, unless this node took a lost node's place (hot spares).
+    pub(super) group_rank: u32,
+    /// The global rank of local rank 0.
+    pub(super) rank_offset: u32,
+    pub(super) world_size: u32,
+}
+
+/// What node rank 0 concludes the allocation from, gathered as the job goes.
+#[derive(Default)]
+pub(super) struct Trail {
+    /// How each attempt of the job ended (node rank 0 blames nodes from it).
+    pub(super) cycle_ends: Vec<(u32, JobEnd)>,
+    /// How the last attempt ended, when another node ended it.
+    pub(super) peer_end: Option<JobEnd>,
+    /// Standbys promoted so far (node rank 0), for the ledger.
+    pub(super) promotions: Vec<Promotion>,
+}
+
+/// The rank processes of this node and their output, the ranks' socket, the agent's channels.
+pub(super) struct Agent {
+    pub(super) cfg: LaunchConfig,
+    pub(super) run_dir: PathBuf,
+    pub(super) host: String,
+    pub(super) events: EventLog,
+    pub(super) report: Reporter,
+    pub(super) watchdog: Option<Watchdog>,
+    /// Children of the agent that are its own commands (`squeue`), not a rank's leftovers.
+    pub(super) helper_pids: Arc<Mutex<Vec<i32>>>,
+    /// How every process the ranks started is found again at the end of an attempt.
+    pub(super) containment: proc::Containment,
+    /// stderr tails of the current cycle's ranks.
+    pub(super) tails: Vec<Tail>,
+    pub(super) readers: Vec<JoinHandle<()>>,
+    /// Events for the supervisor, fed to it at the top of the loop's next turn.
+    pub(super) queue: VecDeque<Event>,
+    pub(super) outcome: Option<Outcome>,
+    pub(super) shared: Rc<Shared>,
+    pub(super) socket: PathBuf,
+    pub(super) stacks_tx: mpsc::UnboundedSender<(u32, u32, StackReport)>,
+    /// Stack reports per (cycle, local rank), for the failure summary.
+    pub(super) stack_reports: Vec<(u32, u32, StackReport)>,
+    pub(super) coord: mpsc::UnboundedSender<JobRequest>,
+    /// vigil's store as the ranks reach it (MASTER_ADDR, MASTER_PORT).
+    pub(super) store_for_ranks: (String, u16),
+    /// Rank log files could not be created once already (said once).
+    pub(super) log_create_failed: bool,
+    pub(super) slot: Slot,
+    /// Set when the supervisor decided to leave the job.
+    pub(super) leave: Option<JobRequest>,
+    pub(super) trail: Trail,
+    pub(super) steps_log: perf::StepsLog,
+    pub(super) stragglers: perf::Stragglers,
+    /// The node's GPUs, when NVML is there.
+    pub(super) gpus: gpuwatch::GpuWatch,
+    /// This node's straggler summaries, to node rank 0 through the store.
+    pub(super) share: mpsc::UnboundedSender<Vec<u8>>,
+    /// Where the checks before a rendezvous report (`gate.rs`).
+    pub(super) gate_tx: mpsc::UnboundedSender<gate::GateOut>,
+}
+
+/// Copies a rank's output pipe into its sink until end-of-file.
+fn pump(fd: OwnedFd, mut sink: Sink) -> JoinHandle<()> {
+    tokio::task::spawn_local(async move {
+        let Ok(mut rx) = tokio::net::unix::pipe::Receiver::from_owned_fd(fd) else {
+            return;
+        };
+        let mut splitter = LineSplitter::default();
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match rx.read(&mut buf).await {
+                Ok(0) | Err(_) => {
+                    sink.write(&mut splitter, &[], true);
+                    return;
+                }
+                Ok(n) => sink.write(&mut splitter, &buf[..n], false),
+            }
+        }
+    })
+}
+
+/// A rank's two log files, or none: a log directory that is full, read-only or gone costs the
+/// log files, not the job.
+fn open_logs(dir: &Path) -> std::io::Result<(LogFile, LogFile)> {
+    let open = |name: &str| -> std::io::Result<LogFile> {
+        fs::create_dir_all(dir)?;
+        let path = dir.join(name);
+        Ok(LogFile {
+            file: File::create(&path)?,
+            path,
+        })
+    };
+    let (out, err) = (open("stdout.log"), open("stderr.log"));
+    Ok((out?, err?))
+}
+
+/// What every rank of one attempt shares as it starts.
+struct AttemptIo {
+    /// `--dup-stdout`/`--dup-stderr` files of the attempt.
+    dups: [Option<Dup>; 2],
+    numa: Option<Vec<Option<numa::Prepared>>>,
+    hostname: String,
+}
 
 impl Agent {
     pub(super) fn attempt_dir(&self, cycle: u32, local_rank: u32) -> PathBuf {
-        self.run_dir
-            .join(format!("attempt_{cycle}"))
-            .join(local_rank.to_string())
+        attempt_dir(&self.run_dir, cycle, local_rank)
     }
 
     pub(super) fn spawn_cycle(&mut self, cycle: u32) {
@@ -16,8 +145,23 @@ impl Agent {
         self.readers.retain(|h| !h.is_finished());
         self.shared.cycle.set(cycle);
         *self.shared.rank_pids.borrow_mut() = vec![None; self.cfg.nproc as usize];
-        let env_of = |k: &str| std::env::var(k).ok();
-        let dups = [
+        let io = AttemptIo {
+            dups: self.dups(cycle),
+            numa: self.numa(cycle),
+            hostname: nix::unistd::gethostname()
+                .map(|h| h.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+        };
+        for lr in 0..self.cfg.nproc {
+            if !self.spawn_rank(cycle, lr, &io) {
+                return;
+            }
+        }
+    }
+
+    /// The attempt's filtered copies of the ranks' output, when asked for.
+    fn dups(&self, cycle: u32) -> [Option<Dup>; 2] {
+        [
             (&self.cfg.dup_stdout, "filtered_stdout.log"),
             (&self.cfg.dup_stderr, "filtered_stderr.log"),
         ]
@@ -29,17 +173,18 @@ impl Agent {
                     .ok();
                 Dup {
                     filters: Rc::new(filters.clone()),
-                    file: Rc::new(std::cell::RefCell::new(file)),
+                    file: Rc::new(RefCell::new(file)),
                 }
             })
-        });
-        let hostname = nix::unistd::gethostname()
-            .map(|h| h.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let numa = self.cfg.gpu.numa.map(|mode| {
-            let cvd = env_of("CUDA_VISIBLE_DEVICES");
-            let g = &self.cfg.gpu;
-            let (p, warnings) = crate::perf::numa::prepare(
+        })
+    }
+
+    /// `--numa-binding`: where each rank is bound (warnings once, at the first attempt).
+    fn numa(&self, cycle: u32) -> Option<Vec<Option<numa::Prepared>>> {
+        let g = &self.cfg.gpu;
+        g.numa.map(|mode| {
+            let cvd = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+            let (p, warnings) = numa::prepare(
                 g.nvml_lib.as_deref(),
                 mode,
                 g.numa_strict,
@@ -50,164 +195,135 @@ impl Agent {
                 console_note(w);
             }
             p
-        });
-        for lr in 0..self.cfg.nproc {
-            let dir = self.attempt_dir(cycle, lr);
-            let error_file = dir.join("error.json");
-            // A log directory that is full, read-only or gone costs the log files, not the job.
-            let open_log = |name: &str| -> std::io::Result<LogFile> {
-                fs::create_dir_all(&dir)?;
-                let path = dir.join(name);
-                Ok(LogFile {
-                    file: File::create(&path)?,
-                    path,
-                })
-            };
-            let (out_log, err_log) = match (open_log("stdout.log"), open_log("stderr.log")) {
-                (Ok(o), Ok(e)) => (Some(o), Some(e)),
-                (Err(e), _) | (_, Err(e)) => {
-                    if !self.log_create_failed {
-                        self.log_create_failed = true;
-                        console_note(&format!(
-                            "cannot create the rank logs in {}: {e}; ranks run without log files \
-                             (free space or fix --log-dir; the console still shows their output)",
-                            dir.display()
-                        ));
-                    }
-                    (None, None)
-                }
-            };
-            let error_file_s = error_file.to_string_lossy().into_owned();
-            let slot = RankSlot {
-                local_rank: lr,
-                group_rank: self.group_rank,
-                restart_count: cycle,
-                rank_offset: self.rank_offset,
-                world_size: self.world_size,
-                master_addr: &self.store_for_ranks.0,
-                master_port: self.store_for_ranks.1,
-                error_file: &error_file_s,
-            };
-            let mut env = worker_env(&self.cfg, &slot, &env_of);
-            env.push((
-                "VIGIL_RUN_DIR".into(),
-                self.run_dir.to_string_lossy().into_owned(),
-            ));
-            env.push((
-                "VIGIL_SOCKET".into(),
-                self.socket.to_string_lossy().into_owned(),
-            ));
-            // The shim refuses to speak another protocol before it connects (docs/protocol.md).
-            env.push((
-                "VIGIL_PROTOCOL".into(),
-                vigil_ipc::PROTOCOL_VERSION.to_string(),
-            ));
-            env.push((
-                "VIGIL_STACK_FILE".into(),
-                dir.join("stacks.txt").to_string_lossy().into_owned(),
-            ));
-            env.push(self.containment.env());
-            match proc::spawn_rank(
-                &self.cfg.command,
-                &env,
-                self.containment.cgroup(),
-                numa.as_ref().and_then(|n| n[lr as usize].as_ref()),
-            ) {
-                Ok(sp) => {
-                    if let Some(w) = &mut self.watchdog {
-                        w.guard(sp.pid);
-                    }
-                    self.shared.rank_pids.borrow_mut()[lr as usize] = Some(sp.pid);
-                    let prefix = crate::cli::config::render_prefix(
-                        self.cfg.prefix_template.as_deref(),
-                        &self.cfg.role,
-                        self.rank_offset + lr,
-                        lr,
-                        &hostname,
-                    );
-                    let console = self.cfg.console[lr as usize];
-                    self.readers.push(pump(
-                        sp.stdout,
-                        Sink {
-                            prefix: prefix.clone(),
-                            console: console.stdout.then_some(ConsoleStream::Stdout),
-                            file: out_log,
-                            tail: None,
-                            dup: dups[0].clone(),
-                        },
+        })
+    }
+
+    /// Starts one rank; false when it could not be (the attempt starts no more ranks).
+    fn spawn_rank(&mut self, cycle: u32, lr: u32, io: &AttemptIo) -> bool {
+        let dir = self.attempt_dir(cycle, lr);
+        let logs = match open_logs(&dir) {
+            Ok((o, e)) => Some((o, e)),
+            Err(e) => {
+                if !self.log_create_failed {
+                    self.log_create_failed = true;
+                    console_note(&format!(
+                        "cannot create the rank logs in {}: {e}; ranks run without log files \
+                         (free space or fix --log-dir; the console still shows their output)",
+                        dir.display()
                     ));
-                    self.readers.push(pump(
-                        sp.stderr,
-                        Sink {
-                            prefix,
-                            console: console.stderr.then_some(ConsoleStream::Stderr),
-                            file: err_log,
-                            tail: Some(self.tails[lr as usize].clone()),
-                            dup: dups[1].clone(),
-                        },
-                    ));
-                    self.queue.push_back(Event::RankSpawned {
-                        local_rank: lr,
-                        pid: sp.pid,
-                    });
                 }
-                Err(e) => {
-                    self.queue.push_back(Event::SpawnFailed {
-                        local_rank: lr,
-                        error: format!("cannot execute {:?}: {e}", self.cfg.command[0]),
-                    });
-                    return;
+                None
+            }
+        };
+        let env = self.rank_env(cycle, lr, &dir);
+        let numa = io.numa.as_ref().and_then(|n| n[lr as usize].as_ref());
+        match proc::spawn_rank(&self.cfg.command, &env, self.containment.cgroup(), numa) {
+            Ok(sp) => {
+                if let Some(w) = &mut self.watchdog {
+                    w.guard(sp.pid);
                 }
+                self.shared.rank_pids.borrow_mut()[lr as usize] = Some(sp.pid);
+                let pid = sp.pid;
+                self.start_pumps(lr, sp, logs, io);
+                self.queue.push_back(Event::RankSpawned {
+                    local_rank: lr,
+                    pid,
+                });
+                true
+            }
+            Err(e) => {
+                self.queue.push_back(Event::SpawnFailed {
+                    local_rank: lr,
+                    error: format!("cannot execute {:?}: {e}", self.cfg.command[0]),
+                });
+                false
             }
         }
     }
 
+    /// A rank's environment: torchrun's variables and vigil's own.
+    fn rank_env(&self, cycle: u32, lr: u32, dir: &Path) -> Vec<(String, String)> {
+        let error_file = dir.join("error.json").to_string_lossy().into_owned();
+        let slot = RankSlot {
+            local_rank: lr,
+            group_rank: self.slot.group_rank,
+            restart_count: cycle,
+            rank_offset: self.slot.rank_offset,
+            world_size: self.slot.world_size,
+            master_addr: &self.store_for_ranks.0,
+            master_port: self.store_for_ranks.1,
+            error_file: &error_file,
+        };
+        let env_of = |k: &str| std::env::var(k).ok();
+        let mut env = worker_env(&self.cfg, &slot, &env_of);
+        let path = |p: &Path| p.to_string_lossy().into_owned();
+        env.push(("VIGIL_RUN_DIR".into(), path(&self.run_dir)));
+        env.push(("VIGIL_SOCKET".into(), path(&self.socket)));
+        // The shim refuses to speak another protocol before it connects (docs/protocol.md).
+        env.push((
+            "VIGIL_PROTOCOL".into(),
+            vigil_ipc::PROTOCOL_VERSION.to_string(),
+        ));
+        env.push(("VIGIL_STACK_FILE".into(), path(&dir.join("stacks.txt"))));
+        env.push(self.containment.env());
+        env
+    }
+
+    /// Copies a started rank's stdout and stderr to its logs and the console.
+    fn start_pumps(
+        &mut self,
+        lr: u32,
+        sp: proc::Spawned,
+        logs: Option<(LogFile, LogFile)>,
+        io: &AttemptIo,
+    ) {
+        let (out_log, err_log) = logs.map_or((None, None), |(o, e)| (Some(o), Some(e)));
+        let prefix = render_prefix(
+            self.cfg.prefix_template.as_deref(),
+            &self.cfg.role,
+            self.slot.rank_offset + lr,
+            lr,
+            &io.hostname,
+        );
+        let console = self.cfg.console[lr as usize];
+        self.readers.push(pump(
+            sp.stdout,
+            Sink {
+                prefix: prefix.clone(),
+                console: console.stdout.then_some(ConsoleStream::Stdout),
+                file: out_log,
+                tail: None,
+                dup: io.dups[0].clone(),
+            },
+        ));
+        self.readers.push(pump(
+            sp.stderr,
+            Sink {
+                prefix,
+                console: console.stderr.then_some(ConsoleStream::Stderr),
+                file: err_log,
+                tail: Some(self.tails[lr as usize].clone()),
+                dup: io.dups[1].clone(),
+            },
+        ));
+    }
+
+    /// Carries out the supervisor's actions.
     pub(super) fn execute(&mut self, actions: Vec<Action>) {
         for a in actions {
             match a {
-                // Leaving waits until the loop is over (the output drained).
-                Action::Job(leave @ JobRequest::Leave { .. }) => self.leave = Some(leave),
-                Action::Job(req @ JobRequest::Join { cycle, .. })
-                    if gate::wanted(&self.cfg.gpu, cycle) =>
-                {
-                    let (nproc, node) = (self.cfg.nproc, self.cfg.node_rank);
-                    let spares = self.cfg.active_nodes < self.cfg.nnodes;
-                    gate::start(
-                        self.cfg.gpu.clone(),
-                        nproc,
-                        node,
-                        spares,
-                        req,
-                        self.gate_tx.clone(),
-                    );
-                }
-                Action::Job(req) => {
-                    let _ = self.coord.send(req);
-                }
+                Action::Job(req) => self.request(req),
                 Action::SpawnCycle { cycle } => self.spawn_cycle(cycle),
                 Action::SignalGroups { pgids, signal } => {
                     for p in pgids {
                         proc::signal_group(p, signal);
                     }
                 }
-                Action::ReapGroups { pgids } => {
-                    for p in &pgids {
-                        proc::signal_group(*p, libc::SIGKILL);
-                    }
-                    self.sweep(self.shared.cycle.get());
-                    for p in pgids {
-                        if let Some(w) = &mut self.watchdog {
-                            w.release(p);
-                        }
-                    }
-                }
+                Action::ReapGroups { pgids } => self.reap_groups(pgids),
                 Action::Record(rec) => {
-                    if let Record::StopTriggered { trigger, .. }
-                    | Record::StopAgreed { trigger, .. } = &rec
-                    {
-                        self.stop_trigger.get_or_insert_with(|| trigger.clone());
+                    if let Some(text) = self.report.line(&rec) {
+                        output::console_text(ConsoleStream::Stderr, &text);
                     }
-                    self.note(&rec);
                     self.events.write(&rec);
                 }
                 Action::Finish(o) => self.outcome = Some(o),
@@ -215,16 +331,7 @@ impl Agent {
                     local_rank,
                     pid,
                     via_shim,
-                } => {
-                    let dir = self.attempt_dir(self.shared.cycle.get(), local_rank);
-                    let cycle = self.shared.cycle.get();
-                    let wait = self.cfg.stack_wait;
-                    let tx = self.stacks_tx.clone();
-                    tokio::task::spawn_local(async move {
-                        let report = stacks::capture(pid, &dir, via_shim, wait).await;
-                        let _ = tx.send((cycle, local_rank, report));
-                    });
-                }
+                } => self.capture_stacks(local_rank, pid, via_shim),
                 Action::ProbeStopped { ranks } => {
                     let stopped = ranks
                         .into_iter()
@@ -246,6 +353,53 @@ impl Agent {
                 }
             }
         }
+    }
+
+    /// A request to the job's coordination, through the checks before a rendezvous when they
+    /// are wanted.
+    fn request(&mut self, req: JobRequest) {
+        match req {
+            // Leaving waits until the loop is over (the output drained).
+            leave @ JobRequest::Leave { .. } => self.leave = Some(leave),
+            JobRequest::Join { cycle, .. } if gate::wanted(&self.cfg.gpu, cycle) => {
+                let (nproc, node) = (self.cfg.nproc, self.cfg.node_rank);
+                let spares = self.cfg.active_nodes < self.cfg.nnodes;
+                gate::start(
+                    self.cfg.gpu.clone(),
+                    nproc,
+                    node,
+                    spares,
+                    req,
+                    self.gate_tx.clone(),
+                );
+            }
+            req => {
+                let _ = self.coord.send(req);
+            }
+        }
+    }
+
+    fn reap_groups(&mut self, pgids: Vec<i32>) {
+        for p in &pgids {
+            proc::signal_group(*p, libc::SIGKILL);
+        }
+        self.sweep(self.shared.cycle.get());
+        for p in pgids {
+            if let Some(w) = &mut self.watchdog {
+                w.release(p);
+            }
+        }
+    }
+
+    fn capture_stacks(&mut self, local_rank: u32, pid: i32, via_shim: bool) {
+        let cycle = self.shared.cycle.get();
+        let dir = self.attempt_dir(cycle, local_rank);
+        let wait = self.cfg.stack_wait;
+        let tx = self.stacks_tx.clone();
+        tokio::task::spawn_local(async move {
+            let report = stacks::capture(pid, &dir, via_shim, wait).await;
+            let _ = tx.send((cycle, local_rank, report));
+        });
     }
 
     /// Kills whatever the ranks left running outside their process groups (daemons that called
@@ -273,29 +427,8 @@ impl Agent {
     }
 
     pub(super) fn on_stacks(&mut self, cycle: u32, local_rank: u32, report: StackReport) {
-        let rank = self.rank_offset + local_rank;
-        let mut msg = format!("rank {rank} stacks captured");
-        match &report.python {
-            Some(p) if report.missing.is_empty() => {
-                msg.push_str(&format!(" (Python: {})", p.display()))
-            }
-            Some(p) => msg.push_str(&format!(
-                " (Python: {}, perhaps cut short: {})",
-                p.display(),
-                report.missing
-            )),
-            None => msg.push_str(&format!(" (no Python stacks: {})", report.missing)),
-        }
-        if let Some(p) = &report.proc {
-            msg.push_str(&format!(", kernel view: {}", p.display()));
-        }
-        if !report.innermost.is_empty() {
-            msg.push_str("; innermost frames:");
-            for f in &report.innermost {
-                msg.push_str(&format!("\n    {f}"));
-            }
-        }
-        console_note(&msg);
+        let rank = self.slot.rank_offset + local_rank;
+        console_note(&report::stacks(rank, &report));
         self.events.write(&Record::Stacks {
             cycle,
             local_rank,
@@ -305,5 +438,25 @@ impl Agent {
             innermost: report.innermost.clone(),
         });
         self.stack_reports.push((cycle, local_rank, report));
+    }
+
+    /// Node rank 0: standbys took lost nodes' places.
+    pub(super) fn on_promoted(&mut self, cycle: u32, promotions: &[crate::job::spares::Promotion]) {
+        for p in promotions {
+            let p = Promotion {
+                cycle,
+                slot: p.slot,
+                lost: p.lost,
+                standby: p.standby,
+            };
+            console_note(&report::promotion(&p));
+            self.events.write(&Record::Promotion {
+                cycle,
+                slot: p.slot,
+                lost: p.lost,
+                standby: p.standby,
+            });
+            self.trail.promotions.push(p);
+        }
     }
 }

@@ -7,10 +7,15 @@
 
 use std::sync::mpsc as std_mpsc;
 
-use super::*;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use super::report::console_note;
 use crate::allocation::{endtime, lead, ledger, policy, slurm};
 use crate::cli::config::EndSpec;
+use crate::cli::config::LaunchConfig;
 use crate::job::state;
+use crate::supervise::{Event, Outcome, Supervisor};
 
 /// How often Slurm is asked again for the job's end (`scontrol update TimeLimit=` moves it).
 const REREAD_EVERY: Duration = Duration::from_secs(60);
@@ -367,71 +372,10 @@ pub(super) fn conclude(e: Ending) -> i32 {
                 .ok()
                 .and_then(|out| slurm::parse_show_job(&out).ok())
         });
-    let (trigger, stop_step) = match e.outcome {
-        Outcome::Stopped { trigger, step } => (Some(trigger.clone()), *step),
-        Outcome::Signaled { signal } => (Some(crate::values::signal_name(*signal)), None),
-        _ => (None, None),
-    };
-    let cancelled = info.as_ref().is_some_and(slurm::ending_early);
-    let facts = policy::Facts {
-        outcome: ledger_outcome(e.outcome),
-        status: e.outcome.exit_code(),
-        marked_finished: e.sup.training_finished(),
-        highest_step: e.sup.highest_step().max(e.peers_highest),
-        stop_trigger: trigger.clone(),
-        blame: e.blame.clone(),
-        requeue_allowed: info.as_ref().and_then(|i| i.requeue),
-        counted: cfg.allocation.state_dir.is_some(),
-        cancelled,
-        interrupted: matches!(e.outcome, Outcome::Signaled { signal } if !crate::supervise::is_stop_signal(*signal)),
-        shutdown_asked: e.sup.shutdown_asked(),
-        keeps_status: matches!(
-            e.outcome,
-            Outcome::Signaled { .. } | Outcome::PeerStopped { .. }
-        ),
-    };
+    let facts = facts(&e, info.as_ref());
     let verdict = policy::decide(&facts, &history, &cfg.allocation.limits);
-    let why = verdict.decision.why().to_string();
-    let excluded = super::slurm_job::exclusions(cfg, &verdict.decision, info.as_ref());
-    let nodes = info
-        .as_ref()
-        .map(|i| i.nodes.clone())
-        .filter(|n| !n.is_empty())
-        .unwrap_or_else(|| {
-            vec![nix::unistd::gethostname()
-                .map(|h| h.to_string_lossy().into_owned())
-                .unwrap_or_default()]
-        });
-    let rec = ledger::Record {
-        format: ledger::FORMAT,
-        allocation: ledger::next_index(&history),
-        job_id: cfg.job_id.clone(),
-        cluster: cfg
-            .allocation
-            .identity
-            .as_ref()
-            .and_then(|i| i.cluster.clone()),
-        restart_count: std::env::var("SLURM_RESTART_COUNT")
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0),
-        nodes,
-        start: unix(e.started),
-        end: unix(SystemTime::now()),
-        outcome: facts.outcome,
-        highest_step: facts.highest_step,
-        restarts: e.sup.cycle(),
-        stop_step,
-        stop_trigger: trigger,
-        decision: verdict.decision.kind(),
-        why: why.clone(),
-        excluded,
-        stop_lead_s: e.lead.as_secs_f64(),
-        exit_status: verdict.exit_status,
-        promotions: e.promotions.clone(),
-    };
+    let rec = ledger_record(&e, &facts, &verdict, &history, info.as_ref());
     let mut verdict = verdict;
-    let mut why = why;
     if let Err(err) = std::fs::create_dir_all(&dir).and_then(|_| ledger::append(&dir, &rec)) {
         console_note(&format!(
             "cannot write the job's ledger in {} ({err}); this allocation is not recorded",
@@ -440,9 +384,9 @@ pub(super) fn conclude(e: Ending) -> i32 {
         if facts.counted {
             // A requeue nobody counted could repeat forever (a disk that stays full).
             verdict = policy::unrecorded(verdict, facts.status, &dir.display().to_string());
-            why = verdict.decision.why().to_string();
         }
     }
+    let why = verdict.decision.why().to_string();
     match (&verdict.decision, slurm_job.as_deref()) {
         (policy::Decision::Requeue { .. }, Some(id)) => {
             super::slurm_job::requeue(id, &why, &rec.excluded, info.as_ref())
@@ -454,6 +398,80 @@ pub(super) fn conclude(e: Ending) -> i32 {
         _ => console_note(&format!("not requeued: {why}")),
     }
     verdict.exit_status
+}
+
+/// The trigger of a stop, and the step it stopped at.
+fn stop_of(o: &Outcome) -> (Option<String>, Option<u64>) {
+    match o {
+        Outcome::Stopped { trigger, step } => (Some(trigger.clone()), *step),
+        Outcome::Signaled { signal } => (Some(crate::values::signal_name(*signal)), None),
+        _ => (None, None),
+    }
+}
+
+/// What the requeue policy decides from.
+fn facts(e: &Ending, info: Option<&slurm::JobInfo>) -> policy::Facts {
+    policy::Facts {
+        outcome: ledger_outcome(e.outcome),
+        status: e.outcome.exit_code(),
+        marked_finished: e.sup.training_finished(),
+        highest_step: e.sup.highest_step().max(e.peers_highest),
+        stop_trigger: stop_of(e.outcome).0,
+        blame: e.blame.clone(),
+        requeue_allowed: info.and_then(|i| i.requeue),
+        counted: e.cfg.allocation.state_dir.is_some(),
+        cancelled: info.is_some_and(slurm::ending_early),
+        interrupted: matches!(e.outcome, Outcome::Signaled { signal } if !crate::supervise::is_stop_signal(*signal)),
+        shutdown_asked: e.sup.shutdown_asked(),
+        keeps_status: matches!(
+            e.outcome,
+            Outcome::Signaled { .. } | Outcome::PeerStopped { .. }
+        ),
+    }
+}
+
+/// This allocation's line in the job's ledger.
+fn ledger_record(
+    e: &Ending,
+    facts: &policy::Facts,
+    verdict: &policy::Verdict,
+    history: &[ledger::Record],
+    info: Option<&slurm::JobInfo>,
+) -> ledger::Record {
+    let cfg = e.cfg;
+    let nodes = info
+        .map(|i| i.nodes.clone())
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| {
+            vec![nix::unistd::gethostname()
+                .map(|h| h.to_string_lossy().into_owned())
+                .unwrap_or_default()]
+        });
+    let identity = cfg.allocation.identity.as_ref();
+    ledger::Record {
+        format: ledger::FORMAT,
+        allocation: ledger::next_index(history),
+        job_id: cfg.job_id.clone(),
+        cluster: identity.and_then(|i| i.cluster.clone()),
+        restart_count: std::env::var("SLURM_RESTART_COUNT")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0),
+        nodes,
+        start: unix(e.started),
+        end: unix(SystemTime::now()),
+        outcome: facts.outcome,
+        highest_step: facts.highest_step,
+        restarts: e.sup.cycle(),
+        stop_step: stop_of(e.outcome).1,
+        stop_trigger: facts.stop_trigger.clone(),
+        decision: verdict.decision.kind(),
+        why: verdict.decision.why().to_string(),
+        excluded: super::slurm_job::exclusions(cfg, &verdict.decision, info),
+        stop_lead_s: e.lead.as_secs_f64(),
+        exit_status: verdict.exit_status,
+        promotions: e.promotions.clone(),
+    }
 }
 
 /// What to do when no Slurm job requeues itself. 75 says "run again" by itself; a status kept

@@ -1,7 +1,7 @@
 //! The job's clock: monotonic time minus the time the agent itself was suspended, so a job that
 //! was stopped (SIGSTOP, `scontrol suspend`) is never found hung for it.
 
-use super::*;
+use std::time::{Duration, Instant};
 
 /// The loop wakes at least this often, so a longer gap means the agent itself was not running
 /// (SIGSTOP, `scontrol suspend`, a frozen VM): that time is not counted against any rank.

@@ -1,6 +1,11 @@
 //! The node's event log, `events.jsonl`: one JSON record per line.
 
-use super::*;
+use std::fs::File;
+use std::io::Write;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use super::report::console_note;
+use crate::supervise::Record;
 
 pub(super) struct EventLog {
     pub(super) file: Option<File>,

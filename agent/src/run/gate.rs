@@ -3,9 +3,15 @@
 //! (NVML, a storage probe that may hang on a dead file system), so it runs on a thread of its
 //! own while the event loop goes on; what it found comes back to the loop as `GateOut`s, in order.
 
-use super::*;
+use std::time::Instant;
+
+use tokio::sync::mpsc;
+
+use super::agent::Agent;
+use super::report::console_note;
 use crate::perf::gpu::{reclaim, GpuProcess, GpuSource};
 use crate::perf::{health, numa, GpuConfig};
+use crate::supervise::{Event, JobRequest, Record};
 
 pub(super) enum GateOut {
     /// An event for the event log, with its console line if any.

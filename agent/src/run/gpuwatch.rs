@@ -4,11 +4,17 @@
 //! `Event::NodeFault`; the supervisor decides what that means. No NVML: nothing runs and the event
 //! log says why once.
 
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use super::*;
+use tokio::sync::mpsc;
+
+use super::agent::Agent;
+use super::report::console_note;
 use crate::perf::gpu::{self, GpuEvent, GpuSample, GpuSource, XidWatcher};
+use crate::supervise::{Event, Record};
 
 /// How often the node's GPUs are sampled.
 pub(super) const SAMPLE_EVERY: Duration = Duration::from_secs(5);

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::mpsc;
 use vigil_ipc::{encode_agent, AgentMsg, RankDecoder, RankMsg};
@@ -296,131 +297,170 @@ async fn serve(stream: UnixStream, uid: u32, shared: Rc<Shared>, tx: mpsc::Sende
             return;
         }
     };
-    let (mut rd, mut wr) = stream.into_split();
-    let mut dec = RankDecoder::new();
-    let mut buf = vec![0u8; 8192];
-    let mut me: Option<(u32, u32)> = None; // (cycle, local_rank)
+    let (rd, wr) = stream.into_split();
     let conn = shared.next_conn.get();
     shared.next_conn.set(conn + 1);
-    let (out_tx, mut out_rx) = mpsc::unbounded_channel::<AgentMsg>();
-    let writer = tokio::task::spawn_local(async move {
-        let mut frame = Vec::new();
-        while let Some(msg) = out_rx.recv().await {
-            frame.clear();
-            encode_agent(&msg, &mut frame);
-            if wr.write_all(&frame).await.is_err() {
-                break;
-            }
+    let (out_tx, out_rx) = mpsc::unbounded_channel::<AgentMsg>();
+    let writer = tokio::task::spawn_local(write_frames(wr, out_rx));
+    let mut c = Conn {
+        pid,
+        conn,
+        me: None,
+        out_tx,
+        shared,
+        tx,
+    };
+    c.read_frames(rd).await;
+    if let Some((cycle, local_rank)) = c.me {
+        if c.shared.remove_route(local_rank, c.conn, cycle) {
+            let _ = c.tx.send(IpcIn::Closed { cycle, local_rank }).await;
         }
-    });
-    let mut batch = Vec::new();
-    'conn: loop {
-        let n = match rd.read(&mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
-        };
-        dec.push(&buf[..n]);
-        let mut bad = None;
-        loop {
-            match dec.next() {
-                Ok(Some(m)) => batch.push(m),
-                Ok(None) => break,
-                Err(e) => {
-                    bad = Some(e);
-                    break;
-                }
-            }
-        }
-        for msg in coalesce(std::mem::take(&mut batch)) {
-            let (cycle, local_rank) = match (me, &msg) {
-                (
-                    None,
-                    RankMsg::Register {
-                        local_rank, cycle, ..
-                    },
-                ) => {
-                    let lr = *local_rank;
-                    let expected = shared
-                        .rank_pids
-                        .borrow()
-                        .get(lr as usize)
-                        .copied()
-                        .flatten();
-                    let ok = *cycle == shared.cycle.get()
-                        && expected.is_some_and(|r| belongs_to(pid, r));
-                    if !ok {
-                        let reason = format!(
-                            "process {pid} registered as local rank {lr} of cycle {cycle}, which it is not (current cycle {})",
-                            shared.cycle.get()
-                        );
-                        let _ = tx
-                            .send(IpcIn::Rejected {
-                                peer_pid: Some(pid),
-                                reason,
-                            })
-                            .await;
-                        break 'conn;
-                    }
-                    me = Some((*cycle, lr));
-                    shared.add_route(
-                        lr,
-                        Route {
-                            conn,
-                            cycle: *cycle,
-                            tx: out_tx.clone(),
-                        },
-                    );
-                    (*cycle, lr)
-                }
-                (None, _) => {
-                    let reason = format!(
-                        "process {pid} sent a message before registering; connection closed"
-                    );
-                    let _ = tx
-                        .send(IpcIn::Rejected {
-                            peer_pid: Some(pid),
-                            reason,
-                        })
-                        .await;
-                    break 'conn;
-                }
-                (Some(m), _) => m,
-            };
-            if cycle != shared.cycle.get() {
-                break 'conn;
-            }
-            // Waits while the loop is behind: this connection stops reading meanwhile.
-            if tx
-                .send(IpcIn::Message {
-                    cycle,
-                    local_rank,
-                    msg,
-                    at: std::time::Instant::now(),
-                })
-                .await
-                .is_err()
-            {
-                break 'conn;
-            }
-        }
-        if let Some(e) = bad {
-            let reason = format!("malformed frame from process {pid}: {e}; connection closed");
-            let _ = tx
-                .send(IpcIn::Rejected {
-                    peer_pid: Some(pid),
-                    reason,
-                })
-                .await;
+    }
+    drop(c);
+    writer.abort();
+}
+
+/// Writes what the agent sends this connection, until the connection or the agent closes.
+async fn write_frames(mut wr: OwnedWriteHalf, mut out_rx: mpsc::UnboundedReceiver<AgentMsg>) {
+    let mut frame = Vec::new();
+    while let Some(msg) = out_rx.recv().await {
+        frame.clear();
+        encode_agent(&msg, &mut frame);
+        if wr.write_all(&frame).await.is_err() {
             break;
         }
     }
-    if let Some((cycle, local_rank)) = me {
-        if shared.remove_route(local_rank, conn, cycle) {
-            let _ = tx.send(IpcIn::Closed { cycle, local_rank }).await;
+}
+
+/// Why a connection is closed: the line the event log (and the console) get.
+struct Refusal(String);
+
+/// One accepted connection of a checked peer.
+struct Conn {
+    pid: i32,
+    conn: u64,
+    /// `(cycle, local rank)` once registered.
+    me: Option<(u32, u32)>,
+    /// The way back to the rank, for its route once registered.
+    out_tx: mpsc::UnboundedSender<AgentMsg>,
+    shared: Rc<Shared>,
+    tx: mpsc::Sender<IpcIn>,
+}
+
+impl Conn {
+    /// Reads frames and passes their messages on until the peer closes, a frame is malformed,
+    /// or a message is refused.
+    async fn read_frames(&mut self, mut rd: OwnedReadHalf) {
+        let mut dec = RankDecoder::new();
+        let mut buf = vec![0u8; 8192];
+        loop {
+            let n = match rd.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            dec.push(&buf[..n]);
+            let mut batch = Vec::new();
+            let mut bad = None;
+            loop {
+                match dec.next() {
+                    Ok(Some(m)) => batch.push(m),
+                    Ok(None) => break,
+                    Err(e) => {
+                        bad = Some(e);
+                        break;
+                    }
+                }
+            }
+            for msg in coalesce(batch) {
+                if !self.forward(msg).await {
+                    return;
+                }
+            }
+            if let Some(e) = bad {
+                let pid = self.pid;
+                self.reject(format!(
+                    "malformed frame from process {pid}: {e}; connection closed"
+                ))
+                .await;
+                return;
+            }
         }
     }
-    drop(out_tx);
-    writer.abort();
+
+    /// Passes one message to the event loop; false when the connection is to close.
+    async fn forward(&mut self, msg: RankMsg) -> bool {
+        let (cycle, local_rank) = match self.me {
+            Some(me) => me,
+            None => match self.register(&msg) {
+                Ok(me) => me,
+                Err(Refusal(reason)) => {
+                    self.reject(reason).await;
+                    return false;
+                }
+            },
+        };
+        if cycle != self.shared.cycle.get() {
+            return false;
+        }
+        // Waits while the loop is behind: this connection stops reading meanwhile.
+        self.tx
+            .send(IpcIn::Message {
+                cycle,
+                local_rank,
+                msg,
+                at: std::time::Instant::now(),
+            })
+            .await
+            .is_ok()
+    }
+
+    /// A connection's first message must register it as a rank of the current cycle that the
+    /// peer is (or descends from).
+    fn register(&mut self, msg: &RankMsg) -> Result<(u32, u32), Refusal> {
+        let pid = self.pid;
+        let RankMsg::Register {
+            local_rank, cycle, ..
+        } = msg
+        else {
+            return Err(Refusal(format!(
+                "process {pid} sent a message before registering; connection closed"
+            )));
+        };
+        let (lr, cycle) = (*local_rank, *cycle);
+        let expected = self
+            .shared
+            .rank_pids
+            .borrow()
+            .get(lr as usize)
+            .copied()
+            .flatten();
+        let current = self.shared.cycle.get();
+        if cycle != current || !expected.is_some_and(|r| belongs_to(pid, r)) {
+            return Err(Refusal(format!(
+                "process {pid} registered as local rank {lr} of cycle {cycle}, which it is not (current cycle {current})"
+            )));
+        }
+        self.me = Some((cycle, lr));
+        self.shared.add_route(
+            lr,
+            Route {
+                conn: self.conn,
+                cycle,
+                tx: self.out_tx.clone(),
+            },
+        );
+        Ok((cycle, lr))
+    }
+
+    async fn reject(&self, reason: String) {
+        let _ = self
+            .tx
+            .send(IpcIn::Rejected {
+                peer_pid: Some(self.pid),
+                reason,
+            })
+            .await;
+    }
 }
 
 #[cfg(test)]

@@ -159,7 +159,12 @@ impl Sink {
 
 /// An agent notice on stderr: `[vigil] msg`. Never blocks.
 pub fn note(msg: &str) {
-    console_text(ConsoleStream::Stderr, &format!("[vigil] {msg}\n"));
+    console_text(ConsoleStream::Stderr, &note_line(msg));
+}
+
+/// The console line of an agent notice, newline-terminated.
+pub fn note_line(msg: &str) -> String {
+    format!("[vigil] {msg}\n")
 }
 
 /// Agent text (already formatted, newline-terminated) for the console. Never blocks.

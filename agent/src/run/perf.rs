@@ -2,9 +2,11 @@
 //! sharing them with node rank 0 and, there, the job's report. Scoring and rendering are pure
 //! (`perf::straggler`); whether to act on a report is the supervisor's (`Event::Stragglers`).
 
-use super::*;
+use std::time::{Duration, Instant};
+
 use crate::cli::config::StragglerPlan;
 use crate::perf::straggler::{self, NodeSummary, RankTimes};
+use crate::supervise::Record;
 use vigil_ipc::RankMsg;
 
 /// `steps` records come at most this often, and only when the steps moved.

@@ -1,7 +1,14 @@
 //! Before any rank starts: the run directory, whose saved state this is, and whether every rank's
 //! command can be executed.
 
-use super::*;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use super::proc;
+use crate::cli::config::LaunchConfig;
+use crate::job::state::Provenance;
+use crate::values::file_safe;
 
 /// Who this node's saved state says wrote it.
 pub(super) fn provenance(cfg: &LaunchConfig) -> Provenance {
@@ -103,6 +110,7 @@ pub fn check_command(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn run_directories_say_whose_and_when() {

@@ -1,10 +1,17 @@
-//! All text the agent prints about the job: one line per event-log record worth telling, notes,
-//! the failure summary.
+//! All text the agent prints about the job. The reporter is pure: it turns an event-log record
+//! (or the agent's outcome, or a capture's report) into console text, from what the record
+//! carries and the few facts of this node that never change; the event loop only writes it.
 
-use super::*;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
-/// The most of a rank's error file (torch's `error.json`) read.
-const ERROR_FILE_LIMIT: u64 = 4 << 20;
+use super::output::{self, ConsoleStream};
+use super::stacks::StackReport;
+use crate::allocation::ledger::Promotion;
+use crate::cli::config::LaunchConfig;
+use crate::supervise::monitor::Timeouts;
+use crate::supervise::{Hang, JobEnd, Outcome, Record, StopReason};
+use crate::values::signal_name;
 
 pub(super) fn console_note(msg: &str) {
     output::note(msg);
@@ -19,6 +26,13 @@ pub(super) fn note_refused(n: u64) {
 /// A line for the console's stderr (never blocks: see `output`).
 pub(super) fn console_err(line: String) {
     output::console_text(ConsoleStream::Stderr, &(line + "\n"));
+}
+
+/// Where the logs of one rank of one attempt are.
+pub(super) fn attempt_dir(run_dir: &Path, cycle: u32, local_rank: u32) -> PathBuf {
+    run_dir
+        .join(format!("attempt_{cycle}"))
+        .join(local_rank.to_string())
 }
 
 pub(super) fn describe_timeouts(t: &Timeouts) -> String {
@@ -43,7 +57,7 @@ pub(super) fn describe_timeouts(t: &Timeouts) -> String {
 /// signal for `vigil.should_stop` (`killed` of them) get SIGKILL at once in a stop that saves
 /// nothing.
 fn stop_line(why: &str, signal: i32, grace_ms: u64, n: usize, killed: usize) -> String {
-    let sig = crate::values::signal_name(signal);
+    let sig = signal_name(signal);
     let graceful = format!("{sig} then SIGKILL after {:.1}s", grace_ms as f64 / 1000.0);
     let held =
         format!("SIGKILL now (they hold {sig} for vigil.should_stop, and this stop saves nothing)");
@@ -66,41 +80,39 @@ fn stop_cause(trigger: Option<&str>) -> String {
     }
 }
 
-impl Agent {
-    pub(super) fn note(&self, rec: &Record) {
+/// Turns records into console text. Holds only what never changes while the agent runs.
+pub(super) struct Reporter {
+    pub(super) run_dir: PathBuf,
+    pub(super) node_rank: u32,
+    pub(super) nnodes: u32,
+}
+
+impl Reporter {
+    /// The console text for this record (newline-terminated), if it is worth telling.
+    pub(super) fn line(&self, rec: &Record) -> Option<String> {
+        if let Record::NodeFault { reason, .. } = rec {
+            return Some(format!(
+                "vigil: this node cannot run ranks: {reason}; the job ends after this attempt and is requeued without this node\n"
+            ));
+        }
+        self.note(rec).map(|n| output::note_line(&n))
+    }
+
+    fn note(&self, rec: &Record) -> Option<String> {
         match rec {
-            Record::CycleStart { cycle, nproc, .. } => console_note(&format!(
-                "starting {nproc} rank(s){}, attempt {cycle} (restarts left: {}); logs in {}",
-                if self.cfg.nnodes > 1 {
-                    format!(
-                        " as ranks {}-{} of {}",
-                        self.rank_offset,
-                        self.rank_offset + nproc - 1,
-                        self.world_size
-                    )
-                } else {
-                    String::new()
-                },
-                self.max_restarts.saturating_sub(*cycle),
-                self.run_dir.display()
-            )),
-            Record::CycleEnded { cycle, end } => match end {
-                JobEnd::Done => {}
-                JobEnd::Failed { node, reason } if *node != self.cfg.node_rank => {
-                    console_note(&format!(
-                        "attempt {cycle} failed on node {node}: {reason}; every node stops its ranks"
-                    ))
-                }
-                JobEnd::Stopped { node, reason, .. } if *node != self.cfg.node_rank => {
-                    console_note(&format!(
-                        "the job is stopping ({reason}, on node {node}); stopping this node's ranks"
-                    ))
-                }
-                JobEnd::Lost { reason, .. } if !self.refused => console_note(&format!(
-                    "{reason}; stopping this node's ranks, the job ends (requeue it to go on)"
-                )),
-                _ => {}
-            },
+            Record::CycleStart {
+                cycle,
+                nproc,
+                rank_offset,
+                world_size,
+                restarts_left,
+                ..
+            } => Some(self.cycle_start(*cycle, *nproc, (*rank_offset, *world_size), *restarts_left)),
+            Record::CycleEnded {
+                cycle,
+                end,
+                requeue,
+            } => self.cycle_ended(*cycle, end, *requeue),
             Record::RankExited {
                 cycle,
                 local_rank,
@@ -109,16 +121,14 @@ impl Agent {
                 exit_code,
                 signal,
                 expected: false,
-            } => console_note(&format!(
+            } => Some(format!(
                 "rank {rank} (pid {pid}) failed: {}; its output: {}",
                 match (exit_code, signal) {
                     (Some(c), _) => format!("exit code {c}"),
-                    (_, Some(s)) => format!("killed by {}", crate::values::signal_name(*s)),
+                    (_, Some(s)) => format!("killed by {}", signal_name(*s)),
                     _ => "unknown".into(),
                 },
-                self.attempt_dir(*cycle, *local_rank)
-                    .join("stderr.log")
-                    .display()
+                self.log(*cycle, *local_rank, "stderr.log")
             )),
             Record::Stop {
                 reason,
@@ -126,12 +136,13 @@ impl Agent {
                 grace_ms,
                 pids,
                 killed,
+                trigger,
                 ..
-            } if !pids.is_empty() => console_note(&stop_line(
+            } if !pids.is_empty() => Some(stop_line(
                 &match reason {
                     StopReason::RankFailed => "after a rank failed".to_string(),
                     StopReason::RankHung => "after a rank hung".to_string(),
-                    StopReason::Signal => stop_cause(self.stop_trigger.as_deref()),
+                    StopReason::Signal => stop_cause(trigger.as_deref()),
                     StopReason::SpawnFailed => "after a rank could not start".to_string(),
                     StopReason::Peer => "as the job's other nodes do".to_string(),
                 },
@@ -140,153 +151,322 @@ impl Agent {
                 pids.len(),
                 killed.len(),
             )),
-            Record::RankSignalled { rank, signal, .. } => console_note(&format!(
+            Record::RankSignalled { rank, signal, .. } => Some(format!(
                 "rank {rank} received {} (sent to the rank, not to vigil): the job stops at one step, as for a signal to vigil",
-                crate::values::signal_name(*signal)
+                signal_name(*signal)
             )),
-            Record::Escalate { pids, .. } => console_note(&format!(
+            Record::Escalate { pids, .. } => Some(format!(
                 "{} rank(s) still running after the grace period: SIGKILL",
                 pids.len()
             )),
-            Record::RankSpawnFailed { error, .. } => console_note(error),
+            Record::RankSpawnFailed { error, .. } => Some(error.clone()),
             Record::Hang {
                 cycle,
                 local_rank,
                 rank,
                 pid,
                 hang,
-            } => console_note(&format!(
-                "rank {rank} (pid {pid}) is hung: {} of {:.1}s passed (silent for {:.1}s){}; capturing its stacks into {}",
-                hang.timeout,
-                hang.limit_ms as f64 / 1000.0,
-                hang.silent_ms as f64 / 1000.0,
-                if hang.stopped {
-                    ", its process is stopped (SIGSTOP?)"
-                } else {
-                    ""
-                },
-                self.attempt_dir(*cycle, *local_rank)
-                    .join("stacks.txt")
-                    .display()
-            )),
+            } => Some(self.hang(*cycle, *local_rank, *rank, *pid, hang)),
             Record::Restart {
                 to_cycle,
                 ran_ms,
                 backoff_ms,
                 ..
-            } if *backoff_ms > 0 => console_note(&format!(
+            } if *backoff_ms > 0 => Some(format!(
                 "attempt {} failed after {:.1}s; waiting {:.1}s before attempt {to_cycle} (restart back-off)",
                 to_cycle - 1,
                 *ran_ms as f64 / 1000.0,
                 *backoff_ms as f64 / 1000.0
             )),
-            Record::SectionNamesCapped { rank, kept, .. } => console_note(&format!(
-                "rank {rank} used more than {kept} distinct section names: new names are no longer timed or used for calculated timeouts (name sections by phase, not by step or file)"
-            )),
-            Record::TimeoutsUpdated { source, timeouts } => console_note(&format!(
-                "timeouts ({source}): {}",
-                describe_timeouts(timeouts)
-            )),
-            Record::WorkloadControl {
-                rank,
-                action,
-                description,
-                ..
-            } => console_note(&format!(
-                "rank {rank} asked to {} ({description}): {}",
-                if *action == "shutdown_workload" {
-                    "shut the workload down"
-                } else {
-                    "exclude this node"
-                },
-                if *action == "shutdown_workload" {
-                    "no further attempt, and the job is not requeued"
-                } else {
-                    "the job ends after this attempt and is requeued without this node"
-                }
-            )),
-            Record::NodeFault { reason, .. } => console_err(format!(
-                "vigil: this node cannot run ranks: {reason}; the job ends after this attempt and is requeued without this node"
-            )),
-            Record::StopTriggered {
-                trigger, window_ms, ..
-            } => console_note(&format!(
-                "{trigger}: asking every rank to checkpoint at one agreed step and exit (they have {:.0}s)",
-                *window_ms as f64 / 1000.0
-            )),
-            Record::StopAgreed { step, .. } => console_note(&match step {
-                Some(s) => format!("every rank stops after step {s}"),
-                None => "no rank reported a step: every rank stops now".to_string(),
-            }),
-            Record::StopOverdue {
-                ranks, window_ms, ..
-            } => console_note(&format!(
-                "rank(s) {} did not stop within {:.0}s of being asked: stopping them",
-                ranks
-                    .iter()
-                    .map(|r| r.to_string())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                *window_ms as f64 / 1000.0
-            )),
-            _ => {}
+            _ => stop_and_control_note(rec),
         }
     }
 
-    pub(super) fn failure_summary(&self, sup: &Supervisor, now_i: Instant) -> String {
-        let now_s = SystemTime::now();
-        let failed: Vec<FailedRank> = sup
-            .failures()
-            .iter()
-            .map(|f| {
-                let error_path = self.attempt_dir(f.cycle, f.local_rank).join("error.json");
-                // The rank writes it: a regular file, bounded, or nothing.
-                let error = vigil_bounded::read_string(&error_path, ERROR_FILE_LIMIT)
-                    .ok()
-                    .and_then(|t| summary::parse_error_file(&t));
-                let when = now_s - now_i.saturating_duration_since(f.at);
-                let stacks = self
-                    .stack_reports
-                    .iter()
-                    .find(|(c, lr, _)| *c == f.cycle && *lr == f.local_rank)
-                    .map(|(_, _, r)| r.clone());
-                FailedRank {
-                    time: humantime::format_rfc3339_seconds(when).to_string(),
-                    host: self.host.clone(),
-                    rank: f.rank,
-                    local_rank: f.local_rank,
-                    how: f.how,
-                    hang: f.hang.clone(),
-                    stacks,
-                    pid: f.pid,
-                    logs: Some(
-                        self.attempt_dir(f.cycle, f.local_rank)
-                            .to_string_lossy()
-                            .into_owned(),
-                    ),
-                    error_file: error
-                        .as_ref()
-                        .map(|_| error_path.to_string_lossy().into_owned()),
-                    error,
-                    stderr_tail: self
-                        .tails
-                        .get(f.local_rank as usize)
-                        .map(|t| t.borrow().iter().cloned().collect())
-                        .unwrap_or_default(),
-                }
-            })
-            .collect();
-        let elsewhere = match &self.peer_end {
-            Some(JobEnd::Failed { node, reason }) if failed.is_empty() => Some(format!(
-                "on node {node}: {reason} (its agent's log has the details)"
+    fn cycle_start(
+        &self,
+        cycle: u32,
+        nproc: u32,
+        (rank_offset, world_size): (u32, u32),
+        restarts_left: u32,
+    ) -> String {
+        let ranks = if self.nnodes > 1 {
+            format!(
+                " as ranks {rank_offset}-{} of {world_size}",
+                rank_offset + nproc - 1
+            )
+        } else {
+            String::new()
+        };
+        format!(
+            "starting {nproc} rank(s){ranks}, attempt {cycle} (restarts left: {restarts_left}); logs in {}",
+            self.run_dir.display()
+        )
+    }
+
+    /// A file in one rank's logs of one attempt.
+    fn log(&self, cycle: u32, local_rank: u32, name: &str) -> String {
+        attempt_dir(&self.run_dir, cycle, local_rank)
+            .join(name)
+            .display()
+            .to_string()
+    }
+
+    /// The job's verdict on an attempt another node ended (this node's own end was told as it
+    /// happened). A job that refused this agent ends with one error line, and no note about
+    /// stopping ranks it never had.
+    fn cycle_ended(&self, cycle: u32, end: &JobEnd, requeue: Option<bool>) -> Option<String> {
+        match end {
+            JobEnd::Failed { node, reason } if *node != self.node_rank => Some(format!(
+                "attempt {cycle} failed on node {node}: {reason}; every node stops its ranks"
+            )),
+            JobEnd::Stopped { node, reason, .. } if *node != self.node_rank => Some(format!(
+                "the job is stopping ({reason}, on node {node}); stopping this node's ranks"
+            )),
+            JobEnd::Lost { reason, .. } if requeue != Some(false) => Some(format!(
+                "{reason}; stopping this node's ranks, the job ends (requeue it to go on)"
             )),
             _ => None,
-        };
-        summary::render(
-            &self.cfg.entrypoint_name,
-            sup.cycle(),
-            &failed,
-            elsewhere.as_deref(),
+        }
+    }
+
+    fn hang(&self, cycle: u32, local_rank: u32, rank: u32, pid: i32, hang: &Hang) -> String {
+        format!(
+            "rank {rank} (pid {pid}) is hung: {} of {:.1}s passed (silent for {:.1}s){}; capturing its stacks into {}",
+            hang.timeout,
+            hang.limit_ms as f64 / 1000.0,
+            hang.silent_ms as f64 / 1000.0,
+            if hang.stopped {
+                ", its process is stopped (SIGSTOP?)"
+            } else {
+                ""
+            },
+            self.log(cycle, local_rank, "stacks.txt")
         )
+    }
+}
+
+/// Notes on timeouts, the ranks' own requests and stops at a step.
+fn stop_and_control_note(rec: &Record) -> Option<String> {
+    match rec {
+        Record::SectionNamesCapped { rank, kept, .. } => Some(format!(
+            "rank {rank} used more than {kept} distinct section names: new names are no longer timed or used for calculated timeouts (name sections by phase, not by step or file)"
+        )),
+        Record::TimeoutsUpdated { source, timeouts } => Some(format!(
+            "timeouts ({source}): {}",
+            describe_timeouts(timeouts)
+        )),
+        Record::WorkloadControl {
+            rank,
+            action,
+            description,
+            ..
+        } => {
+            let (asked, then) = if *action == "shutdown_workload" {
+                (
+                    "shut the workload down",
+                    "no further attempt, and the job is not requeued",
+                )
+            } else {
+                (
+                    "exclude this node",
+                    "the job ends after this attempt and is requeued without this node",
+                )
+            };
+            Some(format!("rank {rank} asked to {asked} ({description}): {then}"))
+        }
+        Record::StopTriggered {
+            trigger, window_ms, ..
+        } => Some(format!(
+            "{trigger}: asking every rank to checkpoint at one agreed step and exit (they have {:.0}s)",
+            *window_ms as f64 / 1000.0
+        )),
+        Record::StopAgreed { step, .. } => Some(match step {
+            Some(s) => format!("every rank stops after step {s}"),
+            None => "no rank reported a step: every rank stops now".to_string(),
+        }),
+        Record::StopOverdue {
+            ranks, window_ms, ..
+        } => Some(format!(
+            "rank(s) {} did not stop within {:.0}s of being asked: stopping them",
+            ranks
+                .iter()
+                .map(|r| r.to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            *window_ms as f64 / 1000.0
+        )),
+        _ => None,
+    }
+}
+
+/// The agent's last line about the job, after the failure summary where there is one (`None`
+/// for a failure: the summary says it all).
+pub(super) fn ending(outcome: &Outcome, cfg: &LaunchConfig) -> Option<String> {
+    let note = |s: String| Some(output::note_line(&s));
+    let status = outcome.exit_code();
+    match outcome {
+        Outcome::Succeeded if cfg.nnodes > 1 => note(format!(
+            "every rank on all {} nodes finished successfully",
+            cfg.nnodes
+        )),
+        Outcome::Succeeded => note("all ranks finished successfully".into()),
+        Outcome::Failed { .. } => None,
+        Outcome::NoProgress { attempts, step } => note(format!(
+            "not restarting after {attempts} attempts: the last {n} in a row did not get {m} step(s) past step {} (--max-no-progress {n}, --min-progress-steps {m})",
+            step.map_or("none".to_string(), |s| s.to_string()),
+            n = cfg.allocation.limits.max_no_progress,
+            m = cfg.allocation.limits.min_progress_steps
+        )),
+        Outcome::Signaled { signal } => note(format!(
+            "stopped by {}; exit status {status}",
+            signal_name(*signal)
+        )),
+        Outcome::SpawnFailed { error, .. } => Some(format!("vigil: error: {error}\n")),
+        Outcome::PeerStopped {
+            node,
+            reason,
+            exit_code,
+        } => note(format!(
+            "stopped because node {node} stopped the job ({reason}); exit status {exit_code}"
+        )),
+        Outcome::Lost {
+            reason,
+            requeue: true,
+        } => Some(format!(
+            "vigil: {reason}; exit status {status}: requeue the job to go on\n"
+        )),
+        Outcome::Lost {
+            reason,
+            requeue: false,
+        } => Some(format!("vigil: error: {reason}\n")),
+        Outcome::Stopped { trigger, step } => note(match step {
+            Some(s) => format!(
+                "stopped for {trigger} at step {s}; exit status {status}: run the job again to go on from its checkpoint"
+            ),
+            None => format!("stopped for {trigger}; exit status {status}: run the job again to go on"),
+        }),
+    }
+}
+
+/// What a capture of a hung rank's stacks found.
+pub(super) fn stacks(rank: u32, report: &StackReport) -> String {
+    let mut msg = format!("rank {rank} stacks captured");
+    match &report.python {
+        Some(p) if report.missing.is_empty() => {
+            msg.push_str(&format!(" (Python: {})", p.display()))
+        }
+        Some(p) => msg.push_str(&format!(
+            " (Python: {}, perhaps cut short: {})",
+            p.display(),
+            report.missing
+        )),
+        None => msg.push_str(&format!(" (no Python stacks: {})", report.missing)),
+    }
+    if let Some(p) = &report.proc {
+        msg.push_str(&format!(", kernel view: {}", p.display()));
+    }
+    if !report.innermost.is_empty() {
+        msg.push_str("; innermost frames:");
+        for f in &report.innermost {
+            msg.push_str(&format!("\n    {f}"));
+        }
+    }
+    msg
+}
+
+/// A standby took a lost node's place.
+pub(super) fn promotion(p: &Promotion) -> String {
+    format!(
+        "attempt {}: standby node {} takes the place of lost node {} (group rank {})",
+        p.cycle, p.standby, p.lost, p.slot
+    )
+}
+
+/// The agent itself did not run for `away`.
+pub(super) fn suspended(away: Duration) -> String {
+    format!(
+        "the agent was suspended for {:.1}s; that time does not count against any timeout",
+        away.as_secs_f64()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reporter(nnodes: u32) -> Reporter {
+        Reporter {
+            run_dir: PathBuf::from("/runs/r"),
+            node_rank: 0,
+            nnodes,
+        }
+    }
+
+    #[test]
+    fn attempts_start_with_their_ranks_on_several_nodes_only() {
+        let rec = Record::CycleStart {
+            cycle: 1,
+            restart_count: 1,
+            nproc: 2,
+            rank_offset: 2,
+            world_size: 4,
+            restarts_left: 2,
+        };
+        assert_eq!(
+            reporter(2).line(&rec).unwrap(),
+            "[vigil] starting 2 rank(s) as ranks 2-3 of 4, attempt 1 (restarts left: 2); logs in /runs/r\n"
+        );
+        assert_eq!(
+            reporter(1).line(&rec).unwrap(),
+            "[vigil] starting 2 rank(s), attempt 1 (restarts left: 2); logs in /runs/r\n"
+        );
+    }
+
+    #[test]
+    fn a_job_that_refused_the_agent_says_nothing_of_stopping_ranks() {
+        let lost = |requeue| Record::CycleEnded {
+            cycle: 0,
+            end: JobEnd::Lost {
+                reason: "gone".into(),
+                node: None,
+            },
+            requeue,
+        };
+        assert!(reporter(2).line(&lost(Some(false))).is_none());
+        assert!(reporter(2).line(&lost(Some(true))).is_some());
+        assert!(reporter(2).line(&lost(None)).is_some());
+    }
+
+    #[test]
+    fn a_stop_names_the_trigger_that_asked_for_it() {
+        let stop = |trigger: Option<&str>| Record::Stop {
+            cycle: 0,
+            reason: StopReason::Signal,
+            signal: libc::SIGTERM,
+            grace_ms: 1500,
+            pids: vec![7],
+            killed: vec![],
+            trigger: trigger.map(str::to_string),
+        };
+        assert_eq!(
+            reporter(1).line(&stop(Some("time-limit"))).unwrap(),
+            "[vigil] stopping 1 rank(s) for the allocation's time limit: SIGTERM then SIGKILL after 1.5s\n"
+        );
+        assert!(reporter(1)
+            .line(&stop(None))
+            .unwrap()
+            .contains("on a signal to the agent"));
+    }
+
+    #[test]
+    fn a_node_fault_is_an_error_line() {
+        let rec = Record::NodeFault {
+            cycle: 0,
+            reason: "GPU 0: hot".into(),
+        };
+        assert!(reporter(1)
+            .line(&rec)
+            .unwrap()
+            .starts_with("vigil: this node cannot run ranks: GPU 0: hot;"));
     }
 }

@@ -1,7 +1,15 @@
 //! Hosting vigil's store on node rank 0 and finding it from every node: where it listens, the
 //! job's secret, and what the console hears of connections it closed.
 
-use super::*;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+
+use super::report::console_note;
+use crate::cli::config::LaunchConfig;
+use crate::job::rendezvous::HeadSide;
 
 /// Where this node's agent reaches vigil's store, where the ranks reach it, and, on node rank 0,
 /// the store itself.

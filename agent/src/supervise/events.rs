@@ -50,6 +50,8 @@ pub struct SupervisorConfig {
     pub nproc: u32,
     /// Global rank of local rank 0 on this node.
     pub rank_offset: u32,
+    /// Ranks in the whole job (the rendezvous says, per attempt).
+    pub world_size: u32,
     pub max_restarts: u32,
     /// This node's rank among the job's nodes (named in what it reports to the others).
     pub node_rank: u32,
@@ -87,6 +89,7 @@ impl SupervisorConfig {
         SupervisorConfig {
             nproc,
             rank_offset: 0,
+            world_size: nproc,
             max_restarts,
             node_rank: 0,
             saves_timeouts: true,
@@ -128,10 +131,12 @@ pub enum Event {
     /// Time passed; sent when `next_deadline` is reached.
     Tick,
     /// Every node joined this cycle: start the ranks. The job's rendezvous decides the global rank
-    /// of local rank 0, the job's restart budget and the calculated timeouts in force.
+    /// of local rank 0, the job's rank count, the job's restart budget and the calculated timeouts
+    /// in force.
     Joined {
         cycle: u32,
         rank_offset: u32,
+        world_size: u32,
         max_restarts: u32,
         calculated: Option<Timeouts>,
     },

@@ -256,9 +256,17 @@ impl Supervisor {
             Event::Joined {
                 cycle,
                 rank_offset,
+                world_size,
                 max_restarts,
                 calculated,
-            } => self.on_joined(now, cycle, rank_offset, max_restarts, calculated, &mut out),
+            } => self.on_joined(
+                now,
+                cycle,
+                (rank_offset, world_size),
+                max_restarts,
+                calculated,
+                &mut out,
+            ),
             Event::CycleEnded { cycle, end } => self.on_cycle_ended(now, cycle, end, &mut out),
             Event::JobTimeouts {
                 cycle,

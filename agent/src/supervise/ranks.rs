@@ -91,6 +91,9 @@ impl Supervisor {
                 cycle,
                 restart_count: cycle,
                 nproc: self.cfg.nproc,
+                rank_offset: self.job.rank_offset,
+                world_size: self.job.world_size,
+                restarts_left: self.job.max_restarts.saturating_sub(cycle),
             }),
             Action::SpawnCycle { cycle },
         ]

@@ -190,6 +190,8 @@ impl Attempt {
 pub(super) struct JobState {
     /// Global rank of local rank 0, assigned by the job's rendezvous at each join.
     pub rank_offset: u32,
+    /// Ranks in the whole job, assigned with the rank offset.
+    pub world_size: u32,
     /// The job's restart budget (node rank 0's), handed over at each join.
     pub max_restarts: u32,
     /// `--term-timeout` as the runtime last set it (Slurm's window for the signal it expects).
@@ -205,6 +207,7 @@ impl JobState {
     pub fn new(cfg: &SupervisorConfig) -> Self {
         JobState {
             rank_offset: cfg.rank_offset,
+            world_size: cfg.world_size,
             max_restarts: cfg.max_restarts,
             term_timeout: cfg.term_timeout,
             streak: 0,

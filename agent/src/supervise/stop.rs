@@ -152,6 +152,7 @@ impl Supervisor {
             grace_ms: grace.as_millis() as u64,
             pids: pids.clone(),
             killed: killed.clone(),
+            trigger: self.stop.asked().map(|(trigger, _)| trigger),
         }));
         if !killed.is_empty() {
             out.push(Action::SignalGroups {

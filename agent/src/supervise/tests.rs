@@ -43,6 +43,7 @@ impl Solo {
                 Action::Job(JobRequest::Join { cycle, calculated }) => Some(Event::Joined {
                     cycle: *cycle,
                     rank_offset: self.s.job.rank_offset,
+                    world_size: self.s.job.world_size,
                     max_restarts: self.s.job.max_restarts,
                     calculated: calculated.clone(),
                 }),
@@ -717,6 +718,7 @@ fn joined(cycle: u32, rank_offset: u32, max_restarts: u32) -> Event {
     Event::Joined {
         cycle,
         rank_offset,
+        world_size: 0,
         max_restarts,
         calculated: None,
     }
@@ -2298,4 +2300,31 @@ fn a_rank_signalled_on_its_own_stops_the_job_at_one_step_as_a_signal_to_the_agen
             step: Some(42)
         })
     );
+}
+
+#[test]
+fn an_attempt_starts_with_the_assignment_the_rendezvous_gave() {
+    let t = Instant::now();
+    let (mut s, _) = node(1, 2, 3);
+    let a = s.handle(
+        t,
+        Event::Joined {
+            cycle: 0,
+            rank_offset: 2,
+            world_size: 6,
+            max_restarts: 3,
+            calculated: None,
+        },
+    );
+    assert!(has(&a, |a| matches!(
+        a,
+        Action::Record(Record::CycleStart {
+            cycle: 0,
+            nproc: 2,
+            rank_offset: 2,
+            world_size: 6,
+            restarts_left: 3,
+            ..
+        })
+    )));
 }

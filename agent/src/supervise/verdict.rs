@@ -14,7 +14,7 @@ impl Supervisor {
         &mut self,
         now: Instant,
         cycle: u32,
-        rank_offset: u32,
+        (rank_offset, world_size): (u32, u32),
         max_restarts: u32,
         calculated: Option<Timeouts>,
         out: &mut Vec<Action>,
@@ -24,6 +24,7 @@ impl Supervisor {
         }
         // What the job assigned this node for this attempt.
         self.job.rank_offset = rank_offset;
+        self.job.world_size = world_size;
         self.job.max_restarts = max_restarts;
         out.push(Action::Record(Record::Joined { cycle, rank_offset }));
         if let Some(t) = calculated.filter(|t| Some(t) != self.timeouts.calculated.as_ref()) {
@@ -65,6 +66,7 @@ impl Supervisor {
         out.push(Action::Record(Record::CycleEnded {
             cycle,
             end: end.clone(),
+            requeue: None,
         }));
         self.attempt.end = Some(end);
         self.attempt.ended_at = Some(now);
@@ -87,6 +89,7 @@ impl Supervisor {
         out.push(Action::Record(Record::CycleEnded {
             cycle: self.cycle,
             end: end.clone(),
+            requeue: Some(requeue),
         }));
         self.job.ending.lost_requeue = requeue;
         self.attempt.end = Some(end);

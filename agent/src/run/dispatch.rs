@@ -1,0 +1,401 @@
+//! The event loop, as nextest's dispatcher: each source turns what happened into one
+//! [`Internal`] event and nothing else ([`Sources::next`]); one handler ([`Dispatcher::handle`])
+//! turns it into supervisor events, records and text; [`Dispatcher::feed`] hands those events to
+//! the supervisor and carries out its actions. Nothing here decides.
+
+use std::time::{Duration, Instant, SystemTime};
+
+use tokio::signal::unix::Signal;
+use tokio::sync::mpsc;
+use tokio::time::Interval;
+
+use super::agent::{Agent, Slot};
+use super::allocation::EndWatch;
+use super::clock::JobClock;
+use super::eventlog;
+use super::gate::GateOut;
+use super::gpuwatch::FromGpu;
+use super::ipc_server::{IpcIn, NoticeLimit};
+use super::output::{self, ConsoleStream};
+use super::perf;
+use super::proc;
+use super::report::{self, console_note, note_refused};
+use super::slurm_job::SignalWindow;
+use super::stacks::StackReport;
+use crate::job::exchange::FromExchange;
+use crate::job::rendezvous::FromCoord;
+use crate::supervise::{Event, ExitKind, JobEnd, Record, Supervisor};
+
+/// A straggler report with its event-log line, serialised off the loop.
+pub(super) type ReadyReport = (perf::Report, String);
+
+/// Something that happened, as the loop's sources tell it.
+pub(super) enum Internal {
+    /// Children of the agent were reaped.
+    Reaped(Vec<(i32, ExitKind)>),
+    /// One of the agent's signals arrived.
+    Signal(i32),
+    /// The ranks' socket.
+    Ipc(IpcIn),
+    /// The job's coordination (rendezvous, liveness, the stop agreement).
+    Coord(FromCoord),
+    /// The straggler summaries shared through the store.
+    Exchange(FromExchange),
+    /// Node rank 0's straggler report, ready.
+    StragglerReport(ReadyReport),
+    /// The checks before a rendezvous.
+    Gate(GateOut),
+    /// The node's GPUs.
+    Gpu(FromGpu),
+    /// A hung rank's stacks were captured.
+    Stacks {
+        cycle: u32,
+        local_rank: u32,
+        report: StackReport,
+    },
+    /// The clock's regular tick (`clock::CLOCK_TICK`).
+    Tick,
+    /// The supervisor's next deadline is reached.
+    Deadline,
+}
+
+/// Where events come from: signals, children, channels from the agent's tasks, the clock.
+pub(super) struct Sources {
+    pub(super) sigs: Vec<(Signal, i32)>,
+    pub(super) sigchld: Signal,
+    pub(super) ipc: mpsc::Receiver<IpcIn>,
+    pub(super) coord: mpsc::UnboundedReceiver<FromCoord>,
+    pub(super) exchange: mpsc::UnboundedReceiver<FromExchange>,
+    pub(super) reports: mpsc::UnboundedReceiver<ReadyReport>,
+    pub(super) gate: mpsc::UnboundedReceiver<GateOut>,
+    pub(super) gpu: mpsc::UnboundedReceiver<FromGpu>,
+    pub(super) stacks: mpsc::UnboundedReceiver<(u32, u32, StackReport)>,
+    pub(super) ticker: Interval,
+}
+
+impl Sources {
+    /// Waits for the next thing to happen; `deadline`: the supervisor's next, in real time.
+    async fn next(&mut self, deadline: Option<Instant>) -> Internal {
+        let sleep = tokio::time::sleep_until(
+            deadline
+                .map(tokio::time::Instant::from_std)
+                .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600)),
+        );
+        tokio::select! {
+            _ = self.sigchld.recv() => Internal::Reaped(proc::reap_all()),
+            num = first_signal(&mut self.sigs) => Internal::Signal(num),
+            Some(m) = self.ipc.recv() => Internal::Ipc(m),
+            Some(m) = self.coord.recv() => Internal::Coord(m),
+            Some(m) = self.exchange.recv() => Internal::Exchange(m),
+            Some(r) = self.reports.recv() => Internal::StragglerReport(r),
+            Some(out) = self.gate.recv() => Internal::Gate(out),
+            Some(m) = self.gpu.recv() => Internal::Gpu(m),
+            Some((cycle, local_rank, report)) = self.stacks.recv() => {
+                Internal::Stacks { cycle, local_rank, report }
+            }
+            _ = self.ticker.tick() => Internal::Tick,
+            _ = sleep, if deadline.is_some() => Internal::Deadline,
+        }
+    }
+}
+
+/// Waits for the first of the agent's stop signals and returns its number.
+async fn first_signal(sigs: &mut [(Signal, i32)]) -> i32 {
+    std::future::poll_fn(|cx| {
+        for (s, num) in sigs.iter_mut() {
+            if let std::task::Poll::Ready(Some(())) = s.poll_recv(cx) {
+                return std::task::Poll::Ready(*num);
+            }
+        }
+        std::task::Poll::Pending
+    })
+    .await
+}
+
+/// The supervisor's event for a message from the job's coordination; `None` for what concerns
+/// the runtime alone (promotions, node rank 0's ledger).
+pub(super) fn event_of(m: FromCoord) -> Option<Event> {
+    Some(match m {
+        FromCoord::Joined {
+            cycle,
+            rank_offset,
+            world_size,
+            max_restarts,
+            calculated,
+            ..
+        } => Event::Joined {
+            cycle,
+            rank_offset,
+            world_size,
+            max_restarts,
+            calculated,
+        },
+        FromCoord::CycleEnded { cycle, end } => Event::CycleEnded { cycle, end },
+        FromCoord::JobTimeouts {
+            cycle,
+            round,
+            timeouts,
+        } => Event::JobTimeouts {
+            cycle,
+            round,
+            timeouts,
+        },
+        FromCoord::Lost { reason, requeue } => Event::CoordinationLost { reason, requeue },
+        FromCoord::StopAsked { cycle, trigger } => Event::StopAsked { cycle, trigger },
+        FromCoord::Standby { cycle } => Event::Standby { cycle },
+        FromCoord::StopStep { cycle, step } => Event::StopStep { cycle, step },
+        FromCoord::Promoted { .. } => return None,
+    })
+}
+
+/// The one owner of the node's state while the loop runs: the supervisor, the effectors, the
+/// job's clock and the allocation's end.
+pub(super) struct Dispatcher {
+    pub(super) agent: Agent,
+    pub(super) sup: Supervisor,
+    pub(super) clock: JobClock,
+    pub(super) endw: EndWatch,
+    pub(super) signal_window: SignalWindow,
+    /// Refused connections on the ranks' socket, told at most once per window.
+    pub(super) refused: NoticeLimit,
+    /// Where straggler reports come back once serialised off the loop.
+    pub(super) report_tx: mpsc::UnboundedSender<ReadyReport>,
+}
+
+impl Dispatcher {
+    /// Runs until the supervisor gives the agent's outcome.
+    pub(super) async fn run(&mut self, src: &mut Sources) {
+        loop {
+            let (now, suspended) = self.clock.wake();
+            if let Some(away) = suspended {
+                self.agent.events.write(&Record::Suspended {
+                    seconds: away.as_secs_f64(),
+                });
+                console_note(&report::suspended(away));
+            }
+            self.feed(now);
+            if self.agent.outcome.is_some() {
+                return;
+            }
+            let deadline = self.sup.next_deadline().map(|d| self.clock.to_real(d));
+            let ev = src.next(deadline).await;
+            // `now` from the top of this turn: waking the clock here would hide a suspension.
+            self.handle(now, ev);
+            if deadline.is_some_and(|d| Instant::now() >= d) && self.agent.queue.is_empty() {
+                self.agent.queue.push_back(Event::Tick);
+            }
+        }
+    }
+
+    /// Feeds the queued events to the supervisor and carries out its actions.
+    pub(super) fn feed(&mut self, now: Instant) {
+        while let Some(ev) = self.agent.queue.pop_front() {
+            // A signal to the agent gets Slurm's window (a SIGTERM far from the allocation's end
+            // is no time limit's: slurm_job::SignalWindow); a stop a peer asked for or one ahead
+            // of the end keeps --term-timeout and the lead.
+            self.sup.set_term_timeout(match ev {
+                Event::Signal(_) => self.signal_window.at(self.endw.end(), SystemTime::now()),
+                _ => self.agent.cfg.term_timeout,
+            });
+            let actions = self.sup.handle(now, ev);
+            self.agent.execute(actions);
+        }
+    }
+
+    /// What one thing that happened means: events for the supervisor (queued for `feed`), and
+    /// the records and text of what only the runtime sees.
+    fn handle(&mut self, now: Instant, ev: Internal) {
+        let queue = |d: &mut Dispatcher, ev: Event| d.agent.queue.push_back(ev);
+        match ev {
+            Internal::Reaped(reaped) => {
+                for (pid, how) in reaped {
+                    queue(self, Event::Reaped { pid, how });
+                }
+            }
+            Internal::Signal(num) => queue(self, Event::Signal(num)),
+            Internal::Ipc(m) => self.on_ipc(m),
+            Internal::Coord(m) => self.on_coord(m),
+            Internal::Exchange(m) => self.on_exchange(m),
+            Internal::StragglerReport((r, line)) => {
+                output::console_text(ConsoleStream::Stderr, &r.text);
+                self.agent.events.write_line(line);
+                if !r.nodes.is_empty() {
+                    queue(self, Event::Stragglers { nodes: r.nodes });
+                }
+            }
+            Internal::Gate(out) => {
+                if let Some(ev) = self.agent.on_gate(out) {
+                    queue(self, ev);
+                }
+            }
+            Internal::Gpu(m) => {
+                if let Some(ev) = self.agent.on_gpu(m) {
+                    queue(self, ev);
+                }
+            }
+            Internal::Stacks {
+                cycle,
+                local_rank,
+                report,
+            } => {
+                self.agent.on_stacks(cycle, local_rank, report);
+                if cycle == self.sup.cycle() {
+                    queue(self, Event::StacksCaptured { local_rank });
+                }
+            }
+            Internal::Tick => self.on_tick(now),
+            Internal::Deadline => queue(self, Event::Tick),
+        }
+    }
+
+    fn on_ipc(&mut self, m: IpcIn) {
+        let current = self.sup.cycle();
+        match m {
+            IpcIn::Message {
+                cycle,
+                local_rank,
+                msg,
+                at,
+            } if cycle == current => {
+                self.agent.stragglers.on_msg(at, local_rank, &msg);
+                self.agent
+                    .queue
+                    .push_back(Event::Message { local_rank, msg });
+            }
+            IpcIn::Closed { cycle, local_rank } if cycle == current => {
+                self.agent
+                    .queue
+                    .push_back(Event::Disconnected { local_rank });
+            }
+            IpcIn::Message { .. } | IpcIn::Closed { .. } => {}
+            IpcIn::Rejected { peer_pid, reason } => {
+                if self.refused.admit(Instant::now()) {
+                    console_note(&format!(
+                        "refused a connection on the ranks' socket: {reason}"
+                    ));
+                }
+                self.agent.events.write(&Record::IpcRejected {
+                    peer_pid,
+                    reason,
+                });
+            }
+        }
+    }
+
+    fn on_coord(&mut self, m: FromCoord) {
+        let agent = &mut self.agent;
+        match &m {
+            FromCoord::Joined {
+                group_rank,
+                rank_offset,
+                world_size,
+                ..
+            } => {
+                agent.slot = Slot {
+                    group_rank: *group_rank,
+                    rank_offset: *rank_offset,
+                    world_size: *world_size,
+                };
+                agent.stragglers.new_attempt();
+            }
+            FromCoord::CycleEnded { cycle, end } => {
+                agent.trail.cycle_ends.push((*cycle, end.clone()));
+                if *end != JobEnd::Done {
+                    agent.trail.peer_end = Some(end.clone());
+                }
+            }
+            FromCoord::Promoted { cycle, promotions } => agent.on_promoted(*cycle, promotions),
+            _ => {}
+        }
+        if let Some(ev) = event_of(m) {
+            agent.queue.push_back(ev);
+        }
+    }
+
+    fn on_exchange(&mut self, m: FromExchange) {
+        match m {
+            FromExchange::Collected(all) => {
+                let threshold = self.agent.stragglers.threshold();
+                let tx = self.report_tx.clone();
+                let (host, node) = (self.agent.host.clone(), self.agent.cfg.node_rank);
+                tokio::task::spawn_blocking(move || {
+                    if let Some(mut r) = perf::report(threshold, &all) {
+                        // 10 MB for 100,000 ranks: serialised here, not on the event loop.
+                        eventlog::stamp(&mut r.record, &host, node);
+                        let line = r.record.to_string();
+                        let _ = tx.send((r, line));
+                    }
+                });
+            }
+            FromExchange::Trouble(why) => console_note(&format!(
+                "cannot share straggler summaries through the store ({why}); reports may miss nodes until it works again"
+            )),
+        }
+    }
+
+    /// The clock's tick: notices held back, the allocation's end, `steps` records, straggler
+    /// summaries.
+    fn on_tick(&mut self, now: Instant) {
+        if let Some(n) = self.refused.due(Instant::now(), false) {
+            note_refused(n);
+        }
+        self.endw.maybe_reread();
+        let agent = &mut self.agent;
+        if let Some(v) = agent
+            .steps_log
+            .due(now, self.sup.cycle(), self.sup.step_range())
+        {
+            agent.events.write_value(v);
+        }
+        let gpus = &agent.gpus;
+        let gpu_of = |lr: u32| gpus.explain(lr);
+        if let Some(s) = agent.stragglers.share_due(
+            now,
+            agent.cfg.node_rank,
+            &agent.host,
+            agent.slot.rank_offset,
+            &gpu_of,
+        ) {
+            let _ = agent.share.send(s);
+        }
+        if let Some(ev) = self.endw.tick(&self.sup, now) {
+            agent.queue.push_back(ev);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn promotions_concern_the_runtime_alone() {
+        let m = FromCoord::Promoted {
+            cycle: 1,
+            promotions: vec![],
+        };
+        assert_eq!(event_of(m), None);
+    }
+
+    #[test]
+    fn a_joined_attempt_keeps_its_assignment_for_the_supervisor() {
+        let m = FromCoord::Joined {
+            cycle: 2,
+            group_rank: 1,
+            rank_offset: 4,
+            world_size: 8,
+            max_restarts: 3,
+            calculated: None,
+        };
+        assert_eq!(
+            event_of(m),
+            Some(Event::Joined {
+                cycle: 2,
+                rank_offset: 4,
+                world_size: 8,
+                max_restarts: 3,
+                calculated: None,
+            })
+        );
+    }
+}

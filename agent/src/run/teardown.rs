@@ -1,0 +1,200 @@
+//! The agent's end, once the supervisor gave its outcome: the ranks' last output and steps,
+//! leaving the job, nothing left running, the last text, and on node rank 0 the ledger and the
+//! requeue. Returns the agent's exit status.
+
+use std::time::{Duration, Instant, SystemTime};
+
+use tokio::sync::mpsc;
+
+use super::agent::Agent;
+use super::allocation::{self, Ending};
+use super::dispatch::{Dispatcher, Sources};
+use super::ipc_server::IpcIn;
+use super::output::{self, ConsoleStream};
+use super::report::{self, note_refused};
+use super::startup::Closing;
+use super::summary::{self, FailedRank};
+use super::DRAIN_TIMEOUT;
+use crate::allocation::blame;
+use crate::job::rendezvous;
+use crate::supervise::{JobEnd, JobRequest, Outcome, Supervisor};
+
+/// The most of a rank's error file (torch's `error.json`) read.
+const ERROR_FILE_LIMIT: u64 = 4 << 20;
+
+pub(super) async fn finish(mut d: Dispatcher, mut src: Sources, closing: Closing) -> i32 {
+    if let Some(n) = d.refused.due(Instant::now(), true) {
+        note_refused(n);
+    }
+    let readers = std::mem::take(&mut d.agent.readers);
+    let _ = tokio::time::timeout(DRAIN_TIMEOUT, async {
+        for r in readers {
+            let _ = r.await;
+        }
+    })
+    .await;
+    count_late_steps(&mut src.ipc, &mut d.sup);
+    leave(&mut d, closing.coordinator).await;
+    // Nothing the ranks started outlives the agent, whichever way the job ended.
+    d.agent.sweep(d.sup.cycle());
+    d.agent.containment.remove();
+    let outcome = d.agent.outcome.clone().unwrap_or(Outcome::Succeeded);
+    let (job_now, _) = d.clock.wake();
+    if matches!(outcome, Outcome::Failed { .. } | Outcome::NoProgress { .. }) {
+        let text = failure_summary(&d.agent, &d.sup, job_now);
+        output::console_text(ConsoleStream::Stderr, &text);
+    }
+    if let Some(text) = report::ending(&outcome, &d.agent.cfg) {
+        output::console_text(ConsoleStream::Stderr, &text);
+    }
+    let status = if d.agent.cfg.node_rank == 0 {
+        let keys = closing.head_keys.as_ref();
+        allocation::conclude(Ending {
+            cfg: &d.agent.cfg,
+            run_dir: &d.agent.run_dir,
+            outcome: &outcome,
+            sup: &d.sup,
+            peers_highest: keys.and_then(peers_highest),
+            started: closing.started,
+            lead: d.endw.lead(&d.sup),
+            promotions: d.agent.trail.promotions.clone(),
+            blame: blame_nodes(&d.agent, &d.sup, keys),
+        })
+    } else {
+        outcome.exit_code()
+    };
+    drop(closing.server);
+    status
+}
+
+/// A rank's last steps may still sit in its socket when its exit was reaped first: count them,
+/// so the ledger's highest step is the one the ranks reached.
+fn count_late_steps(ipc: &mut mpsc::Receiver<IpcIn>, sup: &mut Supervisor) {
+    while let Ok(m) = ipc.try_recv() {
+        if let IpcIn::Message {
+            cycle,
+            local_rank,
+            msg,
+            at,
+        } = m
+        {
+            if cycle == sup.cycle() {
+                sup.note_late_step(at, local_rank, &msg);
+            }
+        }
+    }
+}
+
+/// Leaves the job when the supervisor decided to, with this node's highest step.
+async fn leave(d: &mut Dispatcher, coordinator: tokio::task::JoinHandle<()>) {
+    let Some(mut leave) = d.agent.leave.take() else {
+        return;
+    };
+    if let JobRequest::Leave { highest_step, .. } = &mut leave {
+        *highest_step = d.sup.highest_step();
+    }
+    // The coordinator returns once this node has left the job (node rank 0: once the others
+    // have, or one node timeout).
+    if d.agent.coord.send(leave).is_ok() {
+        let bound = d.agent.cfg.node_timeout + Duration::from_secs(1);
+        let _ = tokio::time::timeout(bound, coordinator).await;
+    }
+}
+
+/// The highest step the other nodes' ranks reported, as they left it in the store.
+fn peers_highest(keys: &vigil_store::KeySpace) -> Option<u64> {
+    keys.keys_raw()
+        .iter()
+        .filter(|raw| raw.starts_with(rendezvous::key::HIGHEST_PREFIX_RAW))
+        .filter_map(|raw| keys.get_raw(raw))
+        .filter_map(|v| std::str::from_utf8(&v).ok()?.parse::<u64>().ok())
+        .max()
+}
+
+/// The nodes to keep out of the next allocation, by name: those the attempts' failures point
+/// at, this node when a rank asked to exclude it, and those the supervisor blamed.
+fn blame_nodes(
+    agent: &Agent,
+    sup: &Supervisor,
+    keys: Option<&vigil_store::KeySpace>,
+) -> Vec<String> {
+    let env = |k: &str| std::env::var(k).ok();
+    let failed_on: Vec<(u32, u32)> = keys
+        .map(|k| {
+            k.keys_raw()
+                .iter()
+                .filter_map(|raw| rendezvous::key::parse_failed(raw))
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut ranks = blame::nodes_to_blame(&blame::Attempts {
+        nnodes: agent.cfg.nnodes,
+        ends: &agent.trail.cycle_ends,
+        failed_on: &failed_on,
+    });
+    if sup.exclude_asked() {
+        ranks.push(agent.cfg.node_rank);
+    }
+    for n in sup.blamed_nodes() {
+        if !ranks.contains(n) {
+            ranks.push(*n);
+        }
+    }
+    blame::names_of(&ranks, &blame::slurm_node_names(&env))
+}
+
+/// The failure summary: every rank that failed on its own in the last attempt, with its error
+/// file, stacks and last output; or the node where the job failed, when it was not here.
+fn failure_summary(agent: &Agent, sup: &Supervisor, now_i: Instant) -> String {
+    let now_s = SystemTime::now();
+    let failed: Vec<FailedRank> = sup
+        .failures()
+        .iter()
+        .map(|f| {
+            let dir = agent.attempt_dir(f.cycle, f.local_rank);
+            let error_path = dir.join("error.json");
+            // The rank writes it: a regular file, bounded, or nothing.
+            let error = vigil_bounded::read_string(&error_path, ERROR_FILE_LIMIT)
+                .ok()
+                .and_then(|t| summary::parse_error_file(&t));
+            let when = now_s - now_i.saturating_duration_since(f.at);
+            let stacks = agent
+                .stack_reports
+                .iter()
+                .find(|(c, lr, _)| *c == f.cycle && *lr == f.local_rank)
+                .map(|(_, _, r)| r.clone());
+            FailedRank {
+                time: humantime::format_rfc3339_seconds(when).to_string(),
+                host: agent.host.clone(),
+                rank: f.rank,
+                local_rank: f.local_rank,
+                how: f.how,
+                hang: f.hang.clone(),
+                stacks,
+                pid: f.pid,
+                logs: Some(dir.to_string_lossy().into_owned()),
+                error_file: error
+                    .as_ref()
+                    .map(|_| error_path.to_string_lossy().into_owned()),
+                error,
+                stderr_tail: agent
+                    .tails
+                    .get(f.local_rank as usize)
+                    .map(|t| t.borrow().iter().cloned().collect())
+                    .unwrap_or_default(),
+            }
+        })
+        .collect();
+    let elsewhere = match &agent.trail.peer_end {
+        Some(JobEnd::Failed { node, reason }) if failed.is_empty() => Some(format!(
+            "on node {node}: {reason} (its agent's log has the details)"
+        )),
+        _ => None,
+    };
+    summary::render(
+        &agent.cfg.entrypoint_name,
+        sup.cycle(),
+        &failed,
+        elsewhere.as_deref(),
+    )
+}
