@@ -1,11 +1,12 @@
 //! Connecting to node rank 0's store: proving the secret, and being admitted to the job (an
 //! agent of another shape or job is refused before it writes anything).
 
+use std::net::SocketAddr;
+
 use vigil_store::StoreClient;
 
-use super::wire::{key, JobShape};
+use super::wire::{key, to_json, JobShape};
 use super::CoordConfig;
-use std::net::SocketAddr;
 
 pub(super) type Fatal = (String, bool);
 
@@ -73,4 +74,41 @@ pub(super) async fn admitted(ctl: &mut StoreClient, cfg: &CoordConfig) -> Result
         Some(why) => Err((why, false)),
         None => Ok(()),
     }
+}
+
+/// Takes this agent's place in the job: node rank 0 says what the job is; every other agent is
+/// admitted first (a stray, another `--nnodes` or another job, must be refused before it writes
+/// anything), then claims its node rank and, but for node rank 0, holds its lease.
+pub(super) async fn claim(ctl: &mut StoreClient, cfg: &CoordConfig) -> Result<(), Fatal> {
+    let lost_store = |e: vigil_store::StoreError| (store_lost(cfg.store, e), true);
+    if cfg.node_rank == 0 {
+        ctl.set(key::JOB, &to_json(&cfg.shape()))
+            .await
+            .map_err(lost_store)?;
+    } else {
+        admitted(ctl, cfg).await?;
+    }
+    // Two agents claiming one node rank would silently corrupt the job: refuse.
+    let me = format!("{} (pid {})", cfg.host, std::process::id());
+    let owner = ctl
+        .compare_set(&key::owner(cfg.node_rank), b"", me.as_bytes())
+        .await
+        .map_err(lost_store)?;
+    if owner != me.as_bytes() {
+        return Err((
+            format!(
+                "node rank {} is already taken by {}; give every node its own --node-rank (0 to {})",
+                cfg.node_rank,
+                String::from_utf8_lossy(&owner),
+                cfg.nnodes - 1
+            ),
+            false,
+        ));
+    }
+    if cfg.node_rank != 0 {
+        ctl.set(&key::lease(cfg.node_rank), me.as_bytes())
+            .await
+            .map_err(lost_store)?;
+    }
+    Ok(())
 }
