@@ -95,6 +95,15 @@ pub struct Proposal {
     pub promotions: Vec<Promotion>,
 }
 
+/// Why node rank 0 cannot assign a cycle: the job cannot go on (it ends to be requeued).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Unassignable {
+    #[error("node {node} joined attempt {cycle} with an unreadable record ({why}); every node must run the same vigil version")]
+    UnreadableRecord { node: u32, cycle: u32, why: String },
+    #[error("attempt {cycle}: no standby left to take the place of lost node(s) {lost:?}")]
+    NoStandby { cycle: u32, lost: Vec<u32> },
+}
+
 /// What losing a node does to the job (node rank 0).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Loss {
@@ -253,23 +262,24 @@ impl Rendezvous {
             .collect()
     }
 
-    /// Input (node rank 0): every member's join record for `cycle`, in [`Self::members`] order.
-    /// Output: the verdict to propose, or why the job cannot go on.
+    /// Input (node rank 0): every member's join record for `cycle` as read (`c<N>/join/<node>`),
+    /// in [`Self::members`] order. Output: the verdict to propose, or why the job cannot go on.
     pub fn assign(
         &mut self,
         cycle: u32,
-        records: Vec<(u32, Result<NodeInfo, String>)>,
-    ) -> Result<Proposal, String> {
+        records: &[(u32, Vec<u8>)],
+    ) -> Result<Proposal, Unassignable> {
         let mut nodes = Vec::with_capacity(records.len());
         let mut joined = BTreeMap::new();
-        for (i, r) in records {
-            match r {
-                Ok(info) => {
-                    joined.insert(i, info.clone());
-                    nodes.push(info);
-                }
-                Err(e) => return Err(format!("node {i} joined attempt {cycle} with an unreadable record ({e}); every node must run the same vigil version")),
-            }
+        for (node, record) in records {
+            let info: NodeInfo =
+                serde_json::from_slice(record).map_err(|e| Unassignable::UnreadableRecord {
+                    node: *node,
+                    cycle,
+                    why: e.to_string(),
+                })?;
+            joined.insert(*node, info.clone());
+            nodes.push(info);
         }
         let calculated = self.calculated.as_ref().map(WireTimeouts::from);
         if !self.spares() {
@@ -306,11 +316,9 @@ impl Rendezvous {
                 let go = assign_slots(cycle, &slots, &joined, self.setup.max_restarts, calculated)?;
                 Some(Proposal { go, promotions })
             })
-            .ok_or_else(|| {
-                format!(
-                    "attempt {cycle}: no standby left to take the place of lost node(s) {:?}",
-                    self.dead
-                )
+            .ok_or_else(|| Unassignable::NoStandby {
+                cycle,
+                lost: self.dead.clone(),
             })
     }
 
@@ -627,7 +635,7 @@ mod tests {
     /// One cycle as every agent saw it: the verdict's bytes, each live agent's decision.
     struct Cycle {
         verdict: Vec<u8>,
-        proposal: Result<Proposal, String>,
+        proposal: Result<Proposal, Unassignable>,
         decisions: BTreeMap<u32, Decision>,
     }
 
@@ -678,17 +686,15 @@ mod tests {
             }
             let head = &mut self.agents[0];
             let members = head.members();
-            let proposal = head.assign(
-                c,
-                members
-                    .iter()
-                    .map(|n| (*n, records.get(n).cloned().ok_or("absent".to_string())))
-                    .collect(),
-            );
+            let records: Vec<(u32, Vec<u8>)> = members
+                .iter()
+                .map(|n| (*n, records.get(n).map(to_json).unwrap_or_default()))
+                .collect();
+            let proposal = head.assign(c, &records);
             let verdict = match &proposal {
                 Ok(p) => to_json(&Verdict::Go(p.go.clone())),
                 Err(why) => to_json(&Verdict::End(WireEnd::Lost {
-                    reason: why.clone(),
+                    reason: why.to_string(),
                     node: None,
                 })),
             };
@@ -815,7 +821,7 @@ mod tests {
             match &cy.proposal {
                 Ok(_) => check_one_verdict(&job, 0, &cy)?,
                 Err(why) => {
-                    prop_assert!(why.contains("no standby left"), "{}", why);
+                    prop_assert!(matches!(why, Unassignable::NoStandby { .. }), "{}", why);
                     for d in cy.decisions.values() {
                         let is_lost = matches!(d, Decision::Tell(FromCoord::CycleEnded { end: JobEnd::Lost { .. }, .. }));
                         prop_assert!(is_lost, "{:?}", d);
@@ -1037,6 +1043,22 @@ mod tests {
         };
         assert!(why.contains("unreadable verdict"), "{why}");
         assert_eq!(job.agents[1].stage(), Stage::Idle);
+    }
+
+    #[test]
+    fn an_unreadable_join_record_ends_the_job_and_says_whose() {
+        let mut job = Job::new(vec![1, 1], 2, vec![None; 2]);
+        job.agents[0].join(0, None);
+        let records = [(0, to_json(&info(1))), (1, b"{\"nproc\":".to_vec())];
+        let why = job.agents[0].assign(0, &records).unwrap_err().to_string();
+        assert!(
+            why.starts_with("node 1 joined attempt 0 with an unreadable record ("),
+            "{why}"
+        );
+        assert!(
+            why.ends_with("every node must run the same vigil version"),
+            "{why}"
+        );
     }
 
     #[test]

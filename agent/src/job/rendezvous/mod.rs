@@ -162,7 +162,7 @@ pub async fn run(
 ) {
     match Coordinator::connect(cfg, head, tx.clone()).await {
         Ok(mut c) => c.serve(rx).await,
-        Err((reason, requeue)) => {
+        Err(Fatal { reason, requeue }) => {
             let _ = tx.send(FromCoord::Lost { reason, requeue });
             while let Some(req) = rx.recv().await {
                 if matches!(req, JobRequest::Leave { .. }) {
@@ -626,12 +626,11 @@ impl Coordinator {
         let members = self.rdzv.members();
         let keys: Vec<String> = members.iter().map(|i| key::join(c, *i)).collect();
         let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let records = members
+        let records: Vec<(u32, Vec<u8>)> = members
             .into_iter()
             .zip(self.ctl.multi_get(&refs).await?)
-            .map(|(i, v)| (i, serde_json::from_slice(&v).map_err(|e| e.to_string())))
             .collect();
-        match self.rdzv.assign(c, records) {
+        match self.rdzv.assign(c, &records) {
             Ok(Proposal { go, promotions }) => {
                 if !promotions.is_empty() {
                     self.send(FromCoord::Promoted {
@@ -643,7 +642,7 @@ impl Coordinator {
                 let v = self.ctl.compare_set(&key::go(c), b"", &mine).await?;
                 self.verdict(c, &v);
             }
-            Err(why) => self.fail(why),
+            Err(why) => self.fail(why.to_string()),
         }
         Ok(())
     }
