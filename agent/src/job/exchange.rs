@@ -23,6 +23,16 @@ pub enum FromExchange {
     Trouble(String),
 }
 
+/// Why the store could not be used this time; only said, never acted on.
+#[derive(Debug, thiserror::Error)]
+enum Trouble {
+    /// Connecting failed (the reason names the store and what to check).
+    #[error("{0}")]
+    Connect(String),
+    #[error(transparent)]
+    Store(#[from] vigil_store::StoreError),
+}
+
 /// Starts the exchange on the current `LocalSet`. Send this node's summaries to the returned
 /// sender; node rank 0 receives every node's on the returned receiver every `interval`.
 pub fn start(
@@ -58,7 +68,7 @@ async fn run(
                     latest = newer;
                 }
                 match connected(&cfg, &mut client).await {
-                    Ok(c) => c.set(&key::perf(cfg.node_rank), &latest).await.map_err(|e| e.to_string()),
+                    Ok(c) => c.set(&key::perf(cfg.node_rank), &latest).await.map_err(Trouble::from),
                     Err(e) => Err(e),
                 }
             }
@@ -70,7 +80,7 @@ async fn run(
                         }
                         Ok(())
                     }
-                    Err(e) => Err(e.to_string()),
+                    Err(e) => Err(e.into()),
                 },
                 Err(e) => Err(e),
             },
@@ -79,7 +89,7 @@ async fn run(
             client = None;
             if !warned {
                 warned = true;
-                let _ = out.send(FromExchange::Trouble(e));
+                let _ = out.send(FromExchange::Trouble(e.to_string()));
             }
         }
     }
@@ -88,9 +98,13 @@ async fn run(
 async fn connected<'a>(
     cfg: &CoordConfig,
     client: &'a mut Option<StoreClient>,
-) -> Result<&'a mut StoreClient, String> {
+) -> Result<&'a mut StoreClient, Trouble> {
     if client.is_none() {
-        *client = Some(connect_client(cfg).await.map_err(|(why, _)| why)?);
+        *client = Some(
+            connect_client(cfg)
+                .await
+                .map_err(|f| Trouble::Connect(f.reason))?,
+        );
     }
     Ok(client.as_mut().expect("just connected"))
 }

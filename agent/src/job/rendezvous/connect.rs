@@ -1,13 +1,37 @@
 //! Connecting to node rank 0's store: proving the secret, and being admitted to the job (an
 //! agent of another shape or job is refused before it writes anything).
 
-use vigil_store::StoreClient;
-
-use super::wire::{key, JobShape};
-use super::CoordConfig;
 use std::net::SocketAddr;
 
-pub(super) type Fatal = (String, bool);
+use vigil_store::StoreClient;
+
+use super::wire::{key, to_json, JobShape};
+use super::CoordConfig;
+
+/// Why this agent cannot take part in the job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Fatal {
+    pub reason: String,
+    /// The store is gone or out of reach: the job may be requeued. `false`: this agent was
+    /// refused (another job, another shape, a node rank taken, a wrong secret).
+    pub requeue: bool,
+}
+
+impl Fatal {
+    fn lost(reason: String) -> Self {
+        Fatal {
+            reason,
+            requeue: true,
+        }
+    }
+
+    fn refused(reason: String) -> Self {
+        Fatal {
+            reason,
+            requeue: false,
+        }
+    }
+}
 
 /// Why an agent lost the job's coordination when its connection to the store failed.
 pub(super) fn store_lost(store: SocketAddr, e: impl std::fmt::Display) -> String {
@@ -20,23 +44,19 @@ pub(crate) async fn connect_client(cfg: &CoordConfig) -> Result<StoreClient, Fat
     let mut c = StoreClient::connect(cfg.store, cfg.join_timeout)
         .await
         .map_err(|e| {
-            (
-                format!(
-                    "cannot reach node rank 0's store at {} ({e}); check that node rank 0 runs vigil with the same --master-addr/--master-port or --rdzv-endpoint",
-                    cfg.store
-                ),
-                true,
-            )
+            Fatal::lost(format!(
+                "cannot reach node rank 0's store at {} ({e}); check that node rank 0 runs vigil with the same --master-addr/--master-port or --rdzv-endpoint",
+                cfg.store
+            ))
         })?;
     let _ = c.set_peer_timeout(cfg.peer_timeout);
     c.authenticate(cfg.secret.as_deref())
         .await
         .map_err(|e| match e {
-            vigil_store::StoreError::Auth(why) => (
-                format!("node rank 0's store at {}: {why}", cfg.store),
-                false,
-            ),
-            e => (store_lost(cfg.store, e), true),
+            vigil_store::StoreError::Auth(why) => {
+                Fatal::refused(format!("node rank 0's store at {}: {why}", cfg.store))
+            }
+            e => Fatal::lost(store_lost(cfg.store, e)),
         })?;
     Ok(c)
 }
@@ -44,33 +64,61 @@ pub(crate) async fn connect_client(cfg: &CoordConfig) -> Result<StoreClient, Fat
 /// Waits (up to `--join-timeout`) for node rank 0's [`JobShape`] and compares this agent's with
 /// it; a stray is refused, having written nothing.
 pub(super) async fn admitted(ctl: &mut StoreClient, cfg: &CoordConfig) -> Result<(), Fatal> {
-    let lost_store = |e: vigil_store::StoreError| (store_lost(cfg.store, e), true);
+    let lost_store = |e: vigil_store::StoreError| Fatal::lost(store_lost(cfg.store, e));
     if let Err(e) = ctl.wait(&[key::JOB], cfg.join_timeout).await {
         return Err(if e.is_timeout() {
-            (
-                format!(
-                    "node rank 0's store at {} did not say within --join-timeout ({}s) which job it runs; is node rank 0 a vigil agent of this job?",
-                    cfg.store,
-                    cfg.join_timeout.as_secs()
-                ),
-                true,
-            )
+            Fatal::lost(format!(
+                "node rank 0's store at {} did not say within --join-timeout ({}s) which job it runs; is node rank 0 a vigil agent of this job?",
+                cfg.store,
+                cfg.join_timeout.as_secs()
+            ))
         } else {
             lost_store(e)
         });
     }
     let theirs = ctl.get(key::JOB).await.map_err(lost_store)?;
     let theirs: JobShape = serde_json::from_slice(&theirs).map_err(|_| {
-        (
-            format!(
-                "node rank 0's store at {} holds no job this vigil understands; run the same vigil on every node",
-                cfg.store
-            ),
-            false,
-        )
+        Fatal::refused(format!(
+            "node rank 0's store at {} holds no job this vigil understands; run the same vigil on every node",
+            cfg.store
+        ))
     })?;
     match theirs.refusal(&cfg.shape(), cfg.node_rank) {
-        Some(why) => Err((why, false)),
+        Some(why) => Err(Fatal::refused(why)),
         None => Ok(()),
     }
+}
+
+/// Takes this agent's place in the job: node rank 0 says what the job is; every other agent is
+/// admitted first (a stray, another `--nnodes` or another job, must be refused before it writes
+/// anything), then claims its node rank and, but for node rank 0, holds its lease.
+pub(super) async fn claim(ctl: &mut StoreClient, cfg: &CoordConfig) -> Result<(), Fatal> {
+    let lost_store = |e: vigil_store::StoreError| Fatal::lost(store_lost(cfg.store, e));
+    if cfg.node_rank == 0 {
+        ctl.set(key::JOB, &to_json(&cfg.shape()))
+            .await
+            .map_err(lost_store)?;
+    } else {
+        admitted(ctl, cfg).await?;
+    }
+    // Two agents claiming one node rank would silently corrupt the job: refuse.
+    let me = format!("{} (pid {})", cfg.host, std::process::id());
+    let owner = ctl
+        .compare_set(&key::owner(cfg.node_rank), b"", me.as_bytes())
+        .await
+        .map_err(lost_store)?;
+    if owner != me.as_bytes() {
+        return Err(Fatal::refused(format!(
+            "node rank {} is already taken by {}; give every node its own --node-rank (0 to {})",
+            cfg.node_rank,
+            String::from_utf8_lossy(&owner),
+            cfg.nnodes - 1
+        )));
+    }
+    if cfg.node_rank != 0 {
+        ctl.set(&key::lease(cfg.node_rank), me.as_bytes())
+            .await
+            .map_err(lost_store)?;
+    }
+    Ok(())
 }

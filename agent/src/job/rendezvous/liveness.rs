@@ -1,7 +1,14 @@
 //! Whether the other agents are alive: every agent renews a counter in the store; a counter that
 //! does not move for the node timeout, in the watcher's own running time, is a lost node.
 
-use super::*;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+use vigil_store::StoreClient;
+
+use super::wire::key;
+use super::CoordConfig;
 
 /// How silent each watched node has been, in the watcher's own running time. Pure: the caller
 /// says when it woke and what it read.
@@ -182,5 +189,86 @@ pub(super) async fn liveness(
                 client = Some(c);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T: Duration = Duration::from_secs(8);
+    const P: Duration = Duration::from_secs(1);
+
+    fn counter(n: i64) -> Option<Vec<u8>> {
+        Some(n.to_string().into_bytes())
+    }
+
+    #[test]
+    fn a_moving_counter_is_never_silent() {
+        let t0 = Instant::now();
+        let mut l = Liveness::new(T, P);
+        for i in 0..100u32 {
+            l.wake(t0 + P * i);
+            assert_eq!(l.silent(), None);
+            l.asked();
+            l.answered([(1, counter(i as i64 + 1))]);
+        }
+    }
+
+    #[test]
+    fn a_frozen_node_is_silent_after_the_timeout_of_running_time() {
+        let t0 = Instant::now();
+        let mut l = Liveness::new(T, P);
+        l.wake(t0);
+        l.answered([(1, counter(5))]);
+        for i in 1..8u32 {
+            l.wake(t0 + P * i);
+            l.asked();
+            l.answered([(1, counter(5))]);
+            assert_eq!(l.silent(), None, "{i}s");
+        }
+        l.wake(t0 + P * 8);
+        assert_eq!(l.silent(), Some(Silent::Node(1, T)));
+    }
+
+    #[test]
+    fn a_watcher_that_was_stopped_counts_one_period_for_the_gap() {
+        let t0 = Instant::now();
+        let mut l = Liveness::new(T, P);
+        l.wake(t0);
+        l.answered([(1, counter(5))]);
+        // The whole job was stopped for an hour; on waking, nobody is to blame yet.
+        l.wake(t0 + Duration::from_secs(3600));
+        assert_eq!(l.silent(), None);
+        l.asked();
+        l.answered([(1, counter(6))]);
+        l.wake(t0 + Duration::from_secs(3601));
+        assert_eq!(l.silent(), None);
+    }
+
+    #[test]
+    fn an_unanswered_read_blames_the_store() {
+        let t0 = Instant::now();
+        let mut l = Liveness::new(T, P);
+        l.wake(t0);
+        l.answered([(0, counter(1))]);
+        l.asked();
+        for i in 1..=8u32 {
+            l.wake(t0 + P * i);
+        }
+        assert_eq!(l.silent(), Some(Silent::Store(T)));
+    }
+
+    #[test]
+    fn a_node_that_left_or_never_started_is_not_watched() {
+        let t0 = Instant::now();
+        let mut l = Liveness::new(T, P);
+        l.wake(t0);
+        l.answered([(1, counter(3)), (2, None)]);
+        l.answered([(1, None)]);
+        for i in 1..=20u32 {
+            l.wake(t0 + P * i);
+        }
+        assert_eq!(l.silent(), None);
     }
 }

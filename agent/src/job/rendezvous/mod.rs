@@ -23,13 +23,15 @@
 //! ([`Liveness`]): a watcher that was itself stopped does not count the time it was away, so a
 //! whole job suspended and resumed loses nobody.
 //!
-//! The key names, the messages and the rank assignment are plain functions below; [`run`] does
-//! the talking.
+//! Who decides what: every job-wide decision (the ranks, benching, promotions, members, what a
+//! verdict or a lost node means) is made by the pure state machine in decide.rs
+//! ([`decide::Rendezvous`]); the key names and the messages, with their protocol version, are in
+//! wire.rs; [`run`] only does the talking: it reads the store, hands what it read to the state
+//! machine, and writes and tells what comes back.
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::mpsc;
 use vigil_store::{KeySpace, LeaseEvent, StoreClient};
@@ -38,11 +40,16 @@ use crate::supervise::monitor::Timeouts;
 use crate::supervise::{choose_stop_step, JobEnd, JobRequest, StepReport, AGREEMENT_BUDGET};
 
 mod connect;
+pub mod decide;
 mod liveness;
 pub(crate) mod wire;
 
 pub(crate) use connect::connect_client;
-use connect::{admitted, store_lost, Fatal};
+use connect::{claim, store_lost, Fatal};
+use decide::{
+    join_timeout_reason, merge_timeouts, AfterLoss, Decision, Joining, Loss, Proposal, Rendezvous,
+    Setup, Stage, Woke,
+};
 use liveness::liveness;
 pub use liveness::{liveness_period, Liveness, Silent};
 use wire::to_json;
@@ -132,6 +139,7 @@ impl CoordConfig {
             nnodes: self.nnodes,
             active: self.active,
             nproc: self.nproc,
+            protocol: PROTOCOL,
         }
     }
 }
@@ -154,7 +162,7 @@ pub async fn run(
 ) {
     match Coordinator::connect(cfg, head, tx.clone()).await {
         Ok(mut c) => c.serve(rx).await,
-        Err((reason, requeue)) => {
+        Err(Fatal { reason, requeue }) => {
             let _ = tx.send(FromCoord::Lost { reason, requeue });
             while let Some(req) = rx.recv().await {
                 if matches!(req, JobRequest::Leave { .. }) {
@@ -195,16 +203,14 @@ async fn waiter(
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Stage {
-    Idle,
-    /// Node rank 0 waits for every node to join cycle N.
-    WaitAll(u32),
-    WaitGo(u32),
-    /// Cycle N runs; parked on its end.
-    Running(u32),
-}
+/// How long a rendezvous that timed out waits to read how many nodes joined it. The read only
+/// adds a number to the reason, which is `?` without it; the join already waited its full
+/// `--join-timeout`, and a store that answers at all does so in milliseconds, while one that is
+/// gone would hold the failure for a whole `--node-timeout`.
+const JOINED_READ_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// Moves messages between the store and the rendezvous' state machine ([`Rendezvous`]): reads
+/// what it needs, writes what it decided, tells the runtime. It decides nothing itself.
 struct Coordinator {
     cfg: CoordConfig,
     ctl: StoreClient,
@@ -212,13 +218,7 @@ struct Coordinator {
     wait_rx: mpsc::UnboundedReceiver<WaitDone>,
     tx: mpsc::UnboundedSender<FromCoord>,
     head: Option<HeadSide>,
-    stage: Stage,
-    /// The highest cycle this node joined.
-    cycle: u32,
-    /// Node rank 0: the calculated timeouts to hand out with the next `go`.
-    calculated: Option<Timeouts>,
-    /// Node rank 0: a node was lost; every later cycle ends at once.
-    lost: Option<String>,
+    rdzv: Rendezvous,
     /// A task parked on this cycle's job-wide timeouts.
     timeouts_task: Option<tokio::task::JoinHandle<()>>,
     timeouts_tx: mpsc::UnboundedSender<(u32, u32, Vec<u8>)>,
@@ -232,21 +232,6 @@ struct Coordinator {
     /// Renews this node's counter and watches the others' ([`liveness`]).
     liveness: tokio::task::JoinHandle<()>,
     silent_rx: mpsc::UnboundedReceiver<(String, Option<u32>)>,
-    /// Node rank 0: the node it lost, when known.
-    lost_node: Option<u32>,
-    /// The node id playing each slot in the current cycle (hot spares; else 0..nnodes).
-    slots: Vec<u32>,
-    /// Node rank 0: nodes lost while standbys could take their place; never members again.
-    dead: Vec<u32>,
-    /// Node rank 0: every member's last join record (a lost node's topology is read from it).
-    infos: std::collections::BTreeMap<u32, NodeInfo>,
-    /// This node's last health check before a rendezvous (hot spares).
-    healthy: Option<bool>,
-    /// The node each ended cycle failed on (`None`: it did not fail), in order.
-    failed_on: Vec<Option<u32>>,
-    /// Node rank 0, hot spares: nodes replaced for failing attempts in a row; never given ranks
-    /// again in this job.
-    benched: Vec<u32>,
 }
 
 impl Drop for Coordinator {
@@ -261,6 +246,12 @@ async fn wait_get(c: &mut StoreClient, key: &str) -> Result<Vec<u8>, vigil_store
     c.get(key).await
 }
 
+/// The job-wide timeouts as written to the store, if they read as timeouts.
+fn read_timeouts(v: &[u8]) -> Option<Timeouts> {
+    let w: WireTimeouts = serde_json::from_slice(v).ok()?;
+    Timeouts::try_from(&w).ok()
+}
+
 impl Coordinator {
     async fn connect(
         cfg: CoordConfig,
@@ -269,38 +260,7 @@ impl Coordinator {
     ) -> Result<Coordinator, Fatal> {
         let mut ctl = connect_client(&cfg).await?;
         let waiter_client = connect_client(&cfg).await?;
-        let lost_store = |e: vigil_store::StoreError| (store_lost(cfg.store, e), true);
-        // A stray (another --nnodes, another job) must be refused before it writes anything:
-        // node rank 0 says what the job is, every other agent compares before claiming a rank.
-        if cfg.node_rank == 0 {
-            ctl.set(key::JOB, &to_json(&cfg.shape()))
-                .await
-                .map_err(lost_store)?;
-        } else {
-            admitted(&mut ctl, &cfg).await?;
-        }
-        // Two agents claiming one node rank would silently corrupt the job: refuse.
-        let me = format!("{} (pid {})", cfg.host, std::process::id());
-        let owner = ctl
-            .compare_set(&key::owner(cfg.node_rank), b"", me.as_bytes())
-            .await
-            .map_err(lost_store)?;
-        if owner != me.as_bytes() {
-            return Err((
-                format!(
-                    "node rank {} is already taken by {}; give every node its own --node-rank (0 to {})",
-                    cfg.node_rank,
-                    String::from_utf8_lossy(&owner),
-                    cfg.nnodes - 1
-                ),
-                false,
-            ));
-        }
-        if cfg.node_rank != 0 {
-            ctl.set(&key::lease(cfg.node_rank), me.as_bytes())
-                .await
-                .map_err(lost_store)?;
-        }
+        claim(&mut ctl, &cfg).await?;
         let (wait_tx, req_rx) = mpsc::unbounded_channel();
         let (done_tx, wait_rx) = mpsc::unbounded_channel();
         tokio::task::spawn_local(waiter(waiter_client, req_rx, done_tx));
@@ -312,7 +272,14 @@ impl Coordinator {
         ));
         let (timeouts_tx, timeouts_rx) = mpsc::unbounded_channel();
         let (stop_tx, stop_rx) = mpsc::unbounded_channel();
-        let cfg_active = cfg.active;
+        let rdzv = Rendezvous::new(Setup {
+            nnodes: cfg.nnodes,
+            active: cfg.active,
+            node_rank: cfg.node_rank,
+            segment: cfg.segment,
+            max_restarts: cfg.max_restarts,
+            head: head.is_some(),
+        });
         Ok(Coordinator {
             cfg,
             ctl,
@@ -320,10 +287,7 @@ impl Coordinator {
             wait_rx,
             tx,
             head,
-            stage: Stage::Idle,
-            cycle: 0,
-            calculated: None,
-            lost: None,
+            rdzv,
             timeouts_task: None,
             timeouts_tx,
             timeouts_rx,
@@ -333,13 +297,6 @@ impl Coordinator {
             ended: false,
             liveness,
             silent_rx,
-            lost_node: None,
-            slots: (0..cfg_active).collect(),
-            dead: Vec::new(),
-            infos: Default::default(),
-            healthy: None,
-            failed_on: Vec::new(),
-            benched: Vec::new(),
         })
     }
 
@@ -353,12 +310,8 @@ impl Coordinator {
         let _ = self.tx.send(m);
     }
 
-    fn fail(&mut self, mut reason: String) {
-        if self.spares() && self.head.is_none() && reason.contains("node rank 0") {
-            // docs/design.md, "Hot spares": the store lives on node rank 0.
-            reason.push_str("; a standby cannot take node rank 0's place (it hosts the job's store), so the job ends to be requeued");
-        }
-        self.stage = Stage::Idle;
+    fn fail(&mut self, reason: String) {
+        let reason = self.rdzv.fail(reason);
         self.send(FromCoord::Lost {
             reason,
             requeue: true,
@@ -381,191 +334,186 @@ impl Coordinator {
                     None => std::future::pending().await,
                 }
             };
-            tokio::select! {
+            let done = tokio::select! {
                 req = rx.recv() => match req {
                     None => return,
                     Some(JobRequest::Leave { poison, highest_step }) => {
                         self.leave(poison, highest_step).await;
                         return;
                     }
-                    Some(req) => {
-                        if !self.ended {
-                            if let Err(e) = self.request(req).await {
-                                self.store_error(e);
-                            }
-                        }
-                    }
+                    Some(_) if self.ended => Ok(()),
+                    Some(req) => self.request(req).await,
                 },
-                Some(w) = self.wait_rx.recv() => {
-                    if let Err(e) = self.waited(w).await {
-                        self.store_error(e);
-                    }
-                }
+                Some(w) = self.wait_rx.recv() => self.waited(w).await,
                 Some((cycle, round, v)) = self.timeouts_rx.recv() => {
-                    if let Ok(timeouts) = serde_json::from_slice(&v) {
+                    if let Some(timeouts) = read_timeouts(&v) {
                         self.send(FromCoord::JobTimeouts { cycle, round, timeouts });
                     }
+                    Ok(())
                 }
-                Some(m) = self.stop_rx.recv() => self.send(m),
-                Some(ev) = lease => {
-                    if let Err(e) = self.lease_event(ev).await {
-                        self.store_error(e);
-                    }
+                Some(m) = self.stop_rx.recv() => {
+                    self.send(m);
+                    Ok(())
                 }
+                Some(ev) = lease => self.lease_event(ev).await,
                 Some((why, node)) = self.silent_rx.recv() => {
-                    if self.head.is_none() {
-                        self.fail(why);
-                    } else if let Err(e) = self.node_lost(why, node).await {
-                        self.store_error(e);
-                    }
+                    let loss = self.rdzv.silent(node, why);
+                    self.carry_out(loss).await
                 }
+            };
+            if let Err(e) = done {
+                self.store_error(e);
             }
         }
     }
 
-    /// Hot spares: some nodes wait as standbys.
-    fn spares(&self) -> bool {
-        self.cfg.active < self.cfg.nnodes
-    }
-
-    /// This node plays a slot in the current cycle (a standby does not report the cycle's end,
-    /// timeouts or steps).
-    fn in_slots(&self) -> bool {
-        self.slots.contains(&self.cfg.node_rank)
-    }
-
     async fn request(&mut self, req: JobRequest) -> Result<(), vigil_store::StoreError> {
-        // What every active node reports (done, timeouts, stop steps) is counted over the slots.
-        let n = self.slots.len() as i64;
         match req {
+            // What every active node reports (done, timeouts, stop steps) is counted over the
+            // slots: a standby reports none.
             JobRequest::ShareTimeouts { .. }
             | JobRequest::StopSteps { .. }
             | JobRequest::ReportDone { .. }
-                if !self.in_slots() => {}
-            JobRequest::Join { cycle, calculated } => {
-                self.cycle = cycle;
-                if let Some(t) = self.timeouts_task.take() {
-                    t.abort();
-                }
-                if let Some(t) = self.stop_task.take() {
-                    t.abort();
-                }
-                self.spawn_stop_waiter(cycle);
-                if let Some(reason) = self.lost.clone() {
-                    let end = JobEnd::Lost {
-                        reason,
-                        node: self.lost_node,
-                    };
-                    self.poison(cycle, &end).await?;
-                    self.stage = Stage::Idle;
-                    self.send(FromCoord::CycleEnded { cycle, end });
-                    return Ok(());
-                }
-                let info = NodeInfo {
-                    topology: self.cfg.topology.clone(),
-                    healthy: self.healthy,
-                    nproc: self.cfg.nproc,
-                    host: self.cfg.host.clone(),
-                    pid: std::process::id(),
-                };
-                self.ctl
-                    .set(&key::join(cycle, self.cfg.node_rank), &to_json(&info))
-                    .await?;
-                let members = if self.spares() && self.ctl.check(&[&key::members(cycle)]).await? {
-                    String::from_utf8_lossy(&self.ctl.get(&key::members(cycle)).await?)
-                        .parse::<i64>()
-                        .unwrap_or(self.cfg.nnodes as i64)
-                } else {
-                    self.cfg.nnodes as i64
-                };
-                if self.ctl.add(&key::joined(cycle), 1).await? == members {
-                    self.ctl.set(&key::all(cycle), b"").await?;
-                }
-                if self.head.is_some() {
-                    self.calculated = calculated;
-                    self.stage = Stage::WaitAll(cycle);
-                    self.wait_for(key::all(cycle), self.cfg.join_timeout);
-                } else {
-                    self.stage = Stage::WaitGo(cycle);
-                    self.wait_for(key::go(cycle), self.cfg.join_timeout);
-                }
-            }
-            JobRequest::Health { healthy } => self.healthy = Some(healthy),
+                if !self.rdzv.in_slots() => {}
+            JobRequest::Join { cycle, calculated } => self.join(cycle, calculated).await?,
+            JobRequest::Health { healthy } => self.rdzv.health(healthy),
             JobRequest::ReportEnd { cycle, end } => {
                 if let JobEnd::Failed { node, .. } = &end {
                     self.ctl.set(&key::failed(cycle, *node), b"").await?;
                 }
-                self.ctl
-                    .compare_set(&key::end(cycle), b"", &to_json(&end))
-                    .await?;
+                let end = to_json(&WireEnd::from(&end));
+                self.ctl.compare_set(&key::end(cycle), b"", &end).await?;
             }
             JobRequest::ReportDone { cycle } => {
-                if self.ctl.add(&key::done(cycle), 1).await? == n {
-                    self.ctl
-                        .compare_set(&key::end(cycle), b"", &to_json(&JobEnd::Done))
-                        .await?;
+                if self
+                    .rdzv
+                    .all_reported(self.ctl.add(&key::done(cycle), 1).await?)
+                {
+                    let done = to_json(&WireEnd::Done);
+                    self.ctl.compare_set(&key::end(cycle), b"", &done).await?;
                 }
             }
             JobRequest::ShareTimeouts {
                 cycle,
                 round,
                 timeouts,
-            } => {
-                self.ctl
-                    .set(
-                        &key::node_timeouts(cycle, round, self.cfg.node_rank),
-                        &to_json(&timeouts),
-                    )
-                    .await?;
-                // A node shares a round only once its previous one was answered (its ranks wait
-                // for the answer), so a waiter still parked belongs to a round nobody completes.
-                if let Some(t) = self.timeouts_task.take() {
-                    t.abort();
-                }
-                self.spawn_timeouts_waiter(cycle, round);
-                if self.ctl.add(&key::timeouts_count(cycle, round), 1).await? == n {
-                    let all: Vec<Timeouts> = self
-                        .every_node(|i| key::node_timeouts(cycle, round, i))
-                        .await?;
-                    let merged = merge_timeouts(&all);
-                    self.ctl
-                        .set(&key::timeouts(cycle, round), &to_json(&merged))
-                        .await?;
-                }
-            }
+            } => self.share_timeouts(cycle, round, &timeouts).await?,
             JobRequest::StopTrigger { cycle, trigger } => {
                 self.ctl
                     .compare_set(&key::stop(cycle), b"", &to_json(&trigger))
                     .await?;
             }
-            JobRequest::StopSteps { cycle, report } => {
-                self.ctl
-                    .set(
-                        &key::stop_steps(cycle, self.cfg.node_rank),
-                        &to_json(&report),
-                    )
-                    .await?;
-                if self.ctl.add(&key::stop_count(cycle), 1).await? == n {
-                    let all: Vec<StepReport> =
-                        self.every_node(|i| key::stop_steps(cycle, i)).await?;
-                    let step = choose_stop_step(&all, AGREEMENT_BUDGET);
-                    self.ctl
-                        .compare_set(&key::stop_step(cycle), b"", &to_json(&step))
-                        .await?;
-                }
-            }
+            JobRequest::StopSteps { cycle, report } => self.share_steps(cycle, &report).await?,
             JobRequest::Leave { .. } => unreachable!("handled by serve"),
         }
         Ok(())
     }
 
-    /// What every node wrote under `key(node)`, read in one round trip; a value that does not
-    /// parse is left out.
+    async fn join(
+        &mut self,
+        cycle: u32,
+        calculated: Option<Timeouts>,
+    ) -> Result<(), vigil_store::StoreError> {
+        if let Some(t) = self.timeouts_task.take() {
+            t.abort();
+        }
+        if let Some(t) = self.stop_task.take() {
+            t.abort();
+        }
+        self.spawn_stop_waiter(cycle);
+        let healthy = match self.rdzv.join(cycle, calculated) {
+            Joining::Join { healthy } => healthy,
+            Joining::Ended(end) => {
+                self.poison(cycle, &end).await?;
+                self.send(FromCoord::CycleEnded { cycle, end });
+                return Ok(());
+            }
+        };
+        let info = NodeInfo {
+            topology: self.cfg.topology.clone(),
+            healthy,
+            nproc: self.cfg.nproc,
+            host: self.cfg.host.clone(),
+            pid: std::process::id(),
+        };
+        let me = self.cfg.node_rank;
+        self.ctl.set(&key::join(cycle, me), &to_json(&info)).await?;
+        let members = match self.rdzv.spares() && self.ctl.check(&[&key::members(cycle)]).await? {
+            true => Some(self.ctl.get(&key::members(cycle)).await?),
+            false => None,
+        };
+        let expected = self.rdzv.joins_expected(members.as_deref());
+        if self.ctl.add(&key::joined(cycle), 1).await? == expected {
+            self.ctl.set(&key::all(cycle), b"").await?;
+        }
+        let next = match self.rdzv.stage() {
+            Stage::WaitAll(_) => key::all(cycle),
+            _ => key::go(cycle),
+        };
+        self.wait_for(next, self.cfg.join_timeout);
+        Ok(())
+    }
+
+    async fn share_timeouts(
+        &mut self,
+        cycle: u32,
+        round: u32,
+        timeouts: &Timeouts,
+    ) -> Result<(), vigil_store::StoreError> {
+        let mine = to_json(&WireTimeouts::from(timeouts));
+        let me = self.cfg.node_rank;
+        self.ctl
+            .set(&key::node_timeouts(cycle, round, me), &mine)
+            .await?;
+        // A node shares a round only once its previous one was answered (its ranks wait for the
+        // answer), so a waiter still parked belongs to a round nobody completes.
+        if let Some(t) = self.timeouts_task.take() {
+            t.abort();
+        }
+        self.spawn_timeouts_waiter(cycle, round);
+        let count = self.ctl.add(&key::timeouts_count(cycle, round), 1).await?;
+        if self.rdzv.all_reported(count) {
+            let all: Vec<WireTimeouts> = self
+                .every_node(|i| key::node_timeouts(cycle, round, i))
+                .await?;
+            let all: Vec<Timeouts> = all.iter().filter_map(|w| w.try_into().ok()).collect();
+            let merged = WireTimeouts::from(&merge_timeouts(&all));
+            self.ctl
+                .set(&key::timeouts(cycle, round), &to_json(&merged))
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn share_steps(
+        &mut self,
+        cycle: u32,
+        report: &StepReport,
+    ) -> Result<(), vigil_store::StoreError> {
+        let mine = to_json(&WireSteps::from(report));
+        let me = self.cfg.node_rank;
+        self.ctl.set(&key::stop_steps(cycle, me), &mine).await?;
+        if self
+            .rdzv
+            .all_reported(self.ctl.add(&key::stop_count(cycle), 1).await?)
+        {
+            let all: Vec<WireSteps> = self.every_node(|i| key::stop_steps(cycle, i)).await?;
+            let all: Vec<StepReport> = all.into_iter().map(StepReport::from).collect();
+            let step = choose_stop_step(&all, AGREEMENT_BUDGET);
+            self.ctl
+                .compare_set(&key::stop_step(cycle), b"", &to_json(&step))
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// What every slot's node wrote under `key(node)`, read in one round trip; a value that does
+    /// not parse is left out.
     async fn every_node<T: serde::de::DeserializeOwned>(
         &mut self,
         key: impl Fn(u32) -> String,
     ) -> Result<Vec<T>, vigil_store::StoreError> {
-        let keys: Vec<String> = self.slots.iter().map(|n| key(*n)).collect();
+        let keys: Vec<String> = self.rdzv.slots().iter().map(|n| key(*n)).collect();
         let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
         Ok(self
             .ctl
@@ -623,201 +571,95 @@ impl Coordinator {
         let value = match w.result {
             Ok(v) => v,
             Err((timed_out, e)) => {
-                if self.ended {
-                    return Ok(());
+                if !self.ended {
+                    let reason = self.wait_failure(timed_out, e).await;
+                    self.fail(reason);
                 }
-                let reason = match self.stage {
-                    Stage::WaitAll(c) | Stage::WaitGo(c) if timed_out => {
-                        let joined = self
-                            .ctl
-                            .get_timeout(&key::joined(c), Duration::from_secs(2))
-                            .await
-                            .ok()
-                            .and_then(|v| String::from_utf8(v).ok())
-                            .unwrap_or_else(|| "?".into());
-                        format!(
-                            "only {joined} of {} nodes joined attempt {c} within {:.0}s (--join-timeout); check that vigil started on every node with the same --nnodes",
-                            self.cfg.nnodes,
-                            self.cfg.join_timeout.as_secs_f64()
-                        )
-                    }
-                    _ => store_lost(self.cfg.store, e),
-                };
-                self.fail(reason);
                 return Ok(());
             }
         };
-        match self.stage {
-            Stage::WaitAll(c) if w.key == key::all(c) => {
-                // A node that stopped for good ends the rendezvous by writing `go` before `all`.
-                if self.ctl.check(&[&key::go(c)]).await? {
-                    let v = self.ctl.get(&key::go(c)).await?;
-                    self.verdict(c, &v);
-                    return Ok(());
+        match self.rdzv.woke(&w.key) {
+            Some(Woke::AllJoined(c)) => self.all_joined(c).await?,
+            Some(Woke::Verdict(c)) => self.verdict(c, &value),
+            Some(Woke::End(c)) => {
+                if let Some(t) = self.timeouts_task.take() {
+                    t.abort();
                 }
-                let head = self.head.as_ref().expect("only node rank 0 waits for all");
-                // Every node's ranks of the last attempt are gone: give this one a clean store.
-                head.keys.reset();
-                if c > 0 {
-                    head.keys.clear_prefix(&key::cycle_prefix_raw(c - 1));
-                }
-                let members: Vec<u32> = (0..self.cfg.nnodes)
-                    .filter(|n| !self.dead.contains(n))
-                    .collect();
-                let keys: Vec<String> = members.iter().map(|i| key::join(c, *i)).collect();
-                let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-                let mut nodes = Vec::with_capacity(keys.len());
-                let mut joined = std::collections::BTreeMap::new();
-                for (i, v) in members.iter().zip(self.ctl.multi_get(&refs).await?) {
-                    match serde_json::from_slice::<NodeInfo>(&v) {
-                        Ok(info) => {
-                            joined.insert(*i, info.clone());
-                            nodes.push(info);
-                        }
-                        Err(e) => {
-                            self.fail(format!("node {i} joined attempt {c} with an unreadable record ({e}); every node must run the same vigil version"));
-                            return Ok(());
-                        }
-                    }
-                }
-                let go = if self.spares() {
-                    // The lost nodes' slots go to standbys (healthy first, then the closest).
-                    self.infos.extend(joined.clone());
-                    // A node whose ranks failed or hung in the last two attempts in a row is to
-                    // blame (allocation/blame.rs's rule): with a standby, it is replaced.
-                    let spare_left = members.iter().any(|n| {
-                        !self.slots.contains(n)
-                            && !self.benched.contains(n)
-                            && joined.get(n).and_then(|i| i.healthy) != Some(false)
+                let d = self.rdzv.ended(c, &value);
+                self.decided(d);
+            }
+            None => {}
+        }
+        Ok(())
+    }
+
+    /// Why a wait failed: a rendezvous that timed out counts who joined it; else the store is
+    /// gone.
+    async fn wait_failure(&mut self, timed_out: bool, e: String) -> String {
+        let Some(c) = self.rdzv.join_timed_out(timed_out) else {
+            return store_lost(self.cfg.store, e);
+        };
+        let joined = self
+            .ctl
+            .get_timeout(&key::joined(c), JOINED_READ_TIMEOUT)
+            .await
+            .ok()
+            .and_then(|v| String::from_utf8(v).ok());
+        join_timeout_reason(c, joined, self.cfg.nnodes, self.cfg.join_timeout)
+    }
+
+    /// Node rank 0: every member joined cycle `c`: propose the assignment (the first `go`
+    /// written wins) and act on the verdict.
+    async fn all_joined(&mut self, c: u32) -> Result<(), vigil_store::StoreError> {
+        // A node that stopped for good ends the rendezvous by writing `go` before `all`.
+        if self.ctl.check(&[&key::go(c)]).await? {
+            let v = self.ctl.get(&key::go(c)).await?;
+            self.verdict(c, &v);
+            return Ok(());
+        }
+        let head = self.head.as_ref().expect("only node rank 0 waits for all");
+        // Every node's ranks of the last attempt are gone: give this one a clean store.
+        head.keys.reset();
+        if c > 0 {
+            head.keys.clear_prefix(&key::cycle_prefix_raw(c - 1));
+        }
+        let members = self.rdzv.members();
+        let keys: Vec<String> = members.iter().map(|i| key::join(c, *i)).collect();
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let records: Vec<(u32, Vec<u8>)> = members
+            .into_iter()
+            .zip(self.ctl.multi_get(&refs).await?)
+            .collect();
+        match self.rdzv.assign(c, &records) {
+            Ok(Proposal { go, promotions }) => {
+                if !promotions.is_empty() {
+                    self.send(FromCoord::Promoted {
+                        cycle: c,
+                        promotions,
                     });
-                    if let [.., Some(a), Some(b)] = self.failed_on[..] {
-                        if a == b && a != 0 && spare_left && !self.benched.contains(&a) {
-                            self.benched.push(a);
-                        }
-                    }
-                    // Lost, unfit by their last health check, or to blame: a healthy standby
-                    // plays it.
-                    let benched = self.benched.clone();
-                    let unfit = |n: &u32| {
-                        benched.contains(n) || joined.get(n).and_then(|i| i.healthy) == Some(false)
-                    };
-                    let lost: Vec<(u32, Option<String>)> = self
-                        .slots
-                        .iter()
-                        .filter(|n| self.dead.contains(n) || unfit(n))
-                        .map(|n| (*n, self.infos.get(n).and_then(|i| i.topology.clone())))
-                        .collect();
-                    let standbys: Vec<crate::job::spares::Standby> = members
-                        .iter()
-                        .filter(|n| !self.slots.contains(n))
-                        .map(|n| crate::job::spares::Standby {
-                            node: *n,
-                            healthy: !unfit(n),
-                            topology: joined.get(n).and_then(|i| i.topology.clone()),
-                        })
-                        .collect();
-                    let refilled =
-                        crate::job::spares::refill(&self.slots, &lost, &standbys, self.cfg.segment)
-                            .ok()
-                            .and_then(|(slots, promotions)| {
-                                assign_slots(
-                                    c,
-                                    &slots,
-                                    &joined,
-                                    self.cfg.max_restarts,
-                                    self.calculated.clone(),
-                                )
-                                .map(|go| (go, promotions))
-                            });
-                    match refilled {
-                        Some((go, promotions)) => {
-                            if !promotions.is_empty() {
-                                self.send(FromCoord::Promoted {
-                                    cycle: c,
-                                    promotions,
-                                });
-                            }
-                            go
-                        }
-                        None => {
-                            self.fail(format!(
-                                "attempt {c}: no standby left to take the place of lost node(s) {:?}",
-                                self.dead
-                            ));
-                            return Ok(());
-                        }
-                    }
-                } else {
-                    assign(c, &nodes, self.cfg.max_restarts, self.calculated.clone())
-                };
+                }
                 let mine = to_json(&Verdict::Go(go));
                 let v = self.ctl.compare_set(&key::go(c), b"", &mine).await?;
                 self.verdict(c, &v);
             }
-            Stage::WaitGo(c) if w.key == key::go(c) => self.verdict(c, &value),
-            Stage::Running(c) if w.key == key::end(c) => {
-                if let Some(t) = self.timeouts_task.take() {
-                    t.abort();
-                }
-                self.stage = Stage::Idle;
-                match serde_json::from_slice::<JobEnd>(&value) {
-                    Ok(end) => {
-                        self.failed_on.push(match &end {
-                            JobEnd::Failed { node, .. } => Some(*node),
-                            _ => None,
-                        });
-                        self.send(FromCoord::CycleEnded { cycle: c, end })
-                    }
-                    Err(e) => self.fail(format!("attempt {c} ended with an unreadable verdict ({e}); every node must run the same vigil version")),
-                }
-            }
-            _ => {}
+            Err(why) => self.fail(why.to_string()),
         }
         Ok(())
     }
 
     fn verdict(&mut self, c: u32, value: &[u8]) {
-        match serde_json::from_slice::<Verdict>(value) {
-            Ok(Verdict::Go(go)) => {
-                self.slots = if go.slots.is_empty() {
-                    (0..go.offsets.len() as u32).collect()
-                } else {
-                    go.slots.clone()
-                };
-                if self.spares() && go.slot_of(self.cfg.node_rank).is_none() {
-                    // A standby: no ranks; it follows the cycle to its end like everyone.
-                    self.stage = Stage::Running(c);
-                    self.wait_for(key::end(c), Duration::MAX);
-                    self.send(FromCoord::Standby { cycle: c });
-                    return;
-                }
-                let slot = go.slot_of(self.cfg.node_rank).unwrap_or(self.cfg.node_rank);
-                let Some(&rank_offset) = go.offsets.get(slot as usize) else {
-                    self.fail(format!(
-                        "attempt {c} was assigned for {} nodes, but this is node rank {}; every node must use the same --nnodes",
-                        go.offsets.len(),
-                        self.cfg.node_rank
-                    ));
-                    return;
-                };
-                self.stage = Stage::Running(c);
+        let d = self.rdzv.verdict(c, value);
+        self.decided(d);
+    }
+
+    fn decided(&mut self, d: Decision) {
+        match d {
+            Decision::Run(c, m) => {
                 self.wait_for(key::end(c), Duration::MAX);
-                self.send(FromCoord::Joined {
-                    cycle: c,
-                    group_rank: slot,
-                    rank_offset,
-                    world_size: go.world_size,
-                    max_restarts: go.max_restarts,
-                    calculated: go.calculated,
-                });
+                self.send(m);
             }
-            Ok(Verdict::End(end)) => {
-                self.stage = Stage::Idle;
-                self.send(FromCoord::CycleEnded { cycle: c, end });
-            }
-            Err(e) => self.fail(format!(
-                "attempt {c} started with an unreadable verdict ({e}); every node must run the same vigil version"
-            )),
+            Decision::Tell(m) => self.send(m),
+            Decision::Fail(why) => self.fail(why),
         }
     }
 
@@ -825,12 +667,12 @@ impl Coordinator {
     /// already given stays (compare-and-set). `all` is set after `go` so that node rank 0, parked
     /// until every node joined, wakes and finds the verdict.
     async fn poison(&mut self, c: u32, end: &JobEnd) -> Result<(), vigil_store::StoreError> {
+        let end = WireEnd::from(end);
         let verdict = to_json(&Verdict::End(end.clone()));
+        let end = to_json(&end);
         for cycle in [c, c + 1] {
             self.ctl.compare_set(&key::go(cycle), b"", &verdict).await?;
-            self.ctl
-                .compare_set(&key::end(cycle), b"", &to_json(end))
-                .await?;
+            self.ctl.compare_set(&key::end(cycle), b"", &end).await?;
             self.ctl.set(&key::all(cycle), b"").await?;
         }
         Ok(())
@@ -840,75 +682,49 @@ impl Coordinator {
         let LeaseEvent::Lost { key, value } = ev else {
             return Ok(());
         };
-        if self.lost.is_some() {
-            return Ok(());
-        }
         let reason = format!(
             "node {key} ({}) was lost: its agent's connection to the store closed or went silent for --node-timeout",
             String::from_utf8_lossy(&value)
         );
         let node: Option<u32> = key.rsplit('/').next().and_then(|n| n.parse().ok());
-        // Only the job's node ranks hold leases that matter; anything else (an agent refused
-        // before it claimed a rank, an old vigil) loses nobody.
-        if node.is_none_or(|n| n >= self.cfg.nnodes) {
-            return Ok(());
-        }
-        self.node_lost(reason, node).await
+        let loss = self.rdzv.lease_lost(node, reason);
+        self.carry_out(loss).await
     }
 
-    /// Node rank 0: a node is gone; this cycle and every later one end `lost`.
-    async fn node_lost(
-        &mut self,
-        reason: String,
-        node: Option<u32>,
-    ) -> Result<(), vigil_store::StoreError> {
-        if self.lost.is_some() || node.is_some_and(|n| self.dead.contains(&n)) {
-            return Ok(());
-        }
-        if let Some(k) = node.filter(|_| self.spares()) {
-            let standbys_left = (0..self.cfg.nnodes)
-                .filter(|n| *n != k && !self.dead.contains(n) && !self.slots.contains(n))
-                .count();
-            if !self.slots.contains(&k) || standbys_left > 0 {
-                return self.lose_to_a_standby(k, reason).await;
+    /// Writes what losing a node means for the job ([`Loss`]).
+    async fn carry_out(&mut self, loss: Loss) -> Result<(), vigil_store::StoreError> {
+        let (members, cycles, then) = match loss {
+            Loss::Nothing => return Ok(()),
+            Loss::Fail(why) => {
+                self.fail(why);
+                return Ok(());
             }
+            Loss::Job { cycle, end } => return self.poison(cycle, &end).await,
+            Loss::ToStandby {
+                members,
+                cycles,
+                then,
+            } => (members, cycles, then),
+        };
+        for c in cycles {
+            let m = members.to_string();
+            self.ctl.set(&key::members(c), m.as_bytes()).await?;
         }
-        self.lost = Some(reason.clone());
-        self.lost_node = node;
-        self.poison(self.cycle, &JobEnd::Lost { reason, node })
-            .await
-    }
-
-    /// Node rank 0, hot spares: node `k` is gone, and a standby can take its slot (or it was a
-    /// standby). It is never a member again; an attempt it ran in ends as a failure of that node,
-    /// so every node restarts, and the next `go` gives its slot to a standby.
-    async fn lose_to_a_standby(
-        &mut self,
-        k: u32,
-        reason: String,
-    ) -> Result<(), vigil_store::StoreError> {
-        self.dead.push(k);
-        let members = (self.cfg.nnodes as usize - self.dead.len()).to_string();
-        for c in [self.cycle, self.cycle + 1] {
-            self.ctl.set(&key::members(c), members.as_bytes()).await?;
-        }
-        match self.stage {
+        match then {
+            AfterLoss::Nothing => {}
             // Joining: the rendezvous completes without it.
-            Stage::WaitAll(c) => {
+            AfterLoss::CompleteJoin(c) => {
                 let joined = String::from_utf8_lossy(&self.ctl.get(&key::joined(c)).await?)
                     .parse::<usize>()
                     .unwrap_or(0);
-                if joined >= self.cfg.nnodes as usize - self.dead.len() {
+                if joined >= members {
                     self.ctl.set(&key::all(c), b"").await?;
                 }
             }
-            Stage::Running(c) if self.slots.contains(&k) => {
-                let end = JobEnd::Failed { node: k, reason };
-                self.ctl
-                    .compare_set(&key::end(c), b"", &to_json(&end))
-                    .await?;
+            AfterLoss::EndCycle { cycle, end } => {
+                let end = to_json(&WireEnd::from(&end));
+                self.ctl.compare_set(&key::end(cycle), b"", &end).await?;
             }
-            _ => {}
         }
         Ok(())
     }
@@ -955,166 +771,6 @@ impl Coordinator {
                     }
                 }
             }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn node(nproc: u32) -> NodeInfo {
-        NodeInfo {
-            topology: None,
-            healthy: None,
-            nproc,
-            host: "h".into(),
-            pid: 1,
-        }
-    }
-
-    #[test]
-    fn ranks_follow_node_rank() {
-        let go = assign(3, &[node(2), node(4), node(1)], 5, None);
-        assert_eq!(go.offsets, vec![0, 2, 6]);
-        assert_eq!(go.world_size, 7);
-        assert_eq!(go.cycle, 3);
-        assert_eq!(go.max_restarts, 5);
-    }
-
-    #[test]
-    fn verdicts_round_trip() {
-        for v in [
-            Verdict::Go(assign(0, &[node(1)], 0, Some(Timeouts::default()))),
-            Verdict::End(JobEnd::Lost {
-                reason: "x".into(),
-                node: Some(2),
-            }),
-        ] {
-            let back: Verdict = serde_json::from_slice(&to_json(&v)).unwrap();
-            assert_eq!(back, v);
-        }
-        let end = JobEnd::Failed {
-            node: 1,
-            reason: "rank 3 exited with code 1".into(),
-        };
-        let back: JobEnd = serde_json::from_slice(&to_json(&end)).unwrap();
-        assert_eq!(back, end);
-    }
-
-    #[test]
-    fn job_timeouts_are_the_maximum_over_nodes() {
-        let s = Duration::from_secs;
-        let a = Timeouts {
-            initial: Some(s(10)),
-            heartbeat: Some(s(3)),
-            sections: [("step".to_string(), s(5))].into(),
-            ..Default::default()
-        };
-        let b = Timeouts {
-            initial: Some(s(4)),
-            heartbeat: Some(s(9)),
-            sections: [("step".to_string(), s(2)), ("ckpt".to_string(), s(7))].into(),
-            ..Default::default()
-        };
-        let m = merge_timeouts(&[a, b]);
-        assert_eq!(m.initial, Some(s(10)));
-        assert_eq!(m.heartbeat, Some(s(9)));
-        assert_eq!(m.sections["step"], s(5));
-        assert_eq!(m.sections["ckpt"], s(7));
-        assert_eq!(m.out_of_section, None);
-    }
-
-    const T: Duration = Duration::from_secs(8);
-    const P: Duration = Duration::from_secs(1);
-
-    fn counter(n: i64) -> Option<Vec<u8>> {
-        Some(n.to_string().into_bytes())
-    }
-
-    #[test]
-    fn a_moving_counter_is_never_silent() {
-        let t0 = Instant::now();
-        let mut l = Liveness::new(T, P);
-        for i in 0..100u32 {
-            l.wake(t0 + P * i);
-            assert_eq!(l.silent(), None);
-            l.asked();
-            l.answered([(1, counter(i as i64 + 1))]);
-        }
-    }
-
-    #[test]
-    fn a_frozen_node_is_silent_after_the_timeout_of_running_time() {
-        let t0 = Instant::now();
-        let mut l = Liveness::new(T, P);
-        l.wake(t0);
-        l.answered([(1, counter(5))]);
-        for i in 1..8u32 {
-            l.wake(t0 + P * i);
-            l.asked();
-            l.answered([(1, counter(5))]);
-            assert_eq!(l.silent(), None, "{i}s");
-        }
-        l.wake(t0 + P * 8);
-        assert_eq!(l.silent(), Some(Silent::Node(1, T)));
-    }
-
-    #[test]
-    fn a_watcher_that_was_stopped_counts_one_period_for_the_gap() {
-        let t0 = Instant::now();
-        let mut l = Liveness::new(T, P);
-        l.wake(t0);
-        l.answered([(1, counter(5))]);
-        // The whole job was stopped for an hour; on waking, nobody is to blame yet.
-        l.wake(t0 + Duration::from_secs(3600));
-        assert_eq!(l.silent(), None);
-        l.asked();
-        l.answered([(1, counter(6))]);
-        l.wake(t0 + Duration::from_secs(3601));
-        assert_eq!(l.silent(), None);
-    }
-
-    #[test]
-    fn an_unanswered_read_blames_the_store() {
-        let t0 = Instant::now();
-        let mut l = Liveness::new(T, P);
-        l.wake(t0);
-        l.answered([(0, counter(1))]);
-        l.asked();
-        for i in 1..=8u32 {
-            l.wake(t0 + P * i);
-        }
-        assert_eq!(l.silent(), Some(Silent::Store(T)));
-    }
-
-    #[test]
-    fn a_node_that_left_or_never_started_is_not_watched() {
-        let t0 = Instant::now();
-        let mut l = Liveness::new(T, P);
-        l.wake(t0);
-        l.answered([(1, counter(3)), (2, None)]);
-        l.answered([(1, None)]);
-        for i in 1..=20u32 {
-            l.wake(t0 + P * i);
-        }
-        assert_eq!(l.silent(), None);
-    }
-
-    proptest::proptest! {
-        #[test]
-        fn offsets_partition_the_world(nprocs in proptest::collection::vec(1u32..9, 1..40)) {
-            let nodes: Vec<NodeInfo> = nprocs.iter().map(|&n| node(n)).collect();
-            let go = assign(0, &nodes, 0, None);
-            let mut seen = vec![false; go.world_size as usize];
-            for (i, n) in nprocs.iter().enumerate() {
-                for lr in 0..*n {
-                    let r = (go.offsets[i] + lr) as usize;
-                    proptest::prop_assert!(!seen[r]);
-                    seen[r] = true;
-                }
-            }
-            proptest::prop_assert!(seen.into_iter().all(|x| x));
         }
     }
 }

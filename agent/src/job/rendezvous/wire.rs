@@ -1,12 +1,23 @@
-//! What the agents write to the store: key names, the messages (JSON), and the pure functions
-//! over them (rank assignment, the job's timeouts).
+//! What the agents write to the store: key names and the messages (JSON), in types of their own.
+//!
+//! The messages are the wire's, not the supervisor's: [`WireEnd`], [`WireTimeouts`] and
+//! [`WireSteps`] mirror `JobEnd`, `Timeouts` and `StepReport` and convert to and from them, so a
+//! change to a supervisor type cannot silently change what another agent reads. Their JSON is
+//! [`PROTOCOL`]'s: node rank 0 writes its protocol into the job's shape (`vigil/job`), and an
+//! agent that speaks another is refused with one line before it writes anything
+//! ([`JobShape::refusal`]). Change a message's JSON only together with [`PROTOCOL`].
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 use crate::supervise::monitor::Timeouts;
-use crate::supervise::JobEnd;
+use crate::supervise::{JobEnd, StepReport};
+
+/// The version of the agents' messages in the store. 1: the messages as first numbered (the same
+/// JSON as the unnumbered ones before, whose job shape reads as protocol 0).
+pub const PROTOCOL: u32 = 1;
 
 /// What a node says about itself when it joins a cycle.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -37,7 +48,17 @@ pub struct Go {
     /// The job's restart budget (node rank 0's `--max-restarts`).
     pub max_restarts: u32,
     /// Calculated timeouts node rank 0 hands to every node.
-    pub calculated: Option<Timeouts>,
+    pub calculated: Option<WireTimeouts>,
+}
+
+impl Go {
+    /// This node's slot (group rank) in the cycle; `None`: it is a standby.
+    pub fn slot_of(&self, node: u32) -> Option<u32> {
+        if self.slots.is_empty() {
+            return ((node as usize) < self.offsets.len()).then_some(node);
+        }
+        self.slots.iter().position(|n| *n == node).map(|p| p as u32)
+    }
 }
 
 /// What every agent of a job must agree on before it may write any of the job's keys: node rank
@@ -45,6 +66,9 @@ pub struct Go {
 /// ([`JobShape::refusal`]) before it claims its node rank.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobShape {
+    /// The [`PROTOCOL`] node rank 0 speaks; absent (0): a vigil from before it was numbered.
+    #[serde(default)]
+    pub protocol: u32,
     /// The job's identity (`--rdzv-id`, Slurm's or NGC's job id); `None`: none.
     pub job: Option<String>,
     /// Every agent, standbys included (`--nnodes`'s MAX).
@@ -68,6 +92,13 @@ impl JobShape {
     /// must match only with hot spares, where a standby takes any node's place; otherwise nodes
     /// may run different `--nproc-per-node` (and a node rank is claimed once).
     pub fn refusal(&self, mine: &JobShape, node_rank: u32) -> Option<String> {
+        // Checked first: in another protocol the other fields may not mean what they say here.
+        if self.protocol != mine.protocol {
+            return Some(format!(
+                "refused by node rank 0: it speaks vigil's rendezvous protocol {} and this agent speaks {}; this agent (--node-rank {node_rank}) left the job untouched: run the same vigil version on every node",
+                self.protocol, mine.protocol
+            ));
+        }
         let id = |j: &Option<String>| match j {
             Some(j) => format!("job id {j:?}"),
             None => "no job id".to_string(),
@@ -103,7 +134,164 @@ impl JobShape {
 #[serde(rename_all = "snake_case")]
 pub enum Verdict {
     Go(Go),
-    End(JobEnd),
+    End(WireEnd),
+}
+
+/// How a cycle ended for the whole job (`c<N>/end`, and `Verdict::End`): `JobEnd` on the wire.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "end", rename_all = "snake_case")]
+pub enum WireEnd {
+    Done,
+    Failed {
+        node: u32,
+        reason: String,
+    },
+    Stopped {
+        node: u32,
+        reason: String,
+        exit_code: i32,
+    },
+    Lost {
+        reason: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        node: Option<u32>,
+    },
+}
+
+impl From<&JobEnd> for WireEnd {
+    fn from(e: &JobEnd) -> Self {
+        match e.clone() {
+            JobEnd::Done => WireEnd::Done,
+            JobEnd::Failed { node, reason } => WireEnd::Failed { node, reason },
+            JobEnd::Stopped {
+                node,
+                reason,
+                exit_code,
+            } => WireEnd::Stopped {
+                node,
+                reason,
+                exit_code,
+            },
+            JobEnd::Lost { reason, node } => WireEnd::Lost { reason, node },
+        }
+    }
+}
+
+impl From<WireEnd> for JobEnd {
+    fn from(e: WireEnd) -> Self {
+        match e {
+            WireEnd::Done => JobEnd::Done,
+            WireEnd::Failed { node, reason } => JobEnd::Failed { node, reason },
+            WireEnd::Stopped {
+                node,
+                reason,
+                exit_code,
+            } => JobEnd::Stopped {
+                node,
+                reason,
+                exit_code,
+            },
+            WireEnd::Lost { reason, node } => JobEnd::Lost { reason, node },
+        }
+    }
+}
+
+/// Timeouts in seconds (a node's share, the job's merge, `Go.calculated`): `Timeouts` on the
+/// wire. `null` or a missing field: that check is off.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct WireTimeouts {
+    #[serde(default)]
+    pub initial: Option<f64>,
+    #[serde(default)]
+    pub heartbeat: Option<f64>,
+    #[serde(default)]
+    pub sections: BTreeMap<String, f64>,
+    #[serde(default)]
+    pub out_of_section: Option<f64>,
+    #[serde(default)]
+    pub warmup: Option<f64>,
+}
+
+/// A message that parsed but says something this agent cannot take.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum WireError {
+    #[error("a timeout of {0} s is more than a year")]
+    TooLong(f64),
+}
+
+impl From<&Timeouts> for WireTimeouts {
+    fn from(t: &Timeouts) -> Self {
+        let s = |d: Option<Duration>| d.map(|d| d.as_secs_f64());
+        WireTimeouts {
+            initial: s(t.initial),
+            heartbeat: s(t.heartbeat),
+            sections: t
+                .sections
+                .iter()
+                .map(|(k, d)| (k.clone(), d.as_secs_f64()))
+                .collect(),
+            out_of_section: s(t.out_of_section),
+            warmup: s(t.warmup),
+        }
+    }
+}
+
+impl TryFrom<&WireTimeouts> for Timeouts {
+    type Error = WireError;
+
+    /// As a saved timeout is read: zero, negative or not finite is off; beyond a year is an error.
+    fn try_from(w: &WireTimeouts) -> Result<Self, WireError> {
+        fn secs(x: Option<f64>) -> Result<Option<Duration>, WireError> {
+            match x {
+                Some(x) if x.is_finite() && x > 0.0 => {
+                    if x > crate::values::MAX_SECONDS {
+                        return Err(WireError::TooLong(x));
+                    }
+                    Ok(Some(Duration::from_secs_f64(x)))
+                }
+                _ => Ok(None),
+            }
+        }
+        let mut sections = BTreeMap::new();
+        for (k, x) in &w.sections {
+            if let Some(d) = secs(Some(*x))? {
+                sections.insert(k.clone(), d);
+            }
+        }
+        Ok(Timeouts {
+            initial: secs(w.initial)?,
+            heartbeat: secs(w.heartbeat)?,
+            sections,
+            out_of_section: secs(w.out_of_section)?,
+            warmup: secs(w.warmup)?,
+        })
+    }
+}
+
+/// What one node reports once a stop was asked (`c<N>/stop/steps/<node>`): `StepReport` on the
+/// wire.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct WireSteps {
+    pub max_step: Option<u64>,
+    pub steps_per_s: Option<f64>,
+}
+
+impl From<&StepReport> for WireSteps {
+    fn from(r: &StepReport) -> Self {
+        WireSteps {
+            max_step: r.max_step,
+            steps_per_s: r.steps_per_s,
+        }
+    }
+}
+
+impl From<WireSteps> for StepReport {
+    fn from(w: WireSteps) -> Self {
+        StepReport {
+            max_step: w.max_step,
+            steps_per_s: w.steps_per_s,
+        }
+    }
 }
 
 /// Client key names (the store puts `/` in front; everything lives under `/vigil/`, which
@@ -171,7 +359,7 @@ pub mod key {
     pub fn stop(c: u32) -> String {
         format!("vigil/c{c}/stop")
     }
-    /// Node `node`'s steps once a stop was asked (JSON `StepReport`).
+    /// Node `node`'s steps once a stop was asked (JSON [`super::WireSteps`]).
     pub fn stop_steps(c: u32, node: u32) -> String {
         format!("vigil/c{c}/stop/steps/{node}")
     }
@@ -196,86 +384,14 @@ pub mod key {
     }
 }
 
-/// Global ranks by node rank: node `n`'s local rank 0 is the sum of the ranks of nodes `0..n`.
-pub fn assign(
-    cycle: u32,
-    nodes: &[NodeInfo],
-    max_restarts: u32,
-    calculated: Option<Timeouts>,
-) -> Go {
-    let mut offsets = Vec::with_capacity(nodes.len());
-    let mut next = 0u32;
-    for n in nodes {
-        offsets.push(next);
-        next += n.nproc;
-    }
-    Go {
-        cycle,
-        world_size: next,
-        offsets,
-        slots: Vec::new(),
-        max_restarts,
-        calculated,
-    }
-}
-
-impl Go {
-    /// This node's slot (group rank) in the cycle; `None`: it is a standby.
-    pub fn slot_of(&self, node: u32) -> Option<u32> {
-        if self.slots.is_empty() {
-            return ((node as usize) < self.offsets.len()).then_some(node);
-        }
-        self.slots.iter().position(|n| *n == node).map(|p| p as u32)
-    }
-}
-
-/// Global ranks by slot when standbys play some slots (`spares::refill`): slot `s`'s local rank 0
-/// is the sum of the ranks of slots `0..s`, each counted with the node that plays it. `None` when
-/// a slot's node did not join.
-pub fn assign_slots(
-    cycle: u32,
-    slots: &[u32],
-    joined: &std::collections::BTreeMap<u32, NodeInfo>,
-    max_restarts: u32,
-    calculated: Option<Timeouts>,
-) -> Option<Go> {
-    let nodes: Vec<NodeInfo> = slots
-        .iter()
-        .map(|n| joined.get(n).cloned())
-        .collect::<Option<_>>()?;
-    let mut go = assign(cycle, &nodes, max_restarts, calculated);
-    go.slots = slots.to_vec();
-    Some(go)
-}
-
-/// The job-wide timeouts: for every check, the longest any node calculated.
-pub fn merge_timeouts(all: &[Timeouts]) -> Timeouts {
-    let max = |a: Option<Duration>, b: Option<Duration>| match (a, b) {
-        (Some(x), Some(y)) => Some(x.max(y)),
-        (x, y) => x.or(y),
-    };
-    let mut out = Timeouts::default();
-    for t in all {
-        out.initial = max(out.initial, t.initial);
-        out.heartbeat = max(out.heartbeat, t.heartbeat);
-        out.out_of_section = max(out.out_of_section, t.out_of_section);
-        out.warmup = max(out.warmup, t.warmup);
-        for (k, v) in &t.sections {
-            let e = out.sections.entry(k.clone()).or_insert(*v);
-            *e = (*e).max(*v);
-        }
-    }
-    out
-}
-
 pub(super) fn to_json<T: Serialize>(v: &T) -> Vec<u8> {
     serde_json::to_vec(v).expect("plain data serializes")
 }
 
 #[cfg(test)]
-mod slot_tests {
+mod tests {
     use super::*;
-    use std::collections::BTreeMap;
+    use crate::job::rendezvous::decide::assign;
 
     fn shape(job: Option<&str>, active: u32, nnodes: u32, nproc: u32) -> JobShape {
         JobShape {
@@ -283,7 +399,127 @@ mod slot_tests {
             nnodes,
             active,
             nproc,
+            protocol: PROTOCOL,
         }
+    }
+
+    #[test]
+    fn an_agent_of_another_protocol_is_refused_in_one_line() {
+        let job = shape(Some("7"), 2, 2, 1);
+        let old = JobShape {
+            protocol: PROTOCOL + 1,
+            ..job.clone()
+        };
+        let why = job.refusal(&old, 1).unwrap();
+        assert!(
+            why.starts_with(&format!(
+                "refused by node rank 0: it speaks vigil's rendezvous protocol {PROTOCOL} and this agent speaks {}",
+                PROTOCOL + 1
+            )),
+            "{why}"
+        );
+        assert!(why.contains("run the same vigil version"), "{why}");
+        assert!(!why.contains('\n'));
+        // A node rank 0 from before the protocol was numbered says none: protocol 0.
+        let unnumbered = r#"{"job":"7","nnodes":2,"active":2,"nproc":1}"#;
+        let theirs: JobShape = serde_json::from_str(unnumbered).unwrap();
+        assert_eq!(theirs.protocol, 0);
+        assert!(theirs.refusal(&job, 1).unwrap().contains("protocol 0"));
+        let back: JobShape = serde_json::from_slice(&to_json(&job)).unwrap();
+        assert_eq!(back, job);
+    }
+
+    fn ends() -> Vec<JobEnd> {
+        vec![
+            JobEnd::Done,
+            JobEnd::Failed {
+                node: 1,
+                reason: "rank 3 exited with code 1".into(),
+            },
+            JobEnd::Stopped {
+                node: 0,
+                reason: "SIGTERM".into(),
+                exit_code: 143,
+            },
+            JobEnd::Lost {
+                reason: "x".into(),
+                node: Some(2),
+            },
+            JobEnd::Lost {
+                reason: "y".into(),
+                node: None,
+            },
+        ]
+    }
+
+    #[test]
+    fn verdicts_round_trip_and_ends_convert_both_ways() {
+        let mut verdicts = vec![Verdict::Go(assign(
+            0,
+            &[info(1)],
+            0,
+            Some(WireTimeouts::default()),
+        ))];
+        verdicts.extend(ends().iter().map(|e| Verdict::End(e.into())));
+        for v in verdicts {
+            let back: Verdict = serde_json::from_slice(&to_json(&v)).unwrap();
+            assert_eq!(back, v);
+        }
+        for end in ends() {
+            let wire = WireEnd::from(&end);
+            let back: WireEnd = serde_json::from_slice(&to_json(&wire)).unwrap();
+            assert_eq!(JobEnd::from(back), end);
+        }
+    }
+
+    #[test]
+    fn the_wire_reads_what_the_unnumbered_protocol_wrote() {
+        // Protocol 1 kept the JSON of the messages from before it was numbered.
+        let lost: WireEnd =
+            serde_json::from_str(r#"{"end":"lost","reason":"r","node":2}"#).unwrap();
+        assert_eq!(
+            JobEnd::from(lost),
+            JobEnd::Lost {
+                reason: "r".into(),
+                node: Some(2)
+            }
+        );
+        let t: WireTimeouts = serde_json::from_str(
+            r#"{"initial":10.0,"heartbeat":null,"sections":{"step":2.5},"out_of_section":null,"warmup":null}"#,
+        )
+        .unwrap();
+        let t = Timeouts::try_from(&t).unwrap();
+        assert_eq!(t.initial, Some(Duration::from_secs(10)));
+        assert_eq!(t.heartbeat, None);
+        assert_eq!(t.sections["step"], Duration::from_millis(2500));
+        let s: WireSteps = serde_json::from_str(r#"{"max_step":7,"steps_per_s":null}"#).unwrap();
+        assert_eq!(StepReport::from(s).max_step, Some(7));
+    }
+
+    #[test]
+    fn timeouts_cross_the_wire_unchanged_and_a_year_is_the_limit() {
+        let s = Duration::from_secs;
+        let t = Timeouts {
+            initial: Some(s(10)),
+            heartbeat: None,
+            sections: [("step".to_string(), Duration::from_millis(1500))].into(),
+            out_of_section: Some(s(3)),
+            warmup: Some(s(900)),
+        };
+        let w: WireTimeouts = serde_json::from_slice(&to_json(&WireTimeouts::from(&t))).unwrap();
+        assert_eq!(Timeouts::try_from(&w).unwrap(), t);
+        let off = WireTimeouts {
+            initial: Some(0.0),
+            heartbeat: Some(-1.0),
+            sections: [("step".to_string(), f64::NAN)].into(),
+            ..Default::default()
+        };
+        assert_eq!(Timeouts::try_from(&off).unwrap(), Timeouts::default());
+        let long = WireTimeouts {
+            warmup: Some(1e9),
+            ..Default::default()
+        };
+        assert_eq!(Timeouts::try_from(&long), Err(WireError::TooLong(1e9)));
     }
 
     #[test]
@@ -326,21 +562,6 @@ mod slot_tests {
             topology: None,
             healthy: None,
         }
-    }
-
-    #[test]
-    fn a_standby_in_a_lost_nodes_slot_gets_its_ranks_and_the_rest_keep_theirs() {
-        let joined: BTreeMap<u32, NodeInfo> = [(0, info(2)), (2, info(2)), (3, info(2))].into();
-        // Node 1 (slot 1) was lost; standby 3 plays slot 1, node 2 keeps slot 2.
-        let go = assign_slots(4, &[0, 3, 2], &joined, 5, None).unwrap();
-        assert_eq!(go.offsets, vec![0, 2, 4]);
-        assert_eq!(go.world_size, 6);
-        assert_eq!(
-            (go.slot_of(0), go.slot_of(3), go.slot_of(2), go.slot_of(1)),
-            (Some(0), Some(1), Some(2), None)
-        );
-        // A slot whose node did not join cannot be assigned.
-        assert!(assign_slots(4, &[0, 1, 2], &joined, 5, None).is_none());
     }
 
     #[test]

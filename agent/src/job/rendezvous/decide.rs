@@ -1,0 +1,1073 @@
+//! The job-wide decisions of the rendezvous, pure: one agent's state machine, with no store and
+//! no sockets (the coordinator in mod.rs only moves messages between the store and it).
+//!
+//! Inputs, each a method: this agent joins a cycle ([`Rendezvous::join`]); node rank 0 finds
+//! every member joined and reads their join records ([`Rendezvous::assign`]); the cycle's verdict
+//! (`c<N>/go`) and its end (`c<N>/end`) arrive ([`Rendezvous::verdict`], [`Rendezvous::ended`]); a
+//! node's lease closes or its liveness counter stops ([`Rendezvous::lease_lost`],
+//! [`Rendezvous::silent`]); this node's health check ([`Rendezvous::health`]).
+//!
+//! Outputs: what to propose as the verdict (the assignment, [`Proposal`]), what to tell this
+//! agent's runtime ([`Decision`]), what a lost node does to the job ([`Loss`]), and the reason
+//! whenever the job cannot go on here. Where each job-wide decision is made:
+//! - ranks: [`assign`] and [`assign_slots`] (global ranks follow the slot);
+//! - benching, unfit nodes and promotions: [`Rendezvous::assign`], choosing with `job/spares.rs`;
+//! - members and a lost node (to a standby, or the job is lost): [`Rendezvous::node_lost`];
+//! - what a verdict means for this node (ranks, standby, the end): [`Rendezvous::verdict`].
+//!
+//! The first proposal written to `c<N>/go` wins (compare-and-set), and every node reads the same
+//! bytes, so every node decides the same from it.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::job::spares::{refill, Promotion, Standby};
+use crate::supervise::monitor::Timeouts;
+use crate::supervise::JobEnd;
+
+use super::wire::{key, Go, NodeInfo, Verdict, WireEnd, WireTimeouts};
+use super::FromCoord;
+
+/// What one agent knows of the job, fixed for its life.
+#[derive(Debug, Clone)]
+pub struct Setup {
+    /// Every agent, standbys included.
+    pub nnodes: u32,
+    /// The nodes that run ranks (slots); `nnodes - active` start as standbys.
+    pub active: u32,
+    pub node_rank: u32,
+    /// `--segment`: node ids in blocks of this many are close.
+    pub segment: Option<u32>,
+    /// Node rank 0's value is the job's budget.
+    pub max_restarts: u32,
+    /// This agent hosts the store (node rank 0): it assigns ranks and watches every node.
+    pub head: bool,
+}
+
+/// Where this agent is in the current cycle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    Idle,
+    /// Node rank 0 waits for every node to join cycle N.
+    WaitAll(u32),
+    WaitGo(u32),
+    /// Cycle N runs; parked on its end.
+    Running(u32),
+}
+
+/// What a finished wait means in the current stage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Woke {
+    /// Node rank 0: every member joined cycle N (`c<N>/all`).
+    AllJoined(u32),
+    /// Cycle N's verdict is out (`c<N>/go`).
+    Verdict(u32),
+    /// Cycle N ended (`c<N>/end`).
+    End(u32),
+}
+
+/// What this agent does next, as decided from what the store said.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    /// Tell the runtime (`Joined`, `Standby`) and park on the cycle's end.
+    Run(u32, FromCoord),
+    /// Tell the runtime (`CycleEnded`): this agent is done with the cycle.
+    Tell(FromCoord),
+    /// The job cannot go on on this agent: it ends `Lost` with this reason.
+    Fail(String),
+}
+
+/// Joining a cycle.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Joining {
+    /// Write this node's join record, with its last health check, count it and wait for the
+    /// verdict.
+    Join { healthy: Option<bool> },
+    /// Node rank 0 lost a node for good: end this cycle (and the next) with this, and tell the
+    /// runtime it ended.
+    Ended(JobEnd),
+}
+
+/// Node rank 0's proposal for a cycle: the verdict `Go`, and the standbys it promotes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Proposal {
+    pub go: Go,
+    pub promotions: Vec<Promotion>,
+}
+
+/// Why node rank 0 cannot assign a cycle: the job cannot go on (it ends to be requeued).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Unassignable {
+    #[error("node {node} joined attempt {cycle} with an unreadable record ({why}); every node must run the same vigil version")]
+    UnreadableRecord { node: u32, cycle: u32, why: String },
+    #[error("attempt {cycle}: no standby left to take the place of lost node(s) {lost:?}")]
+    NoStandby { cycle: u32, lost: Vec<u32> },
+}
+
+/// What losing a node does to the job (node rank 0).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Loss {
+    /// Nothing: a node of no slot in this job, one already lost, or the job already lost.
+    Nothing,
+    /// A standby takes over: from now on `members` agents join (write it for `cycles`); then
+    /// `then`.
+    ToStandby {
+        members: usize,
+        cycles: [u32; 2],
+        then: AfterLoss,
+    },
+    /// The job is lost: end `cycle` and the next with `end` for every node.
+    Job { cycle: u32, end: JobEnd },
+    /// Not node rank 0: this agent lost the job, for this reason.
+    Fail(String),
+}
+
+/// What a node lost to a standby does to the cycle under way.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AfterLoss {
+    Nothing,
+    /// The rendezvous of this cycle completes without it: if `members` joined already, set
+    /// `all`.
+    CompleteJoin(u32),
+    /// It played a slot in the running cycle: the cycle ends as its failure (first end wins).
+    EndCycle {
+        cycle: u32,
+        end: JobEnd,
+    },
+}
+
+/// One agent's view of the job's rendezvous.
+#[derive(Debug, Clone)]
+pub struct Rendezvous {
+    setup: Setup,
+    stage: Stage,
+    /// The highest cycle this node joined.
+    cycle: u32,
+    /// Node rank 0: the calculated timeouts to hand out with the next `go`.
+    calculated: Option<Timeouts>,
+    /// Node rank 0: a node was lost; every later cycle ends with this.
+    lost: Option<JobEnd>,
+    /// The node id playing each slot in the current cycle (hot spares; else 0..active).
+    slots: Vec<u32>,
+    /// Node rank 0: nodes lost while standbys could take their place; never members again.
+    dead: Vec<u32>,
+    /// Node rank 0: every member's last join record (a lost node's topology is read from it).
+    infos: BTreeMap<u32, NodeInfo>,
+    /// This node's last health check before a rendezvous (hot spares).
+    healthy: Option<bool>,
+    /// The node each ended cycle failed on (`None`: it did not fail), in order.
+    failed_on: Vec<Option<u32>>,
+    /// Node rank 0, hot spares: nodes replaced for failing attempts in a row; never given ranks
+    /// again in this job.
+    benched: Vec<u32>,
+}
+
+impl Rendezvous {
+    pub fn new(setup: Setup) -> Self {
+        Rendezvous {
+            slots: (0..setup.active).collect(),
+            setup,
+            stage: Stage::Idle,
+            cycle: 0,
+            calculated: None,
+            lost: None,
+            dead: Vec::new(),
+            infos: BTreeMap::new(),
+            healthy: None,
+            failed_on: Vec::new(),
+            benched: Vec::new(),
+        }
+    }
+
+    pub fn stage(&self) -> Stage {
+        self.stage
+    }
+
+    /// Hot spares: some nodes wait as standbys.
+    pub fn spares(&self) -> bool {
+        self.setup.active < self.setup.nnodes
+    }
+
+    /// The nodes playing the current cycle's slots: those that report its end, timeouts and
+    /// steps (a standby reports none).
+    pub fn slots(&self) -> &[u32] {
+        &self.slots
+    }
+
+    pub fn in_slots(&self) -> bool {
+        self.slots.contains(&self.setup.node_rank)
+    }
+
+    /// Whether `count` reports (done, timeouts, stop steps) complete the cycle: one per slot.
+    pub fn all_reported(&self, count: i64) -> bool {
+        count == self.slots.len() as i64
+    }
+
+    /// Input: this node's health check before a rendezvous.
+    pub fn health(&mut self, healthy: bool) {
+        self.healthy = Some(healthy);
+    }
+
+    /// Input: this agent asks to join `cycle`; node rank 0 hands `calculated` to every node.
+    pub fn join(&mut self, cycle: u32, calculated: Option<Timeouts>) -> Joining {
+        self.cycle = cycle;
+        if let Some(end) = self.lost.clone() {
+            self.stage = Stage::Idle;
+            return Joining::Ended(end);
+        }
+        if self.setup.head {
+            self.calculated = calculated;
+            self.stage = Stage::WaitAll(cycle);
+        } else {
+            self.stage = Stage::WaitGo(cycle);
+        }
+        Joining::Join {
+            healthy: self.healthy,
+        }
+    }
+
+    /// How many joins complete the rendezvous, from `c<N>/members` as read (hot spares: fewer
+    /// once nodes were lost); without it, every agent.
+    pub fn joins_expected(&self, members: Option<&[u8]>) -> i64 {
+        let all = self.setup.nnodes as i64;
+        match members {
+            Some(m) if self.spares() => String::from_utf8_lossy(m).parse().unwrap_or(all),
+            _ => all,
+        }
+    }
+
+    /// What a finished wait on `key` means now; `None`: nothing (a wait of an earlier stage).
+    pub fn woke(&self, k: &str) -> Option<Woke> {
+        match self.stage {
+            Stage::WaitAll(c) if k == key::all(c) => Some(Woke::AllJoined(c)),
+            Stage::WaitGo(c) if k == key::go(c) => Some(Woke::Verdict(c)),
+            Stage::Running(c) if k == key::end(c) => Some(Woke::End(c)),
+            _ => None,
+        }
+    }
+
+    /// The cycle whose join a failed wait was for (it timed out: the reason counts the nodes
+    /// that joined); `None`: the store is to blame.
+    pub fn join_timed_out(&self, timed_out: bool) -> Option<u32> {
+        match self.stage {
+            Stage::WaitAll(c) | Stage::WaitGo(c) if timed_out => Some(c),
+            _ => None,
+        }
+    }
+
+    /// The agents whose join records node rank 0 reads: every node not lost for good.
+    pub fn members(&self) -> Vec<u32> {
+        (0..self.setup.nnodes)
+            .filter(|n| !self.dead.contains(n))
+            .collect()
+    }
+
+    /// Input (node rank 0): every member's join record for `cycle` as read (`c<N>/join/<node>`),
+    /// in [`Self::members`] order. Output: the verdict to propose, or why the job cannot go on.
+    pub fn assign(
+        &mut self,
+        cycle: u32,
+        records: &[(u32, Vec<u8>)],
+    ) -> Result<Proposal, Unassignable> {
+        let mut nodes = Vec::with_capacity(records.len());
+        let mut joined = BTreeMap::new();
+        for (node, record) in records {
+            let info: NodeInfo =
+                serde_json::from_slice(record).map_err(|e| Unassignable::UnreadableRecord {
+                    node: *node,
+                    cycle,
+                    why: e.to_string(),
+                })?;
+            joined.insert(*node, info.clone());
+            nodes.push(info);
+        }
+        let calculated = self.calculated.as_ref().map(WireTimeouts::from);
+        if !self.spares() {
+            let go = assign(cycle, &nodes, self.setup.max_restarts, calculated);
+            return Ok(Proposal {
+                go,
+                promotions: Vec::new(),
+            });
+        }
+        self.infos.extend(joined.clone());
+        self.bench(&joined);
+        // Lost, unfit by their last health check, or to blame: a healthy standby plays it.
+        let unfit = |n: &u32| {
+            self.benched.contains(n) || joined.get(n).and_then(|i| i.healthy) == Some(false)
+        };
+        let lost: Vec<(u32, Option<String>)> = self
+            .slots
+            .iter()
+            .filter(|n| self.dead.contains(n) || unfit(n))
+            .map(|n| (*n, self.infos.get(n).and_then(|i| i.topology.clone())))
+            .collect();
+        let standbys: Vec<Standby> = joined
+            .keys()
+            .filter(|n| !self.slots.contains(n))
+            .map(|n| Standby {
+                node: *n,
+                healthy: !unfit(n),
+                topology: joined.get(n).and_then(|i| i.topology.clone()),
+            })
+            .collect();
+        refill(&self.slots, &lost, &standbys, self.setup.segment)
+            .ok()
+            .and_then(|(slots, promotions)| {
+                let go = assign_slots(cycle, &slots, &joined, self.setup.max_restarts, calculated)?;
+                Some(Proposal { go, promotions })
+            })
+            .ok_or_else(|| Unassignable::NoStandby {
+                cycle,
+                lost: self.dead.clone(),
+            })
+    }
+
+    /// Hot spares: a node whose ranks failed or hung in the last two attempts in a row is to
+    /// blame (allocation/blame.rs's rule); while a healthy standby is left, it is benched for
+    /// good. Node rank 0 hosts the store and is never benched.
+    fn bench(&mut self, joined: &BTreeMap<u32, NodeInfo>) {
+        let spare_left = joined.iter().any(|(n, info)| {
+            !self.slots.contains(n) && !self.benched.contains(n) && info.healthy != Some(false)
+        });
+        if let [.., Some(a), Some(b)] = self.failed_on[..] {
+            if a == b && a != 0 && spare_left && !self.benched.contains(&a) {
+                self.benched.push(a);
+            }
+        }
+    }
+
+    /// Input: cycle `c`'s verdict as read from `c<N>/go` (every node reads the same bytes).
+    pub fn verdict(&mut self, c: u32, value: &[u8]) -> Decision {
+        let unreadable = |e: &dyn std::fmt::Display| {
+            Decision::Fail(format!("attempt {c} started with an unreadable verdict ({e}); every node must run the same vigil version"))
+        };
+        let go = match serde_json::from_slice::<Verdict>(value) {
+            Ok(Verdict::Go(go)) => go,
+            Ok(Verdict::End(end)) => {
+                self.stage = Stage::Idle;
+                let end = end.into();
+                return Decision::Tell(FromCoord::CycleEnded { cycle: c, end });
+            }
+            Err(e) => return self.failed(unreadable(&e)),
+        };
+        let calculated = match go.calculated.as_ref().map(Timeouts::try_from).transpose() {
+            Ok(t) => t,
+            Err(e) => return self.failed(unreadable(&e)),
+        };
+        self.slots = if go.slots.is_empty() {
+            (0..go.offsets.len() as u32).collect()
+        } else {
+            go.slots.clone()
+        };
+        let me = self.setup.node_rank;
+        if self.spares() && go.slot_of(me).is_none() {
+            // A standby: no ranks; it follows the cycle to its end like everyone.
+            self.stage = Stage::Running(c);
+            return Decision::Run(c, FromCoord::Standby { cycle: c });
+        }
+        let slot = go.slot_of(me).unwrap_or(me);
+        let Some(&rank_offset) = go.offsets.get(slot as usize) else {
+            return self.failed(Decision::Fail(format!(
+                "attempt {c} was assigned for {} nodes, but this is node rank {me}; every node must use the same --nnodes",
+                go.offsets.len(),
+            )));
+        };
+        self.stage = Stage::Running(c);
+        Decision::Run(
+            c,
+            FromCoord::Joined {
+                cycle: c,
+                group_rank: slot,
+                rank_offset,
+                world_size: go.world_size,
+                max_restarts: go.max_restarts,
+                calculated,
+            },
+        )
+    }
+
+    /// Input: cycle `c`'s end as read from `c<N>/end` (the first report won).
+    pub fn ended(&mut self, c: u32, value: &[u8]) -> Decision {
+        self.stage = Stage::Idle;
+        match serde_json::from_slice::<WireEnd>(value) {
+            Ok(end) => {
+                let end = JobEnd::from(end);
+                self.failed_on.push(match &end {
+                    JobEnd::Failed { node, .. } => Some(*node),
+                    _ => None,
+                });
+                Decision::Tell(FromCoord::CycleEnded { cycle: c, end })
+            }
+            Err(e) => Decision::Fail(format!("attempt {c} ended with an unreadable verdict ({e}); every node must run the same vigil version")),
+        }
+    }
+
+    /// Input (node rank 0): the lease of node `node` closed (`None`: a key that names no node).
+    /// Only the job's node ranks hold leases that matter; anything else (an agent refused before
+    /// it claimed a rank, an old vigil) loses nobody.
+    pub fn lease_lost(&mut self, node: Option<u32>, reason: String) -> Loss {
+        match node {
+            Some(n) if self.lost.is_none() && n < self.setup.nnodes => {
+                self.node_lost(Some(n), reason)
+            }
+            _ => Loss::Nothing,
+        }
+    }
+
+    /// Input: liveness found `node` silent (`None`: this node's own store did not answer).
+    pub fn silent(&mut self, node: Option<u32>, reason: String) -> Loss {
+        if self.setup.head {
+            self.node_lost(node, reason)
+        } else {
+            Loss::Fail(reason)
+        }
+    }
+
+    /// Node rank 0: a node is gone. With a standby left for its slot (or if it was a standby),
+    /// it is never a member again, and an attempt it ran in ends as a failure of that node, so
+    /// every node restarts and the next `go` gives its slot to a standby. Otherwise this cycle
+    /// and every later one end `lost`.
+    fn node_lost(&mut self, node: Option<u32>, reason: String) -> Loss {
+        if self.lost.is_some() || node.is_some_and(|n| self.dead.contains(&n)) {
+            return Loss::Nothing;
+        }
+        if let Some(k) = node.filter(|_| self.spares()) {
+            let standbys_left = (0..self.setup.nnodes)
+                .filter(|n| *n != k && !self.dead.contains(n) && !self.slots.contains(n))
+                .count();
+            if !self.slots.contains(&k) || standbys_left > 0 {
+                return self.lose_to_a_standby(k, reason);
+            }
+        }
+        let end = JobEnd::Lost { reason, node };
+        self.lost = Some(end.clone());
+        Loss::Job {
+            cycle: self.cycle,
+            end,
+        }
+    }
+
+    fn lose_to_a_standby(&mut self, k: u32, reason: String) -> Loss {
+        self.dead.push(k);
+        let then = match self.stage {
+            Stage::WaitAll(c) => AfterLoss::CompleteJoin(c),
+            Stage::Running(c) if self.slots.contains(&k) => AfterLoss::EndCycle {
+                cycle: c,
+                end: JobEnd::Failed { node: k, reason },
+            },
+            _ => AfterLoss::Nothing,
+        };
+        Loss::ToStandby {
+            members: self.members().len(),
+            cycles: [self.cycle, self.cycle + 1],
+            then,
+        }
+    }
+
+    /// The job cannot go on on this agent (a store error, a failed rendezvous): the reason to
+    /// report, said plainly where a standby cannot help.
+    pub fn fail(&mut self, mut reason: String) -> String {
+        if self.spares() && !self.setup.head && reason.contains("node rank 0") {
+            // docs/design.md, "Hot spares": the store lives on node rank 0.
+            reason.push_str("; a standby cannot take node rank 0's place (it hosts the job's store), so the job ends to be requeued");
+        }
+        self.stage = Stage::Idle;
+        reason
+    }
+
+    fn failed(&mut self, d: Decision) -> Decision {
+        self.stage = Stage::Idle;
+        d
+    }
+}
+
+/// Why a rendezvous did not complete within `--join-timeout`; `joined`: the count as read, if it
+/// could be.
+pub fn join_timeout_reason(
+    c: u32,
+    joined: Option<String>,
+    nnodes: u32,
+    timeout: Duration,
+) -> String {
+    format!(
+        "only {} of {nnodes} nodes joined attempt {c} within {:.0}s (--join-timeout); check that vigil started on every node with the same --nnodes",
+        joined.as_deref().unwrap_or("?"),
+        timeout.as_secs_f64()
+    )
+}
+
+/// Global ranks by node rank: node `n`'s local rank 0 is the sum of the ranks of nodes `0..n`.
+pub fn assign(
+    cycle: u32,
+    nodes: &[NodeInfo],
+    max_restarts: u32,
+    calculated: Option<WireTimeouts>,
+) -> Go {
+    let mut offsets = Vec::with_capacity(nodes.len());
+    let mut next = 0u32;
+    for n in nodes {
+        offsets.push(next);
+        next += n.nproc;
+    }
+    Go {
+        cycle,
+        world_size: next,
+        offsets,
+        slots: Vec::new(),
+        max_restarts,
+        calculated,
+    }
+}
+
+/// Global ranks by slot when standbys play some slots (`spares::refill`): slot `s`'s local rank 0
+/// is the sum of the ranks of slots `0..s`, each counted with the node that plays it. `None` when
+/// a slot's node did not join.
+pub fn assign_slots(
+    cycle: u32,
+    slots: &[u32],
+    joined: &BTreeMap<u32, NodeInfo>,
+    max_restarts: u32,
+    calculated: Option<WireTimeouts>,
+) -> Option<Go> {
+    let nodes: Vec<NodeInfo> = slots
+        .iter()
+        .map(|n| joined.get(n).cloned())
+        .collect::<Option<_>>()?;
+    let mut go = assign(cycle, &nodes, max_restarts, calculated);
+    go.slots = slots.to_vec();
+    Some(go)
+}
+
+/// The job-wide timeouts: for every check, the longest any node calculated.
+pub fn merge_timeouts(all: &[Timeouts]) -> Timeouts {
+    let max = |a: Option<Duration>, b: Option<Duration>| match (a, b) {
+        (Some(x), Some(y)) => Some(x.max(y)),
+        (x, y) => x.or(y),
+    };
+    let mut out = Timeouts::default();
+    for t in all {
+        out.initial = max(out.initial, t.initial);
+        out.heartbeat = max(out.heartbeat, t.heartbeat);
+        out.out_of_section = max(out.out_of_section, t.out_of_section);
+        out.warmup = max(out.warmup, t.warmup);
+        for (k, v) in &t.sections {
+            let e = out.sections.entry(k.clone()).or_insert(*v);
+            *e = (*e).max(*v);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::rendezvous::wire::to_json;
+    use crate::job::spares::closeness;
+    use proptest::prelude::*;
+
+    fn info(nproc: u32) -> NodeInfo {
+        NodeInfo {
+            nproc,
+            host: "h".into(),
+            pid: 1,
+            topology: None,
+            healthy: None,
+        }
+    }
+
+    #[test]
+    fn ranks_follow_node_rank() {
+        let go = assign(3, &[info(2), info(4), info(1)], 5, None);
+        assert_eq!(go.offsets, vec![0, 2, 6]);
+        assert_eq!(go.world_size, 7);
+        assert_eq!(go.cycle, 3);
+        assert_eq!(go.max_restarts, 5);
+    }
+
+    #[test]
+    fn a_standby_in_a_lost_nodes_slot_gets_its_ranks_and_the_rest_keep_theirs() {
+        let joined: BTreeMap<u32, NodeInfo> = [(0, info(2)), (2, info(2)), (3, info(2))].into();
+        // Node 1 (slot 1) was lost; standby 3 plays slot 1, node 2 keeps slot 2.
+        let go = assign_slots(4, &[0, 3, 2], &joined, 5, None).unwrap();
+        assert_eq!(go.offsets, vec![0, 2, 4]);
+        assert_eq!(go.world_size, 6);
+        assert_eq!(
+            (go.slot_of(0), go.slot_of(3), go.slot_of(2), go.slot_of(1)),
+            (Some(0), Some(1), Some(2), None)
+        );
+        // A slot whose node did not join cannot be assigned.
+        assert!(assign_slots(4, &[0, 1, 2], &joined, 5, None).is_none());
+    }
+
+    #[test]
+    fn job_timeouts_are_the_maximum_over_nodes() {
+        let s = Duration::from_secs;
+        let a = Timeouts {
+            initial: Some(s(10)),
+            heartbeat: Some(s(3)),
+            sections: [("step".to_string(), s(5))].into(),
+            ..Default::default()
+        };
+        let b = Timeouts {
+            initial: Some(s(4)),
+            heartbeat: Some(s(9)),
+            sections: [("step".to_string(), s(2)), ("ckpt".to_string(), s(7))].into(),
+            ..Default::default()
+        };
+        let m = merge_timeouts(&[a, b]);
+        assert_eq!(m.initial, Some(s(10)));
+        assert_eq!(m.heartbeat, Some(s(9)));
+        assert_eq!(m.sections["step"], s(5));
+        assert_eq!(m.sections["ckpt"], s(7));
+        assert_eq!(m.out_of_section, None);
+    }
+
+    /// A job of agents driven through cycles with nothing between them but the bytes they would
+    /// read from the store: node rank 0's proposal is every node's verdict.
+    struct Job {
+        agents: Vec<Rendezvous>,
+        nproc: Vec<u32>,
+        topology: Vec<Option<String>>,
+        /// Agents gone for good (their decisions are no longer asked for).
+        gone: Vec<u32>,
+    }
+
+    /// One cycle as every agent saw it: the verdict's bytes, each live agent's decision.
+    struct Cycle {
+        verdict: Vec<u8>,
+        proposal: Result<Proposal, Unassignable>,
+        decisions: BTreeMap<u32, Decision>,
+    }
+
+    impl Job {
+        fn new(nproc: Vec<u32>, active: u32, topology: Vec<Option<String>>) -> Self {
+            let nnodes = nproc.len() as u32;
+            let agents = (0..nnodes)
+                .map(|n| {
+                    Rendezvous::new(Setup {
+                        nnodes,
+                        active,
+                        node_rank: n,
+                        segment: None,
+                        max_restarts: 3,
+                        head: n == 0,
+                    })
+                })
+                .collect();
+            Job {
+                agents,
+                nproc,
+                topology,
+                gone: Vec::new(),
+            }
+        }
+
+        fn live(&self) -> Vec<u32> {
+            (0..self.agents.len() as u32)
+                .filter(|n| !self.gone.contains(n))
+                .collect()
+        }
+
+        /// Every live agent joins `c` with its health; node rank 0 proposes, every agent reads
+        /// the verdict (or, when node rank 0 could not assign, the job's end).
+        fn cycle(&mut self, c: u32, health: &[Option<bool>]) -> Cycle {
+            let mut records = BTreeMap::new();
+            for n in self.live() {
+                let a = &mut self.agents[n as usize];
+                if let Some(h) = health[n as usize] {
+                    a.health(h);
+                }
+                if let Joining::Join { healthy } = a.join(c, None) {
+                    let mut i = info(self.nproc[n as usize]);
+                    i.healthy = healthy;
+                    i.topology = self.topology[n as usize].clone();
+                    records.insert(n, i);
+                }
+            }
+            let head = &mut self.agents[0];
+            let members = head.members();
+            let records: Vec<(u32, Vec<u8>)> = members
+                .iter()
+                .map(|n| (*n, records.get(n).map(to_json).unwrap_or_default()))
+                .collect();
+            let proposal = head.assign(c, &records);
+            let verdict = match &proposal {
+                Ok(p) => to_json(&Verdict::Go(p.go.clone())),
+                Err(why) => to_json(&Verdict::End(WireEnd::Lost {
+                    reason: why.to_string(),
+                    node: None,
+                })),
+            };
+            let decisions = self
+                .live()
+                .into_iter()
+                .map(|n| (n, self.agents[n as usize].verdict(c, &verdict)))
+                .collect();
+            Cycle {
+                verdict,
+                proposal,
+                decisions,
+            }
+        }
+
+        /// Cycle `c` ends with `end` on every live agent.
+        fn end(&mut self, c: u32, end: &JobEnd) {
+            let v = to_json(&WireEnd::from(end));
+            for n in self.live() {
+                let d = self.agents[n as usize].ended(c, &v);
+                assert_eq!(
+                    d,
+                    Decision::Tell(FromCoord::CycleEnded {
+                        cycle: c,
+                        end: end.clone()
+                    })
+                );
+            }
+        }
+    }
+
+    /// Every live agent decided the same cycle from one verdict: the ranks partition
+    /// `0..world_size` exactly once, each slot is played once, the rest are standbys.
+    fn check_one_verdict(job: &Job, c: u32, cy: &Cycle) -> Result<(), TestCaseError> {
+        let mut seen = Vec::new();
+        let mut group_ranks = Vec::new();
+        let mut world = None;
+        let mut standbys = 0;
+        for (n, d) in &cy.decisions {
+            match d {
+                Decision::Run(
+                    cycle,
+                    FromCoord::Joined {
+                        cycle: jc,
+                        group_rank,
+                        rank_offset,
+                        world_size,
+                        max_restarts,
+                        ..
+                    },
+                ) => {
+                    prop_assert_eq!((*cycle, *jc, *max_restarts), (c, c, 3));
+                    prop_assert!(world.is_none_or(|w| w == *world_size));
+                    world = Some(*world_size);
+                    group_ranks.push(*group_rank);
+                    let nproc = job.nproc[*n as usize];
+                    seen.extend(*rank_offset..*rank_offset + nproc);
+                }
+                Decision::Run(cycle, FromCoord::Standby { cycle: sc }) => {
+                    prop_assert_eq!((*cycle, *sc), (c, c));
+                    standbys += 1;
+                }
+                other => prop_assert!(false, "node {} decided {:?}", n, other),
+            }
+        }
+        let world = world.unwrap_or(0);
+        seen.sort_unstable();
+        prop_assert_eq!(seen, (0..world).collect::<Vec<_>>());
+        group_ranks.sort_unstable();
+        let active = job.agents[0].setup.active;
+        prop_assert_eq!(group_ranks, (0..active).collect::<Vec<_>>());
+        prop_assert_eq!(standbys, cy.decisions.len() - active as usize);
+        Ok(())
+    }
+
+    fn topologies(n: usize, switches: &[u8]) -> Vec<Option<String>> {
+        (0..n)
+            .map(|i| {
+                let s = switches.get(i).copied().unwrap_or(0);
+                Some(format!("s{}.l{}.n{i}", s / 4, s % 4))
+            })
+            .collect()
+    }
+
+    proptest! {
+        #[test]
+        fn offsets_partition_the_world(nprocs in proptest::collection::vec(1u32..9, 1..40)) {
+            let nodes: Vec<NodeInfo> = nprocs.iter().map(|&n| info(n)).collect();
+            let go = assign(0, &nodes, 0, None);
+            let mut seen = vec![false; go.world_size as usize];
+            for (i, n) in nprocs.iter().enumerate() {
+                for lr in 0..*n {
+                    let r = (go.offsets[i] + lr) as usize;
+                    prop_assert!(!seen[r]);
+                    seen[r] = true;
+                }
+            }
+            prop_assert!(seen.into_iter().all(|x| x));
+        }
+
+        /// Without standbys every node has a slot and its own ranks per node; with them, every
+        /// node runs the same number. Either way all agents read one verdict the same way.
+        #[test]
+        fn every_node_decides_the_same_verdict_and_ranks_cover_the_world_once(
+            nprocs in proptest::collection::vec(1u32..5, 1..10),
+            spares in 0usize..4,
+            health in proptest::collection::vec(proptest::option::of(proptest::bool::weighted(0.8)), 14),
+        ) {
+            let active = nprocs.len() as u32;
+            let nproc: Vec<u32> = if spares > 0 {
+                vec![nprocs[0]; nprocs.len() + spares]
+            } else {
+                nprocs.clone()
+            };
+            let nnodes = nproc.len();
+            // Node rank 0 hosts the store: its own health is not asked for here.
+            let mut health = health[..nnodes].to_vec();
+            health[0] = None;
+            let mut job = Job::new(nproc, active, vec![None; nnodes]);
+            let cy = job.cycle(0, &health);
+            if spares == 0 {
+                prop_assert!(cy.proposal.is_ok());
+            }
+            match &cy.proposal {
+                Ok(_) => check_one_verdict(&job, 0, &cy)?,
+                Err(why) => {
+                    prop_assert!(matches!(why, Unassignable::NoStandby { .. }), "{}", why);
+                    for d in cy.decisions.values() {
+                        let is_lost = matches!(d, Decision::Tell(FromCoord::CycleEnded { end: JobEnd::Lost { .. }, .. }));
+                        prop_assert!(is_lost, "{:?}", d);
+                    }
+                }
+            }
+            // A second read of the same bytes decides the same.
+            let again = job.agents[1 % nnodes].clone().verdict(0, &cy.verdict);
+            prop_assert_eq!(&again, &cy.decisions[&(1 % nnodes as u32)]);
+        }
+
+        /// A node that failed two attempts in a row is benched while a healthy standby is left,
+        /// and never gets a slot again.
+        #[test]
+        fn a_benched_node_never_gets_a_slot(
+            active in 2u32..6,
+            spares in 1u32..4,
+            failures in proptest::collection::vec(proptest::option::of(0u32..8), 1..12),
+        ) {
+            let nnodes = (active + spares) as usize;
+            let mut job = Job::new(vec![1; nnodes], active, vec![None; nnodes]);
+            let health = vec![None; nnodes];
+            for (c, failed) in failures.iter().enumerate() {
+                let c = c as u32;
+                let cy = job.cycle(c, &health);
+                let Ok(p) = &cy.proposal else { break };
+                check_one_verdict(&job, c, &cy)?;
+                for b in &job.agents[0].benched {
+                    prop_assert!(*b != 0);
+                    prop_assert_eq!(p.go.slot_of(*b), None, "benched {} plays a slot", b);
+                }
+                let end = match failed.filter(|n| p.go.slot_of(*n).is_some()) {
+                    Some(node) => JobEnd::Failed { node, reason: "r".into() },
+                    None => JobEnd::Done,
+                };
+                job.end(c, &end);
+            }
+            // Benched only for two failures in a row of its own.
+            let head = &job.agents[0];
+            for b in &head.benched {
+                let twice = head.failed_on.windows(2).any(|w| w == [Some(*b), Some(*b)]);
+                prop_assert!(twice, "{} benched without failing twice in a row", b);
+            }
+        }
+
+        /// A standby takes a lost node's slot: a healthy one, the closest in the topology, then
+        /// the lowest id; the lost node is never given ranks again.
+        #[test]
+        fn promotion_picks_a_healthy_standby_closest_by_topology(
+            active in 1u32..5,
+            spares in 1u32..5,
+            lost_slot in 0u32..5,
+            health in proptest::collection::vec(proptest::bool::weighted(0.7), 10),
+            switches in proptest::collection::vec(0u8..8, 10),
+        ) {
+            let nnodes = (active + spares) as usize;
+            // Node rank 0 hosts the store and is not lost here (that ends the job elsewhere).
+            let lost = 1 + lost_slot % active.max(2).min(nnodes as u32 - 1);
+            prop_assume!(lost < active);
+            let topology = topologies(nnodes, &switches);
+            let mut job = Job::new(vec![2; nnodes], active, topology.clone());
+            let all_healthy = vec![Some(true); nnodes];
+            let cy = job.cycle(0, &all_healthy);
+            check_one_verdict(&job, 0, &cy)?;
+            let loss = job.agents[0].lease_lost(Some(lost), "gone".into());
+            let failed = JobEnd::Failed { node: lost, reason: "gone".into() };
+            prop_assert_eq!(
+                loss,
+                Loss::ToStandby {
+                    members: nnodes - 1,
+                    cycles: [0, 1],
+                    then: AfterLoss::EndCycle { cycle: 0, end: failed.clone() },
+                }
+            );
+            job.gone.push(lost);
+            job.end(0, &failed);
+            let mut health: Vec<Option<bool>> = health[..nnodes].iter().map(|h| Some(*h)).collect();
+            health[0] = None;
+            let healthy = |n: u32| health[n as usize] != Some(false);
+            let cy = job.cycle(1, &health);
+            let candidates: Vec<u32> = (active..nnodes as u32).filter(|n| healthy(*n)).collect();
+            let unfit_active = (1..active).filter(|n| *n != lost && !healthy(*n)).count();
+            if candidates.len() < 1 + unfit_active {
+                prop_assert!(cy.proposal.is_err());
+                return Ok(());
+            }
+            let p = cy.proposal.as_ref().unwrap();
+            check_one_verdict(&job, 1, &cy)?;
+            prop_assert_eq!(p.go.slot_of(lost), None);
+            let promo = p.promotions.iter().find(|p| p.lost == lost).expect("the lost slot is refilled");
+            prop_assert!(healthy(promo.standby));
+            let near = |n: u32| closeness(
+                (lost, topology[lost as usize].as_deref()),
+                (n, topology[n as usize].as_deref()),
+                None,
+            );
+            // The lost node's slot is refilled first when it comes first; else an earlier slot
+            // may have taken a closer standby.
+            if p.promotions[0].lost == lost {
+                for n in &candidates {
+                    prop_assert!(
+                        (near(*n), std::cmp::Reverse(*n)) <= (near(promo.standby), std::cmp::Reverse(promo.standby)),
+                        "standby {} is closer to {} than {}", n, lost, promo.standby
+                    );
+                }
+            }
+        }
+
+        /// A lost node with no standby left for its slot ends the job `lost` for every node: at
+        /// once, or (a standby left but unfit) at the next rendezvous.
+        #[test]
+        fn a_lost_node_without_a_standby_ends_the_job_lost(
+            active in 1u32..5,
+            spares in 0u32..3,
+            standbys_lost in 0u32..3,
+            victim in 1u32..5,
+        ) {
+            let nnodes = (active + spares) as usize;
+            prop_assume!(nnodes > 1);
+            let victim = victim % nnodes as u32;
+            prop_assume!(victim != 0 && victim < active);
+            let mut job = Job::new(vec![1; nnodes], active, vec![None; nnodes]);
+            let cy = job.cycle(0, &vec![None; nnodes]);
+            check_one_verdict(&job, 0, &cy)?;
+            // Standbys go first: each is lost to nobody's slot.
+            for s in (active..nnodes as u32).take(standbys_lost as usize) {
+                let loss = job.agents[0].lease_lost(Some(s), "gone".into());
+                prop_assert!(matches!(loss, Loss::ToStandby { then: AfterLoss::Nothing, .. }), "{:?}", loss);
+                job.gone.push(s);
+            }
+            let left = spares.saturating_sub(standbys_lost);
+            let loss = job.agents[0].lease_lost(Some(victim), "gone".into());
+            if left > 0 {
+                prop_assert!(matches!(loss, Loss::ToStandby { .. }), "{:?}", loss);
+                return Ok(());
+            }
+            let Loss::Job { cycle: 0, end } = loss else {
+                return Err(TestCaseError::fail(format!("{loss:?}")));
+            };
+            prop_assert_eq!(&end, &JobEnd::Lost { reason: "gone".into(), node: Some(victim) });
+            // Later losses change nothing; the next join ends at once with the same verdict.
+            prop_assert_eq!(job.agents[0].lease_lost(Some(victim), "again".into()), Loss::Nothing);
+            prop_assert_eq!(job.agents[0].join(1, None), Joining::Ended(end.clone()));
+            let verdict = to_json(&Verdict::End(WireEnd::from(&end)));
+            for n in job.live() {
+                let d = job.agents[n as usize].verdict(1, &verdict);
+                prop_assert_eq!(d, Decision::Tell(FromCoord::CycleEnded { cycle: 1, end: end.clone() }));
+            }
+        }
+    }
+
+    #[test]
+    fn a_node_failing_twice_in_a_row_is_benched_and_a_standby_plays_its_slot() {
+        let mut job = Job::new(vec![1; 3], 2, vec![None; 3]);
+        let health = vec![None; 3];
+        let failed = JobEnd::Failed {
+            node: 1,
+            reason: "r".into(),
+        };
+        for c in 0..2 {
+            let cy = job.cycle(c, &health);
+            assert_eq!(cy.proposal.unwrap().go.slot_of(1), Some(1));
+            job.end(c, &failed);
+        }
+        let cy = job.cycle(2, &health);
+        let p = cy.proposal.unwrap();
+        assert_eq!((p.go.slot_of(1), p.go.slot_of(2)), (None, Some(1)));
+        assert_eq!(
+            p.promotions,
+            vec![Promotion {
+                slot: 1,
+                lost: 1,
+                standby: 2
+            }]
+        );
+        assert_eq!(
+            cy.decisions[&1],
+            Decision::Run(2, FromCoord::Standby { cycle: 2 })
+        );
+        // Benched for good: with no standby left to bench the next, it stays out.
+        job.end(2, &JobEnd::Done);
+        let p = job.cycle(3, &health).proposal.unwrap();
+        assert_eq!(p.go.slot_of(1), None);
+    }
+
+    #[test]
+    fn a_lease_of_no_node_of_the_job_loses_nobody() {
+        let mut job = Job::new(vec![1, 1], 2, vec![None, None]);
+        assert_eq!(job.agents[0].lease_lost(None, "x".into()), Loss::Nothing);
+        assert_eq!(job.agents[0].lease_lost(Some(7), "x".into()), Loss::Nothing);
+        // A silent store on node rank 0 loses the job; elsewhere the agent fails.
+        assert!(matches!(
+            job.agents[0].silent(None, "own store".into()),
+            Loss::Job {
+                end: JobEnd::Lost { node: None, .. },
+                ..
+            }
+        ));
+        assert_eq!(
+            job.agents[1].silent(Some(0), "head".into()),
+            Loss::Fail("head".into())
+        );
+    }
+
+    #[test]
+    fn a_verdict_for_fewer_nodes_or_unreadable_fails_plainly() {
+        let mut job = Job::new(vec![1, 1, 1], 3, vec![None; 3]);
+        let go = to_json(&Verdict::Go(assign(0, &[info(1), info(1)], 0, None)));
+        job.agents[2].join(0, None);
+        let Decision::Fail(why) = job.agents[2].verdict(0, &go) else {
+            panic!()
+        };
+        assert!(
+            why.contains("assigned for 2 nodes, but this is node rank 2"),
+            "{why}"
+        );
+        let Decision::Fail(why) = job.agents[1].verdict(0, b"{") else {
+            panic!()
+        };
+        assert!(why.contains("unreadable verdict"), "{why}");
+        assert_eq!(job.agents[1].stage(), Stage::Idle);
+    }
+
+    #[test]
+    fn an_unreadable_join_record_ends_the_job_and_says_whose() {
+        let mut job = Job::new(vec![1, 1], 2, vec![None; 2]);
+        job.agents[0].join(0, None);
+        let records = [(0, to_json(&info(1))), (1, b"{\"nproc\":".to_vec())];
+        let why = job.agents[0].assign(0, &records).unwrap_err().to_string();
+        assert!(
+            why.starts_with("node 1 joined attempt 0 with an unreadable record ("),
+            "{why}"
+        );
+        assert!(
+            why.ends_with("every node must run the same vigil version"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn a_timed_out_join_names_who_joined() {
+        let why = join_timeout_reason(3, Some("2".into()), 4, Duration::from_secs(600));
+        assert!(
+            why.starts_with("only 2 of 4 nodes joined attempt 3 within 600s"),
+            "{why}"
+        );
+        assert!(join_timeout_reason(0, None, 2, Duration::from_secs(1)).contains("only ? of 2"));
+    }
+}
