@@ -265,7 +265,7 @@ fn opt_secs(flag: &str, v: Option<f64>) -> Result<Option<Duration>, ConfigError>
 
 pub fn resolve_timeouts(a: &RunArgs) -> Result<Timeouts, ConfigError> {
     let (sections, warmup) = match &a.section_timeouts {
-        Some(s) => parse_section_timeouts(s).map_err(ConfigError)?,
+        Some(s) => parse_section_timeouts(s)?,
         None => Default::default(),
     };
     Ok(Timeouts {

@@ -274,10 +274,9 @@ impl Dispatcher {
                         "refused a connection on the ranks' socket: {reason}"
                     ));
                 }
-                self.agent.events.write(&Record::IpcRejected {
-                    peer_pid,
-                    reason,
-                });
+                self.agent
+                    .events
+                    .write(&Record::IpcRejected { peer_pid, reason });
             }
         }
     }

@@ -26,16 +26,20 @@ pub const SECRET_ENV: &str = "VIGIL_STORE_SECRET";
 
 /// Takes the job's store secret out of the environment, so that no rank inherits it. Call before
 /// any other thread starts. A secret too short to be one is a one-line error.
-pub fn take_store_secret() -> Result<Option<Vec<u8>>, String> {
+pub fn take_store_secret() -> Result<Option<Vec<u8>>, vigil_store::auth::ShortSecret> {
     use std::os::unix::ffi::OsStrExt;
     let Some(v) = std::env::var_os(SECRET_ENV) else {
         return Ok(None);
     };
     std::env::remove_var(SECRET_ENV);
-    vigil_store::auth::check_secret(v.as_bytes())
-        .map(|s| Some(s.to_vec()))
-        .map_err(|e| e.to_string())
+    vigil_store::auth::check_secret(v.as_bytes()).map(|s| Some(s.to_vec()))
 }
+
+/// Why node rank 0 cannot host vigil's store, or another node cannot find it: one line that
+/// names the fix (the agent only prints it).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct StoreSetupError(String);
 
 /// MASTER_ADDR for the ranks: the address as the user (or torchrun's defaults) wrote it, as
 /// torchrun passes it on (`localhost` stays `localhost`), where it leads to the store: it
@@ -120,7 +124,7 @@ pub(super) fn scontrol_show_node(name: &str) -> Option<String> {
 pub(super) fn setup_store(
     cfg: &LaunchConfig,
     secret: Option<Vec<u8>>,
-) -> Result<StoreSetup, String> {
+) -> Result<StoreSetup, StoreSetupError> {
     let port = cfg.master_port.unwrap_or(0);
     let head = crate::job::nodes::resolve_head(
         &cfg.master_addr,
@@ -128,7 +132,7 @@ pub(super) fn setup_store(
         cfg.master_is_slurm_node,
         &scontrol_show_node,
     )
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| StoreSetupError(e.to_string()))?;
     if cfg.node_rank != 0 {
         return Ok(StoreSetup {
             client_addr: head,
@@ -140,8 +144,11 @@ pub(super) fn setup_store(
     let secret = match secret {
         Some(s) => s,
         // Alone, this agent is the store's only agent: a secret of its own is enough.
-        None if cfg.nnodes == 1 => vigil_store::auth::random_secret()
-            .map_err(|e| format!("cannot draw a random secret for vigil's store: {e}"))?,
+        None if cfg.nnodes == 1 => vigil_store::auth::random_secret().map_err(|e| {
+            StoreSetupError(format!(
+                "cannot draw a random secret for vigil's store: {e}"
+            ))
+        })?,
         None => {
             console_note(&format!(
                 "{SECRET_ENV} is not set: anyone who can reach vigil's store can read and change the agents' control keys; export {SECRET_ENV}=$(openssl rand -hex 32) in the job script so that every node inherits the same one"
@@ -170,14 +177,14 @@ pub(super) fn setup_store(
         hosted = host(bind);
     }
     let (bound, keys, leases) = hosted.map_err(|e| {
-        format!(
+        StoreSetupError(format!(
             "cannot listen on {bind} for vigil's store: {e}; {}",
             if e.kind() == std::io::ErrorKind::AddrInUse {
                 "another program uses that port: give a free one with --master-port"
             } else {
                 "give an address of this machine with --master-addr"
             }
-        )
+        ))
     })?;
     let client_addr = match bound {
         SocketAddr::V4(a) if a.ip().is_unspecified() => {

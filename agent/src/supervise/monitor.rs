@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 
 use vigil_ipc::RankMsg;
 
+use crate::values::{err, ConfigError};
+
 /// Heartbeats every rank must have sent before vigil calculates timeouts on its own (flags mode;
 /// NVRx waits for >16 steps in its examples).
 pub const AUTO_MIN_STEPS: u32 = 16;
@@ -37,29 +39,29 @@ pub const INITIAL_CALC_FLOOR: Duration = Duration::from_secs(60);
 /// state file, so the schema crate's.
 pub use vigil_events::log::{HangKind, Timeouts};
 
+/// Per-section timeouts, and the `warmup` one.
+pub type SectionTimeouts = (BTreeMap<String, Duration>, Option<Duration>);
+
 /// Parses `step=60,checkpointing=600,warmup=900` (seconds; `:` works as well as `=`).
 /// Returns the per-section timeouts and the `warmup` one.
-#[allow(clippy::type_complexity)]
-pub fn parse_section_timeouts(
-    s: &str,
-) -> Result<(BTreeMap<String, Duration>, Option<Duration>), String> {
+pub fn parse_section_timeouts(s: &str) -> Result<SectionTimeouts, ConfigError> {
     let mut sections = BTreeMap::new();
     let mut warmup = None;
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let Some((name, secs)) = part.split_once(['=', ':']) else {
-            return Err(format!(
+            return err(format!(
                 "--section-timeouts {s:?}: expected NAME=SECONDS pairs such as step=60,checkpointing=600"
             ));
         };
         let name = name.trim();
         let secs: f64 = secs.trim().parse().map_err(|_| {
-            format!("--section-timeouts {s:?}: {secs:?} is not a number of seconds for section {name:?}")
+            ConfigError(format!("--section-timeouts {s:?}: {secs:?} is not a number of seconds for section {name:?}"))
         })?;
         if !(secs.is_finite() && secs > 0.0 && secs <= crate::values::MAX_SECONDS)
             || name.is_empty()
             || name.len() > 255
         {
-            return Err(format!(
+            return err(format!(
                 "--section-timeouts {s:?}: {name:?}={secs}: give a section name and a positive number of seconds up to a year"
             ));
         }
@@ -888,6 +890,7 @@ mod tests {
         assert!(parse_section_timeouts("step=-1").is_err());
         assert!(parse_section_timeouts("step=abc")
             .unwrap_err()
+            .0
             .contains("abc"));
     }
 
