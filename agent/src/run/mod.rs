@@ -58,9 +58,9 @@ const CONSOLE_FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 /// At most one refused-connection notice on the console per this long; the rest are counted.
 const REFUSED_NOTICE_WINDOW: Duration = Duration::from_secs(10);
 /// Exit status of a start that the user can fix (a flag, a directory, the environment).
-const EXIT_USAGE: i32 = 2;
+const EXIT_USAGE: i32 = crate::exit::USAGE;
 /// Exit status of a start that the system refused (no event loop, no signal handler).
-const EXIT_SOFTWARE: i32 = 70;
+const EXIT_SOFTWARE: i32 = crate::exit::INTERNAL;
 
 /// Runs the job on this node and returns the agent's exit status.
 pub fn run(cfg: LaunchConfig, run_dir: PathBuf) -> i32 {
