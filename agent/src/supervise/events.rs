@@ -3,15 +3,22 @@
 
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use vigil_ipc::{AgentMsg, RankMsg};
 
 use super::backoff::Backoff;
 use super::monitor::Timeouts;
-use super::stopstep::StepReport;
 
 // The records of the event log and the types they carry are the schema crate's.
 pub use vigil_events::log::{Hang, HangKind, JobEnd, Outcome, Record, StopReason, EXIT_LOST};
+
+/// What one node reports once a stop was asked: its ranks' highest step and fastest pace.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct StepReport {
+    pub max_step: Option<u64>,
+    /// Steps per second of this node's fastest rank, when known.
+    pub steps_per_s: Option<f64>,
+}
 
 /// How a rank's process ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use super::events::{Action, Failure, Hang, Record, StopReason, SIGTERM};
 use super::monitor::{Due, RankMonitor};
-use super::state::{Phase, RankState};
+use super::phase::{Phase, RankState};
 use super::Supervisor;
 
 /// A hung rank whose stacks are being captured: rank, why, and when to stop waiting.

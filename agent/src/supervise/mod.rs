@@ -37,6 +37,7 @@ mod hangs;
 mod messages;
 pub mod monitor;
 mod nodefault;
+mod phase;
 pub mod progress;
 mod ranks;
 mod state;

@@ -13,7 +13,7 @@
 use std::time::Instant;
 
 use super::events::{Action, Record, StopReason, SIGTERM};
-use super::state::Phase;
+use super::phase::Phase;
 use super::Supervisor;
 
 impl Supervisor {

@@ -10,19 +10,12 @@
 
 use std::time::{Duration, Instant};
 
-use super::events::{ExitKind, Failure, JobEnd, SupervisorConfig};
+use super::events::{Failure, JobEnd, SupervisorConfig};
 use super::hangs::HangWatch;
 use super::monitor::{Observed, RankMonitor};
+pub(super) use super::phase::{Phase, RankState};
 use super::stopstep::Pace;
 use super::timeouts::Requests;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum RankState {
-    NotStarted,
-    Running,
-    Exited(ExitKind),
-    SpawnFailed,
-}
 
 #[derive(Debug, Clone)]
 pub(super) struct Rank {
@@ -56,25 +49,6 @@ impl Rank {
     pub fn running(&self) -> bool {
         self.state == RankState::Running
     }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Phase {
-    /// Waiting for the rendezvous of `cycle` (no rank runs).
-    Joining,
-    Running,
-    Stopping {
-        reason: super::events::StopReason,
-        kill_at: Instant,
-        killed: bool,
-    },
-    /// Every local rank exited 0; waiting for the other nodes.
-    Waiting,
-    /// The last attempt failed; join `cycle` (already the next one) at `until`.
-    BackingOff {
-        until: Instant,
-    },
-    Finished,
 }
 
 /// One attempt: created when its ranks start (or this node stands by in it); the next attempt's

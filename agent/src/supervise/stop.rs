@@ -5,7 +5,7 @@ use std::time::Instant;
 use vigil_ipc::AgentMsg;
 
 use super::events::{Action, JobEnd, Record, StopReason, SIGINT, SIGKILL, SIGTERM};
-use super::state::Phase;
+use super::phase::Phase;
 use super::stopstep::is_stop_signal;
 use super::Supervisor;
 
@@ -55,7 +55,7 @@ impl Supervisor {
                         self.cfg.node_rank,
                         crate::values::signal_name(sig)
                     ),
-                    exit_code: crate::exit::signaled(sig),
+                    exit_code: vigil_events::exit::signaled(sig),
                 };
                 self.job.ending.stopped = Some(end.clone());
                 self.report(end, out);

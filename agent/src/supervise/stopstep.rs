@@ -20,23 +20,15 @@
 
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
 use vigil_ipc::AgentMsg;
 
+pub use super::events::StepReport;
 use super::events::{Action, JobEnd, JobRequest, Record, StopReason, EXIT_LOST};
-use super::state::Phase;
+use super::phase::Phase;
 use super::Supervisor;
 
 /// The time S allows for the agreement to finish and reach every rank's next `should_stop`.
 pub const AGREEMENT_BUDGET: Duration = Duration::from_secs(1);
-
-/// What one node reports once a stop was asked: its ranks' highest step and fastest pace.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, serde::Deserialize)]
-pub struct StepReport {
-    pub max_step: Option<u64>,
-    /// Steps per second of this node's fastest rank, when known.
-    pub steps_per_s: Option<f64>,
-}
 
 /// The job's stop step from every node's report, or `None` when no rank reported a step.
 pub fn choose_stop_step(reports: &[StepReport], budget: Duration) -> Option<u64> {

@@ -14,7 +14,7 @@ use vigil_ipc::AgentMsg;
 
 use super::events::{Action, JobRequest, Record};
 use super::monitor::{self, CalcRequest, Calculated, Observed, Timeouts};
-use super::state::Phase;
+use super::phase::Phase;
 use super::Supervisor;
 
 /// `loaded` values for the checks that are enabled in `configured`; the rest as configured. The
