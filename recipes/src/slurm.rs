@@ -89,8 +89,11 @@ pub fn show_job(id: &str) -> Result<Option<Fields>, Error> {
     Ok(text.lines().next().map(parse_show_job))
 }
 
+/// Job id to state, as squeue names them.
+pub type JobStates = std::collections::BTreeMap<String, String>;
+
 /// Every job squeue knows, id to state (`squeue -t all`).
-pub fn states() -> Result<std::collections::BTreeMap<String, String>, Error> {
+pub fn states() -> Result<JobStates, Error> {
     let out = checked("squeue", &["-h", "-t", "all", "-o", "%i|%T"])?;
     Ok(out
         .lines()
