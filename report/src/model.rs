@@ -163,9 +163,11 @@ impl Wait {
     }
 }
 
-/// `0.4s`, `12s`, `3m05s`.
+/// `under 0.1s`, `0.4s`, `12s`, `3m05s`.
 pub fn secs(s: f64) -> String {
-    if s < 10.0 {
+    if s < 0.05 {
+        "under 0.1s".to_string()
+    } else if s < 10.0 {
         format!("{s:.1}s")
     } else {
         crate::fmt::duration(s)
