@@ -15,19 +15,26 @@ const EXCERPT_LINES: usize = 24;
 /// The files in `dir` a person reads after a failure, those not empty, and the end of its
 /// stderr.log; `extra` (a hang's stacks files) are listed too.
 pub fn read(dir: &Path, extra: &[PathBuf]) -> RankLogs {
-    let mut files: Vec<PathBuf> = [
+    // Absolute, so the paths can be copied from the page wherever it is read.
+    let dir = &std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    const NAMES: [&str; 5] = [
         "stderr.log",
         "stdout.log",
         "error.json",
         "stacks.txt",
         "proc_stacks.txt",
-    ]
-    .iter()
-    .map(|f| dir.join(f))
-    .chain(extra.iter().cloned())
-    .filter(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.len() > 0))
-    .collect();
-    files.dedup();
+    ];
+    // A `stacks` record names the same files, relative to where the agent ran: listed once.
+    let elsewhere = extra.iter().filter(|p| {
+        !p.file_name()
+            .is_some_and(|n| NAMES.iter().any(|k| n == std::ffi::OsStr::new(k)))
+    });
+    let files: Vec<PathBuf> = NAMES
+        .iter()
+        .map(|f| dir.join(f))
+        .chain(elsewhere.cloned())
+        .filter(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.len() > 0))
+        .collect();
     let tail = tail(&dir.join("stderr.log")).unwrap_or_default();
     let (excerpt, mut exception) = last_traceback(&tail);
     if exception.is_none() {

@@ -233,6 +233,9 @@ def test_a_hang_is_on_the_timeline_with_the_frame_it_hung_in_despite_a_cut_last_
     assert has(tl, "restart -> attempt 1"), tl
     hang_row = next(t for c, t in page.rows if c == "hang")
     assert "wait_forever_in_this_function" in hang_row, hang_row
+    # The failures table names the hung rank's stacks, each file once, by its absolute path.
+    (detail,) = [t for c, t in page.rows if c == "rank-failure"]
+    assert detail.count("/stacks.txt") == 1 and str(run / "attempt_0" / "0" / "stacks.txt") in detail, detail
     html = out.read_text()
     assert "events.jsonl: skipped its last line, cut short" in html
 
@@ -270,6 +273,8 @@ def test_a_two_node_job_is_one_allocation_with_a_row_per_node_and_one_restart(jo
     assert summary.startswith("vigil: 1 allocation, 1 in-job restart, 0 requeues\n  allocation 1 (job two): "), summary
     assert ", 2 nodes (" in summary, summary
     assert "last failure: " in summary and "node 1 (" in summary and "rank 3 exited with code 3" in summary, summary
+    # The failure once in the events table, though both nodes ended attempt 0 for it.
+    assert sum("rank 3 exited with code 3" in t for c, t in page.rows if c != "rank-failure") == 1, page.rows
 
 
 def test_steps_and_straggler_scores_of_a_real_two_node_run_are_plotted(job):
