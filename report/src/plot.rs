@@ -550,9 +550,20 @@ fn steps_svg(
             if let Some(prev) = prev {
                 let last = *prev.pts.last().expect("a line has points");
                 let first = l.pts[0];
+                // Where the attempt started, and a dashed line from where the one before got
+                // to the first step recorded in it: a drop when it resumed from an earlier
+                // checkpoint. The step it resumed from is not recorded (docs/report.md).
                 chart
                     .draw_series(DashedLineSeries::new(
-                        [last, (l.start, last.1), (l.start, first.1), first],
+                        [(l.start, y.start), (l.start, y.end)],
+                        2,
+                        4,
+                        RGBColor(150, 150, 150).stroke_width(1),
+                    ))
+                    .map_err(err)?;
+                chart
+                    .draw_series(DashedLineSeries::new(
+                        [last, first],
                         5,
                         4,
                         color.stroke_width(1),
@@ -569,7 +580,7 @@ fn steps_svg(
                 chart
                     .draw_series(std::iter::once(Text::new(
                         text,
-                        (l.start, first.1),
+                        (l.start, y.end),
                         text_style(12, RGBColor(60, 60, 60), axis.anchor(l.start, VPos::Top)),
                     )))
                     .map_err(err)?;
