@@ -78,6 +78,7 @@ impl RunBuilder {
                 end_kind: None,
                 reason: None,
                 nproc: Some(*nproc),
+                ranks_gone: None,
             }),
             Record::CycleEnded { cycle, end, .. } => {
                 if let Some(a) = run.attempts.iter_mut().rev().find(|a| a.cycle == *cycle) {
@@ -86,11 +87,19 @@ impl RunBuilder {
                     a.reason = end.reason().map(str::to_string);
                 }
             }
-            Record::RankExited { .. } | Record::RankSpawnFailed { .. } => {
+            Record::RankExited { cycle, .. } => {
+                if let Some(a) = run.attempts.iter_mut().rev().find(|a| a.cycle == *cycle) {
+                    a.ranks_gone = Some(a.ranks_gone.map_or(ts, |g| g.max(ts)));
+                }
                 run.failures.extend(failure(ts, &line.record))
             }
+            Record::RankSpawnFailed { .. } => run.failures.extend(failure(ts, &line.record)),
             Record::Hang {
-                cycle, rank, hang, ..
+                cycle,
+                rank,
+                local_rank,
+                hang,
+                ..
             } => run.hangs.push(Hang {
                 ts,
                 cycle: *cycle,
@@ -98,11 +107,15 @@ impl RunBuilder {
                 timeout: timeout_name(&hang.timeout),
                 silent_ms: Some(hang.silent_ms),
                 frames: Vec::new(),
+                local_rank: Some(*local_rank),
+                stacks_files: Vec::new(),
             }),
             Record::Stacks {
                 cycle,
                 rank,
                 innermost,
+                python_stacks,
+                proc_stacks,
                 ..
             } => {
                 if let Some(h) = run
@@ -112,6 +125,7 @@ impl RunBuilder {
                     .find(|h| h.cycle == *cycle && h.rank == Some(*rank) && h.frames.is_empty())
                 {
                     h.frames = innermost.clone();
+                    h.stacks_files = python_stacks.iter().chain(proc_stacks).cloned().collect();
                 }
             }
             Record::Restart {
@@ -537,9 +551,47 @@ impl History {
                 });
             }
         }
-        for r in &self.runs {
+        // Each failure once: an attempt that failed for a rank's failure or hang listed here is
+        // not listed again as `attempt N failed: <the same>` (every node of the job ends it with
+        // the same reason), and an attempt's end every node saw alike is listed once.
+        let mut alloc_of = vec![None; self.runs.len()];
+        for a in &self.allocations {
+            for &i in &a.runs {
+                if let Some(x) = alloc_of.get_mut(i) {
+                    *x = Some(a.number);
+                }
+            }
+        }
+        let mut explained = std::collections::BTreeSet::new();
+        for (i, r) in self.runs.iter().enumerate() {
+            for c in r
+                .failures
+                .iter()
+                .map(|f| f.cycle)
+                .chain(r.hangs.iter().map(|h| h.cycle))
+            {
+                explained.insert((alloc_of[i], c));
+            }
+        }
+        let mut ends_seen = std::collections::BTreeSet::new();
+        for (i, r) in self.runs.iter().enumerate() {
             let node = r.label();
             for a in &r.attempts {
+                if a.end_kind.as_deref() == Some("failed")
+                    && explained.contains(&(alloc_of[i], a.cycle))
+                {
+                    continue;
+                }
+                if a.end_kind.as_deref().is_some_and(|k| k != "done")
+                    && !ends_seen.insert((
+                        alloc_of[i],
+                        a.cycle,
+                        a.end_kind.clone(),
+                        a.reason.clone(),
+                    ))
+                {
+                    continue;
+                }
                 if let Some(k) = a.end_kind.as_deref().filter(|k| *k != "done") {
                     let mut text = format!("attempt {} {k}", a.cycle);
                     if let Some(why) = &a.reason {
@@ -573,13 +625,19 @@ impl History {
                     text,
                 });
             }
+            let waits = r.waits();
             for s in &r.restarts {
                 let mut text = format!("restart: attempt {} -> {}", s.from_cycle, s.to_cycle);
                 if let Some(left) = s.restarts_left {
                     text.push_str(&format!(", {left} left"));
                 }
-                if let Some(b) = s.backoff_ms.filter(|b| *b > 0) {
-                    text.push_str(&format!(", after {:.1}s", b as f64 / 1000.0));
+                match waits.iter().find(|w| w.to_cycle == s.to_cycle) {
+                    Some(w) => text.push_str(&format!(", {}", w.describe())),
+                    None => {
+                        if let Some(b) = s.backoff_ms.filter(|b| *b > 0) {
+                            text.push_str(&format!(", after {:.1}s", b as f64 / 1000.0));
+                        }
+                    }
                 }
                 m.push(Moment {
                     ts: s.ts,
@@ -924,5 +982,33 @@ mod tests {
             &recs("{\"ts\":1}\n{\"event\":\"hang\"}\n{\"event\":\"restart\",\"ts\":\"x\"}\n{\"event\":\"steps\",\"ts\":3,\"step\":\"many\"}\n"),
         );
         assert!(run.hangs.is_empty() && run.restarts.is_empty() && run.steps.is_empty());
+    }
+
+    #[test]
+    fn a_failure_is_one_event_and_the_wait_before_the_restart_is_measured() {
+        let h = build(
+            "d".into(),
+            &[RecordFile {
+                path: "r/events.jsonl".into(),
+                records: recs(CRASH_THEN_DONE),
+            }],
+            &[],
+        );
+        let m = h.moments();
+        let failures: Vec<_> = m
+            .iter()
+            .filter(|m| m.text.contains("exited with code 1"))
+            .collect();
+        assert_eq!(failures.len(), 1, "{m:?}");
+        let w = h.runs[0].waits();
+        assert_eq!(w.len(), 1);
+        assert_eq!((w[0].from, w[0].to, w[0].to_cycle), (102.5, 103.2, 1));
+        assert!((w[0].stopping_s - 0.6).abs() < 1e-9, "{w:?}");
+        assert_eq!(w[0].describe(), "waited 0.7s (ranks stopping 0.6s)");
+        let restart = m.iter().find(|m| m.kind == "restart").unwrap();
+        assert!(
+            restart.text.ends_with("waited 0.7s (ranks stopping 0.6s)"),
+            "{restart:?}"
+        );
     }
 }

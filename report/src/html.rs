@@ -19,13 +19,19 @@ p.error { color: #b00; }
 table { border-collapse: collapse; font-size: 13px; }
 th, td { border: 1px solid #ddd; padding: 3px 6px; text-align: left; vertical-align: top; }
 th { background: #f0f0f0; }
-tr.failure td, tr.hang td, tr.lost td, tr.node_fault td { background: #fdf0ef; }
+tr.failure td, tr.rank-failure td, tr.hang td, tr.lost td, tr.node_fault td { background: #fdf0ef; }
 tr.straggler td { background: #f5eefa; }
 tr.restart td { background: #eef3fc; }
 tr.requeue td, tr.preempted td, tr.stop td { background: #fdf6ea; }
 .legend span { display: inline-block; margin-right: 14px; font-size: 13px; }
 .legend i { display: inline-block; width: 14px; height: 10px; margin-right: 4px; vertical-align: middle; }
 figure { margin: 8px 0; }
+pre.excerpt { margin: 4px 0 0; font-size: 12px; white-space: pre-wrap; max-width: 560px; }
+b.exception { color: #b00; }
+div.path { font-family: monospace; font-size: 12px; word-break: break-all; }
+#failures table { width: 100%; table-layout: fixed; }
+#failures col.t { width: 92px; } #failures col.p { width: 36px; } #failures col.w { width: 130px; }
+#failures col.x { width: 170px; } #failures col.l { width: 300px; }
 ";
 
 /// HTML-escapes text for element content and attribute values.
@@ -65,12 +71,13 @@ fn figure(out: &mut String, id: &str, plot: Option<Result<String, PlotError>>, e
 /// The whole report page for `h`.
 pub fn render_html(h: &History) -> String {
     let mut out = String::new();
-    let title = format!("vigil report: {}", h.root.display());
+    let title = format!("vigil report: {}", job_name(h));
     let _ = write!(
         out,
-        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>{}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n<h1>{}</h1>\n",
+        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>{}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n<h1>{}</h1>\n<p class=\"meta\" id=\"source\">From the records in {}.</p>\n",
         esc(&title),
-        esc(&title)
+        esc(&title),
+        esc(&h.root.display().to_string())
     );
     let span = h.span();
     if let Some((t0, t1)) = span {
@@ -89,6 +96,7 @@ pub fn render_html(h: &History) -> String {
     out.push_str("<section id=\"summary\">\n<h2>Summary</h2>\n<pre class=\"status\">");
     out.push_str(&esc(&h.status_lines().join("\n")));
     out.push_str("</pre>\n</section>\n");
+    failures_table(&mut out, h, span.map_or(0.0, |s| s.0));
 
     let axis = span.map(|(t0, t1)| TimeAxis::new(t0, t1));
 
@@ -102,6 +110,7 @@ pub fn render_html(h: &History) -> String {
         "<span><i style=\"background:#4678c8\"></i>running or log ended</span>",
         "<span><i style=\"background:#8c3caa\"></i>hang (triangle)</span>",
         "<span><i style=\"background:#1e5ac8\"></i>restart (dot)</span>",
+        "<span><i style=\"background:#969696;height:4px\"></i>wait between attempts</span>",
         "</p>\n"
     ));
     let rows = plot::node_rows(h).len();
@@ -162,6 +171,159 @@ pub fn render_html(h: &History) -> String {
     }
     out.push_str("</body>\n</html>\n");
     out
+}
+
+/// What to call the job: the experiment's name (`experiment.json` in the directory given), the
+/// job id of the ledger, the job id or script name in the run directory's name
+/// (`vigil_<job id or script>_<time>_<hex>`), else the directory's own name.
+pub fn job_name(h: &History) -> String {
+    let meta =
+        vigil_bounded::read_string(&h.root.join("experiment.json"), vigil_bounded::CONFIG_LIMIT)
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok());
+    if let Some(name) = meta.as_ref().and_then(|m| m["name"].as_str()) {
+        return match meta.as_ref().and_then(|m| m["job_id"].as_str()) {
+            Some(j) => format!("{name} (job {j})"),
+            None => name.to_string(),
+        };
+    }
+    if let Some(j) = h.allocations.iter().find_map(|a| a.job_id.clone()) {
+        return format!("job {j}");
+    }
+    let run_name = h.runs.iter().find_map(|r| {
+        let dir = r
+            .source
+            .parent()?
+            .file_name()?
+            .to_string_lossy()
+            .into_owned();
+        let rest = dir.strip_prefix("vigil_")?;
+        // `<who>_<YYYYMMDD-HHMMSS>_<hex>`: `who` may hold `_` itself.
+        let mut parts = rest.rsplitn(3, '_');
+        let (_, _, who) = (parts.next()?, parts.next()?, parts.next()?);
+        Some(who.to_string())
+    });
+    if let Some(who) = run_name.filter(|w| !w.is_empty()) {
+        return who;
+    }
+    h.root
+        .canonicalize()
+        .unwrap_or_else(|_| h.root.clone())
+        .file_name()
+        .map_or_else(
+            || h.root.display().to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        )
+}
+
+/// Rows in the failures table at most (a collective abort fails every rank at once); the events
+/// table lists them all.
+const MAX_FAILURE_ROWS: usize = 40;
+
+/// One row per rank failure and hang: when, where, what, the exception that ended its stderr.log
+/// and its last traceback, and the files to read.
+fn failures_table(out: &mut String, h: &History, t0: f64) {
+    out.push_str("<section id=\"failures\">\n<h2>Failures</h2>\n");
+    struct Row<'a> {
+        ts: f64,
+        run: &'a crate::history::NodeRun,
+        cycle: u32,
+        rank: Option<u32>,
+        local_rank: Option<u32>,
+        what: String,
+        extra: Vec<std::path::PathBuf>,
+    }
+    let mut rows: Vec<Row> = Vec::new();
+    for r in &h.runs {
+        for f in &r.failures {
+            rows.push(Row {
+                ts: f.ts,
+                run: r,
+                cycle: f.cycle,
+                rank: f.rank,
+                local_rank: f.local_rank,
+                what: f.describe(),
+                extra: Vec::new(),
+            });
+        }
+        for hg in &r.hangs {
+            rows.push(Row {
+                ts: hg.ts,
+                run: r,
+                cycle: hg.cycle,
+                rank: hg.rank,
+                local_rank: hg.local_rank,
+                what: hg.describe(),
+                extra: hg.stacks_files.clone(),
+            });
+        }
+    }
+    if rows.is_empty() {
+        out.push_str("<p class=\"empty\">No rank failed or hung.</p>\n</section>\n");
+        return;
+    }
+    rows.sort_by(|a, b| a.ts.total_cmp(&b.ts));
+    if rows.len() > MAX_FAILURE_ROWS {
+        let _ = writeln!(
+            out,
+            "<p class=\"meta\">The first {MAX_FAILURE_ROWS} of {} failures and hangs; the events table lists them all.</p>",
+            rows.len()
+        );
+    }
+    out.push_str("<table>\n<colgroup><col class=\"t\"><col class=\"p\"><col class=\"w\"><col class=\"x\"><col><col class=\"l\"></colgroup>\n<tr><th>time (UTC)</th><th>+</th><th>where</th><th>what</th><th>exception and the end of stderr.log</th><th>logs</th></tr>\n");
+    for row in rows.iter().take(MAX_FAILURE_ROWS) {
+        let logs = row
+            .local_rank
+            .and_then(|l| row.run.rank_dir(row.cycle, l))
+            .map(|d| crate::ranklogs::read(&d, &row.extra));
+        let who = match (row.rank, row.local_rank) {
+            (Some(r), Some(l)) => format!("rank {r} (local {l})"),
+            (Some(r), None) => format!("rank {r}"),
+            (None, Some(l)) => format!("local rank {l}"),
+            _ => "a rank".into(),
+        };
+        let mut exc = String::new();
+        let mut files = String::new();
+        match &logs {
+            Some(l) => {
+                if let Some(e) = &l.exception {
+                    let _ = write!(exc, "<b class=\"exception\">{}</b>", esc(e));
+                }
+                if let Some(x) = &l.excerpt {
+                    let _ = write!(exc, "<pre class=\"excerpt\">{}</pre>", esc(x));
+                }
+                if l.files.is_empty() {
+                    let _ = write!(
+                        files,
+                        "{} (no log files there)",
+                        esc(&l.dir.display().to_string())
+                    );
+                }
+                for f in &l.files {
+                    let _ = write!(
+                        files,
+                        "<div class=\"path\">{}</div>",
+                        esc(&f.display().to_string())
+                    );
+                }
+            }
+            None => files.push('-'),
+        }
+        if exc.is_empty() {
+            exc.push('-');
+        }
+        let _ = writeln!(
+            out,
+            "<tr class=\"rank-failure\"><td>{}</td><td>{}</td><td>{}, {}, attempt {}</td><td>{}</td><td>{exc}</td><td>{files}</td></tr>",
+            esc(&utc(row.ts)),
+            duration(row.ts - t0),
+            esc(&row.run.label()),
+            esc(&who),
+            row.cycle,
+            esc(&row.what),
+        );
+    }
+    out.push_str("</table>\n</section>\n");
 }
 
 fn allocations_table(out: &mut String, h: &History) {
@@ -285,6 +447,7 @@ mod tests {
         assert_eq!(html.matches("<svg").count(), 3, "{html}");
         assert!(!html.contains("<script"));
         assert!(html.contains("<title>vigil report: exp&lt;1&gt;</title>"));
+        assert!(html.contains("<section id=\"failures\">"));
         let texts = svg_texts(&html);
         let has = |s: &str| texts.iter().any(|t| t.contains(s));
         assert!(
@@ -307,6 +470,80 @@ mod tests {
             .unwrap();
         assert_eq!(steps.matches("<circle").count(), 2, "{steps}");
         assert!(html.contains("<tr class=\"hang\">"));
+    }
+
+    /// The SVG text of one figure.
+    fn figure_texts(html: &str, id: &str) -> Vec<String> {
+        let fig = html
+            .split(&format!("id=\"{id}\""))
+            .nth(1)
+            .unwrap()
+            .split("</figure>")
+            .next()
+            .unwrap();
+        svg_texts(fig)
+    }
+
+    #[test]
+    fn a_short_jobs_steps_axis_has_whole_distinct_steps_and_a_resume_is_drawn() {
+        let one = concat!(
+            r#"{"event":"cycle_start","cycle":0,"host":"vm","node_rank":0,"ts":1000.0}"#,
+            "\n",
+            r#"{"event":"steps","cycle":0,"step":0,"min_step":0,"host":"vm","node_rank":0,"ts":1002.8}"#,
+            "\n",
+            r#"{"event":"result","outcome":"succeeded","exit_code":0,"host":"vm","node_rank":0,"ts":1006.0}"#,
+            "\n",
+        );
+        let html = render_html(&build("d".into(), &[file("r/events.jsonl", one)], &[]));
+        let labels: Vec<String> = figure_texts(&html, "steps-plot")
+            .into_iter()
+            .filter(|t| t.parse::<f64>().is_ok())
+            .collect();
+        let ys: Vec<&String> = labels.iter().filter(|t| !t.contains('.')).collect();
+        let mut distinct = ys.clone();
+        distinct.dedup();
+        assert!(ys.len() >= 2 && ys == distinct, "{labels:?}");
+        let html = render_html(&build(
+            "d".into(),
+            &[file("r/events.jsonl", RUN_RESUMED)],
+            &[],
+        ));
+        let texts = figure_texts(&html, "steps-plot");
+        assert!(
+            texts
+                .iter()
+                .any(|t| t == "attempt 1 resumed below step 30 (first step seen 12)"),
+            "{texts:?}"
+        );
+    }
+
+    const RUN_RESUMED: &str = concat!(
+        r#"{"event":"cycle_start","cycle":0,"host":"vm","node_rank":0,"ts":1000.0}"#,
+        "\n",
+        r#"{"event":"steps","cycle":0,"step":10,"host":"vm","node_rank":0,"ts":1010.0}"#,
+        "\n",
+        r#"{"event":"steps","cycle":0,"step":30,"host":"vm","node_rank":0,"ts":1020.0}"#,
+        "\n",
+        r#"{"event":"cycle_ended","cycle":0,"end":"failed","reason":"x","host":"vm","node_rank":0,"ts":1021.0}"#,
+        "\n",
+        r#"{"event":"cycle_start","cycle":1,"host":"vm","node_rank":0,"ts":1022.0}"#,
+        "\n",
+        r#"{"event":"steps","cycle":1,"step":12,"host":"vm","node_rank":0,"ts":1030.0}"#,
+        "\n",
+    );
+
+    #[test]
+    fn the_title_names_the_job() {
+        let h = build(
+            "/x/logs".into(),
+            &[file(
+                "/x/logs/vigil_train_20260101-000000_abcdef/events.jsonl",
+                RUN,
+            )],
+            &[],
+        );
+        assert_eq!(job_name(&h), "train");
+        assert!(render_html(&h).contains("<title>vigil report: train</title>"));
     }
 
     #[test]

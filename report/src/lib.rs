@@ -8,6 +8,7 @@ pub mod history;
 mod html;
 mod model;
 mod plot;
+mod ranklogs;
 pub mod records;
 mod status;
 pub mod target;
@@ -41,7 +42,7 @@ impl History {
         if !dir.is_dir() {
             return Err(ReportError::NotADirectory(dir.to_path_buf()));
         }
-        let found = records::find(dir);
+        let found = target::event_logs(dir);
         if found.events.is_empty() && found.ledgers.is_empty() {
             let skipped = if found.notes.is_empty() {
                 String::new()

@@ -93,6 +93,85 @@ impl NodeRun {
     pub fn label(&self) -> String {
         format!("node {} ({})", self.node_rank, self.host)
     }
+
+    /// A rank's attempt directory, `<run dir>/attempt_<cycle>/<local rank>/` (docs/usage.md,
+    /// "The run directory"); the run directory is the event log's own.
+    pub fn rank_dir(&self, cycle: u32, local_rank: u32) -> Option<PathBuf> {
+        let run = self.source.parent()?;
+        Some(
+            run.join(format!("attempt_{cycle}"))
+                .join(local_rank.to_string()),
+        )
+    }
+
+    /// The wait before each attempt that followed another on this node: from the end of attempt
+    /// `from` (its failure, hang or stop) to the start of the next.
+    pub fn waits(&self) -> Vec<Wait> {
+        let mut out = Vec::new();
+        for r in &self.restarts {
+            let prev = self.attempts.iter().rev().find(|a| a.cycle == r.from_cycle);
+            let next = self.attempts.iter().find(|a| a.cycle == r.to_cycle);
+            let (Some(prev), Some(next)) = (prev, next) else {
+                continue;
+            };
+            if next.start < prev.end {
+                continue;
+            }
+            let gone = prev
+                .ranks_gone
+                .unwrap_or(prev.end)
+                .clamp(prev.end, r.ts.max(prev.end));
+            out.push(Wait {
+                from: prev.end,
+                to: next.start,
+                to_cycle: r.to_cycle,
+                stopping_s: gone - prev.end,
+                backoff_s: r.backoff_ms.unwrap_or(0) as f64 / 1000.0,
+            });
+        }
+        out
+    }
+}
+
+/// The time between an attempt's end and the restart's next attempt on one node.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Wait {
+    pub from: f64,
+    pub to: f64,
+    pub to_cycle: u32,
+    /// Of it, the time the attempt's other ranks took to exit once it had ended.
+    pub stopping_s: f64,
+    /// Of it, the restart's back-off.
+    pub backoff_s: f64,
+}
+
+impl Wait {
+    /// `waited 12s (ranks stopping 11s, back-off 1s)`.
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if self.stopping_s >= 0.05 {
+            parts.push(format!("ranks stopping {}", secs(self.stopping_s)));
+        }
+        if self.backoff_s >= 0.05 {
+            parts.push(format!("back-off {}", secs(self.backoff_s)));
+        }
+        let mut s = format!("waited {}", secs(self.to - self.from));
+        if !parts.is_empty() {
+            s.push_str(&format!(" ({})", parts.join(", ")));
+        }
+        s
+    }
+}
+
+/// `under 0.1s`, `0.4s`, `12s`, `3m05s`.
+pub fn secs(s: f64) -> String {
+    if s < 0.05 {
+        "under 0.1s".to_string()
+    } else if s < 10.0 {
+        format!("{s:.1}s")
+    } else {
+        crate::fmt::duration(s)
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -105,6 +184,9 @@ pub struct Attempt {
     pub end_kind: Option<String>,
     pub reason: Option<String>,
     pub nproc: Option<u32>,
+    /// When the last of its ranks on this node was seen exiting (`rank_exited`): after a
+    /// failure, the others are stopped before the next attempt starts.
+    pub ranks_gone: Option<f64>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -117,6 +199,20 @@ pub struct Failure {
     pub signal: Option<i32>,
     /// `rank_spawn_failed`'s error.
     pub error: Option<String>,
+}
+
+/// What a failed or hung rank left in its attempt directory, read for the page.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RankLogs {
+    /// `<run dir>/attempt_<n>/<local rank>/`.
+    pub dir: PathBuf,
+    /// The files there worth opening (not empty): stderr.log, stdout.log, error.json, stacks.
+    pub files: Vec<PathBuf>,
+    /// The last Python traceback in its stderr.log (or, without one, its last lines), cut to a
+    /// few lines.
+    pub excerpt: Option<String>,
+    /// The exception line that ends the traceback (`ValueError: bad batch`).
+    pub exception: Option<String>,
 }
 
 impl Failure {
@@ -147,6 +243,9 @@ pub struct Hang {
     pub silent_ms: Option<u64>,
     /// The innermost frames from the `stacks` event that followed, innermost first.
     pub frames: Vec<String>,
+    pub local_rank: Option<u32>,
+    /// Where the `stacks` event says the stacks were written.
+    pub stacks_files: Vec<PathBuf>,
 }
 
 impl Hang {

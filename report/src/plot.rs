@@ -26,6 +26,8 @@ const LOST: RGBColor = RGBColor(130, 130, 130);
 const RUNNING: RGBColor = RGBColor(70, 120, 200);
 const HANG: RGBColor = RGBColor(140, 60, 170);
 const RESTART: RGBColor = RGBColor(30, 90, 200);
+/// Between an attempt's end and the next attempt's start.
+const WAIT: RGBColor = RGBColor(150, 150, 150);
 
 /// The time axis: seconds, minutes or hours after `t0`, whichever keeps the numbers readable.
 #[derive(Debug, Clone, Copy)]
@@ -318,14 +320,28 @@ pub fn timeline(h: &History, axis: &TimeAxis) -> Result<String, PlotError> {
                     )))
                     .map_err(err)?;
             }
+            let waits = run.waits();
+            for w in &waits {
+                let (x0, x1) = (axis.x(w.from), axis.x(w.to));
+                chart
+                    .draw_series(std::iter::once(Rectangle::new(
+                        [(x0, y - 0.05), (x1.max(x0 + axis.len * 0.002), y + 0.05)],
+                        WAIT.filled(),
+                    )))
+                    .map_err(err)?;
+            }
             for r in &run.restarts {
                 let x = axis.x(r.ts);
+                let wait = waits
+                    .iter()
+                    .find(|w| w.to_cycle == r.to_cycle)
+                    .map_or_else(String::new, |w| format!(", {}", w.describe()));
                 chart
                     .draw_series(std::iter::once(Circle::new((x, y), 5, RESTART.filled())))
                     .map_err(err)?;
                 chart
                     .draw_series(std::iter::once(Text::new(
-                        format!("restart -> attempt {}", r.to_cycle),
+                        format!("restart -> attempt {}{wait}", r.to_cycle),
                         (x, y + 0.28),
                         text_style(12, RESTART, axis.anchor(x, VPos::Bottom)),
                     )))
@@ -423,49 +439,86 @@ pub fn stop_labels(run: &NodeRun) -> Vec<(f64, String)> {
     out
 }
 
-/// Steps over time: a line per node rank (its ranks' highest step).
+/// One node's steps in one attempt, in time order: (x, step).
+struct StepLine {
+    node: u32,
+    cycle: u32,
+    /// The attempt's start on the axis.
+    start: f64,
+    pts: Vec<(f64, i64)>,
+}
+
+/// Steps over time: a line per node rank and attempt (its ranks' highest step), a dashed drop
+/// where an attempt resumed below where the one before it got, and each allocation's highest
+/// step from its ledger record at its end (`steps` records come at most every 10 s, so a short
+/// job's last one is far behind).
 pub fn steps(h: &History, axis: &TimeAxis) -> Option<Result<String, PlotError>> {
-    // A line per run (one node in one allocation), so allocations are not joined across the
-    // time between them; one colour per node rank.
-    let mut lines: Vec<(u32, Vec<(f64, f64)>)> = h
-        .runs
-        .iter()
-        .filter(|r| !r.steps.is_empty())
-        .map(|r| {
-            let mut pts: Vec<(f64, f64)> = r
+    let mut lines: Vec<StepLine> = Vec::new();
+    for r in h.runs.iter().filter(|r| !r.steps.is_empty()) {
+        let mut cycles: Vec<u32> = r.steps.iter().map(|p| p.cycle).collect();
+        cycles.sort_unstable();
+        cycles.dedup();
+        for c in cycles {
+            let mut pts: Vec<(f64, i64)> = r
                 .steps
                 .iter()
-                .map(|p| (axis.x(p.ts), p.step as f64))
+                .filter(|p| p.cycle == c)
+                .map(|p| (axis.x(p.ts), clamp_step(p.step)))
                 .collect();
             pts.sort_by(|a, b| a.0.total_cmp(&b.0));
-            (r.node_rank, pts)
-        })
+            let start = r
+                .attempts
+                .iter()
+                .find(|a| a.cycle == c)
+                .map_or(pts[0].0, |a| axis.x(a.start));
+            lines.push(StepLine {
+                node: r.node_rank,
+                cycle: c,
+                start,
+                pts,
+            });
+        }
+    }
+    let ends: Vec<(f64, i64, u32)> = h
+        .allocations
+        .iter()
+        .filter_map(|a| Some((axis.x(a.end?), clamp_step(a.highest_step?), a.number)))
         .collect();
-    // Runs are in start order; the legend lists nodes in rank order.
-    lines.sort_by_key(|l| l.0);
     if lines.is_empty() {
         return None;
     }
-    let mut nodes: Vec<u32> = lines.iter().map(|l| l.0).collect();
+    let mut nodes: Vec<u32> = lines.iter().map(|l| l.node).collect();
     nodes.sort();
     nodes.dedup();
     nodes.truncate(MAX_STEP_NODES);
-    lines.retain(|l| nodes.contains(&l.0));
-    Some(steps_svg(&lines, &nodes, axis))
+    lines.retain(|l| nodes.contains(&l.node));
+    // Runs are in start order: each node's attempts follow one another.
+    lines.sort_by(|a, b| a.node.cmp(&b.node).then(a.start.total_cmp(&b.start)));
+    Some(steps_svg(&lines, &nodes, &ends, axis))
+}
+
+fn clamp_step(s: u64) -> i64 {
+    i64::try_from(s).unwrap_or(i64::MAX / 2).min(i64::MAX / 2)
+}
+
+/// The step axis: whole steps only, with room above and below.
+fn step_range(lines: &[StepLine], ends: &[(f64, i64, u32)]) -> std::ops::Range<i64> {
+    let (lo, hi) = lines
+        .iter()
+        .flat_map(|l| l.pts.iter().map(|p| p.1))
+        .chain(ends.iter().map(|e| e.1))
+        .fold((i64::MAX, i64::MIN), |(lo, hi), s| (lo.min(s), hi.max(s)));
+    let pad = ((hi - lo) / 20).max(1);
+    (lo - pad).max(0)..hi + pad
 }
 
 fn steps_svg(
-    lines: &[(u32, Vec<(f64, f64)>)],
+    lines: &[StepLine],
     nodes: &[u32],
+    ends: &[(f64, i64, u32)],
     axis: &TimeAxis,
 ) -> Result<String, PlotError> {
-    let (lo, hi) = lines
-        .iter()
-        .flat_map(|l| l.1.iter())
-        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), p| {
-            (lo.min(p.1), hi.max(p.1))
-        });
-    let pad = ((hi - lo) * 0.05).max(1.0);
+    let y = step_range(lines, ends);
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, (WIDTH, 380)).into_drawing_area();
@@ -474,32 +527,96 @@ fn steps_svg(
             .margin(12)
             .x_label_area_size(40)
             .y_label_area_size(60)
-            .build_cartesian_2d(axis.range(), (lo - pad).max(0.0)..hi + pad)
+            .build_cartesian_2d(axis.range(), y.clone())
             .map_err(err)?;
         chart
             .configure_mesh()
             .x_desc(axis.desc())
             .y_desc("step")
-            .y_label_formatter(&|v| format!("{v:.0}"))
+            .y_labels(((y.end - y.start) as usize + 1).min(10))
             .axis_desc_style((FONT, 13))
             .label_style((FONT, 12))
             .draw()
             .map_err(err)?;
         let mut labelled = Vec::new();
-        for (node, pts) in lines {
-            let k = nodes.iter().position(|n| n == node).unwrap_or(0);
+        for (i, l) in lines.iter().enumerate() {
+            let k = nodes.iter().position(|n| *n == l.node).unwrap_or(0);
             let color = Palette99::pick(k).to_rgba();
+            // The attempt before this one on the same node: where it got to.
+            let prev = i
+                .checked_sub(1)
+                .map(|j| &lines[j])
+                .filter(|p| p.node == l.node && p.cycle < l.cycle);
+            if let Some(prev) = prev {
+                let last = *prev.pts.last().expect("a line has points");
+                let first = l.pts[0];
+                // Where the attempt started, and a dashed line from where the one before got
+                // to the first step recorded in it: a drop when it resumed from an earlier
+                // checkpoint. The step it resumed from is not recorded (docs/report.md).
+                chart
+                    .draw_series(DashedLineSeries::new(
+                        [(l.start, y.start), (l.start, y.end)],
+                        2,
+                        4,
+                        RGBColor(150, 150, 150).stroke_width(1),
+                    ))
+                    .map_err(err)?;
+                chart
+                    .draw_series(DashedLineSeries::new(
+                        [last, first],
+                        5,
+                        4,
+                        color.stroke_width(1),
+                    ))
+                    .map_err(err)?;
+                let text = if first.1 < last.1 {
+                    format!(
+                        "attempt {} resumed below step {} (first step seen {})",
+                        l.cycle, last.1, first.1
+                    )
+                } else {
+                    format!("attempt {} (first step seen {})", l.cycle, first.1)
+                };
+                chart
+                    .draw_series(std::iter::once(Text::new(
+                        text,
+                        (l.start, y.end),
+                        text_style(12, RGBColor(60, 60, 60), axis.anchor(l.start, VPos::Top)),
+                    )))
+                    .map_err(err)?;
+            }
             let series = chart
-                .draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)))
+                .draw_series(LineSeries::new(
+                    l.pts.iter().copied(),
+                    color.stroke_width(2),
+                ))
                 .map_err(err)?;
-            if !labelled.contains(node) {
-                labelled.push(*node);
-                series.label(format!("node {node}")).legend(move |(x, y)| {
-                    PathElement::new([(x, y), (x + 16, y)], color.stroke_width(2))
-                });
+            if !labelled.contains(&l.node) {
+                labelled.push(l.node);
+                series
+                    .label(format!("node {}", l.node))
+                    .legend(move |(x, y)| {
+                        PathElement::new([(x, y), (x + 16, y)], color.stroke_width(2))
+                    });
             }
             chart
-                .draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled())))
+                .draw_series(l.pts.iter().map(|&p| Circle::new(p, 3, color.filled())))
+                .map_err(err)?;
+        }
+        for &(x, step, n) in ends {
+            chart
+                .draw_series(std::iter::once(Cross::new(
+                    (x, step),
+                    6,
+                    BLACK.stroke_width(2),
+                )))
+                .map_err(err)?;
+            chart
+                .draw_series(std::iter::once(Text::new(
+                    format!("allocation {n} ended at step {step} (ledger)"),
+                    (x, step),
+                    text_style(12, BLACK, axis.anchor(x, VPos::Bottom)),
+                )))
                 .map_err(err)?;
         }
         chart

@@ -160,7 +160,21 @@ impl History {
             .flat_map(|r| r.steps.iter().map(|p| p.step))
             .chain(self.allocations.iter().filter_map(|a| a.highest_step))
             .max();
+        // `steps` records come at most every 10 s: an allocation's ledger record, written when
+        // it ended, knows a later step than the last of them.
+        let ledger_end = self
+            .allocations
+            .iter()
+            .filter_map(|a| Some((a.end?, a.highest_step?, a.number)))
+            .max_by(|a, b| a.0.total_cmp(&b.0));
         match (last, highest) {
+            (Some((p, _)), Some(h)) if ledger_end.is_some_and(|(end, _, _)| end >= p.ts) => {
+                let (end, step, n) = ledger_end.expect("checked");
+                Some(format!(
+                    "step: {step} (when allocation {n} ended, {}, from the ledger), highest {h}",
+                    utc(end)
+                ))
+            }
             (Some((p, r)), Some(h)) => Some(format!(
                 "step: {} ({}, {}), highest {h}",
                 p.step,
@@ -239,5 +253,31 @@ mod tests {
         assert_eq!(lines[4], "last failure: 2026-01-01 01:13:40 UTC node 0 (a): attempt 0: rank 1 exited with code 3");
         assert_eq!(lines[5], "stragglers: last report 2026-01-01 01:13:50 UTC: worst rank 1 on a (relative 0.50, individual 0.90); 1 below 0.70: [1]");
         assert_eq!(lines.len(), 6, "{text}");
+    }
+
+    #[test]
+    fn the_step_is_the_ledgers_when_its_record_is_later_than_the_last_steps_record() {
+        let ledger = file(
+            "state/ledger.jsonl",
+            concat!(
+                r#"{"format":1,"allocation":1,"job_id":"demo","nodes":["vm"],"start":1767225600.0,"end":1767225610.0,"outcome":"finished","highest_step":29,"restarts":1,"decision":"finished","why":"done","excluded":[],"exit_status":0}"#,
+                "\n"
+            ),
+        );
+        let run = file(
+            "runs/vigil_1/events.jsonl",
+            concat!(
+                r#"{"event":"cycle_start","cycle":0,"host":"vm","node_rank":0,"ts":1767225600.5}"#,
+                "\n",
+                r#"{"event":"steps","cycle":0,"step":0,"min_step":0,"host":"vm","node_rank":0,"ts":1767225603.0}"#,
+                "\n",
+            ),
+        );
+        let h = build("d".into(), &[run], &[ledger]);
+        let lines = h.status_lines();
+        assert!(
+            lines.contains(&"step: 29 (when allocation 1 ended, 2026-01-01 00:00:10 UTC, from the ledger), highest 29".to_string()),
+            "{lines:?}"
+        );
     }
 }

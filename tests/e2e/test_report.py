@@ -186,6 +186,16 @@ def test_a_crash_and_its_restart_are_on_the_report_of_an_experiment_named_by_its
     assert kinds.index("failure") < kinds.index("restart") < kinds.index("result"), page.rows
     failure_row = next(t for c, t in page.rows if c == "failure")
     assert "attempt 0: rank 1 exited with code 1" in failure_row
+    # Each failure once: no `attempt 0 failed: rank 1 exited with code 1` row after it.
+    assert sum("rank 1 exited with code 1" in t for c, t in page.rows if c != "rank-failure") == 1, page.rows
+    # The failures table names the rank's logs and the line its stderr.log ends with.
+    (detail,) = [t for c, t in page.rows if c == "rank-failure"]
+    (run,) = run_dirs(exp / "runs")
+    assert str(run / "attempt_0" / "1" / "stderr.log") in detail, detail
+    assert "simulated crash at step 5" in detail, detail
+    assert "waited" in next(t for c, t in page.rows if c == "restart"), page.rows
+    # The title names the job: the script, from the run directory's name (no job id here).
+    assert "<title>vigil report: toy_train</title>" in (exp / "report.html").read_text()
 
     # Steps: plotted when the run recorded `steps` events, else the section says there are none.
     if of(ev, "steps"):
@@ -223,6 +233,9 @@ def test_a_hang_is_on_the_timeline_with_the_frame_it_hung_in_despite_a_cut_last_
     assert has(tl, "restart -> attempt 1"), tl
     hang_row = next(t for c, t in page.rows if c == "hang")
     assert "wait_forever_in_this_function" in hang_row, hang_row
+    # The failures table names the hung rank's stacks, each file once, by its absolute path.
+    (detail,) = [t for c, t in page.rows if c == "rank-failure"]
+    assert detail.count("/stacks.txt") == 1 and str(run / "attempt_0" / "0" / "stacks.txt") in detail, detail
     html = out.read_text()
     assert "events.jsonl: skipped its last line, cut short" in html
 
@@ -260,6 +273,8 @@ def test_a_two_node_job_is_one_allocation_with_a_row_per_node_and_one_restart(jo
     assert summary.startswith("vigil: 1 allocation, 1 in-job restart, 0 requeues\n  allocation 1 (job two): "), summary
     assert ", 2 nodes (" in summary, summary
     assert "last failure: " in summary and "node 1 (" in summary and "rank 3 exited with code 3" in summary, summary
+    # The failure once in the events table, though both nodes ended attempt 0 for it.
+    assert sum("rank 3 exited with code 3" in t for c, t in page.rows if c != "rank-failure") == 1, page.rows
 
 
 def test_steps_and_straggler_scores_of_a_real_two_node_run_are_plotted(job):
@@ -326,3 +341,21 @@ def test_a_directory_without_records_is_refused_in_one_line_and_nothing_is_writt
         f"vigil report: error: no-such-experiment: no such directory, and no experiment of that name in "
         f"{job / 'home' / 'experiments'}; give an experiment directory, a run directory (vigil_*) or a state directory"
     ), rep.stderr
+
+
+def test_a_state_directory_alone_finds_the_run_directories_of_its_job(job):
+    """Field finding 24/26: `--log-dir logs --state-dir state`, then `vigil report state` and
+    `vigil logs --rank 1 state`: the ledger records no run directory, which is found beside it."""
+    write(job / "train.py", "import os, sys\nprint('rank', os.environ['RANK'], file=sys.stderr)\n")
+    r = run_vigil(["run", "--log-dir", str(job / "logs"), "--state-dir", str(job / "state"), "--rdzv-id", "j42",
+                   "--nproc-per-node", "2", str(job / "train.py")], cwd=job)
+    assert r.returncode == 0, r.stderr
+    env = base_env(VIGIL_HOME=job / "home")
+    rep = run_vigil(["report", str(job / "state"), "-o", str(job / "r.html")], cwd=job, env=env)
+    assert rep.returncode == 0, rep.stderr
+    page = parse(job / "r.html")
+    tl = texts(page, "timeline-plot")
+    assert has(tl, "node 0 (") and has(tl, "attempt 0"), tl
+    assert "<title>vigil report: job j42</title>" in (job / "r.html").read_text()
+    logs = run_vigil(["logs", "--rank", "1", str(job / "state")], cwd=job, env=env)
+    assert logs.returncode == 0 and logs.stderr == "rank 1\n", (logs.stdout, logs.stderr)
