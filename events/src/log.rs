@@ -551,6 +551,9 @@ pub enum Record {
         store: Option<String>,
         #[serde(default)]
         run_id: Option<String>,
+        /// The agent's own command line (`vigil run ... train.py --lr 1e-4`), as it was started.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        command: Option<Vec<String>>,
     },
     /// The agent's process was suspended this long (the clock jumped); not counted as silence.
     Suspended {
@@ -995,6 +998,7 @@ mod tests {
                 nnodes: Some(2),
                 store: Some("n0:29500".into()),
                 run_id: Some("r1".into()),
+                command: Some(vec!["vigil".into(), "run".into(), "train.py".into()]),
             },
             Record::Suspended { seconds: 12.5 },
             Record::IpcRejected {
@@ -1161,7 +1165,8 @@ mod tests {
             line(Record::Nodes {
                 nnodes: Some(1),
                 store: Some("127.0.0.1:1".into()),
-                run_id: Some("r1".into())
+                run_id: Some("r1".into()),
+                command: None,
             }),
             r#"{"event":"nodes","nnodes":1,"run_id":"r1","store":"127.0.0.1:1"}"#
         );

@@ -67,8 +67,14 @@ impl RunBuilder {
             run.node_rank = n;
         }
         match &line.record {
-            Record::Nodes { nnodes, run_id, .. } => {
+            Record::Nodes {
+                nnodes,
+                run_id,
+                command,
+                ..
+            } => {
                 run.run_id = run_id.clone();
+                run.command = command.clone();
                 run.nnodes = *nnodes;
             }
             Record::CycleStart { cycle, nproc, .. } => run.attempts.push(Attempt {

@@ -50,6 +50,39 @@ pub fn esc(s: &str) -> String {
     out
 }
 
+/// Each distinct command line the agents were started with (node rank 0's first), quoted as a
+/// shell would need it.
+fn command_lines(out: &mut String, h: &History) {
+    let mut seen: Vec<&Vec<String>> = Vec::new();
+    let mut runs: Vec<&crate::model::NodeRun> = h.runs.iter().collect();
+    runs.sort_by_key(|r| r.node_rank);
+    for c in runs.iter().filter_map(|r| r.command.as_ref()) {
+        if !seen.contains(&c) {
+            seen.push(c);
+        }
+    }
+    if seen.is_empty() {
+        return;
+    }
+    out.push_str("<p class=\"meta\">Command line:</p>\n");
+    for c in seen {
+        let line: Vec<String> = c.iter().map(|a| shell_word(a)).collect();
+        let _ = writeln!(out, "<pre class=\"command\">{}</pre>", esc(&line.join(" ")));
+    }
+}
+
+/// `a` as one shell word: as it is when it needs no quoting, else in single quotes.
+fn shell_word(a: &str) -> String {
+    let plain = !a.is_empty()
+        && a.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c));
+    if plain {
+        a.to_string()
+    } else {
+        format!("'{}'", a.replace('\'', "'\\''"))
+    }
+}
+
 fn figure(out: &mut String, id: &str, plot: Option<Result<String, PlotError>>, empty: &str) {
     match plot {
         Some(Ok(svg)) => {
@@ -95,7 +128,9 @@ pub fn render_html(h: &History) -> String {
     }
     out.push_str("<section id=\"summary\">\n<h2>Summary</h2>\n<pre class=\"status\">");
     out.push_str(&esc(&h.status_lines().join("\n")));
-    out.push_str("</pre>\n</section>\n");
+    out.push_str("</pre>\n");
+    command_lines(&mut out, h);
+    out.push_str("</section>\n");
     failures_table(&mut out, h, span.map_or(0.0, |s| s.0));
 
     let axis = span.map(|(t0, t1)| TimeAxis::new(t0, t1));
@@ -384,6 +419,14 @@ fn events_table(out: &mut String, h: &History, t0: f64) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_command_line_is_quoted_only_where_a_shell_needs_it() {
+        assert_eq!(super::shell_word("--lr=1e-4"), "--lr=1e-4");
+        assert_eq!(super::shell_word("a b"), "'a b'");
+        assert_eq!(super::shell_word(""), "''");
+        assert_eq!(super::shell_word("it's"), "'it'\\''s'");
+    }
+
     use super::*;
     use crate::history::build;
     use crate::records::{parse_jsonl, RecordFile};

@@ -65,6 +65,8 @@ pub struct NodeRun {
     pub host: String,
     pub node_rank: u32,
     pub run_id: Option<String>,
+    /// The agent's command line (`nodes` record; vigils before it did not write one).
+    pub command: Option<Vec<String>>,
     pub nnodes: Option<u32>,
     /// First and last record's time.
     pub start: f64,

@@ -196,6 +196,10 @@ def test_a_crash_and_its_restart_are_on_the_report_of_an_experiment_named_by_its
     assert "waited" in next(t for c, t in page.rows if c == "restart"), page.rows
     # The title names the job: the script, from the run directory's name (no job id here).
     assert "<title>vigil report: toy_train</title>" in (exp / "report.html").read_text()
+    # The command line the agent was started with, from its `nodes` record.
+    command = (exp / "report.html").read_text().split('<pre class="command">')[1].split("</pre>")[0]
+    assert command.endswith(f"run --nproc-per-node 2 --max-restarts 1 --log-dir {exp / 'runs'} "
+                            f"--state-dir {exp / 'state'} {TOY} --steps 10 --crash-at 5"), command
 
     # Steps: plotted when the run recorded `steps` events, else the section says there are none.
     if of(ev, "steps"):

@@ -27,8 +27,11 @@ impl StepsLog {
         range: Option<(u64, u64)>,
     ) -> Option<serde_json::Value> {
         let (lo, hi) = range?;
+        // An attempt's first record comes at once, whatever the last one's time: it shows the
+        // step the attempt resumed from.
+        let same_attempt = self.last.is_some_and(|(c, _, _)| c == cycle);
         if self.last == Some((cycle, lo, hi))
-            || self.at.is_some_and(|t| now.duration_since(t) < STEPS_EVERY)
+            || (same_attempt && self.at.is_some_and(|t| now.duration_since(t) < STEPS_EVERY))
         {
             return None;
         }

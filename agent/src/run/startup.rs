@@ -329,6 +329,11 @@ fn begin(agent: &mut Agent) -> Begun {
             agent.store_for_ranks.0, agent.store_for_ranks.1
         )),
         run_id: Some(agent.cfg.run_id.clone()),
+        command: Some(
+            std::env::args_os()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect(),
+        ),
     });
     // Node rank 0 keeps the job's calculated timeouts and hands them to every node.
     let calculated = match (&agent.cfg.timeouts_file.load, agent.cfg.node_rank) {
