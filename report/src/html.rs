@@ -14,10 +14,12 @@ h1 { font-size: 22px; margin-bottom: 4px; }
 h2 { font-size: 17px; margin-top: 28px; border-bottom: 1px solid #ddd; padding-bottom: 4px; }
 .meta { color: #555; }
 pre.status { background: #f6f6f6; padding: 10px; white-space: pre-wrap; }
+pre.command { background: #f6f6f6; padding: 6px 10px; white-space: pre-wrap; overflow-wrap: anywhere; }
 p.empty { color: #666; font-style: italic; }
 p.error { color: #b00; }
 table { border-collapse: collapse; font-size: 13px; }
 th, td { border: 1px solid #ddd; padding: 3px 6px; text-align: left; vertical-align: top; }
+td pre { white-space: pre-wrap; overflow-wrap: anywhere; margin: 0; }
 th { background: #f0f0f0; }
 tr.failure td, tr.rank-failure td, tr.hang td, tr.lost td, tr.node_fault td { background: #fdf0ef; }
 tr.straggler td { background: #f5eefa; }
