@@ -254,6 +254,7 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Watch(args) => vigil_watch::watch_command(&args, &|k| std::env::var(k).ok()),
         Command::Report { target, output } => {
             let env = |k: &str| std::env::var(k).ok();
             match vigil_report::report_command(&target, output.as_deref(), &env) {

@@ -75,6 +75,8 @@ pub enum Command {
         #[arg(short = 'o', long = "output")]
         output: Option<PathBuf>,
     },
+    /// Watch jobs from outside (cron, a login node): alert once per problem on a webhook (docs/watch.md).
+    Watch(Box<vigil_watch::WatchArgs>),
     /// Check this node: GPUs, InfiniBand ports, storage (docs/health.md). Exit 0 healthy, 1 not.
     Health(HealthArgs),
     /// Internal: the helper that SIGKILLs rank process groups if the agent dies.

@@ -1,0 +1,160 @@
+"""`vigil watch` end to end: real records from real runs of the real binary, a local HTTP server
+that records every request it gets standing in for the webhook and the heartbeat, and, for the
+rules that read Slurm's state, a fake `scontrol` on the PATH.
+
+Each problem is told once, a second pass tells nothing new (the alerts file), a cleared problem
+is told as resolved, and the heartbeat is pinged only after a healthy pass.
+"""
+import json
+import os
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import pytest
+
+from harness import base_env, run_vigil, write
+
+
+class Recorder(BaseHTTPRequestHandler):
+    def _record(self):
+        n = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(n).decode() if n else ""
+        self.server.got.append((self.command, self.path, body))
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_GET = do_POST = _record
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.fixture
+def server():
+    s = HTTPServer(("127.0.0.1", 0), Recorder)
+    s.got = []
+    t = threading.Thread(target=s.serve_forever, daemon=True)
+    t.start()
+    yield s
+    s.shutdown()
+    s.server_close()
+
+
+def url(s, path):
+    return f"http://127.0.0.1:{s.server_address[1]}{path}"
+
+
+def take(s):
+    """The requests received since the last call."""
+    got, s.got[:] = list(s.got), []
+    return got
+
+
+def alerts(got):
+    """The webhook's messages as (problem, status, text)."""
+    out = []
+    for method, path, body in got:
+        if path == "/hook":
+            assert method == "POST", got
+            m = json.loads(body)
+            out.append((m["vigil"]["problem"], m["vigil"]["status"], m["text"]))
+    return sorted(out)
+
+
+def pings(got):
+    return [(m, p) for m, p, _ in got if p == "/beat"]
+
+
+def watch(job, server, *args, env=None):
+    r = run_vigil(["watch", "--once", "--webhook", url(server, "/hook"), "--heartbeat-url", url(server, "/beat"),
+                   "--state-file", str(job / "alerts.json"), *args], cwd=job, env=env or base_env(VIGIL_HOME=job / "home"))
+    assert r.returncode == 0, r.stderr
+    return take(server)
+
+
+def run_job(job, script):
+    return run_vigil(["run", "--nproc-per-node", "1", "--log-dir", str(job / "logs"), "--state-dir",
+                      str(job / "state"), "--rdzv-id", "w1", "--max-restarts", "1", "--max-requeues", "9", script],
+                     cwd=job, env=base_env(OUT_DIR=job))
+
+
+def test_a_restart_storm_and_a_requeue_loop_are_told_once_then_resolved_and_the_heartbeat_follows(job, server):
+    write(job / "crash.py", "import sys\nsys.exit(3)\n")
+    write(job / "ok.py", "import sys\nsys.exit(0)\n")
+    # Three allocations (a wrapper loop's), each failing twice: three restarts, three failed
+    # allocations requeued.
+    for _ in range(3):
+        r = run_job(job, "crash.py")
+        assert r.returncode == 75, r.stderr
+    got = watch(job, server, "state", "--storm-window", "10m")
+    found = alerts(got)
+    assert [(k, s) for k, s, _ in found] == [("requeue_loop", "open"), ("restart_storm", "open")], got
+    assert any("requeue loop: the last 3 allocations (1..3) failed and were requeued" in t for _, _, t in found), found
+    assert any("restart storm: 3 in-job restarts in the last 10m" in t for _, _, t in found), found
+    assert all(t.startswith("[vigil] state: ") for _, _, t in found), found
+    assert pings(got) == [], "no heartbeat while problems are open"
+
+    # The next pass finds the same problems: nothing new is sent.
+    assert watch(job, server, "state", "--storm-window", "10m") == []
+
+    # The job gets out of its loop (an allocation that finishes), and the restarts leave the window.
+    r = run_job(job, "ok.py")
+    assert r.returncode == 0, r.stderr
+    time.sleep(1.5)
+    got = watch(job, server, "state", "--storm-window", "1s")
+    assert [(k, s) for k, s, _ in alerts(got)] == [("requeue_loop", "resolved"), ("restart_storm", "resolved")], got
+    assert all(": resolved: " in t for _, _, t in alerts(got)), got
+    assert pings(got) == [("GET", "/beat")], got
+
+    # Healthy again: only the heartbeat.
+    got = watch(job, server, "state", "--storm-window", "1s")
+    assert alerts(got) == [] and pings(got) == [("GET", "/beat")], got
+    assert json.loads((job / "alerts.json").read_text()) == {"jobs": {}}
+
+
+FAKE_SCONTROL = """#!/bin/sh
+cat "$FAKE_SCONTROL_OUT"
+"""
+
+
+def test_slurm_rules_a_held_job_and_an_agent_that_stopped_writing_read_scontrol(job, server):
+    write(job / "ok.py", "import sys\nsys.exit(0)\n")
+    r = run_job(job, "ok.py")
+    assert r.returncode == 0, r.stderr
+    # `vigil launch` writes the job id into experiment.json; the fake scontrol answers for it.
+    (job / "experiment.json").write_text(json.dumps({"job_id": "4242"}))
+    bin_dir = job / "bin"
+    bin_dir.mkdir()
+    write(bin_dir / "scontrol", FAKE_SCONTROL).chmod(0o755)
+    out = job / "scontrol.out"
+    env = base_env(VIGIL_HOME=job / "home", FAKE_SCONTROL_OUT=out, PATH=f"{bin_dir}:{os.environ['PATH']}")
+
+    out.write_text("JobId=4242 JobName=t JobState=PENDING Reason=JobHoldMaxRequeue Dependency=(null)\n")
+    got = watch(job, server, str(job), env=env)
+    found = alerts(got)
+    assert [(k, s) for k, s, _ in found] == [("held", "open")], got
+    assert "job 4242 held by Slurm (JobHoldMaxRequeue" in found[0][2], found
+
+    # Released and running, but the event logs are old: the agents stopped writing.
+    time.sleep(1.5)
+    out.write_text("JobId=4242 JobName=t JobState=RUNNING Reason=None ExcNodeList=(null)\n")
+    got = watch(job, server, str(job), "--silent", "1s", env=env)
+    assert sorted((k, s) for k, s, _ in alerts(got)) == [("held", "resolved"), ("stopped_writing", "open")], got
+    assert pings(got) == []
+
+    # Pending on a node it excluded.
+    out.write_text("JobId=4242 JobState=PENDING Reason=ReqNodeNotAvail,_UnavailableNodes:n7 "
+                   "ReqNodeList=n7 ExcNodeList=n[6-7]\n")
+    got = watch(job, server, str(job), "--silent", "1s", env=env)
+    found = alerts(got)
+    assert [(k, s) for k, s, _ in found] == [("stopped_writing", "resolved"), ("unreachable_nodes", "open")], got
+    assert "on node(s) it excluded: n7" in found[1][2], found
+
+
+def test_a_target_that_names_no_job_is_a_usage_error(job):
+    r = run_vigil(["watch", "--once", "--state-file", str(job / "a.json"), "no-such-experiment"], cwd=job,
+                  env=base_env(VIGIL_HOME=job / "home"))
+    assert r.returncode == 2, r.stderr
+    assert "vigil watch: error: no-such-experiment: no such directory" in r.stderr, r.stderr
