@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from harness import base_env, run_vigil, write
+from harness import base_env, events, of, run_vigil, start_vigil, wait_for, write
 
 
 class Recorder(BaseHTTPRequestHandler):
@@ -112,6 +112,41 @@ def test_a_restart_storm_and_a_requeue_loop_are_told_once_then_resolved_and_the_
     got = watch(job, server, "state", "--storm-window", "1s")
     assert alerts(got) == [] and pings(got) == [("GET", "/beat")], got
     assert json.loads((job / "alerts.json").read_text()) == {"jobs": {}}
+
+
+# Stays at step 5 (no progress) until $OUT_DIR/go appears, then ends.
+STALLS = """
+import os, time
+import vigil
+go = os.path.join(os.environ["OUT_DIR"], "go")
+for _ in range(1200):
+    if os.path.exists(go):
+        break
+    vigil.should_stop(5)
+    time.sleep(0.1)
+"""
+
+
+def test_no_progress_is_told_while_the_job_runs_and_resolved_when_it_ends(job, server):
+    write(job / "stalls.py", STALLS)
+    p = start_vigil(["run", "--nproc-per-node", "1", "--log-dir", str(job / "logs"), "stalls.py"], cwd=job,
+                    env=base_env(OUT_DIR=job))
+    try:
+        wait_for(lambda: list((job / "logs").glob("vigil_*")) and of(events(job / "logs"), "steps"),
+                 what="the steps record")
+        time.sleep(1.5)
+        got = watch(job, server, "logs", "--stall", "1s")
+        found = alerts(got)
+        assert [(k, s) for k, s, _ in found] == [("no_progress", "open")], got
+        assert "no progress: step 5 was reached" in found[0][2], found
+        assert watch(job, server, "logs", "--stall", "1s") == []
+    finally:
+        write(job / "go", "")
+        _, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    # Ended: no longer running, so no longer stalled.
+    got = watch(job, server, "logs", "--stall", "1s")
+    assert [(k, s) for k, s, _ in alerts(got)] == [("no_progress", "resolved")], got
 
 
 FAKE_SCONTROL = """#!/bin/sh

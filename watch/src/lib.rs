@@ -63,11 +63,11 @@ pub struct WatchArgs {
 }
 
 /// `90`, `90s`, `15m`, `1h 30m`.
-fn duration(s: &str) -> Result<Duration, String> {
-    if let Ok(n) = s.parse::<u64>() {
-        return Ok(Duration::from_secs(n));
+fn duration(s: &str) -> Result<Duration, humantime::DurationError> {
+    match s.parse::<u64>() {
+        Ok(n) => Ok(Duration::from_secs(n)),
+        Err(_) => humantime::parse_duration(s),
     }
-    humantime::parse_duration(s).map_err(|e| format!("{e}; give e.g. 90s, 15m, 1h"))
 }
 
 impl WatchArgs {
@@ -169,84 +169,98 @@ fn tell(args: &WatchArgs, body: &str, text: &str) -> bool {
 }
 
 /// How a pass went.
+#[derive(Default)]
 struct Pass {
-    /// Every job read, no problem open, every message sent.
-    healthy: bool,
+    /// A job had a problem open.
+    open: bool,
     /// A message could not be sent or a job not read.
     failed: bool,
 }
 
 /// One pass over every job.
 fn pass(args: &WatchArgs, jobs: &[(String, PathBuf)], alerts: &mut Alerts) -> Pass {
-    let limits = args.limits();
     let path_var = std::env::var("PATH").ok();
-    let mut healthy = true;
-    let mut failed = false;
+    let mut done = Pass::default();
     for (label, dir) in jobs {
-        let key = dir.display().to_string();
         let facts = match gather::facts(dir, path_var.as_deref()) {
             Ok(f) => f,
             // A job that has not written yet has nothing to watch.
             Err(ReportError::NoRecords { .. }) => continue,
             Err(e) => {
                 eprintln!("vigil watch: {label}: {e}");
-                healthy = false;
-                failed = true;
+                done.failed = true;
                 continue;
             }
         };
-        let t = now();
-        let found = rules::problems(&facts, &limits, t);
-        let open = alerts.jobs.entry(key).or_default();
-        let c = change(open, &found);
-        for p in &c.opened {
-            let body = message(label, dir, &p.key, &p.text, false);
-            if tell(args, &body, &format!("{label}: {}", p.text)) {
-                open.insert(
-                    p.key.clone(),
-                    Open {
-                        text: p.text.clone(),
-                        since: t,
-                    },
-                );
-            } else {
-                failed = true;
-            }
-        }
-        for (k, o) in &c.resolved {
-            let body = message(label, dir, k, &o.text, true);
-            if tell(args, &body, &format!("{label}: resolved: {}", o.text)) {
-                open.remove(k);
-            } else {
-                failed = true;
-            }
-        }
-        healthy &= open.is_empty();
+        let open = alerts.jobs.entry(dir.display().to_string()).or_default();
+        done.failed |= !pass_job(args, label, dir, &facts, open);
+        done.open |= !open.is_empty();
     }
     alerts.jobs.retain(|_, open| !open.is_empty());
-    Pass {
-        healthy: healthy && !failed,
-        failed,
-    }
+    done
 }
 
-/// `vigil watch`: the exit status (0: the pass ran, or the loop was ended; 1: an alert or the
-/// heartbeat could not be sent, or the alerts file not written, on the --once pass; 2: a target
-/// names no job).
-pub fn watch_command(args: &WatchArgs, env: &dyn Fn(&str) -> Option<String>) -> i32 {
-    let jobs = match jobs(args, env) {
-        Ok(j) => j,
-        Err(e) => {
-            let e = vigil_report::term_safe_line(&e.to_string());
-            eprintln!("vigil watch: error: {e}");
-            return 2;
+/// Tells one job's new and cleared problems and updates its open alerts; whether every message
+/// went.
+fn pass_job(
+    args: &WatchArgs,
+    label: &str,
+    dir: &Path,
+    facts: &rules::Facts,
+    open: &mut BTreeMap<String, Open>,
+) -> bool {
+    let t = now();
+    let c = change(open, &rules::problems(facts, &args.limits(), t));
+    let mut sent = true;
+    for p in c.opened {
+        let body = message(label, dir, &p.key, &p.text, false);
+        if tell(args, &body, &format!("{label}: {}", p.text)) {
+            open.insert(
+                p.key,
+                Open {
+                    text: p.text,
+                    since: t,
+                },
+            );
+        } else {
+            sent = false;
         }
-    };
+    }
+    for (k, o) in c.resolved {
+        let body = message(label, dir, &k, &o.text, true);
+        if tell(args, &body, &format!("{label}: resolved: {}", o.text)) {
+            open.remove(&k);
+        } else {
+            sent = false;
+        }
+    }
+    sent
+}
+
+/// `vigil watch`: the exit status (0: the pass ran; 1: an alert or the heartbeat could not be
+/// sent, a job not read, or the alerts file not written, on the --once pass; 2: a target names
+/// no job at the first pass). Without --once it runs until it is stopped.
+pub fn watch_command(args: &WatchArgs, env: &dyn Fn(&str) -> Option<String>) -> i32 {
     let Some(file) = args.state_file.clone().or_else(|| state::default_path(env)) else {
         eprintln!("vigil watch: error: $VIGIL_HOME and $HOME are unset; give --state-file FILE");
         return 2;
     };
+    let mut first = true;
     loop {
+        // Resolved again at each pass: an experiment's name means its newest launch.
+        let jobs = match jobs(args, env) {
+            Ok(j) => j,
+            Err(e) => {
+                let e = vigil_report::term_safe_line(&e.to_string());
+                eprintln!("vigil watch: error: {e}");
+                if first || args.once {
+                    return 2;
+                }
+                std::thread::sleep(args.interval);
+                continue;
+            }
+        };
+        first = false;
         let mut alerts = Alerts::load(&file);
         let done = pass(args, &jobs, &mut alerts);
         let mut ok = !done.failed;
@@ -254,7 +268,7 @@ pub fn watch_command(args: &WatchArgs, env: &dyn Fn(&str) -> Option<String>) -> 
             eprintln!("vigil watch: cannot write {}: {e}", file.display());
             ok = false;
         }
-        if let Some(url) = args.heartbeat_url.as_deref().filter(|_| done.healthy) {
+        if let Some(url) = args.heartbeat_url.as_deref().filter(|_| ok && !done.open) {
             if let Err(e) = send::get(url) {
                 eprintln!("vigil watch: heartbeat: {e}");
                 ok = false;
