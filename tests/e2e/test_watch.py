@@ -7,6 +7,7 @@ is told as resolved, and the heartbeat is pinged only after a healthy pass.
 """
 import json
 import os
+import signal
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -193,3 +194,28 @@ def test_a_target_that_names_no_job_is_a_usage_error(job):
                   env=base_env(VIGIL_HOME=job / "home"))
     assert r.returncode == 2, r.stderr
     assert "vigil watch: error: no-such-experiment: no such directory" in r.stderr, r.stderr
+
+
+def test_spares_exhausted_when_the_only_standby_took_a_lost_nodes_place(job, server):
+    from test_spares import TRAIN, start_agents
+    write(job / "train.py", TRAIN)
+    procs = start_agents(job, ["--nproc-per-node", "1", "--max-restarts", "2", "--rdzv-id", "sp"],
+                         ["train.py", "80"])
+    try:
+        wait_for(lambda: (job / "ckpt_1").exists() and int((job / "ckpt_1").read_text()) >= 5, timeout=60,
+                 what="progress")
+        got = watch(job, server, str(job))
+        assert alerts(got) == [] and pings(got) == [("GET", "/beat")], got
+        procs[1].send_signal(signal.SIGKILL)
+        procs[1].communicate()
+        res = [p.communicate(timeout=120) for p in (procs[0], procs[2])]
+        assert [procs[0].returncode, procs[2].returncode] == [0, 0], [r[1][-2000:] for r in res]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    got = watch(job, server, str(job))
+    found = alerts(got)
+    assert [(k, s) for k, s, _ in found] == [("spares_exhausted", "open")], got
+    assert "every standby" in found[0][2], found
