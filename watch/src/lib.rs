@@ -150,7 +150,13 @@ fn jobs(
         .into_iter()
         // The alerts file is keyed by the absolute path, the same from any directory.
         .map(|t| resolve_target(&t, env).map(|d| (t, std::fs::canonicalize(&d).unwrap_or(d))))
-        .collect()
+        .collect::<Result<Vec<_>, _>>()
+        .map(|mut jobs| {
+            // Two names of one job are one job: its problems are told once.
+            let mut seen = std::collections::BTreeSet::new();
+            jobs.retain(|(_, d)| seen.insert(d.clone()));
+            jobs
+        })
 }
 
 /// Sends (or, without --webhook, only prints) one message; whether it went.
