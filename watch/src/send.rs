@@ -103,19 +103,99 @@ fn split_http(url: &str) -> Option<(String, u16, String)> {
 }
 
 fn curl(url: &str, method: &str, body: Option<&str>) -> Result<(), SendError> {
+    // The URL (a webhook's is its secret) and the body go in a config file only this user can
+    // read, not on curl's command line, where `ps` shows them to everyone on the node.
+    let fail = |why: String| SendError::Curl(why);
+    let mut config = tempfile::NamedTempFile::new().map_err(|e| fail(e.to_string()))?;
+    config
+        .write_all(curl_config(url, method, body).as_bytes())
+        .and_then(|()| config.flush())
+        .map_err(|e| fail(e.to_string()))?;
     let secs = TIMEOUT.as_secs().to_string();
-    let mut args = vec!["-fsS", "-o", "/dev/null", "-m", &secs, "-X", method];
-    if let Some(b) = body {
-        args.extend(["-H", "Content-Type: application/json", "--data-binary", b]);
-    }
-    args.push(url);
+    let path = config.path().to_string_lossy().into_owned();
+    let args = ["-fsS", "-o", "/dev/null", "-m", &secs, "-K", &path];
     run_command(&Cmd::new("curl", &args), TIMEOUT + Duration::from_secs(5))
         .map(|_| ())
-        .map_err(|e| SendError::Curl(e.to_string()))
+        .map_err(|e| fail(e.to_string()))
+}
+
+/// curl's config-file lines for one request (`-K`): each value a quoted string, escaped as curl
+/// reads it.
+fn curl_config(url: &str, method: &str, body: Option<&str>) -> String {
+    let quote = |v: &str| {
+        let mut q = String::from("\"");
+        for c in v.chars() {
+            match c {
+                '\\' => q.push_str("\\\\"),
+                '"' => q.push_str("\\\""),
+                '\n' => q.push_str("\\n"),
+                '\r' => q.push_str("\\r"),
+                '\t' => q.push_str("\\t"),
+                c => q.push(c),
+            }
+        }
+        q.push('"');
+        q
+    };
+    let mut out = format!("url = {}\nrequest = {}\n", quote(url), quote(method));
+    if let Some(b) = body {
+        out.push_str("header = \"Content-Type: application/json\"\n");
+        out.push_str(&format!("data-binary = {}\n", quote(b)));
+    }
+    out
 }
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn curl_sends_the_body_from_its_private_config() {
+        if std::process::Command::new("curl")
+            .arg("--version")
+            .output()
+            .is_err()
+        {
+            eprintln!("no curl here: skipped");
+            return;
+        }
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = std::thread::spawn(move || {
+            let (mut conn, _) = listener.accept().unwrap();
+            conn.set_read_timeout(Some(Duration::from_secs(10)))
+                .unwrap();
+            let mut got = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !String::from_utf8_lossy(&got).contains("}") {
+                let n = conn.read(&mut buf).unwrap();
+                if n == 0 {
+                    break;
+                }
+                got.extend_from_slice(&buf[..n]);
+            }
+            conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                .unwrap();
+            String::from_utf8_lossy(&got).into_owned()
+        });
+        let body = r#"{"text":"a \"quoted\" \\ word"}"#;
+        curl(&format!("http://127.0.0.1:{port}/hook"), "POST", Some(body)).unwrap();
+        let got = server.join().unwrap();
+        assert!(got.starts_with("POST /hook HTTP/1.1"), "{got}");
+        assert!(got.ends_with(body), "{got}");
+    }
+
+    #[test]
+    fn curl_gets_the_url_and_body_as_quoted_config_values() {
+        let c = curl_config("https://h/x?a=\"1\"", "POST", Some("{\"text\":\"a\\\\b\"}"));
+        assert_eq!(
+            c,
+            "url = \"https://h/x?a=\\\"1\\\"\"\nrequest = \"POST\"\nheader = \"Content-Type: application/json\"\ndata-binary = \"{\\\"text\\\":\\\"a\\\\\\\\b\\\"}\"\n"
+        );
+        assert_eq!(
+            curl_config("https://h", "GET", None),
+            "url = \"https://h\"\nrequest = \"GET\"\n"
+        );
+    }
+
     use super::*;
 
     #[test]
