@@ -75,6 +75,16 @@ pub enum Command {
         #[arg(short = 'o', long = "output")]
         output: Option<PathBuf>,
     },
+    /// A job's goodput over its whole life: the wall time whose step progress was kept, and the
+    /// rest by category (start-up, lost progress, failure handling, queue wait, ...; docs/goodput.md).
+    Goodput {
+        /// As for `vigil report`: an experiment directory, a log, run or state directory, or an
+        /// experiment's name under $VIGIL_HOME/experiments (its newest launch).
+        target: String,
+        /// The same numbers as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Check this node: GPUs, InfiniBand ports, storage (docs/health.md). Exit 0 healthy, 1 not.
     Health(HealthArgs),
     /// Internal: the helper that SIGKILLs rank process groups if the agent dies.
