@@ -117,3 +117,12 @@ def test_a_directory_without_records_is_a_usage_error(job):
     assert r.returncode == 2
     assert r.stderr.startswith("vigil goodput: error: "), r.stderr
     assert "no vigil records" in r.stderr
+
+
+def test_help_names_the_command_and_its_doc():
+    r = run_vigil(["--help"], cwd=".", env=base_env())
+    assert r.returncode == 0
+    line = next(l for l in r.stdout.splitlines() if l.strip().startswith("goodput "))
+    assert "docs/goodput.md" in line, line
+    h = run_vigil(["goodput", "--help"], cwd=".", env=base_env())
+    assert h.returncode == 0 and "--json" in h.stdout and "vigil report" in h.stdout, h.stdout

@@ -75,8 +75,11 @@ pub enum Command {
         #[arg(short = 'o', long = "output")]
         output: Option<PathBuf>,
     },
-    /// A job's goodput over its whole life: the wall time whose step progress was kept, and the
-    /// rest by category (start-up, lost progress, failure handling, queue wait, ...; docs/goodput.md).
+    /// A job's goodput and badput by category, across its allocations (docs/goodput.md).
+    ///
+    /// The share of the job's wall time whose step progress was kept, and where the rest went:
+    /// start-up, checkpoint saves, progress lost to failures, failure handling, unused stop lead,
+    /// queue wait, other; and the ideal step time. From the ledger and the event logs alone.
     Goodput {
         /// As for `vigil report`: an experiment directory, a log, run or state directory, or an
         /// experiment's name under $VIGIL_HOME/experiments (its newest launch).
