@@ -134,7 +134,8 @@ pub struct AllocationSpan {
     pub end: f64,
     /// Where the allocation would have ended: a time-limit stop's trigger time plus its window.
     pub scheduled_end: Option<f64>,
-    /// The highest step it reached (ledger `highest_step`, else the stop step).
+    /// The highest step it reached: the highest of the ledger's `highest_step` and stop step and
+    /// the `stop_agreed` step.
     pub final_step: Option<u64>,
     pub attempts: Vec<AttemptSpan>,
 }
@@ -507,7 +508,15 @@ pub fn timeline(h: &History) -> Timeline {
             .collect();
         cycles.sort_unstable();
         cycles.dedup();
-        let attempts = cycles.iter().map(|&c| attempt_span(&runs, c)).collect();
+        let mut attempts: Vec<AttemptSpan> =
+            cycles.iter().map(|&c| attempt_span(&runs, c)).collect();
+        // An attempt whose end was not recorded ran at most until the next one started.
+        for i in 1..attempts.len() {
+            let next = attempts[i].start;
+            let prev = &mut attempts[i - 1];
+            prev.end = prev.end.min(next).max(prev.start);
+            prev.failed_at = prev.failed_at.map(|f| f.min(prev.end));
+        }
         let mut scheduled_end: Option<f64> = None;
         let mut stop_step = None;
         for s in runs.iter().flat_map(|r| r.stops.iter()) {
@@ -530,7 +539,10 @@ pub fn timeline(h: &History) -> Timeline {
             start: a.start,
             end,
             scheduled_end,
-            final_step: a.highest_step.or(a.stop_step).or(stop_step),
+            final_step: [a.highest_step, a.stop_step, stop_step]
+                .into_iter()
+                .flatten()
+                .max(),
             attempts,
         });
     }
@@ -927,6 +939,54 @@ mod tests {
         assert_eq!(ideal_step_time(&[(0.2, 5.0)]), None);
         assert_eq!(weighted_median(&[(1.0, 1.0), (3.0, 1.0)]), Some(2.0));
         assert_eq!(weighted_median(&[(1.0, 1.0), (3.0, 5.0)]), Some(3.0));
+    }
+
+    #[test]
+    fn a_history_becomes_job_wide_attempts_with_their_failure_times() {
+        use crate::records::{parse_jsonl, RecordFile};
+        let log = concat!(
+            r#"{"event":"cycle_start","cycle":0,"host":"a","node_rank":0,"ts":100.0}"#,
+            "\n",
+            r#"{"event":"steps","cycle":0,"step":5,"min_step":4,"host":"a","node_rank":0,"ts":101.0}"#,
+            "\n",
+            r#"{"event":"hang","cycle":0,"rank":1,"timeout":"heartbeat","silent_ms":3000,"host":"a","node_rank":0,"ts":110.0}"#,
+            "\n",
+            r#"{"event":"cycle_ended","cycle":0,"end":"failed","node":0,"reason":"hung","host":"a","node_rank":0,"ts":110.5}"#,
+            "\n",
+            r#"{"event":"cycle_start","cycle":1,"host":"a","node_rank":0,"ts":111.0}"#,
+            "\n",
+            r#"{"event":"stop_triggered","cycle":1,"trigger":"time-limit","window_ms":4000,"host":"a","node_rank":0,"ts":115.0}"#,
+            "\n",
+            r#"{"event":"stop_agreed","cycle":1,"step":9,"trigger":"time-limit","host":"a","node_rank":0,"ts":115.1}"#,
+            "\n",
+            r#"{"event":"cycle_ended","cycle":1,"end":"done","host":"a","node_rank":0,"ts":116.0}"#,
+            "\n",
+            r#"{"event":"result","outcome":"stopped","exit_code":75,"host":"a","node_rank":0,"ts":116.0}"#,
+            "\n",
+        );
+        let file = RecordFile {
+            path: "r/events.jsonl".into(),
+            records: parse_jsonl(log, std::path::Path::new("r")).0,
+        };
+        let h = crate::history::build("d".into(), &[file], &[]);
+        let t = timeline(&h);
+        let a = &t.allocations[0];
+        assert_eq!((a.start, a.end), (100.0, 116.0));
+        assert_eq!(a.scheduled_end, Some(119.0));
+        assert_eq!(a.final_step, Some(9));
+        assert_eq!(a.attempts.len(), 2);
+        assert_eq!(a.attempts[0].failed_at, Some(107.0));
+        assert_eq!(a.attempts[0].steps, vec![(101.0, 4)]);
+        assert_eq!(a.attempts[1].failed_at, None);
+        let g = compute(&t);
+        sums_to_wall(&g);
+        // 107..111: the hang's silence, its detection and the restart.
+        assert!(
+            (g.breakdown.get(Category::FailureHandling) - 4.0).abs() < 1e-9,
+            "{g:?}"
+        );
+        // 116..119 lies past the wall time's end (the job's last record): not counted.
+        assert_eq!(g.wall_s, 16.0);
     }
 
     #[test]
