@@ -737,7 +737,8 @@ fn colour(c: Category) -> &'static str {
 }
 
 /// The report's Goodput section: the figures, a stacked bar per allocation (inline SVG, each
-/// bar's length its share of the wall time) and the notes.
+/// bar's length its share of the wall time) and the notes. The legend carries the seconds: no
+/// SVG `<title>` tooltips, which a page's text (and its title, to a naive reader) would take in.
 pub fn html_section(h: &History) -> String {
     use crate::html::esc;
     let g = of_history(h);
@@ -771,7 +772,8 @@ pub fn html_section(h: &History) -> String {
         .map(|a| a.breakdown.total())
         .fold(0.0, f64::max)
         .max(f64::MIN_POSITIVE);
-    let scale = (width - left - 10.0) / longest;
+    // Room on the right for each bar's label.
+    let scale = (width - left - 170.0) / longest;
     for (i, a) in g.allocations.iter().enumerate() {
         let y = 4.0 + row * i as f64;
         out.push_str(&format!(
@@ -786,14 +788,24 @@ pub fn html_section(h: &History) -> String {
                 continue;
             }
             out.push_str(&format!(
-                "<rect x=\"{x:.2}\" y=\"{y:.1}\" width=\"{w:.2}\" height=\"{:.1}\" fill=\"{}\"><title>{}: {}</title></rect>\n",
+                "<rect x=\"{x:.2}\" y=\"{y:.1}\" width=\"{w:.2}\" height=\"{:.1}\" fill=\"{}\"/>\n",
                 row - 6.0,
                 colour(c),
-                esc(c.label()),
-                esc(&s1(a.breakdown.get(c)))
             ));
             x += w;
         }
+        let total = a.breakdown.total();
+        let pct = if total > 0.0 {
+            100.0 * a.breakdown.get(Category::Goodput) / total
+        } else {
+            0.0
+        };
+        out.push_str(&format!(
+            "<text x=\"{:.1}\" y=\"{:.1}\" font-size=\"12\">{}, goodput {pct:.0}%</text>\n",
+            x + 6.0,
+            y + 15.0,
+            esc(&crate::fmt::duration(total))
+        ));
     }
     out.push_str("</svg></figure>\n");
     if let Some(i) = g.steps.ideal_step_time_s {
