@@ -269,6 +269,20 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Goodput { target, json } => {
+            let env = |k: &str| std::env::var(k).ok();
+            match vigil_report::goodput::goodput_command(&target, json, &env) {
+                Ok(text) => {
+                    print!("{}", vigil_report::term_safe(&text));
+                    exit::SUCCESS
+                }
+                Err(e) => {
+                    let e = vigil_report::term_safe_line(&e.to_string());
+                    eprintln!("vigil goodput: error: {e}");
+                    exit::USAGE
+                }
+            }
+        }
     };
     exit::code(code)
 }

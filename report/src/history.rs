@@ -228,6 +228,12 @@ fn failure(ts: f64, r: &Record) -> Option<Failure> {
 
 /// A stop asked, agreed or overdue.
 fn stop(ts: f64, r: &Record) -> Option<Stop> {
+    let window_s = match r {
+        Record::StopTriggered { window_ms, .. } | Record::StopOverdue { window_ms, .. } => {
+            Some(*window_ms as f64 / 1000.0)
+        }
+        _ => None,
+    };
     let (cycle, kind) = match r {
         Record::StopTriggered { cycle, trigger, .. } => (
             cycle,
@@ -258,6 +264,7 @@ fn stop(ts: f64, r: &Record) -> Option<Stop> {
         ts,
         cycle: *cycle,
         kind,
+        window_s,
     })
 }
 

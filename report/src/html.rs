@@ -178,6 +178,8 @@ pub fn render_html(h: &History) -> String {
     );
     out.push_str("</section>\n");
 
+    out.push_str(&crate::goodput::html_section(h));
+
     out.push_str("<section id=\"stragglers\">\n<h2>Straggler scores</h2>\n");
     let worst = plot::worst_ranks(h, plot::WORST_RANKS);
     if !worst.is_empty() {
@@ -489,7 +491,9 @@ mod tests {
     fn the_page_has_all_three_plots_with_their_labels_and_escapes_frames() {
         let h = build("exp<1>".into(), &[file("r/events.jsonl", RUN)], &[]);
         let html = render_html(&h);
-        assert_eq!(html.matches("<svg").count(), 3, "{html}");
+        // The three plots and the goodput bars.
+        assert_eq!(html.matches("<svg").count(), 4, "{html}");
+        assert!(html.contains("<section id=\"goodput\">"));
         assert!(!html.contains("<script"));
         assert!(html.contains("<title>vigil report: exp&lt;1&gt;</title>"));
         assert!(html.contains("<section id=\"failures\">"));
@@ -607,7 +611,8 @@ mod tests {
             &[],
         );
         let html = render_html(&h);
-        assert_eq!(html.matches("<svg").count(), 1);
+        // The timeline and the goodput bars.
+        assert_eq!(html.matches("<svg").count(), 2);
         assert!(html.contains("<p class=\"empty\" id=\"steps-plot\">No steps recorded"));
         assert!(
             html.contains("<p class=\"empty\" id=\"stragglers-plot\">No straggler scores recorded")

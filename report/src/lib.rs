@@ -4,6 +4,7 @@
 //! self-contained HTML page with SVG plots. See docs/report.md.
 
 mod fmt;
+pub mod goodput;
 pub mod history;
 mod html;
 mod model;

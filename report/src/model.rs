@@ -295,6 +295,9 @@ pub struct Stop {
     pub ts: f64,
     pub cycle: u32,
     pub kind: StopKind,
+    /// The ranks' window (`window_ms`): for a time-limit stop, the time left to the allocation's
+    /// end. None for an agreement.
+    pub window_s: Option<f64>,
 }
 
 impl Stop {

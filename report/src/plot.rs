@@ -749,7 +749,12 @@ mod tests {
     use crate::history::Stop;
 
     fn stop(ts: f64, kind: StopKind) -> Stop {
-        Stop { ts, cycle: 0, kind }
+        Stop {
+            ts,
+            cycle: 0,
+            kind,
+            window_s: None,
+        }
     }
 
     #[test]

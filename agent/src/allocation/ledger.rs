@@ -421,6 +421,11 @@ pub fn ledger_command(
     } else {
         render_table(&records)
     };
+    // The job's goodput from its ledger and the event logs found with it (docs/goodput.md).
+    if let Some(line) = vigil_report::goodput::ledger_line(&dir) {
+        out.push_str(&line);
+        out.push('\n');
+    }
     for n in notes {
         out.push_str(&format!("note: {n}\n"));
     }

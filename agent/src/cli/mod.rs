@@ -77,6 +77,19 @@ pub enum Command {
     },
     /// Watch jobs from outside (cron, a login node): alert once per problem on a webhook (docs/watch.md).
     Watch(Box<vigil_watch::WatchArgs>),
+    /// A job's goodput and badput by category, across its allocations (docs/goodput.md).
+    ///
+    /// The share of the job's wall time whose step progress was kept, and where the rest went:
+    /// start-up, checkpoint saves, progress lost to failures, failure handling, unused stop lead,
+    /// queue wait, other; and the ideal step time. From the ledger and the event logs alone.
+    Goodput {
+        /// As for `vigil report`: an experiment directory, a log, run or state directory, or an
+        /// experiment's name under $VIGIL_HOME/experiments (its newest launch).
+        target: String,
+        /// The same numbers as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Check this node: GPUs, InfiniBand ports, storage (docs/health.md). Exit 0 healthy, 1 not.
     Health(HealthArgs),
     /// Internal: the helper that SIGKILLs rank process groups if the agent dies.
