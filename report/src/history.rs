@@ -160,6 +160,19 @@ impl RunBuilder {
                 step: *step,
                 min_step: *min_step,
             }),
+            Record::Section {
+                cycle,
+                rank,
+                duration_ms,
+                last_recorded,
+                ..
+            } => run.saves.push(Save {
+                ts,
+                cycle: *cycle,
+                rank: *rank,
+                seconds: *duration_ms as f64 / 1000.0,
+                last_recorded: *last_recorded,
+            }),
             Record::StragglerReport { .. } => run
                 .straggler_reports
                 .extend(straggler_report(ts, &line.record)),
@@ -354,6 +367,8 @@ pub fn ledger_allocation(r: &Value) -> Option<Allocation> {
         excluded: r.excluded,
         exit_status: Some(r.exit_status),
         from_ledger: true,
+        submit_time: r.submit_time.filter(|t| t.is_finite()),
+        slurm_start: r.slurm_start.filter(|t| t.is_finite()),
         runs: Vec::new(),
     })
 }
