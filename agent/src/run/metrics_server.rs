@@ -207,11 +207,12 @@ impl Metrics {
     /// started within [`JOB_WIDE_EVERY`].
     fn refresh_job_wide(&mut self) {
         let Some(slot) = &self.job else { return };
-        if self.job_busy.get()
-            || self
+        // Until the job's records give a first answer, each page asks again.
+        let fresh = slot.borrow().is_some()
+            && self
                 .job_started
-                .is_some_and(|t| t.elapsed() < JOB_WIDE_EVERY)
-        {
+                .is_some_and(|t| t.elapsed() < JOB_WIDE_EVERY);
+        if self.job_busy.get() || fresh {
             return;
         }
         self.job_busy.set(true);
