@@ -260,3 +260,45 @@ def test_a_textfile_directory_that_is_not_there_is_one_line_and_exit_2(job):
     assert line.endswith("give --metrics-textfile an existing directory this user can write"
                          " (node_exporter's --collector.textfile.directory)"), line
     assert not marker.exists()
+
+
+# Every rank times its steps; rank SLOW_RANK takes 4x as long (as in test_stragglers.py).
+TIMED = """
+import os, sys, time, vigil
+rank = int(os.environ["RANK"])
+slow = int(os.environ.get("SLOW_RANK", "-1"))
+for step in range(int(sys.argv[1])):
+    t0 = time.perf_counter()
+    time.sleep(0.04 if rank == slow else 0.01)
+    vigil.step_timing(step, time.perf_counter() - t0)
+    vigil.heartbeat(step)
+"""
+
+
+def test_node_rank_0_adds_the_job_wide_series_and_each_node_its_own_ranks(job):
+    from test_multinode import Nodes
+    write(job / "train.py", TIMED)
+    out = job / "textfile"
+    out.mkdir()
+    nodes = Nodes(job, 2, ["train.py", "200"], nproc=2,
+                  extra=["--straggler-report-interval", "1", "--rdzv-id", "mn",
+                         "--metrics-textfile", str(out)],
+                  env={"SLOW_RANK": "3"}, per_node_env=lambda i: {"SLURMD_NODENAME": f"n{i}"})
+    res = nodes.wait(timeout=120)
+    assert [r[0] for r in res] == [0, 0], [r[2][-2000:] for r in res]
+    assert sorted(f.name for f in out.iterdir()) == ["vigil_mn_0.prom", "vigil_mn_1.prom"]
+    head, other = (parse_page((out / f"vigil_mn_{i}.prom").read_text()) for i in (0, 1))
+    ranks = lambda page: sorted(re.search(r'rank="(\d+)"', k).group(1)
+                                for k in page if k.startswith("vigil_rank_info{"))
+    assert (ranks(head), ranks(other)) == (["0", "1"], ["2", "3"])
+    assert all('node="n1"' in k for k in other if k.startswith("vigil_rank_step{")), other
+    # The job-wide series are node rank 0's alone.
+    for name in ("vigil_goodput_seconds", "vigil_straggler_score", "vigil_job_wall_seconds"):
+        assert any(k.startswith(name + "{") for k in head), name
+        assert not any(k.startswith(name + "{") for k in other), name
+    scores = {k: v for k, v in head.items() if k.startswith("vigil_straggler_score{") and 'score="relative"' in k}
+    slow = [v for k, v in scores.items() if 'rank="3"' in k and 'node="n1"' in k]
+    assert len(scores) == 4 and len(slow) == 1 and slow[0] < 0.5, scores
+    # This allocation's decision, on the page written at exit after the ledger.
+    decisions = {k: v for k, v in head.items() if k.startswith("vigil_allocation_decisions_total{")}
+    assert list(decisions.values()) == [1.0] and 'decision="finished"' in next(iter(decisions)), decisions
