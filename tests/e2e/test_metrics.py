@@ -155,6 +155,9 @@ def test_prometheus_scrapes_the_agent_and_counts_the_restart(job):
         # Joined on UUID, as a query joins dcgm-exporter's series.
         joined = query(api, 'vigil_rank_step * on(UUID) group_left() vigil_rank_info')
         assert len(joined) == 2, joined
+        ages = wait_for(lambda: (a := query(api, "vigil_rank_heartbeat_age_seconds")) and len(a) == 2 and a,
+                        60, "both running ranks' heartbeat ages")
+        assert all(0 <= v < 60 for _, v in ages), ages
         assert [v for m, v in query(api, "vigil_attempts_total")] == [2.0]
         assert [v for m, v in query(api, 'vigil_rank_stops_total{reason="rank_failed"}')] == [1.0]
         wait_for(lambda: query(api, "vigil_goodput_seconds"), 60, "node rank 0's goodput")

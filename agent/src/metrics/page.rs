@@ -175,8 +175,8 @@ fn ranks(p: &mut Page, s: &Snapshot) {
         ),
         (
             "vigil_rank_heartbeat_age_seconds",
-            "Seconds since the rank's last heartbeat (the agent's own suspension not counted).",
-            |r| r.heartbeat_age_s,
+            "Seconds since a running rank's last heartbeat (the agent's own suspension not counted).",
+            |r| r.heartbeat_age_s.filter(|_| r.running),
         ),
     ];
     for (name, help, value) in families {
@@ -335,6 +335,7 @@ mod tests {
                     local_rank: 1,
                     rank: 5,
                     running: false,
+                    heartbeat_age_s: Some(30.0),
                     ..Default::default()
                 },
             ],
@@ -368,6 +369,8 @@ mod tests {
         let r1 = format!(r#"{l},rank="5",local_rank="1""#);
         assert_eq!(samples[&format!("vigil_rank_info{{{r1}}}")], 1.0);
         assert!(!samples.contains_key(&format!("vigil_rank_step{{{r1}}}")));
+        // It exited: its silence is no news.
+        assert!(!samples.contains_key(&format!("vigil_rank_heartbeat_age_seconds{{{r1}}}")));
         assert_eq!(types["vigil_restarts_total"], "counter");
         assert_eq!(types["vigil_rank_step"], "gauge");
         assert!(
