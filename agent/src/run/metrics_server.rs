@@ -243,7 +243,9 @@ impl Metrics {
         now: Instant,
         running: bool,
     ) -> String {
-        self.refresh_job_wide();
+        if running {
+            self.refresh_job_wide();
+        }
         let ranks = sup
             .rank_views()
             .into_iter()
@@ -300,9 +302,13 @@ impl Metrics {
         });
     }
 
-    /// At exit: the last page (node rank 0's goodput computed again, the allocation's decision
-    /// included), written to the textfile and served to scrapes until the agent is gone.
+    /// At exit, with `--metrics-textfile`: the last page (node rank 0's goodput computed again,
+    /// the allocation's decision included), written to the textfile and served to scrapes until
+    /// the agent is gone. Without a textfile nothing is left to read it: nothing is done.
     pub(super) async fn at_exit(&mut self, sup: &Supervisor, gpus: &GpuWatch, now: Instant) {
+        let Some(dir) = self.textfile.clone() else {
+            return;
+        };
         if let Some(slot) = self.job.clone() {
             let dirs = self.job_dirs.clone();
             let done = tokio::time::timeout(
@@ -315,14 +321,12 @@ impl Metrics {
             }
         }
         let page = self.page(sup, gpus, now, false);
-        if let Some(dir) = &self.textfile {
-            let name = textfile_name(&self.id.job_id, self.id.node_rank);
-            if let Err(e) = write_textfile(dir, &name, &page) {
-                console_note(&format!(
-                    "cannot write the metrics textfile {}: {e}",
-                    dir.join(&name).display()
-                ));
-            }
+        let name = textfile_name(&self.id.job_id, self.id.node_rank);
+        if let Err(e) = write_textfile(&dir, &name, &page) {
+            console_note(&format!(
+                "cannot write the metrics textfile {}: {e}",
+                dir.join(&name).display()
+            ));
         }
     }
 }
