@@ -6,6 +6,7 @@
 //! - `job`: the nodes of the job, rendezvous between their agents, the job's saved state.
 //! - `run`: the runtime: event loop, processes, output, the ranks' socket, stacks, summaries (the
 //!   edges).
+//! - `metrics`: the Prometheus page (snapshot -> text); pure.
 //! - `perf`: GPU facts (later straggler scores and NVML telemetry).
 //! - `exit`: the binary's exit statuses, each named and documented once; a leaf.
 //! - `values`: plain values every layer parses; a leaf.
@@ -14,6 +15,7 @@ pub mod allocation;
 pub mod cli;
 pub mod exit;
 pub mod job;
+pub mod metrics;
 pub mod perf;
 pub mod run;
 pub mod supervise;

@@ -712,6 +712,21 @@ pub struct RunArgs {
     )]
     pub event_log: Option<PathBuf>,
 
+    /// Serve Prometheus metrics at http://<this node>:PORT/metrics on every agent (docs/metrics.md);
+    /// 0: any free port, printed.
+    #[arg(help_heading = "Output (vigil)", long = "metrics-port", alias = "metrics_port", value_name = "PORT", value_parser = port)]
+    pub metrics_port: Option<u16>,
+
+    /// Write the same metrics to DIR/vigil_<job>_<node rank>.prom (temp file and rename) every
+    /// 15 s and at exit, for node_exporter's textfile collector.
+    #[arg(
+        help_heading = "Output (vigil)",
+        long = "metrics-textfile",
+        alias = "metrics_textfile",
+        value_name = "DIR"
+    )]
+    pub metrics_textfile: Option<PathBuf>,
+
     /// The training script (or module with -m, or command with --no-python).
     #[arg(value_name = "TRAINING_SCRIPT")]
     pub training_script: String,

@@ -357,6 +357,11 @@ impl RankMonitor {
         self.registered
     }
 
+    /// When its last heartbeat came (`None`: none yet).
+    pub fn last_heartbeat(&self) -> Option<Instant> {
+        self.last_heartbeat
+    }
+
     pub fn finished(&self) -> bool {
         self.finished
     }
