@@ -36,7 +36,13 @@ pub struct LaunchConfig {
     pub active_nodes: u32,
     /// `--segment`: node ids in blocks of this many are close (hot spares without topology).
     pub segment: Option<u32>,
+    /// 0 until the c10d rendezvous hands it out, when `node_rank_by_rdzv`.
     pub node_rank: u32,
+    /// No node rank anywhere: the c10d rendezvous hands it out at start (job/nodes.rs).
+    pub node_rank_by_rdzv: bool,
+    /// `--nnodes MIN:MAX`: once MIN nodes joined the first rendezvous, how long it waits for
+    /// more before it starts with those present (`--rdzv-conf last_call_timeout`).
+    pub last_call: Duration,
     pub role: String,
     /// `TORCHELASTIC_RUN_ID`: the job identity, else (one node, as torchrun) a fresh uuid, else
     /// `none` (several nodes without an id, as torchrun's static rendezvous).
@@ -289,6 +295,20 @@ fn join_timeout(a: &RunArgs) -> Result<Duration, ConfigError> {
     opt_secs("--join-timeout", Some(v)).map(|d| d.unwrap_or_default())
 }
 
+/// torchrun's `last_call_timeout` (`--rdzv-conf`), 30 s as in torch's dynamic rendezvous.
+fn last_call(a: &RunArgs) -> Result<Duration, ConfigError> {
+    let Some(v) = parse_rdzv_conf(&a.rdzv_conf)?
+        .into_iter()
+        .find(|(k, _)| k == "last_call_timeout")
+        .map(|(_, v)| v)
+    else {
+        return Ok(Duration::from_secs(30));
+    };
+    let s = seconds(&v)
+        .map_err(|fix| ConfigError(format!("--rdzv-conf last_call_timeout={v:?}: {fix}")))?;
+    secs("--rdzv-conf last_call_timeout", s)
+}
+
 /// `vigil run`'s flags, checked and resolved against the machine (`host`) into the launch plan.
 /// The first problem found is the error, in the order the flags are checked below.
 pub fn resolve(a: &RunArgs, host: &Host) -> Result<LaunchConfig, ConfigError> {
@@ -310,6 +330,8 @@ pub fn resolve(a: &RunArgs, host: &Host) -> Result<LaunchConfig, ConfigError> {
         active_nodes,
         segment: a.segment.filter(|k| *k > 0),
         node_rank: nodes.node_rank,
+        node_rank_by_rdzv: nodes.rank_by_rdzv,
+        last_call: last_call(a)?,
         role: a.role.clone(),
         run_id: match &nodes.job_id {
             Some(id) => id.clone(),
@@ -365,6 +387,7 @@ fn node_flags(a: &RunArgs) -> crate::job::nodes::NodeFlags<'_> {
         rdzv_endpoint: &a.rdzv_endpoint,
         rdzv_id: &a.rdzv_id,
         standalone: a.standalone,
+        rdzv_backend: &a.rdzv_backend,
     }
 }
 
@@ -1062,6 +1085,46 @@ mod tests {
         );
         assert_eq!(c.join_timeout, Duration::from_secs(45));
         assert!(resolve(&args(&["--rdzv-conf", "oops", "t.py"]), &host_with(&none)).is_err());
+    }
+
+    #[test]
+    fn c10d_hands_out_node_ranks_and_min_max_has_a_last_call() {
+        let none = || Ok(0);
+        let resolved = |a: &[&str]| resolve(&args(a), &host_with(&none));
+        let c = resolved(&[
+            "--nnodes",
+            "1:4",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            "head:29400",
+            "t.py",
+        ])
+        .unwrap();
+        assert!(c.node_rank_by_rdzv);
+        assert_eq!((c.nnodes, c.active_nodes), (4, 1));
+        assert_eq!(c.last_call, Duration::from_secs(30), "torch's default");
+        let c = resolved(&[
+            "--nnodes",
+            "2",
+            "--node-rank",
+            "1",
+            "--rdzv-endpoint",
+            "head",
+            "--rdzv-conf",
+            "last_call_timeout=2.5,join_timeout=9",
+            "t.py",
+        ])
+        .unwrap();
+        assert!(!c.node_rank_by_rdzv);
+        assert_eq!(c.last_call, Duration::from_millis(2500));
+        let e = resolved(&["--rdzv-conf", "last_call_timeout=soon", "t.py"])
+            .unwrap_err()
+            .0;
+        assert!(
+            e.starts_with("--rdzv-conf last_call_timeout=\"soon\": give a number of seconds"),
+            "{e}"
+        );
     }
 
     #[test]

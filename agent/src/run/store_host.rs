@@ -133,6 +133,42 @@ pub(super) fn setup_store(
         &scontrol_show_node,
     )
     .map_err(|e| StoreSetupError(e.to_string()))?;
+    let client = || StoreSetup {
+        client_addr: head,
+        for_ranks: (ranks_name(cfg, head.ip(), head.ip()), head.port()),
+        head: None,
+        secret: secret.clone().map(Arc::from),
+    };
+    if cfg.node_rank_by_rdzv {
+        // torchrun's c10d: the agent on the endpoint's host hosts the store and is node rank 0;
+        // where the endpoint is not an address of this machine, or another agent here holds it
+        // already (several agents on one machine), this one is a client.
+        let literal = cfg.master_addr.parse::<std::net::IpAddr>().is_ok();
+        let bind = bind_addr(cfg.nnodes, head, literal);
+        let secret = secret
+            .clone()
+            .filter(|s| !s.is_empty())
+            .map(Arc::<[u8]>::from);
+        return match host_store(bind, cfg.node_timeout, secret.as_deref().map(<[u8]>::to_vec)) {
+            Ok((bound, keys, leases)) => Ok(StoreSetup {
+                client_addr: client_addr_of(bound),
+                for_ranks: (ranks_name(cfg, head.ip(), head.ip()), bound.port()),
+                head: Some(HeadSide { keys, leases }),
+                secret,
+            }),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::AddrInUse | std::io::ErrorKind::AddrNotAvailable
+                ) =>
+            {
+                Ok(client())
+            }
+            Err(e) => Err(StoreSetupError(format!(
+                "cannot listen on {bind} for vigil's store: {e}; give --rdzv-endpoint an address of one of the job's machines"
+            ))),
+        };
+    }
     if cfg.node_rank != 0 {
         return Ok(StoreSetup {
             client_addr: head,
@@ -186,15 +222,7 @@ pub(super) fn setup_store(
             }
         ))
     })?;
-    let client_addr = match bound {
-        SocketAddr::V4(a) if a.ip().is_unspecified() => {
-            SocketAddr::from(([127, 0, 0, 1], a.port()))
-        }
-        SocketAddr::V6(a) if a.ip().is_unspecified() => {
-            SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, a.port()))
-        }
-        a => a,
-    };
+    let client_addr = client_addr_of(bound);
     // Alone, the ranks reach the store where it listens: on loopback.
     let ranks_ip = if cfg.nnodes == 1 {
         bind.ip()
@@ -207,6 +235,19 @@ pub(super) fn setup_store(
         head: Some(HeadSide { keys, leases }),
         secret,
     })
+}
+
+/// Where this machine's agent reaches a store listening at `bound`.
+fn client_addr_of(bound: SocketAddr) -> SocketAddr {
+    match bound {
+        SocketAddr::V4(a) if a.ip().is_unspecified() => {
+            SocketAddr::from(([127, 0, 0, 1], a.port()))
+        }
+        SocketAddr::V6(a) if a.ip().is_unspecified() => {
+            SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, a.port()))
+        }
+        a => a,
+    }
 }
 
 /// A running store: its address, its key space and the other agents' lease events.

@@ -122,6 +122,19 @@ pub enum Loss {
     Fail(String),
 }
 
+/// What the end of a rendezvous' last call means (node rank 0, `--nnodes MIN:MAX`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum LastCall {
+    Wait,
+    /// From now on `members` agents join (write it for `cycles`) and the rendezvous of the first
+    /// completes now; the `absent` nodes are never given ranks in this job.
+    Start {
+        members: usize,
+        cycles: [u32; 2],
+        absent: Vec<u32>,
+    },
+}
+
 /// What a node lost to a standby does to the cycle under way.
 #[derive(Debug, Clone, PartialEq)]
 pub enum AfterLoss {
@@ -464,6 +477,33 @@ impl Rendezvous {
         }
     }
 
+    /// Input (node rank 0, `--nnodes MIN:MAX`): cycle `c`'s rendezvous had at least MIN nodes and
+    /// no other joined within the last call; `present`: the members whose join records are there.
+    /// Output: start without the absent ones, which are never members again (a node that comes
+    /// later waits as a standby without ranks), or keep waiting (fewer than MIN present, or the
+    /// rendezvous completed meanwhile).
+    pub fn last_call(&mut self, c: u32, present: &[u32]) -> LastCall {
+        if self.stage != Stage::WaitAll(c) || self.lost.is_some() || !self.spares() {
+            return LastCall::Wait;
+        }
+        let members = self.members();
+        let here: Vec<u32> = members
+            .iter()
+            .copied()
+            .filter(|n| present.contains(n))
+            .collect();
+        if here.len() < self.setup.active as usize || here.len() == members.len() {
+            return LastCall::Wait;
+        }
+        let absent: Vec<u32> = members.into_iter().filter(|n| !here.contains(n)).collect();
+        self.dead.extend(&absent);
+        LastCall::Start {
+            members: here.len(),
+            cycles: [c, c + 1],
+            absent,
+        }
+    }
+
     /// The job cannot go on on this agent (a store error, a failed rendezvous): the reason to
     /// report, said plainly where a standby cannot help.
     pub fn fail(&mut self, mut reason: String) -> String {
@@ -479,6 +519,24 @@ impl Rendezvous {
         self.stage = Stage::Idle;
         d
     }
+}
+
+/// c10d without node ranks: an agent that does not host the store drew `ticket` (1, 2, ...: the
+/// order in which such agents reached it) from the store's counter. The store's host is node rank
+/// 0, so ticket `t` is node rank `t`; a ticket past the job's last node rank means the job has
+/// every agent it can take.
+pub fn hand_out_node_rank(ticket: i64, nnodes: u32) -> Result<u32, Full> {
+    match u32::try_from(ticket) {
+        Ok(t) if t >= 1 && t < nnodes => Ok(t),
+        _ => Err(Full { nnodes }),
+    }
+}
+
+/// Every node rank of the job was handed out already.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the job's {nnodes} node ranks were all handed out by the rendezvous already (--nnodes {nnodes}); this agent is one too many: start one agent per node, or raise --nnodes")]
+pub struct Full {
+    pub nnodes: u32,
 }
 
 /// Why a rendezvous did not complete within `--join-timeout`; `joined`: the count as read, if it
@@ -573,6 +631,97 @@ mod tests {
             topology: None,
             healthy: None,
         }
+    }
+
+    #[test]
+    fn node_ranks_are_handed_out_in_ticket_order_after_the_stores_host() {
+        assert_eq!(hand_out_node_rank(1, 2), Ok(1));
+        assert_eq!(hand_out_node_rank(2, 3), Ok(2));
+        // Node rank 0 is the store's host's; past the last one, the job is full.
+        for bad in [0, 3, -1, i64::MAX] {
+            assert_eq!(hand_out_node_rank(bad, 3), Err(Full { nnodes: 3 }), "{bad}");
+        }
+        let e = hand_out_node_rank(5, 4).unwrap_err().to_string();
+        assert!(
+            e.contains("--nnodes 4") && e.contains("one too many"),
+            "{e}"
+        );
+    }
+
+    proptest! {
+        /// However many agents draw tickets, every node rank 1..N-1 is handed out exactly once and
+        /// the rest are refused.
+        #[test]
+        fn every_node_rank_is_handed_out_once(nnodes in 1u32..64, extra in 0u32..8) {
+            let ranks: Vec<u32> = (1..=(nnodes - 1 + extra) as i64)
+                .filter_map(|t| hand_out_node_rank(t, nnodes).ok())
+                .collect();
+            prop_assert_eq!(ranks, (1..nnodes).collect::<Vec<_>>());
+        }
+    }
+
+    fn head(nnodes: u32, active: u32) -> Rendezvous {
+        Rendezvous::new(Setup {
+            nnodes,
+            active,
+            node_rank: 0,
+            segment: None,
+            max_restarts: 3,
+            head: true,
+        })
+    }
+
+    #[test]
+    fn after_the_last_call_the_job_starts_with_min_nodes_or_more() {
+        // torch's elastic example, --nnodes 1:4, on one machine.
+        let mut h = head(4, 1);
+        assert_eq!(h.last_call(0, &[0]), LastCall::Wait, "not joined yet");
+        h.join(0, None);
+        assert_eq!(
+            h.last_call(0, &[0]),
+            LastCall::Start {
+                members: 1,
+                cycles: [0, 1],
+                absent: vec![1, 2, 3]
+            }
+        );
+        assert_eq!(h.members(), vec![0]);
+        let go = h.assign(0, &[(0, to_json(&info(2)))]).unwrap().go;
+        assert_eq!((go.world_size, go.slot_of(0)), (2, Some(0)));
+        // Nodes that come later are no members: the next rendezvous does not wait for them.
+        h.verdict(0, &to_json(&Verdict::Go(go)));
+        h.ended(0, &to_json(&WireEnd::Done));
+        h.join(1, None);
+        assert_eq!(h.joins_expected(Some(b"1")), 1);
+        assert_eq!(h.last_call(1, &[0, 1]), LastCall::Wait);
+
+        // --nnodes 2:3 with nodes 0 and 2: node 2 plays the absent node 1's slot.
+        let mut h = head(3, 2);
+        h.join(0, None);
+        assert_eq!(h.last_call(0, &[0]), LastCall::Wait, "fewer than MIN");
+        assert_eq!(
+            h.last_call(0, &[0, 1, 2]),
+            LastCall::Wait,
+            "everyone is here"
+        );
+        assert_eq!(
+            h.last_call(0, &[0, 2]),
+            LastCall::Start {
+                members: 2,
+                cycles: [0, 1],
+                absent: vec![1]
+            }
+        );
+        let records = [(0, to_json(&info(1))), (2, to_json(&info(1)))];
+        let go = h.assign(0, &records).unwrap().go;
+        assert_eq!(
+            (go.slot_of(0), go.slot_of(2), go.world_size),
+            (Some(0), Some(1), 2)
+        );
+        // Without standbys (--nnodes N) there is no last call: every node must come.
+        let mut h = head(2, 2);
+        h.join(0, None);
+        assert_eq!(h.last_call(0, &[0]), LastCall::Wait);
     }
 
     #[test]

@@ -41,17 +41,20 @@ use crate::supervise::{choose_stop_step, JobEnd, JobRequest, StepReport, AGREEME
 
 mod connect;
 pub mod decide;
+mod lastcall;
 mod liveness;
+mod noderank;
 pub(crate) mod wire;
 
 pub(crate) use connect::connect_client;
 use connect::{claim, store_lost, Fatal};
 use decide::{
-    join_timeout_reason, merge_timeouts, AfterLoss, Decision, Joining, Loss, Proposal, Rendezvous,
-    Setup, Stage, Woke,
+    join_timeout_reason, merge_timeouts, AfterLoss, Decision, Joining, LastCall, Loss, Proposal,
+    Rendezvous, Setup, Stage, Woke,
 };
 use liveness::liveness;
 pub use liveness::{liveness_period, Liveness, Silent};
+pub use noderank::{claim_node_rank, identity, Unclaimed};
 use wire::to_json;
 pub use wire::*;
 
@@ -118,6 +121,9 @@ pub struct CoordConfig {
     pub store: SocketAddr,
     /// How long every node waits for the others at a rendezvous (and to reach the store).
     pub join_timeout: Duration,
+    /// `--nnodes MIN:MAX`: once MIN joined, how long node rank 0 waits for another
+    /// (`last_call_timeout`).
+    pub last_call: Duration,
     /// After this long without an answer from a peer, it is lost.
     pub peer_timeout: Duration,
     pub host: String,
@@ -232,11 +238,18 @@ struct Coordinator {
     /// Renews this node's counter and watches the others' ([`liveness`]).
     liveness: tokio::task::JoinHandle<()>,
     silent_rx: mpsc::UnboundedReceiver<(String, Option<u32>)>,
+    /// Node rank 0 with standbys: the last call of the rendezvous under way ([`lastcall`]).
+    last_call: Option<tokio::task::JoinHandle<()>>,
+    last_call_tx: mpsc::UnboundedSender<u32>,
+    last_call_rx: mpsc::UnboundedReceiver<u32>,
 }
 
 impl Drop for Coordinator {
     fn drop(&mut self) {
         self.liveness.abort();
+        if let Some(t) = self.last_call.take() {
+            t.abort();
+        }
     }
 }
 
@@ -272,6 +285,7 @@ impl Coordinator {
         ));
         let (timeouts_tx, timeouts_rx) = mpsc::unbounded_channel();
         let (stop_tx, stop_rx) = mpsc::unbounded_channel();
+        let (last_call_tx, last_call_rx) = mpsc::unbounded_channel();
         let rdzv = Rendezvous::new(Setup {
             nnodes: cfg.nnodes,
             active: cfg.active,
@@ -297,6 +311,9 @@ impl Coordinator {
             ended: false,
             liveness,
             silent_rx,
+            last_call: None,
+            last_call_tx,
+            last_call_rx,
         })
     }
 
@@ -356,6 +373,7 @@ impl Coordinator {
                     Ok(())
                 }
                 Some(ev) = lease => self.lease_event(ev).await,
+                Some(c) = self.last_call_rx.recv() => self.last_call_out(c).await,
                 Some((why, node)) = self.silent_rx.recv() => {
                     let loss = self.rdzv.silent(node, why);
                     self.carry_out(loss).await
@@ -443,8 +461,19 @@ impl Coordinator {
             false => None,
         };
         let expected = self.rdzv.joins_expected(members.as_deref());
-        if self.ctl.add(&key::joined(cycle), 1).await? == expected {
+        let nth = self.ctl.add(&key::joined(cycle), 1).await?;
+        if nth == expected {
             self.ctl.set(&key::all(cycle), b"").await?;
+        }
+        if self.rdzv.spares() {
+            self.ctl.set(&key::nth_join(cycle, nth), b"").await?;
+        }
+        if let Some(t) = self.last_call.take() {
+            t.abort();
+        }
+        if self.rdzv.spares() && matches!(self.rdzv.stage(), Stage::WaitAll(_)) {
+            let tx = self.last_call_tx.clone();
+            self.last_call = Some(lastcall::spawn(self.cfg.clone(), cycle, tx));
         }
         let next = match self.rdzv.stage() {
             Stage::WaitAll(_) => key::all(cycle),
@@ -608,6 +637,31 @@ impl Coordinator {
         join_timeout_reason(c, joined, self.cfg.nnodes, self.cfg.join_timeout)
     }
 
+    /// Node rank 0, `--nnodes MIN:MAX`: the last call of cycle `c` ran out: start with the
+    /// members present if the state machine says so.
+    async fn last_call_out(&mut self, c: u32) -> Result<(), vigil_store::StoreError> {
+        if self.rdzv.stage() != Stage::WaitAll(c) {
+            return Ok(());
+        }
+        let mut present = Vec::new();
+        for n in self.rdzv.members() {
+            if self.ctl.check(&[&key::join(c, n)]).await? {
+                present.push(n);
+            }
+        }
+        if let LastCall::Start {
+            members, cycles, ..
+        } = self.rdzv.last_call(c, &present)
+        {
+            for cycle in cycles {
+                let m = members.to_string();
+                self.ctl.set(&key::members(cycle), m.as_bytes()).await?;
+            }
+            self.ctl.set(&key::all(c), b"").await?;
+        }
+        Ok(())
+    }
+
     /// Node rank 0: every member joined cycle `c`: propose the assignment (the first `go`
     /// written wins) and act on the verdict.
     async fn all_joined(&mut self, c: u32) -> Result<(), vigil_store::StoreError> {
@@ -624,6 +678,12 @@ impl Coordinator {
             head.keys.clear_prefix(&key::cycle_prefix_raw(c - 1));
         }
         let members = self.rdzv.members();
+        if self.rdzv.spares() && members.len() < self.cfg.nnodes as usize {
+            // Nodes lost for good (or absent at the last call) stay out of every later
+            // rendezvous: the next one waits for the members only.
+            let m = members.len().to_string();
+            self.ctl.set(&key::members(c + 1), m.as_bytes()).await?;
+        }
         let keys: Vec<String> = members.iter().map(|i| key::join(c, *i)).collect();
         let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
         let records: Vec<(u32, Vec<u8>)> = members
