@@ -174,6 +174,8 @@ def test_min_1_of_4_starts_alone_after_the_last_call(job):
     c.start()
     ((rc, _, err),) = c.wait()
     assert rc == 0, err
+    assert "attempt 0 starts with 1 of up to 4 nodes: no other joined within the last call (1s" in err, err
+    assert "node rank(s) 1, 2, 3 take no part in this job" in err, err
     ev = events(job / "node0" / "logs")
     assert of(ev, "cycle_ended", cycle=0, end="done"), [e["event"] for e in ev]
     assert [r["WORLD_SIZE"] for r in c.records(0, 0)] == ["2", "2"]
@@ -185,6 +187,7 @@ def test_min_2_of_3_starts_with_the_two_present(job):
     c.start_all(2)
     res = c.wait()
     assert [rc for rc, _, _ in res] == [0, 0], [e for _, _, e in res]
+    assert "attempt 0 starts with 2 of up to 3 nodes" in res[0][2], res[0][2]
     check_ranks(c, 2, 1)
 
 

@@ -521,6 +521,23 @@ impl Rendezvous {
     }
 }
 
+/// What node rank 0 says when the last call of cycle `c` ran out and the job starts with
+/// `members` of up to `nnodes` nodes.
+pub fn last_call_note(
+    c: u32,
+    members: usize,
+    nnodes: u32,
+    absent: &[u32],
+    last_call: Duration,
+) -> String {
+    let absent: Vec<String> = absent.iter().map(u32::to_string).collect();
+    format!(
+        "attempt {c} starts with {members} of up to {nnodes} nodes: no other joined within the last call ({}s, --rdzv-conf last_call_timeout); node rank(s) {} take no part in this job, and a node that comes later waits as a standby without ranks",
+        last_call.as_secs_f64(),
+        absent.join(", ")
+    )
+}
+
 /// c10d without node ranks: an agent that does not host the store drew `ticket` (1, 2, ...: the
 /// order in which such agents reached it) from the store's counter. The store's host is node rank
 /// 0, so ticket `t` is node rank `t`; a ticket past the job's last node rank means the job has
@@ -717,6 +734,12 @@ mod tests {
         assert_eq!(
             (go.slot_of(0), go.slot_of(2), go.world_size),
             (Some(0), Some(1), 2)
+        );
+        let note = last_call_note(0, 2, 3, &[1], Duration::from_millis(1500));
+        assert!(
+            note.starts_with("attempt 0 starts with 2 of up to 3 nodes: no other joined within the last call (1.5s,")
+                && note.contains("node rank(s) 1 take no part"),
+            "{note}"
         );
         // Without standbys (--nnodes N) there is no last call: every node must come.
         let mut h = head(2, 2);

@@ -102,6 +102,8 @@ pub enum FromCoord {
         reason: String,
         requeue: bool,
     },
+    /// Something for the console alone (node rank 0: the last call ended).
+    Note(String),
 }
 
 #[derive(Debug, Clone)]
@@ -650,9 +652,18 @@ impl Coordinator {
             }
         }
         if let LastCall::Start {
-            members, cycles, ..
+            members,
+            cycles,
+            absent,
         } = self.rdzv.last_call(c, &present)
         {
+            self.send(FromCoord::Note(decide::last_call_note(
+                c,
+                members,
+                self.cfg.nnodes,
+                &absent,
+                self.cfg.last_call,
+            )));
             for cycle in cycles {
                 let m = members.to_string();
                 self.ctl.set(&key::members(cycle), m.as_bytes()).await?;
