@@ -151,18 +151,24 @@ def test_three_agents_keep_their_node_ranks_across_a_restart(job):
     assert not (job / "out0" / "a2_l0.json").exists(), ranks
 
 
-def test_a_stray_with_another_nnodes_is_refused(job):
+def test_a_stray_with_another_nnodes_and_one_agent_too_many_are_refused(job):
     release = job / "release"
     c = C10d(job, 2, env={"RELEASE": release})
     c.start_all(2)
     wait_for(lambda: len(list((job / "shared").glob("up_0_*"))) == 4, 60, "the job's ranks")
     stray = c.start(nnodes="3")
     _, err = stray.communicate(timeout=120)
-    assert stray.returncode != 0, err
+    assert stray.returncode == 2, err
     assert "refused by node rank 0: it runs --nnodes 2 and this agent has --nnodes 3" in err, err
     assert "had not given a node rank yet" in err, err
+    # One agent too many, of the job's own shape: admitted, but no node rank is left.
+    extra = c.start()
+    _, err = extra.communicate(timeout=120)
+    assert extra.returncode == 2, err
+    assert "every node rank of the job (--nnodes 2) was handed out by the rendezvous already" in err, err
     release.write_text("")
     c.procs.remove(stray)
+    c.procs.remove(extra)
     res = c.wait()
     assert [rc for rc, _, _ in res] == [0, 0], [e for _, _, e in res]
     check_ranks(c, 2, 1)

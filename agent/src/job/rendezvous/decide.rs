@@ -542,18 +542,26 @@ pub fn last_call_note(
 /// order in which such agents reached it) from the store's counter. The store's host is node rank
 /// 0, so ticket `t` is node rank `t`; a ticket past the job's last node rank means the job has
 /// every agent it can take.
-pub fn hand_out_node_rank(ticket: i64, nnodes: u32) -> Result<u32, Full> {
+/// `active`: the nodes that run ranks (`--nnodes MIN:MAX`'s MIN; `nnodes` without standbys).
+pub fn hand_out_node_rank(ticket: i64, nnodes: u32, active: u32) -> Result<u32, Full> {
     match u32::try_from(ticket) {
         Ok(t) if t >= 1 && t < nnodes => Ok(t),
-        _ => Err(Full { nnodes }),
+        _ => Err(Full {
+            nnodes: if active < nnodes {
+                format!("{active}:{nnodes}")
+            } else {
+                nnodes.to_string()
+            },
+        }),
     }
 }
 
 /// Every node rank of the job was handed out already.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("the job's {nnodes} node ranks were all handed out by the rendezvous already (--nnodes {nnodes}); this agent is one too many: start one agent per node, or raise --nnodes")]
+#[error("every node rank of the job (--nnodes {nnodes}) was handed out by the rendezvous already; this agent is one too many: start one agent per node, or raise --nnodes")]
 pub struct Full {
-    pub nnodes: u32,
+    /// `--nnodes` as written.
+    pub nnodes: String,
 }
 
 /// Why a rendezvous did not complete within `--join-timeout`; `joined`: the count as read, if it
@@ -652,17 +660,22 @@ mod tests {
 
     #[test]
     fn node_ranks_are_handed_out_in_ticket_order_after_the_stores_host() {
-        assert_eq!(hand_out_node_rank(1, 2), Ok(1));
-        assert_eq!(hand_out_node_rank(2, 3), Ok(2));
+        assert_eq!(hand_out_node_rank(1, 2, 2), Ok(1));
+        assert_eq!(hand_out_node_rank(2, 3, 3), Ok(2));
+        assert_eq!(hand_out_node_rank(3, 4, 1), Ok(3));
         // Node rank 0 is the store's host's; past the last one, the job is full.
         for bad in [0, 3, -1, i64::MAX] {
-            assert_eq!(hand_out_node_rank(bad, 3), Err(Full { nnodes: 3 }), "{bad}");
+            let full = Full { nnodes: "3".into() };
+            assert_eq!(hand_out_node_rank(bad, 3, 3), Err(full), "{bad}");
         }
-        let e = hand_out_node_rank(5, 4).unwrap_err().to_string();
+        let e = hand_out_node_rank(5, 4, 4).unwrap_err().to_string();
         assert!(
-            e.contains("--nnodes 4") && e.contains("one too many"),
+            e.contains("(--nnodes 4)") && e.contains("one too many"),
             "{e}"
         );
+        // As the user wrote it.
+        let e = hand_out_node_rank(4, 4, 1).unwrap_err().to_string();
+        assert!(e.contains("(--nnodes 1:4)"), "{e}");
     }
 
     proptest! {
@@ -671,7 +684,7 @@ mod tests {
         #[test]
         fn every_node_rank_is_handed_out_once(nnodes in 1u32..64, extra in 0u32..8) {
             let ranks: Vec<u32> = (1..=(nnodes - 1 + extra) as i64)
-                .filter_map(|t| hand_out_node_rank(t, nnodes).ok())
+                .filter_map(|t| hand_out_node_rank(t, nnodes, nnodes).ok())
                 .collect();
             prop_assert_eq!(ranks, (1..nnodes).collect::<Vec<_>>());
         }

@@ -62,7 +62,8 @@ async fn claim(cfg: &CoordConfig, identity: &str) -> Result<u32, Fatal> {
         }
     }
     let ticket = c.add(key::NODE_TICKETS, 1).await.map_err(lost)?;
-    let rank = hand_out_node_rank(ticket, cfg.nnodes).map_err(|e| Fatal::refused(e.to_string()))?;
+    let rank = hand_out_node_rank(ticket, cfg.nnodes, cfg.active)
+        .map_err(|e| Fatal::refused(e.to_string()))?;
     c.set(&mine, rank.to_string().as_bytes())
         .await
         .map_err(lost)?;
