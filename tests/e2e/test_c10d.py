@@ -216,3 +216,18 @@ def test_a_node_that_comes_after_the_last_call_waits_as_a_standby(job):
 
 def events_so_far(logs):
     return [e for d in logs.iterdir() if d.is_dir() for e in read_events(d / "events.jsonl")]
+
+
+def test_is_host_false_leaves_the_store_to_another_agent(job):
+    # torch's `--rdzv-conf is_host=false`: the first agent started does not host, so the second,
+    # which binds the endpoint, is node rank 0 and the first is handed node rank 1.
+    c = C10d(job, 2)
+    c.extra = ["--rdzv-conf", "is_host=false"]
+    first = c.start()
+    c.extra = []
+    second = c.start()
+    res = c.wait()
+    assert [rc for rc, _, _ in res] == [0, 0], [e for _, _, e in res]
+    assert (c.node_rank(0), c.node_rank(1)) == (1, 0)
+    assert "(here)" in res[1][2] and "(here)" not in res[0][2]
+    assert first.returncode == second.returncode == 0

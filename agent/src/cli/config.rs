@@ -43,6 +43,9 @@ pub struct LaunchConfig {
     /// `--nnodes MIN:MAX`: once MIN nodes joined the first rendezvous, how long it waits for
     /// more before it starts with those present (`--rdzv-conf last_call_timeout`).
     pub last_call: Duration,
+    /// `--rdzv-conf is_host=...` (torch's): whether this agent hosts the store when the
+    /// rendezvous hands out node ranks; `None`: it does if it can bind the endpoint.
+    pub rdzv_is_host: Option<bool>,
     pub role: String,
     /// `TORCHELASTIC_RUN_ID`: the job identity, else (one node, as torchrun) a fresh uuid, else
     /// `none` (several nodes without an id, as torchrun's static rendezvous).
@@ -309,6 +312,24 @@ fn last_call(a: &RunArgs) -> Result<Duration, ConfigError> {
     secs("--rdzv-conf last_call_timeout", s)
 }
 
+/// torch's `is_host` (`--rdzv-conf`), read as torch's `get_as_bool` reads it.
+fn rdzv_is_host(a: &RunArgs) -> Result<Option<bool>, ConfigError> {
+    let Some(v) = parse_rdzv_conf(&a.rdzv_conf)?
+        .into_iter()
+        .find(|(k, _)| k == "is_host")
+        .map(|(_, v)| v)
+    else {
+        return Ok(None);
+    };
+    match v.to_ascii_lowercase().as_str() {
+        "1" | "true" | "t" | "yes" | "y" => Ok(Some(true)),
+        "0" | "false" | "f" | "no" | "n" => Ok(Some(false)),
+        _ => err(format!(
+            "--rdzv-conf is_host={v:?} is not a boolean: give is_host=true or is_host=false"
+        )),
+    }
+}
+
 /// `vigil run`'s flags, checked and resolved against the machine (`host`) into the launch plan.
 /// The first problem found is the error, in the order the flags are checked below.
 pub fn resolve(a: &RunArgs, host: &Host) -> Result<LaunchConfig, ConfigError> {
@@ -332,6 +353,7 @@ pub fn resolve(a: &RunArgs, host: &Host) -> Result<LaunchConfig, ConfigError> {
         node_rank: nodes.node_rank,
         node_rank_by_rdzv: nodes.rank_by_rdzv,
         last_call: last_call(a)?,
+        rdzv_is_host: rdzv_is_host(a)?,
         role: a.role.clone(),
         run_id: match &nodes.job_id {
             Some(id) => id.clone(),
@@ -1118,6 +1140,15 @@ mod tests {
         .unwrap();
         assert!(!c.node_rank_by_rdzv);
         assert_eq!(c.last_call, Duration::from_millis(2500));
+        assert_eq!(c.rdzv_is_host, None);
+        let host = |v: &str| {
+            let conf = format!("is_host={v}");
+            resolved(&["--rdzv-conf", &conf, "t.py"]).map(|c| c.rdzv_is_host)
+        };
+        assert_eq!(host("True").unwrap(), Some(true));
+        assert_eq!(host("0").unwrap(), Some(false));
+        let e = host("maybe").unwrap_err().0;
+        assert!(e.contains("is_host=\"maybe\" is not a boolean"), "{e}");
         let e = resolved(&["--rdzv-conf", "last_call_timeout=soon", "t.py"])
             .unwrap_err()
             .0;

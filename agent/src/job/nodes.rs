@@ -444,6 +444,41 @@ pub fn resolve_head(
     })
 }
 
+/// c10d without node ranks: whether this agent hosts the store, from `--rdzv-conf is_host` and
+/// what binding the endpoint here gave (torch's c10d backend: the host whose name or address
+/// matches the endpoint's, and which can bind it). `bound`: `Ok` when it bound, else the error's
+/// kind; `names_this_machine`: the endpoint's host is this machine's host name (an endpoint that
+/// resolves elsewhere, such as a service's virtual address, then binds every address).
+pub fn rdzv_host_role(
+    is_host: Option<bool>,
+    bound: Result<(), std::io::ErrorKind>,
+    names_this_machine: bool,
+) -> RdzvRole {
+    use std::io::ErrorKind::{AddrInUse, AddrNotAvailable};
+    match (is_host, bound) {
+        (Some(false), _) => RdzvRole::Client,
+        (_, Ok(())) => RdzvRole::Host,
+        (Some(true), Err(AddrNotAvailable)) => RdzvRole::HostOnEveryAddress,
+        (None, Err(AddrNotAvailable)) if names_this_machine => RdzvRole::HostOnEveryAddress,
+        (None, Err(AddrNotAvailable | AddrInUse)) => RdzvRole::Client,
+        (_, Err(kind)) => RdzvRole::Fail(kind),
+    }
+}
+
+/// What [`rdzv_host_role`] decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RdzvRole {
+    /// Host the store where it bound: node rank 0.
+    Host,
+    /// Host it on every address of this machine: node rank 0.
+    HostOnEveryAddress,
+    /// Connect to the store elsewhere and be handed a node rank.
+    Client,
+    /// Cannot bind where it must host (`is_host=true`, or an error other than "in use" or "not
+    /// an address here").
+    Fail(std::io::ErrorKind),
+}
+
 /// Node rank 0's name resolves to no address, by DNS nor (for a Slurm node) by Slurm.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("cannot resolve node rank 0's address {host:?}{}; give --master-addr with an address every node can reach", dns.as_ref().map(|e| format!(" ({e})")).unwrap_or_default())]
@@ -666,6 +701,31 @@ mod tests {
             e.contains("needs --node-rank") && e.contains("--rdzv-backend c10d"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn the_store_is_hosted_where_the_endpoint_binds_or_names_this_machine() {
+        use std::io::ErrorKind::{AddrInUse, AddrNotAvailable, PermissionDenied};
+        use RdzvRole::*;
+        let cases = [
+            (None, Ok(()), false, Host),
+            // Another agent of this machine holds it (a loopback test), or it is elsewhere.
+            (None, Err(AddrInUse), true, Client),
+            (None, Err(AddrNotAvailable), false, Client),
+            // This machine's name, resolving to an address it does not have (a service's).
+            (None, Err(AddrNotAvailable), true, HostOnEveryAddress),
+            (Some(true), Err(AddrNotAvailable), false, HostOnEveryAddress),
+            (Some(true), Err(AddrInUse), true, Fail(AddrInUse)),
+            (Some(false), Ok(()), true, Client),
+            (None, Err(PermissionDenied), false, Fail(PermissionDenied)),
+        ];
+        for (is_host, bound, named, want) in cases {
+            assert_eq!(
+                rdzv_host_role(is_host, bound, named),
+                want,
+                "{is_host:?} {bound:?} {named}"
+            );
+        }
     }
 
     #[test]

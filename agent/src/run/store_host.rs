@@ -140,34 +140,7 @@ pub(super) fn setup_store(
         secret: secret.clone().map(Arc::from),
     };
     if cfg.node_rank_by_rdzv {
-        // torchrun's c10d: the agent on the endpoint's host hosts the store and is node rank 0;
-        // where the endpoint is not an address of this machine, or another agent here holds it
-        // already (several agents on one machine), this one is a client.
-        let literal = cfg.master_addr.parse::<std::net::IpAddr>().is_ok();
-        let bind = bind_addr(cfg.nnodes, head, literal);
-        let secret = secret
-            .clone()
-            .filter(|s| !s.is_empty())
-            .map(Arc::<[u8]>::from);
-        return match host_store(bind, cfg.node_timeout, secret.as_deref().map(<[u8]>::to_vec)) {
-            Ok((bound, keys, leases)) => Ok(StoreSetup {
-                client_addr: client_addr_of(bound),
-                for_ranks: (ranks_name(cfg, head.ip(), head.ip()), bound.port()),
-                head: Some(HeadSide { keys, leases }),
-                secret,
-            }),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::AddrInUse | std::io::ErrorKind::AddrNotAvailable
-                ) =>
-            {
-                Ok(client())
-            }
-            Err(e) => Err(StoreSetupError(format!(
-                "cannot listen on {bind} for vigil's store: {e}; give --rdzv-endpoint an address of one of the job's machines"
-            ))),
-        };
+        return rdzv_store(cfg, head, secret.clone(), client);
     }
     if cfg.node_rank != 0 {
         return Ok(StoreSetup {
@@ -235,6 +208,61 @@ pub(super) fn setup_store(
         head: Some(HeadSide { keys, leases }),
         secret,
     })
+}
+
+/// c10d without node ranks (torchrun's): the agent on the endpoint's host that binds it first
+/// hosts the store and is node rank 0 (job/nodes.rs `rdzv_host_role`); every other agent (the
+/// endpoint is not an address here, or another agent of this machine holds it) is a client.
+fn rdzv_store(
+    cfg: &LaunchConfig,
+    head: SocketAddr,
+    secret: Option<Vec<u8>>,
+    client: impl Fn() -> StoreSetup,
+) -> Result<StoreSetup, StoreSetupError> {
+    use crate::job::nodes::{rdzv_host_role, RdzvRole};
+    if cfg.rdzv_is_host == Some(false) {
+        return Ok(client());
+    }
+    let secret = secret.filter(|s| !s.is_empty()).map(Arc::<[u8]>::from);
+    let host = |at| host_store(at, cfg.node_timeout, secret.as_deref().map(<[u8]>::to_vec));
+    let literal = cfg.master_addr.parse::<std::net::IpAddr>().is_ok();
+    let mut at = bind_addr(cfg.nnodes, head, literal);
+    let mut hosted = host(at);
+    let bound = hosted.as_ref().map(|_| ()).map_err(std::io::Error::kind);
+    match rdzv_host_role(
+        cfg.rdzv_is_host,
+        bound,
+        names_this_machine(&cfg.master_addr),
+    ) {
+        RdzvRole::Host | RdzvRole::Fail(_) => {}
+        RdzvRole::HostOnEveryAddress => {
+            at = SocketAddr::new(unspecified(head), head.port());
+            hosted = host(at);
+        }
+        RdzvRole::Client => return Ok(client()),
+    }
+    let (bound, keys, leases) = hosted.map_err(|e| {
+        StoreSetupError(format!(
+            "cannot listen on {at} for vigil's store, which this agent hosts as the rendezvous endpoint's host: {e}; give --rdzv-endpoint a free port of one of the job's machines, or --rdzv-conf is_host=false on the agents that should not host it"
+        ))
+    })?;
+    Ok(StoreSetup {
+        client_addr: client_addr_of(bound),
+        for_ranks: (ranks_name(cfg, head.ip(), head.ip()), bound.port()),
+        head: Some(HeadSide { keys, leases }),
+        secret,
+    })
+}
+
+/// Whether `host` is this machine's host name, or a fully qualified name of it (torch's
+/// `_matches_machine_hostname` also compares the names' addresses; binding did that here).
+fn names_this_machine(host: &str) -> bool {
+    let Ok(me) = nix::unistd::gethostname() else {
+        return false;
+    };
+    let me = me.to_string_lossy().to_ascii_lowercase();
+    let host = host.to_ascii_lowercase();
+    !me.is_empty() && (host == me || host.strip_prefix(&me).is_some_and(|r| r.starts_with('.')))
 }
 
 /// Where this machine's agent reaches a store listening at `bound`.
@@ -306,6 +334,19 @@ pub fn host_store(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn this_machines_name_with_or_without_its_domain() {
+        let me = nix::unistd::gethostname()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        assert!(names_this_machine(&me));
+        assert!(names_this_machine(&me.to_ascii_uppercase()));
+        assert!(names_this_machine(&format!("{me}.cluster.local")));
+        assert!(!names_this_machine(&format!("{me}x")));
+        assert!(!names_this_machine("vigil-no-such-host.invalid"));
+    }
 
     #[test]
     fn the_store_listens_where_the_nodes_need_it() {
