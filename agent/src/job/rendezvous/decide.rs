@@ -477,13 +477,20 @@ impl Rendezvous {
         }
     }
 
+    /// Whether cycle `c`'s rendezvous has a last call: the job's first, with standbys. Later
+    /// ones wait for their members (a member slow to come back is not dropped; a lost one is
+    /// noticed by its lease and liveness).
+    pub fn has_last_call(&self, c: u32) -> bool {
+        c == 0 && self.spares()
+    }
+
     /// Input (node rank 0, `--nnodes MIN:MAX`): cycle `c`'s rendezvous had at least MIN nodes and
     /// no other joined within the last call; `present`: the members whose join records are there.
     /// Output: start without the absent ones, which are never members again (a node that comes
-    /// later waits as a standby without ranks), or keep waiting (fewer than MIN present, or the
-    /// rendezvous completed meanwhile).
+    /// later waits as a standby without ranks), or keep waiting (fewer than MIN present, the
+    /// rendezvous completed meanwhile, or not the first).
     pub fn last_call(&mut self, c: u32, present: &[u32]) -> LastCall {
-        if self.stage != Stage::WaitAll(c) || self.lost.is_some() || !self.spares() {
+        if self.stage != Stage::WaitAll(c) || self.lost.is_some() || !self.has_last_call(c) {
             return LastCall::Wait;
         }
         let members = self.members();
@@ -724,6 +731,12 @@ mod tests {
         h.join(1, None);
         assert_eq!(h.joins_expected(Some(b"1")), 1);
         assert_eq!(h.last_call(1, &[0, 1]), LastCall::Wait);
+        // Only the first rendezvous has a last call: later ones wait for their members.
+        let mut h = head(3, 1);
+        h.join(0, None);
+        h.join(1, None);
+        assert!(!h.has_last_call(1) && head(3, 1).has_last_call(0));
+        assert_eq!(h.last_call(1, &[0]), LastCall::Wait);
 
         // --nnodes 2:3 with nodes 0 and 2: node 2 plays the absent node 1's slot.
         let mut h = head(3, 2);

@@ -1,10 +1,11 @@
 //! `--nnodes MIN:MAX`: node rank 0's last call (torchrun's `last_call_timeout`). Once MIN nodes
-//! joined a rendezvous, it waits that long for another; each one that comes starts the wait
+//! joined the rendezvous, it waits that long for another; each one that comes starts the wait
 //! again. When the wait runs out, it tells the coordinator, which asks the state machine
 //! ([`super::decide::Rendezvous::last_call`]) whether to start with the nodes present.
 //!
-//! Every joiner of a job with standbys writes `c<N>/nth/<k>` after it counted itself the k-th,
-//! so that this waits on the next join instead of polling the count.
+//! Only the job's first rendezvous has one ([`super::decide::Rendezvous::has_last_call`]). Every
+//! joiner of it writes `c0/nth/<k>` after it counted itself the k-th, so that this waits on the
+//! next join instead of polling the count.
 
 use std::time::Duration;
 

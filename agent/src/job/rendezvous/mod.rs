@@ -467,13 +467,13 @@ impl Coordinator {
         if nth == expected {
             self.ctl.set(&key::all(cycle), b"").await?;
         }
-        if self.rdzv.spares() {
+        if self.rdzv.has_last_call(cycle) {
             self.ctl.set(&key::nth_join(cycle, nth), b"").await?;
         }
         if let Some(t) = self.last_call.take() {
             t.abort();
         }
-        if self.rdzv.spares() && matches!(self.rdzv.stage(), Stage::WaitAll(_)) {
+        if self.rdzv.has_last_call(cycle) && matches!(self.rdzv.stage(), Stage::WaitAll(_)) {
             let tx = self.last_call_tx.clone();
             self.last_call = Some(lastcall::spawn(self.cfg.clone(), cycle, tx));
         }

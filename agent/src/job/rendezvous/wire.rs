@@ -331,8 +331,8 @@ pub mod key {
     pub fn join(c: u32, node: u32) -> String {
         format!("vigil/c{c}/join/{node}")
     }
-    /// Set by the `n`-th node to join cycle `c` (jobs with standbys: node rank 0's last call
-    /// waits on the next one).
+    /// Set by the `n`-th node to join cycle `c` (the first rendezvous of a job with standbys:
+    /// node rank 0's last call waits on the next one).
     pub fn nth_join(c: u32, n: i64) -> String {
         format!("vigil/c{c}/nth/{n}")
     }
