@@ -49,8 +49,8 @@ pub(crate) mod wire;
 pub(crate) use connect::connect_client;
 use connect::{claim, store_lost, Fatal};
 use decide::{
-    join_timeout_reason, merge_timeouts, AfterLoss, Decision, Joining, LastCall, Loss, Proposal,
-    Rendezvous, Setup, Stage, Woke,
+    join_timeout_reason, merge_timeouts, AfterLoss, Decision, Joining, Loss, Proposal, Rendezvous,
+    Setup, Stage, Woke,
 };
 use liveness::liveness;
 pub use liveness::{liveness_period, Liveness, Silent};
@@ -467,16 +467,7 @@ impl Coordinator {
         if nth == expected {
             self.ctl.set(&key::all(cycle), b"").await?;
         }
-        if self.rdzv.has_last_call(cycle) {
-            self.ctl.set(&key::nth_join(cycle, nth), b"").await?;
-        }
-        if let Some(t) = self.last_call.take() {
-            t.abort();
-        }
-        if self.rdzv.has_last_call(cycle) && matches!(self.rdzv.stage(), Stage::WaitAll(_)) {
-            let tx = self.last_call_tx.clone();
-            self.last_call = Some(lastcall::spawn(self.cfg.clone(), cycle, tx));
-        }
+        self.arm_last_call(cycle, nth).await?;
         let next = match self.rdzv.stage() {
             Stage::WaitAll(_) => key::all(cycle),
             _ => key::go(cycle),
@@ -637,40 +628,6 @@ impl Coordinator {
             .ok()
             .and_then(|v| String::from_utf8(v).ok());
         join_timeout_reason(c, joined, self.cfg.nnodes, self.cfg.join_timeout)
-    }
-
-    /// Node rank 0, `--nnodes MIN:MAX`: the last call of cycle `c` ran out: start with the
-    /// members present if the state machine says so.
-    async fn last_call_out(&mut self, c: u32) -> Result<(), vigil_store::StoreError> {
-        if self.rdzv.stage() != Stage::WaitAll(c) {
-            return Ok(());
-        }
-        let mut present = Vec::new();
-        for n in self.rdzv.members() {
-            if self.ctl.check(&[&key::join(c, n)]).await? {
-                present.push(n);
-            }
-        }
-        if let LastCall::Start {
-            members,
-            cycles,
-            absent,
-        } = self.rdzv.last_call(c, &present)
-        {
-            self.send(FromCoord::Note(decide::last_call_note(
-                c,
-                members,
-                self.cfg.nnodes,
-                &absent,
-                self.cfg.last_call,
-            )));
-            for cycle in cycles {
-                let m = members.to_string();
-                self.ctl.set(&key::members(cycle), m.as_bytes()).await?;
-            }
-            self.ctl.set(&key::all(c), b"").await?;
-        }
-        Ok(())
     }
 
     /// Node rank 0: every member joined cycle `c`: propose the assignment (the first `go`
