@@ -231,3 +231,13 @@ def test_is_host_false_leaves_the_store_to_another_agent(job):
     assert (c.node_rank(0), c.node_rank(1)) == (1, 0)
     assert "(here)" in res[1][2] and "(here)" not in res[0][2]
     assert first.returncode == second.returncode == 0
+
+
+def test_no_store_at_the_endpoint_is_a_requeue_not_a_usage_error(job):
+    # Nobody hosts the endpoint: the agent cannot be handed a node rank within --join-timeout and
+    # exits 75 (requeue), as an agent given --node-rank that cannot reach node rank 0's store.
+    c = C10d(job, 2, extra=["--rdzv-conf", "is_host=false", "--join-timeout", "2"])
+    c.start()
+    ((rc, _, err),) = c.wait()
+    assert rc == 75, err
+    assert "cannot reach node rank 0's store at 127.0.0.1:" in err, err

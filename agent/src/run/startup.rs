@@ -199,7 +199,11 @@ async fn start_coordination(
             .await
             .map_err(|e| {
                 console_err(format!("vigil: error: {e}"));
-                EXIT_USAGE
+                if e.requeue {
+                    crate::exit::REQUEUE
+                } else {
+                    EXIT_USAGE
+                }
             })?;
     }
     let coord_cfg = cfg.coord_config(CoordFacts {

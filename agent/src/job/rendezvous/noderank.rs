@@ -35,12 +35,19 @@ pub fn identity(host: &str) -> String {
 
 /// Why this agent got no node rank: the store is out of reach, or it refused this agent.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct Unclaimed(pub String);
+#[error("{reason}")]
+pub struct Unclaimed {
+    pub reason: String,
+    /// The store is out of reach (the job may be requeued); `false`: this agent was refused.
+    pub requeue: bool,
+}
 
 impl From<Fatal> for Unclaimed {
     fn from(f: Fatal) -> Self {
-        Unclaimed(f.reason)
+        Unclaimed {
+            reason: f.reason,
+            requeue: f.requeue,
+        }
     }
 }
 
