@@ -77,6 +77,7 @@ async fn one_round(n: u32, spares: u32) -> (Duration, Duration, Duration) {
             nproc: 8,
             store: addr,
             join_timeout: Duration::from_secs(120),
+            last_call: Duration::from_secs(30),
             peer_timeout: Duration::from_secs(30),
             host: format!("sim{node}"),
             max_restarts: 3,

@@ -79,6 +79,11 @@ MULTI = [
     "--nnodes 2 --node-rank R --master-addr 127.0.0.1 --master-port P --nproc-per-node 2 S",
     "--nnodes=2 --node_rank=R --master_addr=localhost --master_port=P --nproc_per_node=1 S",
     "--nnodes=2 --node_rank=R --master_addr=127.0.0.1 --master_port=P --nproc_per_node=2 -m standin_mod -- --x",
+    # c10d without node ranks, as pytorch/examples' sbatch line (`srun torchrun --nnodes 4
+    # --rdzv_backend c10d --rdzv_endpoint $head_node_ip:29500 multinode.py 50 10`), Kubernetes'
+    # PyTorchJob and torch's elastic docs run it: the rendezvous hands the node ranks out.
+    "--nnodes 2 --nproc_per_node 1 --rdzv_id 4242 --rdzv_backend c10d --rdzv_endpoint 127.0.0.1:P S 50 10",
+    "--nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d --rdzv-endpoint=localhost:P --rdzv-id=k8s-job S",
 ]
 
 # Differences kept on purpose: (case, field) -> reason. Keep docs/usage.md in step. (Not in the
@@ -88,6 +93,12 @@ KNOWN = {
     ("--rdzv_backend=c10d --rdzv_endpoint=localhost:P --rdzv_id=job42 --nnodes=1 --nproc_per_node=2 S", "MASTER_PORT"):
         "vigil's one store on node rank 0 serves the rendezvous and the ranks (TORCHELASTIC_USE_AGENT_STORE), "
         "so MASTER_PORT is the endpoint's port; torchrun's ranks get another free port",
+    ("--nnodes 2 --nproc_per_node 1 --rdzv_id 4242 --rdzv_backend c10d --rdzv_endpoint 127.0.0.1:P S 50 10", "MASTER_PORT"):
+        "vigil's one store on node rank 0 serves the rendezvous and the ranks, at the endpoint's port",
+    ("--nnodes 2 --nproc_per_node 1 --rdzv_id 4242 --rdzv_backend c10d --rdzv_endpoint 127.0.0.1:P S 50 10", "MASTER_ADDR"):
+        "vigil's ranks reach the store at the endpoint's host as written; torchrun's at node rank 0's socket.getfqdn()",
+    ("--nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d --rdzv-endpoint=localhost:P --rdzv-id=k8s-job S", "MASTER_PORT"):
+        "vigil's one store on node rank 0 serves the rendezvous and the ranks, at the endpoint's port",
     ("--rdzv-id myrun --standalone --nproc-per-node 1 S", "TORCHELASTIC_RUN_ID"):
         "vigil keeps --rdzv-id as the job's identity (its state directory, requeue count) with --standalone; "
         "torchrun replaces it by a fresh uuid",

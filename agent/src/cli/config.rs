@@ -36,7 +36,16 @@ pub struct LaunchConfig {
     pub active_nodes: u32,
     /// `--segment`: node ids in blocks of this many are close (hot spares without topology).
     pub segment: Option<u32>,
+    /// 0 until the c10d rendezvous hands it out, when `node_rank_by_rdzv`.
     pub node_rank: u32,
+    /// No node rank anywhere: the c10d rendezvous hands it out at start (job/nodes.rs).
+    pub node_rank_by_rdzv: bool,
+    /// `--nnodes MIN:MAX`: once MIN nodes joined the first rendezvous, how long it waits for
+    /// more before it starts with those present (`--rdzv-conf last_call_timeout`).
+    pub last_call: Duration,
+    /// `--rdzv-conf is_host=...` (torch's): whether this agent hosts the store when the
+    /// rendezvous hands out node ranks; `None`: it does if it can bind the endpoint.
+    pub rdzv_is_host: Option<bool>,
     pub role: String,
     /// `TORCHELASTIC_RUN_ID`: the job identity, else (one node, as torchrun) a fresh uuid, else
     /// `none` (several nodes without an id, as torchrun's static rendezvous).
@@ -293,6 +302,38 @@ fn join_timeout(a: &RunArgs) -> Result<Duration, ConfigError> {
     opt_secs("--join-timeout", Some(v)).map(|d| d.unwrap_or_default())
 }
 
+/// torchrun's `last_call_timeout` (`--rdzv-conf`), 30 s as in torch's dynamic rendezvous.
+fn last_call(a: &RunArgs) -> Result<Duration, ConfigError> {
+    let Some(v) = parse_rdzv_conf(&a.rdzv_conf)?
+        .into_iter()
+        .find(|(k, _)| k == "last_call_timeout")
+        .map(|(_, v)| v)
+    else {
+        return Ok(Duration::from_secs(30));
+    };
+    let s = seconds(&v)
+        .map_err(|fix| ConfigError(format!("--rdzv-conf last_call_timeout={v:?}: {fix}")))?;
+    secs("--rdzv-conf last_call_timeout", s)
+}
+
+/// torch's `is_host` (`--rdzv-conf`), read as torch's `get_as_bool` reads it.
+fn rdzv_is_host(a: &RunArgs) -> Result<Option<bool>, ConfigError> {
+    let Some(v) = parse_rdzv_conf(&a.rdzv_conf)?
+        .into_iter()
+        .find(|(k, _)| k == "is_host")
+        .map(|(_, v)| v)
+    else {
+        return Ok(None);
+    };
+    match v.to_ascii_lowercase().as_str() {
+        "1" | "true" | "t" | "yes" | "y" => Ok(Some(true)),
+        "0" | "false" | "f" | "no" | "n" => Ok(Some(false)),
+        _ => err(format!(
+            "--rdzv-conf is_host={v:?} is not a boolean: give is_host=true or is_host=false"
+        )),
+    }
+}
+
 /// `vigil run`'s flags, checked and resolved against the machine (`host`) into the launch plan.
 /// The first problem found is the error, in the order the flags are checked below.
 pub fn resolve(a: &RunArgs, host: &Host) -> Result<LaunchConfig, ConfigError> {
@@ -314,6 +355,9 @@ pub fn resolve(a: &RunArgs, host: &Host) -> Result<LaunchConfig, ConfigError> {
         active_nodes,
         segment: a.segment.filter(|k| *k > 0),
         node_rank: nodes.node_rank,
+        node_rank_by_rdzv: nodes.rank_by_rdzv,
+        last_call: last_call(a)?,
+        rdzv_is_host: rdzv_is_host(a)?,
         role: a.role.clone(),
         run_id: match &nodes.job_id {
             Some(id) => id.clone(),
@@ -371,6 +415,7 @@ fn node_flags(a: &RunArgs) -> crate::job::nodes::NodeFlags<'_> {
         rdzv_endpoint: &a.rdzv_endpoint,
         rdzv_id: &a.rdzv_id,
         standalone: a.standalone,
+        rdzv_backend: &a.rdzv_backend,
     }
 }
 
@@ -1068,6 +1113,55 @@ mod tests {
         );
         assert_eq!(c.join_timeout, Duration::from_secs(45));
         assert!(resolve(&args(&["--rdzv-conf", "oops", "t.py"]), &host_with(&none)).is_err());
+    }
+
+    #[test]
+    fn c10d_hands_out_node_ranks_and_min_max_has_a_last_call() {
+        let none = || Ok(0);
+        let resolved = |a: &[&str]| resolve(&args(a), &host_with(&none));
+        let c = resolved(&[
+            "--nnodes",
+            "1:4",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            "head:29400",
+            "t.py",
+        ])
+        .unwrap();
+        assert!(c.node_rank_by_rdzv);
+        assert_eq!((c.nnodes, c.active_nodes), (4, 1));
+        assert_eq!(c.last_call, Duration::from_secs(30), "torch's default");
+        let c = resolved(&[
+            "--nnodes",
+            "2",
+            "--node-rank",
+            "1",
+            "--rdzv-endpoint",
+            "head",
+            "--rdzv-conf",
+            "last_call_timeout=2.5,join_timeout=9",
+            "t.py",
+        ])
+        .unwrap();
+        assert!(!c.node_rank_by_rdzv);
+        assert_eq!(c.last_call, Duration::from_millis(2500));
+        assert_eq!(c.rdzv_is_host, None);
+        let host = |v: &str| {
+            let conf = format!("is_host={v}");
+            resolved(&["--rdzv-conf", &conf, "t.py"]).map(|c| c.rdzv_is_host)
+        };
+        assert_eq!(host("True").unwrap(), Some(true));
+        assert_eq!(host("0").unwrap(), Some(false));
+        let e = host("maybe").unwrap_err().0;
+        assert!(e.contains("is_host=\"maybe\" is not a boolean"), "{e}");
+        let e = resolved(&["--rdzv-conf", "last_call_timeout=soon", "t.py"])
+            .unwrap_err()
+            .0;
+        assert!(
+            e.starts_with("--rdzv-conf last_call_timeout=\"soon\": give a number of seconds"),
+            "{e}"
+        );
     }
 
     #[test]

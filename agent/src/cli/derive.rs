@@ -63,6 +63,7 @@ impl LaunchConfig {
             nproc: self.nproc,
             store: facts.store,
             join_timeout: self.join_timeout,
+            last_call: self.last_call,
             peer_timeout: self.node_timeout,
             host: facts.host,
             max_restarts: self.max_restarts,

@@ -179,7 +179,8 @@ pub struct RunArgs {
     )]
     pub nproc_per_node: String,
 
-    /// This node's rank among the nodes. Default: from Slurm or NGC, else 0.
+    /// This node's rank among the nodes. Default: from Slurm or NGC, else 0; on several nodes
+    /// with --rdzv-backend c10d, handed out by the rendezvous (the endpoint's host is 0).
     #[arg(help_heading = "torchrun's options", long = "node-rank", alias = "node_rank", env = "PET_NODE_RANK", value_parser = count)]
     pub node_rank: Option<u32>,
 
@@ -232,7 +233,7 @@ pub struct RunArgs {
     )]
     pub rdzv_id: String,
 
-    /// Extra rendezvous settings `key=value,...`.
+    /// Extra rendezvous settings `key=value,...` (join_timeout, last_call_timeout).
     #[arg(
         help_heading = "torchrun's options",
         long = "rdzv-conf",

@@ -18,6 +18,8 @@ pub struct NodeFlags<'a> {
     /// `none` when not given (torchrun's default).
     pub rdzv_id: &'a str,
     pub standalone: bool,
+    /// `--rdzv-backend`: with `c10d` and no node rank anywhere, the rendezvous hands them out.
+    pub rdzv_backend: &'a str,
 }
 
 /// Where the node facts came from, for messages.
@@ -34,7 +36,11 @@ pub struct Nodes {
     pub nnodes: u32,
     /// The nodes that run ranks (group ranks); the rest are standbys (`--nnodes MIN:MAX`).
     pub active: u32,
+    /// 0 until the rendezvous has handed it out, when `rank_by_rdzv`.
     pub node_rank: u32,
+    /// No node rank anywhere (flags, Slurm, NGC) and a c10d rendezvous: the agent that hosts the
+    /// store at the endpoint is node rank 0, the others get 1..N-1 in the order they join.
+    pub rank_by_rdzv: bool,
     /// The job's identity, if something outside vigil names it (`--rdzv-id`, Slurm, NGC).
     pub job_id: Option<String>,
     /// Host name or address of node rank 0, where vigil's store runs.
@@ -235,7 +241,10 @@ pub fn discover(f: &NodeFlags, env: &dyn Fn(&str) -> Option<String>) -> Result<N
     };
     let ep = endpoint_flags(f)?;
     let (active, nnodes) = node_counts(f, flag_nnodes, envn.as_ref())?;
-    let node_rank = node_rank(f, envn.as_ref(), nnodes)?;
+    let (node_rank, rank_by_rdzv) = match node_rank(f, envn.as_ref(), nnodes)? {
+        Some(r) => (r, false),
+        None => (0, true),
+    };
     if let Some(flag) = ep.any_port.filter(|_| nnodes > 1) {
         return err(format!(
             "{flag}: port 0 (any free port) works on one node only; give the port every node should connect to"
@@ -259,6 +268,7 @@ pub fn discover(f: &NodeFlags, env: &dyn Fn(&str) -> Option<String>) -> Result<N
         nnodes,
         active,
         node_rank,
+        rank_by_rdzv,
         job_id,
         head_host,
         port,
@@ -279,6 +289,7 @@ fn standalone(f: &NodeFlags, flag_nnodes: Option<(u32, u32)>) -> Result<Nodes, C
         nnodes: 1,
         active: 1,
         node_rank: 0,
+        rank_by_rdzv: false,
         job_id: explicit_id(f.rdzv_id),
         // torchrun's standalone rendezvous is `localhost:0`, and MASTER_ADDR says so.
         head_host: "localhost".into(),
@@ -354,20 +365,26 @@ fn node_counts(
 }
 
 /// This node's rank: `--node-rank`, else what the environment says; refuses a contradiction.
-fn node_rank(f: &NodeFlags, envn: Option<&EnvNodes>, nnodes: u32) -> Result<u32, ConfigError> {
+/// `None`: the c10d rendezvous hands it out (no node rank anywhere, as torchrun's c10d).
+fn node_rank(
+    f: &NodeFlags,
+    envn: Option<&EnvNodes>,
+    nnodes: u32,
+) -> Result<Option<u32>, ConfigError> {
     match (f.node_rank, envn) {
         (Some(r), Some(e)) if r != e.node_rank => err(format!(
             "--node-rank {r} contradicts {}={}: drop --node-rank and let vigil read it",
             e.node_rank_var, e.node_rank
         )),
-        (Some(r), _) => Ok(r),
-        (None, Some(e)) => Ok(e.node_rank),
+        (Some(r), _) => Ok(Some(r)),
+        (None, Some(e)) => Ok(Some(e.node_rank)),
+        (None, None) if nnodes > 1 && f.rdzv_backend == "c10d" => Ok(None),
         (None, None) if nnodes > 1 => err(format!(
-            "--nnodes {} needs --node-rank on every node (0 to {}), or run under Slurm (srun) or NGC, which say it",
+            "--nnodes {} needs --node-rank on every node (0 to {}), or --rdzv-backend c10d to have the rendezvous hand node ranks out, or run under Slurm (srun) or NGC, which say it",
             f.nnodes.unwrap_or_default(),
             nnodes - 1
         )),
-        (None, None) => Ok(0),
+        (None, None) => Ok(Some(0)),
     }
 }
 
@@ -425,6 +442,41 @@ pub fn resolve_head(
         host: host.to_string(),
         dns: dns.err().map(|e| e.to_string()),
     })
+}
+
+/// c10d without node ranks: whether this agent hosts the store, from `--rdzv-conf is_host` and
+/// what binding the endpoint here gave (torch's c10d backend: the host whose name or address
+/// matches the endpoint's, and which can bind it). `bound`: `Ok` when it bound, else the error's
+/// kind; `names_this_machine`: the endpoint's host is this machine's host name (an endpoint that
+/// resolves elsewhere, such as a service's virtual address, then binds every address).
+pub fn rdzv_host_role(
+    is_host: Option<bool>,
+    bound: Result<(), std::io::ErrorKind>,
+    names_this_machine: bool,
+) -> RdzvRole {
+    use std::io::ErrorKind::{AddrInUse, AddrNotAvailable};
+    match (is_host, bound) {
+        (Some(false), _) => RdzvRole::Client,
+        (_, Ok(())) => RdzvRole::Host,
+        (Some(true), Err(AddrNotAvailable)) => RdzvRole::HostOnEveryAddress,
+        (None, Err(AddrNotAvailable)) if names_this_machine => RdzvRole::HostOnEveryAddress,
+        (None, Err(AddrNotAvailable | AddrInUse)) => RdzvRole::Client,
+        (_, Err(kind)) => RdzvRole::Fail(kind),
+    }
+}
+
+/// What [`rdzv_host_role`] decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RdzvRole {
+    /// Host the store where it bound: node rank 0.
+    Host,
+    /// Host it on every address of this machine: node rank 0.
+    HostOnEveryAddress,
+    /// Connect to the store elsewhere and be handed a node rank.
+    Client,
+    /// Cannot bind where it must host (`is_host=true`, or an error other than "in use" or "not
+    /// an address here").
+    Fail(std::io::ErrorKind),
 }
 
 /// Node rank 0's name resolves to no address, by DNS nor (for a Slurm node) by Slurm.
@@ -599,6 +651,81 @@ mod tests {
             discover(&f, &env_of(&[])).unwrap().port,
             Some(RDZV_DEFAULT_PORT)
         );
+    }
+
+    #[test]
+    fn c10d_without_a_node_rank_has_the_rendezvous_hand_them_out() {
+        let f = NodeFlags {
+            nnodes: Some("2"),
+            rdzv_backend: "c10d",
+            rdzv_endpoint: "h:29400",
+            ..flags()
+        };
+        let n = discover(&f, &env_of(&[])).unwrap();
+        assert!(n.rank_by_rdzv);
+        assert_eq!((n.nnodes, n.node_rank, n.port), (2, 0, Some(29400)));
+        assert_eq!(n.head_host, "h");
+        // A node rank known anywhere stays: the flag's, Slurm's, NGC's.
+        let given = NodeFlags {
+            node_rank: Some(1),
+            ..f.clone()
+        };
+        let n = discover(&given, &env_of(&[])).unwrap();
+        assert_eq!((n.node_rank, n.rank_by_rdzv), (1, false));
+        let slurm = NodeFlags {
+            nnodes: Some("3"),
+            ..f.clone()
+        };
+        let n = discover(&slurm, &env_of(SLURM)).unwrap();
+        assert_eq!((n.node_rank, n.rank_by_rdzv), (2, false));
+        let ngc = [
+            ("NGC_ARRAY_SIZE", "2"),
+            ("NGC_ARRAY_INDEX", "1"),
+            ("NGC_MASTER_ADDR", "10.1.1.1"),
+        ];
+        let n = discover(&f, &env_of(&ngc)).unwrap();
+        assert_eq!((n.node_rank, n.rank_by_rdzv), (1, false));
+        // One node: node rank 0, nothing to hand out.
+        let one = NodeFlags {
+            nnodes: Some("1"),
+            ..f.clone()
+        };
+        assert!(!discover(&one, &env_of(&[])).unwrap().rank_by_rdzv);
+        // torchrun's static rendezvous has no one to hand them out.
+        let stat = NodeFlags {
+            rdzv_backend: "static",
+            ..f
+        };
+        let e = discover(&stat, &env_of(&[])).unwrap_err().0;
+        assert!(
+            e.contains("needs --node-rank") && e.contains("--rdzv-backend c10d"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_store_is_hosted_where_the_endpoint_binds_or_names_this_machine() {
+        use std::io::ErrorKind::{AddrInUse, AddrNotAvailable, PermissionDenied};
+        use RdzvRole::*;
+        let cases = [
+            (None, Ok(()), false, Host),
+            // Another agent of this machine holds it (a loopback test), or it is elsewhere.
+            (None, Err(AddrInUse), true, Client),
+            (None, Err(AddrNotAvailable), false, Client),
+            // This machine's name, resolving to an address it does not have (a service's).
+            (None, Err(AddrNotAvailable), true, HostOnEveryAddress),
+            (Some(true), Err(AddrNotAvailable), false, HostOnEveryAddress),
+            (Some(true), Err(AddrInUse), true, Fail(AddrInUse)),
+            (Some(false), Ok(()), true, Client),
+            (None, Err(PermissionDenied), false, Fail(PermissionDenied)),
+        ];
+        for (is_host, bound, named, want) in cases {
+            assert_eq!(
+                rdzv_host_role(is_host, bound, named),
+                want,
+                "{is_host:?} {bound:?} {named}"
+            );
+        }
     }
 
     #[test]
@@ -800,9 +927,12 @@ mod tests {
             e.0.starts_with("--nnodes 4 contradicts SLURM_NNODES=3"),
             "{e}"
         );
-        assert_eq!(node_rank(&f(None, None), Some(&env), 3).unwrap(), 2);
-        assert_eq!(node_rank(&f(None, Some(2)), Some(&env), 3).unwrap(), 2);
-        assert_eq!(node_rank(&f(None, None), None, 1).unwrap(), 0);
+        assert_eq!(node_rank(&f(None, None), Some(&env), 3).unwrap(), Some(2));
+        assert_eq!(
+            node_rank(&f(None, Some(2)), Some(&env), 3).unwrap(),
+            Some(2)
+        );
+        assert_eq!(node_rank(&f(None, None), None, 1).unwrap(), Some(0));
         let e = node_rank(&f(None, Some(1)), Some(&env), 3).unwrap_err();
         assert!(
             e.0.starts_with("--node-rank 1 contradicts SLURM_NODEID=2"),

@@ -149,7 +149,7 @@ pub(super) fn event_of(m: FromCoord) -> Option<Event> {
         FromCoord::StopAsked { cycle, trigger } => Event::StopAsked { cycle, trigger },
         FromCoord::Standby { cycle } => Event::Standby { cycle },
         FromCoord::StopStep { cycle, step } => Event::StopStep { cycle, step },
-        FromCoord::Promoted { .. } => return None,
+        FromCoord::Promoted { .. } | FromCoord::Note(_) => return None,
     })
 }
 
@@ -322,6 +322,7 @@ impl Dispatcher {
                 }
             }
             FromCoord::Promoted { cycle, promotions } => agent.on_promoted(*cycle, promotions),
+            FromCoord::Note(note) => console_note(note),
             _ => {}
         }
         if let Some(ev) = event_of(m) {

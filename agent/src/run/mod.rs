@@ -93,7 +93,7 @@ pub fn run(cfg: LaunchConfig, run_dir: PathBuf) -> i32 {
 }
 
 async fn agent_main(cfg: LaunchConfig, run_dir: PathBuf, secret: Option<Vec<u8>>) -> i32 {
-    let (mut dispatcher, mut sources, closing) = match startup::start(cfg, run_dir, secret) {
+    let (mut dispatcher, mut sources, closing) = match startup::start(cfg, run_dir, secret).await {
         Ok(started) => started,
         Err(status) => return status,
     };

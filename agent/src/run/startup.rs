@@ -146,9 +146,14 @@ fn start_ipc(
 fn say_where_the_store_is(cfg: &LaunchConfig, store: &StoreSetup) {
     if cfg.nnodes > 1 {
         console_note(&format!(
-            "node {} of {}; vigil's store is at {}:{}{}",
+            "node {} of {}{}; vigil's store is at {}:{}{}",
             cfg.node_rank,
             cfg.nnodes,
+            if cfg.node_rank_by_rdzv {
+                " (handed out by the rendezvous)"
+            } else {
+                ""
+            },
             store.for_ranks.0,
             store.for_ranks.1,
             if cfg.node_rank == 0 { " (here)" } else { "" }
@@ -171,8 +176,9 @@ struct Coordination {
 
 /// Finds (node rank 0: hosts) vigil's store and starts the rendezvous and the straggler
 /// exchange through it.
-fn start_coordination(
-    cfg: &LaunchConfig,
+/// Without a node rank anywhere (c10d), this is where the rendezvous hands this node its own.
+async fn start_coordination(
+    cfg: &mut LaunchConfig,
     secret: Option<Vec<u8>>,
     host: &str,
 ) -> Result<Coordination, i32> {
@@ -182,6 +188,25 @@ fn start_coordination(
     })?;
     let (requests, coord_rx_req) = mpsc::unbounded_channel();
     let (coord_ev_tx, events) = mpsc::unbounded_channel();
+    let facts = || CoordFacts {
+        host: host.to_string(),
+        store: store.client_addr,
+        secret: store.secret.clone(),
+        topology: None,
+    };
+    if cfg.node_rank_by_rdzv && store.head.is_none() {
+        let me = rendezvous::identity(host);
+        cfg.node_rank = rendezvous::claim_node_rank(&cfg.coord_config(facts()), &me)
+            .await
+            .map_err(|e| {
+                console_err(format!("vigil: error: {e}"));
+                if e.requeue {
+                    crate::exit::REQUEUE
+                } else {
+                    EXIT_USAGE
+                }
+            })?;
+    }
     let coord_cfg = cfg.coord_config(CoordFacts {
         host: host.to_string(),
         store: store.client_addr,
@@ -212,8 +237,8 @@ fn start_coordination(
 }
 
 /// Starts everything the loop needs; `Err`: the agent's exit status, the error already said.
-pub(super) fn start(
-    cfg: LaunchConfig,
+pub(super) async fn start(
+    mut cfg: LaunchConfig,
     run_dir: PathBuf,
     secret: Option<Vec<u8>>,
 ) -> Result<(Dispatcher, Sources, Closing), i32> {
@@ -229,7 +254,7 @@ pub(super) fn start(
     let (gpu_tx, gpu) = mpsc::unbounded_channel();
     let (report_tx, reports) = mpsc::unbounded_channel();
     let (gate_tx, gate) = mpsc::unbounded_channel();
-    let co = start_coordination(&cfg, secret, &host)?;
+    let co = start_coordination(&mut cfg, secret, &host).await?;
     let job_dirs = vec![allocation::state_dir(&cfg, &run_dir), run_dir.clone()];
     let (metrics, pages) = match Metrics::start(metrics_flags, &cfg, &host, job_dirs) {
         Some((m, pages)) => (Some(m), pages),

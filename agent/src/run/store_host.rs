@@ -133,6 +133,15 @@ pub(super) fn setup_store(
         &scontrol_show_node,
     )
     .map_err(|e| StoreSetupError(e.to_string()))?;
+    let client = || StoreSetup {
+        client_addr: head,
+        for_ranks: (ranks_name(cfg, head.ip(), head.ip()), head.port()),
+        head: None,
+        secret: secret.clone().map(Arc::from),
+    };
+    if cfg.node_rank_by_rdzv {
+        return rdzv_store(cfg, head, secret.clone(), client);
+    }
     if cfg.node_rank != 0 {
         return Ok(StoreSetup {
             client_addr: head,
@@ -186,15 +195,7 @@ pub(super) fn setup_store(
             }
         ))
     })?;
-    let client_addr = match bound {
-        SocketAddr::V4(a) if a.ip().is_unspecified() => {
-            SocketAddr::from(([127, 0, 0, 1], a.port()))
-        }
-        SocketAddr::V6(a) if a.ip().is_unspecified() => {
-            SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, a.port()))
-        }
-        a => a,
-    };
+    let client_addr = client_addr_of(bound);
     // Alone, the ranks reach the store where it listens: on loopback.
     let ranks_ip = if cfg.nnodes == 1 {
         bind.ip()
@@ -207,6 +208,74 @@ pub(super) fn setup_store(
         head: Some(HeadSide { keys, leases }),
         secret,
     })
+}
+
+/// c10d without node ranks (torchrun's): the agent on the endpoint's host that binds it first
+/// hosts the store and is node rank 0 (job/nodes.rs `rdzv_host_role`); every other agent (the
+/// endpoint is not an address here, or another agent of this machine holds it) is a client.
+fn rdzv_store(
+    cfg: &LaunchConfig,
+    head: SocketAddr,
+    secret: Option<Vec<u8>>,
+    client: impl Fn() -> StoreSetup,
+) -> Result<StoreSetup, StoreSetupError> {
+    use crate::job::nodes::{rdzv_host_role, RdzvRole};
+    if cfg.rdzv_is_host == Some(false) {
+        return Ok(client());
+    }
+    let secret = secret.filter(|s| !s.is_empty()).map(Arc::<[u8]>::from);
+    let host = |at| host_store(at, cfg.node_timeout, secret.as_deref().map(<[u8]>::to_vec));
+    let literal = cfg.master_addr.parse::<std::net::IpAddr>().is_ok();
+    let mut at = bind_addr(cfg.nnodes, head, literal);
+    let mut hosted = host(at);
+    let bound = hosted.as_ref().map(|_| ()).map_err(std::io::Error::kind);
+    match rdzv_host_role(
+        cfg.rdzv_is_host,
+        bound,
+        names_this_machine(&cfg.master_addr),
+    ) {
+        RdzvRole::Host | RdzvRole::Fail(_) => {}
+        RdzvRole::HostOnEveryAddress => {
+            at = SocketAddr::new(unspecified(head), head.port());
+            hosted = host(at);
+        }
+        RdzvRole::Client => return Ok(client()),
+    }
+    let (bound, keys, leases) = hosted.map_err(|e| {
+        StoreSetupError(format!(
+            "cannot listen on {at} for vigil's store, which this agent hosts as the rendezvous endpoint's host: {e}; give --rdzv-endpoint a free port of one of the job's machines, or --rdzv-conf is_host=false on the agents that should not host it"
+        ))
+    })?;
+    Ok(StoreSetup {
+        client_addr: client_addr_of(bound),
+        for_ranks: (ranks_name(cfg, head.ip(), head.ip()), bound.port()),
+        head: Some(HeadSide { keys, leases }),
+        secret,
+    })
+}
+
+/// Whether `host` is this machine's host name, or a fully qualified name of it (torch's
+/// `_matches_machine_hostname` also compares the names' addresses; binding did that here).
+fn names_this_machine(host: &str) -> bool {
+    let Ok(me) = nix::unistd::gethostname() else {
+        return false;
+    };
+    let me = me.to_string_lossy().to_ascii_lowercase();
+    let host = host.to_ascii_lowercase();
+    !me.is_empty() && (host == me || host.strip_prefix(&me).is_some_and(|r| r.starts_with('.')))
+}
+
+/// Where this machine's agent reaches a store listening at `bound`.
+fn client_addr_of(bound: SocketAddr) -> SocketAddr {
+    match bound {
+        SocketAddr::V4(a) if a.ip().is_unspecified() => {
+            SocketAddr::from(([127, 0, 0, 1], a.port()))
+        }
+        SocketAddr::V6(a) if a.ip().is_unspecified() => {
+            SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, a.port()))
+        }
+        a => a,
+    }
 }
 
 /// A running store: its address, its key space and the other agents' lease events.
@@ -265,6 +334,19 @@ pub fn host_store(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn this_machines_name_with_or_without_its_domain() {
+        let me = nix::unistd::gethostname()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        assert!(names_this_machine(&me));
+        assert!(names_this_machine(&me.to_ascii_uppercase()));
+        assert!(names_this_machine(&format!("{me}.cluster.local")));
+        assert!(!names_this_machine(&format!("{me}x")));
+        assert!(!names_this_machine("vigil-no-such-host.invalid"));
+    }
 
     #[test]
     fn the_store_listens_where_the_nodes_need_it() {

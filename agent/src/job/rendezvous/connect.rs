@@ -18,14 +18,14 @@ pub(crate) struct Fatal {
 }
 
 impl Fatal {
-    fn lost(reason: String) -> Self {
+    pub(super) fn lost(reason: String) -> Self {
         Fatal {
             reason,
             requeue: true,
         }
     }
 
-    fn refused(reason: String) -> Self {
+    pub(super) fn refused(reason: String) -> Self {
         Fatal {
             reason,
             requeue: false,
@@ -63,7 +63,12 @@ pub(crate) async fn connect_client(cfg: &CoordConfig) -> Result<StoreClient, Fat
 
 /// Waits (up to `--join-timeout`) for node rank 0's [`JobShape`] and compares this agent's with
 /// it; a stray is refused, having written nothing.
-pub(super) async fn admitted(ctl: &mut StoreClient, cfg: &CoordConfig) -> Result<(), Fatal> {
+/// `node_rank`: `None` while the rendezvous has not handed this agent one.
+pub(super) async fn admitted(
+    ctl: &mut StoreClient,
+    cfg: &CoordConfig,
+    node_rank: Option<u32>,
+) -> Result<(), Fatal> {
     let lost_store = |e: vigil_store::StoreError| Fatal::lost(store_lost(cfg.store, e));
     if let Err(e) = ctl.wait(&[key::JOB], cfg.join_timeout).await {
         return Err(if e.is_timeout() {
@@ -83,7 +88,7 @@ pub(super) async fn admitted(ctl: &mut StoreClient, cfg: &CoordConfig) -> Result
             cfg.store
         ))
     })?;
-    match theirs.refusal(&cfg.shape(), cfg.node_rank) {
+    match theirs.refusal(&cfg.shape(), node_rank) {
         Some(why) => Err(Fatal::refused(why)),
         None => Ok(()),
     }
@@ -99,7 +104,7 @@ pub(super) async fn claim(ctl: &mut StoreClient, cfg: &CoordConfig) -> Result<()
             .await
             .map_err(lost_store)?;
     } else {
-        admitted(ctl, cfg).await?;
+        admitted(ctl, cfg, Some(cfg.node_rank)).await?;
     }
     // Two agents claiming one node rank would silently corrupt the job: refuse.
     let me = format!("{} (pid {})", cfg.host, std::process::id());

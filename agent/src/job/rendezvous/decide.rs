@@ -122,6 +122,19 @@ pub enum Loss {
     Fail(String),
 }
 
+/// What the end of a rendezvous' last call means (node rank 0, `--nnodes MIN:MAX`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum LastCall {
+    Wait,
+    /// From now on `members` agents join (write it for `cycles`) and the rendezvous of the first
+    /// completes now; the `absent` nodes are never given ranks in this job.
+    Start {
+        members: usize,
+        cycles: [u32; 2],
+        absent: Vec<u32>,
+    },
+}
+
 /// What a node lost to a standby does to the cycle under way.
 #[derive(Debug, Clone, PartialEq)]
 pub enum AfterLoss {
@@ -464,6 +477,40 @@ impl Rendezvous {
         }
     }
 
+    /// Whether cycle `c`'s rendezvous has a last call: the job's first, with standbys. Later
+    /// ones wait for their members (a member slow to come back is not dropped; a lost one is
+    /// noticed by its lease and liveness).
+    pub fn has_last_call(&self, c: u32) -> bool {
+        c == 0 && self.spares()
+    }
+
+    /// Input (node rank 0, `--nnodes MIN:MAX`): cycle `c`'s rendezvous had at least MIN nodes and
+    /// no other joined within the last call; `present`: the members whose join records are there.
+    /// Output: start without the absent ones, which are never members again (a node that comes
+    /// later waits as a standby without ranks), or keep waiting (fewer than MIN present, the
+    /// rendezvous completed meanwhile, or not the first).
+    pub fn last_call(&mut self, c: u32, present: &[u32]) -> LastCall {
+        if self.stage != Stage::WaitAll(c) || self.lost.is_some() || !self.has_last_call(c) {
+            return LastCall::Wait;
+        }
+        let members = self.members();
+        let here: Vec<u32> = members
+            .iter()
+            .copied()
+            .filter(|n| present.contains(n))
+            .collect();
+        if here.len() < self.setup.active as usize || here.len() == members.len() {
+            return LastCall::Wait;
+        }
+        let absent: Vec<u32> = members.into_iter().filter(|n| !here.contains(n)).collect();
+        self.dead.extend(&absent);
+        LastCall::Start {
+            members: here.len(),
+            cycles: [c, c + 1],
+            absent,
+        }
+    }
+
     /// The job cannot go on on this agent (a store error, a failed rendezvous): the reason to
     /// report, said plainly where a standby cannot help.
     pub fn fail(&mut self, mut reason: String) -> String {
@@ -479,6 +526,49 @@ impl Rendezvous {
         self.stage = Stage::Idle;
         d
     }
+}
+
+/// What node rank 0 says when the last call of cycle `c` ran out and the job starts with
+/// `members` of up to `nnodes` nodes.
+pub fn last_call_note(
+    c: u32,
+    members: usize,
+    nnodes: u32,
+    absent: &[u32],
+    last_call: Duration,
+) -> String {
+    let absent: Vec<String> = absent.iter().map(u32::to_string).collect();
+    format!(
+        "attempt {c} starts with {members} of up to {nnodes} nodes: no other joined within the last call ({}s, --rdzv-conf last_call_timeout); node rank(s) {} take no part in this job, and a node that comes later waits as a standby without ranks",
+        last_call.as_secs_f64(),
+        absent.join(", ")
+    )
+}
+
+/// c10d without node ranks: an agent that does not host the store drew `ticket` (1, 2, ...: the
+/// order in which such agents reached it) from the store's counter. The store's host is node rank
+/// 0, so ticket `t` is node rank `t`; a ticket past the job's last node rank means the job has
+/// every agent it can take.
+/// `active`: the nodes that run ranks (`--nnodes MIN:MAX`'s MIN; `nnodes` without standbys).
+pub fn hand_out_node_rank(ticket: i64, nnodes: u32, active: u32) -> Result<u32, Full> {
+    match u32::try_from(ticket) {
+        Ok(t) if t >= 1 && t < nnodes => Ok(t),
+        _ => Err(Full {
+            nnodes: if active < nnodes {
+                format!("{active}:{nnodes}")
+            } else {
+                nnodes.to_string()
+            },
+        }),
+    }
+}
+
+/// Every node rank of the job was handed out already.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("every node rank of the job (--nnodes {nnodes}) was handed out by the rendezvous already; this agent is one too many: start one agent per node, or raise --nnodes")]
+pub struct Full {
+    /// `--nnodes` as written.
+    pub nnodes: String,
 }
 
 /// Why a rendezvous did not complete within `--join-timeout`; `joined`: the count as read, if it
@@ -573,6 +663,114 @@ mod tests {
             topology: None,
             healthy: None,
         }
+    }
+
+    #[test]
+    fn node_ranks_are_handed_out_in_ticket_order_after_the_stores_host() {
+        assert_eq!(hand_out_node_rank(1, 2, 2), Ok(1));
+        assert_eq!(hand_out_node_rank(2, 3, 3), Ok(2));
+        assert_eq!(hand_out_node_rank(3, 4, 1), Ok(3));
+        // Node rank 0 is the store's host's; past the last one, the job is full.
+        for bad in [0, 3, -1, i64::MAX] {
+            let full = Full { nnodes: "3".into() };
+            assert_eq!(hand_out_node_rank(bad, 3, 3), Err(full), "{bad}");
+        }
+        let e = hand_out_node_rank(5, 4, 4).unwrap_err().to_string();
+        assert!(
+            e.contains("(--nnodes 4)") && e.contains("one too many"),
+            "{e}"
+        );
+        // As the user wrote it.
+        let e = hand_out_node_rank(4, 4, 1).unwrap_err().to_string();
+        assert!(e.contains("(--nnodes 1:4)"), "{e}");
+    }
+
+    proptest! {
+        /// However many agents draw tickets, every node rank 1..N-1 is handed out exactly once and
+        /// the rest are refused.
+        #[test]
+        fn every_node_rank_is_handed_out_once(nnodes in 1u32..64, extra in 0u32..8) {
+            let ranks: Vec<u32> = (1..=(nnodes - 1 + extra) as i64)
+                .filter_map(|t| hand_out_node_rank(t, nnodes, nnodes).ok())
+                .collect();
+            prop_assert_eq!(ranks, (1..nnodes).collect::<Vec<_>>());
+        }
+    }
+
+    fn head(nnodes: u32, active: u32) -> Rendezvous {
+        Rendezvous::new(Setup {
+            nnodes,
+            active,
+            node_rank: 0,
+            segment: None,
+            max_restarts: 3,
+            head: true,
+        })
+    }
+
+    #[test]
+    fn after_the_last_call_the_job_starts_with_min_nodes_or_more() {
+        // torch's elastic example, --nnodes 1:4, on one machine.
+        let mut h = head(4, 1);
+        assert_eq!(h.last_call(0, &[0]), LastCall::Wait, "not joined yet");
+        h.join(0, None);
+        assert_eq!(
+            h.last_call(0, &[0]),
+            LastCall::Start {
+                members: 1,
+                cycles: [0, 1],
+                absent: vec![1, 2, 3]
+            }
+        );
+        assert_eq!(h.members(), vec![0]);
+        let go = h.assign(0, &[(0, to_json(&info(2)))]).unwrap().go;
+        assert_eq!((go.world_size, go.slot_of(0)), (2, Some(0)));
+        // Nodes that come later are no members: the next rendezvous does not wait for them.
+        h.verdict(0, &to_json(&Verdict::Go(go)));
+        h.ended(0, &to_json(&WireEnd::Done));
+        h.join(1, None);
+        assert_eq!(h.joins_expected(Some(b"1")), 1);
+        assert_eq!(h.last_call(1, &[0, 1]), LastCall::Wait);
+        // Only the first rendezvous has a last call: later ones wait for their members.
+        let mut h = head(3, 1);
+        h.join(0, None);
+        h.join(1, None);
+        assert!(!h.has_last_call(1) && head(3, 1).has_last_call(0));
+        assert_eq!(h.last_call(1, &[0]), LastCall::Wait);
+
+        // --nnodes 2:3 with nodes 0 and 2: node 2 plays the absent node 1's slot.
+        let mut h = head(3, 2);
+        h.join(0, None);
+        assert_eq!(h.last_call(0, &[0]), LastCall::Wait, "fewer than MIN");
+        assert_eq!(
+            h.last_call(0, &[0, 1, 2]),
+            LastCall::Wait,
+            "everyone is here"
+        );
+        assert_eq!(
+            h.last_call(0, &[0, 2]),
+            LastCall::Start {
+                members: 2,
+                cycles: [0, 1],
+                absent: vec![1]
+            }
+        );
+        let records = [(0, to_json(&info(1))), (2, to_json(&info(1)))];
+        let go = h.assign(0, &records).unwrap().go;
+        assert_eq!(
+            (go.slot_of(0), go.slot_of(2), go.world_size),
+            (Some(0), Some(1), 2)
+        );
+        let note = last_call_note(0, 2, 3, &[1], Duration::from_millis(1500));
+        assert!(
+            note.starts_with("attempt 0 starts with 2 of up to 3 nodes: no other joined within the last call (1.5s,")
+                && note.contains("node rank(s) 1 take no part"),
+            "{note}"
+        );
+        // Without standbys (--nnodes N) there is no last call: every node must come.
+        let mut h = head(2, 2);
+        h.join(0, None);
+        assert_eq!(h.last_call(0, &[0]), LastCall::Wait);
     }
 
     #[test]

@@ -41,7 +41,9 @@ use crate::supervise::{choose_stop_step, JobEnd, JobRequest, StepReport, AGREEME
 
 mod connect;
 pub mod decide;
+mod lastcall;
 mod liveness;
+mod noderank;
 pub(crate) mod wire;
 
 pub(crate) use connect::connect_client;
@@ -52,6 +54,7 @@ use decide::{
 };
 use liveness::liveness;
 pub use liveness::{liveness_period, Liveness, Silent};
+pub use noderank::{claim_node_rank, identity, Unclaimed};
 use wire::to_json;
 pub use wire::*;
 
@@ -99,6 +102,8 @@ pub enum FromCoord {
         reason: String,
         requeue: bool,
     },
+    /// Something for the console alone (node rank 0: the last call ended).
+    Note(String),
 }
 
 #[derive(Debug, Clone)]
@@ -118,6 +123,9 @@ pub struct CoordConfig {
     pub store: SocketAddr,
     /// How long every node waits for the others at a rendezvous (and to reach the store).
     pub join_timeout: Duration,
+    /// `--nnodes MIN:MAX`: once MIN joined, how long node rank 0 waits for another
+    /// (`last_call_timeout`).
+    pub last_call: Duration,
     /// After this long without an answer from a peer, it is lost.
     pub peer_timeout: Duration,
     pub host: String,
@@ -232,11 +240,18 @@ struct Coordinator {
     /// Renews this node's counter and watches the others' ([`liveness`]).
     liveness: tokio::task::JoinHandle<()>,
     silent_rx: mpsc::UnboundedReceiver<(String, Option<u32>)>,
+    /// Node rank 0 with standbys: the last call of the rendezvous under way ([`lastcall`]).
+    last_call: Option<tokio::task::JoinHandle<()>>,
+    last_call_tx: mpsc::UnboundedSender<u32>,
+    last_call_rx: mpsc::UnboundedReceiver<u32>,
 }
 
 impl Drop for Coordinator {
     fn drop(&mut self) {
         self.liveness.abort();
+        if let Some(t) = self.last_call.take() {
+            t.abort();
+        }
     }
 }
 
@@ -272,6 +287,7 @@ impl Coordinator {
         ));
         let (timeouts_tx, timeouts_rx) = mpsc::unbounded_channel();
         let (stop_tx, stop_rx) = mpsc::unbounded_channel();
+        let (last_call_tx, last_call_rx) = mpsc::unbounded_channel();
         let rdzv = Rendezvous::new(Setup {
             nnodes: cfg.nnodes,
             active: cfg.active,
@@ -297,6 +313,9 @@ impl Coordinator {
             ended: false,
             liveness,
             silent_rx,
+            last_call: None,
+            last_call_tx,
+            last_call_rx,
         })
     }
 
@@ -356,6 +375,7 @@ impl Coordinator {
                     Ok(())
                 }
                 Some(ev) = lease => self.lease_event(ev).await,
+                Some(c) = self.last_call_rx.recv() => self.last_call_out(c).await,
                 Some((why, node)) = self.silent_rx.recv() => {
                     let loss = self.rdzv.silent(node, why);
                     self.carry_out(loss).await
@@ -443,9 +463,11 @@ impl Coordinator {
             false => None,
         };
         let expected = self.rdzv.joins_expected(members.as_deref());
-        if self.ctl.add(&key::joined(cycle), 1).await? == expected {
+        let nth = self.ctl.add(&key::joined(cycle), 1).await?;
+        if nth == expected {
             self.ctl.set(&key::all(cycle), b"").await?;
         }
+        self.arm_last_call(cycle, nth).await?;
         let next = match self.rdzv.stage() {
             Stage::WaitAll(_) => key::all(cycle),
             _ => key::go(cycle),
@@ -624,6 +646,12 @@ impl Coordinator {
             head.keys.clear_prefix(&key::cycle_prefix_raw(c - 1));
         }
         let members = self.rdzv.members();
+        if self.rdzv.spares() && members.len() < self.cfg.nnodes as usize {
+            // Nodes lost for good (or absent at the last call) stay out of every later
+            // rendezvous: the next one waits for the members only.
+            let m = members.len().to_string();
+            self.ctl.set(&key::members(c + 1), m.as_bytes()).await?;
+        }
         let keys: Vec<String> = members.iter().map(|i| key::join(c, *i)).collect();
         let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
         let records: Vec<(u32, Vec<u8>)> = members

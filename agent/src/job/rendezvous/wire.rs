@@ -91,11 +91,15 @@ impl JobShape {
     /// Why an agent of shape `mine` may not join this job (pure); `None`: it may. Ranks per node
     /// must match only with hot spares, where a standby takes any node's place; otherwise nodes
     /// may run different `--nproc-per-node` (and a node rank is claimed once).
-    pub fn refusal(&self, mine: &JobShape, node_rank: u32) -> Option<String> {
+    pub fn refusal(&self, mine: &JobShape, node_rank: Option<u32>) -> Option<String> {
+        let me = match node_rank {
+            Some(r) => format!("--node-rank {r}"),
+            None => "which the rendezvous had not given a node rank yet".to_string(),
+        };
         // Checked first: in another protocol the other fields may not mean what they say here.
         if self.protocol != mine.protocol {
             return Some(format!(
-                "refused by node rank 0: it speaks vigil's rendezvous protocol {} and this agent speaks {}; this agent (--node-rank {node_rank}) left the job untouched: run the same vigil version on every node",
+                "refused by node rank 0: it speaks vigil's rendezvous protocol {} and this agent speaks {}; this agent ({me}) left the job untouched: run the same vigil version on every node",
                 self.protocol, mine.protocol
             ));
         }
@@ -124,7 +128,7 @@ impl JobShape {
             return None;
         };
         Some(format!(
-            "refused by node rank 0: {why}; this agent (--node-rank {node_rank}) does not belong to that job and left it untouched: give every node of a job the same --nnodes, --nproc-per-node and job id"
+            "refused by node rank 0: {why}; this agent ({me}) does not belong to that job and left it untouched: give every node of a job the same --nnodes, --nproc-per-node and job id"
         ))
     }
 }
@@ -299,6 +303,14 @@ impl From<WireSteps> for StepReport {
 pub mod key {
     /// The job's [`super::JobShape`], written by node rank 0 before any other agent may join.
     pub const JOB: &str = "vigil/job";
+    /// c10d without node ranks: each agent other than the store's host adds 1 and takes the
+    /// result as its node rank ([`super::super::decide::hand_out_node_rank`]).
+    pub const NODE_TICKETS: &str = "vigil/node_tickets";
+    /// The node rank handed out to the agent of this identity (host, pid and a random id drawn at
+    /// its start): an agent that asks again (its connection broke mid-claim) gets the same one.
+    pub fn node_of(identity: &str) -> String {
+        format!("vigil/node_of/{identity}")
+    }
     pub fn owner(node: u32) -> String {
         format!("vigil/owner/{node}")
     }
@@ -318,6 +330,11 @@ pub mod key {
     pub const HIGHEST_PREFIX_RAW: &[u8] = b"/vigil/highest/";
     pub fn join(c: u32, node: u32) -> String {
         format!("vigil/c{c}/join/{node}")
+    }
+    /// Set by the `n`-th node to join cycle `c` (the first rendezvous of a job with standbys:
+    /// node rank 0's last call waits on the next one).
+    pub fn nth_join(c: u32, n: i64) -> String {
+        format!("vigil/c{c}/nth/{n}")
     }
     pub fn joined(c: u32) -> String {
         format!("vigil/c{c}/joined")
@@ -410,7 +427,7 @@ mod tests {
             protocol: PROTOCOL + 1,
             ..job.clone()
         };
-        let why = job.refusal(&old, 1).unwrap();
+        let why = job.refusal(&old, Some(1)).unwrap();
         assert!(
             why.starts_with(&format!(
                 "refused by node rank 0: it speaks vigil's rendezvous protocol {PROTOCOL} and this agent speaks {}",
@@ -424,7 +441,10 @@ mod tests {
         let unnumbered = r#"{"job":"7","nnodes":2,"active":2,"nproc":1}"#;
         let theirs: JobShape = serde_json::from_str(unnumbered).unwrap();
         assert_eq!(theirs.protocol, 0);
-        assert!(theirs.refusal(&job, 1).unwrap().contains("protocol 0"));
+        assert!(theirs
+            .refusal(&job, Some(1))
+            .unwrap()
+            .contains("protocol 0"));
         let back: JobShape = serde_json::from_slice(&to_json(&job)).unwrap();
         assert_eq!(back, job);
     }
@@ -525,30 +545,30 @@ mod tests {
     #[test]
     fn a_stray_of_another_shape_or_job_is_refused_and_told_why() {
         let job = shape(Some("7"), 2, 2, 1);
-        assert_eq!(job.refusal(&job.clone(), 1), None);
-        let why = job.refusal(&shape(Some("7"), 3, 3, 1), 2).unwrap();
+        assert_eq!(job.refusal(&job.clone(), Some(1)), None);
+        let why = job.refusal(&shape(Some("7"), 3, 3, 1), Some(2)).unwrap();
         assert!(
             why.starts_with(
                 "refused by node rank 0: it runs --nnodes 2 and this agent has --nnodes 3;"
             ),
             "{why}"
         );
-        let why = job.refusal(&shape(Some("8"), 2, 2, 1), 1).unwrap();
+        let why = job.refusal(&shape(Some("8"), 2, 2, 1), Some(1)).unwrap();
         assert!(
             why.contains("job id \"7\" and this agent has job id \"8\""),
             "{why}"
         );
-        let why = job.refusal(&shape(None, 2, 2, 1), 1).unwrap();
+        let why = job.refusal(&shape(None, 2, 2, 1), Some(1)).unwrap();
         assert!(why.contains("this agent has no job id"), "{why}");
         // Without spares nodes may run different --nproc-per-node.
-        assert_eq!(job.refusal(&shape(Some("7"), 2, 2, 4), 1), None);
+        assert_eq!(job.refusal(&shape(Some("7"), 2, 2, 4), Some(1)), None);
         let spares = shape(None, 2, 3, 1);
-        let why = spares.refusal(&shape(None, 2, 4, 1), 3).unwrap();
+        let why = spares.refusal(&shape(None, 2, 4, 1), Some(3)).unwrap();
         assert!(
             why.contains("--nnodes 2:3 and this agent has --nnodes 2:4"),
             "{why}"
         );
-        let why = spares.refusal(&shape(None, 2, 3, 2), 2).unwrap();
+        let why = spares.refusal(&shape(None, 2, 3, 2), Some(2)).unwrap();
         assert!(why.contains("--nproc-per-node 1 with hot spares"), "{why}");
         assert!(why.contains("--nproc-per-node 2"), "{why}");
         assert!(!why.contains('\n'));

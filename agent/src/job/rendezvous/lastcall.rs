@@ -1,0 +1,105 @@
+//! `--nnodes MIN:MAX`: node rank 0's last call (torchrun's `last_call_timeout`). Once MIN nodes
+//! joined the rendezvous, it waits that long for another; each one that comes starts the wait
+//! again. When the wait runs out, it tells the coordinator, which asks the state machine
+//! ([`super::decide::Rendezvous::last_call`]) whether to start with the nodes present.
+//!
+//! Only the job's first rendezvous has one ([`super::decide::Rendezvous::has_last_call`]). Every
+//! joiner of it writes `c0/nth/<k>` after it counted itself the k-th, so that this waits on the
+//! next join instead of polling the count.
+
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use super::connect::connect_client;
+use super::decide::{last_call_note, LastCall, Stage};
+use super::wire::key;
+use super::{CoordConfig, Coordinator, FromCoord};
+
+/// A connection of its own, parked on the next join of cycle `c` (a wait dropped with the task
+/// when the rendezvous completes first); sends `c` once the last call ran out.
+pub(super) fn spawn(
+    cfg: CoordConfig,
+    c: u32,
+    tx: mpsc::UnboundedSender<u32>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::task::spawn_local(async move {
+        let Ok(mut client) = connect_client(&cfg).await else {
+            return;
+        };
+        let Ok(mut k) = client.add(&key::joined(c), 0).await else {
+            return;
+        };
+        while k < cfg.nnodes as i64 {
+            let wait = if k >= cfg.active as i64 {
+                cfg.last_call
+            } else {
+                Duration::MAX
+            };
+            match client.wait(&[&key::nth_join(c, k + 1)], wait).await {
+                Ok(()) => k += 1,
+                Err(e) if e.is_timeout() => {
+                    let _ = tx.send(c);
+                    return;
+                }
+                Err(_) => return,
+            }
+        }
+    })
+}
+
+impl Coordinator {
+    /// Node rank 0, `--nnodes MIN:MAX`: the last call of cycle `c` ran out: start with the
+    /// members present if the state machine says so.
+    pub(super) async fn last_call_out(&mut self, c: u32) -> Result<(), vigil_store::StoreError> {
+        if self.rdzv.stage() != Stage::WaitAll(c) {
+            return Ok(());
+        }
+        let mut present = Vec::new();
+        for n in self.rdzv.members() {
+            if self.ctl.check(&[&key::join(c, n)]).await? {
+                present.push(n);
+            }
+        }
+        if let LastCall::Start {
+            members,
+            cycles,
+            absent,
+        } = self.rdzv.last_call(c, &present)
+        {
+            self.send(FromCoord::Note(last_call_note(
+                c,
+                members,
+                self.cfg.nnodes,
+                &absent,
+                self.cfg.last_call,
+            )));
+            for cycle in cycles {
+                let m = members.to_string();
+                self.ctl.set(&key::members(cycle), m.as_bytes()).await?;
+            }
+            self.ctl.set(&key::all(c), b"").await?;
+        }
+        Ok(())
+    }
+
+    /// After this node joined cycle `c` as the `nth`: says so where the last call waits for it,
+    /// and on node rank 0 (re)starts the last call of the rendezvous.
+    pub(super) async fn arm_last_call(
+        &mut self,
+        cycle: u32,
+        nth: i64,
+    ) -> Result<(), vigil_store::StoreError> {
+        if self.rdzv.has_last_call(cycle) {
+            self.ctl.set(&key::nth_join(cycle, nth), b"").await?;
+        }
+        if let Some(t) = self.last_call.take() {
+            t.abort();
+        }
+        if self.rdzv.has_last_call(cycle) && matches!(self.rdzv.stage(), Stage::WaitAll(_)) {
+            let tx = self.last_call_tx.clone();
+            self.last_call = Some(spawn(self.cfg.clone(), cycle, tx));
+        }
+        Ok(())
+    }
+}

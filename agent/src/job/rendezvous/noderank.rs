@@ -1,0 +1,78 @@
+//! c10d without node ranks (torchrun's c10d rendezvous): an agent that does not host the store
+//! asks it for a node rank. The store's host is node rank 0; the others draw tickets from one
+//! counter in the order they reach it ([`super::decide::hand_out_node_rank`] turns a ticket into a
+//! node rank). An agent draws once for its life, so it keeps its node rank across every restart of
+//! the job; a stray of another shape is refused before it draws ([`super::connect::admitted`]).
+
+use super::connect::{admitted, connect_client, store_lost, Fatal};
+use super::decide::hand_out_node_rank;
+use super::wire::key;
+use super::CoordConfig;
+
+/// This agent's identity for the rendezvous: its host, its pid and a random id drawn now, so
+/// that two agents never share one (not even a pid reused in another container).
+pub fn identity(host: &str) -> String {
+    let random = vigil_store::auth::random_secret()
+        .map(|s| {
+            s.iter()
+                .take(8)
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
+        })
+        .unwrap_or_default();
+    let host: String = host
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("{host}-{}-{random}", std::process::id())
+}
+
+/// Why this agent got no node rank: the store is out of reach, or it refused this agent.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}")]
+pub struct Unclaimed {
+    pub reason: String,
+    /// The store is out of reach (the job may be requeued); `false`: this agent was refused.
+    pub requeue: bool,
+}
+
+impl From<Fatal> for Unclaimed {
+    fn from(f: Fatal) -> Self {
+        Unclaimed {
+            reason: f.reason,
+            requeue: f.requeue,
+        }
+    }
+}
+
+/// Asks node rank 0's store (at `cfg.store`, with the job's shape in `cfg`) for this agent's node
+/// rank. `cfg.node_rank` is not read.
+pub async fn claim_node_rank(cfg: &CoordConfig, identity: &str) -> Result<u32, Unclaimed> {
+    Ok(claim(cfg, identity).await?)
+}
+
+async fn claim(cfg: &CoordConfig, identity: &str) -> Result<u32, Fatal> {
+    let mut c = connect_client(cfg).await?;
+    admitted(&mut c, cfg, None).await?;
+    let lost = |e: vigil_store::StoreError| Fatal::lost(store_lost(cfg.store, e));
+    let mine = key::node_of(identity);
+    if c.check(&[&mine]).await.map_err(lost)? {
+        let v = c.get(&mine).await.map_err(lost)?;
+        if let Some(r) = std::str::from_utf8(&v).ok().and_then(|s| s.parse().ok()) {
+            return Ok(r);
+        }
+    }
+    let ticket = c.add(key::NODE_TICKETS, 1).await.map_err(lost)?;
+    let rank = hand_out_node_rank(ticket, cfg.nnodes, cfg.active)
+        .map_err(|e| Fatal::refused(e.to_string()))?;
+    c.set(&mine, rank.to_string().as_bytes())
+        .await
+        .map_err(lost)?;
+    Ok(rank)
+}
