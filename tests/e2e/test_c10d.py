@@ -182,6 +182,8 @@ def test_min_1_of_4_starts_alone_after_the_last_call(job):
     assert rc == 0, err
     assert "attempt 0 starts with 1 of up to 4 nodes: no other joined within the last call (1s" in err, err
     assert "node rank(s) 1, 2, 3 take no part in this job" in err, err
+    # The last line counts the nodes that ran ranks, not --nnodes' maximum.
+    assert "all ranks finished successfully" in err and "all 4 nodes" not in err, err
     ev = events(job / "node0" / "logs")
     assert of(ev, "cycle_ended", cycle=0, end="done"), [e["event"] for e in ev]
     assert [r["WORLD_SIZE"] for r in c.records(0, 0)] == ["2", "2"]
@@ -194,6 +196,7 @@ def test_min_2_of_3_starts_with_the_two_present(job):
     res = c.wait()
     assert [rc for rc, _, _ in res] == [0, 0], [e for _, _, e in res]
     assert "attempt 0 starts with 2 of up to 3 nodes" in res[0][2], res[0][2]
+    assert "every rank finished successfully (2 of the 3 nodes run ranks)" in res[0][2], res[0][2]
     check_ranks(c, 2, 1)
 
 

@@ -368,7 +368,7 @@ def test_a_spare_node_takes_a_lost_nodes_place_without_a_requeue(slurm_cluster, 
     # Not requeued: the job finished in its first allocation. (srun's own status counts the agent
     # that was killed, so Slurm may call the job FAILED: vigil's ledger says what happened.)
     assert info["Restarts"] == "0", f"{info}\n{out}"
-    assert "every rank on all 3 nodes finished successfully" in out, out
+    assert "every rank finished successfully (2 of the 3 nodes run ranks)" in out, out
     rs = runs(tmp_path)
     for rank in range(world):
         again = rs[(rank, 0, 1)]

@@ -305,8 +305,14 @@ pub(super) fn ending(outcome: &Outcome, cfg: &LaunchConfig) -> Option<String> {
     let note = |s: String| Some(output::note_line(&s));
     let status = outcome.exit_code();
     match outcome {
-        Outcome::Succeeded if cfg.nnodes > 1 => note(format!(
+        // With hot spares or `--nnodes MIN:MAX`, some agents never ran ranks.
+        Outcome::Succeeded if cfg.nnodes > 1 && cfg.active_nodes == cfg.nnodes => note(format!(
             "every rank on all {} nodes finished successfully",
+            cfg.nnodes
+        )),
+        Outcome::Succeeded if cfg.active_nodes > 1 => note(format!(
+            "every rank finished successfully ({} of the {} nodes run ranks)",
+            cfg.active_nodes,
             cfg.nnodes
         )),
         Outcome::Succeeded => note("all ranks finished successfully".into()),
