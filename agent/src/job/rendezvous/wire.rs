@@ -16,8 +16,9 @@ use crate::supervise::monitor::Timeouts;
 use crate::supervise::{JobEnd, StepReport};
 
 /// The version of the agents' messages in the store. 1: the messages as first numbered (the same
-/// JSON as the unnumbered ones before, whose job shape reads as protocol 0).
-pub const PROTOCOL: u32 = 1;
+/// JSON as the unnumbered ones before, whose job shape reads as protocol 0). 2: the verdict in
+/// O(1) bytes ([`WireGo`]).
+pub const PROTOCOL: u32 = 2;
 
 /// What a node says about itself when it joins a cycle.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -34,8 +35,10 @@ pub struct NodeInfo {
     pub healthy: Option<bool>,
 }
 
-/// The rendezvous' answer for one cycle: start, with these ranks.
+/// The rendezvous' answer for one cycle: start, with these ranks. Every node reads it, so on the
+/// wire it is [`WireGo`]: a few dozen bytes whatever the job's size.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(into = "WireGo", try_from = "WireGo")]
 pub struct Go {
     pub cycle: u32,
     pub world_size: u32,
@@ -49,6 +52,91 @@ pub struct Go {
     pub max_restarts: u32,
     /// Calculated timeouts node rank 0 hands to every node.
     pub calculated: Option<WireTimeouts>,
+}
+
+/// [`Go`] as every node reads it, in O(1) bytes for the usual job (field finding 29: a list per
+/// node, read by every node, made each rendezvous move O(N^2) bytes).
+/// - Offsets: `per_slot` ranks for every slot (slot `s` starts at `s * per_slot`); only when
+///   slots run different numbers of ranks (no hot spares, different `--nproc-per-node`) the
+///   whole list, `offsets`.
+/// - Slots (hot spares): `slotted` with the slots a standby plays, as `[slot, node]` pairs;
+///   every other slot `s` is played by node `s`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WireGo {
+    cycle: u32,
+    world_size: u32,
+    slots: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    per_slot: Option<u32>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    offsets: Vec<u32>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    slotted: bool,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    moved: Vec<[u32; 2]>,
+    max_restarts: u32,
+    calculated: Option<WireTimeouts>,
+}
+
+impl From<Go> for WireGo {
+    fn from(g: Go) -> WireGo {
+        let n = g.offsets.len() as u32;
+        let per = g.offsets.get(1).copied().unwrap_or(g.world_size);
+        let uniform = per.checked_mul(n) == Some(g.world_size)
+            && g.offsets.iter().zip(0u32..).all(|(o, s)| *o == s * per);
+        let moved = (g.slots.iter().zip(0u32..))
+            .filter(|(node, slot)| *node != slot)
+            .map(|(node, slot)| [slot, *node])
+            .collect();
+        WireGo {
+            cycle: g.cycle,
+            world_size: g.world_size,
+            slots: n,
+            per_slot: uniform.then_some(per),
+            offsets: if uniform { Vec::new() } else { g.offsets },
+            slotted: !g.slots.is_empty(),
+            moved,
+            max_restarts: g.max_restarts,
+            calculated: g.calculated,
+        }
+    }
+}
+
+/// The most slots a verdict may name: a verdict is read before anything else checks it, and a
+/// garbled count must not allocate without bound.
+pub const MAX_SLOTS: u32 = 1 << 20;
+
+impl TryFrom<WireGo> for Go {
+    type Error = String;
+
+    fn try_from(w: WireGo) -> Result<Go, String> {
+        if w.slots > MAX_SLOTS {
+            return Err(format!("{} slots, more than {MAX_SLOTS}", w.slots));
+        }
+        if let Some([slot, _]) = w.moved.iter().find(|[slot, _]| *slot >= w.slots) {
+            return Err(format!("slot {slot} of {}", w.slots));
+        }
+        let offsets = match w.per_slot {
+            Some(per) => (0..w.slots).map(|s| s * per).collect(),
+            None => w.offsets,
+        };
+        let mut slots: Vec<u32> = if w.slotted {
+            (0..w.slots).collect()
+        } else {
+            Vec::new()
+        };
+        for [slot, node] in w.moved {
+            slots[slot as usize] = node;
+        }
+        Ok(Go {
+            cycle: w.cycle,
+            world_size: w.world_size,
+            offsets,
+            slots,
+            max_restarts: w.max_restarts,
+            calculated: w.calculated,
+        })
+    }
 }
 
 impl Go {
@@ -420,6 +508,65 @@ mod tests {
         }
     }
 
+    fn round_trip(go: &Go) -> Go {
+        serde_json::from_slice(&to_json(go)).unwrap()
+    }
+
+    /// Field finding 29: every node reads the verdict, so its size is paid N times. It must not
+    /// grow with the job: at 10,000 nodes it was ~110 KB (a list of offsets), read 10,000 times.
+    #[test]
+    fn the_verdict_is_o1_bytes_whatever_the_jobs_size() {
+        let small = assign(3, &vec![info(8); 2], 5, None);
+        let large = assign(3, &vec![info(8); 10_000], 5, None);
+        let (s, l) = (to_json(&small).len(), to_json(&large).len());
+        // Only the numbers' digits grow.
+        assert!(
+            l < s + 16 && l < 120,
+            "{}",
+            String::from_utf8_lossy(&to_json(&large))
+        );
+        assert_eq!(round_trip(&large), large);
+        assert_eq!(large.offsets[9_999], 79_992);
+        // Hot spares: slots played by standbys are the exceptions, named one by one.
+        let mut spared = large.clone();
+        spared.slots = (0..10_000).collect();
+        spared.slots[17] = 10_003;
+        spared.slots[4_000] = 10_001;
+        let bytes = to_json(&spared);
+        assert!(bytes.len() < l + 60, "{}", String::from_utf8_lossy(&bytes));
+        let back = round_trip(&spared);
+        assert_eq!(back, spared);
+        assert_eq!((back.slot_of(10_003), back.slot_of(17)), (Some(17), None));
+    }
+
+    #[test]
+    fn a_verdict_with_different_ranks_per_node_keeps_every_offset() {
+        let go = assign(0, &[info(2), info(4), info(2)], 1, None);
+        assert_eq!(go.offsets, vec![0, 2, 6]);
+        assert_eq!(round_trip(&go), go);
+        let uniform_but_one = assign(0, &[info(2), info(2), info(3)], 1, None);
+        assert_eq!(round_trip(&uniform_but_one), uniform_but_one);
+        let one = assign(0, &[info(8)], 0, None);
+        assert_eq!(round_trip(&one), one);
+        let identity = Go {
+            slots: vec![0, 1, 2],
+            ..go.clone()
+        };
+        assert_eq!(round_trip(&identity), identity);
+    }
+
+    #[test]
+    fn a_garbled_verdict_is_refused_not_allocated() {
+        let huge = br#"{"cycle":0,"world_size":1,"slots":4000000000,"per_slot":1,"max_restarts":0,"calculated":null}"#;
+        let e = serde_json::from_slice::<Go>(huge).unwrap_err().to_string();
+        assert!(e.contains("more than"), "{e}");
+        let outside = br#"{"cycle":0,"world_size":2,"slots":2,"per_slot":1,"slotted":true,"moved":[[5,3]],"max_restarts":0,"calculated":null}"#;
+        let e = serde_json::from_slice::<Go>(outside)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("slot 5 of 2"), "{e}");
+    }
+
     #[test]
     fn an_agent_of_another_protocol_is_refused_in_one_line() {
         let job = shape(Some("7"), 2, 2, 1);
@@ -585,14 +732,15 @@ mod tests {
     }
 
     #[test]
-    fn without_slots_slot_i_is_node_i_and_old_verdicts_still_read() {
+    fn without_slots_slot_i_is_node_i_and_a_protocol_1_verdict_is_not_misread() {
         let go = assign(0, &[info(1), info(1)], 0, None);
         assert_eq!((go.slot_of(1), go.slot_of(2)), (Some(1), None));
+        assert!(!serde_json::to_string(&go).unwrap().contains("slotted"));
+        // Agents of protocol 1 are refused by the job's shape before they read a verdict; were
+        // one read anyway, it is unreadable, not a job of no nodes.
         let old =
             r#"{"cycle":0,"world_size":2,"offsets":[0,1],"max_restarts":0,"calculated":null}"#;
-        let back: Go = serde_json::from_str(old).unwrap();
-        assert_eq!(back, go);
-        assert!(!serde_json::to_string(&go).unwrap().contains("slots"));
+        assert!(serde_json::from_str::<Go>(old).is_err());
     }
 
     #[test]
