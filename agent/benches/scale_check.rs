@@ -114,6 +114,7 @@ async fn one_round(n: u32) -> [(f64, f64, f64); 2] {
             nproc: 8,
             store: addr,
             join_timeout: Duration::from_secs(300),
+            last_call: Duration::from_secs(30),
             peer_timeout: Duration::from_secs(120),
             host: format!("sim{node}"),
             max_restarts: 3,
