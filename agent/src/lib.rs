@@ -6,6 +6,8 @@
 //! - `job`: the nodes of the job, rendezvous between their agents, the job's saved state.
 //! - `run`: the runtime: event loop, processes, output, the ranks' socket, stacks, summaries (the
 //!   edges).
+//! - `nvrx`: what NVRx's ft_launcher writes for tools around it (restarter lines, cycle info
+//!   files), observed from the supervisor's records; decides nothing.
 //! - `perf`: GPU facts (later straggler scores and NVML telemetry).
 //! - `exit`: the binary's exit statuses, each named and documented once; a leaf.
 //! - `values`: plain values every layer parses; a leaf.
@@ -14,6 +16,7 @@ pub mod allocation;
 pub mod cli;
 pub mod exit;
 pub mod job;
+pub mod nvrx;
 pub mod perf;
 pub mod run;
 pub mod supervise;

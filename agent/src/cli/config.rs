@@ -94,6 +94,8 @@ pub struct LaunchConfig {
     pub straggler: StragglerPlan,
     /// NVML, health checks, GPU memory reclaim, NUMA binding (perf/).
     pub gpu: crate::perf::GpuConfig,
+    /// NVRx's console lines and cycle info files.
+    pub nvrx: crate::nvrx::NvrxPlan,
 }
 
 /// `vigil run`'s straggler settings.
@@ -353,6 +355,17 @@ pub fn resolve(a: &RunArgs, host: &Host) -> Result<LaunchConfig, ConfigError> {
         gpu: gpu_config(a).map_err(|e| ConfigError(e.to_string()))?,
         allocation,
         straggler: straggler_plan(a)?,
+        nvrx: crate::nvrx::NvrxPlan {
+            restarter_log: a.nvrx_restarter_log,
+            progress_file: a
+                .checkpoint_iteration_file
+                .as_deref()
+                .map(|f| host.cwd.clone().unwrap_or_default().join(f)),
+            cycle_info: a.cycle_info_dir.as_deref().map(|d| {
+                let cwd = host.cwd.clone().unwrap_or_default();
+                crate::nvrx::cycle_info::CycleInfoPlan::new(d, &cwd, host.env)
+            }),
+        },
     })
 }
 

@@ -228,6 +228,13 @@ pub(super) fn start(
     let (report_tx, reports) = mpsc::unbounded_channel();
     let (gate_tx, gate) = mpsc::unbounded_channel();
     let co = start_coordination(&cfg, secret, &host)?;
+    // One node names itself; several nodes' names are not known here (docs/ft_launcher.md).
+    let nodes = if cfg.active_nodes == 1 {
+        vec![host.clone()]
+    } else {
+        Vec::new()
+    };
+    let nvrx = crate::nvrx::Nvrx::new(&cfg.nvrx, cfg.node_rank, &nodes, cfg.active_nodes);
     let mut agent = Agent {
         events: EventLog {
             file: Some(event_file),
@@ -267,6 +274,7 @@ pub(super) fn start(
         gpus: gpuwatch::GpuWatch::start(cfg.gpu.nvml_lib.clone(), gpu_tx),
         share: co.share,
         gate_tx,
+        nvrx,
         cfg,
     };
     let Begun {

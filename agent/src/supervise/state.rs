@@ -206,6 +206,8 @@ pub(super) struct Steps {
     pub per_attempt: Vec<Option<u64>>,
     /// A rank said "training finished" (the job must not be requeued).
     pub training_finished: bool,
+    /// The checkpoint iteration file's reads (`--checkpoint-iteration-file`).
+    pub checkpoint: super::progress::FileReads,
 }
 
 /// How this node ends the job, once it must.

@@ -313,10 +313,18 @@ impl Supervisor {
         let Some((n, min)) = self.cfg.no_progress else {
             return false;
         };
+        let from_file = self.cfg.progress_from_file;
+        let reached = match from_file {
+            true => self.job.steps.checkpoint.latest,
+            false => self.attempt.highest_step(),
+        };
         let steps = &mut self.job.steps.per_attempt;
         if steps.len() as u32 <= self.cycle {
-            steps.push(self.attempt.highest_step());
+            steps.push(reached);
         }
-        attempt_no_progress(steps, n, min)
+        match from_file {
+            true => self.job.steps.checkpoint.no_progress(steps, n, min),
+            false => attempt_no_progress(steps, n, min),
+        }
     }
 }

@@ -490,6 +490,7 @@ fn expected(kind: Kind) -> String {
         Kind::Positive => "a number > 0".into(),
         Kind::Int => "an integer".into(),
         Kind::Count => "an integer >= 0".into(),
+        Kind::CountOrOff => "an integer (0 or less: off)".into(),
         Kind::Bool => "true or false".into(),
         Kind::Str => "a string".into(),
         Kind::Signal => "a signal name or number (SIGKILL, SIGTERM, signal.SIGKILL, 9)".into(),
@@ -557,6 +558,14 @@ fn parse_str(kind: Kind, s: &str) -> Option<Val> {
                 return Some(Val::None);
             }
             t.parse::<u32>().ok().map(|n| Val::I(i64::from(n)))
+        }
+        Kind::CountOrOff => {
+            if is_null(t) {
+                return Some(Val::None);
+            }
+            t.parse::<i64>()
+                .ok()
+                .map(|n| Val::I(n.clamp(0, i64::from(u32::MAX))))
         }
         Kind::Bool => parse_bool(t).map(Val::B),
         Kind::Str => Some(if is_null(t) {
@@ -882,7 +891,7 @@ mod tests {
             let flag = format!("--ft-{}", opt.field.replace('_', "-"));
             let value = match opt.kind {
                 Kind::Timeout | Kind::Float | Kind::Positive => "7",
-                Kind::Int | Kind::Count => "3",
+                Kind::Int | Kind::Count | Kind::CountOrOff => "3",
                 Kind::Bool => "false",
                 Kind::Str => "/x",
                 Kind::Signal => "SIGTERM",
