@@ -13,7 +13,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
 from harness import base_env, run_vigil, vigil_bin, write  # noqa: E402
+from restarter_check import restarter_sequence_ok  # noqa: E402
 
 # NVRx's examples/fault_tolerance/fault_tol_cfg_heartbeats.yaml.
 HEARTBEATS_YAML = """fault_tolerance:
@@ -43,27 +46,6 @@ for i in range(20):
 c.shutdown_workload_monitoring()
 print("Leaving main", flush=True)
 """
-
-# NVRx's assert_restarter_sequence_is_correct, verbatim but for Python's spelling of the grep.
-START = r"\[NestedRestarter\] name=\[InJob\] state=initialize\s*"
-HANDLING = (
-    r"(?:\[NestedRestarter\] name=\[InJob\] state=handling stage=starting\s*"
-    r"(?:\[NestedRestarter\] name=\[InJob\] state=handling stage=processing\s*)*"
-    r"\[NestedRestarter\] name=\[InJob\] state=handling stage=completed\s*)+"
-)
-LEAVING = (
-    r"\[NestedRestarter\] name=\[InJob\] state=handling stage=starting\s*"
-    r"(?:\[NestedRestarter\] name=\[InJob\] state=handling stage=processing\s*)*"
-    r"\[NestedRestarter\] name=\[InJob\] state=aborted\s*"
-)
-
-
-def restarter_sequence_ok(console: str, with_restarts: bool) -> bool:
-    # grep -oP '\[NestedRestarter\].*$' log > restarter.txt; grep -qPzo PATTERN restarter.txt
-    lines = "".join(m.group(0) + "\n" for m in re.finditer(r"\[NestedRestarter\].*$", console, re.M))
-    pattern = START + (HANDLING if with_restarts else "") + LEAVING
-    return re.search(pattern, lines) is not None
-
 
 def ft_launcher(job: Path, tmp_path: Path, extra=(), **env):
     link = tmp_path / "ft_launcher"
