@@ -59,6 +59,16 @@ def test_no_checkpoint_in_two_attempts_stops_the_restarts(job, tmp_path):
     assert r.returncode == 1, r.stderr  # NVRx 0.7's launcher exits 1 here too
     assert cycles(evs) == [0, 1], "cycle 0 and 1 made no progress: no cycle 2, 6 restarts unused"
     assert result(evs)["outcome"] == "no_progress", result(evs)
+    assert result(evs)["step"] == 100, "the iteration that did not grow"
+
+
+def test_no_restart_exit_code_is_the_status_when_it_stops(job, tmp_path):
+    # NVRx 0.7 has no such option (it exits 1); vigil's "do not requeue" status applies.
+    r, evs = launch(job, tmp_path, "--ft-checkpoint-iteration-file", "ckpt/latest_checkpointed_iteration.txt",
+                    "--ft-max-no-progress-cycles", "1", "--ft-no-restart-exit-code", "93", start=7)
+    assert r.returncode == 93, r.stderr
+    assert cycles(evs) == [0]
+    assert result(evs)["outcome"] == "no_progress"
 
 
 def test_checkpoints_between_failures_keep_it_going(job, tmp_path):

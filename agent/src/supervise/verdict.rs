@@ -224,7 +224,11 @@ impl Supervisor {
         if self.no_progress_now() {
             return Some(Outcome::NoProgress {
                 attempts: self.job.steps.per_attempt.len() as u32,
-                step: self.job.steps.highest,
+                // With a checkpoint file, its iteration is the step that did not grow.
+                step: match self.cfg.progress_from_file {
+                    true => self.job.steps.checkpoint.latest,
+                    false => self.job.steps.highest,
+                },
             });
         }
         if self.job.asked.exclude {
