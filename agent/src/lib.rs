@@ -6,6 +6,7 @@
 //! - `job`: the nodes of the job, rendezvous between their agents, the job's saved state.
 //! - `run`: the runtime: event loop, processes, output, the ranks' socket, stacks, summaries (the
 //!   edges).
+//! - `metrics`: the Prometheus page (snapshot -> text); pure.
 //! - `nvrx`: what NVRx's ft_launcher writes for tools around it (restarter lines, cycle info
 //!   files), observed from the supervisor's records; decides nothing.
 //! - `perf`: GPU facts (later straggler scores and NVML telemetry).
@@ -16,6 +17,7 @@ pub mod allocation;
 pub mod cli;
 pub mod exit;
 pub mod job;
+pub mod metrics;
 pub mod nvrx;
 pub mod perf;
 pub mod run;

@@ -112,6 +112,14 @@ pub struct Record {
     /// Standbys that took lost or unfit nodes' places during the allocation (hot spares).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub promotions: Vec<Promotion>,
+    /// Slurm's `SubmitTime` (Unix seconds), as `scontrol show job` gave it at the allocation's
+    /// end: the queue wait before the first allocation begins there (docs/goodput.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submit_time: Option<f64>,
+    /// Slurm's `StartTime` of this allocation (Unix seconds): the queue wait ends there; from it
+    /// to `start` (the batch script, srun, a container) is start-up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slurm_start: Option<f64>,
 }
 
 /// One promotion: in attempt `cycle`, node `standby` played group rank `slot` instead of `lost`.
@@ -220,6 +228,8 @@ mod tests {
                 lost: 0,
                 standby: 2,
             }],
+            submit_time: Some(40.0),
+            slurm_start: Some(98.5),
         }
     }
 
@@ -230,6 +240,8 @@ mod tests {
             Record {
                 cluster: None,
                 promotions: vec![],
+                submit_time: None,
+                slurm_start: None,
                 ..rec()
             },
         ] {
@@ -251,6 +263,10 @@ mod tests {
         assert_eq!(
             (records[0].cluster.as_deref(), records[0].restart_count),
             (None, 0)
+        );
+        assert_eq!(
+            (records[0].submit_time, records[0].slurm_start),
+            (None, None)
         );
         assert!(notes[0].contains("format 2"), "{notes:?}");
         assert_eq!(

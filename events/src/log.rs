@@ -17,6 +17,17 @@ use crate::MAX_SECONDS;
 /// The event log's format. Lines have no `format` field; they are all this one.
 pub const FORMAT: u32 = 1;
 
+/// Whether the closes of a section by this name are recorded (`section` records): a checkpoint
+/// save, a name holding `checkpoint` (`checkpointing`, NVRx's name; `checkpoint_save`), the
+/// sections whose longest duration the stop lead is calculated from.
+pub fn is_checkpoint_section(name: &str) -> bool {
+    name.contains("checkpoint")
+}
+
+/// Recorded checkpoint-section closes per rank and attempt: a job that opens a checkpoint section
+/// at every step must not fill the disk with them.
+pub const MAX_SECTION_RECORDS: u32 = 10_000;
+
 /// The timeouts in force. `None` disables that check. Also the state file's `timeouts`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Timeouts {
@@ -656,6 +667,24 @@ pub enum Record {
         )]
         gpus: BTreeMap<u32, String>,
     },
+    /// A rank closed a checkpoint section ([`is_checkpoint_section`]) after `duration_ms`: the
+    /// line's `ts` is when it closed, so it ran from `ts - duration_ms` (docs/goodput.md).
+    Section {
+        #[serde(default)]
+        cycle: u32,
+        #[serde(default)]
+        local_rank: u32,
+        #[serde(default)]
+        rank: u32,
+        #[serde(default = "unknown")]
+        name: String,
+        #[serde(default)]
+        duration_ms: u64,
+        /// The rank's last recorded close in this attempt: it closed [`MAX_SECTION_RECORDS`]
+        /// checkpoint sections, and later ones are not recorded.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        last_recorded: bool,
+    },
     /// An event this vigil does not know (written by a newer one): read, never written.
     #[serde(other)]
     Unknown,
@@ -762,8 +791,8 @@ mod tests {
     use std::collections::BTreeSet;
 
     use super::{
-        GpuHolder, Hang, HangKind, HealthCheck, JobEnd, Line, Outcome, RankScore, Record,
-        StopReason, Timeouts,
+        is_checkpoint_section, GpuHolder, Hang, HangKind, HealthCheck, JobEnd, Line, Outcome,
+        RankScore, Record, StopReason, Timeouts,
     };
     use std::time::Duration;
 
@@ -807,7 +836,8 @@ mod tests {
             Record::GpuXid { .. } => 33,
             Record::Steps { .. } => 34,
             Record::StragglerReport { .. } => 35,
-            Record::Unknown => 36,
+            Record::Section { .. } => 36,
+            Record::Unknown => 37,
         }
     }
 
@@ -1077,6 +1107,14 @@ mod tests {
                 unscored: Some(0),
                 gpus: [(3, "SM clock 300 MHz".to_string())].into(),
             },
+            Record::Section {
+                cycle: 2,
+                local_rank: 1,
+                rank: 5,
+                name: "checkpointing".into(),
+                duration_ms: 2500,
+                last_recorded: false,
+            },
             Record::Unknown,
         ]
     }
@@ -1085,7 +1123,7 @@ mod tests {
     fn every_record_round_trips() {
         let all = samples();
         let places: BTreeSet<usize> = all.iter().map(place).collect();
-        assert_eq!(places, (0..=36).collect(), "a record without a sample");
+        assert_eq!(places, (0..=37).collect(), "a record without a sample");
         for r in all {
             let text = serde_json::to_string(&r).unwrap();
             let back: Record =
@@ -1170,6 +1208,36 @@ mod tests {
             }),
             r#"{"event":"nodes","nnodes":1,"run_id":"r1","store":"127.0.0.1:1"}"#
         );
+    }
+
+    #[test]
+    fn a_section_line_says_when_the_save_began_through_its_duration() {
+        let line = |r: Record| serde_json::to_value(r).unwrap().to_string();
+        let rec = |last_recorded| Record::Section {
+            cycle: 0,
+            local_rank: 1,
+            rank: 3,
+            name: "checkpointing".into(),
+            duration_ms: 1500,
+            last_recorded,
+        };
+        assert_eq!(
+            line(rec(false)),
+            r#"{"cycle":0,"duration_ms":1500,"event":"section","local_rank":1,"name":"checkpointing","rank":3}"#
+        );
+        assert!(line(rec(true)).contains(r#""last_recorded":true"#));
+        let back = Line::parse(
+            &serde_json::from_str(r#"{"event":"section","ts":9.5,"rank":3,"duration_ms":1500}"#)
+                .unwrap(),
+        )
+        .unwrap();
+        assert!(matches!(
+            back.record,
+            Record::Section { rank: 3, duration_ms: 1500, ref name, last_recorded: false, .. } if name == "unknown"
+        ));
+        assert!(is_checkpoint_section("checkpointing"));
+        assert!(is_checkpoint_section("async_checkpoint_save"));
+        assert!(!is_checkpoint_section("step"));
     }
 
     #[test]

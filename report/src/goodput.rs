@@ -18,7 +18,8 @@ pub enum Category {
     Goodput,
     /// From an agent's or an attempt's start to its ranks' first step.
     StartUp,
-    /// Checkpoint saves: no record holds section times, so always 0 (docs/goodput.md).
+    /// Checkpoint saves: the time some rank of an attempt spent in a checkpoint section
+    /// (`section` records), taken from whatever piece it fell in.
     Checkpoint,
     /// Step time whose steps were done again after a restart or a requeue.
     LostProgress,
@@ -26,7 +27,8 @@ pub enum Category {
     FailureHandling,
     /// From the job's stop for the time limit to the allocation's end.
     StopLeadUnused,
-    /// Between one allocation's end and the next one's start.
+    /// From the job's submission to its first allocation, and between one allocation's end
+    /// and the next one's start.
     QueueWait,
     /// What no record explains.
     Other,
@@ -124,6 +126,11 @@ pub struct AttemptSpan {
     /// `(time, step)` of its `steps` records, in time order: the lowest step of the node with the
     /// lowest node rank that wrote any.
     pub steps: Vec<(f64, u64)>,
+    /// `(start, end)` of every checkpoint section any rank of any node closed in it (`section`
+    /// records), in any order, overlapping; only their part within the attempt counts.
+    pub saves: Vec<(f64, f64)>,
+    /// Some rank closed more checkpoint sections than were recorded.
+    pub saves_incomplete: bool,
 }
 
 /// One allocation.
@@ -138,6 +145,11 @@ pub struct AllocationSpan {
     /// the `stop_agreed` step.
     pub final_step: Option<u64>,
     pub attempts: Vec<AttemptSpan>,
+    /// Slurm's submit time (ledger): the first allocation's queue wait begins here.
+    pub submit_time: Option<f64>,
+    /// Slurm's start of the allocation (ledger): the queue wait before it ends here, and its
+    /// start-up begins.
+    pub slurm_start: Option<f64>,
 }
 
 /// What goodput is computed from.
@@ -196,22 +208,50 @@ pub struct Goodput {
     pub notes: Vec<String>,
 }
 
-/// The note on the checkpoint category, in the table, the page and `--json`.
-pub const CHECKPOINT_NOTE: &str = "checkpoint saves: no record holds section times (the `checkpointing` section's durations are not logged), so they are counted where they fall: in step time or in other";
+/// The note on the checkpoint category when no save was recorded, in the table, the page and
+/// `--json`.
+pub const CHECKPOINT_NOTE: &str = "checkpoint saves: no `section` record of a checkpoint section (a section whose name holds `checkpoint`, such as `checkpointing`), so saves, if any, are counted where they fall: in step time or in other";
+
+/// The note when some rank's saves were more than its records ([`vigil_events::log::MAX_SECTION_RECORDS`]).
+pub const CHECKPOINT_CAPPED_NOTE: &str = "checkpoint saves: a rank closed more checkpoint sections in one attempt than are recorded; the later ones are counted where they fall";
 
 /// Cuts the wall time into consecutive pieces: everything up to `until` not yet given a category
-/// gets `cat`, in allocation `alloc`.
+/// gets `cat`, in allocation `alloc`; except that the time in a save (`saves`: sorted, disjoint)
+/// is checkpoint time, whatever piece it falls in but the queue wait.
 struct Cutter {
     at: f64,
     end: f64,
     job: Breakdown,
     allocs: Vec<Breakdown>,
+    saves: Vec<(f64, f64)>,
+    /// The first save that may end after `at`.
+    next_save: usize,
 }
 
 impl Cutter {
     fn fill(&mut self, alloc: usize, cat: Category, until: f64) {
         let until = if until.is_finite() { until } else { self.at };
         let to = until.min(self.end);
+        while to > self.at {
+            while self
+                .saves
+                .get(self.next_save)
+                .is_some_and(|s| s.1 <= self.at)
+            {
+                self.next_save += 1;
+            }
+            match self.saves.get(self.next_save).copied() {
+                Some((s, e)) if s < to && cat != Category::QueueWait => {
+                    self.put(alloc, cat, s);
+                    self.put(alloc, Category::Checkpoint, e.min(to));
+                }
+                _ => self.put(alloc, cat, to),
+            }
+        }
+    }
+
+    /// `at..to` is `cat` (nothing when `to` is not past `at`).
+    fn put(&mut self, alloc: usize, cat: Category, to: f64) {
         if to > self.at {
             let s = to - self.at;
             self.job.add(cat, s);
@@ -221,6 +261,31 @@ impl Cutter {
             self.at = to;
         }
     }
+}
+
+/// Every attempt's saves, cut to the attempt, as sorted disjoint spans: several ranks saving at
+/// once are one save.
+fn merged_saves(t: &Timeline) -> Vec<(f64, f64)> {
+    let mut v: Vec<(f64, f64)> = t
+        .allocations
+        .iter()
+        .flat_map(|al| al.attempts.iter())
+        .flat_map(|at| {
+            at.saves
+                .iter()
+                .map(move |&(s, e)| (s.max(at.start), e.min(at.end)))
+        })
+        .filter(|(s, e)| s.is_finite() && e.is_finite() && e > s)
+        .collect();
+    v.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut out: Vec<(f64, f64)> = Vec::with_capacity(v.len());
+    for (s, e) in v {
+        match out.last_mut() {
+            Some(last) if s <= last.1 => last.1 = last.1.max(e),
+            _ => out.push((s, e)),
+        }
+    }
+    out
 }
 
 /// When an attempt reached `step`, from its `steps` records (linear between two of them). None
@@ -255,14 +320,27 @@ fn resumed_from(t: &Timeline, a: usize, i: usize) -> Option<u64> {
 /// The goodput and badput of `t`. Pure; every category is non-negative and they add up to the
 /// wall time (from the first allocation's start to the last one's end).
 pub fn compute(t: &Timeline) -> Goodput {
-    let mut notes = vec![CHECKPOINT_NOTE.to_string()];
+    let saves = merged_saves(t);
+    let mut notes = Vec::new();
+    if saves.is_empty() {
+        notes.push(CHECKPOINT_NOTE.to_string());
+    }
+    let attempts = || t.allocations.iter().flat_map(|al| al.attempts.iter());
+    if attempts().any(|at| at.saves_incomplete) {
+        notes.push(CHECKPOINT_CAPPED_NOTE.to_string());
+    }
     let Some(first) = t.allocations.first() else {
         return Goodput {
             notes,
             ..Goodput::default()
         };
     };
-    let start = first.start;
+    // From the job's submission, where Slurm's times are known and come before the start.
+    let start = [first.submit_time, first.slurm_start]
+        .into_iter()
+        .flatten()
+        .filter(|x| x.is_finite())
+        .fold(first.start, f64::min);
     let end = t
         .allocations
         .iter()
@@ -274,10 +352,14 @@ pub fn compute(t: &Timeline) -> Goodput {
         end,
         job: Breakdown::default(),
         allocs: vec![Breakdown::default(); t.allocations.len()],
+        saves,
+        next_save: 0,
     };
     for (ai, al) in t.allocations.iter().enumerate() {
-        // The wait before it, if the last allocation's stop lead did not cover it.
-        cut.fill(ai, Category::QueueWait, al.start);
+        // The wait before it, if the last allocation's stop lead did not cover it: up to Slurm's
+        // start of it where known (from there on the batch script, srun, a container: start-up).
+        let queued_until = al.slurm_start.map_or(al.start, |s| s.min(al.start));
+        cut.fill(ai, Category::QueueWait, queued_until);
         cut_allocation(t, ai, &mut cut);
         let next_start = t.allocations.get(ai + 1).map_or(end, |n| n.start);
         if let Some(s) = al.scheduled_end {
@@ -538,6 +620,8 @@ pub fn timeline(h: &History) -> Timeline {
             number: a.number,
             start: a.start,
             end,
+            submit_time: a.submit_time,
+            slurm_start: a.slurm_start,
             scheduled_end,
             final_step: [a.highest_step, a.stop_step, stop_step]
                 .into_iter()
@@ -586,12 +670,18 @@ fn attempt_span(runs: &[&crate::NodeRun], cycle: u32) -> AttemptSpan {
         let f = if failure.is_finite() { failure } else { end };
         f.max(last_step).min(end)
     });
+    let saves = || {
+        runs.iter()
+            .flat_map(|r| r.saves.iter().filter(|s| s.cycle == cycle))
+    };
     AttemptSpan {
         cycle,
         start,
         end,
         failed_at,
         steps,
+        saves: saves().map(|s| (s.ts - s.seconds, s.ts)).collect(),
+        saves_incomplete: saves().any(|s| s.last_recorded),
     }
 }
 
@@ -840,6 +930,7 @@ mod tests {
             end,
             failed_at,
             steps: steps.to_vec(),
+            ..AttemptSpan::default()
         }
     }
 
@@ -870,6 +961,7 @@ mod tests {
                         attempt(0, 2.0, 34.0, Some(32.0), &[(5.0, 0), (30.0, 25)]),
                         attempt(1, 40.0, 88.0, None, &[(42.0, 20), (80.0, 60)]),
                     ],
+                    ..AllocationSpan::default()
                 },
                 AllocationSpan {
                     number: 2,
@@ -878,6 +970,7 @@ mod tests {
                     scheduled_end: None,
                     final_step: Some(70),
                     attempts: vec![attempt(0, 131.0, 149.0, None, &[(133.0, 60), (143.0, 70)])],
+                    ..AllocationSpan::default()
                 },
             ],
         };
@@ -912,6 +1005,87 @@ mod tests {
         assert_eq!(st.samples.len(), 3);
         assert!(!st.sub_second);
         assert!((st.ideal_step_time_s.unwrap() - 1.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn saves_are_checkpoint_time_wherever_they_fall_and_ranks_saving_together_count_once() {
+        // Steps 10..50 over 0..40 at one step a second; two ranks save 20..23 and 21..24 (one
+        // save, 20..24), and the save at the stop step runs 42..45 after the last record (other
+        // before). A save reported as longer than its attempt counts only inside it.
+        let mut a = attempt(0, 0.0, 46.0, None, &[(0.0, 10), (40.0, 50)]);
+        a.saves = vec![(20.0, 23.0), (21.0, 24.0), (42.0, 45.0), (-30.0, 0.5)];
+        let t = Timeline {
+            allocations: vec![AllocationSpan {
+                number: 1,
+                start: 0.0,
+                end: 50.0,
+                attempts: vec![a],
+                ..AllocationSpan::default()
+            }],
+        };
+        let g = compute(&t);
+        sums_to_wall(&g);
+        let b = &g.breakdown;
+        assert!((b.get(Category::Checkpoint) - 7.5).abs() < 1e-9, "{b:?}");
+        // 0.5..20 and 24..40.
+        assert!((b.get(Category::Goodput) - 35.5).abs() < 1e-9, "{b:?}");
+        // 40..42, 45..50.
+        assert!((b.get(Category::Other) - 7.0).abs() < 1e-9, "{b:?}");
+        assert!(
+            !g.notes.iter().any(|n| n == CHECKPOINT_NOTE),
+            "{:?}",
+            g.notes
+        );
+        // The saves of an attempt that is redone are checkpoint time too; a capped rank is said.
+        let mut t2 = t.clone();
+        t2.allocations[0].attempts[0].saves_incomplete = true;
+        let g2 = compute(&t2);
+        assert!(g2.notes.iter().any(|n| n == CHECKPOINT_CAPPED_NOTE));
+        assert_eq!(g2.breakdown, g.breakdown);
+    }
+
+    #[test]
+    fn the_queue_wait_begins_at_the_submission_and_ends_at_slurms_start() {
+        // Submitted at 0, started by Slurm at 30, the agent at 35, ranks stepping from 40 to 60;
+        // requeued at 60, Slurm starts it again at 80 and the agent at 82.
+        let t = Timeline {
+            allocations: vec![
+                AllocationSpan {
+                    number: 1,
+                    start: 35.0,
+                    end: 60.0,
+                    submit_time: Some(0.0),
+                    slurm_start: Some(30.0),
+                    attempts: vec![attempt(0, 36.0, 60.0, None, &[(40.0, 0), (60.0, 20)])],
+                    ..AllocationSpan::default()
+                },
+                AllocationSpan {
+                    number: 2,
+                    start: 82.0,
+                    end: 90.0,
+                    submit_time: Some(0.0),
+                    slurm_start: Some(80.0),
+                    attempts: vec![attempt(0, 83.0, 90.0, None, &[(84.0, 20), (90.0, 26)])],
+                    ..AllocationSpan::default()
+                },
+            ],
+        };
+        let g = compute(&t);
+        sums_to_wall(&g);
+        assert_eq!((g.start, g.wall_s), (0.0, 90.0));
+        let b = &g.breakdown;
+        assert!((b.get(Category::QueueWait) - 50.0).abs() < 1e-9, "{b:?}");
+        // 30..40 and 80..84.
+        assert!((b.get(Category::StartUp) - 14.0).abs() < 1e-9, "{b:?}");
+        assert_eq!(g.allocations[0].breakdown.get(Category::QueueWait), 30.0);
+        // Slurm's times after the agent's start (another clock) move nothing.
+        let mut t2 = t.clone();
+        t2.allocations[0].submit_time = Some(50.0);
+        t2.allocations[0].slurm_start = Some(51.0);
+        let g2 = compute(&t2);
+        sums_to_wall(&g2);
+        assert_eq!(g2.start, 35.0);
+        assert!((g2.breakdown.get(Category::QueueWait) - 20.0).abs() < 1e-9);
     }
 
     #[test]
@@ -971,6 +1145,8 @@ mod tests {
             "\n",
             r#"{"event":"stop_agreed","cycle":1,"step":9,"trigger":"time-limit","host":"a","node_rank":0,"ts":115.1}"#,
             "\n",
+            r#"{"event":"section","cycle":1,"local_rank":0,"rank":0,"name":"checkpointing","duration_ms":500,"host":"a","node_rank":0,"ts":115.6}"#,
+            "\n",
             r#"{"event":"cycle_ended","cycle":1,"end":"done","host":"a","node_rank":0,"ts":116.0}"#,
             "\n",
             r#"{"event":"result","outcome":"stopped","exit_code":75,"host":"a","node_rank":0,"ts":116.0}"#,
@@ -990,6 +1166,8 @@ mod tests {
         assert_eq!(a.attempts[0].failed_at, Some(107.0));
         assert_eq!(a.attempts[0].steps, vec![(101.0, 4)]);
         assert_eq!(a.attempts[1].failed_at, None);
+        assert_eq!(a.attempts[1].saves, vec![(115.1, 115.6)]);
+        assert!(!a.attempts[1].saves_incomplete);
         let g = compute(&t);
         sums_to_wall(&g);
         // 107..111: the hang's silence, its detection and the restart.
@@ -999,6 +1177,7 @@ mod tests {
         );
         // 116..119 lies past the wall time's end (the job's last record): not counted.
         assert_eq!(g.wall_s, 16.0);
+        assert!((g.breakdown.get(Category::Checkpoint) - 0.5).abs() < 1e-9);
     }
 
     #[test]
@@ -1015,8 +1194,9 @@ mod tests {
             0.0f64..100.0,
             proptest::option::of(-10.0f64..300.0),
             proptest::collection::vec((-10.0f64..300.0, 0u64..100), 0..6),
+            proptest::collection::vec((-10.0f64..300.0, -5.0f64..50.0), 0..4),
         )
-            .prop_map(|(cycle, start, len, failed_at, mut steps)| {
+            .prop_map(|(cycle, start, len, failed_at, mut steps, saves)| {
                 steps.sort_by(|a, b| a.0.total_cmp(&b.0));
                 AttemptSpan {
                     cycle,
@@ -1024,6 +1204,8 @@ mod tests {
                     end: start + len,
                     failed_at,
                     steps,
+                    saves: saves.into_iter().map(|(s, d)| (s, s + d)).collect(),
+                    saves_incomplete: false,
                 }
             })
     }
@@ -1035,17 +1217,20 @@ mod tests {
             proptest::option::of(-20.0f64..600.0),
             proptest::option::of(0u64..200),
             proptest::collection::vec(arb_attempt(), 0..4),
+            proptest::option::of((-100.0f64..400.0, -100.0f64..400.0)),
         )
-            .prop_map(
-                |(start, len, scheduled_end, final_step, attempts)| AllocationSpan {
+            .prop_map(|(start, len, scheduled_end, final_step, attempts, slurm)| {
+                AllocationSpan {
                     number: 1,
                     start,
                     end: start + len,
                     scheduled_end,
                     final_step,
                     attempts,
-                },
-            )
+                    submit_time: slurm.map(|s| s.0),
+                    slurm_start: slurm.map(|s| s.1),
+                }
+            })
     }
 
     proptest! {

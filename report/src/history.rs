@@ -160,6 +160,19 @@ impl RunBuilder {
                 step: *step,
                 min_step: *min_step,
             }),
+            Record::Section {
+                cycle,
+                rank,
+                duration_ms,
+                last_recorded,
+                ..
+            } => run.saves.push(Save {
+                ts,
+                cycle: *cycle,
+                rank: *rank,
+                seconds: *duration_ms as f64 / 1000.0,
+                last_recorded: *last_recorded,
+            }),
             Record::StragglerReport { .. } => run
                 .straggler_reports
                 .extend(straggler_report(ts, &line.record)),
@@ -354,6 +367,8 @@ pub fn ledger_allocation(r: &Value) -> Option<Allocation> {
         excluded: r.excluded,
         exit_status: Some(r.exit_status),
         from_ledger: true,
+        submit_time: r.submit_time.filter(|t| t.is_finite()),
+        slurm_start: r.slurm_start.filter(|t| t.is_finite()),
         runs: Vec::new(),
     })
 }
@@ -513,57 +528,11 @@ impl History {
     /// The events that matter, in time order: allocations, attempts' ends, failures, hangs,
     /// restarts, stops, requeues, results.
     pub fn moments(&self) -> Vec<Moment> {
-        let mut m = Vec::new();
-        for a in &self.allocations {
-            let nodes = if a.nodes.is_empty() {
-                String::new()
-            } else {
-                format!(" on {}", a.nodes.join(", "))
-            };
-            m.push(Moment {
-                ts: a.start,
-                node: "job".into(),
-                kind: "allocation",
-                text: format!("allocation {} started{nodes}", a.number),
-            });
-            if let Some(end) = a.end {
-                let mut text = format!(
-                    "allocation {} ended: {}",
-                    a.number,
-                    a.outcome.as_deref().unwrap_or("unknown")
-                );
-                if let Some(t) = &a.stop_trigger {
-                    match a.stop_step {
-                        Some(s) => text.push_str(&format!(" at step {s} ({t})")),
-                        None => text.push_str(&format!(" ({t})")),
-                    }
-                }
-                if let Some(d) = &a.decision {
-                    text.push_str(&format!(" -> {d}"));
-                }
-                if let Some(w) = &a.why {
-                    text.push_str(&format!(": {w}"));
-                }
-                if !a.excluded.is_empty() {
-                    text.push_str(&format!("; excluded {}", a.excluded.join(", ")));
-                }
-                let kind = if a.requeued() {
-                    if a.preempted() {
-                        "preempted"
-                    } else {
-                        "requeue"
-                    }
-                } else {
-                    "allocation"
-                };
-                m.push(Moment {
-                    ts: end,
-                    node: "job".into(),
-                    kind,
-                    text,
-                });
-            }
-        }
+        let mut m: Vec<Moment> = self
+            .allocations
+            .iter()
+            .flat_map(allocation_moments)
+            .collect();
         // Each failure once: an attempt that failed for a rank's failure or hang listed here is
         // not listed again as `attempt N failed: <the same>` (every node of the job ends it with
         // the same reason), and an attempt's end every node saw alike is listed once.
@@ -590,121 +559,27 @@ impl History {
         for (i, r) in self.runs.iter().enumerate() {
             let node = r.label();
             for a in &r.attempts {
-                if a.end_kind.as_deref() == Some("failed")
-                    && explained.contains(&(alloc_of[i], a.cycle))
+                let Some(k) = a.end_kind.as_deref().filter(|k| *k != "done") else {
+                    continue;
+                };
+                let key = (alloc_of[i], a.cycle);
+                if (k == "failed" && explained.contains(&key))
+                    || !ends_seen.insert((key, a.end_kind.clone(), a.reason.clone()))
                 {
                     continue;
                 }
-                if a.end_kind.as_deref().is_some_and(|k| k != "done")
-                    && !ends_seen.insert((
-                        alloc_of[i],
-                        a.cycle,
-                        a.end_kind.clone(),
-                        a.reason.clone(),
-                    ))
-                {
-                    continue;
-                }
-                if let Some(k) = a.end_kind.as_deref().filter(|k| *k != "done") {
-                    let mut text = format!("attempt {} {k}", a.cycle);
-                    if let Some(why) = &a.reason {
-                        text.push_str(&format!(": {why}"));
-                    }
-                    m.push(Moment {
-                        ts: a.end,
-                        node: node.clone(),
-                        kind: if k == "lost" { "lost" } else { "attempt" },
-                        text,
-                    });
-                }
-            }
-            for f in &r.failures {
-                m.push(Moment {
-                    ts: f.ts,
-                    node: node.clone(),
-                    kind: "failure",
-                    text: format!("attempt {}: {}", f.cycle, f.describe()),
-                });
-            }
-            for h in &r.hangs {
-                let mut text = format!("attempt {}: {}", h.cycle, h.describe());
-                if let Some(ms) = h.silent_ms {
-                    text.push_str(&format!(", silent {:.1}s", ms as f64 / 1000.0));
+                let mut text = format!("attempt {} {k}", a.cycle);
+                if let Some(why) = &a.reason {
+                    text.push_str(&format!(": {why}"));
                 }
                 m.push(Moment {
-                    ts: h.ts,
+                    ts: a.end,
                     node: node.clone(),
-                    kind: "hang",
+                    kind: if k == "lost" { "lost" } else { "attempt" },
                     text,
                 });
             }
-            let waits = r.waits();
-            for s in &r.restarts {
-                let mut text = format!("restart: attempt {} -> {}", s.from_cycle, s.to_cycle);
-                if let Some(left) = s.restarts_left {
-                    text.push_str(&format!(", {left} left"));
-                }
-                match waits.iter().find(|w| w.to_cycle == s.to_cycle) {
-                    Some(w) => text.push_str(&format!(", {}", w.describe())),
-                    None => {
-                        if let Some(b) = s.backoff_ms.filter(|b| *b > 0) {
-                            text.push_str(&format!(", after {:.1}s", b as f64 / 1000.0));
-                        }
-                    }
-                }
-                m.push(Moment {
-                    ts: s.ts,
-                    node: node.clone(),
-                    kind: "restart",
-                    text,
-                });
-            }
-            for s in &r.stops {
-                m.push(Moment {
-                    ts: s.ts,
-                    node: node.clone(),
-                    kind: "stop",
-                    text: format!("attempt {}: {}", s.cycle, s.describe()),
-                });
-            }
-            for f in &r.node_faults {
-                m.push(Moment {
-                    ts: f.ts,
-                    node: node.clone(),
-                    kind: "node_fault",
-                    text: format!("attempt {}: node fault: {}", f.cycle, f.reason),
-                });
-            }
-            // A straggler report is an event when its stragglers differ from the last one's.
-            let mut last: Vec<u32> = Vec::new();
-            for rep in &r.straggler_reports {
-                let mut now = rep.stragglers.clone();
-                now.sort_unstable();
-                if now != last {
-                    m.push(Moment {
-                        ts: rep.ts,
-                        node: node.clone(),
-                        kind: "straggler",
-                        text: rep.describe_stragglers(),
-                    });
-                }
-                last = now;
-            }
-            if let Some(res) = &r.result {
-                let mut text = format!("result: {}", res.outcome);
-                if let Some(c) = res.exit_code {
-                    text.push_str(&format!(", exit code {c}"));
-                }
-                if !res.detail.is_empty() {
-                    text.push_str(&format!(" ({})", res.detail));
-                }
-                m.push(Moment {
-                    ts: res.ts,
-                    node: node.clone(),
-                    kind: "result",
-                    text,
-                });
-            }
+            m.extend(run_moments(r, &node));
         }
         m.sort_by(|a, b| a.ts.total_cmp(&b.ts));
         m
@@ -737,6 +612,133 @@ impl History {
         v.sort_by(|a, b| a.ts.total_cmp(&b.ts));
         v
     }
+}
+
+/// An allocation's start and, when it ended, its end with its outcome, stop, decision and
+/// exclusions.
+fn allocation_moments(a: &Allocation) -> Vec<Moment> {
+    let nodes = if a.nodes.is_empty() {
+        String::new()
+    } else {
+        format!(" on {}", a.nodes.join(", "))
+    };
+    let mut m = vec![Moment {
+        ts: a.start,
+        node: "job".into(),
+        kind: "allocation",
+        text: format!("allocation {} started{nodes}", a.number),
+    }];
+    let Some(end) = a.end else {
+        return m;
+    };
+    let mut text = format!(
+        "allocation {} ended: {}",
+        a.number,
+        a.outcome.as_deref().unwrap_or("unknown")
+    );
+    if let Some(t) = &a.stop_trigger {
+        match a.stop_step {
+            Some(s) => text.push_str(&format!(" at step {s} ({t})")),
+            None => text.push_str(&format!(" ({t})")),
+        }
+    }
+    if let Some(d) = &a.decision {
+        text.push_str(&format!(" -> {d}"));
+    }
+    if let Some(w) = &a.why {
+        text.push_str(&format!(": {w}"));
+    }
+    if !a.excluded.is_empty() {
+        text.push_str(&format!("; excluded {}", a.excluded.join(", ")));
+    }
+    let kind = match (a.requeued(), a.preempted()) {
+        (true, true) => "preempted",
+        (true, false) => "requeue",
+        (false, _) => "allocation",
+    };
+    m.push(Moment {
+        ts: end,
+        node: "job".into(),
+        kind,
+        text,
+    });
+    m
+}
+
+/// One node's failures, hangs, restarts, stops, node faults, changed straggler reports and
+/// result, in that order (ties in time keep it).
+fn run_moments(r: &NodeRun, node: &str) -> Vec<Moment> {
+    let mut m = Vec::new();
+    let mut push = |ts: f64, kind: &'static str, text: String| {
+        m.push(Moment {
+            ts,
+            node: node.to_string(),
+            kind,
+            text,
+        })
+    };
+    for f in &r.failures {
+        push(
+            f.ts,
+            "failure",
+            format!("attempt {}: {}", f.cycle, f.describe()),
+        );
+    }
+    for h in &r.hangs {
+        let mut text = format!("attempt {}: {}", h.cycle, h.describe());
+        if let Some(ms) = h.silent_ms {
+            text.push_str(&format!(", silent {:.1}s", ms as f64 / 1000.0));
+        }
+        push(h.ts, "hang", text);
+    }
+    let waits = r.waits();
+    for s in &r.restarts {
+        let mut text = format!("restart: attempt {} -> {}", s.from_cycle, s.to_cycle);
+        if let Some(left) = s.restarts_left {
+            text.push_str(&format!(", {left} left"));
+        }
+        match waits.iter().find(|w| w.to_cycle == s.to_cycle) {
+            Some(w) => text.push_str(&format!(", {}", w.describe())),
+            None => {
+                if let Some(b) = s.backoff_ms.filter(|b| *b > 0) {
+                    text.push_str(&format!(", after {:.1}s", b as f64 / 1000.0));
+                }
+            }
+        }
+        push(s.ts, "restart", text);
+    }
+    for s in &r.stops {
+        push(
+            s.ts,
+            "stop",
+            format!("attempt {}: {}", s.cycle, s.describe()),
+        );
+    }
+    for f in &r.node_faults {
+        let text = format!("attempt {}: node fault: {}", f.cycle, f.reason);
+        push(f.ts, "node_fault", text);
+    }
+    // A straggler report is an event when its stragglers differ from the last one's.
+    let mut last: Vec<u32> = Vec::new();
+    for rep in &r.straggler_reports {
+        let mut now = rep.stragglers.clone();
+        now.sort_unstable();
+        if now != last {
+            push(rep.ts, "straggler", rep.describe_stragglers());
+        }
+        last = now;
+    }
+    if let Some(res) = &r.result {
+        let mut text = format!("result: {}", res.outcome);
+        if let Some(c) = res.exit_code {
+            text.push_str(&format!(", exit code {c}"));
+        }
+        if !res.detail.is_empty() {
+            text.push_str(&format!(" ({})", res.detail));
+        }
+        push(res.ts, "result", text);
+    }
+    m
 }
 
 #[cfg(test)]

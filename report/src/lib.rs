@@ -43,7 +43,34 @@ impl History {
         if !dir.is_dir() {
             return Err(ReportError::NotADirectory(dir.to_path_buf()));
         }
-        let found = target::event_logs(dir);
+        History::from_found(dir, target::event_logs(dir))
+    }
+
+    /// Every record below each of `dirs` (a file found twice is read once), as one history: a
+    /// running job's state directory with its own run directory, which may be elsewhere. The
+    /// first directory names the history. An error when there is none.
+    pub fn load_all(dirs: &[PathBuf]) -> Result<History, ReportError> {
+        let Some(first) = dirs.first() else {
+            return Err(ReportError::NotADirectory(PathBuf::new()));
+        };
+        let mut found = records::Found::default();
+        let mut seen = std::collections::BTreeSet::new();
+        for d in dirs.iter().filter(|d| d.is_dir()) {
+            let f = target::event_logs(d);
+            let mut keep = |p: PathBuf| {
+                seen.insert(std::fs::canonicalize(&p).unwrap_or(p.clone()))
+                    .then_some(p)
+            };
+            let events: Vec<PathBuf> = f.events.into_iter().filter_map(&mut keep).collect();
+            let ledgers: Vec<PathBuf> = f.ledgers.into_iter().filter_map(&mut keep).collect();
+            found.events.extend(events);
+            found.ledgers.extend(ledgers);
+            found.notes.extend(f.notes);
+        }
+        History::from_found(first, found)
+    }
+
+    fn from_found(dir: &Path, found: records::Found) -> Result<History, ReportError> {
         if found.events.is_empty() && found.ledgers.is_empty() {
             let skipped = if found.notes.is_empty() {
                 String::new()
@@ -215,6 +242,25 @@ mod tests {
             .to_string();
         assert!(e.contains("events.jsonl: not a directory; give"), "{e}");
         fs::remove_dir_all(&home).unwrap();
+    }
+
+    #[test]
+    fn several_directories_are_one_history_and_a_file_found_twice_is_read_once() {
+        let d = scratch("load-all");
+        let (state, run) = (d.join("state"), d.join("runs/vigil_x_1"));
+        fs::create_dir_all(&state).unwrap();
+        fs::create_dir_all(&run).unwrap();
+        fs::write(
+            run.join("events.jsonl"),
+            "{\"cycle\":0,\"event\":\"cycle_start\",\"host\":\"vm\",\"node_rank\":0,\"nproc\":1,\"ts\":100.0}\n",
+        )
+        .unwrap();
+        let h = History::load_all(&[state.clone(), run.clone(), run.clone()]).unwrap();
+        assert_eq!(h.runs.len(), 1);
+        assert_eq!(h.root, state);
+        assert!(History::load_all(std::slice::from_ref(&state)).is_err());
+        assert!(History::load_all(&[]).is_err());
+        fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]

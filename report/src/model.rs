@@ -42,6 +42,9 @@ pub struct Allocation {
     pub exit_status: Option<i32>,
     /// Whether this came from a ledger record (else inferred from event logs).
     pub from_ledger: bool,
+    /// Slurm's `SubmitTime` and `StartTime` of the allocation (ledger only; docs/goodput.md).
+    pub submit_time: Option<f64>,
+    pub slurm_start: Option<f64>,
     /// Indices into `History::runs`.
     pub runs: Vec<usize>,
 }
@@ -77,6 +80,8 @@ pub struct NodeRun {
     pub restarts: Vec<Restart>,
     pub stops: Vec<Stop>,
     pub steps: Vec<StepPoint>,
+    /// Closed checkpoint sections (`section` records), for goodput's checkpoint category.
+    pub saves: Vec<Save>,
     pub straggler_reports: Vec<StragglerReport>,
     /// `node_fault`: this node could not run ranks any more (a critical XID, an uncorrectable
     /// ECC error, a failed health check).
@@ -309,6 +314,17 @@ impl Stop {
             StopKind::Overdue { ranks } => format!("stop overdue: ranks {ranks:?}"),
         }
     }
+}
+
+/// A rank's checkpoint section (`section`): it closed at `ts` after `seconds`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Save {
+    pub ts: f64,
+    pub cycle: u32,
+    pub rank: u32,
+    pub seconds: f64,
+    /// The rank's last recorded one in the attempt: later saves are not in the log.
+    pub last_recorded: bool,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
@@ -147,11 +148,12 @@ pub fn timeline_rows(h: &History, max: usize) -> Vec<(u32, String)> {
         .collect()
 }
 
+type Chart<'a, 'b> = ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
 /// The timeline: a band per allocation, a row per node rank with a bar per attempt, and markers
 /// with labels for failures, hangs (with their frame), restarts and stops.
 pub fn timeline(h: &History, axis: &TimeAxis) -> Result<String, PlotError> {
     let rows = timeline_rows(h, MAX_ROWS);
-    let row_of = |node_rank: u32| rows.iter().position(|(n, _)| *n == node_rank);
     let n = rows.len().max(1);
     // Row i is drawn at y = n - 1 - i, so node 0 is on top; the band above the rows holds the
     // allocations' labels.
@@ -177,206 +179,231 @@ pub fn timeline(h: &History, axis: &TimeAxis) -> Result<String, PlotError> {
             .draw()
             .map_err(err)?;
         let top = n as f64 - 0.4;
-        let end_all = axis.len;
-        // Allocations: alternating bands with a label above the rows.
-        for (k, a) in h.allocations.iter().enumerate() {
-            let x0 = axis.x(a.start);
-            let x1 = a.end.map_or(end_all, |e| axis.x(e));
-            let shade = if k % 2 == 0 {
-                RGBColor(238, 242, 250)
-            } else {
-                RGBColor(246, 240, 232)
-            };
-            chart
-                .draw_series(std::iter::once(Rectangle::new(
-                    [(x0, -0.55), (x1, top + 0.65)],
-                    shade.filled(),
-                )))
-                .map_err(err)?;
-            let mut label = format!("allocation {}", a.number);
-            match a.end {
-                None => label.push_str(": running"),
-                Some(_) => {
-                    label.push_str(&format!(": {}", a.outcome.as_deref().unwrap_or("ended")));
-                    if let Some(t) = &a.stop_trigger {
-                        let what = if a.preempted() {
-                            "preempted"
-                        } else {
-                            "stopped"
-                        };
-                        match a.stop_step {
-                            Some(s) => label.push_str(&format!(" ({what}: {t} at step {s})")),
-                            None => label.push_str(&format!(" ({what}: {t})")),
-                        }
-                    }
-                    if let Some(d) = &a.decision {
-                        label.push_str(&format!(" -> {d}"));
-                    }
-                }
-            }
-            chart
-                .draw_series(std::iter::once(Text::new(
-                    label,
-                    (x0, top + 0.55),
-                    text_style(13, BLACK, Pos::new(HPos::Left, VPos::Top)),
-                )))
-                .map_err(err)?;
-        }
-        // Requeues after every band, so the next allocation's band does not cover them.
-        for a in h.allocations.iter().filter(|a| a.requeued()) {
-            let x1 = a.end.map_or(end_all, |e| axis.x(e));
-            // The requeue: a dashed line at the allocation's end.
-            chart
-                .draw_series(DashedLineSeries::new(
-                    [(x1, -0.55), (x1, top + 0.65)],
-                    6,
-                    4,
-                    STOPPED.stroke_width(2),
-                ))
-                .map_err(err)?;
-            let what = if a.preempted() {
-                "requeue after preemption"
-            } else {
-                "requeue"
-            };
-            chart
-                .draw_series(std::iter::once(Text::new(
-                    what.to_string(),
-                    (x1, top + 0.3),
-                    text_style(12, STOPPED, Pos::new(HPos::Right, VPos::Top)),
-                )))
-                .map_err(err)?;
-        }
+        draw_allocations(&mut chart, h, axis, top)?;
         for (i, (_, label)) in rows.iter().enumerate() {
-            chart
-                .draw_series(std::iter::once(Text::new(
-                    label.clone(),
-                    (0.0, y_of(i) + 0.42),
-                    text_style(12, RGBColor(60, 60, 60), Pos::new(HPos::Left, VPos::Top)),
-                )))
-                .map_err(err)?;
+            draw_text(
+                &mut chart,
+                label.clone(),
+                (0.0, y_of(i) + 0.42),
+                text_style(12, RGBColor(60, 60, 60), Pos::new(HPos::Left, VPos::Top)),
+            )?;
         }
         for run in &h.runs {
-            let Some(i) = row_of(run.node_rank) else {
-                continue;
-            };
-            let y = y_of(i);
-            for a in &run.attempts {
-                let color = match a.end_kind.as_deref() {
-                    Some("done") => DONE,
-                    Some("failed") => FAILED,
-                    Some("stopped") => STOPPED,
-                    Some("lost") => LOST,
-                    _ => RUNNING,
-                };
-                let (x0, x1) = (axis.x(a.start), axis.x(a.end));
-                chart
-                    .draw_series(std::iter::once(Rectangle::new(
-                        [(x0, y - 0.12), (x1.max(x0 + axis.len * 0.002), y + 0.12)],
-                        color.mix(0.85).filled(),
-                    )))
-                    .map_err(err)?;
-                chart
-                    .draw_series(std::iter::once(Text::new(
-                        format!("attempt {}", a.cycle),
-                        (x0, y + 0.14),
-                        text_style(11, BLACK, Pos::new(HPos::Left, VPos::Bottom)),
-                    )))
-                    .map_err(err)?;
-            }
-            // Ranks of one attempt often fail or hang together (a collective aborts): one
-            // label per attempt, for the first, naming how many more.
-            for (f, more) in first_per_cycle(&run.failures, |f| (f.cycle, f.ts)) {
-                let x = axis.x(f.ts);
-                chart
-                    .draw_series(std::iter::once(Cross::new(
-                        (x, y),
-                        7,
-                        FAILED.stroke_width(3),
-                    )))
-                    .map_err(err)?;
-                chart
-                    .draw_series(std::iter::once(Text::new(
-                        format!("failure: {}{}", f.describe(), more_ranks(more)),
-                        (x, y - 0.16),
-                        text_style(12, FAILED, axis.anchor(x, VPos::Top)),
-                    )))
-                    .map_err(err)?;
-            }
-            for (hang, more) in first_per_cycle(&run.hangs, |h| (h.cycle, h.ts)) {
-                let x = axis.x(hang.ts);
-                chart
-                    .draw_series(std::iter::once(TriangleMarker::new(
-                        (x, y),
-                        8,
-                        HANG.filled(),
-                    )))
-                    .map_err(err)?;
-                chart
-                    .draw_series(std::iter::once(Text::new(
-                        format!("hang: {}{}", hang.describe(), more_ranks(more)),
-                        (x, y - 0.3),
-                        text_style(12, HANG, axis.anchor(x, VPos::Top)),
-                    )))
-                    .map_err(err)?;
-            }
-            let waits = run.waits();
-            for w in &waits {
-                let (x0, x1) = (axis.x(w.from), axis.x(w.to));
-                chart
-                    .draw_series(std::iter::once(Rectangle::new(
-                        [(x0, y - 0.05), (x1.max(x0 + axis.len * 0.002), y + 0.05)],
-                        WAIT.filled(),
-                    )))
-                    .map_err(err)?;
-            }
-            for r in &run.restarts {
-                let x = axis.x(r.ts);
-                let wait = waits
-                    .iter()
-                    .find(|w| w.to_cycle == r.to_cycle)
-                    .map_or_else(String::new, |w| format!(", {}", w.describe()));
-                chart
-                    .draw_series(std::iter::once(Circle::new((x, y), 5, RESTART.filled())))
-                    .map_err(err)?;
-                chart
-                    .draw_series(std::iter::once(Text::new(
-                        format!("restart -> attempt {}{wait}", r.to_cycle),
-                        (x, y + 0.28),
-                        text_style(12, RESTART, axis.anchor(x, VPos::Bottom)),
-                    )))
-                    .map_err(err)?;
-            }
-            for f in &run.node_faults {
-                let x = axis.x(f.ts);
-                chart
-                    .draw_series(std::iter::once(Cross::new((x, y), 7, LOST.stroke_width(3))))
-                    .map_err(err)?;
-                chart
-                    .draw_series(std::iter::once(Text::new(
-                        format!("node fault: {}", f.reason),
-                        (x, y - 0.3),
-                        text_style(12, RGBColor(80, 80, 80), axis.anchor(x, VPos::Top)),
-                    )))
-                    .map_err(err)?;
-            }
-            for (ts, label) in stop_labels(run) {
-                let x = axis.x(ts);
-                chart
-                    .draw_series(std::iter::once(Circle::new((x, y), 5, STOPPED.filled())))
-                    .map_err(err)?;
-                chart
-                    .draw_series(std::iter::once(Text::new(
-                        label,
-                        (x, y - 0.44),
-                        text_style(12, STOPPED, axis.anchor(x, VPos::Top)),
-                    )))
-                    .map_err(err)?;
+            if let Some(i) = rows.iter().position(|(n, _)| *n == run.node_rank) {
+                draw_node_run(&mut chart, run, axis, y_of(i))?;
             }
         }
         root.present().map_err(err)?;
     }
     Ok(svg)
+}
+
+fn draw_text(
+    chart: &mut Chart,
+    text: String,
+    at: (f64, f64),
+    style: TextStyle<'static>,
+) -> Result<(), PlotError> {
+    chart
+        .draw_series(std::iter::once(Text::new(text, at, style)))
+        .map_err(err)?;
+    Ok(())
+}
+
+/// The allocations: alternating bands with a label above the rows, then the requeues after
+/// every band, so the next allocation's band does not cover them.
+fn draw_allocations(
+    chart: &mut Chart,
+    h: &History,
+    axis: &TimeAxis,
+    top: f64,
+) -> Result<(), PlotError> {
+    for (k, a) in h.allocations.iter().enumerate() {
+        let x0 = axis.x(a.start);
+        let x1 = a.end.map_or(axis.len, |e| axis.x(e));
+        let shade = if k % 2 == 0 {
+            RGBColor(238, 242, 250)
+        } else {
+            RGBColor(246, 240, 232)
+        };
+        chart
+            .draw_series(std::iter::once(Rectangle::new(
+                [(x0, -0.55), (x1, top + 0.65)],
+                shade.filled(),
+            )))
+            .map_err(err)?;
+        draw_text(
+            chart,
+            allocation_label(a),
+            (x0, top + 0.55),
+            text_style(13, BLACK, Pos::new(HPos::Left, VPos::Top)),
+        )?;
+    }
+    for a in h.allocations.iter().filter(|a| a.requeued()) {
+        let x1 = a.end.map_or(axis.len, |e| axis.x(e));
+        chart
+            .draw_series(DashedLineSeries::new(
+                [(x1, -0.55), (x1, top + 0.65)],
+                6,
+                4,
+                STOPPED.stroke_width(2),
+            ))
+            .map_err(err)?;
+        let what = if a.preempted() {
+            "requeue after preemption"
+        } else {
+            "requeue"
+        };
+        draw_text(
+            chart,
+            what.to_string(),
+            (x1, top + 0.3),
+            text_style(12, STOPPED, Pos::new(HPos::Right, VPos::Top)),
+        )?;
+    }
+    Ok(())
+}
+
+/// "allocation N: outcome (stopped: trigger at step S) -> decision", or ": running".
+fn allocation_label(a: &crate::model::Allocation) -> String {
+    let mut label = format!("allocation {}", a.number);
+    if a.end.is_none() {
+        label.push_str(": running");
+        return label;
+    }
+    label.push_str(&format!(": {}", a.outcome.as_deref().unwrap_or("ended")));
+    if let Some(t) = &a.stop_trigger {
+        let what = if a.preempted() {
+            "preempted"
+        } else {
+            "stopped"
+        };
+        match a.stop_step {
+            Some(s) => label.push_str(&format!(" ({what}: {t} at step {s})")),
+            None => label.push_str(&format!(" ({what}: {t})")),
+        }
+    }
+    if let Some(d) = &a.decision {
+        label.push_str(&format!(" -> {d}"));
+    }
+    label
+}
+
+/// One node rank's row: a bar per attempt, the waits between attempts, and a marker with a
+/// label for each failure, hang, restart, node fault and stop.
+fn draw_node_run(
+    chart: &mut Chart,
+    run: &NodeRun,
+    axis: &TimeAxis,
+    y: f64,
+) -> Result<(), PlotError> {
+    for a in &run.attempts {
+        let color = match a.end_kind.as_deref() {
+            Some("done") => DONE,
+            Some("failed") => FAILED,
+            Some("stopped") => STOPPED,
+            Some("lost") => LOST,
+            _ => RUNNING,
+        };
+        let (x0, x1) = (axis.x(a.start), axis.x(a.end));
+        chart
+            .draw_series(std::iter::once(Rectangle::new(
+                [(x0, y - 0.12), (x1.max(x0 + axis.len * 0.002), y + 0.12)],
+                color.mix(0.85).filled(),
+            )))
+            .map_err(err)?;
+        draw_text(
+            chart,
+            format!("attempt {}", a.cycle),
+            (x0, y + 0.14),
+            text_style(11, BLACK, Pos::new(HPos::Left, VPos::Bottom)),
+        )?;
+    }
+    // Ranks of one attempt often fail or hang together (a collective aborts): one label per
+    // attempt, for the first, naming how many more.
+    for (f, more) in first_per_cycle(&run.failures, |f| (f.cycle, f.ts)) {
+        let x = axis.x(f.ts);
+        chart
+            .draw_series(std::iter::once(Cross::new(
+                (x, y),
+                7,
+                FAILED.stroke_width(3),
+            )))
+            .map_err(err)?;
+        let label = format!("failure: {}{}", f.describe(), more_ranks(more));
+        draw_text(
+            chart,
+            label,
+            (x, y - 0.16),
+            text_style(12, FAILED, axis.anchor(x, VPos::Top)),
+        )?;
+    }
+    for (hang, more) in first_per_cycle(&run.hangs, |h| (h.cycle, h.ts)) {
+        let x = axis.x(hang.ts);
+        chart
+            .draw_series(std::iter::once(TriangleMarker::new(
+                (x, y),
+                8,
+                HANG.filled(),
+            )))
+            .map_err(err)?;
+        let label = format!("hang: {}{}", hang.describe(), more_ranks(more));
+        draw_text(
+            chart,
+            label,
+            (x, y - 0.3),
+            text_style(12, HANG, axis.anchor(x, VPos::Top)),
+        )?;
+    }
+    let waits = run.waits();
+    for w in &waits {
+        let (x0, x1) = (axis.x(w.from), axis.x(w.to));
+        chart
+            .draw_series(std::iter::once(Rectangle::new(
+                [(x0, y - 0.05), (x1.max(x0 + axis.len * 0.002), y + 0.05)],
+                WAIT.filled(),
+            )))
+            .map_err(err)?;
+    }
+    for r in &run.restarts {
+        let x = axis.x(r.ts);
+        let wait = waits
+            .iter()
+            .find(|w| w.to_cycle == r.to_cycle)
+            .map_or_else(String::new, |w| format!(", {}", w.describe()));
+        chart
+            .draw_series(std::iter::once(Circle::new((x, y), 5, RESTART.filled())))
+            .map_err(err)?;
+        let label = format!("restart -> attempt {}{wait}", r.to_cycle);
+        let style = text_style(12, RESTART, axis.anchor(x, VPos::Bottom));
+        draw_text(chart, label, (x, y + 0.28), style)?;
+    }
+    for f in &run.node_faults {
+        let x = axis.x(f.ts);
+        chart
+            .draw_series(std::iter::once(Cross::new((x, y), 7, LOST.stroke_width(3))))
+            .map_err(err)?;
+        let style = text_style(12, RGBColor(80, 80, 80), axis.anchor(x, VPos::Top));
+        draw_text(
+            chart,
+            format!("node fault: {}", f.reason),
+            (x, y - 0.3),
+            style,
+        )?;
+    }
+    for (ts, label) in stop_labels(run) {
+        let x = axis.x(ts);
+        chart
+            .draw_series(std::iter::once(Circle::new((x, y), 5, STOPPED.filled())))
+            .map_err(err)?;
+        draw_text(
+            chart,
+            label,
+            (x, y - 0.44),
+            text_style(12, STOPPED, axis.anchor(x, VPos::Top)),
+        )?;
+    }
+    Ok(())
 }
 
 /// The earliest item of each cycle, with how many more the cycle has, in cycle order.

@@ -85,9 +85,9 @@ def test_a_crash_a_hang_a_time_limit_stop_and_a_requeue_are_each_counted_and_add
     silent = [e["silent_ms"] / 1000 for d in sorted((job / "logs").glob("vigil_*"))
               for e in map(json.loads, (d / "events.jsonl").read_text().splitlines()) if e["event"] == "hang"]
     assert len(silent) == 1 and b["failure_handling"] >= silent[0], (silent, b)
-    # No record holds checkpoint times: 0, and said.
+    # Its saves are in no checkpoint section: no `section` record, so 0, and said.
     assert b["checkpoint"] == 0
-    assert any("checkpoint" in n for n in g["notes"]), g["notes"]
+    assert any("no `section` record of a checkpoint section" in n for n in g["notes"]), g["notes"]
     assert [a["number"] for a in g["allocations"]] == [1, 2]
     assert abs(sum(sum(a["breakdown"].values()) for a in g["allocations"]) - g["wall_s"]) < 1e-6
     # Steps of 0.2 s: the ideal step time is near it (all under a second, said so).
@@ -112,6 +112,59 @@ def test_a_crash_a_hang_a_time_limit_stop_and_a_requeue_are_each_counted_and_add
     led = run_vigil(["ledger", str(job / "state")], cwd=job, env=base_env())
     assert led.returncode == 0, led.stderr
     assert "goodput " in led.stdout and "see vigil goodput" in led.stdout, led.stdout
+
+
+# Both ranks: steps of 0.1 s in a `step` section; every 30 steps a save of 0.8 s in the
+# `checkpointing` section (NVRx's name); after 13 s, finished.
+SAVES = r"""
+import sys, time
+import vigil
+t0 = time.monotonic()
+step = 0
+while True:
+    step += 1
+    with vigil.section("step"):
+        time.sleep(0.1)
+    vigil.heartbeat(step=step)
+    if step % 30 == 0:
+        with vigil.section("checkpointing"):
+            time.sleep(0.8)
+    if time.monotonic() - t0 > 13:
+        vigil.mark_finished()
+        sys.exit(0)
+"""
+
+
+def test_checkpoint_sections_are_their_own_category_and_the_sum_is_still_the_wall_time(job):
+    write(job / "train.py", SAVES)
+    r = run_vigil(["run", "--nproc-per-node", "2", "--rdzv-id", "saves", "--log-dir", str(job / "logs"),
+                   "train.py"], cwd=job, env=base_env(), timeout=120)
+    assert r.returncode == 0, r.stderr
+    events = [json.loads(l) for d in (job / "logs").glob("vigil_*")
+              for l in (d / "events.jsonl").read_text().splitlines()]
+    saves = [e for e in events if e["event"] == "section"]
+    # Only checkpoint sections are recorded (not one per step), one per rank and save.
+    assert saves and {e["name"] for e in saves} == {"checkpointing"}, saves
+    assert {e["rank"] for e in saves} == {0, 1}
+    assert all(600 <= e["duration_ms"] < 5000 for e in saves), saves
+    # The ranks save together: the union of their saves' spans.
+    spans = sorted((e["ts"] - e["duration_ms"] / 1000, e["ts"]) for e in saves)
+    union, end = 0.0, float("-inf")
+    for s, e in spans:
+        union += max(0.0, e - max(s, end))
+        end = max(end, e)
+
+    g = json.loads(run_vigil(["goodput", str(job), "--json"], cwd=job, env=base_env()).stdout)
+    b = g["breakdown"]
+    assert b["checkpoint"] > 0, b
+    assert abs(b["checkpoint"] - union) < 1e-3, (b, union)
+    assert abs(sum(b.values()) - g["wall_s"]) < 1e-6, g
+    assert all(v >= 0 for v in b.values()), b
+    assert b["goodput"] > 0, b
+    assert not any("no `section` record" in n for n in g["notes"]), g["notes"]
+    t = run_vigil(["goodput", str(job)], cwd=job, env=base_env())
+    row = next(l for l in t.stdout.splitlines() if l.startswith("checkpoint saves"))
+    assert float(row.split()[2].rstrip("s")) > 0, row
 
 
 def test_a_directory_without_records_is_a_usage_error(job):

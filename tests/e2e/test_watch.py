@@ -219,3 +219,41 @@ def test_spares_exhausted_when_the_only_standby_took_a_lost_nodes_place(job, ser
     found = alerts(got)
     assert [(k, s) for k, s, _ in found] == [("spares_exhausted", "open")], got
     assert "every standby" in found[0][2], found
+
+
+def test_a_node_blamed_in_two_allocations_is_one_alert_naming_it(job, server):
+    # The node fails its health check (a FAKE NVML library: GPU 0 with uncorrectable ECC errors)
+    # in two allocations of one job (a wrapper's rerun): each records a `node_fault` and a ledger
+    # line excluding it. Slurm's node name is what both records call the node.
+    from fakes.nvml import gpu, nvml_env, write_nvml
+    nvml = write_nvml(job / "nvml.json", [gpu(0, ecc_uncorrected_volatile=2)])
+    write(job / "ok.py", "pass\n")
+    env = nvml_env(base_env(SLURMD_NODENAME="gpu-007", SLURM_JOB_NODELIST="gpu-007"), nvml)
+
+    def allocation():
+        r = run_vigil(["run", "--nproc-per-node", "1", "--health-check", "--health-storage-path", str(job),
+                       "--log-dir", str(job / "logs"), "--state-dir", str(job / "state"), "--rdzv-id", "bl",
+                       "ok.py"], cwd=job, env=env)
+        assert r.returncode == 75, r.stderr
+
+    allocation()
+    # Blamed once (its exclusion and the fault behind it are one blame): nothing to tell.
+    got = watch(job, server, "state")
+    assert alerts(got) == [] and pings(got) == [("GET", "/beat")], got
+
+    allocation()
+    ledger = [json.loads(l) for l in (job / "state" / "ledger.jsonl").read_text().splitlines()]
+    assert [r["excluded"] for r in ledger] == [["gpu-007"], ["gpu-007"]], ledger
+    # Each allocation's log has the fault (the health check's, and the GPU telemetry's when its
+    # first sample came first), all in attempt 0 on that node: one blame each with the exclusion.
+    faults = [[(e["host"], e["cycle"]) for e in map(json.loads, (d / "events.jsonl").read_text().splitlines())
+               if e["event"] == "node_fault"] for d in sorted((job / "logs").glob("vigil_*"))]
+    assert len(faults) == 2 and all(f and set(f) == {("gpu-007", 0)} for f in faults), faults
+    got = watch(job, server, "state")
+    found = alerts(got)
+    assert [(k, s) for k, s, _ in found] == [("node_blamed:gpu-007", "open")], got
+    assert "node gpu-007 blamed 2 times (excluded or faulted)" in found[0][2], found
+    assert found[0][2].startswith("[vigil] state: "), found
+    assert pings(got) == [], got
+    # Told once: the next pass sends nothing.
+    assert watch(job, server, "state") == []

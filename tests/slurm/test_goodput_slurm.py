@@ -1,7 +1,9 @@
-"""`vigil goodput` on a real Slurm job (docs/goodput.md): in its first allocation a rank crashes,
-then a rank hangs, then Slurm's time limit comes within the stop lead and vigil stops the job at
-one step and requeues it; the second allocation goes on from that step and finishes. Each badput
-category the job went through is non-zero and the categories add up to the wall time.
+"""`vigil goodput` on a real Slurm job (docs/goodput.md): it waits in the queue (`--begin`), in its
+first allocation a rank crashes, then a rank hangs, then Slurm's time limit comes within the stop
+lead and vigil stops the job at one step and requeues it; the second allocation goes on from that
+step and finishes. Rank 0 saves its checkpoints in a `checkpointing` section. Each badput category
+the job went through is non-zero and the categories add up to the wall time, which starts at
+Slurm's SubmitTime (in the ledger).
 """
 import json
 
@@ -12,7 +14,8 @@ from .test_lifecycle_identity import output, submit
 
 # Allocation 0: rank 1 crashes after 12 s of steps, then (next attempt) stops heartbeating after
 # 12 s; the attempt after runs until asked to stop. Allocation 1 finishes after 12 s. Rank 0
-# checkpoints for both every 40 steps and at the agreed stop step.
+# checkpoints for both every 40 steps and at the agreed stop step, each save 0.3 s in the
+# `checkpointing` section.
 TRAIN = r"""
 import json, os, pathlib, sys, time
 import vigil
@@ -24,7 +27,10 @@ step = json.loads(ckpt.read_text())["step"] if ckpt.exists() else 0
 t0 = time.monotonic()
 
 def save(s):
-    if rank == 0:
+    if rank != 0:
+        return
+    with vigil.section("checkpointing"):
+        time.sleep(0.3)
         tmp = ckpt.with_suffix(".tmp")
         tmp.write_text(json.dumps({"step": s}))
         os.replace(tmp, ckpt)
@@ -59,11 +65,19 @@ def test_goodput_of_a_job_that_crashes_hangs_is_stopped_for_its_time_limit_and_r
         home, "gp", TRAIN, 1, {},
         f"--nproc-per-node 2 --max-restarts 3 --heartbeat-timeout 2 --stop-lead 10 --max-requeues 2 "
         f"--log-dir {home}/logs --state-dir {home}/state",
-        sbatch_opts="--time=1",
+        sbatch_opts="--time=1 --begin=now+4",
     )
     info = wait_job(job, timeout=300)
     out = output(home, "gp", job)
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", f"{info}\n{out}"
+
+    ledger = [json.loads(l) for l in (home / "state" / "ledger.jsonl").read_text().splitlines()]
+    assert len(ledger) == 2, ledger
+    # Slurm's times, from the agent's `scontrol show job` (one machine, one clock): the job was
+    # submitted, held until its begin time, then started, then the agent started.
+    first = ledger[0]
+    assert first["submit_time"] + 3 <= first["slurm_start"] <= first["start"] + 1, first
+    assert all(r["submit_time"] <= r["slurm_start"] for r in ledger), ledger
 
     r = run_vigil(["goodput", str(home), "--json"], cwd=home, env=base_env())
     assert r.returncode == 0, r.stderr
@@ -76,6 +90,9 @@ def test_goodput_of_a_job_that_crashes_hangs_is_stopped_for_its_time_limit_and_r
     # The lead left at the first allocation's end, then Slurm's queue: at least one of them.
     assert b["stop_lead_unused"] + b["queue_wait"] > 0, b
     assert b["failure_handling"] >= 2.0, b
-    assert b["checkpoint"] == 0
+    assert b["checkpoint"] > 0, b
+    # The wall time starts at the submission; the wait before the first allocation is queue wait.
+    assert g["start"] == first["submit_time"], (g["start"], first)
+    assert g["allocations"][0]["breakdown"]["queue_wait"] >= 3, g["allocations"][0]
     assert [a["number"] for a in g["allocations"]] == [1, 2], g["allocations"]
     assert abs(sum(sum(a["breakdown"].values()) for a in g["allocations"]) - g["wall_s"]) < 1e-6

@@ -441,6 +441,8 @@ mod tests {
     fn rec(i: u32) -> Record {
         Record {
             promotions: Vec::new(),
+            submit_time: None,
+            slurm_start: None,
             format: FORMAT,
             allocation: i,
             job_id: Some("4242".into()),
@@ -509,6 +511,8 @@ mod tests {
         assert_eq!(v["decision"], "requeue");
         let np = Record {
             promotions: Vec::new(),
+            submit_time: None,
+            slurm_start: None,
             outcome: Outcome::NoProgress,
             ..rec(1)
         };
@@ -575,6 +579,8 @@ mod tests {
         let first = rec(1);
         let second = Record {
             promotions: Vec::new(),
+            submit_time: None,
+            slurm_start: None,
             outcome: Outcome::Lost,
             highest_step: Some(1480),
             restarts: 1,
@@ -587,6 +593,8 @@ mod tests {
         };
         let third = Record {
             promotions: Vec::new(),
+            submit_time: None,
+            slurm_start: None,
             nodes: vec!["gpu-a01".into(), "gpu-a03".into(), "gpu-a04".into()],
             outcome: Outcome::Finished,
             highest_step: Some(2500),
@@ -697,6 +705,8 @@ mod tests {
     fn a_long_why_wraps_then_is_shortened_and_nodes_are_counted() {
         let r = Record {
             promotions: Vec::new(),
+            submit_time: None,
+            slurm_start: None,
             nodes: (1..=64).map(|i| format!("node{i:03}")).collect(),
             why: "no progress: ".to_string() + &"word ".repeat(80) + "\nsecond line",
             ..rec(1)
@@ -862,6 +872,8 @@ mod tests {
         ) {
             let records: Vec<Record> = whys.iter().zip(steps.iter().cycle()).enumerate().map(|(i, (w, s))| Record {
                 promotions: Vec::new(),
+                submit_time: None,
+                slurm_start: None,
                 why: w.clone(), highest_step: *s, ..rec(i as u32 + 1)
             }).collect();
             let table = render_table(&records);

@@ -552,6 +552,8 @@ mod tests {
         let v = decide(f, history, limits);
         Record {
             promotions: Vec::new(),
+            submit_time: None,
+            slurm_start: None,
             format: FORMAT,
             allocation: i,
             job_id: Some("1".into()),

@@ -180,6 +180,10 @@ pub struct JobInfo {
     pub partition: Option<String>,
     /// `NumNodes=`: how many nodes the job needs.
     pub num_nodes: Option<u32>,
+    /// `SubmitTime=` and `StartTime=`, for the ledger's queue wait (docs/goodput.md). Only
+    /// reported, so a value that is not a time reads as unknown rather than failing the answer.
+    pub submit_time: Option<SystemTime>,
+    pub start_time: Option<SystemTime>,
 }
 
 /// Whether Slurm is ending the job before its time limit: cancelled (`scancel`), or preempted past
@@ -264,6 +268,8 @@ pub fn parse_show_job_with(
             .map(str::to_string),
         // `NumNodes=2` or, while pending, `NumNodes=2-2`.
         num_nodes: field("NumNodes").and_then(|n| n.split('-').next()?.parse().ok()),
+        submit_time: field("SubmitTime").and_then(|t| parse_time(t, local).ok().flatten()),
+        start_time: field("StartTime").and_then(|t| parse_time(t, local).ok().flatten()),
     })
 }
 
@@ -312,8 +318,26 @@ mod tests {
                 excluded: names(&["n3", "n4"]),
                 partition: Some("debug".into()),
                 num_nodes: Some(2),
+                submit_time: Some(UNIX_EPOCH + Duration::from_secs(1_767_225_000)),
+                start_time: Some(UNIX_EPOCH + Duration::from_secs(1_767_225_600)),
             }
         );
+    }
+
+    #[test]
+    fn submit_and_start_times_in_local_time_and_unknown_ones_are_only_unknown() {
+        let text = SHOW_EPOCH
+            .replace("SubmitTime=1767225000", "SubmitTime=2026-01-01T00:00:00")
+            .replace("StartTime=1767225600", "StartTime=Unknown");
+        let j = parse_show_job_with(&text, &utc).unwrap();
+        assert_eq!(
+            j.submit_time,
+            Some(UNIX_EPOCH + Duration::from_secs(1_767_225_600))
+        );
+        assert_eq!(j.start_time, None);
+        let bad = SHOW_EPOCH.replace("SubmitTime=1767225000", "SubmitTime=yesterday");
+        let j = parse_show_job_with(&bad, &utc).unwrap();
+        assert_eq!((j.submit_time, j.end_time.is_some()), (None, true));
     }
 
     #[test]

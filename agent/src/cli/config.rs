@@ -94,6 +94,10 @@ pub struct LaunchConfig {
     pub straggler: StragglerPlan,
     /// NVML, health checks, GPU memory reclaim, NUMA binding (perf/).
     pub gpu: crate::perf::GpuConfig,
+    /// `--metrics-port`: serve Prometheus metrics on this port (0: any free one).
+    pub metrics_port: Option<u16>,
+    /// `--metrics-textfile`: write them into this directory for node_exporter.
+    pub metrics_textfile: Option<PathBuf>,
     /// NVRx's console lines and cycle info files.
     pub nvrx: crate::nvrx::NvrxPlan,
 }
@@ -355,6 +359,8 @@ pub fn resolve(a: &RunArgs, host: &Host) -> Result<LaunchConfig, ConfigError> {
         gpu: gpu_config(a).map_err(|e| ConfigError(e.to_string()))?,
         allocation,
         straggler: straggler_plan(a)?,
+        metrics_port: a.metrics_port,
+        metrics_textfile: a.metrics_textfile.clone(),
         nvrx: crate::nvrx::NvrxPlan {
             restarter_log: a.nvrx_restarter_log,
             progress_file: a

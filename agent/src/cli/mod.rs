@@ -723,6 +723,21 @@ pub struct RunArgs {
     )]
     pub event_log: Option<PathBuf>,
 
+    /// Serve Prometheus metrics at http://<this node>:PORT/metrics on every agent (docs/metrics.md);
+    /// 0: any free port, printed.
+    #[arg(help_heading = "Output (vigil)", long = "metrics-port", alias = "metrics_port", value_name = "PORT", value_parser = port)]
+    pub metrics_port: Option<u16>,
+
+    /// Write the same metrics to DIR/vigil_<job>_<node rank>.prom (temp file and rename) every
+    /// 15 s and at exit, for node_exporter's textfile collector.
+    #[arg(
+        help_heading = "Output (vigil)",
+        long = "metrics-textfile",
+        alias = "metrics_textfile",
+        value_name = "DIR"
+    )]
+    pub metrics_textfile: Option<PathBuf>,
+
     /// Print NVRx's `[NestedRestarter] name=[InJob] state=...` lines on stdout (node rank 0), as
     /// NVRx's functional tests expect; on when vigil runs as `ft_launcher` (docs/ft_launcher.md).
     #[arg(

@@ -471,6 +471,8 @@ fn ledger_record(
         stop_lead_s: e.lead.as_secs_f64(),
         exit_status: verdict.exit_status,
         promotions: e.promotions.clone(),
+        submit_time: info.and_then(|i| i.submit_time).map(unix),
+        slurm_start: info.and_then(|i| i.start_time).map(unix),
     }
 }
 

@@ -16,6 +16,7 @@ use super::eventlog;
 use super::gate::GateOut;
 use super::gpuwatch::FromGpu;
 use super::ipc_server::{IpcIn, NoticeLimit};
+use super::metrics_server::{Metrics, PageRequest};
 use super::output::{self, ConsoleStream};
 use super::perf;
 use super::proc;
@@ -53,6 +54,8 @@ pub(super) enum Internal {
         local_rank: u32,
         report: StackReport,
     },
+    /// A metrics page was asked for (`--metrics-port`).
+    Page(PageRequest),
     /// The clock's regular tick (`clock::CLOCK_TICK`).
     Tick,
     /// The supervisor's next deadline is reached.
@@ -70,6 +73,7 @@ pub(super) struct Sources {
     pub(super) gate: mpsc::UnboundedReceiver<GateOut>,
     pub(super) gpu: mpsc::UnboundedReceiver<FromGpu>,
     pub(super) stacks: mpsc::UnboundedReceiver<(u32, u32, StackReport)>,
+    pub(super) pages: mpsc::Receiver<PageRequest>,
     pub(super) ticker: Interval,
 }
 
@@ -93,6 +97,7 @@ impl Sources {
             Some((cycle, local_rank, report)) = self.stacks.recv() => {
                 Internal::Stacks { cycle, local_rank, report }
             }
+            Some(reply) = self.pages.recv() => Internal::Page(reply),
             _ = self.ticker.tick() => Internal::Tick,
             _ = sleep, if deadline.is_some() => Internal::Deadline,
         }
@@ -160,6 +165,8 @@ pub(super) struct Dispatcher {
     pub(super) refused: NoticeLimit,
     /// Where straggler reports come back once serialised off the loop.
     pub(super) report_tx: mpsc::UnboundedSender<ReadyReport>,
+    /// `--metrics-port`, `--metrics-textfile`: the counters and where pages go.
+    pub(super) metrics: Option<Metrics>,
 }
 
 impl Dispatcher {
@@ -198,6 +205,9 @@ impl Dispatcher {
                 _ => self.agent.cfg.term_timeout,
             });
             let actions = self.sup.handle(now, ev);
+            if let Some(m) = &mut self.metrics {
+                m.count(&actions);
+            }
             self.agent.execute(actions);
         }
     }
@@ -219,6 +229,9 @@ impl Dispatcher {
             Internal::StragglerReport((r, line)) => {
                 output::console_text(ConsoleStream::Stderr, &r.text);
                 self.agent.events.write_line(line);
+                if let Some(m) = &mut self.metrics {
+                    m.on_straggler_record(&r.record);
+                }
                 if !r.nodes.is_empty() {
                     queue(self, Event::Stragglers { nodes: r.nodes });
                 }
@@ -241,6 +254,11 @@ impl Dispatcher {
                 self.agent.on_stacks(cycle, local_rank, report);
                 if cycle == self.sup.cycle() {
                     queue(self, Event::StacksCaptured { local_rank });
+                }
+            }
+            Internal::Page(reply) => {
+                if let Some(m) = &mut self.metrics {
+                    let _ = reply.send(m.page(&self.sup, &self.agent.gpus, now, true));
                 }
             }
             Internal::Tick => self.on_tick(now),
@@ -359,6 +377,9 @@ impl Dispatcher {
         }
         if let Some(ev) = self.endw.tick(&self.sup, now) {
             agent.queue.push_back(ev);
+        }
+        if let Some(m) = &mut self.metrics {
+            m.tick(&self.sup, &self.agent.gpus, now);
         }
     }
 }

@@ -72,6 +72,13 @@ impl GpuWatch {
         gpu::rank_gpu(local_rank, self.visible.as_deref(), &uuids)
     }
 
+    /// The GPU a local rank uses and its UUID, when known (the metrics page's labels).
+    pub(super) fn gpu_and_uuid(&self, local_rank: u32) -> Option<(u32, String)> {
+        let uuids = self.uuids.lock().ok()?;
+        let g = gpu::rank_gpu(local_rank, self.visible.as_deref(), &uuids)?;
+        Some((g, uuids.get(g as usize)?.clone()))
+    }
+
     /// What a local rank's GPU was doing at the last sample (`GPU 1: SM clock ...`).
     pub(super) fn explain(&self, local_rank: u32) -> Option<String> {
         let latest = self.latest.lock().ok()?;

@@ -18,6 +18,8 @@
 //! - `gate.rs`: the checks before a rendezvous. `gpuwatch.rs`: the node's GPUs (NVML samples, XID
 //!   events) while the job runs.
 //! - `perf.rs`: `steps` records, step times for straggler scores, the job's straggler report.
+//! - `metrics_server.rs`: `--metrics-port` (a minimal HTTP server) and `--metrics-textfile`; the
+//!   page is `crate::metrics`' and built when asked for.
 //! - `proc.rs`: process groups, containment, the watchdog. `output.rs`: rank output to logs and
 //!   console. `ipc_server.rs`: the ranks' socket. `stacks.rs`: capturing a hung rank's stacks.
 
@@ -29,6 +31,7 @@ mod eventlog;
 mod gate;
 mod gpuwatch;
 pub mod ipc_server;
+mod metrics_server;
 pub mod output;
 mod perf;
 mod prelaunch;

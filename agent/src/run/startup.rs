@@ -18,6 +18,7 @@ use super::clock::{JobClock, CLOCK_TICK};
 use super::dispatch::{Dispatcher, Sources};
 use super::eventlog::EventLog;
 use super::ipc_server::{self, IpcServer, NoticeLimit, Shared};
+use super::metrics_server::{self, Metrics};
 use super::prelaunch::provenance;
 use super::proc::{self, Watchdog};
 use super::report::{console_err, console_note, Reporter};
@@ -217,6 +218,7 @@ pub(super) fn start(
     secret: Option<Vec<u8>>,
 ) -> Result<(Dispatcher, Sources, Closing), i32> {
     let host = node_name();
+    let metrics_flags = metrics_server::prepare(&cfg)?;
     let event_file = open_event_log(&cfg, &run_dir)?;
     let (containment, mut watchdog) = contain();
     let (sigs, sigchld) = install_signals(&cfg)?;
@@ -228,6 +230,11 @@ pub(super) fn start(
     let (report_tx, reports) = mpsc::unbounded_channel();
     let (gate_tx, gate) = mpsc::unbounded_channel();
     let co = start_coordination(&cfg, secret, &host)?;
+    let job_dirs = vec![allocation::state_dir(&cfg, &run_dir), run_dir.clone()];
+    let (metrics, pages) = match Metrics::start(metrics_flags, &cfg, &host, job_dirs) {
+        Some((m, pages)) => (Some(m), pages),
+        None => (None, mpsc::channel(1).1),
+    };
     // One node names itself; several nodes' names are not known here (docs/ft_launcher.md).
     let nodes = if cfg.active_nodes == 1 {
         vec![host.clone()]
@@ -294,6 +301,7 @@ pub(super) fn start(
         endw,
         refused: NoticeLimit::new(REFUSED_NOTICE_WINDOW),
         report_tx,
+        metrics,
     };
     let sources = Sources {
         sigs,
@@ -305,6 +313,7 @@ pub(super) fn start(
         gate,
         gpu,
         stacks,
+        pages,
         ticker,
     };
     let closing = Closing {

@@ -63,6 +63,10 @@ pub(super) async fn finish(mut d: Dispatcher, mut src: Sources, closing: Closing
     } else {
         outcome.exit_code()
     };
+    // After the ledger: node rank 0's last page counts this allocation's decision.
+    if let Some(m) = &mut d.metrics {
+        m.at_exit(&d.sup, &d.agent.gpus, job_now).await;
+    }
     drop(closing.server);
     status
 }

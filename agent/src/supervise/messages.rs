@@ -1,6 +1,7 @@
 //! What a rank's messages mean: its registration, "training finished", steps, workload control
-//! and held signals here; calculation requests and section ends go on to `timeouts.rs`, stop
-//! signals a rank received to `stopstep.rs`.
+//! and held signals here, and a closed checkpoint section's `section` record (for goodput);
+//! calculation requests and section ends go on to `timeouts.rs`, stop signals a rank received to
+//! `stopstep.rs`.
 
 use std::time::Instant;
 
@@ -28,7 +29,17 @@ impl Supervisor {
             return;
         };
         let (registered, finished, capped) = (m.registered(), m.finished(), m.names_capped());
-        m.on_msg_keeping(now, &msg, &self.timeouts.in_force.sections);
+        let save = m.on_msg_keeping(now, &msg, &self.timeouts.in_force.sections);
+        if let Some(save) = save {
+            out.push(Action::Record(Record::Section {
+                cycle: self.cycle,
+                local_rank,
+                rank: self.job.rank_offset + local_rank,
+                name: save.name,
+                duration_ms: save.took.as_millis().try_into().unwrap_or(u64::MAX),
+                last_recorded: save.last,
+            }));
+        }
         if !capped && m.names_capped() {
             out.push(Action::Record(Record::SectionNamesCapped {
                 cycle: self.cycle,

@@ -27,6 +27,7 @@
 //! - `stop.rs`: the agent's signals, stopping with a grace, escalating to SIGKILL.
 //! - `nodefault.rs`: a node that cannot go on (GPU fault, failed health check); stragglers.
 //! - `verdict.rs`: reporting this node's end of an attempt, the job's verdict, back-off, the outcome.
+//! - `view.rs`: a read-only view of the attempt's ranks, for the metrics page.
 //! - `backoff.rs` (restart back-off), `progress.rs` (progress over attempts) and `monitor.rs`
 //!   (per-rank liveness, timeout calculation) are plain functions over plain data; `events.rs`
 //!   holds every type that goes in or comes out.
@@ -45,10 +46,12 @@ mod stop;
 mod stopstep;
 mod timeouts;
 mod verdict;
+mod view;
 
 pub use backoff::Backoff;
 pub use events::*;
 pub use stopstep::{choose_stop_step, is_stop_signal, StepReport, AGREEMENT_BUDGET};
+pub use view::RankView;
 
 use std::time::{Duration, Instant};
 

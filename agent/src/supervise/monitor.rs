@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use vigil_events::log::{is_checkpoint_section, MAX_SECTION_RECORDS};
 use vigil_ipc::RankMsg;
 
 use crate::values::{err, ConfigError};
@@ -319,7 +320,19 @@ pub struct RankMonitor {
     frozen: bool,
     /// It closed a section whose name found no room under [`MAX_SECTION_NAMES`].
     names_capped: bool,
+    /// Checkpoint sections it closed that were given to be recorded (at most
+    /// [`MAX_SECTION_RECORDS`]).
+    saves_recorded: u32,
     pub observed: Observed,
+}
+
+/// A checkpoint section a rank closed ([`is_checkpoint_section`]), for its `section` record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Save {
+    pub name: String,
+    pub took: Duration,
+    /// The rank's last one recorded in this attempt ([`MAX_SECTION_RECORDS`]).
+    pub last: bool,
 }
 
 impl RankMonitor {
@@ -335,12 +348,18 @@ impl RankMonitor {
             sections_only: false,
             frozen: false,
             names_capped: false,
+            saves_recorded: 0,
             observed: Observed::default(),
         }
     }
 
     pub fn registered(&self) -> bool {
         self.registered
+    }
+
+    /// When its last heartbeat came (`None`: none yet).
+    pub fn last_heartbeat(&self) -> Option<Instant> {
+        self.last_heartbeat
     }
 
     pub fn finished(&self) -> bool {
@@ -376,19 +395,21 @@ impl RankMonitor {
         self.names_capped
     }
 
-    pub fn on_msg(&mut self, now: Instant, msg: &RankMsg) {
-        self.on_msg_keeping(now, msg, &BTreeMap::new());
+    pub fn on_msg(&mut self, now: Instant, msg: &RankMsg) -> Option<Save> {
+        self.on_msg_keeping(now, msg, &BTreeMap::new())
     }
 
     /// As [`Self::on_msg`]; the names in `timed` (the timeouts in force) are kept past the cap.
-    /// Costs the same whatever the number of names seen: no copy of what was observed.
+    /// Costs the same whatever the number of names seen: no copy of what was observed. Returns
+    /// the checkpoint section the message closed, if one is to be recorded.
     pub fn on_msg_keeping(
         &mut self,
         now: Instant,
         msg: &RankMsg,
         timed: &BTreeMap<String, Duration>,
-    ) {
+    ) -> Option<Save> {
         let learn = !self.frozen;
+        let mut closed = None;
         match msg {
             RankMsg::Register { .. } => {
                 if !self.registered {
@@ -424,7 +445,7 @@ impl RankMonitor {
                 self.last_heartbeat = Some(now);
             }
             RankMsg::SectionStart { name } => {
-                self.end_section(now, timed);
+                closed = self.end_section(now, timed);
                 if let Some(out) = self.out_since.take() {
                     if learn {
                         let d = now.saturating_duration_since(out);
@@ -442,10 +463,10 @@ impl RankMonitor {
             }
             RankMsg::SectionEnd { name } => {
                 if self.section.as_ref().is_some_and(|(open, _)| open == name) {
-                    self.end_section(now, timed);
+                    closed = self.end_section(now, timed);
                 }
             }
-            RankMsg::EndAllSections => self.end_section(now, timed),
+            RankMsg::EndAllSections => closed = self.end_section(now, timed),
             RankMsg::Finished => self.finished = true,
             RankMsg::StepTiming { .. }
             | RankMsg::CalculateTimeouts { .. }
@@ -454,6 +475,7 @@ impl RankMonitor {
             | RankMsg::Signalled { .. }
             | RankMsg::WorkloadControl { .. } => {}
         }
+        closed
     }
 
     pub fn on_disconnect(&mut self) {
@@ -462,15 +484,23 @@ impl RankMonitor {
         }
     }
 
-    fn end_section(&mut self, now: Instant, timed: &BTreeMap<String, Duration>) {
-        let Some((name, since)) = self.section.take() else {
-            return;
-        };
+    fn end_section(&mut self, now: Instant, timed: &BTreeMap<String, Duration>) -> Option<Save> {
+        let (name, since) = self.section.take()?;
         self.out_since = Some(now);
-        if self.frozen {
-            return;
-        }
         let d = now.saturating_duration_since(since);
+        // Recorded whether or not it is learnt from: a save of a frozen rank still took its time.
+        let save = (is_checkpoint_section(&name) && self.saves_recorded < MAX_SECTION_RECORDS)
+            .then(|| {
+                self.saves_recorded += 1;
+                Save {
+                    name: name.clone(),
+                    took: d,
+                    last: self.saves_recorded == MAX_SECTION_RECORDS,
+                }
+            });
+        if self.frozen {
+            return save;
+        }
         let sections = &mut self.observed.sections;
         if let Some(e) = sections.get_mut(&name) {
             *e = (*e).max(d);
@@ -479,6 +509,7 @@ impl RankMonitor {
         } else {
             self.names_capped = true;
         }
+        save
     }
 
     /// The earliest moment this rank counts as hung under `t`, if any check applies.
@@ -788,6 +819,46 @@ mod tests {
         m.on_msg_keeping(t0 + s(3), &end("checkpoint"), &timed);
         assert_eq!(m.observed.sections["checkpoint"], s(3));
         assert_eq!(m.observed.sections.len(), MAX_SECTION_NAMES + 1);
+    }
+
+    #[test]
+    fn closed_checkpoint_sections_are_given_for_their_record_up_to_the_cap() {
+        let t0 = Instant::now();
+        let mut m = RankMonitor::new(t0);
+        m.on_msg(t0, &reg());
+        assert_eq!(m.on_msg(t0, &start("step")), None);
+        // Opening a checkpoint section closes `step`, which is not recorded.
+        assert_eq!(m.on_msg(t0 + s(1), &start("checkpointing")), None);
+        // A close under another name leaves it open.
+        assert_eq!(m.on_msg(t0 + s(2), &end("step")), None);
+        let save = m.on_msg(t0 + s(4), &end("checkpointing")).unwrap();
+        assert_eq!(
+            (save.name.as_str(), save.took, save.last),
+            ("checkpointing", s(3), false)
+        );
+        // Closed by the next section's start, and by "end all"; a frozen rank's save still counts.
+        m.on_msg(t0 + s(5), &start("async_checkpoint"));
+        assert_eq!(m.on_msg(t0 + s(7), &start("step")).unwrap().took, s(2));
+        m.freeze();
+        m.on_msg(t0 + s(8), &start("checkpointing"));
+        assert_eq!(
+            m.on_msg(t0 + s(9), &RankMsg::EndAllSections).unwrap().took,
+            s(1)
+        );
+        let mut t = t0 + s(10);
+        let mut last = None;
+        for _ in 3..MAX_SECTION_RECORDS {
+            m.on_msg(t, &start("checkpointing"));
+            t += s(1);
+            last = m.on_msg(t, &end("checkpointing"));
+            assert!(last.is_some());
+        }
+        assert!(
+            last.unwrap().last,
+            "the cap's own record says it is the last"
+        );
+        m.on_msg(t, &start("checkpointing"));
+        assert_eq!(m.on_msg(t + s(1), &end("checkpointing")), None);
     }
 
     #[test]
