@@ -62,6 +62,14 @@ def test_no_checkpoint_in_two_attempts_stops_the_restarts(job, tmp_path):
     assert result(evs)["step"] == 100, "the iteration that did not grow"
 
 
+def test_nvrx_default_is_two_cycles(job, tmp_path):
+    r, evs = launch(job, tmp_path, "--ft-checkpoint-iteration-file", "ckpt/latest_checkpointed_iteration.txt",
+                    start=100)
+    assert r.returncode == 1, r.stderr
+    assert cycles(evs) == [0, 1]
+    assert result(evs)["outcome"] == "no_progress"
+
+
 def test_no_restart_exit_code_is_the_status_when_it_stops(job, tmp_path):
     # NVRx 0.7 has no such option (it exits 1); vigil's "do not requeue" status applies.
     r, evs = launch(job, tmp_path, "--ft-checkpoint-iteration-file", "ckpt/latest_checkpointed_iteration.txt",
