@@ -26,7 +26,7 @@ HEARTBEATS_YAML = """fault_tolerance:
 """
 
 # A rank as NVRx's heartbeats example runs it: heartbeats, then "Leaving main". With FAIL set,
-# rank 1 fails in the first attempt (after rank 0 has connected), as `--simulated_fault` does.
+# rank 1 fails in the first attempt once rank 0 has connected, as `--simulated_fault` does.
 RANK = """
 import json, os, sys, time
 import vigil.compat as ft
@@ -37,10 +37,16 @@ info = os.environ.get("NVRX_CURRENT_CYCLE_INFO")
 if info:
     with open(os.path.join(os.environ["OUT_DIR"], f"seen_{attempt}_{rank}.json"), "w") as f:
         json.dump({"env": info, "text": open(info).read()}, f)
+up = os.path.join(os.environ["OUT_DIR"], f"up_{attempt}_{rank}")
+open(up, "w").close()
 for i in range(20):
     c.send_heartbeat()
     time.sleep(0.02)
     if os.environ.get("FAIL") and attempt == 0 and rank == 1 and i == 5:
+        # Only once rank 0 is connected, as NVRx's fault comes after training started.
+        t0 = time.time()
+        while not os.path.exists(up[:-1] + "0") and time.time() - t0 < 60:
+            time.sleep(0.01)
         print("Simulating fault", flush=True)
         sys.exit(1)
 c.shutdown_workload_monitoring()

@@ -11,9 +11,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from harness import base_env, events, vigil_bin, write  # noqa: E402
 
-# Each attempt: optionally saves a checkpoint (writes the file), then fails, until attempt DONE_AT.
+# Each attempt: rank 0 optionally saves a checkpoint (writes the file), then fails, until attempt
+# DONE_AT.
 RANK = """
-import os, sys
+import os, sys, time
 attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 grow = [int(x) for x in os.environ["GROW"].split(",") if x]
 if attempt < len(grow) and grow[attempt] and os.environ["RANK"] == "0":
@@ -22,6 +23,10 @@ if attempt < len(grow) and grow[attempt] and os.environ["RANK"] == "0":
         f.write(str(grow[attempt]) + "\\n")
     os.replace(path + ".tmp", path)
 if attempt < int(os.environ["DONE_AT"]):
+    # Rank 0 fails after its checkpoint; rank 1 waits to be stopped, so that the file is
+    # written before the attempt ends.
+    if os.environ["RANK"] != "0":
+        time.sleep(60)
     print(f"attempt {attempt} fails", flush=True)
     sys.exit(3)
 print("Leaving main", flush=True)
