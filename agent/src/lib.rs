@@ -7,6 +7,8 @@
 //! - `run`: the runtime: event loop, processes, output, the ranks' socket, stacks, summaries (the
 //!   edges).
 //! - `metrics`: the Prometheus page (snapshot -> text); pure.
+//! - `nvrx`: what NVRx's ft_launcher writes for tools around it (restarter lines, cycle info
+//!   files), observed from the supervisor's records; decides nothing.
 //! - `perf`: GPU facts (later straggler scores and NVML telemetry).
 //! - `exit`: the binary's exit statuses, each named and documented once; a leaf.
 //! - `values`: plain values every layer parses; a leaf.
@@ -16,6 +18,7 @@ pub mod cli;
 pub mod exit;
 pub mod job;
 pub mod metrics;
+pub mod nvrx;
 pub mod perf;
 pub mod run;
 pub mod supervise;

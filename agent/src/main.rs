@@ -22,6 +22,8 @@ fn args() -> Result<Vec<String>, ConfigError> {
     });
     if invoked_as.as_deref() == Some("ft_launcher") {
         args.insert(1, "run".into());
+        // As ft_launcher, vigil prints NVRx's restarter state lines (docs/ft_launcher.md).
+        args.insert(2, "--nvrx-restarter-log".into());
     }
     if args.get(1).map(String::as_str) != Some("run") {
         return Ok(args);

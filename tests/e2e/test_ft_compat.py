@@ -1,6 +1,7 @@
 """ft_launcher command lines run unchanged under vigil (docs/ft_launcher.md)."""
 import json
 import subprocess
+from pathlib import Path
 
 from harness import base_env, run_vigil, vigil_bin, write
 
@@ -67,3 +68,17 @@ def test_ft_errors_are_one_clear_line(job):
     r = run_vigil(["run", "--ft-cfg-path", "missing.yaml", "--ignore-missing-fault-tol-cfg", "t.py"], cwd=job)
     assert r.returncode == 0, r.stderr
     assert "[default0]:never" in r.stdout
+
+
+def test_the_ft_launcher_program_prints_nvrx_restarter_lines(job):
+    # The `ft_launcher` binary (for installs without a symlink) runs vigil under that name, so
+    # it prints NVRx's [NestedRestarter] lines as a symlink does; `vigil run` does not.
+    ft = Path(vigil_bin()).with_name("ft_launcher")
+    write(job / "t.py", "import vigil\nvigil.heartbeat(0)\nvigil.close()\n")
+    r = subprocess.run([str(ft), "--nproc-per-node", "1", "t.py"], cwd=job, env=base_env(),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    states = [line.split("state=", 1)[1] for line in r.stdout.splitlines() if "[NestedRestarter]" in line]
+    assert states == ["initialize", "handling stage=starting", "aborted"], r.stdout
+    r = run_vigil(["run", "t.py"], cwd=job)
+    assert r.returncode == 0 and "NestedRestarter" not in r.stdout + r.stderr

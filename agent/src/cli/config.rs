@@ -107,6 +107,8 @@ pub struct LaunchConfig {
     pub metrics_port: Option<u16>,
     /// `--metrics-textfile`: write them into this directory for node_exporter.
     pub metrics_textfile: Option<PathBuf>,
+    /// NVRx's console lines and cycle info files.
+    pub nvrx: crate::nvrx::NvrxPlan,
 }
 
 /// `vigil run`'s straggler settings.
@@ -403,6 +405,17 @@ pub fn resolve(a: &RunArgs, host: &Host) -> Result<LaunchConfig, ConfigError> {
         straggler: straggler_plan(a)?,
         metrics_port: a.metrics_port,
         metrics_textfile: a.metrics_textfile.clone(),
+        nvrx: crate::nvrx::NvrxPlan {
+            restarter_log: a.nvrx_restarter_log,
+            progress_file: a
+                .checkpoint_iteration_file
+                .as_deref()
+                .map(|f| host.cwd.clone().unwrap_or_default().join(f)),
+            cycle_info: a.cycle_info_dir.as_deref().map(|d| {
+                let cwd = host.cwd.clone().unwrap_or_default();
+                crate::nvrx::cycle_info::CycleInfoPlan::new(d, &cwd, host.env)
+            }),
+        },
     })
 }
 

@@ -48,6 +48,7 @@ impl LaunchConfig {
             // One node only: several nodes could judge progress differently and part ways.
             no_progress: (self.nnodes == 1 && limits.max_no_progress > 0)
                 .then_some((limits.max_no_progress, limits.min_progress_steps)),
+            progress_from_file: self.nvrx.progress_file.is_some(),
             stop_if_straggler: self.straggler.stop,
         }
     }

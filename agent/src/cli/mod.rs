@@ -676,6 +676,17 @@ pub struct RunArgs {
     )]
     pub state_dir: Option<PathBuf>,
 
+    /// Progress as NVRx's tracker measures it: the iteration in this file (one integer, written
+    /// by the training code at each checkpoint), read when the job starts and after each attempt,
+    /// in place of the steps the ranks report (ft_launcher's --ft-checkpoint-iteration-file).
+    #[arg(
+        help_heading = "Across allocations: stop at one step, requeue (vigil)",
+        long = "checkpoint-iteration-file",
+        alias = "checkpoint_iteration_file",
+        value_name = "FILE"
+    )]
+    pub checkpoint_iteration_file: Option<PathBuf>,
+
     /// Stragglers (docs/stragglers.md): seconds between the job-wide straggler reports node rank
     /// 0 prints and logs (NVRx's report_time_interval).
     #[arg(help_heading = "Stragglers (vigil)", long = "straggler-report-interval", alias = "straggler_report_interval", default_value_t = 300.0, value_parser = seconds)]
@@ -727,6 +738,26 @@ pub struct RunArgs {
         value_name = "DIR"
     )]
     pub metrics_textfile: Option<PathBuf>,
+
+    /// Print NVRx's `[NestedRestarter] name=[InJob] state=...` lines on stdout (node rank 0), as
+    /// NVRx's functional tests expect; on when vigil runs as `ft_launcher` (docs/ft_launcher.md).
+    #[arg(
+        help_heading = "Output (vigil)",
+        long = "nvrx-restarter-log",
+        alias = "nvrx_restarter_log"
+    )]
+    pub nvrx_restarter_log: bool,
+
+    /// Write NVRx's per-cycle info files (`cycle_info.<job>.<attempt>.<cycle>` and the `.current`
+    /// link, node rank 0) here; ranks get `NVRX_CURRENT_CYCLE_INFO` (ft_launcher's
+    /// --ft-cycle-info-dir).
+    #[arg(
+        help_heading = "Output (vigil)",
+        long = "cycle-info-dir",
+        alias = "cycle_info_dir",
+        value_name = "DIR"
+    )]
+    pub cycle_info_dir: Option<PathBuf>,
 
     /// The training script (or module with -m, or command with --no-python).
     #[arg(value_name = "TRAINING_SCRIPT")]

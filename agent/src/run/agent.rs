@@ -89,6 +89,8 @@ pub(super) struct Agent {
     pub(super) share: mpsc::UnboundedSender<Vec<u8>>,
     /// Where the checks before a rendezvous report (`gate.rs`).
     pub(super) gate_tx: mpsc::UnboundedSender<gate::GateOut>,
+    /// NVRx's console lines and cycle info files (`crate::nvrx`).
+    pub(super) nvrx: crate::nvrx::Nvrx,
 }
 
 /// Copies a rank's output pipe into its sink until end-of-file.
@@ -266,6 +268,7 @@ impl Agent {
         ));
         env.push(("VIGIL_STACK_FILE".into(), path(&dir.join("stacks.txt"))));
         env.push(self.containment.env());
+        env.extend(self.nvrx.rank_env());
         env
     }
 
@@ -323,6 +326,19 @@ impl Agent {
                 Action::Record(rec) => {
                     if let Some(text) = self.report.line(&rec) {
                         output::console_text(ConsoleStream::Stderr, &text);
+                    }
+                    let seen = self.nvrx.observe(&rec, std::time::SystemTime::now());
+                    if let Some(text) = seen.stdout {
+                        output::console_text(ConsoleStream::Stdout, &text);
+                    }
+                    if let Some(note) = seen.note {
+                        console_note(&note);
+                    }
+                    if let Some((at_start, iteration)) = seen.checkpoint {
+                        self.queue.push_back(Event::CheckpointIteration {
+                            at_start,
+                            iteration,
+                        });
                     }
                     self.events.write(&rec);
                 }

@@ -260,6 +260,13 @@ pub(super) async fn start(
         Some((m, pages)) => (Some(m), pages),
         None => (None, mpsc::channel(1).1),
     };
+    // One node names itself; several nodes' names are not known here (docs/ft_launcher.md).
+    let nodes = if cfg.active_nodes == 1 {
+        vec![host.clone()]
+    } else {
+        Vec::new()
+    };
+    let nvrx = crate::nvrx::Nvrx::new(&cfg.nvrx, cfg.node_rank, &nodes, cfg.active_nodes);
     let mut agent = Agent {
         events: EventLog {
             file: Some(event_file),
@@ -299,6 +306,7 @@ pub(super) async fn start(
         gpus: gpuwatch::GpuWatch::start(cfg.gpu.nvml_lib.clone(), gpu_tx),
         share: co.share,
         gate_tx,
+        nvrx,
         cfg,
     };
     let Begun {

@@ -86,6 +86,10 @@ pub struct SupervisorConfig {
     /// (`--max-no-progress`, `--min-progress-steps`); one node only (several nodes could judge
     /// differently and part ways), `None`: off.
     pub no_progress: Option<(u32, u64)>,
+    /// `--checkpoint-iteration-file` (NVRx's progress tracker): an attempt's progress is the
+    /// file's value after it ([`Event::CheckpointIteration`]), over the value when the job
+    /// started, not the ranks' steps.
+    pub progress_from_file: bool,
     /// `--stop-if-straggler`: a straggler report stops the job at a step and blames the nodes.
     pub stop_if_straggler: bool,
 }
@@ -110,6 +114,7 @@ impl SupervisorConfig {
             calculated: None,
             backoff: Backoff::OFF,
             no_progress: None,
+            progress_from_file: false,
             stop_if_straggler: false,
         }
     }
@@ -133,6 +138,12 @@ pub enum Event {
     Disconnected { local_rank: u32 },
     /// The hung rank's stacks were captured (or the capture gave up).
     StacksCaptured { local_rank: u32 },
+    /// The checkpoint iteration file's value (`None`: missing, empty or not a number), read as
+    /// the job started (`at_start`) or after a rank exited.
+    CheckpointIteration {
+        at_start: bool,
+        iteration: Option<u64>,
+    },
     /// The answer to `ProbeStopped`: the local ranks whose process is stopped (state `T`).
     Probed { stopped: Vec<u32> },
     /// Time passed; sent when `next_deadline` is reached.

@@ -285,6 +285,10 @@ impl Supervisor {
             }
             Event::Stragglers { nodes } => self.on_stragglers(now, nodes, &mut out),
             Event::Standby { cycle } => self.on_standby(now, cycle, &mut out),
+            Event::CheckpointIteration {
+                at_start,
+                iteration,
+            } => self.job.steps.checkpoint.read(at_start, iteration),
         }
         // A rank that ended or closed its connection is no longer waited for.
         self.maybe_answer_requests(&mut out);

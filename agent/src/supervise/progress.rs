@@ -1,5 +1,7 @@
 //! Progress, by the highest step each attempt (or allocation) reached: pure functions shared by the
 //! supervisor (in-job attempts) and the requeue policy (allocations, `allocation::policy`).
+//! With `--checkpoint-iteration-file` (NVRx's `TrainingProgressTracker`) an attempt reached the
+//! file's value after it, measured from the value when the job started ([`FileReads`]).
 
 /// Whether each entry of `highest` (in order) made progress over the best before it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,4 +49,81 @@ pub fn trailing_no_progress(highest: &[Option<u64>], min: u64, window: usize) ->
 /// step, in order) made no progress of `min` steps over the best before them. `n == 0`: never.
 pub fn attempt_no_progress(highest: &[Option<u64>], n: u32, min: u64) -> bool {
     n > 0 && trailing_no_progress(highest, min, highest.len()) >= n as usize
+}
+
+/// The checkpoint iteration file, as NVRx's tracker reads it: once as the job starts (the
+/// baseline: training resumes from that checkpoint) and again after each attempt.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FileReads {
+    pub baseline: Option<u64>,
+    /// The last value read.
+    pub latest: Option<u64>,
+}
+
+impl FileReads {
+    pub fn read(&mut self, at_start: bool, iteration: Option<u64>) {
+        if at_start {
+            self.baseline = iteration;
+        }
+        self.latest = iteration;
+    }
+
+    /// NVRx's `should_terminate_early`: the last `n` attempts (each one's value in `per_attempt`)
+    /// grew the file by less than `min` each, counted from the baseline. A file that was never
+    /// there (or held 0) neither counts nor resets, as NVRx's "iterations not reported".
+    pub fn no_progress(&self, per_attempt: &[Option<u64>], n: u32, min: u64) -> bool {
+        let reported = |v: Option<u64>| v.filter(|&i| i > 0);
+        let mut all = vec![reported(self.baseline)];
+        all.extend(per_attempt.iter().map(|v| reported(*v)));
+        // The baseline is no attempt: it only sets the level the first attempt must beat.
+        n > 0 && trailing_no_progress(&all, min, per_attempt.len()) >= n as usize
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reads(baseline: Option<u64>) -> FileReads {
+        FileReads {
+            baseline,
+            latest: None,
+        }
+    }
+
+    #[test]
+    fn file_progress_counts_from_the_baseline_as_nvrx() {
+        // Resumed at 100; the first attempt saved nothing new, nor the second: 2 cycles -> stop.
+        let r = reads(Some(100));
+        assert!(!r.no_progress(&[Some(100)], 2, 1));
+        assert!(r.no_progress(&[Some(100), Some(100)], 2, 1));
+        // A checkpoint in between resets the count.
+        assert!(!r.no_progress(&[Some(100), Some(150), Some(150)], 2, 1));
+        // min_progress_iterations: 40 more is not 50 more.
+        assert!(r.no_progress(&[Some(140), Some(180)], 2, 50));
+    }
+
+    #[test]
+    fn a_file_never_written_neither_counts_nor_resets() {
+        let r = reads(None);
+        assert!(!r.no_progress(&[None, None, None], 1, 1));
+        let r = reads(Some(0));
+        assert!(!r.no_progress(&[Some(0), Some(0)], 1, 1));
+        // The first checkpoint is progress.
+        assert!(!r.no_progress(&[None, Some(10)], 1, 1));
+        assert!(r.no_progress(&[None, Some(10), Some(10)], 1, 1));
+    }
+
+    #[test]
+    fn zero_cycles_turn_it_off() {
+        assert!(!reads(Some(5)).no_progress(&[Some(5), Some(5)], 0, 1));
+    }
+
+    #[test]
+    fn the_baseline_is_the_latest_until_an_attempt_reads_again() {
+        let mut r = FileReads::default();
+        r.read(true, Some(7));
+        r.read(false, Some(9));
+        assert_eq!((r.baseline, r.latest), (Some(7), Some(9)));
+    }
 }

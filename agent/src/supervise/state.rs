@@ -202,10 +202,13 @@ impl JobState {
 pub(super) struct Steps {
     /// The highest step any local rank reported.
     pub highest: Option<u64>,
-    /// The highest step reached in each attempt that ended, in order.
+    /// The highest step reached in each attempt that ended, in order (with
+    /// `--checkpoint-iteration-file`: the file's value after it).
     pub per_attempt: Vec<Option<u64>>,
     /// A rank said "training finished" (the job must not be requeued).
     pub training_finished: bool,
+    /// The checkpoint iteration file's reads (`--checkpoint-iteration-file`).
+    pub checkpoint: super::progress::FileReads,
 }
 
 /// How this node ends the job, once it must.

@@ -1776,6 +1776,47 @@ fn attempts_that_do_progress_keep_restarting() {
 }
 
 #[test]
+fn with_a_checkpoint_file_its_value_is_the_progress_not_the_steps() {
+    // NVRx's tracker: the file read at the start (100) is the baseline; the ranks' steps grow
+    // every attempt but the file does not, so two attempts without progress end the job.
+    let t = Instant::now();
+    let mut c = cfg(1, 10);
+    c.no_progress = Some((2, 1));
+    c.progress_from_file = true;
+    let (mut s, _) = Solo::new(c);
+    let read = |s: &mut Solo, at_start: bool, it: u64| {
+        s.handle(
+            t,
+            Event::CheckpointIteration {
+                at_start,
+                iteration: Some(it),
+            },
+        )
+    };
+    read(&mut s, true, 100);
+    let attempt = |s: &mut Solo, base: i32, step: u64, file: u64| {
+        spawn_all(s, t, base);
+        register(s, t, 0);
+        send(s, t, 0, RankMsg::Progress { step });
+        read(s, false, file);
+        s.handle(
+            t,
+            Event::Reaped {
+                pid: base,
+                how: ExitKind::Code(1),
+            },
+        )
+    };
+    assert!(finish(&attempt(&mut s, 100, 5, 150)).is_none(), "150 > 100");
+    assert!(finish(&attempt(&mut s, 110, 6, 150)).is_none());
+    let a = attempt(&mut s, 120, 7, 150);
+    assert!(
+        matches!(finish(&a), Some(Outcome::NoProgress { attempts: 3, .. })),
+        "{a:?}"
+    );
+}
+
+#[test]
 fn a_verdict_on_the_next_attempt_reaches_a_node_heading_for_it() {
     // Node 0 restarts after attempt 0 failed; node 1 left the job and poisoned attempt 1.
     let t = Instant::now();

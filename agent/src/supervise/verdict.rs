@@ -224,7 +224,11 @@ impl Supervisor {
         if self.no_progress_now() {
             return Some(Outcome::NoProgress {
                 attempts: self.job.steps.per_attempt.len() as u32,
-                step: self.job.steps.highest,
+                // With a checkpoint file, its iteration is the step that did not grow.
+                step: match self.cfg.progress_from_file {
+                    true => self.job.steps.checkpoint.latest,
+                    false => self.job.steps.highest,
+                },
             });
         }
         if self.job.asked.exclude {
@@ -313,10 +317,18 @@ impl Supervisor {
         let Some((n, min)) = self.cfg.no_progress else {
             return false;
         };
+        let from_file = self.cfg.progress_from_file;
+        let reached = match from_file {
+            true => self.job.steps.checkpoint.latest,
+            false => self.attempt.highest_step(),
+        };
         let steps = &mut self.job.steps.per_attempt;
         if steps.len() as u32 <= self.cycle {
-            steps.push(self.attempt.highest_step());
+            steps.push(reached);
         }
-        attempt_no_progress(steps, n, min)
+        match from_file {
+            true => self.job.steps.checkpoint.no_progress(steps, n, min),
+            false => attempt_no_progress(steps, n, min),
+        }
     }
 }

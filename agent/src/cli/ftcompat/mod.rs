@@ -356,6 +356,12 @@ fn vigil_flags(
             }
         }
     }
+    // NVRx's tracker stops after 2 cycles without progress unless told otherwise; vigil's own
+    // default (3) is for its step-based check.
+    let given = |t: &str| mapped.iter().any(|m| m == t) || explicit.contains(&t[2..]);
+    if mapped.iter().any(|m| m == "--checkpoint-iteration-file") && !given("--max-no-progress") {
+        mapped.extend(["--max-no-progress".to_string(), "2".to_string()]);
+    }
     mapped
 }
 
@@ -490,6 +496,7 @@ fn expected(kind: Kind) -> String {
         Kind::Positive => "a number > 0".into(),
         Kind::Int => "an integer".into(),
         Kind::Count => "an integer >= 0".into(),
+        Kind::CountOrOff => "an integer (0 or less: off)".into(),
         Kind::Bool => "true or false".into(),
         Kind::Str => "a string".into(),
         Kind::Signal => "a signal name or number (SIGKILL, SIGTERM, signal.SIGKILL, 9)".into(),
@@ -557,6 +564,14 @@ fn parse_str(kind: Kind, s: &str) -> Option<Val> {
                 return Some(Val::None);
             }
             t.parse::<u32>().ok().map(|n| Val::I(i64::from(n)))
+        }
+        Kind::CountOrOff => {
+            if is_null(t) {
+                return Some(Val::None);
+            }
+            t.parse::<i64>()
+                .ok()
+                .map(|n| Val::I(n.clamp(0, i64::from(u32::MAX))))
         }
         Kind::Bool => parse_bool(t).map(Val::B),
         Kind::Str => Some(if is_null(t) {
@@ -877,12 +892,50 @@ mod tests {
     }
 
     #[test]
+    fn the_checkpoint_file_brings_nvrx_tracker_default_unless_a_count_is_given() {
+        let t = tr(&["--ft-checkpoint-iteration-file", "it.txt", "t.py"]);
+        assert_eq!(
+            t.args,
+            sv(&[
+                "--checkpoint-iteration-file",
+                "it.txt",
+                "--max-no-progress",
+                "2",
+                "t.py"
+            ])
+        );
+        let t = tr(&[
+            "--ft-checkpoint-iteration-file",
+            "it.txt",
+            "--ft-max-no-progress-cycles",
+            "5",
+            "t.py",
+        ]);
+        assert_eq!(
+            t.args.iter().filter(|a| *a == "--max-no-progress").count(),
+            1
+        );
+        assert!(t.args.contains(&"5".to_string()));
+        let t = tr(&[
+            "--max-no-progress",
+            "4",
+            "--ft-checkpoint-iteration-file",
+            "x",
+            "t.py",
+        ]);
+        assert!(!t.args.contains(&"2".to_string()), "{:?}", t.args);
+        // vigil's own flag keeps vigil's default.
+        let t = tr(&["--checkpoint-iteration-file", "x", "t.py"]);
+        assert_eq!(t.args, sv(&["--checkpoint-iteration-file", "x", "t.py"]));
+    }
+
+    #[test]
     fn every_known_flag_is_accepted() {
         for opt in OPTS {
             let flag = format!("--ft-{}", opt.field.replace('_', "-"));
             let value = match opt.kind {
                 Kind::Timeout | Kind::Float | Kind::Positive => "7",
-                Kind::Int | Kind::Count => "3",
+                Kind::Int | Kind::Count | Kind::CountOrOff => "3",
                 Kind::Bool => "false",
                 Kind::Str => "/x",
                 Kind::Signal => "SIGTERM",
@@ -894,6 +947,8 @@ mod tests {
                 .unwrap_or_else(|e| panic!("{flag}: {e}"));
             let want = match opt.effect {
                 Effect::Map(_) if matches!(opt.kind, Kind::Bool) => (2, 0),
+                // With NVRx's default count (2) for its tracker.
+                Effect::Map("--checkpoint-iteration-file") => (5, 0),
                 Effect::Map(_) => (3, 0),
                 Effect::Note(_) => (1, 1),
             };

@@ -14,6 +14,8 @@ pub(super) enum Kind {
     Int,
     /// An integer >= 0.
     Count,
+    /// A count where 0 or less turns the check off (as 0).
+    CountOrOff,
     Bool,
     Str,
     Signal,
@@ -52,8 +54,6 @@ pub(super) struct Opt {
 pub(super) const DEADLINE: &str =
     "vigil is deadline-driven and acts the moment a timeout expires, not on a polling interval";
 pub(super) const NO_NODE_CHECK: &str = "vigil checks the node with `vigil health` / --health-check before each rendezvous (docs/health.md), not on an interval or an endpoint";
-pub(super) const NO_PROGRESS: &str =
-    "vigil measures progress by the step ranks pass to vigil.should_stop(step), not a file";
 pub(super) const NO_ATTRIBUTION: &str = "vigil has no attribution service; its failure summary and event log name the failing rank and the cause";
 pub(super) const NO_LOG_FUNNEL: &str =
     "vigil keeps each rank's logs per attempt in its run directory under --log-dir";
@@ -68,8 +68,8 @@ pub(super) const KILLS_GROUPS: &str =
     "vigil always kills what each rank leaves in its process group";
 pub(super) const RECORDS_EXITS: &str =
     "vigil records each rank's exit status and error file itself";
-pub(super) const NO_CYCLE_INFO: &str =
-    "vigil writes no cycle_info files; its event log records every attempt";
+pub(super) const NO_CYCLE_INFO_JOB: &str =
+    "for nvrx-control only; ft_launcher and vigil name cycle_info files by SLURM_ARRAY_JOB_ID, else SLURM_JOB_ID";
 
 pub(super) const fn map(field: &'static str, kind: Kind, target: &'static str) -> Opt {
     Opt {
@@ -123,10 +123,10 @@ pub(super) const OPTS: &[Opt] = &[
     map("gpu_memory_poll_interval", Kind::Float, "--gpu-memory-poll-interval"),
     note("check_remaining_processes", Kind::Bool, Dflt::B(false), KILLS_GROUPS),
     note("install_exception_hook", Kind::Bool, Dflt::B(false), RECORDS_EXITS),
-    map("max_no_progress_cycles", Kind::Int, "--max-no-progress"),
-    map("max_no_progress_restarts", Kind::Int, "--max-no-progress"),
-    map("min_progress_iterations", Kind::Int, "--min-progress-steps"),
-    note("checkpoint_iteration_file", Kind::Str, Dflt::Null, NO_PROGRESS),
+    map("max_no_progress_cycles", Kind::CountOrOff, "--max-no-progress"),
+    map("max_no_progress_restarts", Kind::CountOrOff, "--max-no-progress"),
+    map("min_progress_iterations", Kind::Count, "--min-progress-steps"),
+    map("checkpoint_iteration_file", Kind::Str, "--checkpoint-iteration-file"),
     map("no_restart_exit_code", Kind::Int, "--no-restart-exit-code"),
     note("attribution_endpoint", Kind::Str, Dflt::Null, NO_ATTRIBUTION),
     note("attribution_stop_action", Kind::Str, Dflt::Null, NO_ATTRIBUTION),
@@ -138,8 +138,8 @@ pub(super) const OPTS: &[Opt] = &[
     note("attribution_analysis_backend", Kind::Str, Dflt::Null, NO_ATTRIBUTION),
     note("attribution_compute_timeout", Kind::Float, Dflt::Null, NO_ATTRIBUTION),
     note("attribution_log_level", Kind::Str, Dflt::Null, NO_ATTRIBUTION),
-    note("cycle_info_dir", Kind::Str, Dflt::Null, NO_CYCLE_INFO),
-    note("cycle_info_job_id", Kind::Str, Dflt::Null, NO_CYCLE_INFO),
+    map("cycle_info_dir", Kind::Str, "--cycle-info-dir"),
+    note("cycle_info_job_id", Kind::Str, Dflt::Null, NO_CYCLE_INFO_JOB),
     note("base_logfile", Kind::Str, Dflt::Null, NO_LOG_FUNNEL),
     note("per_cycle_applog_prefix", Kind::Str, Dflt::Null, NO_LOG_FUNNEL),
     note("nvrx_logfile", Kind::Str, Dflt::Null, NO_LOG_FUNNEL),
