@@ -29,8 +29,9 @@
 //! ft_launcher (NVRx `TrainingProgressTracker`) compared: it counts *in-job cycles* whose
 //! iteration, read from `--ft-checkpoint-iteration-file`, grew by less than
 //! `min_progress_iterations` since the cycle started; when `max_no_progress_cycles` consecutive
-//! cycles (cycle 0 included) made none, every launcher exits `no_restart_exit_code` (default 93)
-//! "do not requeue"; without the file it stays inactive; 0 disables it. Running out of
+//! cycles (cycle 0 included) made none, the launcher stops restarting and exits 1 (NVRx 0.7 has
+//! no status of its own for it; vigil's `--ft-no-restart-exit-code` gives one); without the
+//! file it stays inactive; 0 disables it. Running out of
 //! `--max-restarts` exits 1, not 93. vigil keeps the same counting and the same meaning of 0,
 //! with three differences: the step comes from the ranks (`should_stop(step)`), not a file; it
 //! counts allocations (from the ledger) as well as in-job attempts ([`attempt_no_progress`]);
