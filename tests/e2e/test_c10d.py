@@ -61,7 +61,7 @@ class C10d:
         write(job / "record.py", RECORD)
         self.procs = []
 
-    def start(self, nnodes=None):
+    def start(self, nnodes=None, **env_of_this_agent):
         i = len(self.procs)
         logs, out = self.job / f"node{i}" / "logs", self.job / f"out{i}"
         logs.mkdir(parents=True)
@@ -70,7 +70,7 @@ class C10d:
                 "--rdzv-endpoint", f"127.0.0.1:{self.port}", "--rdzv-id", "c10d-test",
                 "--nproc-per-node", str(self.nproc), "--log-dir", str(logs), *self.extra,
                 "record.py", *self.script_args]
-        env = base_env(OUT_DIR=out, SHARED=self.job / "shared", **self.env)
+        env = base_env(OUT_DIR=out, SHARED=self.job / "shared", **{**self.env, **env_of_this_agent})
         self.procs.append(start_vigil(args, cwd=self.job, env=env))
         return self.procs[-1]
 
@@ -244,3 +244,26 @@ def test_no_store_at_the_endpoint_is_a_requeue_not_a_usage_error(job):
     ((rc, _, err),) = c.wait()
     assert rc == 75, err
     assert "cannot reach node rank 0's store at 127.0.0.1:" in err, err
+
+
+def test_nvrx_cycle_info_names_the_nodes_as_they_joined(job):
+    # NVRx's cycle info files (--ft-cycle-info-dir) name the active nodes and the standbys: node
+    # rank 0 learns them from the join records. Three agents for --nnodes 2:3: the third is a
+    # standby. Each names itself as Slurm would (SLURMD_NODENAME).
+    c = C10d(job, "2:3", extra=["--rdzv-conf", "last_call_timeout=1", "--cycle-info-dir", "ci"])
+    first = c.start(SLURMD_NODENAME="n12")
+    wait_for(lambda: listening(c.port) or first.poll() is not None, 60, "the store's host")
+    c.start(SLURMD_NODENAME="n3")
+    c.start(SLURMD_NODENAME="n7")
+    res = c.wait()
+    assert [rc for rc, _, _ in res] == [0, 0, 0], [e for _, _, e in res]
+    ranks = [c.node_rank(i) for i in range(3)]
+    names = {r: n for r, n in zip(ranks, ["n12", "n3", "n7"])}
+    # No Slurm job id: NVRx's name has an empty job id, `cycle_info..<attempt>.<cycle>`.
+    info = json.loads((job / "ci" / "cycle_info..0.0").read_text())
+    # Group ranks 0 and 1 are node ranks 0 and 1; node rank 2 stands by.
+    active = sorted([names[0], names[1]], key=lambda n: int(n[1:]))
+    assert info["active_nodes"] == f"n[{active[0][1:]},{active[1][1:]}]", info
+    assert info["standby_nodes"] == names[2], info
+    # The active nodes' group ranks in the order of their names.
+    assert info["active_ranks"] == ("0,1" if active[0] == names[0] else "1,0"), info

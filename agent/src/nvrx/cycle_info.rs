@@ -174,11 +174,27 @@ pub fn ranks(ranks: &[u32]) -> String {
     out.join(",")
 }
 
+/// The active nodes' group ranks in the order of their hosts' names (numbers by value), as
+/// NVRx lists them; `hosts[i]` runs group rank `i`.
+pub fn ranks_by_host(hosts: &[String]) -> String {
+    let key = |h: &String| {
+        let short = h.split('.').next().unwrap_or("").to_string();
+        match split_number(&short) {
+            Some((p, n)) => (p.to_string(), n.parse::<u64>().unwrap_or(0), short.clone()),
+            None => (short.clone(), 0, short.clone()),
+        }
+    };
+    let mut order: Vec<u32> = (0..hosts.len() as u32).collect();
+    order.sort_by_key(|i| key(&hosts[*i as usize]));
+    ranks(&order)
+}
+
 /// Writes the files of one run (node rank 0).
 #[derive(Debug)]
 pub struct CycleInfoWriter {
     plan: CycleInfoPlan,
     active_nodes: String,
+    standby_nodes: String,
     active_ranks: String,
     /// The cycle whose end is not written yet.
     open: Option<CycleInfo>,
@@ -189,9 +205,17 @@ impl CycleInfoWriter {
         CycleInfoWriter {
             plan,
             active_nodes,
+            standby_nodes: String::new(),
             active_ranks,
             open: None,
         }
+    }
+
+    /// The next cycle's nodes as the rendezvous joined them: `active[i]` runs group rank `i`.
+    pub fn set_nodes(&mut self, active: &[String], standby: &[String]) {
+        self.active_nodes = nodelist(active);
+        self.standby_nodes = nodelist(standby);
+        self.active_ranks = ranks_by_host(active);
     }
 
     /// Cycle `cycle` starts at `now`: ends the one before if it is still open, writes the new
@@ -206,7 +230,7 @@ impl CycleInfoWriter {
             cycle_end_time: String::new(),
             cycle_log_file: String::new(),
             active_nodes: self.active_nodes.clone(),
-            standby_nodes: String::new(),
+            standby_nodes: self.standby_nodes.clone(),
             generation: 0,
             active_ranks: self.active_ranks.clone(),
         };
@@ -252,6 +276,31 @@ fn write_replace(path: &Path, text: &str) -> std::io::Result<()> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn the_nodes_of_a_cycle_come_from_the_rendezvous_in_nvrxs_forms() {
+        let hosts: Vec<String> = ["node10.cluster", "node9", "node11"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        // Group ranks 0, 1, 2 run on node10, node9, node11: by name, 1 (node9) comes first.
+        assert_eq!(ranks_by_host(&hosts), "1,0,2");
+        assert_eq!(ranks_by_host(&hosts[..0]), "");
+        let dir = std::env::temp_dir().join(format!("vigil-cycle-info-{}", std::process::id()));
+        let plan = CycleInfoPlan {
+            dir: dir.clone(),
+            job_id: "7".into(),
+            attempt_index: 0,
+        };
+        let mut w = CycleInfoWriter::new(plan, String::new(), "0-2".into());
+        w.set_nodes(&hosts, &["node12".to_string()]);
+        w.start(0, "2026-11-26T15:00:00Z").unwrap();
+        let text = std::fs::read_to_string(dir.join("cycle_info.7.0.0")).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(text.contains(r#""active_nodes": "node[9-11]""#), "{text}");
+        assert!(text.contains(r#""standby_nodes": "node12""#), "{text}");
+        assert!(text.contains(r#""active_ranks": "1,0,2""#), "{text}");
+    }
     use super::*;
 
     #[test]

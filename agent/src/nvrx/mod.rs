@@ -70,6 +70,13 @@ impl Nvrx {
         }
     }
 
+    /// Node rank 0: the hosts of the cycle about to start, as the rendezvous joined them.
+    pub fn set_hosts(&mut self, active: &[String], standby: &[String]) {
+        if let Some(w) = self.cycles.as_mut() {
+            w.set_nodes(active, standby);
+        }
+    }
+
     /// What a rank's environment gets: `NVRX_CURRENT_CYCLE_INFO` with `--cycle-info-dir`.
     pub fn rank_env(&self) -> Option<(String, String)> {
         self.env.clone()

@@ -149,7 +149,7 @@ pub(super) fn event_of(m: FromCoord) -> Option<Event> {
         FromCoord::StopAsked { cycle, trigger } => Event::StopAsked { cycle, trigger },
         FromCoord::Standby { cycle } => Event::Standby { cycle },
         FromCoord::StopStep { cycle, step } => Event::StopStep { cycle, step },
-        FromCoord::Promoted { .. } | FromCoord::Note(_) => return None,
+        FromCoord::Promoted { .. } | FromCoord::Note(_) | FromCoord::Hosts { .. } => return None,
     })
 }
 
@@ -323,6 +323,7 @@ impl Dispatcher {
             }
             FromCoord::Promoted { cycle, promotions } => agent.on_promoted(*cycle, promotions),
             FromCoord::Note(note) => console_note(note),
+            FromCoord::Hosts { hosts, .. } => agent.nvrx.set_hosts(&hosts.active, &hosts.standby),
             _ => {}
         }
         if let Some(ev) = event_of(m) {

@@ -260,7 +260,7 @@ pub(super) async fn start(
         Some((m, pages)) => (Some(m), pages),
         None => (None, mpsc::channel(1).1),
     };
-    // One node names itself; several nodes' names are not known here (docs/ft_launcher.md).
+    // One node names itself; several nodes' names come from the rendezvous (`FromCoord::Hosts`).
     let nodes = if cfg.active_nodes == 1 {
         vec![host.clone()]
     } else {

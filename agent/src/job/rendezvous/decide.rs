@@ -93,6 +93,16 @@ pub enum Joining {
 pub struct Proposal {
     pub go: Go,
     pub promotions: Vec<Promotion>,
+    /// The hosts of the nodes that run ranks, in group-rank order, and of the standbys (what
+    /// node rank 0 alone knows, for NVRx's cycle info files).
+    pub hosts: NodeHosts,
+}
+
+/// Host names of one cycle's nodes, as they joined.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeHosts {
+    pub active: Vec<String>,
+    pub standby: Vec<String>,
 }
 
 /// Why node rank 0 cannot assign a cycle: the job cannot go on (it ends to be requeued).
@@ -297,9 +307,14 @@ impl Rendezvous {
         let calculated = self.calculated.as_ref().map(WireTimeouts::from);
         if !self.spares() {
             let go = assign(cycle, &nodes, self.setup.max_restarts, calculated);
+            let hosts = NodeHosts {
+                active: nodes.into_iter().map(|n| n.host).collect(),
+                standby: Vec::new(),
+            };
             return Ok(Proposal {
                 go,
                 promotions: Vec::new(),
+                hosts,
             });
         }
         self.infos.extend(joined.clone());
@@ -327,7 +342,18 @@ impl Rendezvous {
             .ok()
             .and_then(|(slots, promotions)| {
                 let go = assign_slots(cycle, &slots, &joined, self.setup.max_restarts, calculated)?;
-                Some(Proposal { go, promotions })
+                let host = |n: &u32| joined.get(n).map(|i| i.host.clone());
+                let hosts = NodeHosts {
+                    active: slots.iter().filter_map(host).collect(),
+                    standby: (joined.keys().filter(|n| !slots.contains(n)))
+                        .filter_map(host)
+                        .collect(),
+                };
+                Some(Proposal {
+                    go,
+                    promotions,
+                    hosts,
+                })
             })
             .ok_or_else(|| Unassignable::NoStandby {
                 cycle,

@@ -48,6 +48,7 @@ pub(crate) mod wire;
 
 pub(crate) use connect::connect_client;
 use connect::{claim, store_lost, Fatal};
+pub use decide::NodeHosts;
 use decide::{
     join_timeout_reason, merge_timeouts, AfterLoss, Decision, Joining, Loss, Proposal, Rendezvous,
     Setup, Stage, Woke,
@@ -104,6 +105,11 @@ pub enum FromCoord {
     },
     /// Something for the console alone (node rank 0: the last call ended).
     Note(String),
+    /// Node rank 0: the hosts of cycle `cycle`'s nodes, before its verdict (NVRx's cycle info).
+    Hosts {
+        cycle: u32,
+        hosts: NodeHosts,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -659,7 +665,12 @@ impl Coordinator {
             .zip(self.ctl.multi_get(&refs).await?)
             .collect();
         match self.rdzv.assign(c, &records) {
-            Ok(Proposal { go, promotions }) => {
+            Ok(Proposal {
+                go,
+                promotions,
+                hosts,
+            }) => {
+                self.send(FromCoord::Hosts { cycle: c, hosts });
                 if !promotions.is_empty() {
                     self.send(FromCoord::Promoted {
                         cycle: c,
