@@ -1,6 +1,7 @@
 """The open-file limit (field finding 27): vigil raises its soft limit to the hard one, the ranks
 keep the limit the job script gave them, and node rank 0 refuses, in one line, a job whose store
-its hard limit cannot hold, instead of running out of descriptors half-way.
+its hard limit cannot hold, instead of running out of descriptors half-way; and it says when the
+kernel caps the listen backlog the job needs.
 
 Before: the agent kept a soft limit of 1,024 and node rank 0's store ran out near 250 nodes.
 """
@@ -8,6 +9,8 @@ import resource
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "e2e"))
 
@@ -72,3 +75,21 @@ def test_a_job_the_limit_holds_is_not_refused(job):
                               preexec_fn=limited(1024, 1024)) for i in range(2)]
     errs = [p.communicate(timeout=60)[1] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], errs
+
+
+def test_node_rank_0_says_when_the_kernel_caps_its_listen_backlog(job):
+    """500 nodes of 8 ranks may connect 5,500 times at once; above net.core.somaxconn node rank 0
+    says so in one note, naming the sysctl."""
+    cap = int(Path("/proc/sys/net/core/somaxconn").read_text())
+    burst = 500 * (3 + 8)
+    if cap >= burst:
+        pytest.skip(f"net.core.somaxconn is {cap}, above this job's {burst}")
+    if hard_limit() < 500 * (6 + 16) + 256:
+        pytest.skip("the hard open-file limit cannot hold the store for 500 nodes")
+    write(job / "rank.py", "pass\n")
+    r = run_vigil(["run", "--nnodes", "500", "--node-rank", "0", "--master-addr", "127.0.0.1",
+                   "--master-port", str(free_port()), "--nproc-per-node", "8", "--join-timeout", "2",
+                   "--log-dir", str(job / "logs"), "rank.py"], cwd=job, timeout=60)
+    notes = [l for l in r.stderr.splitlines() if "net.core.somaxconn" in l]
+    assert len(notes) == 1, r.stderr
+    assert f"net.core.somaxconn is {cap}" in notes[0] and str(burst) in notes[0], notes[0]
