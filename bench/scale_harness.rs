@@ -280,11 +280,22 @@ async fn until(
     leaving: bool,
 ) -> bool {
     let end = tokio::time::Instant::now() + deadline;
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
     loop {
         tokio::select! {
+            _ = tick.tick() => {
+                if let Some(why) = head_fd_pressure() {
+                    fault.get_or_insert(why);
+                    return false;
+                }
+            }
             l = lines.recv() => match l {
                 Some((w, Some(l))) => {
                     if l.starts_with("lost ") {
+                        // A worker out of descriptors is the harness's loss, not the protocol's.
+                        if l.contains("os error 24") {
+                            fault.get_or_insert(format!("worker {w} ran out of descriptors: {l}"));
+                        }
                         losses.push(l.clone());
                     }
                     if done(Some((w, &l)), None) {
@@ -316,7 +327,10 @@ async fn until(
 pub async fn run(n: u32, workers: u32, hold: Duration, peer_timeout: Duration) -> Row {
     let workers = workers.clamp(1, n.saturating_sub(1).max(1));
     let fd_limit = raise_fd_limit();
-    let peak = fd_peak_sampler();
+    let peak = HEAD_FD_PEAK
+        .get_or_init(|| (fd_peak_sampler(), fd_limit))
+        .0
+        .clone();
     let cpu0 = cpu_time();
     let before = net_counters();
     let (addr, keys, leases) = vigil::run::host_store_with_backlog(
@@ -381,7 +395,20 @@ pub async fn run(n: u32, workers: u32, hold: Duration, peer_timeout: Duration) -
         .expect("probe connects");
     let owners: Vec<String> = (0..n).map(|i| format!("vigil/owner/{i}")).collect();
     let refs: Vec<&str> = owners.iter().map(String::as_str).collect();
-    let _ = probe.wait(&refs, Duration::from_secs(300)).await;
+    // In short waits, so that the harness running out of descriptors ends the run.
+    let connect_by = Instant::now() + Duration::from_secs(300);
+    // (A WAIT that times out breaks the connection; CHECK does not wait.)
+    while !probe.check(&refs).await.unwrap_or(false) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        if let Some(why) = head_fd_pressure() {
+            fault.get_or_insert(why);
+            break;
+        }
+        if Instant::now() > connect_by {
+            fault.get_or_insert("the agents did not all connect within 300 s".into());
+            break;
+        }
+    }
     let connect = t0.elapsed();
     // Join attempt 0: every worker's agents and node rank 0.
     let t1 = Instant::now();
@@ -405,16 +432,17 @@ pub async fn run(n: u32, workers: u32, hold: Duration, peer_timeout: Duration) -
         }
     };
     let limit = Duration::from_secs(300);
-    let ok = until(
-        &mut lines,
-        &mut said,
-        limit,
-        joined_all(0, nw),
-        &mut losses,
-        &mut fault,
-        false,
-    )
-    .await;
+    let ok = fault.is_none()
+        && until(
+            &mut lines,
+            &mut said,
+            limit,
+            joined_all(0, nw),
+            &mut losses,
+            &mut fault,
+            false,
+        )
+        .await;
     let join0 = t1.elapsed();
     // A failure reported by node rank 0; every agent (node rank 0 too) rejoins attempt 1.
     let t2 = Instant::now();
@@ -558,6 +586,18 @@ pub async fn run(n: u32, workers: u32, hold: Duration, peer_timeout: Duration) -
 }
 
 static FAULTY_WORKER: AtomicUsize = AtomicUsize::new(0);
+
+/// The head's descriptor peak and limit, checked while it waits.
+static HEAD_FD_PEAK: std::sync::OnceLock<(Arc<AtomicUsize>, u64)> = std::sync::OnceLock::new();
+
+/// Why the head is out of descriptors, if it nearly is: the harness's own loss.
+fn head_fd_pressure() -> Option<String> {
+    let (peak, limit) = HEAD_FD_PEAK.get()?;
+    let p = peak.load(Ordering::Relaxed) as u64;
+    (p * 10 >= limit * 9).then(|| {
+        format!("the head process reached {p} of its {limit} descriptors (raise `ulimit -n`)")
+    })
+}
 
 fn fault_note(w: usize, peak: u64, limit: u64) {
     eprintln!("worker {w}: {peak} descriptors of its limit {limit}");
