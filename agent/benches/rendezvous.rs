@@ -5,12 +5,21 @@
 //!
 //!     cargo bench -p vigil --bench rendezvous [-- 1,16,128,512,1024]
 //!
+//! With `--workers W` it runs the multi-process harness instead (`bench/scale_harness.rs`): the
+//! store and node rank 0 here, the other agents in W worker processes, TCP counters, descriptor
+//! peaks and CPU recorded, a non-zero exit when the harness or the protocol lost something.
+//!
+//!     cargo bench -p vigil --bench rendezvous -- --workers 4 [--hold 150] [--node-timeout 30] 256,1024
+//!
 //! Columns: `connect` is every agent connecting and claiming its node rank; `join 0` is from all
 //! agents asking to join attempt 0 to the last one holding its rank assignment; `restart` is from
 //! one agent reporting a failure to every agent holding its assignment for attempt 1 (the verdict
 //! reaching everyone, everyone rejoining, node rank 0 clearing the store and answering).
 
 use std::time::{Duration, Instant};
+
+#[path = "../../bench/scale_harness.rs"]
+mod scale;
 
 use tokio::sync::mpsc;
 use vigil::job::rendezvous::{self, CoordConfig, FromCoord, HeadSide};
@@ -153,13 +162,84 @@ async fn one_round(n: u32, spares: u32) -> (Duration, Duration, Duration) {
     (connect_time, join0, restart)
 }
 
+/// The value after `flag` on the command line.
+fn flag<T: std::str::FromStr>(args: &[String], flag: &str) -> Option<T> {
+    let i = args.iter().position(|a| a == flag)?;
+    args.get(i + 1)?.parse().ok()
+}
+
+/// A worker of the multi-process harness: `--scale-worker NNODES FIRST COUNT STORE TIMEOUT_S`.
+fn scale_worker(args: &[String]) {
+    let bad = || -> ! {
+        eprintln!("--scale-worker NNODES FIRST COUNT STORE TIMEOUT_S");
+        std::process::exit(2)
+    };
+    let [n, first, count, store, t] = args else {
+        bad()
+    };
+    let (Ok(n), Ok(first), Ok(count), Ok(store), Ok(t)) = (
+        n.parse(),
+        first.parse(),
+        count.parse(),
+        store.parse(),
+        t.parse::<f64>(),
+    ) else {
+        bad()
+    };
+    scale::worker(n, first, count, store, Duration::from_secs_f64(t));
+}
+
+fn scale_main(args: &[String], sizes: Vec<u32>, workers: u32) -> i32 {
+    let hold = Duration::from_secs(flag(args, "--hold").unwrap_or(5));
+    let timeout = Duration::from_secs(flag(args, "--node-timeout").unwrap_or(30));
+    scale::header();
+    let mut failed = None;
+    for n in sizes.into_iter().filter(|n| *n >= 2) {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let local = tokio::task::LocalSet::new();
+        let row = local.block_on(&rt, scale::run(n, workers, hold, timeout));
+        if let Some(why) = scale::print(&row) {
+            failed.get_or_insert(why);
+        }
+    }
+    match failed {
+        Some(why) => {
+            eprintln!("scale harness: {why}");
+            1
+        }
+        None => 0,
+    }
+}
+
 fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("--scale-worker") {
+        return scale_worker(&args[1..]);
+    }
     raise_fd_limit();
-    let sizes: Vec<u32> = std::env::args()
-        .skip(1)
-        .find(|a| !a.starts_with('-'))
+    // Sizes: the first argument that is neither a flag nor a flag's value.
+    let mut sizes_arg = None;
+    let mut i = 0;
+    while i < args.len() {
+        if ["--workers", "--hold", "--node-timeout"].contains(&args[i].as_str()) {
+            i += 2;
+            continue;
+        }
+        if !args[i].starts_with('-') {
+            sizes_arg = Some(args[i].clone());
+            break;
+        }
+        i += 1;
+    }
+    let sizes: Vec<u32> = sizes_arg
         .map(|s| s.split(',').filter_map(|x| x.parse().ok()).collect())
         .unwrap_or_else(|| vec![1, 16, 128, 512, 1024]);
+    if let Some(workers) = flag::<u32>(&args, "--workers") {
+        std::process::exit(scale_main(&args, sizes, workers));
+    }
     println!("| agents | standbys | connect + claim | join attempt 0 | failure (standbys: an active agent's death) to all rejoined (attempt 1) |");
     println!("|---|---|---|---|---|");
     for n in sizes {

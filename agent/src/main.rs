@@ -89,18 +89,10 @@ fn one_line(e: &clap::Error, help: &str) -> String {
     format!("{}{hint}; see `{help}`", parts.join(" "))
 }
 
-/// The soft open-file limit, which bounds how many ranks the agent can watch.
+/// The soft open-file limit, which bounds how many ranks the agent can watch, after raising it
+/// to the hard limit (node rank 0's store holds several descriptors per node).
 fn nofile() -> u64 {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit only writes the struct it is given.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
-        lim.rlim_cur
-    } else {
-        1024
-    }
+    vigil::run::raise_nofile()
 }
 
 fn run(a: RunArgs) -> i32 {

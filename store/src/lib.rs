@@ -34,6 +34,7 @@ pub mod server;
 pub use client::{StoreClient, StoreError, DEFAULT_TIMEOUT};
 pub use protocol::{Opcode, VALIDATION_MAGIC};
 pub use server::{
-    set_peer_timeout, DropNotice, KeySpace, LeaseEvent, StoreHandle, StoreServer, StoreStats,
-    AGENT_PREFIX, DEFAULT_MAX_TOTAL, ENTRY_OVERHEAD, LEASE_PREFIX, LISTEN_BACKLOG, MAX_REPLY_LEN,
+    keepalive_timing, set_peer_timeout, somaxconn, DropNotice, KeySpace, LeaseEvent, StoreHandle,
+    StoreServer, StoreStats, AGENT_PREFIX, DEFAULT_MAX_TOTAL, ENTRY_OVERHEAD, LEASE_PREFIX,
+    LISTEN_BACKLOG, MAX_REPLY_LEN,
 };

@@ -35,14 +35,29 @@ fn opts(s: &SockRef<'_>) -> Opts {
     }
 }
 
-fn expected(idle_s: u64, user_timeout: Duration) -> Opts {
-    Opts {
-        keepalive: true,
-        idle: Duration::from_secs(idle_s),
-        interval: Duration::from_secs(idle_s),
-        count: 3,
-        user_timeout: Some(user_timeout),
-    }
+/// The options a connection with peer timeout `t` gets: its keepalive spread over the allowed
+/// ranges (the exact values depend on the connection's ports), enough probes to cover `t`, and
+/// the user timeout.
+fn check(o: &Opts, t: Duration, user_timeout: Duration) {
+    let secs = |d: Duration| d.as_secs_f64();
+    let whole = |s: f64| Duration::from_secs((s.round() as u64).clamp(1, 32767));
+    assert!(o.keepalive, "{o:?}");
+    assert_eq!(o.user_timeout, Some(user_timeout), "{o:?}");
+    let t = secs(t);
+    assert!(
+        o.idle >= whole(t / 6.0) && o.idle <= whole(t / 3.0),
+        "idle {o:?} for {t}s"
+    );
+    assert!(
+        o.interval >= whole(t / 12.0) && o.interval <= whole(t / 8.0),
+        "interval {o:?} for {t}s"
+    );
+    assert!((3..=127).contains(&o.count), "{o:?}");
+    // The probes reach past the timeout (or the count is at the kernel's limit).
+    assert!(
+        o.count == 127 || secs(o.idle) + f64::from(o.count) * secs(o.interval) >= t.min(32767.0),
+        "{o:?} for {t}s"
+    );
 }
 
 /// Options of this process's TCP socket with these local and peer addresses.
@@ -82,25 +97,16 @@ async fn server_and_client_set_keepalive_and_user_timeout() {
 
     // The handshake was answered, so the server task has set its options.
     let client_addr = c.socket().local_addr().unwrap();
-    assert_eq!(
-        opts_of_socket(h.local_addr(), client_addr),
-        expected(1, Duration::from_secs(3)),
-        "server side"
-    );
+    let d3 = Duration::from_secs(3);
+    check(&opts_of_socket(h.local_addr(), client_addr), d3, d3);
 
     // The client's own socket: untouched until asked.
     assert!(!SockRef::from(c.socket()).keepalive().unwrap());
-    c.set_peer_timeout(Duration::from_secs(3)).unwrap();
-    assert_eq!(
-        opts(&SockRef::from(c.socket())),
-        expected(1, Duration::from_secs(3)),
-        "client side"
-    );
-    c.set_peer_timeout(Duration::from_secs(30)).unwrap();
-    assert_eq!(
-        opts(&SockRef::from(c.socket())),
-        expected(10, Duration::from_secs(30))
-    );
+    c.set_peer_timeout(d3).unwrap();
+    check(&opts(&SockRef::from(c.socket())), d3, d3);
+    let d30 = Duration::from_secs(30);
+    c.set_peer_timeout(d30).unwrap();
+    check(&opts(&SockRef::from(c.socket())), d30, d30);
     drop(c);
     h.shutdown().await;
 }
@@ -130,20 +136,57 @@ async fn option_values_are_rounded_and_clamped() {
     let get = || opts(&SockRef::from(&a));
 
     // Below 3 s the probes still go every second.
-    set_peer_timeout(&a, Duration::from_millis(500)).unwrap();
-    assert_eq!(get(), expected(1, Duration::from_millis(500)));
-    // Whole seconds, rounded down.
-    set_peer_timeout(&a, Duration::from_millis(9_999)).unwrap();
-    assert_eq!(get(), expected(3, Duration::from_millis(9_999)));
+    let ms = Duration::from_millis;
+    set_peer_timeout(&a, ms(500)).unwrap();
+    check(&get(), ms(500), ms(500));
+    set_peer_timeout(&a, ms(9_999)).unwrap();
+    check(&get(), ms(9_999), ms(9_999));
     set_peer_timeout(&a, Duration::from_secs(60)).unwrap();
-    assert_eq!(get(), expected(20, Duration::from_secs(60)));
+    check(&get(), Duration::from_secs(60), Duration::from_secs(60));
     // Zero would mean "system default" for TCP_USER_TIMEOUT: 1 ms instead.
     set_peer_timeout(&a, Duration::ZERO).unwrap();
-    assert_eq!(get(), expected(1, Duration::from_millis(1)));
+    check(&get(), Duration::ZERO, ms(1));
     // Huge values hit the kernel's limits instead of failing.
     set_peer_timeout(&a, Duration::MAX).unwrap();
+    let o = get();
     assert_eq!(
-        get(),
-        expected(32767, Duration::from_millis(i32::MAX as u64))
+        (o.idle, o.interval, o.count),
+        (Duration::from_secs(32767), Duration::from_secs(32767), 127)
     );
+    assert_eq!(o.user_timeout, Some(ms(i32::MAX as u64)));
+}
+
+/// Connections that went idle together probe at different times (field finding 28: probes that
+/// fire together on every connection overflowed the receive queue at 512+ agents).
+#[tokio::test]
+async fn connections_probe_at_spread_times() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let t = Duration::from_secs(30);
+    let mut idles = std::collections::BTreeSet::new();
+    let mut keep = Vec::new();
+    for _ in 0..32 {
+        let a = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (b, _) = listener.accept().await.unwrap();
+        set_peer_timeout(&a, t).unwrap();
+        let o = opts(&SockRef::from(&a));
+        check(&o, t, t);
+        idles.insert((o.idle, o.interval));
+        keep.push((a, b));
+    }
+    assert!(idles.len() >= 4, "32 connections, timings {idles:?}");
+}
+
+#[test]
+fn a_timeout_is_covered_by_many_probes() {
+    for jitter in [0, 1 << 15, u16::MAX] {
+        let t = Duration::from_secs(30);
+        let (idle, interval, count) = vigil_store::keepalive_timing(t, jitter);
+        // At least five probes go out before the timeout: losing two no longer ends the
+        // connection (it took three probes at t/3 before).
+        let before = (t - idle).as_secs() / interval.as_secs() + 1;
+        assert!(before >= 5, "{idle:?} {interval:?} {count}");
+        assert!(idle + interval * count >= t);
+    }
 }

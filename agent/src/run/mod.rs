@@ -46,7 +46,10 @@ mod teardown;
 
 pub use allocation::prepare_state;
 pub use prelaunch::{check_command, make_run_dir, StartError};
-pub use store_host::{host_store, take_store_secret, HostedStore, SECRET_ENV};
+pub use store_host::{
+    host_store, host_store_with_backlog, listen_backlog, raise_nofile, ranks_nofile,
+    take_store_secret, HostedStore, SECRET_ENV,
+};
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -252,6 +252,7 @@ pub fn spawn_rank(
     let procs =
         cgroup.and_then(|c| CString::new(c.join("cgroup.procs").as_os_str().as_bytes()).ok());
     let numa = numa.copied();
+    let nofile = super::store_host::ranks_nofile();
     let mut cmd = Command::new(&argv[0]);
     cmd.args(&argv[1..])
         .envs(env.iter().map(|(k, v)| (k, v)))
@@ -275,6 +276,10 @@ pub fn spawn_rank(
             // Best effort, as the cgroup move: the CPUs were checked against the agent's own.
             if let Some(n) = &numa {
                 let _ = n.apply();
+            }
+            // The open-file limit the agent started with, not the one it raised for the store.
+            if let Some(l) = &nofile {
+                libc::setrlimit(libc::RLIMIT_NOFILE, l);
             }
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) < 0 {
                 return Err(io::Error::last_os_error());

@@ -35,6 +35,85 @@ pub fn take_store_secret() -> Result<Option<Vec<u8>>, vigil_store::auth::ShortSe
     vigil_store::auth::check_secret(v.as_bytes()).map(|s| Some(s.to_vec()))
 }
 
+/// The soft open-file limit this agent was started with, before [`raise_nofile`]: what the ranks
+/// get back (torchrun leaves the limit alone, so a training script sees the one its job script
+/// set; programs that close every descriptor up to the limit stay fast).
+static STARTED_NOFILE: std::sync::OnceLock<libc::rlimit> = std::sync::OnceLock::new();
+
+fn get_nofile() -> Option<libc::rlimit> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit only writes the struct it is given.
+    (unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0).then_some(lim)
+}
+
+/// Raises this process's soft `RLIMIT_NOFILE` to its hard limit (node rank 0's store holds
+/// several connections per agent: a common soft limit of 1,024 runs out near 250 nodes), and
+/// remembers the limit it started with for the ranks ([`ranks_nofile`]). Returns the soft limit
+/// now in force. Call once, before any thread starts.
+pub fn raise_nofile() -> u64 {
+    let Some(lim) = get_nofile() else {
+        return 1024;
+    };
+    let _ = STARTED_NOFILE.set(lim);
+    if lim.rlim_cur >= lim.rlim_max {
+        return lim.rlim_cur;
+    }
+    let raised = libc::rlimit {
+        rlim_cur: lim.rlim_max,
+        rlim_max: lim.rlim_max,
+    };
+    // SAFETY: setrlimit only reads the struct it is given.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+        raised.rlim_cur
+    } else {
+        lim.rlim_cur
+    }
+}
+
+/// The open-file limit the agent was started with, for a rank to restore between fork and exec
+/// (`None`: the agent did not change it).
+pub fn ranks_nofile() -> Option<libc::rlimit> {
+    let started = *STARTED_NOFILE.get()?;
+    let now = get_nofile()?;
+    (now.rlim_cur != started.rlim_cur).then_some(started)
+}
+
+/// Descriptors node rank 0's store holds per agent: its control connection (which holds its
+/// lease), its waiter, its liveness connection, the stop waiter of the attempt (the last one may
+/// still be closing), and a waiter for shared timeouts.
+pub const STORE_FDS_PER_AGENT: u64 = 6;
+/// Descriptors the store holds per rank of the job: torch's TCPStore client, and a clone some
+/// torch versions open for their watchdog.
+pub const STORE_FDS_PER_RANK: u64 = 2;
+/// Everything else node rank 0's agent holds open: its own ranks' pipes, the ranks' socket, logs.
+pub const STORE_FDS_MARGIN: u64 = 256;
+
+/// The open files node rank 0 needs to host the store for `nnodes` agents of `nproc` ranks.
+pub fn store_fds(nnodes: u32, nproc: u32) -> u64 {
+    let n = u64::from(nnodes);
+    n * STORE_FDS_PER_AGENT + n * u64::from(nproc) * STORE_FDS_PER_RANK + STORE_FDS_MARGIN
+}
+
+/// Node rank 0 refuses to host a store it cannot hold: `soft`/`hard` are its open-file limits
+/// after [`raise_nofile`].
+pub fn check_store_fds(
+    nnodes: u32,
+    nproc: u32,
+    soft: u64,
+    hard: u64,
+) -> Result<(), StoreSetupError> {
+    let need = store_fds(nnodes, nproc);
+    if soft >= need {
+        return Ok(());
+    }
+    Err(StoreSetupError(format!(
+        "node rank 0 cannot host vigil's store for --nnodes {nnodes} with --nproc-per-node {nproc}: it needs about {need} open files ({STORE_FDS_PER_AGENT} per node, {STORE_FDS_PER_RANK} per rank, {STORE_FDS_MARGIN} more), the open-file limit is {soft} (hard limit {hard}); raise the hard limit on node rank 0 (`ulimit -Hn {need}` where allowed, `nofile` in /etc/security/limits.conf, or Slurm's PropagateResourceLimits / `srun --propagate=NOFILE` from a shell with `ulimit -n {need}`)"
+    )))
+}
+
 /// Why node rank 0 cannot host vigil's store, or another node cannot find it: one line that
 /// names the fix (the agent only prints it).
 #[derive(Debug, thiserror::Error)]
@@ -150,6 +229,11 @@ pub(super) fn setup_store(
             secret: secret.map(Arc::from),
         });
     }
+    if cfg.nnodes > 1 {
+        if let Some(lim) = get_nofile() {
+            check_store_fds(cfg.nnodes, cfg.nproc, lim.rlim_cur, lim.rlim_max)?;
+        }
+    }
     let secret = match secret {
         Some(s) => s,
         // Alone, this agent is the store's only agent: a secret of its own is enough.
@@ -168,11 +252,21 @@ pub(super) fn setup_store(
     let secret = (!secret.is_empty()).then(|| Arc::<[u8]>::from(secret));
     let literal = cfg.master_addr.parse::<std::net::IpAddr>().is_ok();
     let mut bind = bind_addr(cfg.nnodes, head, literal);
+    let backlog = listen_backlog(cfg.nnodes, cfg.nproc);
+    // Warned only where the job's own burst is over the cap, not vigil's larger default.
+    let burst = connect_burst(cfg.nnodes, cfg.nproc);
+    if let Some(cap) = vigil_store::somaxconn().filter(|c| u64::from(*c) < burst) {
+        console_note(&format!(
+            "net.core.somaxconn is {cap}: vigil's store needs a listen backlog of {burst} for --nnodes {} (every node and rank connecting at once) and the kernel caps it; if agents fail to connect, raise it on node rank 0 (sysctl -w net.core.somaxconn={burst})",
+            cfg.nnodes
+        ));
+    }
     let host = |bind| {
-        host_store(
+        host_store_with_backlog(
             bind,
             cfg.node_timeout,
             secret.as_deref().map(<[u8]>::to_vec),
+            backlog,
         )
     };
     let mut hosted = host(bind);
@@ -293,6 +387,31 @@ pub fn host_store(
     peer_timeout: Duration,
     secret: Option<Vec<u8>>,
 ) -> std::io::Result<HostedStore> {
+    host_store_with_backlog(bind, peer_timeout, secret, vigil_store::LISTEN_BACKLOG)
+}
+
+/// The listen backlog for a job: every agent's first connections and every rank's arriving at
+/// once (a job's start), at least vigil_store's default ([`vigil_store::LISTEN_BACKLOG`]).
+/// Connections that may arrive at once: each agent's three (control, waiter, liveness) and each
+/// rank's.
+fn connect_burst(nnodes: u32, nproc: u32) -> u64 {
+    u64::from(nnodes).saturating_mul(3 + u64::from(nproc))
+}
+
+pub fn listen_backlog(nnodes: u32, nproc: u32) -> u32 {
+    connect_burst(nnodes, nproc).clamp(
+        u64::from(vigil_store::LISTEN_BACKLOG),
+        u64::from(i32::MAX as u32),
+    ) as u32
+}
+
+/// [`host_store`] with a listen backlog of `backlog`.
+pub fn host_store_with_backlog(
+    bind: SocketAddr,
+    peer_timeout: Duration,
+    secret: Option<Vec<u8>>,
+    backlog: u32,
+) -> std::io::Result<HostedStore> {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::Builder::new()
         .name("vigil-store".into())
@@ -308,13 +427,14 @@ pub fn host_store(
                 }
             };
             rt.block_on(async move {
-                let mut server = match vigil_store::StoreServer::bind(bind).await {
-                    Ok(s) => s,
-                    Err(e) => {
-                        let _ = tx.send(Err(e));
-                        return;
-                    }
-                };
+                let mut server =
+                    match vigil_store::StoreServer::bind_with_backlog(bind, backlog).await {
+                        Ok(s) => s,
+                        Err(e) => {
+                            let _ = tx.send(Err(e));
+                            return;
+                        }
+                    };
                 server.set_peer_timeout(Some(peer_timeout));
                 server.set_secret(secret);
                 server.on_drop(drop_notice());
@@ -359,5 +479,28 @@ mod tests {
         assert_eq!(bind_addr(2, a("127.0.0.1:5000"), true), a("127.0.0.1:5000"));
         // A name only this machine resolves to loopback: every address.
         assert_eq!(bind_addr(2, a("127.0.1.1:5000"), false), a("0.0.0.0:5000"));
+    }
+
+    #[test]
+    fn node_rank_0_refuses_a_job_its_open_file_limit_cannot_hold() {
+        // 1,024 (a common soft limit) holds about 30 nodes of 8 ranks (each rank has its own
+        // connection), about 90 of simulated agents without ranks.
+        assert!(check_store_fds(30, 8, 1024, 1024).is_ok());
+        assert!(check_store_fds(90, 0, 1024, 1024).is_ok());
+        let e = check_store_fds(250, 8, 1024, 4096).unwrap_err().to_string();
+        assert!(
+            e.contains("--nnodes 250") && e.contains("1024") && e.contains("ulimit"),
+            "{e}"
+        );
+        assert!(!e.contains('\n'));
+        // 10,000 nodes of 8 ranks fit a hard limit of 2^20.
+        assert!(check_store_fds(10_000, 8, 1 << 20, 1 << 20).is_ok());
+    }
+
+    #[test]
+    fn the_listen_backlog_is_sized_for_the_job() {
+        assert_eq!(listen_backlog(2, 8), vigil_store::LISTEN_BACKLOG);
+        assert_eq!(listen_backlog(10_000, 8), 110_000);
+        assert_eq!(listen_backlog(u32::MAX, u32::MAX), i32::MAX as u32);
     }
 }
