@@ -122,6 +122,7 @@ fn coord(nnodes: u32, node_rank: u32, store: SocketAddr, peer_timeout: Duration)
         nproc: 8,
         store,
         join_timeout: Duration::from_secs(300),
+        last_call: Duration::from_secs(30),
         peer_timeout,
         host: format!("sim{node_rank}"),
         max_restarts: 3,
