@@ -64,6 +64,18 @@ def test_node_rank_0_refuses_a_job_its_hard_limit_cannot_hold(job):
     assert not (job / "limits").exists()
 
 
+def test_the_agent_that_hosts_a_c10d_endpoint_refuses_a_job_its_hard_limit_cannot_hold(job):
+    """Without node ranks (c10d), the store's host is known only when it binds the endpoint."""
+    write(job / "rank.py", "pass\n")
+    r = run_vigil(["run", "--nnodes", "200", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                   f"127.0.0.1:{free_port()}", "--rdzv-id", "fds", "--nproc-per-node", "1",
+                   "--join-timeout", "20", "--log-dir", str(job / "logs"), "rank.py"], cwd=job,
+                  timeout=60, preexec_fn=limited(1024, 1024))
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    lines = [l for l in r.stderr.splitlines() if "error" in l]
+    assert len(lines) == 1 and "--nnodes 200" in lines[0] and "ulimit" in lines[0], r.stderr
+
+
 def test_a_job_the_limit_holds_is_not_refused(job):
     """The refusal counts: two nodes need far fewer descriptors than 1,024."""
     write(job / "rank.py", RANK)

@@ -318,7 +318,11 @@ fn rdzv_store(
         return Ok(client());
     }
     let secret = secret.filter(|s| !s.is_empty()).map(Arc::<[u8]>::from);
-    let host = |at| host_store(at, cfg.node_timeout, secret.as_deref().map(<[u8]>::to_vec));
+    let backlog = listen_backlog(cfg.nnodes, cfg.nproc);
+    let host = |at| {
+        let secret = secret.as_deref().map(<[u8]>::to_vec);
+        host_store_with_backlog(at, cfg.node_timeout, secret, backlog)
+    };
     let literal = cfg.master_addr.parse::<std::net::IpAddr>().is_ok();
     let mut at = bind_addr(cfg.nnodes, head, literal);
     let mut hosted = host(at);
@@ -334,6 +338,10 @@ fn rdzv_store(
             hosted = host(at);
         }
         RdzvRole::Client => return Ok(client()),
+    }
+    // The host is known only now: the same refusal as a node rank 0 given by flags or Slurm.
+    if let (true, Some(lim)) = (cfg.nnodes > 1, get_nofile()) {
+        check_store_fds(cfg.nnodes, cfg.nproc, lim.rlim_cur, lim.rlim_max)?;
     }
     let (bound, keys, leases) = hosted.map_err(|e| {
         StoreSetupError(format!(
