@@ -11,6 +11,9 @@ agents are sources of requests, a network latency away, that follow the protocol
 * `now`: the protocol as it is (PROTOCOL 1): three connections per agent and a new one each
   attempt, a verdict with every node's rank offset (O(N) bytes) read by every agent with a WAIT,
   a WAIT and a GET, node rank 0 reading every liveness counter with its own ADD.
+* `v2`: the protocol as it is now (PROTOCOL 2): `now` with the verdict of O(1) bytes (ranks per
+  slot, the standbys' slots as exceptions; wire.rs `WireGo`), every request and connection as
+  in `now`.
 * `o1`: the proposed one (issue 26): one long-lived connection per agent, the store pushing
   wake-ups with their value, a verdict of O(1) bytes (world size, ranks per node, exceptions),
   one request per agent to join, one-way liveness renewals and one stale-node query.
@@ -238,10 +241,11 @@ class Sim:
                 self.waiters.setdefault(k, []).append((agent, push_value, then))
 
 
-def rendezvous_now(s: Sim, n, cycle, held, nproc=8):
-    """One attempt of PROTOCOL 1 (mod.rs `join`, `all_joined`, `waiter`). Returns `start(i)`,
-    agent i asking to join now; `held[i]` is set to when agent i holds its assignment."""
-    V = verdict_len(n, nproc, cycle)
+def rendezvous_now(s: Sim, n, cycle, held, nproc=8, compact=False):
+    """One attempt of PROTOCOL 1 (mod.rs `join`, `all_joined`, `waiter`), or of PROTOCOL 2 with
+    `compact` (the same requests, an O(1) verdict). Returns `start(i)`, agent i asking to join
+    now; `held[i]` is set to when agent i holds its assignment."""
+    V = o1_verdict_len(n, nproc) if compact else verdict_len(n, nproc, cycle)
     c = f"/vigil/c{cycle}"
     joined = {"n": 0}
 
@@ -341,7 +345,11 @@ def simulate(n, protocol, costs, *, threads=1, latency=50e-6, jitter=0.0, nic_bp
              nproc=8, seed=1):
     s = Sim(costs, threads, latency, jitter, nic_bps, agent_threads, client_s, client_per_byte,
             seed)
-    attempt = rendezvous_now if protocol == "now" else rendezvous_o1
+    attempt = {
+        "now": rendezvous_now,
+        "v2": lambda *a: rendezvous_now(*a, compact=True),
+        "o1": rendezvous_o1,
+    }[protocol]
     rng = random.Random(seed)
     starts = [rng.uniform(0, join_spread) if join_spread else 0.0 for _ in range(n)]
     held0 = [None] * n
@@ -359,14 +367,14 @@ def simulate(n, protocol, costs, *, threads=1, latency=50e-6, jitter=0.0, nic_bp
     start1 = attempt(s, n, 1, held1, nproc)
     end = "/vigil/c0/end"
     for i in range(n):
-        if protocol == "now":
+        if protocol != "o1":
             # Parked in WAIT on c0/end; woken, it reads the end (WAIT + GET) and joins.
             s.waiters.setdefault(end, []).append(
                 (i, None, lambda t, i=i: s.request(i, "wait", end, then=lambda t2, _: s.request(
                     i, "get", end, reply_value=END_LEN, then=lambda t3, _: start1(i)))))
         else:
             s.waiters.setdefault(end, []).append((i, END_LEN, lambda t, i=i: start1(i)))
-    if protocol == "now":
+    if protocol != "o1":
         s.request(n - 1, "set", f"/vigil/failed/0/{n - 1}", 0)
     s.request(n - 1, "compare_set", end, END_LEN, reply_value=END_LEN,
               effect=lambda: s.setkey(end, END_LEN))
@@ -381,12 +389,12 @@ def simulate(n, protocol, costs, *, threads=1, latency=50e-6, jitter=0.0, nic_bp
 def liveness(n, protocol, costs, latency):
     """Store CPU per liveness period, and node rank 0's sweep (how long its round takes).
 
-    now: every other agent ADDs to its own counter and reads node rank 0's (2 ADDs); node rank 0
+    now, v2: every other agent ADDs to its own counter and reads node rank 0's (2 ADDs); node rank 0
     ADDs to its own and then reads each of the N-1 others with an ADD of 0, one round trip each.
     o1: every agent sends one renewal (no reply); node rank 0 asks once for the stale ones (the
     store scans N entries)."""
     c = costs
-    if protocol == "now":
+    if protocol != "o1":
         cpu = (2 * (n - 1) + n) * c["add"] * 1e-6
         sweep = n * (2 * latency + c["add"] * 1e-6)
     else:
@@ -419,7 +427,7 @@ def main():
     ap = argparse.ArgumentParser(description="SIMULATED rendezvous at scale (see the docstring)")
     ap.add_argument("--costs", help="JSON from bench/store_costs.py --json (default: built in)")
     ap.add_argument("--nodes", default="1024,2048,4096,4900,10000,100000")
-    ap.add_argument("--protocol", default="now,o1")
+    ap.add_argument("--protocol", default="now,v2,o1")
     ap.add_argument("--latency-us", type=float, default=50.0, help="one way, agent to store")
     ap.add_argument("--jitter-us", type=float, default=20.0, help="added to each message, 0 to it")
     ap.add_argument("--nic-gbps", type=float, default=100.0, help="the store's network card; 0: "
@@ -441,9 +449,9 @@ def main():
     try:
         sizes = [int(x) for x in a.nodes.split(",")]
         protos = a.protocol.split(",")
-        assert all(p in ("now", "o1") for p in protos) and all(x >= 2 for x in sizes)
+        assert all(p in ("now", "v2", "o1") for p in protos) and all(x >= 2 for x in sizes)
     except (ValueError, AssertionError):
-        sys.exit("--nodes takes counts of 2 or more (1024,10000) and --protocol now, o1 or both")
+        sys.exit("--nodes takes counts of 2 or more (1024,10000) and --protocol some of now,v2,o1")
     costs = {k: v * a.store_factor for k, v in load_costs(a.costs).items()}
     rows = []
     print("SIMULATED (bench/scale_sim.py): the store as a queue with measured per-request costs")

@@ -112,4 +112,18 @@ def test_prints_a_simulated_table():
                        capture_output=True, text=True, check=True)
     assert p.stdout.startswith("SIMULATED")
     rows = [l for l in p.stdout.splitlines() if l.startswith("| 4 ") or l.startswith("| 64 ")]
-    assert len(rows) == 4
+    assert len(rows) == 6, p.stdout  # now, v2 and o1 for each size
+
+
+def test_protocol_2_makes_the_same_requests_with_an_o1_verdict():
+    """v2 is protocol 1 with the compact verdict: the same requests, the verdict's bytes no longer
+    N per agent, so the bytes per attempt grow as N, not N^2."""
+    costs = sim.DEFAULT_COSTS
+    now = {n: sim.simulate(n, "now", costs) for n in (256, 1024)}
+    v2 = {n: sim.simulate(n, "v2", costs) for n in (256, 1024)}
+    for n in (256, 1024):
+        assert v2[n].ops_per_attempt == now[n].ops_per_attempt
+        assert v2[n].bytes_per_attempt < now[n].bytes_per_attempt
+    # 4x the nodes: about 4x the bytes for v2, about 16x for protocol 1.
+    assert v2[1024].bytes_per_attempt / v2[256].bytes_per_attempt < 5
+    assert now[1024].bytes_per_attempt / now[256].bytes_per_attempt > 10
