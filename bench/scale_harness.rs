@@ -74,22 +74,6 @@ fn delta(before: &BTreeMap<String, i64>, after: &BTreeMap<String, i64>, k: &str)
     after.get(k).copied().unwrap_or(0) - before.get(k).copied().unwrap_or(0)
 }
 
-/// This process's soft open-file limit, after raising it to the hard one.
-fn raise_fd_limit() -> u64 {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: plain getrlimit/setrlimit on a local struct.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 {
-            lim.rlim_cur = lim.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-        }
-    }
-    lim.rlim_cur
-}
-
 /// The peak of this process's open descriptors, sampled every 50 ms by a thread.
 fn fd_peak_sampler() -> Arc<AtomicUsize> {
     let peak = Arc::new(AtomicUsize::new(0));
@@ -113,22 +97,7 @@ fn cpu_time() -> Duration {
 }
 
 fn coord(nnodes: u32, node_rank: u32, store: SocketAddr, peer_timeout: Duration) -> CoordConfig {
-    CoordConfig {
-        nnodes,
-        active: nnodes,
-        topology: None,
-        segment: None,
-        node_rank,
-        nproc: 8,
-        store,
-        join_timeout: Duration::from_secs(300),
-        last_call: Duration::from_secs(30),
-        peer_timeout,
-        host: format!("sim{node_rank}"),
-        max_restarts: 3,
-        secret: None,
-        job: None,
-    }
+    crate::common::coord(nnodes, nnodes, node_rank, store, peer_timeout)
 }
 
 /// What an agent's coordination said, tagged with its node rank.
@@ -160,7 +129,7 @@ fn spawn_agent(
 /// stdin (`join C`, `leave`), reports on stdout (`joined C`, `ended N C why`, `lost N why`,
 /// `stats FD_PEAK FD_LIMIT CPU_MS`).
 pub fn worker(nnodes: u32, first: u32, count: u32, store: SocketAddr, peer_timeout: Duration) {
-    let limit = raise_fd_limit();
+    let limit = crate::common::raise_fd_limit();
     let peak = fd_peak_sampler();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -327,7 +296,7 @@ async fn until(
 /// One run of `n` agents over `workers` worker processes.
 pub async fn run(n: u32, workers: u32, hold: Duration, peer_timeout: Duration) -> Row {
     let workers = workers.clamp(1, n.saturating_sub(1).max(1));
-    let fd_limit = raise_fd_limit();
+    let fd_limit = crate::common::raise_fd_limit();
     let peak = HEAD_FD_PEAK
         .get_or_init(|| (fd_peak_sampler(), fd_limit))
         .0

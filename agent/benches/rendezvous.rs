@@ -18,46 +18,13 @@
 
 use std::time::{Duration, Instant};
 
+mod common;
 #[path = "../../bench/scale_harness.rs"]
 mod scale;
 
-use tokio::sync::mpsc;
-use vigil::job::rendezvous::{self, CoordConfig, FromCoord, HeadSide};
+use common::{coord, raise_fd_limit, Agent};
+use vigil::job::rendezvous::{CoordConfig, FromCoord, HeadSide};
 use vigil::supervise::{JobEnd, JobRequest};
-
-fn raise_fd_limit() {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: plain getrlimit/setrlimit on a local struct.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 {
-            lim.rlim_cur = lim.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-        }
-    }
-}
-
-struct Agent {
-    tx: mpsc::UnboundedSender<JobRequest>,
-    task: tokio::task::JoinHandle<()>,
-    rx: mpsc::UnboundedReceiver<FromCoord>,
-}
-
-async fn expect_joined(a: &mut Agent, cycle: u32) {
-    loop {
-        match a.rx.recv().await {
-            Some(FromCoord::Joined { cycle: c, .. }) | Some(FromCoord::Standby { cycle: c })
-                if c == cycle =>
-            {
-                return
-            }
-            Some(FromCoord::Promoted { .. }) => {}
-            other => panic!("expected Joined({cycle}), got {other:?}"),
-        }
-    }
-}
 
 /// `spares` of the `n` agents wait as standbys; `promotion` (with spares) is from an active
 /// agent's death (its connections drop, as at a SIGKILL) to every other agent holding its
@@ -78,26 +45,13 @@ async fn one_round(n: u32, spares: u32) -> (Duration, Duration, Duration) {
     let mut agents = Vec::new();
     for node in 0..n {
         let cfg = CoordConfig {
-            nnodes: n,
-            active: n - spares,
-            topology: None,
-            segment: None,
-            node_rank: node,
-            nproc: 8,
-            store: addr,
             join_timeout: Duration::from_secs(120),
-            last_call: Duration::from_secs(30),
-            peer_timeout: Duration::from_secs(30),
-            host: format!("sim{node}"),
-            max_restarts: 3,
-            secret: None,
-            job: None,
+            ..coord(n, n - spares, node, addr, Duration::from_secs(30))
         };
-        let (tx, req_rx) = mpsc::unbounded_channel();
-        let (ev_tx, rx) = mpsc::unbounded_channel();
-        let h = if node == 0 { head.take() } else { None };
-        let task = tokio::task::spawn_local(rendezvous::run(cfg, h, req_rx, ev_tx));
-        agents.push(Agent { tx, rx, task });
+        agents.push(Agent::spawn(
+            cfg,
+            if node == 0 { head.take() } else { None },
+        ));
     }
     // Every agent has connected and claimed its node rank (`vigil/owner/<n>`).
     let owners: Vec<String> = (0..n).map(|i| format!("vigil/owner/{i}")).collect();
@@ -116,7 +70,7 @@ async fn one_round(n: u32, spares: u32) -> (Duration, Duration, Duration) {
         .unwrap();
     }
     for a in agents.iter_mut() {
-        expect_joined(a, 0).await;
+        a.joined(0).await;
     }
     let join0 = t1.elapsed();
     let t2 = Instant::now();
@@ -149,7 +103,7 @@ async fn one_round(n: u32, spares: u32) -> (Duration, Duration, Duration) {
         .unwrap();
     }
     for a in agents.iter_mut() {
-        expect_joined(a, 1).await;
+        a.joined(1).await;
     }
     let restart = t2.elapsed();
     for a in agents {

@@ -13,23 +13,11 @@
 
 use std::time::{Duration, Instant};
 
-use tokio::sync::mpsc;
-use vigil::job::rendezvous::{self, CoordConfig, FromCoord, HeadSide};
-use vigil::supervise::{JobEnd, JobRequest};
+mod common;
 
-fn raise_fd_limit() {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: plain getrlimit/setrlimit on a local struct.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 {
-            lim.rlim_cur = lim.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-        }
-    }
-}
+use common::{coord, raise_fd_limit, Agent};
+use vigil::job::rendezvous::{FromCoord, HeadSide};
+use vigil::supervise::{JobEnd, JobRequest};
 
 /// Nanoseconds on a CPU of this process's thread named `name`, or of this thread (`None`).
 fn thread_cpu(name: Option<&str>) -> u64 {
@@ -79,19 +67,6 @@ impl Mark {
     }
 }
 
-struct Agent {
-    tx: mpsc::UnboundedSender<JobRequest>,
-    task: tokio::task::JoinHandle<()>,
-    rx: mpsc::UnboundedReceiver<FromCoord>,
-}
-
-async fn expect_joined(a: &mut Agent, cycle: u32) {
-    match a.rx.recv().await {
-        Some(FromCoord::Joined { cycle: c, .. }) if c == cycle => {}
-        other => panic!("expected Joined({cycle}), got {other:?}"),
-    }
-}
-
 async fn one_round(n: u32) -> [(f64, f64, f64); 2] {
     let (addr, keys, leases) = vigil::run::host_store(
         "127.0.0.1:0".parse().unwrap(),
@@ -105,27 +80,11 @@ async fn one_round(n: u32) -> [(f64, f64, f64); 2] {
         .expect("probe connects");
     let mut agents = Vec::new();
     for node in 0..n {
-        let cfg = CoordConfig {
-            nnodes: n,
-            active: n,
-            topology: None,
-            segment: None,
-            node_rank: node,
-            nproc: 8,
-            store: addr,
-            join_timeout: Duration::from_secs(300),
-            last_call: Duration::from_secs(30),
-            peer_timeout: Duration::from_secs(120),
-            host: format!("sim{node}"),
-            max_restarts: 3,
-            secret: None,
-            job: None,
-        };
-        let (tx, req_rx) = mpsc::unbounded_channel();
-        let (ev_tx, rx) = mpsc::unbounded_channel();
-        let h = if node == 0 { head.take() } else { None };
-        let task = tokio::task::spawn_local(rendezvous::run(cfg, h, req_rx, ev_tx));
-        agents.push(Agent { tx, rx, task });
+        let cfg = coord(n, n, node, addr, Duration::from_secs(120));
+        agents.push(Agent::spawn(
+            cfg,
+            if node == 0 { head.take() } else { None },
+        ));
     }
     let owners: Vec<String> = (0..n).map(|i| format!("vigil/owner/{i}")).collect();
     let refs: Vec<&str> = owners.iter().map(String::as_str).collect();
@@ -142,7 +101,7 @@ async fn one_round(n: u32) -> [(f64, f64, f64); 2] {
         .unwrap();
     }
     for a in agents.iter_mut() {
-        expect_joined(a, 0).await;
+        a.joined(0).await;
     }
     let join = m.since();
     let m = Mark::now();
@@ -168,7 +127,7 @@ async fn one_round(n: u32) -> [(f64, f64, f64); 2] {
         .unwrap();
     }
     for a in agents.iter_mut() {
-        expect_joined(a, 1).await;
+        a.joined(1).await;
     }
     let failure = m.since();
     // Every agent leaves at once: node rank 0 waits for the others' leases to go.
