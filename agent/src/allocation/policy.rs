@@ -42,9 +42,6 @@ use super::ledger::{DecisionKind, Outcome, Record};
 pub use crate::supervise::progress::attempt_no_progress;
 use crate::supervise::progress::{progress, Progress};
 
-/// `vigil run`'s status for "run me again" (`EX_TEMPFAIL`).
-pub const REQUEUE_STATUS: i32 = crate::exit::REQUEUE;
-
 /// The limits, from `vigil run`'s flags.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Limits {
@@ -145,7 +142,7 @@ pub struct Verdict {
 /// A status that means "do not requeue": never 0 or 75, always 1..=255.
 fn do_not_requeue(status: i32) -> i32 {
     match status {
-        0 | REQUEUE_STATUS => 1,
+        0 | crate::exit::REQUEUE => 1,
         s if (1..=255).contains(&s) => s,
         _ => 1,
     }
@@ -173,7 +170,7 @@ pub fn decide(facts: &Facts, history: &[Record], limits: &Limits) -> Verdict {
         stop(
             "a rank asked to shut the workload down (ShutdownWorkload)".into(),
             match facts.status {
-                0 | REQUEUE_STATUS => 1,
+                0 | crate::exit::REQUEUE => 1,
                 s => s,
             },
         )
@@ -361,7 +358,7 @@ fn requeue(facts: &Facts, why: String) -> Verdict {
                     "{why}, but Slurm cannot requeue this job (Requeue=0: submitted with --no-requeue); resubmit it to go on"
                 ),
             },
-            exit_status: REQUEUE_STATUS,
+            exit_status: crate::exit::REQUEUE,
         };
     }
     Verdict {
@@ -369,7 +366,7 @@ fn requeue(facts: &Facts, why: String) -> Verdict {
             exclude: facts.blame.clone(),
             why,
         },
-        exit_status: REQUEUE_STATUS,
+        exit_status: crate::exit::REQUEUE,
     }
 }
 

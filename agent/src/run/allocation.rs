@@ -480,13 +480,13 @@ fn ledger_record(
 /// from a signal (143 after a forwarded SIGTERM, as torchrun's) says it to no wrapper, so the
 /// line must not read as if the status were the request.
 fn requeue_by_hand(why: &str, status: i32) -> String {
-    if status == policy::REQUEUE_STATUS {
+    if status == crate::exit::REQUEUE {
         format!("run the job again to go on (exit status {status}): {why}")
     } else {
         format!(
             "{why}: the job can go on from its checkpoint if it is run again; its exit status is {status} (the signal's, as torchrun's), not {}, so a script that reruns on {} will not",
-            policy::REQUEUE_STATUS,
-            policy::REQUEUE_STATUS
+            crate::exit::REQUEUE,
+            crate::exit::REQUEUE
         )
     }
 }

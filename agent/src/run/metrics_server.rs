@@ -22,7 +22,6 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::gpuwatch::GpuWatch;
 use super::report::{console_err, console_note};
-use super::EXIT_USAGE;
 use crate::cli::config::LaunchConfig;
 use crate::metrics::{self, text::CONTENT_TYPE, Identity, JobWide, RankRow, Scores, Tally};
 use crate::supervise::{Action, Supervisor};
@@ -119,7 +118,7 @@ fn write_textfile(dir: &Path, name: &str, page: &str) -> std::io::Result<()> {
 pub(super) fn prepare(cfg: &LaunchConfig) -> Result<Prepared, i32> {
     let fail = |e: MetricsError| {
         console_err(format!("vigil: error: {e}"));
-        EXIT_USAGE
+        crate::exit::USAGE
     };
     let listener = match cfg.metrics_port {
         Some(port) => Some(

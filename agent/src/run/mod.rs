@@ -63,10 +63,6 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(3);
 const CONSOLE_FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 /// At most one refused-connection notice on the console per this long; the rest are counted.
 const REFUSED_NOTICE_WINDOW: Duration = Duration::from_secs(10);
-/// Exit status of a start that the user can fix (a flag, a directory, the environment).
-const EXIT_USAGE: i32 = crate::exit::USAGE;
-/// Exit status of a start that the system refused (no event loop, no signal handler).
-const EXIT_SOFTWARE: i32 = crate::exit::INTERNAL;
 
 /// Runs the job on this node and returns the agent's exit status.
 pub fn run(cfg: LaunchConfig, run_dir: PathBuf) -> i32 {
@@ -75,7 +71,7 @@ pub fn run(cfg: LaunchConfig, run_dir: PathBuf) -> i32 {
         Ok(s) => s,
         Err(e) => {
             eprintln!("vigil: error: {e}");
-            return EXIT_USAGE;
+            return crate::exit::USAGE;
         }
     };
     let rt = match tokio::runtime::Builder::new_current_thread()
@@ -85,7 +81,7 @@ pub fn run(cfg: LaunchConfig, run_dir: PathBuf) -> i32 {
         Ok(rt) => rt,
         Err(e) => {
             console_err(format!("vigil: error: cannot start the event loop: {e}"));
-            return EXIT_SOFTWARE;
+            return crate::exit::INTERNAL;
         }
     };
     let local = tokio::task::LocalSet::new();

@@ -24,7 +24,7 @@ use super::proc::{self, Watchdog};
 use super::report::{console_err, console_note, Reporter};
 use super::slurm_job::{self, SignalWindow};
 use super::store_host::{setup_store, StoreSetup};
-use super::{gpuwatch, perf, EXIT_SOFTWARE, EXIT_USAGE, REFUSED_NOTICE_WINDOW};
+use super::{gpuwatch, perf, REFUSED_NOTICE_WINDOW};
 use crate::cli::config::LaunchConfig;
 use crate::cli::derive::CoordFacts;
 use crate::job::exchange::FromExchange;
@@ -72,7 +72,7 @@ fn open_event_log(cfg: &LaunchConfig, run_dir: &Path) -> Result<File, i32> {
                 "vigil: error: cannot write the event log {}: {e}; choose a writable --log-dir or --event-log",
                 path.display()
             ));
-            EXIT_USAGE
+            crate::exit::USAGE
         })
 }
 
@@ -113,13 +113,13 @@ fn install_signals(cfg: &LaunchConfig) -> Result<(Vec<(Signal, i32)>, Signal), i
                 console_err(format!(
                     "vigil: error: cannot install a signal handler: {e}"
                 ));
-                return Err(EXIT_SOFTWARE);
+                return Err(crate::exit::INTERNAL);
             }
         }
     }
     let Ok(sigchld) = signal(SignalKind::child()) else {
         console_err("vigil: error: cannot watch child processes (SIGCHLD)".to_string());
-        return Err(EXIT_SOFTWARE);
+        return Err(crate::exit::INTERNAL);
     };
     Ok((sigs, sigchld))
 }
@@ -134,7 +134,7 @@ fn start_ipc(
             "vigil: error: cannot create the ranks' socket under {}: {e}; set TMPDIR to a writable local directory",
             std::env::temp_dir().display()
         ));
-        EXIT_USAGE
+        crate::exit::USAGE
     })?;
     if let Some(w) = watchdog {
         // A SIGKILLed agent cannot remove its socket directory; the watchdog does.
@@ -184,7 +184,7 @@ async fn start_coordination(
 ) -> Result<Coordination, i32> {
     let store = setup_store(cfg, secret).map_err(|e| {
         console_err(format!("vigil: error: {e}"));
-        EXIT_USAGE
+        crate::exit::USAGE
     })?;
     let (requests, coord_rx_req) = mpsc::unbounded_channel();
     let (coord_ev_tx, events) = mpsc::unbounded_channel();
@@ -203,7 +203,7 @@ async fn start_coordination(
                 if e.requeue {
                     crate::exit::REQUEUE
                 } else {
-                    EXIT_USAGE
+                    crate::exit::USAGE
                 }
             })?;
     }
