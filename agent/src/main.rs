@@ -169,11 +169,19 @@ fn run_options() -> Vec<vigil_recipes::RunOption> {
 }
 
 fn main() -> ExitCode {
+    match parse_cli() {
+        Ok(cli) => exit::code(command(cli.command)),
+        Err(code) => code,
+    }
+}
+
+/// The command line parsed; `Err`: what to exit with, the help or the error already printed.
+fn parse_cli() -> Result<Cli, ExitCode> {
     let mut help = "vigil --help";
     let parsed = match args() {
         Ok(a) => {
             if let Some(code) = print_completion(&a) {
-                return exit::code(code);
+                return Err(exit::code(code));
             }
             if a.get(1).is_some_and(|s| s == "run") {
                 help = "vigil run --help";
@@ -185,27 +193,45 @@ fn main() -> ExitCode {
         }
         Err(e) => {
             eprintln!("vigil: error: {e}");
-            return exit::code(exit::USAGE);
+            return Err(exit::code(exit::USAGE));
         }
     };
-    let cli = match parsed {
-        Ok(c) => c,
-        Err(e) if !e.use_stderr() => {
+    parsed.map_err(|e| {
+        if !e.use_stderr() {
             // --help, --version: clap's own text on stdout.
             let _ = e.print();
-            return ExitCode::SUCCESS;
-        }
-        Err(e) if e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            ExitCode::SUCCESS
+        } else if e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
             // `vigil` alone: the usage, as a usage error.
             let _ = e.print();
-            return exit::code(exit::USAGE);
+            exit::code(exit::USAGE)
+        } else {
+            eprintln!("vigil: error: {}", one_line(&e, help));
+            exit::code(exit::USAGE)
+        }
+    })
+}
+
+/// A reading command's text on stdout, or its error as `vigil NAME: error: ...` (a usage error:
+/// the target was not found or not readable).
+fn print_or_usage<E: std::fmt::Display>(name: &str, r: Result<String, E>) -> i32 {
+    match r {
+        Ok(text) => {
+            print!("{}", vigil_report::term_safe(&text));
+            exit::SUCCESS
         }
         Err(e) => {
-            eprintln!("vigil: error: {}", one_line(&e, help));
-            return exit::code(exit::USAGE);
+            let e = vigil_report::term_safe_line(&e.to_string());
+            eprintln!("vigil {name}: error: {e}");
+            exit::USAGE
         }
-    };
-    let code = match cli.command {
+    }
+}
+
+/// Runs one command; its exit status.
+fn command(cmd: Command) -> i32 {
+    let env = |k: &str| std::env::var(k).ok();
+    match cmd {
         Command::Run(a) => run(*a),
         Command::Watchdog => vigil::run::proc::watchdog_main(),
         Command::Launch(a) => {
@@ -234,49 +260,18 @@ fn main() -> ExitCode {
             }
         }
         Command::Ledger { target } => {
-            let env = |k: &str| std::env::var(k).ok();
             let cwd = std::env::current_dir().unwrap_or_default();
-            match vigil::allocation::ledger::ledger_command(target.as_deref(), &env, &cwd) {
-                Ok(table) => {
-                    print!("{}", vigil_report::term_safe(&table));
-                    exit::SUCCESS
-                }
-                Err(e) => {
-                    let e = vigil_report::term_safe_line(&e.to_string());
-                    eprintln!("vigil ledger: error: {e}");
-                    exit::USAGE
-                }
-            }
+            let r = vigil::allocation::ledger::ledger_command(target.as_deref(), &env, &cwd);
+            print_or_usage("ledger", r)
         }
-        Command::Watch(args) => vigil_watch::watch_command(&args, &|k| std::env::var(k).ok()),
+        Command::Watch(args) => vigil_watch::watch_command(&args, &env),
         Command::Report { target, output } => {
-            let env = |k: &str| std::env::var(k).ok();
-            match vigil_report::report_command(&target, output.as_deref(), &env) {
-                Ok(path) => {
-                    println!("{}", path.display());
-                    exit::SUCCESS
-                }
-                Err(e) => {
-                    let e = vigil_report::term_safe_line(&e.to_string());
-                    eprintln!("vigil report: error: {e}");
-                    exit::USAGE
-                }
-            }
+            let r = vigil_report::report_command(&target, output.as_deref(), &env);
+            print_or_usage("report", r.map(|path| format!("{}\n", path.display())))
         }
         Command::Goodput { target, json } => {
-            let env = |k: &str| std::env::var(k).ok();
-            match vigil_report::goodput::goodput_command(&target, json, &env) {
-                Ok(text) => {
-                    print!("{}", vigil_report::term_safe(&text));
-                    exit::SUCCESS
-                }
-                Err(e) => {
-                    let e = vigil_report::term_safe_line(&e.to_string());
-                    eprintln!("vigil goodput: error: {e}");
-                    exit::USAGE
-                }
-            }
+            let r = vigil_report::goodput::goodput_command(&target, json, &env);
+            print_or_usage("goodput", r)
         }
-    };
-    exit::code(code)
+    }
 }

@@ -9,15 +9,33 @@ use super::{RankRow, Snapshot};
 /// The page for `s`, in Prometheus' text format.
 pub fn render(s: &Snapshot) -> String {
     let mut p = Page::default();
+    agent(&mut p, s);
+    counters(&mut p, s);
+    ranks(&mut p, s);
+    if let Some(sc) = s.scores {
+        scores(&mut p, s, sc);
+    }
+    if let Some(j) = s.job {
+        job_wide(&mut p, s, j);
+    }
+    p.finish()
+}
+
+/// A family of one sample, labelled with the job and the node.
+fn one(p: &mut Page, s: &Snapshot, name: &str, kind: Kind, help: &str, v: f64) {
+    p.family(name, kind, help);
+    let labels = [
+        ("job_id", Some(s.id.job_id.as_str())),
+        ("node", Some(s.id.node.as_str())),
+    ];
+    p.sample(name, &labels, v);
+}
+
+/// The agent's own gauges: info, running, start time, attempt, ranks running.
+fn agent(p: &mut Page, s: &Snapshot) {
     let job = Some(s.id.job_id.as_str());
     let node = Some(s.id.node.as_str());
-    let base = [("job_id", job), ("node", node)];
     let node_rank = s.id.node_rank.to_string();
-    let one = |p: &mut Page, name: &str, kind: Kind, help: &str, v: f64| {
-        p.family(name, kind, help);
-        p.sample(name, &base, v);
-    };
-
     p.family(
         "vigil_agent_info",
         Kind::Gauge,
@@ -34,50 +52,63 @@ pub fn render(s: &Snapshot) -> String {
         1.0,
     );
     one(
-        &mut p,
+        p,
+        s,
         "vigil_agent_running",
         Kind::Gauge,
         "1 while the agent supervises the job; 0 on the page written at its exit.",
         if s.running { 1.0 } else { 0.0 },
     );
     one(
-        &mut p,
+        p,
+        s,
         "vigil_agent_start_time_seconds",
         Kind::Gauge,
         "When the agent started, unix seconds.",
         s.started_unix,
     );
     one(
-        &mut p,
+        p,
+        s,
         "vigil_attempt",
         Kind::Gauge,
         "The attempt under way (0 first; the job's in-allocation restart count).",
         f64::from(s.attempt),
     );
     one(
-        &mut p,
+        p,
+        s,
         "vigil_ranks_running",
         Kind::Gauge,
         "Ranks of this node running now.",
         s.ranks.iter().filter(|r| r.running).count() as f64,
     );
+}
+
+/// This node's counters: attempts, restarts, failures, hangs, stops.
+fn counters(p: &mut Page, s: &Snapshot) {
+    let job = Some(s.id.job_id.as_str());
+    let node = Some(s.id.node.as_str());
     let t = s.tally;
     one(
-        &mut p,
+        p,
+        s,
         "vigil_attempts_total",
         Kind::Counter,
         "Attempts whose ranks this node started.",
         t.attempts as f64,
     );
     one(
-        &mut p,
+        p,
+        s,
         "vigil_restarts_total",
         Kind::Counter,
         "Restarts of the job's ranks after a failure or a hang (in-job restarts, this allocation).",
         t.restarts as f64,
     );
     one(
-        &mut p,
+        p,
+        s,
         "vigil_rank_failures_total",
         Kind::Counter,
         "Ranks of this node that exited on their own with a failure.",
@@ -119,42 +150,41 @@ pub fn render(s: &Snapshot) -> String {
             *n as f64,
         );
     }
-    ranks(&mut p, s);
-    if let Some(sc) = s.scores {
-        p.family(
-            "vigil_straggler_score",
-            Kind::Gauge,
-            "A rank's straggler score in the job's last report (1 is as fast as it gets; below the threshold: a straggler); node: the rank's node.",
-        );
-        for r in &sc.rows {
-            let rank = r.rank.to_string();
-            for (score, v) in [("relative", r.relative), ("individual", r.individual)] {
-                if let Some(v) = v {
-                    p.sample(
-                        "vigil_straggler_score",
-                        &[
-                            ("job_id", job),
-                            ("node", r.node.as_deref()),
-                            ("rank", Some(&rank)),
-                            ("score", Some(score)),
-                        ],
-                        v,
-                    );
-                }
+}
+
+/// The job's last straggler report (node rank 0).
+fn scores(p: &mut Page, s: &Snapshot, sc: &super::Scores) {
+    let job = Some(s.id.job_id.as_str());
+    p.family(
+        "vigil_straggler_score",
+        Kind::Gauge,
+        "A rank's straggler score in the job's last report (1 is as fast as it gets; below the threshold: a straggler); node: the rank's node.",
+    );
+    for r in &sc.rows {
+        let rank = r.rank.to_string();
+        for (score, v) in [("relative", r.relative), ("individual", r.individual)] {
+            if let Some(v) = v {
+                p.sample(
+                    "vigil_straggler_score",
+                    &[
+                        ("job_id", job),
+                        ("node", r.node.as_deref()),
+                        ("rank", Some(&rank)),
+                        ("score", Some(score)),
+                    ],
+                    v,
+                );
             }
         }
-        one(
-            &mut p,
-            "vigil_straggler_report_timestamp_seconds",
-            Kind::Gauge,
-            "When node rank 0 made the job's last straggler report, unix seconds.",
-            sc.at_unix,
-        );
     }
-    if let Some(j) = s.job {
-        job_wide(&mut p, s, j);
-    }
-    p.finish()
+    one(
+        p,
+        s,
+        "vigil_straggler_report_timestamp_seconds",
+        Kind::Gauge,
+        "When node rank 0 made the job's last straggler report, unix seconds.",
+        sc.at_unix,
+    );
 }
 
 /// What one per-rank family shows of a rank (`None`: no sample for it).

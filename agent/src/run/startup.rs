@@ -260,13 +260,7 @@ pub(super) async fn start(
         Some((m, pages)) => (Some(m), pages),
         None => (None, mpsc::channel(1).1),
     };
-    // One node names itself; several nodes' names come from the rendezvous (`FromCoord::Hosts`).
-    let nodes = if cfg.active_nodes == 1 {
-        vec![host.clone()]
-    } else {
-        Vec::new()
-    };
-    let nvrx = crate::nvrx::Nvrx::new(&cfg.nvrx, cfg.node_rank, &nodes, cfg.active_nodes);
+    let nvrx = nvrx_outputs(&cfg, &host);
     let mut agent = Agent {
         events: EventLog {
             file: Some(event_file),
@@ -348,6 +342,17 @@ pub(super) async fn start(
         started,
     };
     Ok((dispatcher, sources, closing))
+}
+
+/// NVRx's outputs of this node. One node names itself; several nodes' names come from the
+/// rendezvous (`FromCoord::Hosts`).
+fn nvrx_outputs(cfg: &LaunchConfig, host: &str) -> crate::nvrx::Nvrx {
+    let nodes = if cfg.active_nodes == 1 {
+        vec![host.to_string()]
+    } else {
+        Vec::new()
+    };
+    crate::nvrx::Nvrx::new(&cfg.nvrx, cfg.node_rank, &nodes, cfg.active_nodes)
 }
 
 /// What [`begin`] starts.

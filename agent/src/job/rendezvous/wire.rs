@@ -106,15 +106,27 @@ impl From<Go> for WireGo {
 /// garbled count must not allocate without bound.
 pub const MAX_SLOTS: u32 = 1 << 20;
 
-impl TryFrom<WireGo> for Go {
-    type Error = String;
+/// A verdict whose numbers cannot be a job's.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadVerdict {
+    #[error("{0} slots, more than {MAX_SLOTS}")]
+    TooManySlots(u32),
+    #[error("slot {slot} of {slots}")]
+    NoSuchSlot { slot: u32, slots: u32 },
+}
 
-    fn try_from(w: WireGo) -> Result<Go, String> {
+impl TryFrom<WireGo> for Go {
+    type Error = BadVerdict;
+
+    fn try_from(w: WireGo) -> Result<Go, BadVerdict> {
         if w.slots > MAX_SLOTS {
-            return Err(format!("{} slots, more than {MAX_SLOTS}", w.slots));
+            return Err(BadVerdict::TooManySlots(w.slots));
         }
         if let Some([slot, _]) = w.moved.iter().find(|[slot, _]| *slot >= w.slots) {
-            return Err(format!("slot {slot} of {}", w.slots));
+            return Err(BadVerdict::NoSuchSlot {
+                slot: *slot,
+                slots: w.slots,
+            });
         }
         let offsets = match w.per_slot {
             Some(per) => (0..w.slots).map(|s| s * per).collect(),
