@@ -87,9 +87,17 @@ fn next_nonce() -> u32 {
     std::process::id() ^ COUNTER.fetch_add(1, Ordering::Relaxed).rotate_left(16)
 }
 
+/// `delay` spread over `[delay / 2, 3 delay / 2)` by `r` (uniform over u32): agents refused
+/// together (the store not listening yet as a whole job starts, a full backlog) retry apart
+/// instead of in lockstep, so a retry is not another storm.
+pub fn jittered(delay: Duration, r: u32) -> Duration {
+    delay.mul_f64(0.5 + f64::from(r) / (f64::from(u32::MAX) + 1.0))
+}
+
 impl StoreClient {
     /// Connects, retrying refused connections until `timeout` has passed
-    /// (the server may still be starting), then validates and pings like
+    /// (the server may still be starting; each retry after a [`jittered`] back-off of 10 ms
+    /// doubling to 500 ms), then validates and pings like
     /// torch's client. `timeout` also becomes the default timeout of every
     /// operation (see [`StoreClient::set_timeout`]). A timeout too large to
     /// be a deadline (such as `Duration::MAX`) means no timeout.
@@ -130,7 +138,8 @@ impl StoreClient {
                     source: err,
                 });
             }
-            tokio::time::sleep(delay).await;
+            let r = getrandom::u32().unwrap_or_else(|_| next_nonce());
+            tokio::time::sleep(jittered(delay, r)).await;
             delay = (delay * 2).min(Duration::from_millis(500));
         }
     }
@@ -616,5 +625,25 @@ impl StoreClient {
             timeout,
         )
         .await
+    }
+}
+
+#[cfg(test)]
+mod jitter_tests {
+    use super::jittered;
+    use std::time::Duration;
+
+    #[test]
+    fn a_retry_is_spread_around_its_back_off_and_never_zero_or_doubled() {
+        let d = Duration::from_millis(100);
+        assert_eq!(jittered(d, 0), Duration::from_millis(50));
+        assert!(jittered(d, u32::MAX) <= Duration::from_millis(150));
+        assert!(jittered(d, u32::MAX) > Duration::from_millis(149));
+        assert_eq!(jittered(d, 1 << 31), d);
+        // Different draws, different waits: agents refused together do not retry together.
+        let waits: std::collections::BTreeSet<Duration> = (0..64u32)
+            .map(|i| jittered(d, i.wrapping_mul(0x9E37_79B9)))
+            .collect();
+        assert!(waits.len() > 60, "{}", waits.len());
     }
 }
