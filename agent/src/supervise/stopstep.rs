@@ -20,6 +20,7 @@
 
 use std::time::{Duration, Instant};
 
+use vigil_events::log::is_checkpoint_section;
 use vigil_ipc::AgentMsg;
 
 pub use super::events::StepReport;
@@ -414,14 +415,15 @@ impl Supervisor {
     }
 
     /// What the stop lead is calculated from: the longest checkpoint seen (a section whose name
-    /// says `checkpoint`) and the slowest rank's step time.
+    /// says `checkpoint`: [`is_checkpoint_section`], goodput's rule too) and the slowest rank's
+    /// step time.
     pub fn lead_observed(&self) -> (Option<Duration>, Option<Duration>) {
         let ckpt = self
             .attempt
             .merged_observations()
             .sections
             .iter()
-            .filter(|(name, _)| name.contains("checkpoint"))
+            .filter(|(name, _)| is_checkpoint_section(name))
             .map(|(_, d)| *d)
             .max();
         let slowest = self
