@@ -74,6 +74,16 @@ fn user_key(key: &str) -> Vec<u8> {
     k
 }
 
+/// The user keys among `raw` (those with the `/` prefix), prefix removed.
+fn user_keys(raw: Vec<Vec<u8>>) -> Vec<String> {
+    raw.into_iter()
+        .filter_map(|k| {
+            k.strip_prefix(b"/")
+                .map(|k| String::from_utf8_lossy(k).into_owned())
+        })
+        .collect()
+}
+
 /// `now + timeout`, or, when that overflows (`Duration::MAX`), a deadline 30
 /// years away: tokio's own "far future", in effect no timeout.
 fn far_deadline(timeout: Duration) -> Instant {
@@ -583,34 +593,54 @@ impl StoreClient {
             .await
     }
 
+    /// Sends `req`, answered by a key list (`i64` count, then the keys).
+    async fn call_keys(&mut self, op: &'static str, req: Request) -> Result<Vec<Vec<u8>>> {
+        self.encode(req);
+        let t = self.timeout;
+        self.guarded(op, t, |s| {
+            Box::pin(async move {
+                s.flush_wbuf().await?;
+                let n = s.stream.read_i64_le().await?;
+                if !(0..=(1 << 24)).contains(&n) {
+                    return Err(StoreError::Protocol(format!("{op} count {n}")));
+                }
+                let mut keys = Vec::with_capacity(n as usize);
+                for _ in 0..n {
+                    keys.push(s.read_bytes().await?);
+                }
+                Ok(keys)
+            })
+        })
+        .await
+    }
+
     /// Every user key (those with the `/` prefix), prefix removed, in the
     /// server's order.
     pub async fn list_keys(&mut self) -> Result<Vec<String>> {
-        self.encode(Request::ListKeys);
-        let t = self.timeout;
+        let raw = self.call_keys("list_keys", Request::ListKeys).await?;
+        Ok(user_keys(raw))
+    }
+
+    /// vigil's RENEW, one-way: adds 1 to the counter `key` and marks it renewed for the next
+    /// [`StoreClient::sweep`]. Nothing comes back; a broken connection shows on the next call.
+    pub async fn renew(&mut self, key: &str) -> Result<()> {
+        self.send_only("renew", Request::Renew { key: user_key(key) })
+            .await
+    }
+
+    /// vigil's SWEEP: the counters under `prefix` that were renewed before but not since the
+    /// previous sweep of `prefix` (prefix of the user key space, returned without the leading
+    /// `/`), sorted. One caller per prefix: each sweep starts the next period.
+    pub async fn sweep(&mut self, prefix: &str) -> Result<Vec<String>> {
         let raw = self
-            .guarded("list_keys", t, |s| {
-                Box::pin(async move {
-                    s.flush_wbuf().await?;
-                    let n = s.stream.read_i64_le().await?;
-                    if !(0..=(1 << 24)).contains(&n) {
-                        return Err(StoreError::Protocol(format!("list_keys count {n}")));
-                    }
-                    let mut keys = Vec::with_capacity(n as usize);
-                    for _ in 0..n {
-                        keys.push(s.read_bytes().await?);
-                    }
-                    Ok(keys)
-                })
-            })
+            .call_keys(
+                "sweep",
+                Request::Sweep {
+                    prefix: user_key(prefix),
+                },
+            )
             .await?;
-        Ok(raw
-            .into_iter()
-            .filter_map(|k| {
-                k.strip_prefix(b"/")
-                    .map(|k| String::from_utf8_lossy(k).into_owned())
-            })
-            .collect())
+        Ok(user_keys(raw))
     }
 
     /// Blocks until `world_size` participants called `barrier` with the same

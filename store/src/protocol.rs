@@ -57,6 +57,14 @@ pub enum Opcode {
     /// vigil's own: 32 bytes, HMAC-SHA256 of the last nonce under the job's
     /// secret (`crate::auth`). The server answers `u8` 1, or `u8` 0 and closes.
     AuthProof = 0x61,
+    /// vigil's own, one-way (no reply): `key`. Adds 1 to the counter at `key` and marks it
+    /// renewed since the last [`Opcode::Sweep`] of a prefix it falls under (liveness renewals,
+    /// docs/scale.md).
+    Renew = 0x62,
+    /// vigil's own: `prefix`. Answers the counters under `prefix` that were renewed at least
+    /// once but not since the previous sweep of the same prefix (a key list), and starts the
+    /// next period. One sweeper per prefix.
+    Sweep = 0x63,
 }
 
 impl Opcode {
@@ -87,6 +95,8 @@ impl Opcode {
         match b {
             0x60 => Some(Opcode::AuthChallenge),
             0x61 => Some(Opcode::AuthProof),
+            0x62 => Some(Opcode::Renew),
+            0x63 => Some(Opcode::Sweep),
             _ => Opcode::ALL.get(b as usize).copied(),
         }
     }
@@ -164,6 +174,12 @@ pub enum Request {
     AuthProof {
         proof: [u8; crate::auth::PROOF_LEN],
     },
+    Renew {
+        key: Vec<u8>,
+    },
+    Sweep {
+        prefix: Vec<u8>,
+    },
 }
 
 impl Request {
@@ -179,6 +195,8 @@ impl Request {
             | Request::QueuePush { key, .. }
             | Request::QueuePop { key }
             | Request::QueueLen { key }
+            | Request::Renew { key }
+            | Request::Sweep { prefix: key }
             | Request::Barrier { key, .. } => vec![key.as_slice()],
             Request::Check { keys } | Request::Wait { keys } | Request::MultiGet { keys } => {
                 keys.iter().map(Vec::as_slice).collect()
@@ -217,7 +235,14 @@ impl Request {
             Request::Barrier { .. } => Opcode::Barrier,
             Request::AuthChallenge => Opcode::AuthChallenge,
             Request::AuthProof { .. } => Opcode::AuthProof,
+            Request::Renew { .. } => Opcode::Renew,
+            Request::Sweep { .. } => Opcode::Sweep,
         }
+    }
+
+    /// Whether the server sends no reply at all to this request.
+    pub fn one_way(&self) -> bool {
+        matches!(self, Request::Renew { .. })
     }
 
     /// Appends the wire encoding of this request to `out`.
@@ -243,7 +268,9 @@ impl Request {
             Request::Get { key }
             | Request::DeleteKey { key }
             | Request::QueuePop { key }
-            | Request::QueueLen { key } => put_bytes(out, key),
+            | Request::QueueLen { key }
+            | Request::Renew { key }
+            | Request::Sweep { prefix: key } => put_bytes(out, key),
             Request::Add { key, delta } => {
                 put_bytes(out, key);
                 out.extend_from_slice(&delta.to_le_bytes());
@@ -462,6 +489,8 @@ fn parse_inner(c: &mut Cursor<'_>) -> Result<Request, Stop> {
                 .try_into()
                 .expect("32 bytes"),
         },
+        Opcode::Renew => Request::Renew { key: c.key()? },
+        Opcode::Sweep => Request::Sweep { prefix: c.key()? },
     })
 }
 

@@ -13,7 +13,7 @@
 //! set them; when that connection ends, the server deletes the keys it still
 //! owns and reports them through [`StoreServer::lease_events`].
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -147,6 +147,9 @@ struct State {
     lease_tx: Option<mpsc::UnboundedSender<LeaseEvent>>,
     /// What the keys, values and queued elements take ([`entry_size`]).
     bytes: usize,
+    /// Counters renewed with RENEW -> renewed since the last SWEEP of a prefix they fall under.
+    /// An entry exists only while its key does (pruned by the sweep).
+    renewed: BTreeMap<Vec<u8>, bool>,
 }
 
 impl State {
@@ -305,6 +308,40 @@ impl State {
         Ok(new)
     }
 
+    /// RENEW: [`State::add`] by one, remembered as renewed for the next sweep.
+    fn renew(&mut self, key: Vec<u8>) -> Result<(), ConnEnd> {
+        self.add(key.clone(), 1)?;
+        self.renewed.insert(key, true);
+        Ok(())
+    }
+
+    /// SWEEP: the renewed counters under `prefix` not renewed since the previous sweep; every
+    /// one under it starts the next period unrenewed. Counters deleted since, or set to 0 or
+    /// less (an agent that left says so), are forgotten until renewed again.
+    fn sweep(&mut self, prefix: &[u8]) -> Vec<Vec<u8>> {
+        let kv = &self.kv;
+        let mut stale = Vec::new();
+        let mut gone = Vec::new();
+        for (k, fresh) in self.renewed.range_mut(prefix.to_vec()..) {
+            if !k.starts_with(prefix) {
+                break;
+            }
+            let counting = kv
+                .get(k)
+                .and_then(|v| parse_counter(v))
+                .is_some_and(|c| c > 0);
+            if !counting {
+                gone.push(k.clone());
+            } else if !std::mem::replace(fresh, false) {
+                stale.push(k.clone());
+            }
+        }
+        for k in gone {
+            self.renewed.remove(&k);
+        }
+        stale
+    }
+
     fn remove_where(&mut self, mut doomed: impl FnMut(&[u8]) -> bool) -> usize {
         let before = self.kv.len() + self.queues.len();
         let mut freed = 0;
@@ -326,6 +363,7 @@ impl State {
         let removed = before - self.kv.len() - self.queues.len();
         let kv = &self.kv;
         self.lease_owner.retain(|k, _| kv.contains_key(k));
+        self.renewed.retain(|k, _| kv.contains_key(k));
         removed
     }
 
@@ -1230,6 +1268,23 @@ impl Conn {
                 let visible = |k: &&Vec<u8>| self.trusted || !k.starts_with(AGENT_PREFIX);
                 put_i64(out, st.kv.keys().filter(visible).count() as i64);
                 for k in st.kv.keys().filter(visible) {
+                    put_bytes(out, k);
+                }
+            }
+            Request::Renew { key } => {
+                let shared = self.shared.clone();
+                let mut st = shared.lock();
+                self.admit(&st, st.growth(&key, 20))?;
+                st.renew(key)?;
+            }
+            Request::Sweep { prefix } => {
+                let stale = self.shared.lock().sweep(&prefix);
+                let size: usize = stale.iter().map(|k| 8 + k.len()).sum();
+                if size > MAX_REPLY_LEN {
+                    return Err(ConnEnd::ReplyTooLarge);
+                }
+                put_i64(out, stale.len() as i64);
+                for k in &stale {
                     put_bytes(out, k);
                 }
             }

@@ -1,7 +1,9 @@
-//! Whether the other agents are alive: every agent renews a counter in the store; a counter that
-//! does not move for the node timeout, in the watcher's own running time, is a lost node.
+//! Whether the other agents are alive: every agent renews a counter in the store with a one-way
+//! RENEW; node rank 0 asks the store once per period which counters did not move (SWEEP), the
+//! others read node rank 0's. A counter that does not move for the node timeout, in the
+//! watcher's own running time, is a lost node.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
@@ -84,6 +86,20 @@ impl Liveness {
         }
     }
 
+    /// A sweep came back: of the `watched` nodes, `stale` did not renew since the previous sweep,
+    /// the others did (or never renewed, or left: the store forgets those, and they are not
+    /// held against anyone, as a missing counter in [`Liveness::answered`]).
+    pub fn swept(&mut self, watched: &[u32], stale: &BTreeSet<u32>) {
+        self.unanswered = None;
+        for n in watched {
+            if stale.contains(n) {
+                self.seen.entry(*n).or_insert((Vec::new(), Duration::ZERO));
+            } else {
+                self.seen.insert(*n, (Vec::new(), Duration::ZERO));
+            }
+        }
+    }
+
     /// Stops watching `node` (it was reported lost and is never a member again).
     pub fn forget(&mut self, node: u32) {
         self.seen.remove(&node);
@@ -127,9 +143,8 @@ pub(super) async fn liveness(
     let mut live = Liveness::new(cfg.peer_timeout, period);
     let mut ticker = tokio::time::interval(period);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    type Round = std::pin::Pin<
-        Box<dyn std::future::Future<Output = Option<(StoreClient, Vec<(u32, Option<Vec<u8>>)>)>>>,
-    >;
+    type Round =
+        std::pin::Pin<Box<dyn std::future::Future<Output = Option<(StoreClient, Reading)>>>>;
     // The client is either here or in the round in flight, which hands it back.
     let mut client = Some(client);
     let mut round: Option<Round> = None;
@@ -167,29 +182,52 @@ pub(super) async fn liveness(
                         _ => return,
                     }
                 }
-                if let Some(mut c) = client.take() {
+                if let Some(c) = client.take() {
                     live.asked();
-                    let (me, watched) = (me.clone(), watched.clone());
-                    round = Some(Box::pin(async move {
-                        c.add(&me, 1).await.ok()?;
-                        let mut out = Vec::with_capacity(watched.len());
-                        for n in watched {
-                            // ADD 0 reads without waiting; 0 or less: not started, or left.
-                            let v = c.add(&key::alive(n), 0).await.ok()?;
-                            out.push((n, (v > 0).then(|| v.to_string().into_bytes())));
-                        }
-                        Some((c, out))
-                    }));
+                    round = Some(Box::pin(renew_and_read(c, me.clone(), cfg.node_rank == 0)));
                 }
             }
             r = in_flight => {
                 round = None;
-                let Some((c, values)) = r else { return };
-                live.answered(values);
+                let Some((c, reading)) = r else { return };
+                match reading {
+                    Reading::Counters(values) => live.answered(values),
+                    Reading::Stale(stale) => live.swept(&watched, &stale),
+                }
                 client = Some(c);
             }
         }
     }
+}
+
+/// What one period's round read.
+enum Reading {
+    /// The watched nodes' counters (every agent but node rank 0 watches node rank 0's).
+    Counters(Vec<(u32, Option<Vec<u8>>)>),
+    /// Node rank 0: the nodes whose counters did not move since its previous sweep.
+    Stale(BTreeSet<u32>),
+}
+
+/// One period: renews this node's counter (one-way) and reads what it watches, in one round
+/// trip. `None`: the store failed (the other connections report that).
+async fn renew_and_read(
+    mut c: StoreClient,
+    me: String,
+    head: bool,
+) -> Option<(StoreClient, Reading)> {
+    c.renew(&me).await.ok()?;
+    if !head {
+        // ADD 0 reads without waiting; 0 or less: not started, or left.
+        let v = c.add(&key::alive(0), 0).await.ok()?;
+        let values = vec![(0, (v > 0).then(|| v.to_string().into_bytes()))];
+        return Some((c, Reading::Counters(values)));
+    }
+    let stale = c.sweep(key::ALIVE_PREFIX).await.ok()?;
+    let stale = stale
+        .iter()
+        .filter_map(|k| k.strip_prefix(key::ALIVE_PREFIX)?.parse().ok())
+        .collect();
+    Some((c, Reading::Stale(stale)))
 }
 
 #[cfg(test)]
@@ -257,6 +295,35 @@ mod tests {
             l.wake(t0 + P * i);
         }
         assert_eq!(l.silent(), Some(Silent::Store(T)));
+    }
+
+    #[test]
+    fn a_node_the_sweeps_find_stale_for_the_timeout_is_silent_and_a_renewal_clears_it() {
+        let t0 = Instant::now();
+        let mut l = Liveness::new(T, P);
+        let watched = [1, 2, 3];
+        let stale = |s: &[u32]| s.iter().copied().collect::<BTreeSet<u32>>();
+        l.wake(t0);
+        l.swept(&watched, &stale(&[]));
+        for i in 1..8u32 {
+            l.wake(t0 + P * i);
+            l.asked();
+            // Node 2 renews only in the 4th period; node 3 never again.
+            let s = if i == 4 { stale(&[3]) } else { stale(&[2, 3]) };
+            l.swept(&watched, &s);
+            assert_eq!(l.silent(), None, "{i}s");
+        }
+        l.wake(t0 + P * 8);
+        assert_eq!(l.silent(), Some(Silent::Node(3, T)));
+        l.forget(3);
+        // Node 2 went quiet after period 4: silent 4 periods later than node 3.
+        for i in 9..12u32 {
+            l.wake(t0 + P * i);
+            l.swept(&[1, 2], &stale(&[2]));
+            assert_eq!(l.silent(), None, "{i}s");
+        }
+        l.wake(t0 + P * 12);
+        assert_eq!(l.silent(), Some(Silent::Node(2, T)));
     }
 
     #[test]

@@ -17,8 +17,9 @@ use crate::supervise::{JobEnd, StepReport};
 
 /// The version of the agents' messages in the store. 1: the messages as first numbered (the same
 /// JSON as the unnumbered ones before, whose job shape reads as protocol 0). 2: the verdict in
-/// O(1) bytes ([`WireGo`]).
-pub const PROTOCOL: u32 = 2;
+/// O(1) bytes ([`WireGo`]). 3: liveness renewals one-way (the store's RENEW) and node rank 0's
+/// one SWEEP per period, which a store of protocol 2 does not know.
+pub const PROTOCOL: u32 = 3;
 
 /// What a node says about itself when it joins a cycle.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -417,10 +418,12 @@ pub mod key {
     pub fn lease(node: u32) -> String {
         format!("vigil/lease/{node}")
     }
-    /// A counter the node adds 1 to while its agent runs.
+    /// A counter the node renews (adds 1 to) while its agent runs.
     pub fn alive(node: u32) -> String {
-        format!("vigil/alive/{node}")
+        format!("{ALIVE_PREFIX}{node}")
     }
+    /// What node rank 0 sweeps for the counters that stopped moving.
+    pub const ALIVE_PREFIX: &str = "vigil/alive/";
     pub const LEASE_PREFIX_RAW: &[u8] = b"/vigil/lease/";
     /// The highest step any of the node's ranks reported, written once as its agent leaves: node
     /// rank 0 records the job's highest step in the ledger, not only its own ranks'.
