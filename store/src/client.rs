@@ -104,6 +104,32 @@ pub fn jittered(delay: Duration, r: u32) -> Duration {
     delay.mul_f64(0.5 + f64::from(r) / (f64::from(u32::MAX) + 1.0))
 }
 
+/// The store's time to accept and authenticate one connection, about: what one wave of first
+/// connects costs it (bench/store_costs.py measured 25 us for a connect on one core).
+const ACCEPT_COST: Duration = Duration::from_micros(25);
+
+/// How long an agent waits before its first connection to the job's store. A job whose first
+/// connects (one per node) fit the store's listen queue (`cap`, the kernel's `somaxconn`)
+/// connects at once: zero. A larger one arrives in waves of `cap`, each wave one wave's accept
+/// time after the one before and spread over it, so no wave overflows the queue and the store
+/// accepts as fast as it can (10,000 nodes at the common cap of 4,096: three waves over about
+/// 0.3 s). `node_rank` picks the wave; unknown (c10d hands node ranks out later), `r` does
+/// (uniform over u32), as it places the agent within its wave.
+pub fn first_connect_delay(node_rank: Option<u32>, nnodes: u32, cap: u32, r: u32) -> Duration {
+    let cap = cap.max(1);
+    if nnodes <= cap {
+        return Duration::ZERO;
+    }
+    let waves = nnodes.div_ceil(cap);
+    let wave = match node_rank {
+        Some(n) => n / cap,
+        None => ((u64::from(r) * u64::from(waves)) >> 32) as u32,
+    }
+    .min(waves - 1);
+    let span = ACCEPT_COST * cap;
+    span * wave + span.mul_f64(f64::from(r) / (f64::from(u32::MAX) + 1.0))
+}
+
 impl StoreClient {
     /// Connects, retrying refused connections until `timeout` has passed
     /// (the server may still be starting; each retry after a [`jittered`] back-off of 10 ms
@@ -660,7 +686,7 @@ impl StoreClient {
 
 #[cfg(test)]
 mod jitter_tests {
-    use super::jittered;
+    use super::{first_connect_delay, jittered};
     use std::time::Duration;
 
     #[test]
@@ -675,5 +701,43 @@ mod jitter_tests {
             .map(|i| jittered(d, i.wrapping_mul(0x9E37_79B9)))
             .collect();
         assert!(waits.len() > 60, "{}", waits.len());
+    }
+
+    #[test]
+    fn a_job_that_fits_the_listen_queue_connects_at_once() {
+        for r in [0, 1 << 31, u32::MAX] {
+            assert_eq!(
+                first_connect_delay(Some(4095), 4096, 4096, r),
+                Duration::ZERO
+            );
+            assert_eq!(first_connect_delay(None, 2, 128, r), Duration::ZERO);
+        }
+    }
+
+    #[test]
+    fn a_larger_job_connects_in_waves_the_queue_holds() {
+        let (n, cap) = (10_000u32, 4096u32);
+        let span = Duration::from_micros(25) * cap;
+        let mut per_wave = [0u32; 3];
+        let mut latest = Duration::ZERO;
+        for rank in 0..n {
+            let d = first_connect_delay(Some(rank), n, cap, rank.wrapping_mul(0x9E37_79B9));
+            let wave = (d.as_nanos() / span.as_nanos()) as usize;
+            assert_eq!(wave as u32, rank / cap, "rank {rank}: {d:?}");
+            per_wave[wave] += 1;
+            latest = latest.max(d);
+        }
+        assert!(per_wave.iter().all(|w| *w <= cap), "{per_wave:?}");
+        assert!(latest < span * 3, "{latest:?}");
+        // Without node ranks the waves are drawn: all used, none far over the queue.
+        let mut drawn = [0u32; 3];
+        for i in 0..n {
+            let d = first_connect_delay(None, n, cap, i.wrapping_mul(0x9E37_79B9));
+            drawn[(d.as_nanos() / span.as_nanos()) as usize] += 1;
+        }
+        assert!(
+            drawn.iter().all(|w| *w > 2_000 && *w <= cap + cap / 8),
+            "{drawn:?}"
+        );
     }
 }

@@ -31,7 +31,7 @@ pub mod client;
 pub mod protocol;
 pub mod server;
 
-pub use client::{StoreClient, StoreError, DEFAULT_TIMEOUT};
+pub use client::{first_connect_delay, StoreClient, StoreError, DEFAULT_TIMEOUT};
 pub use protocol::{Opcode, VALIDATION_MAGIC};
 pub use server::{
     keepalive_timing, set_peer_timeout, somaxconn, DropNotice, KeySpace, LeaseEvent, StoreHandle,
