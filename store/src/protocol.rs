@@ -57,6 +57,14 @@ pub enum Opcode {
     /// vigil's own: 32 bytes, HMAC-SHA256 of the last nonce under the job's
     /// secret (`crate::auth`). The server answers `u8` 1, or `u8` 0 and closes.
     AuthProof = 0x61,
+    // 0x62 and 0x63 are kept for vigil's one-way renewals and the stale sweep.
+    /// vigil's own: `u32` tag, then one inner request; the reply is `u32` tag, `u64` length and
+    /// the inner request's reply bytes, in any order relative to other tags (docs/store.md,
+    /// "Tagged mode").
+    Tagged = 0x64,
+    /// vigil's own, tagged only: one key (`u64` count, always 1, then the key, like WAIT); parks
+    /// until the key exists and answers its value (`u64` length + bytes).
+    WaitGet = 0x65,
 }
 
 impl Opcode {
@@ -87,6 +95,8 @@ impl Opcode {
         match b {
             0x60 => Some(Opcode::AuthChallenge),
             0x61 => Some(Opcode::AuthProof),
+            0x64 => Some(Opcode::Tagged),
+            0x65 => Some(Opcode::WaitGet),
             _ => Opcode::ALL.get(b as usize).copied(),
         }
     }
@@ -164,6 +174,15 @@ pub enum Request {
     AuthProof {
         proof: [u8; crate::auth::PROOF_LEN],
     },
+    /// `inner` with a tag its reply carries (never itself tagged, never VALIDATE or AUTH_*).
+    Tagged {
+        tag: u32,
+        inner: Box<Request>,
+    },
+    /// Parks until `key` exists, then answers its value (tagged only).
+    WaitGet {
+        key: Vec<u8>,
+    },
 }
 
 impl Request {
@@ -179,11 +198,13 @@ impl Request {
             | Request::QueuePush { key, .. }
             | Request::QueuePop { key }
             | Request::QueueLen { key }
-            | Request::Barrier { key, .. } => vec![key.as_slice()],
+            | Request::Barrier { key, .. }
+            | Request::WaitGet { key } => vec![key.as_slice()],
             Request::Check { keys } | Request::Wait { keys } | Request::MultiGet { keys } => {
                 keys.iter().map(Vec::as_slice).collect()
             }
             Request::MultiSet { pairs } => pairs.iter().map(|(k, _)| k.as_slice()).collect(),
+            Request::Tagged { inner, .. } => inner.keys(),
             Request::Validate { .. }
             | Request::GetNumKeys
             | Request::CancelWait
@@ -217,6 +238,17 @@ impl Request {
             Request::Barrier { .. } => Opcode::Barrier,
             Request::AuthChallenge => Opcode::AuthChallenge,
             Request::AuthProof { .. } => Opcode::AuthProof,
+            Request::Tagged { .. } => Opcode::Tagged,
+            Request::WaitGet { .. } => Opcode::WaitGet,
+        }
+    }
+
+    /// A request that is never answered, not even in tagged mode (where every other request
+    /// gets a frame, an empty one for SET and the like). None of the requests here is.
+    pub fn one_way(&self) -> bool {
+        match self {
+            Request::Tagged { inner, .. } => inner.one_way(),
+            _ => false,
         }
     }
 
@@ -271,6 +303,14 @@ impl Request {
                 put_bytes(out, key);
                 out.extend_from_slice(&world_size.to_le_bytes());
             }
+            Request::Tagged { tag, inner } => {
+                out.extend_from_slice(&tag.to_le_bytes());
+                inner.encode(out);
+            }
+            Request::WaitGet { key } => {
+                put_u64(out, 1);
+                put_bytes(out, key);
+            }
         }
     }
 }
@@ -302,6 +342,10 @@ pub enum ProtocolError {
     ValueTooLong(u64),
     #[error("{0} keys in one request exceed the limit of {MAX_KEY_COUNT}")]
     TooManyKeys(u64),
+    #[error("opcode {0} cannot be tagged (a tag inside a tag, VALIDATE or AUTH_*, BARRIER)")]
+    NotTaggable(u8),
+    #[error("WAIT_GET names {0} keys; it takes exactly one")]
+    WaitGetKeys(u64),
 }
 
 /// Result of trying to decode one request from the front of a buffer.
@@ -407,6 +451,10 @@ pub fn parse_request(buf: &[u8]) -> Result<Parsed, ProtocolError> {
 fn parse_inner(c: &mut Cursor<'_>) -> Result<Request, Stop> {
     let op = c.take(1)?[0];
     let op = Opcode::from_u8(op).ok_or(ProtocolError::UnknownOpcode(op))?;
+    parse_op(c, op)
+}
+
+fn parse_op(c: &mut Cursor<'_>, op: Opcode) -> Result<Request, Stop> {
     Ok(match op {
         Opcode::Validate => Request::Validate { magic: c.u32()? },
         Opcode::Set => Request::Set {
@@ -462,6 +510,32 @@ fn parse_inner(c: &mut Cursor<'_>) -> Result<Request, Stop> {
                 .try_into()
                 .expect("32 bytes"),
         },
+        Opcode::Tagged => {
+            let tag = c.u32()?;
+            let b = c.take(1)?[0];
+            let op = Opcode::from_u8(b).ok_or(ProtocolError::UnknownOpcode(b))?;
+            if matches!(
+                op,
+                Opcode::Tagged
+                    | Opcode::Validate
+                    | Opcode::AuthChallenge
+                    | Opcode::AuthProof
+                    | Opcode::Barrier
+            ) {
+                return Err(ProtocolError::NotTaggable(b).into());
+            }
+            Request::Tagged {
+                tag,
+                inner: Box::new(parse_op(c, op)?),
+            }
+        }
+        Opcode::WaitGet => {
+            let n = c.u64()?;
+            if n != 1 {
+                return Err(ProtocolError::WaitGetKeys(n).into());
+            }
+            Request::WaitGet { key: c.key()? }
+        }
     })
 }
 
@@ -711,6 +785,37 @@ mod tests {
         assert_eq!(Opcode::QueueLen as u8, 16);
         assert_eq!(Opcode::Barrier as u8, 18);
         assert_eq!(Opcode::from_u8(19), None);
+    }
+
+    #[test]
+    fn tagged_requests_round_trip_and_refuse_what_cannot_be_tagged() {
+        let req = Request::Tagged {
+            tag: 0x0102_0304,
+            inner: Box::new(Request::WaitGet {
+                key: b"/k".to_vec(),
+            }),
+        };
+        let mut b = Vec::new();
+        req.encode(&mut b);
+        assert_eq!(&b[..6], &[0x64, 4, 3, 2, 1, 0x65]);
+        assert_eq!(parse_all(&b), req);
+        assert!(!req.one_way());
+        for n in 0..b.len() {
+            assert!(matches!(parse_request(&b[..n]), Ok(Parsed::Incomplete(_))));
+        }
+        for op in [0x64u8, 0, 0x60, 0x61, 18] {
+            assert_eq!(
+                parse_request(&[0x64, 1, 0, 0, 0, op]),
+                Err(ProtocolError::NotTaggable(op))
+            );
+        }
+        assert_eq!(
+            parse_request(&[0x64, 1, 0, 0, 0, 0x62]),
+            Err(ProtocolError::UnknownOpcode(0x62))
+        );
+        let mut b = vec![0x65];
+        put_u64(&mut b, 2);
+        assert_eq!(parse_request(&b), Err(ProtocolError::WaitGetKeys(2)));
     }
 
     #[test]
