@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
-use vigil_store::StoreClient;
+use vigil_store::MuxClient;
 
 use super::wire::key;
 use super::CoordConfig;
@@ -113,7 +113,7 @@ pub fn liveness_period(node_timeout: Duration) -> Duration {
 /// silent for the node timeout, then says why. An error of the store ends it quietly: the other
 /// connections report that.
 pub(super) async fn liveness(
-    client: StoreClient,
+    client: MuxClient,
     cfg: CoordConfig,
     tx: mpsc::UnboundedSender<(String, Option<u32>)>,
 ) {
@@ -128,7 +128,7 @@ pub(super) async fn liveness(
     let mut ticker = tokio::time::interval(period);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     type Round = std::pin::Pin<
-        Box<dyn std::future::Future<Output = Option<(StoreClient, Vec<(u32, Option<Vec<u8>>)>)>>>,
+        Box<dyn std::future::Future<Output = Option<(MuxClient, Vec<(u32, Option<Vec<u8>>)>)>>>,
     >;
     // The client is either here or in the round in flight, which hands it back.
     let mut client = Some(client);
@@ -167,7 +167,7 @@ pub(super) async fn liveness(
                         _ => return,
                     }
                 }
-                if let Some(mut c) = client.take() {
+                if let Some(c) = client.take() {
                     live.asked();
                     let (me, watched) = (me.clone(), watched.clone());
                     round = Some(Box::pin(async move {
