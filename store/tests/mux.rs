@@ -390,3 +390,51 @@ fn it_runs_on_a_current_thread_runtime_under_a_local_set() {
         h.shutdown().await;
     });
 }
+
+#[tokio::test]
+async fn a_tagged_connection_that_closes_releases_its_leases_and_all_its_waits() {
+    let mut server = StoreServer::bind("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let mut leases = server.lease_events();
+    let h = server.spawn();
+    let mut s = raw(h.local_addr()).await;
+    send(
+        &mut s,
+        tagged(
+            1,
+            Request::Set {
+                key: b"/vigil/lease/1".to_vec(),
+                value: b"agent 1".to_vec(),
+            },
+        ),
+    )
+    .await;
+    assert_eq!(frame(&mut s).await, (1, vec![]));
+    for (tag, k) in [(2, "/x"), (3, "/y"), (4, "/z")] {
+        send(
+            &mut s,
+            tagged(
+                tag,
+                Request::WaitGet {
+                    key: k.as_bytes().to_vec(),
+                },
+            ),
+        )
+        .await;
+    }
+    wait_until(|| h.stats().pending_waits == 3).await;
+    // Closed under its parked waits, as a killed agent's is.
+    drop(s);
+    let ev = timeout(T, leases.recv()).await.unwrap().unwrap();
+    assert_eq!(
+        ev,
+        vigil_store::LeaseEvent::Lost {
+            key: "1".into(),
+            value: b"agent 1".to_vec()
+        }
+    );
+    wait_until(|| h.stats().connections == 0).await;
+    assert_eq!(h.stats().pending_waits, 0);
+    h.shutdown().await;
+}

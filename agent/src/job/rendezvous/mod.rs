@@ -16,9 +16,10 @@
 //! notice a lost node rank 0 themselves: their connections to its store fail.
 //!
 //! A frozen agent (SIGSTOP, a stuck event loop) keeps its connections: its kernel answers TCP for
-//! it. So every agent also adds 1 to `alive/<node>` every `--node-timeout / 8`, and reads the counters it watches (node rank 0: every node's; the others: node rank
-//! 0's). A counter that does not move for `--node-timeout`, or a store that does not answer for
-//! that long, is a lost node. Silence is measured in the watcher's own running time
+//! it. So every agent also adds 1 to `alive/<node>` every `--node-timeout / 8`, and reads the
+//! counters it watches (node rank 0: every node's; the others: node rank 0's). A counter that
+//! does not move for `--node-timeout`, or a store that does not answer for that long, is a lost
+//! node. Silence is measured in the watcher's own running time
 //! ([`Liveness`]): a watcher that was itself stopped does not count the time it was away, so a
 //! whole job suspended and resumed loses nobody.
 //!
