@@ -67,7 +67,7 @@ pub struct StoreClient {
     broken: bool,
 }
 
-fn user_key(key: &str) -> Vec<u8> {
+pub(crate) fn user_key(key: &str) -> Vec<u8> {
     let mut k = Vec::with_capacity(key.len() + 1);
     k.push(b'/');
     k.extend_from_slice(key.as_bytes());
@@ -75,7 +75,7 @@ fn user_key(key: &str) -> Vec<u8> {
 }
 
 /// The user keys among `raw` (those with the `/` prefix), prefix removed.
-fn user_keys(raw: Vec<Vec<u8>>) -> Vec<String> {
+pub(crate) fn user_keys(raw: Vec<Vec<u8>>) -> Vec<String> {
     raw.into_iter()
         .filter_map(|k| {
             k.strip_prefix(b"/")
@@ -280,6 +280,20 @@ impl StoreClient {
     /// writing to it breaks the protocol.
     pub fn socket(&self) -> &TcpStream {
         self.stream.get_ref()
+    }
+
+    /// The connection, for another client to speak on ([`crate::MuxClient::from_client`]).
+    /// Fails on a broken client, or one holding bytes it read and did not consume.
+    pub fn into_stream(self) -> Result<TcpStream> {
+        if self.broken {
+            return Err(StoreError::Broken);
+        }
+        if !self.stream.buffer().is_empty() {
+            return Err(StoreError::Protocol(
+                "unread bytes from the store before the hand-over".into(),
+            ));
+        }
+        Ok(self.stream.into_inner())
     }
 
     /// True after an interrupted or failed operation; reconnect then.

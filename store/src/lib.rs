@@ -24,17 +24,22 @@
 //! [`StoreServer::set_peer_timeout`] and [`StoreClient::set_peer_timeout`]
 //! make a silent peer end its connection.
 //!
+//! [`MuxClient`] speaks vigil's tagged mode: one connection carrying many requests and waits at
+//! once, for agents that would otherwise open one connection per parked wait.
+//!
 //! See `docs/store.md` for the opcode table and the torch version checked.
 
 pub mod auth;
 pub mod client;
+pub mod mux;
 pub mod protocol;
 pub mod server;
 
 pub use client::{first_connect_delay, StoreClient, StoreError, DEFAULT_TIMEOUT};
+pub use mux::MuxClient;
 pub use protocol::{Opcode, VALIDATION_MAGIC};
 pub use server::{
     keepalive_timing, set_peer_timeout, somaxconn, DropNotice, KeySpace, LeaseEvent, StoreHandle,
     StoreServer, StoreStats, AGENT_PREFIX, DEFAULT_MAX_TOTAL, ENTRY_OVERHEAD, LEASE_PREFIX,
-    LISTEN_BACKLOG, MAX_REPLY_LEN,
+    LISTEN_BACKLOG, MAX_REPLY_LEN, MAX_TAGGED_WAITS,
 };

@@ -65,6 +65,13 @@ pub enum Opcode {
     /// once but not since the previous sweep of the same prefix (a key list), and starts the
     /// next period. One sweeper per prefix.
     Sweep = 0x63,
+    /// vigil's own: `u32` tag, then one inner request; the reply is `u32` tag, `u64` length and
+    /// the inner request's reply bytes, in any order relative to other tags (docs/store.md,
+    /// "Tagged mode").
+    Tagged = 0x64,
+    /// vigil's own, tagged only: one key (`u64` count, always 1, then the key, like WAIT); parks
+    /// until the key exists and answers its value (`u64` length + bytes).
+    WaitGet = 0x65,
 }
 
 impl Opcode {
@@ -97,6 +104,8 @@ impl Opcode {
             0x61 => Some(Opcode::AuthProof),
             0x62 => Some(Opcode::Renew),
             0x63 => Some(Opcode::Sweep),
+            0x64 => Some(Opcode::Tagged),
+            0x65 => Some(Opcode::WaitGet),
             _ => Opcode::ALL.get(b as usize).copied(),
         }
     }
@@ -180,6 +189,15 @@ pub enum Request {
     Sweep {
         prefix: Vec<u8>,
     },
+    /// `inner` with a tag its reply carries (never itself tagged, never VALIDATE or AUTH_*).
+    Tagged {
+        tag: u32,
+        inner: Box<Request>,
+    },
+    /// Parks until `key` exists, then answers its value (tagged only).
+    WaitGet {
+        key: Vec<u8>,
+    },
 }
 
 impl Request {
@@ -197,11 +215,13 @@ impl Request {
             | Request::QueueLen { key }
             | Request::Renew { key }
             | Request::Sweep { prefix: key }
-            | Request::Barrier { key, .. } => vec![key.as_slice()],
+            | Request::Barrier { key, .. }
+            | Request::WaitGet { key } => vec![key.as_slice()],
             Request::Check { keys } | Request::Wait { keys } | Request::MultiGet { keys } => {
                 keys.iter().map(Vec::as_slice).collect()
             }
             Request::MultiSet { pairs } => pairs.iter().map(|(k, _)| k.as_slice()).collect(),
+            Request::Tagged { inner, .. } => inner.keys(),
             Request::Validate { .. }
             | Request::GetNumKeys
             | Request::CancelWait
@@ -237,12 +257,19 @@ impl Request {
             Request::AuthProof { .. } => Opcode::AuthProof,
             Request::Renew { .. } => Opcode::Renew,
             Request::Sweep { .. } => Opcode::Sweep,
+            Request::Tagged { .. } => Opcode::Tagged,
+            Request::WaitGet { .. } => Opcode::WaitGet,
         }
     }
 
-    /// Whether the server sends no reply at all to this request.
+    /// A request that is never answered, not even in tagged mode (where every other request
+    /// gets a frame, an empty one for SET and the like): RENEW.
     pub fn one_way(&self) -> bool {
-        matches!(self, Request::Renew { .. })
+        match self {
+            Request::Tagged { inner, .. } => inner.one_way(),
+            Request::Renew { .. } => true,
+            _ => false,
+        }
     }
 
     /// Appends the wire encoding of this request to `out`.
@@ -298,6 +325,14 @@ impl Request {
                 put_bytes(out, key);
                 out.extend_from_slice(&world_size.to_le_bytes());
             }
+            Request::Tagged { tag, inner } => {
+                out.extend_from_slice(&tag.to_le_bytes());
+                inner.encode(out);
+            }
+            Request::WaitGet { key } => {
+                put_u64(out, 1);
+                put_bytes(out, key);
+            }
         }
     }
 }
@@ -329,6 +364,10 @@ pub enum ProtocolError {
     ValueTooLong(u64),
     #[error("{0} keys in one request exceed the limit of {MAX_KEY_COUNT}")]
     TooManyKeys(u64),
+    #[error("opcode {0} cannot be tagged (a tag inside a tag, VALIDATE or AUTH_*, BARRIER)")]
+    NotTaggable(u8),
+    #[error("WAIT_GET names {0} keys; it takes exactly one")]
+    WaitGetKeys(u64),
 }
 
 /// Result of trying to decode one request from the front of a buffer.
@@ -434,6 +473,10 @@ pub fn parse_request(buf: &[u8]) -> Result<Parsed, ProtocolError> {
 fn parse_inner(c: &mut Cursor<'_>) -> Result<Request, Stop> {
     let op = c.take(1)?[0];
     let op = Opcode::from_u8(op).ok_or(ProtocolError::UnknownOpcode(op))?;
+    parse_op(c, op)
+}
+
+fn parse_op(c: &mut Cursor<'_>, op: Opcode) -> Result<Request, Stop> {
     Ok(match op {
         Opcode::Validate => Request::Validate { magic: c.u32()? },
         Opcode::Set => Request::Set {
@@ -491,6 +534,32 @@ fn parse_inner(c: &mut Cursor<'_>) -> Result<Request, Stop> {
         },
         Opcode::Renew => Request::Renew { key: c.key()? },
         Opcode::Sweep => Request::Sweep { prefix: c.key()? },
+        Opcode::Tagged => {
+            let tag = c.u32()?;
+            let b = c.take(1)?[0];
+            let op = Opcode::from_u8(b).ok_or(ProtocolError::UnknownOpcode(b))?;
+            if matches!(
+                op,
+                Opcode::Tagged
+                    | Opcode::Validate
+                    | Opcode::AuthChallenge
+                    | Opcode::AuthProof
+                    | Opcode::Barrier
+            ) {
+                return Err(ProtocolError::NotTaggable(b).into());
+            }
+            Request::Tagged {
+                tag,
+                inner: Box::new(parse_op(c, op)?),
+            }
+        }
+        Opcode::WaitGet => {
+            let n = c.u64()?;
+            if n != 1 {
+                return Err(ProtocolError::WaitGetKeys(n).into());
+            }
+            Request::WaitGet { key: c.key()? }
+        }
     })
 }
 
@@ -740,6 +809,48 @@ mod tests {
         assert_eq!(Opcode::QueueLen as u8, 16);
         assert_eq!(Opcode::Barrier as u8, 18);
         assert_eq!(Opcode::from_u8(19), None);
+    }
+
+    #[test]
+    fn tagged_requests_round_trip_and_refuse_what_cannot_be_tagged() {
+        let req = Request::Tagged {
+            tag: 0x0102_0304,
+            inner: Box::new(Request::WaitGet {
+                key: b"/k".to_vec(),
+            }),
+        };
+        let mut b = Vec::new();
+        req.encode(&mut b);
+        assert_eq!(&b[..6], &[0x64, 4, 3, 2, 1, 0x65]);
+        assert_eq!(parse_all(&b), req);
+        assert!(!req.one_way());
+        for n in 0..b.len() {
+            assert!(matches!(parse_request(&b[..n]), Ok(Parsed::Incomplete(_))));
+        }
+        for op in [0x64u8, 0, 0x60, 0x61, 18] {
+            assert_eq!(
+                parse_request(&[0x64, 1, 0, 0, 0, op]),
+                Err(ProtocolError::NotTaggable(op))
+            );
+        }
+        assert_eq!(
+            parse_request(&[0x64, 1, 0, 0, 0, 0x66]),
+            Err(ProtocolError::UnknownOpcode(0x66))
+        );
+        // RENEW rides a tag and is still one-way: the server sends no frame for it.
+        let renew = Request::Tagged {
+            tag: 7,
+            inner: Box::new(Request::Renew {
+                key: b"/vigil/alive/3".to_vec(),
+            }),
+        };
+        let mut r = Vec::new();
+        renew.encode(&mut r);
+        assert_eq!(parse_all(&r), renew);
+        assert!(renew.one_way());
+        let mut b = vec![0x65];
+        put_u64(&mut b, 2);
+        assert_eq!(parse_request(&b), Err(ProtocolError::WaitGetKeys(2)));
     }
 
     #[test]

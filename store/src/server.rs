@@ -31,6 +31,9 @@ use crate::protocol::{
     CHECK_NOT_READY, CHECK_READY, MAX_VALUE_LEN, VALIDATION_MAGIC, WAIT_CANCELED,
     WAIT_STOP_WAITING,
 };
+use tagged::TagWait;
+
+mod tagged;
 
 /// Raw-key prefix under which vigil agents keep their own coordination keys.
 ///
@@ -101,6 +104,8 @@ pub const MAX_REPLY_LEN: usize = 4 * MAX_VALUE_LEN as usize;
 const OUT_FLUSH: usize = 256 * 1024;
 /// Connection buffers up to this size are not charged to the total.
 const FREE_BUFFER: usize = 64 * 1024;
+/// Most tagged waits (WAIT, WAIT_GET) one connection may have parked at once; one more closes it.
+pub const MAX_TAGGED_WAITS: usize = 1024;
 
 fn entry_size(key: &[u8], value: &[u8]) -> usize {
     key.len() + value.len() + ENTRY_OVERHEAD
@@ -808,6 +813,14 @@ enum ConnEnd {
         "a reply of more than {MAX_REPLY_LEN} bytes was asked for; ask for fewer keys at a time"
     )]
     ReplyTooLarge,
+    #[error("an untagged request on a connection in tagged mode, or a tagged one while an untagged wait is parked; use one mode per connection")]
+    MixedModes,
+    #[error("WAIT_GET without a tag; it is only served in tagged mode")]
+    UntaggedWaitGet,
+    #[error("more than {MAX_TAGGED_WAITS} tagged waits parked on one connection")]
+    TooManyTags,
+    #[error("tag {0} names a wait that is still parked")]
+    DuplicateTag(u32),
 }
 
 impl From<io::Error> for ConnEnd {
@@ -830,6 +843,12 @@ struct Conn {
     tx: mpsc::UnboundedSender<u64>,
     /// Lease keys this connection has set (allocated on the first one).
     leases: Option<Box<ConnLeases>>,
+    /// Set by the first tagged request: from then on only tagged requests are served.
+    tagged: bool,
+    /// Parked tagged waits: wait id -> what answers it.
+    tag_waits: HashMap<u64, TagWait>,
+    /// The tag of each parked tagged wait -> its wait id (a tagged CANCEL_WAIT names the tag).
+    tag_ids: HashMap<u32, u64>,
 }
 
 struct ConnLeases {
@@ -865,8 +884,16 @@ impl ConnLeaseSlot<'_> {
 
 impl Drop for Conn {
     fn drop(&mut self) {
-        if let Some(id) = self.wait.take() {
-            self.shared.lock().cancel_wait(id);
+        if self.wait.is_some() || !self.tag_waits.is_empty() {
+            let mut st = self.shared.lock();
+            for id in self
+                .wait
+                .take()
+                .into_iter()
+                .chain(self.tag_waits.keys().copied())
+            {
+                st.cancel_wait(id);
+            }
         }
         self.shared
             .buffered
@@ -899,6 +926,9 @@ async fn serve_conn(
         wait: None,
         tx,
         leases: None,
+        tagged: false,
+        tag_waits: HashMap::new(),
+        tag_ids: HashMap::new(),
     };
     let (mut rd, mut wr) = stream.into_split();
     let mut buf: Vec<u8> = Vec::with_capacity(READ_CHUNK_MIN);
@@ -962,7 +992,7 @@ async fn serve_conn(
                 buf.reserve(want);
             }
             conn.charge(buf.capacity() + out.capacity())?;
-            if conn.wait.is_none() {
+            if conn.wait.is_none() && conn.tag_waits.is_empty() {
                 // Wake-ups are only ever sent for a parked wait: just read.
                 if rd.read_buf(&mut buf).await? == 0 {
                     return Ok(());
@@ -1041,7 +1071,17 @@ impl Conn {
         if self.wait == Some(id) {
             self.wait = None;
             out.push(WAIT_STOP_WAITING);
+            return;
         }
+        self.woken_tagged(id, out);
+    }
+
+    /// Refuses a request for `/vigil/` keys from a connection that did not authenticate.
+    fn allowed(&self, req: &Request) -> Result<(), ConnEnd> {
+        if !self.trusted && req.keys().iter().any(|k| k.starts_with(AGENT_PREFIX)) {
+            return Err(ConnEnd::Unauthorized);
+        }
+        Ok(())
     }
 
     fn park(
@@ -1068,6 +1108,20 @@ impl Conn {
         rx: &mut mpsc::UnboundedReceiver<u64>,
         out: &mut Vec<u8>,
     ) -> Result<(), ConnEnd> {
+        match req {
+            Request::Tagged { tag, inner } => self.tagged(tag, *inner, rx, out),
+            _ if self.tagged => Err(ConnEnd::MixedModes),
+            req => self.plain(req, rx, out),
+        }
+    }
+
+    /// Serves one request, its reply appended to `out` as torch's server writes it.
+    fn plain(
+        &mut self,
+        req: Request,
+        rx: &mut mpsc::UnboundedReceiver<u64>,
+        out: &mut Vec<u8>,
+    ) -> Result<(), ConnEnd> {
         if let Request::Validate { magic } = req {
             if magic != VALIDATION_MAGIC {
                 return Err(ConnEnd::BadMagic);
@@ -1078,11 +1132,11 @@ impl Conn {
         if !self.validated {
             return Err(ConnEnd::NotValidated);
         }
-        if !self.trusted && req.keys().iter().any(|k| k.starts_with(AGENT_PREFIX)) {
-            return Err(ConnEnd::Unauthorized);
-        }
+        self.allowed(&req)?;
         match req {
             Request::Validate { .. } => unreachable!("handled above"),
+            Request::Tagged { .. } => unreachable!("handled by handle"),
+            Request::WaitGet { .. } => return Err(ConnEnd::UntaggedWaitGet),
             Request::AuthChallenge => {
                 let nonce = auth::random::<{ auth::NONCE_LEN }>()?;
                 out.push(self.secret.is_some() as u8);

@@ -79,3 +79,21 @@ async fn a_renewal_of_a_key_that_is_not_a_counter_drops_that_connection_only() {
     assert_eq!(b.get("alive/1").await.unwrap(), b"not a number");
     assert!(h.stats().dropped_for_protocol_errors >= 1);
 }
+
+#[tokio::test]
+async fn renewals_and_sweeps_ride_a_tagged_connection() {
+    let (h, _a, mut b) = start().await;
+    let m = vigil_store::MuxClient::connect(h.local_addr(), T, None)
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        m.renew("alive/1").unwrap();
+    }
+    m.renew("alive/2").unwrap();
+    // A one-way request gets no frame: had it one, this ADD's reply would be misread.
+    assert_eq!(m.add("alive/1", 0).await.unwrap(), 3);
+    assert!(m.sweep("alive/").await.unwrap().is_empty());
+    m.renew("alive/2").unwrap();
+    assert_eq!(m.sweep("alive/").await.unwrap(), vec!["alive/1"]);
+    assert_eq!(b.get("alive/2").await.unwrap(), b"2");
+}

@@ -9,9 +9,9 @@
 use std::time::Duration;
 
 use tokio::sync::mpsc;
-use vigil_store::StoreClient;
+use vigil_store::MuxClient;
 
-use super::rendezvous::{connect_client, wire::key, CoordConfig};
+use super::rendezvous::{wire::key, CoordConfig, StoreLink};
 
 /// What the exchange tells its runtime.
 #[derive(Debug)]
@@ -33,9 +33,11 @@ enum Trouble {
     Store(#[from] vigil_store::StoreError),
 }
 
-/// Starts the exchange on the current `LocalSet`. Send this node's summaries to the returned
-/// sender; node rank 0 receives every node's on the returned receiver every `interval`.
+/// Starts the exchange on the current `LocalSet`, talking on the agent's connection `link`. Send
+/// this node's summaries to the returned sender; node rank 0 receives every node's on the
+/// returned receiver every `interval`.
 pub fn start(
+    link: StoreLink,
     cfg: CoordConfig,
     interval: Duration,
 ) -> (
@@ -44,17 +46,17 @@ pub fn start(
 ) {
     let (pub_tx, pub_rx) = mpsc::unbounded_channel();
     let (col_tx, col_rx) = mpsc::unbounded_channel();
-    tokio::task::spawn_local(run(cfg, interval, pub_rx, col_tx));
+    tokio::task::spawn_local(run(link, cfg, interval, pub_rx, col_tx));
     (pub_tx, col_rx)
 }
 
 async fn run(
+    link: StoreLink,
     cfg: CoordConfig,
     interval: Duration,
     mut summaries: mpsc::UnboundedReceiver<Vec<u8>>,
     out: mpsc::UnboundedSender<FromExchange>,
 ) {
-    let mut client: Option<StoreClient> = None;
     let mut warned = false;
     let mut timer = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
     timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -67,13 +69,13 @@ async fn run(
                 while let Ok(newer) = summaries.try_recv() {
                     latest = newer;
                 }
-                match connected(&cfg, &mut client).await {
+                match connected(&link, &cfg).await {
                     Ok(c) => c.set(&key::perf(cfg.node_rank), &latest).await.map_err(Trouble::from),
                     Err(e) => Err(e),
                 }
             }
-            _ = timer.tick(), if head => match connected(&cfg, &mut client).await {
-                Ok(c) => match collect(c, cfg.nnodes).await {
+            _ = timer.tick(), if head => match connected(&link, &cfg).await {
+                Ok(c) => match collect(&c, cfg.nnodes).await {
                     Ok(all) => {
                         if out.send(FromExchange::Collected(all)).is_err() {
                             return;
@@ -86,7 +88,6 @@ async fn run(
             },
         };
         if let Err(e) = result {
-            client = None;
             if !warned {
                 warned = true;
                 let _ = out.send(FromExchange::Trouble(e.to_string()));
@@ -95,23 +96,16 @@ async fn run(
     }
 }
 
-async fn connected<'a>(
-    cfg: &CoordConfig,
-    client: &'a mut Option<StoreClient>,
-) -> Result<&'a mut StoreClient, Trouble> {
-    if client.is_none() {
-        *client = Some(
-            connect_client(cfg)
-                .await
-                .map_err(|f| Trouble::Connect(f.reason))?,
-        );
-    }
-    Ok(client.as_mut().expect("just connected"))
+/// The agent's connection (opened if nobody did yet).
+async fn connected(link: &StoreLink, cfg: &CoordConfig) -> Result<MuxClient, Trouble> {
+    link.client(cfg)
+        .await
+        .map_err(|f| Trouble::Connect(f.reason))
 }
 
 /// Reads every node's summary; one round trip when all exist, else only the ones that do.
 async fn collect(
-    c: &mut StoreClient,
+    c: &MuxClient,
     nnodes: u32,
 ) -> Result<Vec<(u32, Vec<u8>)>, vigil_store::StoreError> {
     let keys: Vec<String> = (0..nnodes).map(key::perf).collect();

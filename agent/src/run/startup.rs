@@ -194,9 +194,11 @@ async fn start_coordination(
         secret: store.secret.clone(),
         topology: None,
     };
+    // The agent's one connection to the store, shared by all below.
+    let link = rendezvous::StoreLink::new();
     if cfg.node_rank_by_rdzv && store.head.is_none() {
         let me = rendezvous::identity(host);
-        cfg.node_rank = rendezvous::claim_node_rank(&cfg.coord_config(facts()), &me)
+        cfg.node_rank = rendezvous::claim_node_rank(&link, &cfg.coord_config(facts()), &me)
             .await
             .map_err(|e| {
                 console_err(format!("vigil: error: {e}"));
@@ -216,10 +218,12 @@ async fn start_coordination(
             .filter(|t| !t.trim().is_empty()),
     });
     say_where_the_store_is(cfg, &store);
-    let (share, exchange) = crate::job::exchange::start(coord_cfg.clone(), cfg.straggler.interval);
+    let (share, exchange) =
+        crate::job::exchange::start(link.clone(), coord_cfg.clone(), cfg.straggler.interval);
     // Node rank 0 reads which nodes' ranks failed in each attempt when it blames nodes.
     let head_keys = store.head.as_ref().map(|h| h.keys.clone());
-    let task = tokio::task::spawn_local(rendezvous::run(
+    let task = tokio::task::spawn_local(rendezvous::run_linked(
+        link,
         coord_cfg,
         store.head,
         coord_rx_req,

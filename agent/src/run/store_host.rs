@@ -81,10 +81,10 @@ pub fn ranks_nofile() -> Option<libc::rlimit> {
     (now.rlim_cur != started.rlim_cur).then_some(started)
 }
 
-/// Descriptors node rank 0's store holds per agent: its control connection (which holds its
-/// lease), its waiter, its liveness connection, the stop waiter of the attempt (the last one may
-/// still be closing), and a waiter for shared timeouts.
-pub const STORE_FDS_PER_AGENT: u64 = 6;
+/// Descriptors node rank 0's store holds per agent: its one connection (which holds its lease and
+/// carries every request and wait, PROTOCOL 3), and one for an agent started again (a requeue)
+/// while its last connection is still closing.
+pub const STORE_FDS_PER_AGENT: u64 = 2;
 /// Descriptors the store holds per rank of the job: torch's TCPStore client, and a clone some
 /// torch versions open for their watchdog.
 pub const STORE_FDS_PER_RANK: u64 = 2;
@@ -400,10 +400,9 @@ pub fn host_store(
 
 /// The listen backlog for a job: every agent's first connections and every rank's arriving at
 /// once (a job's start), at least vigil_store's default ([`vigil_store::LISTEN_BACKLOG`]).
-/// Connections that may arrive at once: each agent's three (control, waiter, liveness) and each
-/// rank's.
+/// Connections that may arrive at once: each agent's one and each rank's.
 fn connect_burst(nnodes: u32, nproc: u32) -> u64 {
-    u64::from(nnodes).saturating_mul(3 + u64::from(nproc))
+    u64::from(nnodes).saturating_mul(1 + u64::from(nproc))
 }
 
 pub fn listen_backlog(nnodes: u32, nproc: u32) -> u32 {
@@ -508,7 +507,7 @@ mod tests {
     #[test]
     fn the_listen_backlog_is_sized_for_the_job() {
         assert_eq!(listen_backlog(2, 8), vigil_store::LISTEN_BACKLOG);
-        assert_eq!(listen_backlog(10_000, 8), 110_000);
+        assert_eq!(listen_backlog(10_000, 8), 90_000);
         assert_eq!(listen_backlog(u32::MAX, u32::MAX), i32::MAX as u32);
     }
 }

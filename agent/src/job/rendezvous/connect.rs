@@ -1,9 +1,11 @@
-//! Connecting to node rank 0's store: proving the secret, and being admitted to the job (an
-//! agent of another shape or job is refused before it writes anything).
+//! Connecting to node rank 0's store: the agent's one connection ([`StoreLink`]), proving the
+//! secret, and being admitted to the job (an agent of another shape or job is refused before it
+//! writes anything).
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 
-use vigil_store::StoreClient;
+use vigil_store::{MuxClient, StoreClient};
 
 use super::wire::{key, to_json, JobShape};
 use super::CoordConfig;
@@ -40,7 +42,63 @@ pub(super) fn store_lost(store: SocketAddr, e: impl std::fmt::Display) -> String
     )
 }
 
-pub(crate) async fn connect_client(cfg: &CoordConfig) -> Result<StoreClient, Fatal> {
+/// The agent's one connection to node rank 0's store, opened on first use and shared by all
+/// that talk to the store: the node-rank claim, the rendezvous and its waits, liveness, the
+/// straggler exchange (the store's tagged mode, docs/store.md). The connection holds this node's
+/// lease: it ends with the agent. Clones share it.
+#[derive(Clone, Default)]
+pub struct StoreLink {
+    cell: Arc<tokio::sync::OnceCell<MuxClient>>,
+}
+
+impl std::fmt::Debug for StoreLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreLink")
+            .field("open", &self.cell.initialized())
+            .finish()
+    }
+}
+
+impl StoreLink {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The connection, opened (to `cfg.store`, with `cfg.secret`) by the first caller; a failed
+    /// open is tried again by the next. A connection that died stays dead: its calls fail.
+    pub(crate) async fn client(&self, cfg: &CoordConfig) -> Result<MuxClient, Fatal> {
+        self.cell
+            .get_or_try_init(|| connect_client(cfg, Some(cfg.node_rank)))
+            .await
+            .cloned()
+    }
+
+    /// [`StoreLink::client`] for an agent that has no node rank yet (c10d hands them out).
+    pub(crate) async fn client_unranked(&self, cfg: &CoordConfig) -> Result<MuxClient, Fatal> {
+        self.cell
+            .get_or_try_init(|| connect_client(cfg, None))
+            .await
+            .cloned()
+    }
+}
+
+/// Waits out this agent's place in the job's first connects ([`vigil_store::first_connect_delay`]:
+/// nothing unless the job has more nodes than this kernel's listen queue holds). Node rank 0
+/// hosts the store and connects at once.
+async fn stagger(cfg: &CoordConfig, node_rank: Option<u32>) {
+    if node_rank == Some(0) {
+        return;
+    }
+    let cap = vigil_store::server::somaxconn().unwrap_or(4096);
+    let r = vigil_store::auth::random::<4>().map_or(0, u32::from_le_bytes);
+    let d = vigil_store::first_connect_delay(node_rank, cfg.nnodes, cap, r);
+    if !d.is_zero() {
+        tokio::time::sleep(d).await;
+    }
+}
+
+async fn connect_client(cfg: &CoordConfig, node_rank: Option<u32>) -> Result<MuxClient, Fatal> {
+    stagger(cfg, node_rank).await;
     let mut c = StoreClient::connect(cfg.store, cfg.join_timeout)
         .await
         .map_err(|e| {
@@ -58,30 +116,30 @@ pub(crate) async fn connect_client(cfg: &CoordConfig) -> Result<StoreClient, Fat
             }
             e => Fatal::lost(store_lost(cfg.store, e)),
         })?;
-    Ok(c)
+    MuxClient::from_client(c).map_err(|e| Fatal::lost(store_lost(cfg.store, e)))
 }
 
 /// Waits (up to `--join-timeout`) for node rank 0's [`JobShape`] and compares this agent's with
 /// it; a stray is refused, having written nothing.
 /// `node_rank`: `None` while the rendezvous has not handed this agent one.
 pub(super) async fn admitted(
-    ctl: &mut StoreClient,
+    ctl: &MuxClient,
     cfg: &CoordConfig,
     node_rank: Option<u32>,
 ) -> Result<(), Fatal> {
     let lost_store = |e: vigil_store::StoreError| Fatal::lost(store_lost(cfg.store, e));
-    if let Err(e) = ctl.wait(&[key::JOB], cfg.join_timeout).await {
-        return Err(if e.is_timeout() {
+    let theirs = match ctl.wait_get(key::JOB, cfg.join_timeout).await {
+        Ok(v) => v,
+        Err(e) if e.is_timeout() => {
+            return Err(
             Fatal::lost(format!(
                 "node rank 0's store at {} did not say within --join-timeout ({}s) which job it runs; is node rank 0 a vigil agent of this job?",
                 cfg.store,
                 cfg.join_timeout.as_secs()
-            ))
-        } else {
-            lost_store(e)
-        });
-    }
-    let theirs = ctl.get(key::JOB).await.map_err(lost_store)?;
+            )))
+        }
+        Err(e) => return Err(lost_store(e)),
+    };
     let theirs: JobShape = serde_json::from_slice(&theirs).map_err(|_| {
         Fatal::refused(format!(
             "node rank 0's store at {} holds no job this vigil understands; run the same vigil on every node",
@@ -97,7 +155,7 @@ pub(super) async fn admitted(
 /// Takes this agent's place in the job: node rank 0 says what the job is; every other agent is
 /// admitted first (a stray, another `--nnodes` or another job, must be refused before it writes
 /// anything), then claims its node rank and, but for node rank 0, holds its lease.
-pub(super) async fn claim(ctl: &mut StoreClient, cfg: &CoordConfig) -> Result<(), Fatal> {
+pub(super) async fn claim(ctl: &MuxClient, cfg: &CoordConfig) -> Result<(), Fatal> {
     let lost_store = |e: vigil_store::StoreError| Fatal::lost(store_lost(cfg.store, e));
     if cfg.node_rank == 0 {
         ctl.set(key::JOB, &to_json(&cfg.shape()))

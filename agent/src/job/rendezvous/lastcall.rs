@@ -10,23 +10,21 @@
 use std::time::Duration;
 
 use tokio::sync::mpsc;
+use vigil_store::MuxClient;
 
-use super::connect::connect_client;
 use super::decide::{last_call_note, LastCall, Stage};
 use super::wire::key;
 use super::{CoordConfig, Coordinator, FromCoord};
 
-/// A connection of its own, parked on the next join of cycle `c` (a wait dropped with the task
-/// when the rendezvous completes first); sends `c` once the last call ran out.
+/// Parked, on the agent's connection, on the next join of cycle `c` (a wait cancelled with the
+/// task when the rendezvous completes first); sends `c` once the last call ran out.
 pub(super) fn spawn(
+    client: MuxClient,
     cfg: CoordConfig,
     c: u32,
     tx: mpsc::UnboundedSender<u32>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::task::spawn_local(async move {
-        let Ok(mut client) = connect_client(&cfg).await else {
-            return;
-        };
         let Ok(mut k) = client.add(&key::joined(c), 0).await else {
             return;
         };
@@ -98,7 +96,7 @@ impl Coordinator {
         }
         if self.rdzv.has_last_call(cycle) && matches!(self.rdzv.stage(), Stage::WaitAll(_)) {
             let tx = self.last_call_tx.clone();
-            self.last_call = Some(spawn(self.cfg.clone(), cycle, tx));
+            self.last_call = Some(spawn(self.ctl.clone(), self.cfg.clone(), cycle, tx));
         }
         Ok(())
     }

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
-use vigil_store::StoreClient;
+use vigil_store::MuxClient;
 
 use super::wire::key;
 use super::CoordConfig;
@@ -129,7 +129,7 @@ pub fn liveness_period(node_timeout: Duration) -> Duration {
 /// silent for the node timeout, then says why. An error of the store ends it quietly: the other
 /// connections report that.
 pub(super) async fn liveness(
-    client: StoreClient,
+    client: MuxClient,
     cfg: CoordConfig,
     tx: mpsc::UnboundedSender<(String, Option<u32>)>,
 ) {
@@ -143,8 +143,7 @@ pub(super) async fn liveness(
     let mut live = Liveness::new(cfg.peer_timeout, period);
     let mut ticker = tokio::time::interval(period);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    type Round =
-        std::pin::Pin<Box<dyn std::future::Future<Output = Option<(StoreClient, Reading)>>>>;
+    type Round = std::pin::Pin<Box<dyn std::future::Future<Output = Option<(MuxClient, Reading)>>>>;
     // The client is either here or in the round in flight, which hands it back.
     let mut client = Some(client);
     let mut round: Option<Round> = None;
@@ -210,12 +209,8 @@ enum Reading {
 
 /// One period: renews this node's counter (one-way) and reads what it watches, in one round
 /// trip. `None`: the store failed (the other connections report that).
-async fn renew_and_read(
-    mut c: StoreClient,
-    me: String,
-    head: bool,
-) -> Option<(StoreClient, Reading)> {
-    c.renew(&me).await.ok()?;
+async fn renew_and_read(c: MuxClient, me: String, head: bool) -> Option<(MuxClient, Reading)> {
+    c.renew(&me).ok()?;
     if !head {
         // ADD 0 reads without waiting; 0 or less: not started, or left.
         let v = c.add(&key::alive(0), 0).await.ok()?;

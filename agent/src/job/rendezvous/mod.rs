@@ -16,12 +16,16 @@
 //! notice a lost node rank 0 themselves: their connections to its store fail.
 //!
 //! A frozen agent (SIGSTOP, a stuck event loop) keeps its connections: its kernel answers TCP for
-//! it. So every agent also adds 1 to `alive/<node>` every `--node-timeout / 8` on a connection of
-//! its own, and reads the counters it watches (node rank 0: every node's; the others: node rank
-//! 0's). A counter that does not move for `--node-timeout`, or a store that does not answer for
-//! that long, is a lost node. Silence is measured in the watcher's own running time
+//! it. So every agent also adds 1 to `alive/<node>` every `--node-timeout / 8`, and reads the
+//! counters it watches (node rank 0: every node's; the others: node rank 0's). A counter that
+//! does not move for `--node-timeout`, or a store that does not answer for that long, is a lost
+//! node. Silence is measured in the watcher's own running time
 //! ([`Liveness`]): a watcher that was itself stopped does not count the time it was away, so a
 //! whole job suspended and resumed loses nobody.
+//!
+//! Each agent talks to the store on one connection ([`StoreLink`], the store's tagged mode): its
+//! claim and lease, every wait (each parked under a tag of its own), liveness, the straggler
+//! exchange; nothing opens a connection per attempt.
 //!
 //! Who decides what: every job-wide decision (the ranks, benching, promotions, members, what a
 //! verdict or a lost node means) is made by the pure state machine in decide.rs
@@ -34,7 +38,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
-use vigil_store::{KeySpace, LeaseEvent, StoreClient};
+use vigil_store::{KeySpace, LeaseEvent, MuxClient};
 
 use crate::supervise::monitor::Timeouts;
 use crate::supervise::{choose_stop_step, JobEnd, JobRequest, StepReport, AGREEMENT_BUDGET};
@@ -44,9 +48,11 @@ pub mod decide;
 mod lastcall;
 mod liveness;
 mod noderank;
+#[cfg(test)]
+mod tests;
 pub(crate) mod wire;
 
-pub(crate) use connect::connect_client;
+pub use connect::StoreLink;
 use connect::{claim, store_lost, Fatal};
 pub use decide::NodeHosts;
 use decide::{
@@ -171,10 +177,22 @@ pub struct HeadSide {
 pub async fn run(
     cfg: CoordConfig,
     head: Option<HeadSide>,
+    rx: mpsc::UnboundedReceiver<JobRequest>,
+    tx: mpsc::UnboundedSender<FromCoord>,
+) {
+    run_linked(StoreLink::new(), cfg, head, rx, tx).await
+}
+
+/// [`run`] on the agent's connection `link` (opened here if no one did yet), which the agent's
+/// other users of the store share.
+pub async fn run_linked(
+    link: StoreLink,
+    cfg: CoordConfig,
+    head: Option<HeadSide>,
     mut rx: mpsc::UnboundedReceiver<JobRequest>,
     tx: mpsc::UnboundedSender<FromCoord>,
 ) {
-    match Coordinator::connect(cfg, head, tx.clone()).await {
+    match Coordinator::connect(&link, cfg, head, tx.clone()).await {
         Ok(mut c) => c.serve(rx).await,
         Err(Fatal { reason, requeue }) => {
             let _ = tx.send(FromCoord::Lost { reason, requeue });
@@ -197,18 +215,15 @@ struct WaitDone {
     result: Result<Vec<u8>, (bool, String)>,
 }
 
-/// One connection that does nothing but park in `WAIT`s, one after another, so the control
-/// connection stays free for reports while a wait is parked.
+/// Parks in the rendezvous' waits (`all`, `go`, `end`), one after another, each a `WAIT_GET` of
+/// its own on the shared connection, so the coordinator stays free for reports meanwhile.
 async fn waiter(
-    mut client: StoreClient,
+    client: MuxClient,
     mut rx: mpsc::UnboundedReceiver<WaitReq>,
     tx: mpsc::UnboundedSender<WaitDone>,
 ) {
     while let Some(WaitReq { key, timeout }) = rx.recv().await {
-        let r = match client.wait(&[&key], timeout).await {
-            Ok(()) => client.get(&key).await,
-            Err(e) => Err(e),
-        };
+        let r = client.wait_get(&key, timeout).await;
         let result = r.map_err(|e| (e.is_timeout(), e.to_string()));
         let failed = result.is_err();
         if tx.send(WaitDone { key, result }).is_err() || failed {
@@ -227,7 +242,10 @@ const JOINED_READ_TIMEOUT: Duration = Duration::from_secs(2);
 /// what it needs, writes what it decided, tells the runtime. It decides nothing itself.
 struct Coordinator {
     cfg: CoordConfig,
-    ctl: StoreClient,
+    /// The agent's one connection to the store; every task here uses a clone of it.
+    ctl: MuxClient,
+    /// Parked in the rendezvous' waits ([`waiter`]).
+    waiter: tokio::task::JoinHandle<()>,
     wait_tx: mpsc::UnboundedSender<WaitReq>,
     wait_rx: mpsc::UnboundedReceiver<WaitDone>,
     tx: mpsc::UnboundedSender<FromCoord>,
@@ -254,17 +272,20 @@ struct Coordinator {
 
 impl Drop for Coordinator {
     fn drop(&mut self) {
+        // Their waits are cancelled and their clones of the connection dropped with them.
         self.liveness.abort();
-        if let Some(t) = self.last_call.take() {
+        self.waiter.abort();
+        for t in [
+            self.last_call.take(),
+            self.stop_task.take(),
+            self.timeouts_task.take(),
+        ]
+        .into_iter()
+        .flatten()
+        {
             t.abort();
         }
     }
-}
-
-/// Parks until `key` is set, then reads it.
-async fn wait_get(c: &mut StoreClient, key: &str) -> Result<Vec<u8>, vigil_store::StoreError> {
-    c.wait(&[key], Duration::MAX).await?;
-    c.get(key).await
 }
 
 /// The job-wide timeouts as written to the store, if they read as timeouts.
@@ -275,22 +296,18 @@ fn read_timeouts(v: &[u8]) -> Option<Timeouts> {
 
 impl Coordinator {
     async fn connect(
+        link: &StoreLink,
         cfg: CoordConfig,
         head: Option<HeadSide>,
         tx: mpsc::UnboundedSender<FromCoord>,
     ) -> Result<Coordinator, Fatal> {
-        let mut ctl = connect_client(&cfg).await?;
-        let waiter_client = connect_client(&cfg).await?;
-        claim(&mut ctl, &cfg).await?;
+        let ctl = link.client(&cfg).await?;
+        claim(&ctl, &cfg).await?;
         let (wait_tx, req_rx) = mpsc::unbounded_channel();
         let (done_tx, wait_rx) = mpsc::unbounded_channel();
-        tokio::task::spawn_local(waiter(waiter_client, req_rx, done_tx));
+        let waiter = tokio::task::spawn_local(waiter(ctl.clone(), req_rx, done_tx));
         let (silent_tx, silent_rx) = mpsc::unbounded_channel();
-        let liveness = tokio::task::spawn_local(liveness(
-            connect_client(&cfg).await?,
-            cfg.clone(),
-            silent_tx,
-        ));
+        let liveness = tokio::task::spawn_local(liveness(ctl.clone(), cfg.clone(), silent_tx));
         let (timeouts_tx, timeouts_rx) = mpsc::unbounded_channel();
         let (stop_tx, stop_rx) = mpsc::unbounded_channel();
         let (last_call_tx, last_call_rx) = mpsc::unbounded_channel();
@@ -305,6 +322,7 @@ impl Coordinator {
         Ok(Coordinator {
             cfg,
             ctl,
+            waiter,
             wait_tx,
             wait_rx,
             tx,
@@ -463,13 +481,20 @@ impl Coordinator {
             pid: std::process::id(),
         };
         let me = self.cfg.node_rank;
-        self.ctl.set(&key::join(cycle, me), &to_json(&info)).await?;
-        let members = match self.rdzv.spares() && self.ctl.check(&[&key::members(cycle)]).await? {
-            true => Some(self.ctl.get(&key::members(cycle)).await?),
-            false => None,
+        let (record, count) = (key::join(cycle, me), key::joined(cycle));
+        let (members, nth) = if self.rdzv.spares() {
+            self.ctl.set(&record, &to_json(&info)).await?;
+            let members = match self.ctl.check(&[&key::members(cycle)]).await? {
+                true => Some(self.ctl.get(&key::members(cycle)).await?),
+                false => None,
+            };
+            (members, self.ctl.add(&count, 1).await?)
+        } else {
+            // The record and the count in one round trip, the record first.
+            let info = to_json(&info);
+            (None, self.ctl.set_and_add(&record, &info, &count, 1).await?)
         };
         let expected = self.rdzv.joins_expected(members.as_deref());
-        let nth = self.ctl.add(&key::joined(cycle), 1).await?;
         if nth == expected {
             self.ctl.set(&key::all(cycle), b"").await?;
         }
@@ -552,17 +577,14 @@ impl Coordinator {
             .collect())
     }
 
-    /// A connection of its own, parked on the cycle's stop trigger and then on its stop step;
-    /// dropped (and with it the wait) when the next cycle is joined.
+    /// Parked on the cycle's stop trigger and then on its stop step; aborted (and with it the
+    /// wait, cancelled on the store) when the next cycle is joined.
     fn spawn_stop_waiter(&mut self, cycle: u32) {
-        let cfg = self.cfg.clone();
+        let c = self.ctl.clone();
         let tx = self.stop_tx.clone();
         self.stop_task = Some(tokio::task::spawn_local(async move {
-            let Ok(mut c) = connect_client(&cfg).await else {
-                return;
-            };
             let k = key::stop(cycle);
-            let Ok(v) = wait_get(&mut c, &k).await else {
+            let Ok(v) = c.wait_get(&k, Duration::MAX).await else {
                 return;
             };
             let trigger = serde_json::from_slice(&v).unwrap_or_else(|_| "a stop".to_string());
@@ -570,27 +592,22 @@ impl Coordinator {
                 return;
             }
             let k = key::stop_step(cycle);
-            if let Ok(v) = wait_get(&mut c, &k).await {
+            if let Ok(v) = c.wait_get(&k, Duration::MAX).await {
                 let step = serde_json::from_slice(&v).unwrap_or(None);
                 let _ = tx.send(FromCoord::StopStep { cycle, step });
             }
         }));
     }
 
-    /// A connection of its own, parked until every node has shared its timeouts for `cycle`;
-    /// dropped (and with it the wait) when the cycle ends first.
+    /// Parked until every node has shared its timeouts for `cycle`; aborted (and with it the
+    /// wait, cancelled on the store) when the cycle ends first.
     fn spawn_timeouts_waiter(&mut self, cycle: u32, round: u32) {
-        let cfg = self.cfg.clone();
+        let c = self.ctl.clone();
         let tx = self.timeouts_tx.clone();
         self.timeouts_task = Some(tokio::task::spawn_local(async move {
-            let Ok(mut c) = connect_client(&cfg).await else {
-                return;
-            };
             let k = key::timeouts(cycle, round);
-            if c.wait(&[&k], Duration::MAX).await.is_ok() {
-                if let Ok(v) = c.get(&k).await {
-                    let _ = tx.send((cycle, round, v));
-                }
+            if let Ok(v) = c.wait_get(&k, Duration::MAX).await {
+                let _ = tx.send((cycle, round, v));
             }
         }));
     }

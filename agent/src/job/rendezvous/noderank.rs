@@ -4,7 +4,7 @@
 //! node rank). An agent draws once for its life, so it keeps its node rank across every restart of
 //! the job; a stray of another shape is refused before it draws ([`super::connect::admitted`]).
 
-use super::connect::{admitted, connect_client, store_lost, Fatal};
+use super::connect::{admitted, store_lost, Fatal, StoreLink};
 use super::decide::hand_out_node_rank;
 use super::wire::key;
 use super::CoordConfig;
@@ -52,14 +52,19 @@ impl From<Fatal> for Unclaimed {
 }
 
 /// Asks node rank 0's store (at `cfg.store`, with the job's shape in `cfg`) for this agent's node
-/// rank. `cfg.node_rank` is not read.
-pub async fn claim_node_rank(cfg: &CoordConfig, identity: &str) -> Result<u32, Unclaimed> {
-    Ok(claim(cfg, identity).await?)
+/// rank, on the agent's connection (`link`, opened here: the rendezvous goes on on it).
+/// `cfg.node_rank` is not read.
+pub async fn claim_node_rank(
+    link: &StoreLink,
+    cfg: &CoordConfig,
+    identity: &str,
+) -> Result<u32, Unclaimed> {
+    Ok(claim(link, cfg, identity).await?)
 }
 
-async fn claim(cfg: &CoordConfig, identity: &str) -> Result<u32, Fatal> {
-    let mut c = connect_client(cfg).await?;
-    admitted(&mut c, cfg, None).await?;
+async fn claim(link: &StoreLink, cfg: &CoordConfig, identity: &str) -> Result<u32, Fatal> {
+    let c = link.client_unranked(cfg).await?;
+    admitted(&c, cfg, None).await?;
     let lost = |e: vigil_store::StoreError| Fatal::lost(store_lost(cfg.store, e));
     let mine = key::node_of(identity);
     if c.check(&[&mine]).await.map_err(lost)? {

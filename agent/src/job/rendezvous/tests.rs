@@ -1,0 +1,152 @@
+//! The rendezvous over the real store and real TCP, two agents in one process: what an agent
+//! holds on the store across attempts.
+
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+use vigil_store::KeySpace;
+
+use super::{run, CoordConfig, FromCoord, HeadSide};
+use crate::supervise::{JobEnd, JobRequest};
+
+const T: Duration = Duration::from_secs(30);
+
+fn coord(node_rank: u32, store: std::net::SocketAddr) -> CoordConfig {
+    CoordConfig {
+        nnodes: 2,
+        active: 2,
+        topology: None,
+        segment: None,
+        node_rank,
+        nproc: 1,
+        store,
+        join_timeout: T,
+        last_call: T,
+        peer_timeout: T,
+        host: format!("test{node_rank}"),
+        max_restarts: 3,
+        secret: None,
+        job: None,
+    }
+}
+
+struct Agent {
+    tx: mpsc::UnboundedSender<JobRequest>,
+    rx: mpsc::UnboundedReceiver<FromCoord>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Agent {
+    fn spawn(cfg: CoordConfig, head: Option<HeadSide>) -> Agent {
+        let (tx, req_rx) = mpsc::unbounded_channel();
+        let (ev_tx, rx) = mpsc::unbounded_channel();
+        let task = tokio::task::spawn_local(run(cfg, head, req_rx, ev_tx));
+        Agent { tx, rx, task }
+    }
+
+    fn join(&self, cycle: u32) {
+        self.tx
+            .send(JobRequest::Join {
+                cycle,
+                calculated: None,
+            })
+            .unwrap();
+    }
+
+    /// The next message that is not for node rank 0's console alone.
+    async fn next(&mut self) -> FromCoord {
+        loop {
+            let m = tokio::time::timeout(T, self.rx.recv())
+                .await
+                .expect("the coordinator answers")
+                .expect("the coordinator runs");
+            if !matches!(
+                m,
+                FromCoord::Hosts { .. } | FromCoord::Note(_) | FromCoord::Promoted { .. }
+            ) {
+                return m;
+            }
+        }
+    }
+}
+
+async fn until(keys: &KeySpace, what: &str, f: impl Fn(vigil_store::StoreStats) -> bool) {
+    let deadline = Instant::now() + T;
+    while !f(keys.stats()) {
+        assert!(
+            Instant::now() < deadline,
+            "{what}: the store has {:?}",
+            keys.stats()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Each agent holds one connection to the store, the same one through a failed attempt and the
+/// next (before: a control, a waiter and a liveness connection each, plus one per attempt for the
+/// stop waiter); the waits of the attempt left behind are cancelled, not left parked.
+#[test]
+fn an_agent_holds_one_connection_to_the_store_across_attempts() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&rt, async {
+        let (addr, keys, leases) =
+            crate::run::host_store("127.0.0.1:0".parse().unwrap(), T, None).expect("store up");
+        let head = HeadSide {
+            keys: keys.clone(),
+            leases,
+        };
+        let mut agents = [
+            Agent::spawn(coord(0, addr), Some(head)),
+            Agent::spawn(coord(1, addr), None),
+        ];
+        for a in &agents {
+            a.join(0);
+        }
+        for a in agents.iter_mut() {
+            let m = a.next().await;
+            assert!(matches!(m, FromCoord::Joined { cycle: 0, .. }), "{m:?}");
+        }
+        assert_eq!(keys.stats().connections, 2, "attempt 0");
+        agents[1]
+            .tx
+            .send(JobRequest::ReportEnd {
+                cycle: 0,
+                end: JobEnd::Failed {
+                    node: 1,
+                    reason: "test".into(),
+                },
+            })
+            .unwrap();
+        for a in agents.iter_mut() {
+            let m = a.next().await;
+            assert!(matches!(m, FromCoord::CycleEnded { cycle: 0, .. }), "{m:?}");
+            a.join(1);
+        }
+        for a in agents.iter_mut() {
+            let m = a.next().await;
+            assert!(matches!(m, FromCoord::Joined { cycle: 1, .. }), "{m:?}");
+        }
+        // Parked now, per agent: attempt 1's end and its stop trigger; attempt 0's are gone.
+        until(&keys, "four waits parked", |s| s.pending_waits == 4).await;
+        let s = keys.stats();
+        assert_eq!(s.connections, 2, "attempt 1: {s:?}");
+        assert_eq!(s.dropped_for_protocol_errors, 0, "{s:?}");
+        for a in &agents {
+            a.tx.send(JobRequest::Leave {
+                poison: None,
+                highest_step: None,
+            })
+            .unwrap();
+        }
+        for a in agents {
+            tokio::time::timeout(T, a.task)
+                .await
+                .expect("each agent leaves")
+                .unwrap();
+        }
+    });
+}
