@@ -16,10 +16,11 @@ agents are sources of requests, a network latency away, that follow the protocol
 * `v3`: the protocol as it is now (PROTOCOL 3): one long-lived connection per agent in the
   store's tagged mode (every request carries a tag, replies come back framed), WAIT_GET (parked
   until the key exists, answered with its value: pushed), the same joins, counts and verdict as
-  `v2`, no connection per attempt; liveness by one-way RENEWs and node rank 0's one SWEEP.
-* `v3p`: `v3` with each agent's SET of its join record sent in one packet with its ADD (the
-  SET's empty reply not awaited): not the protocol, a what-if for its implementers; not in the
-  default table.
+  `v2`, no connection per attempt; liveness by one-way RENEWs and node rank 0's one SWEEP; each
+  agent's SET of its join record goes out in one packet with its ADD (`MuxClient::set_and_add`,
+  both replies awaited together).
+* `v3s`: `v3` with the SET awaited before the ADD is sent, as an agent of a job with hot spares
+  joins (it reads the attempt's members between the two); not in the default table.
 * `o1`: the proposal of issue 26 that goes further: one request per agent to join (its record
   and the count), the wake-ups registered once and pushed, no reply to a join.
 
@@ -377,8 +378,9 @@ def rendezvous_v3(s: Sim, n, cycle, held, nproc=8, pipeline=False):
     ADD), ADD to the count (the last SETs `all`), WAIT_GET of the verdict (pushed with it);
     then WAIT_GET `end` and `stop` parked for the attempt and the last attempt's stop wait
     cancelled. Node rank 0 parks a WAIT_GET on `all` and decides as in PROTOCOL 2.
-    `pipeline` (protocol `v3p`, not PROTOCOL 3 as written): the SET and the ADD go out in one
-    packet, the SET's empty frame not awaited."""
+    `pipeline` (protocol `v3`, PROTOCOL 3 without hot spares): the SET and the ADD go out in one
+    packet and their replies come back together; without it (`v3s`, a job with hot spares) the
+    SET is answered before the ADD is sent."""
     V = o1_verdict_len(n, nproc)
     c = f"/vigil/c{cycle}"
     joined = {"n": 0}
@@ -490,8 +492,8 @@ def simulate(n, protocol, costs, *, threads=1, latency=50e-6, jitter=0.0, nic_bp
     attempt = {
         "now": rendezvous_now,
         "v2": lambda *a: rendezvous_now(*a, compact=True),
-        "v3": rendezvous_v3,
-        "v3p": lambda *a: rendezvous_v3(*a, pipeline=True),
+        "v3": lambda *a: rendezvous_v3(*a, pipeline=True),
+        "v3s": rendezvous_v3,
         "o1": rendezvous_o1,
     }[protocol]
     rng = random.Random(seed)
@@ -516,12 +518,12 @@ def simulate(n, protocol, costs, *, threads=1, latency=50e-6, jitter=0.0, nic_bp
             # Parked in WAIT on c0/end; woken, it reads the end (WAIT + GET) and joins.
             s.wait_on(end, i, "wake", lambda t, i=i: s.request(i, "wait", end, then=lambda t2, _:
                       s.request(i, "get", end, reply_value=END_LEN, then=lambda t3, _: start1(i))))
-        elif protocol in ("v3", "v3p"):
+        elif protocol in ("v3", "v3s"):
             # Its WAIT_GET on c0/end is answered with the end: no GET after it.
             s.wait_on(end, i, "wake_get", lambda t, i=i: start1(i), END_LEN)
         else:
             s.wait_on(end, i, "push", lambda t, i=i: start1(i), END_LEN)
-    tagged = protocol in ("v3", "v3p")
+    tagged = protocol in ("v3", "v3s")
     if protocol != "o1":
         s.request(n - 1, "set", f"/vigil/failed/0/{n - 1}", 0, tagged=tagged)
     s.request(n - 1, "compare_set", end, END_LEN, reply_value=END_LEN, tagged=tagged,
@@ -549,7 +551,7 @@ def liveness(n, protocol, costs, latency):
     if protocol in ("now", "v2"):
         cpu = (2 * (n - 1) + n) * c["add"] * 1e-6
         sweep = n * (2 * latency + c["add"] * 1e-6)
-    elif protocol in ("v3", "v3p"):
+    elif protocol in ("v3", "v3s"):
         one_sweep = (c["sweep"] + c["tagged"] + c["sweep_per_key"] * n) * 1e-6
         cpu = (n * c["renew"] + (n - 1) * c["add_tagged"]) * 1e-6 + one_sweep
         sweep = 2 * latency + one_sweep
@@ -583,7 +585,7 @@ def load_costs(path):
     return costs
 
 
-PROTOCOLS = ("now", "v2", "v3", "v3p", "o1")
+PROTOCOLS = ("now", "v2", "v3", "v3s", "o1")
 
 
 def fmt_bytes(b):

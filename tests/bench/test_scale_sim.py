@@ -24,13 +24,13 @@ def run(n, protocol, costs=None, **kw):
     return sim.simulate(n, protocol, costs or ZERO, **kw)
 
 
-@pytest.mark.parametrize("protocol,hops", [("now", 18), ("v3", 12), ("v3p", 10), ("o1", 6)])
+@pytest.mark.parametrize("protocol,hops", [("now", 18), ("v3s", 12), ("v3", 10), ("o1", 6)])
 def test_free_store_join_is_its_network_hops(protocol, hops):
     # With a store that costs nothing, joining is one-way trips only. now: ADD (2), SET all (1),
     # node rank 0's wake (1), WAIT+GET of all (4), CHECK (2), MULTI_GET (2), COMPARE_SET (1),
-    # the others' wake (1), WAIT+GET of the verdict (4). v3: SET join, answered (2), ADD (2),
+    # the others' wake (1), WAIT+GET of the verdict (4). v3s: SET join, answered (2), ADD (2),
     # SET all (1), node rank 0's WAIT_GET of all answered with it (1), CHECK (2), MULTI_GET (2),
-    # COMPARE_SET (1), the verdict pushed to the others' WAIT_GET (1); v3p the same with the SET
+    # COMPARE_SET (1), the verdict pushed to the others' WAIT_GET (1); v3 the same with the SET
     # sent with the ADD (one round trip less). o1: JOIN (1), push to
     # node rank 0 (1), MULTI_GET (2), SET go (1), push (1).
     for n in (2, 64):
@@ -42,8 +42,8 @@ def test_free_store_join_is_its_network_hops(protocol, hops):
 def test_failure_adds_the_end_round_trips():
     # now: COMPARE_SET end (1), wake (1), WAIT + GET end (4), then a join (18).
     assert run(8, "now").failure_s == pytest.approx((6 + 18) * L, rel=1e-9)
-    # v3: COMPARE_SET end (1), pushed to the parked WAIT_GET (1), then a join (12).
-    assert run(8, "v3").failure_s == pytest.approx((2 + 12) * L, rel=1e-9)
+    # v3: COMPARE_SET end (1), pushed to the parked WAIT_GET (1), then a join (10).
+    assert run(8, "v3").failure_s == pytest.approx((2 + 10) * L, rel=1e-9)
     # o1: COMPARE_SET end (1), pushed (1), then a join (6).
     assert run(8, "o1").failure_s == pytest.approx((2 + 6) * L, rel=1e-9)
 
@@ -170,9 +170,9 @@ def test_protocol_3_makes_fewer_store_operations_per_agent_than_v2():
     assert v2.ops_per_attempt == 12 * n + 6
     assert v3.ops_per_attempt <= 8 * n + 6 < v2.ops_per_attempt
     # Sending the SET with the ADD saves time, not requests.
-    v3p = run(n, "v3p", sim.DEFAULT_COSTS)
-    assert v3p.ops_by_kind["set"] == k["set"] and v3p.ops_by_kind["add"] == k["add"]
-    assert v3p.cpu_per_attempt_s < v3.cpu_per_attempt_s
+    v3s = run(n, "v3s", sim.DEFAULT_COSTS)
+    assert v3s.ops_by_kind["set"] == k["set"] and v3s.ops_by_kind["add"] == k["add"]
+    assert v3.cpu_per_attempt_s < v3s.cpu_per_attempt_s
 
 
 def test_protocol_3_liveness_is_one_round_trip_and_cheaper_than_v2_at_10000():
