@@ -116,6 +116,9 @@ async fn connect_client(cfg: &CoordConfig, node_rank: Option<u32>) -> Result<Mux
             }
             e => Fatal::lost(store_lost(cfg.store, e)),
         })?;
+    if node_rank != Some(0) {
+        admitted_plain(&mut c, cfg, node_rank).await?;
+    }
     MuxClient::from_client(c).map_err(|e| Fatal::lost(store_lost(cfg.store, e)))
 }
 
@@ -127,18 +130,42 @@ pub(super) async fn admitted(
     cfg: &CoordConfig,
     node_rank: Option<u32>,
 ) -> Result<(), Fatal> {
-    let lost_store = |e: vigil_store::StoreError| Fatal::lost(store_lost(cfg.store, e));
-    let theirs = match ctl.wait_get(key::JOB, cfg.join_timeout).await {
+    let theirs = ctl.wait_get(key::JOB, cfg.join_timeout).await;
+    judged(theirs, cfg, node_rank)
+}
+
+/// [`admitted`] in torch's plain requests, before the connection turns tagged: a node rank 0 of
+/// an older vigil (PROTOCOL 2 and before) knows no tagged request and would drop the
+/// connection, which would read as a lost store (exit 75, requeued) instead of the one-line
+/// refusal of another version.
+async fn admitted_plain(
+    c: &mut StoreClient,
+    cfg: &CoordConfig,
+    node_rank: Option<u32>,
+) -> Result<(), Fatal> {
+    let theirs = match c.wait(&[key::JOB], cfg.join_timeout).await {
+        Ok(()) => c.get(key::JOB).await,
+        Err(e) => Err(e),
+    };
+    judged(theirs, cfg, node_rank)
+}
+
+/// What node rank 0's job shape, as read, says of this agent.
+fn judged(
+    theirs: Result<Vec<u8>, vigil_store::StoreError>,
+    cfg: &CoordConfig,
+    node_rank: Option<u32>,
+) -> Result<(), Fatal> {
+    let theirs = match theirs {
         Ok(v) => v,
         Err(e) if e.is_timeout() => {
-            return Err(
-            Fatal::lost(format!(
+            return Err(Fatal::lost(format!(
                 "node rank 0's store at {} did not say within --join-timeout ({}s) which job it runs; is node rank 0 a vigil agent of this job?",
                 cfg.store,
                 cfg.join_timeout.as_secs()
             )))
         }
-        Err(e) => return Err(lost_store(e)),
+        Err(e) => return Err(Fatal::lost(store_lost(cfg.store, e))),
     };
     let theirs: JobShape = serde_json::from_slice(&theirs).map_err(|_| {
         Fatal::refused(format!(

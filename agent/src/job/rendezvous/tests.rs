@@ -150,3 +150,75 @@ fn an_agent_holds_one_connection_to_the_store_across_attempts() {
         }
     });
 }
+
+/// FAKE of a node rank 0 of vigil before PROTOCOL 3 (its store knows no tagged request and
+/// drops a connection that sends one), on a real socket: answers a connection's plain requests
+/// with `job` as the job's shape, and records whether a tagged request arrived.
+async fn old_store_fake(listener: tokio::net::TcpListener, job: Vec<u8>) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use vigil_store::protocol::{parse_request, put_bytes, Parsed, Request};
+    let (mut s, _) = listener.accept().await.unwrap();
+    let mut buf = Vec::new();
+    loop {
+        let mut chunk = [0u8; 4096];
+        let n = s.read(&mut chunk).await.unwrap_or(0);
+        if n == 0 {
+            return false;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        while let Ok(Parsed::Complete(req, used)) = parse_request(&buf) {
+            buf.drain(..used);
+            let mut out = Vec::new();
+            match req {
+                Request::Validate { .. } => {}
+                Request::Ping { nonce } => out.extend_from_slice(&nonce.to_le_bytes()),
+                Request::AuthChallenge => {
+                    out.push(0);
+                    out.extend_from_slice(&[7; 32]);
+                }
+                Request::Wait { .. } => out.push(0),
+                Request::Get { .. } => put_bytes(&mut out, &job),
+                // What an old store does with a request it does not know: hang up.
+                _ => return true,
+            }
+            s.write_all(&out).await.unwrap();
+        }
+    }
+}
+
+#[test]
+fn a_new_agent_is_refused_by_an_old_node_rank_0_in_one_line_not_lost() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&rt, async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let cfg = coord(1, listener.local_addr().unwrap());
+        let old = super::wire::JobShape {
+            protocol: 2,
+            ..cfg.shape()
+        };
+        let fake = tokio::task::spawn_local(old_store_fake(listener, super::wire::to_json(&old)));
+        let mut a = Agent::spawn(cfg, None);
+        match a.next().await {
+            FromCoord::Lost { reason, requeue } => {
+                assert!(!requeue, "{reason}");
+                assert!(reason.contains("protocol 2"), "{reason}");
+                assert!(!reason.contains('\n'), "{reason}");
+            }
+            m => panic!("{m:?}"),
+        }
+        a.tx.send(JobRequest::Leave {
+            poison: None,
+            highest_step: None,
+        })
+        .ok();
+        a.task.await.unwrap();
+        assert!(
+            !fake.await.unwrap(),
+            "a tagged request reached the old store"
+        );
+    });
+}
