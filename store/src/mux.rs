@@ -274,61 +274,20 @@ impl MuxClient {
         }
     }
 
-    /// Sends `reqs` (each answered at once: no waits) back to back and waits for every reply:
-    /// one round trip for all. The store applies them in this order.
-    async fn pipelined(&self, op: &'static str, reqs: &[Request]) -> Result<Vec<Vec<u8>>> {
-        let link = &self.inner.link;
-        let mut flights = Vec::with_capacity(reqs.len());
-        let mut replies = Vec::with_capacity(reqs.len());
-        for req in reqs {
-            let (tag, rx) = link.register()?;
-            flights.push(InFlight {
-                client: self,
-                tag,
-                cancel: false,
-            });
-            self.inner
-                .out
-                .send(frame(tag, req))
-                .map_err(|_| link.dead_error())?;
-            replies.push(rx);
-        }
-        let timeout = self.inner.timeout;
-        let mut out = Vec::with_capacity(replies.len());
-        for rx in replies {
-            match tokio::time::timeout(timeout, rx).await {
-                Ok(Ok(bytes)) => out.push(bytes),
-                Ok(Err(_)) => return Err(link.dead_error()),
-                Err(_) => return Err(StoreError::Timeout { op, timeout }),
-            }
-        }
-        Ok(out)
-    }
-
-    /// SET `key` to `value`, then ADD `delta` to `counter`, in one round trip (a record and
-    /// the count that says it is there: the store applies the SET first). Returns the count.
-    pub async fn set_and_add(
-        &self,
-        key: &str,
-        value: &[u8],
-        counter: &str,
-        delta: i64,
-    ) -> Result<i64> {
-        let reqs = [
-            Request::Set {
-                key: user_key(key),
-                value: value.to_vec(),
-            },
-            Request::Add {
-                key: user_key(counter),
-                delta,
-            },
-        ];
-        let r = self.pipelined("set_and_add", &reqs).await?;
-        if !r[0].is_empty() {
-            return Err(protocol("set_and_add", "a reply to SET"));
-        }
-        reply_i64("set_and_add", &r[1])
+    /// vigil's JOIN: SETs `key` to `value`, then adds 1 to the counter `counter`, in one
+    /// request (the record first, then the count that says it is there). Returns the count.
+    pub async fn join(&self, key: &str, value: &[u8], counter: &str) -> Result<i64> {
+        let req = Request::Join {
+            key: user_key(key),
+            value: value.to_vec(),
+            counter: user_key(counter),
+        };
+        reply_i64(
+            "join",
+            &self
+                .request("join", &req, self.inner.timeout, false)
+                .await?,
+        )
     }
 
     /// Sends any request answered at once (not WAIT or WAIT_GET: see [`MuxClient::wait`])

@@ -72,6 +72,10 @@ pub enum Opcode {
     /// vigil's own, tagged only: one key (`u64` count, always 1, then the key, like WAIT); parks
     /// until the key exists and answers its value (`u64` length + bytes).
     WaitGet = 0x65,
+    /// vigil's own: `key`, `value`, `counter`. SETs `key` to `value`, then adds 1 to the counter
+    /// `counter` and answers its new value (`i64`), in one request: a rendezvous join (the
+    /// record, then the count that says it is there).
+    Join = 0x66,
 }
 
 impl Opcode {
@@ -106,6 +110,7 @@ impl Opcode {
             0x63 => Some(Opcode::Sweep),
             0x64 => Some(Opcode::Tagged),
             0x65 => Some(Opcode::WaitGet),
+            0x66 => Some(Opcode::Join),
             _ => Opcode::ALL.get(b as usize).copied(),
         }
     }
@@ -198,6 +203,11 @@ pub enum Request {
     WaitGet {
         key: Vec<u8>,
     },
+    Join {
+        key: Vec<u8>,
+        value: Vec<u8>,
+        counter: Vec<u8>,
+    },
 }
 
 impl Request {
@@ -221,6 +231,7 @@ impl Request {
                 keys.iter().map(Vec::as_slice).collect()
             }
             Request::MultiSet { pairs } => pairs.iter().map(|(k, _)| k.as_slice()).collect(),
+            Request::Join { key, counter, .. } => vec![key.as_slice(), counter.as_slice()],
             Request::Tagged { inner, .. } => inner.keys(),
             Request::Validate { .. }
             | Request::GetNumKeys
@@ -259,6 +270,7 @@ impl Request {
             Request::Sweep { .. } => Opcode::Sweep,
             Request::Tagged { .. } => Opcode::Tagged,
             Request::WaitGet { .. } => Opcode::WaitGet,
+            Request::Join { .. } => Opcode::Join,
         }
     }
 
@@ -324,6 +336,15 @@ impl Request {
             Request::Barrier { key, world_size } => {
                 put_bytes(out, key);
                 out.extend_from_slice(&world_size.to_le_bytes());
+            }
+            Request::Join {
+                key,
+                value,
+                counter,
+            } => {
+                put_bytes(out, key);
+                put_bytes(out, value);
+                put_bytes(out, counter);
             }
             Request::Tagged { tag, inner } => {
                 out.extend_from_slice(&tag.to_le_bytes());
@@ -533,6 +554,11 @@ fn parse_op(c: &mut Cursor<'_>, op: Opcode) -> Result<Request, Stop> {
                 .expect("32 bytes"),
         },
         Opcode::Renew => Request::Renew { key: c.key()? },
+        Opcode::Join => Request::Join {
+            key: c.key()?,
+            value: c.value()?,
+            counter: c.key()?,
+        },
         Opcode::Sweep => Request::Sweep { prefix: c.key()? },
         Opcode::Tagged => {
             let tag = c.u32()?;
@@ -834,8 +860,8 @@ mod tests {
             );
         }
         assert_eq!(
-            parse_request(&[0x64, 1, 0, 0, 0, 0x66]),
-            Err(ProtocolError::UnknownOpcode(0x66))
+            parse_request(&[0x64, 1, 0, 0, 0, 0x67]),
+            Err(ProtocolError::UnknownOpcode(0x67))
         );
         // RENEW rides a tag and is still one-way: the server sends no frame for it.
         let renew = Request::Tagged {

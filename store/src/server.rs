@@ -1325,6 +1325,22 @@ impl Conn {
                     put_bytes(out, k);
                 }
             }
+            Request::Join {
+                key,
+                value,
+                counter,
+            } => {
+                let shared = self.shared.clone();
+                let mut st = shared.lock();
+                self.admit(&st, st.growth(&key, value.len()) + st.growth(&counter, 20))?;
+                let mut slot = ConnLeaseSlot {
+                    leases: &mut self.leases,
+                    ids: &self.shared.next_lease_owner_id,
+                };
+                st.set_by(&mut slot, key, value);
+                let v = st.add(counter, 1)?;
+                put_i64(out, v);
+            }
             Request::Renew { key } => {
                 let shared = self.shared.clone();
                 let mut st = shared.lock();

@@ -440,7 +440,7 @@ async fn a_tagged_connection_that_closes_releases_its_leases_and_all_its_waits()
 }
 
 #[tokio::test]
-async fn a_record_and_its_count_go_in_one_round_trip_the_record_first() {
+async fn a_join_sets_the_record_and_counts_it_in_one_request() {
     let server = StoreServer::bind("127.0.0.1:0".parse().unwrap())
         .await
         .unwrap();
@@ -451,14 +451,12 @@ async fn a_record_and_its_count_go_in_one_round_trip_the_record_first() {
     let watcher = MuxClient::connect(h.local_addr(), Duration::from_secs(10), None)
         .await
         .unwrap();
-    assert_eq!(
-        m.set_and_add("join/1", b"me", "joined", 1).await.unwrap(),
-        1
-    );
+    assert_eq!(m.join("join/1", b"me", "joined").await.unwrap(), 1);
     assert_eq!(watcher.get("join/1").await.unwrap(), b"me");
-    assert_eq!(
-        m.set_and_add("join/2", b"you", "joined", 2).await.unwrap(),
-        3
-    );
+    assert_eq!(m.join("join/2", b"you", "joined").await.unwrap(), 2);
     assert_eq!(watcher.get("join/2").await.unwrap(), b"you");
+    // A count that is not a counter ends that connection, not the store.
+    watcher.set("bad", b"x").await.unwrap();
+    assert!(m.join("join/3", b"them", "bad").await.is_err());
+    assert_eq!(watcher.get("joined").await.unwrap(), b"2");
 }

@@ -490,9 +490,8 @@ impl Coordinator {
             };
             (members, self.ctl.add(&count, 1).await?)
         } else {
-            // The record and the count in one round trip, the record first.
-            let info = to_json(&info);
-            (None, self.ctl.set_and_add(&record, &info, &count, 1).await?)
+            // The record and the count in one request (JOIN), the record first.
+            (None, self.ctl.join(&record, &to_json(&info), &count).await?)
         };
         let expected = self.rdzv.joins_expected(members.as_deref());
         if nth == expected {
