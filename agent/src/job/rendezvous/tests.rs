@@ -30,6 +30,15 @@ fn coord(node_rank: u32, store: std::net::SocketAddr) -> CoordConfig {
     }
 }
 
+/// Runs `f` as the agent runs its coordination: a current-thread runtime with a `LocalSet`.
+fn on_agent_runtime(f: impl std::future::Future<Output = ()>) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    tokio::task::LocalSet::new().block_on(&rt, f);
+}
+
 struct Agent {
     tx: mpsc::UnboundedSender<JobRequest>,
     rx: mpsc::UnboundedReceiver<FromCoord>,
@@ -87,12 +96,7 @@ async fn until(keys: &KeySpace, what: &str, f: impl Fn(vigil_store::StoreStats) 
 /// stop waiter); the waits of the attempt left behind are cancelled, not left parked.
 #[test]
 fn an_agent_holds_one_connection_to_the_store_across_attempts() {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let local = tokio::task::LocalSet::new();
-    local.block_on(&rt, async {
+    on_agent_runtime(async {
         let (addr, keys, leases) =
             crate::run::host_store("127.0.0.1:0".parse().unwrap(), T, None).expect("store up");
         let head = HeadSide {
@@ -188,12 +192,7 @@ async fn old_store_fake(listener: tokio::net::TcpListener, job: Vec<u8>) -> bool
 
 #[test]
 fn a_new_agent_is_refused_by_an_old_node_rank_0_in_one_line_not_lost() {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let local = tokio::task::LocalSet::new();
-    local.block_on(&rt, async {
+    on_agent_runtime(async {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let cfg = coord(1, listener.local_addr().unwrap());
         let old = super::wire::JobShape {
