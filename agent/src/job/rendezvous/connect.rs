@@ -117,28 +117,18 @@ async fn connect_client(cfg: &CoordConfig, node_rank: Option<u32>) -> Result<Mux
             e => Fatal::lost(store_lost(cfg.store, e)),
         })?;
     if node_rank != Some(0) {
-        admitted_plain(&mut c, cfg, node_rank).await?;
+        admitted(&mut c, cfg, node_rank).await?;
     }
     MuxClient::from_client(c).map_err(|e| Fatal::lost(store_lost(cfg.store, e)))
 }
 
 /// Waits (up to `--join-timeout`) for node rank 0's [`JobShape`] and compares this agent's with
-/// it; a stray is refused, having written nothing.
+/// it; a stray is refused, having written nothing. Done once per agent, as its connection opens
+/// and before it turns tagged, in torch's plain requests: a node rank 0 of an older vigil
+/// (PROTOCOL 2 and before) knows no tagged request and would drop the connection, which would
+/// read as a lost store (exit 75, requeued) instead of the one-line refusal of another version.
 /// `node_rank`: `None` while the rendezvous has not handed this agent one.
-pub(super) async fn admitted(
-    ctl: &MuxClient,
-    cfg: &CoordConfig,
-    node_rank: Option<u32>,
-) -> Result<(), Fatal> {
-    let theirs = ctl.wait_get(key::JOB, cfg.join_timeout).await;
-    judged(theirs, cfg, node_rank)
-}
-
-/// [`admitted`] in torch's plain requests, before the connection turns tagged: a node rank 0 of
-/// an older vigil (PROTOCOL 2 and before) knows no tagged request and would drop the
-/// connection, which would read as a lost store (exit 75, requeued) instead of the one-line
-/// refusal of another version.
-async fn admitted_plain(
+async fn admitted(
     c: &mut StoreClient,
     cfg: &CoordConfig,
     node_rank: Option<u32>,
@@ -147,15 +137,6 @@ async fn admitted_plain(
         Ok(()) => c.get(key::JOB).await,
         Err(e) => Err(e),
     };
-    judged(theirs, cfg, node_rank)
-}
-
-/// What node rank 0's job shape, as read, says of this agent.
-fn judged(
-    theirs: Result<Vec<u8>, vigil_store::StoreError>,
-    cfg: &CoordConfig,
-    node_rank: Option<u32>,
-) -> Result<(), Fatal> {
     let theirs = match theirs {
         Ok(v) => v,
         Err(e) if e.is_timeout() => {
@@ -179,17 +160,15 @@ fn judged(
     }
 }
 
-/// Takes this agent's place in the job: node rank 0 says what the job is; every other agent is
-/// admitted first (a stray, another `--nnodes` or another job, must be refused before it writes
-/// anything), then claims its node rank and, but for node rank 0, holds its lease.
+/// Takes this agent's place in the job: node rank 0 says what the job is; every other agent, admitted
+/// as its connection opened ([`admitted`]: a stray, another `--nnodes` or another job, is refused
+/// before it writes anything), claims its node rank and holds its lease.
 pub(super) async fn claim(ctl: &MuxClient, cfg: &CoordConfig) -> Result<(), Fatal> {
     let lost_store = |e: vigil_store::StoreError| Fatal::lost(store_lost(cfg.store, e));
     if cfg.node_rank == 0 {
         ctl.set(key::JOB, &to_json(&cfg.shape()))
             .await
             .map_err(lost_store)?;
-    } else {
-        admitted(ctl, cfg, Some(cfg.node_rank)).await?;
     }
     // Two agents claiming one node rank would silently corrupt the job: refuse.
     let me = format!("{} (pid {})", cfg.host, std::process::id());

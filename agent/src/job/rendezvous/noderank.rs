@@ -2,9 +2,9 @@
 //! asks it for a node rank. The store's host is node rank 0; the others draw tickets from one
 //! counter in the order they reach it ([`super::decide::hand_out_node_rank`] turns a ticket into a
 //! node rank). An agent draws once for its life, so it keeps its node rank across every restart of
-//! the job; a stray of another shape is refused before it draws ([`super::connect::admitted`]).
+//! the job; a stray of another shape is refused before it draws (as its connection opens, [`StoreLink::client_unranked`]).
 
-use super::connect::{admitted, store_lost, Fatal, StoreLink};
+use super::connect::{store_lost, Fatal, StoreLink};
 use super::decide::hand_out_node_rank;
 use super::wire::key;
 use super::CoordConfig;
@@ -64,7 +64,6 @@ pub async fn claim_node_rank(
 
 async fn claim(link: &StoreLink, cfg: &CoordConfig, identity: &str) -> Result<u32, Fatal> {
     let c = link.client_unranked(cfg).await?;
-    admitted(&c, cfg, None).await?;
     let lost = |e: vigil_store::StoreError| Fatal::lost(store_lost(cfg.store, e));
     let mine = key::node_of(identity);
     if c.check(&[&mine]).await.map_err(lost)? {
