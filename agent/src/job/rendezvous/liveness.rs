@@ -126,8 +126,8 @@ pub fn liveness_period(node_timeout: Duration) -> Duration {
 }
 
 /// Renews this node's counter and watches the others' until a watched node or the store is
-/// silent for the node timeout, then says why. An error of the store ends it quietly: the other
-/// connections report that.
+/// silent for the node timeout, then says why. An error of the store ends it quietly: the
+/// agent's other uses of the connection report that.
 pub(super) async fn liveness(
     client: MuxClient,
     cfg: CoordConfig,
@@ -143,9 +143,8 @@ pub(super) async fn liveness(
     let mut live = Liveness::new(cfg.peer_timeout, period);
     let mut ticker = tokio::time::interval(period);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    type Round = std::pin::Pin<Box<dyn std::future::Future<Output = Option<(MuxClient, Reading)>>>>;
-    // The client is either here or in the round in flight, which hands it back.
-    let mut client = Some(client);
+    type Round = std::pin::Pin<Box<dyn std::future::Future<Output = Option<Reading>>>>;
+    // One round in flight at a time: a period whose round is still unanswered asks nothing more.
     let mut round: Option<Round> = None;
     loop {
         let in_flight = async {
@@ -181,19 +180,19 @@ pub(super) async fn liveness(
                         _ => return,
                     }
                 }
-                if let Some(c) = client.take() {
+                if round.is_none() {
                     live.asked();
+                    let c = client.clone();
                     round = Some(Box::pin(renew_and_read(c, me.clone(), cfg.node_rank == 0)));
                 }
             }
             r = in_flight => {
                 round = None;
-                let Some((c, reading)) = r else { return };
+                let Some(reading) = r else { return };
                 match reading {
                     Reading::Counters(values) => live.answered(values),
                     Reading::Stale(stale) => live.swept(&watched, &stale),
                 }
-                client = Some(c);
             }
         }
     }
@@ -208,21 +207,21 @@ enum Reading {
 }
 
 /// One period: renews this node's counter (one-way) and reads what it watches, in one round
-/// trip. `None`: the store failed (the other connections report that).
-async fn renew_and_read(c: MuxClient, me: String, head: bool) -> Option<(MuxClient, Reading)> {
+/// trip. `None`: the store failed.
+async fn renew_and_read(c: MuxClient, me: String, head: bool) -> Option<Reading> {
     c.renew(&me).ok()?;
     if !head {
         // ADD 0 reads without waiting; 0 or less: not started, or left.
         let v = c.add(&key::alive(0), 0).await.ok()?;
         let values = vec![(0, (v > 0).then(|| v.to_string().into_bytes()))];
-        return Some((c, Reading::Counters(values)));
+        return Some(Reading::Counters(values));
     }
     let stale = c.sweep(key::ALIVE_PREFIX).await.ok()?;
     let stale = stale
         .iter()
         .filter_map(|k| k.strip_prefix(key::ALIVE_PREFIX)?.parse().ok())
         .collect();
-    Some((c, Reading::Stale(stale)))
+    Some(Reading::Stale(stale))
 }
 
 #[cfg(test)]
