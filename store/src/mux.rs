@@ -71,6 +71,14 @@ struct Calls {
     dead: Option<(io::ErrorKind, String)>,
 }
 
+impl Calls {
+    /// Why the connection died, as the error every call gets; `None` while it lives.
+    fn died(&self) -> Option<StoreError> {
+        let (kind, text) = self.dead.as_ref()?;
+        Some(StoreError::Io(io::Error::new(*kind, text.clone())))
+    }
+}
+
 impl Link {
     fn lock(&self) -> MutexGuard<'_, Calls> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
@@ -91,17 +99,14 @@ impl Link {
     }
 
     fn dead_error(&self) -> StoreError {
-        match &self.lock().dead {
-            Some((kind, text)) => StoreError::Io(io::Error::new(*kind, text.clone())),
-            None => StoreError::Broken,
-        }
+        self.lock().died().unwrap_or(StoreError::Broken)
     }
 
     /// A fresh tag and the receiver of its reply; fails at once on a dead connection.
     fn register(&self) -> Result<(u32, oneshot::Receiver<Vec<u8>>)> {
         let mut c = self.lock();
-        if let Some((kind, text)) = &c.dead {
-            return Err(StoreError::Io(io::Error::new(*kind, text.clone())));
+        if let Some(e) = c.died() {
+            return Err(e);
         }
         let (tx, rx) = oneshot::channel();
         loop {
@@ -305,8 +310,8 @@ impl MuxClient {
             )));
         }
         let link = &self.inner.link;
-        if let Some((kind, text)) = &link.lock().dead {
-            return Err(StoreError::Io(io::Error::new(*kind, text.clone())));
+        if let Some(e) = link.lock().died() {
+            return Err(e);
         }
         // No call waits for its tag: any tag does.
         self.inner
