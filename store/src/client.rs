@@ -661,6 +661,13 @@ impl StoreClient {
         Ok(user_keys(raw))
     }
 
+    /// vigil's RANK_ONLY, one-way: from now on this connection carries a rank's torch client
+    /// (the ranks' door sends it after [`StoreClient::authenticate`]): torch's operations on keys
+    /// outside `vigil/` only, for good.
+    pub async fn rank_only(&mut self) -> Result<()> {
+        self.send_only("rank_only", Request::RankOnly).await
+    }
+
     /// vigil's RENEW, one-way: adds 1 to the counter `key` and marks it renewed for the next
     /// [`StoreClient::sweep`]. Nothing comes back; a broken connection shows on the next call.
     pub async fn renew(&mut self, key: &str) -> Result<()> {

@@ -31,15 +31,17 @@
 
 pub mod auth;
 pub mod client;
+pub mod core;
 pub mod mux;
 pub mod protocol;
 pub mod server;
 
 pub use client::{first_connect_delay, StoreClient, StoreError, DEFAULT_TIMEOUT};
+pub use core::LeaseEvent;
 pub use mux::MuxClient;
 pub use protocol::{Opcode, VALIDATION_MAGIC};
 pub use server::{
-    keepalive_timing, set_peer_timeout, somaxconn, DropNotice, KeySpace, LeaseEvent, StoreHandle,
-    StoreServer, StoreStats, AGENT_PREFIX, DEFAULT_MAX_TOTAL, ENTRY_OVERHEAD, LEASE_PREFIX,
-    LISTEN_BACKLOG, MAX_REPLY_LEN, MAX_TAGGED_WAITS,
+    keepalive_timing, set_peer_timeout, somaxconn, DropNotice, KeySpace, StoreHandle, StoreServer,
+    StoreStats, AGENT_PREFIX, DEFAULT_MAX_TOTAL, ENTRY_OVERHEAD, LEASE_PREFIX, LISTEN_BACKLOG,
+    MAX_REPLY_LEN, MAX_TAGGED_WAITS,
 };

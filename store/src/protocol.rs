@@ -76,6 +76,11 @@ pub enum Opcode {
     /// `counter` and answers its new value (`i64`), in one request: a rendezvous join (the
     /// record, then the count that says it is there).
     Join = 0x66,
+    /// vigil's own, no payload, no reply: from here on this connection carries a rank's torch
+    /// client (the ranks' door of each agent sends it after authenticating): it may use torch's
+    /// own operations on keys outside `/vigil/` and nothing else, for good (docs/store.md, "Who
+    /// may use the store").
+    RankOnly = 0x67,
 }
 
 impl Opcode {
@@ -111,6 +116,7 @@ impl Opcode {
             0x64 => Some(Opcode::Tagged),
             0x65 => Some(Opcode::WaitGet),
             0x66 => Some(Opcode::Join),
+            0x67 => Some(Opcode::RankOnly),
             _ => Opcode::ALL.get(b as usize).copied(),
         }
     }
@@ -208,6 +214,7 @@ pub enum Request {
         value: Vec<u8>,
         counter: Vec<u8>,
     },
+    RankOnly,
 }
 
 impl Request {
@@ -239,6 +246,7 @@ impl Request {
             | Request::Ping { .. }
             | Request::ListKeys
             | Request::AuthChallenge
+            | Request::RankOnly
             | Request::AuthProof { .. } => Vec::new(),
         }
     }
@@ -271,6 +279,7 @@ impl Request {
             Request::Tagged { .. } => Opcode::Tagged,
             Request::WaitGet { .. } => Opcode::WaitGet,
             Request::Join { .. } => Opcode::Join,
+            Request::RankOnly => Opcode::RankOnly,
         }
     }
 
@@ -279,7 +288,7 @@ impl Request {
     pub fn one_way(&self) -> bool {
         match self {
             Request::Tagged { inner, .. } => inner.one_way(),
-            Request::Renew { .. } => true,
+            Request::Renew { .. } | Request::RankOnly => true,
             _ => false,
         }
     }
@@ -330,6 +339,7 @@ impl Request {
             Request::GetNumKeys
             | Request::CancelWait
             | Request::ListKeys
+            | Request::RankOnly
             | Request::AuthChallenge => {}
             Request::AuthProof { proof } => out.extend_from_slice(proof),
             Request::Ping { nonce } => out.extend_from_slice(&nonce.to_le_bytes()),
@@ -547,6 +557,7 @@ fn parse_op(c: &mut Cursor<'_>, op: Opcode) -> Result<Request, Stop> {
             world_size: c.i64()?,
         },
         Opcode::AuthChallenge => Request::AuthChallenge,
+        Opcode::RankOnly => Request::RankOnly,
         Opcode::AuthProof => Request::AuthProof {
             proof: c
                 .take(crate::auth::PROOF_LEN)?
@@ -570,6 +581,7 @@ fn parse_op(c: &mut Cursor<'_>, op: Opcode) -> Result<Request, Stop> {
                     | Opcode::Validate
                     | Opcode::AuthChallenge
                     | Opcode::AuthProof
+                    | Opcode::RankOnly
                     | Opcode::Barrier
             ) {
                 return Err(ProtocolError::NotTaggable(b).into());
@@ -853,15 +865,15 @@ mod tests {
         for n in 0..b.len() {
             assert!(matches!(parse_request(&b[..n]), Ok(Parsed::Incomplete(_))));
         }
-        for op in [0x64u8, 0, 0x60, 0x61, 18] {
+        for op in [0x64u8, 0, 0x60, 0x61, 0x67, 18] {
             assert_eq!(
                 parse_request(&[0x64, 1, 0, 0, 0, op]),
                 Err(ProtocolError::NotTaggable(op))
             );
         }
         assert_eq!(
-            parse_request(&[0x64, 1, 0, 0, 0, 0x67]),
-            Err(ProtocolError::UnknownOpcode(0x67))
+            parse_request(&[0x64, 1, 0, 0, 0, 0x68]),
+            Err(ProtocolError::UnknownOpcode(0x68))
         );
         // RENEW rides a tag and is still one-way: the server sends no frame for it.
         let renew = Request::Tagged {

@@ -47,7 +47,7 @@ async fn expect_closed(s: &mut TcpStream) {
 }
 
 #[tokio::test]
-async fn with_a_secret_only_agents_that_prove_it_use_control_keys() {
+async fn with_a_secret_only_the_handshake_is_served_before_the_proof() {
     let h = start(Some(SECRET), None).await;
     let addr = h.local_addr();
     let mut a = agent(addr, Some(SECRET))
@@ -57,31 +57,59 @@ async fn with_a_secret_only_agents_that_prove_it_use_control_keys() {
     a.set("init/x", b"1").await.unwrap();
     assert_eq!(a.get("vigil/owner/0").await.unwrap(), b"node0");
 
-    // A torch-like client: plain keys work, control keys are invisible and closed to it.
+    // A torch client that did not prove the secret: VALIDATE and PING (its connect) are the
+    // handshake; its first request after them, on any key, closes it.
     let mut t = StoreClient::connect(addr, T).await.unwrap();
-    t.set("data", b"ok").await.unwrap();
-    assert_eq!(t.get("data").await.unwrap(), b"ok");
-    let mut listed = t.list_keys().await.unwrap();
-    listed.sort();
-    assert_eq!(listed, vec!["data", "init/x"]);
-    assert_eq!(t.num_keys().await.unwrap(), 2);
-    assert!(t.get_timeout("vigil/owner/0", T).await.is_err());
-    let mut r = raw(addr).await;
-    send(
-        &mut r,
-        Request::Set {
-            key: b"/vigil/c0/end".to_vec(),
-            value: b"evil".to_vec(),
-        },
-    )
-    .await;
-    expect_closed(&mut r).await;
-    assert_eq!(h.key_space().get_raw(b"/vigil/c0/end"), None);
+    assert!(t.get_timeout("init/x", T).await.is_err());
     assert!(h
         .key_space()
         .last_protocol_error()
         .unwrap()
-        .contains("did not authenticate"));
+        .contains("before the connection proved the job's secret"));
+    for req in [
+        Request::Sweep { prefix: Vec::new() },
+        Request::Set {
+            key: b"/data".to_vec(),
+            value: b"evil".to_vec(),
+        },
+        Request::ListKeys,
+    ] {
+        let mut r = raw(addr).await;
+        send(&mut r, req).await;
+        expect_closed(&mut r).await;
+    }
+    assert_eq!(h.key_space().get_raw(b"/data"), None);
+
+    // A rank's connection (authenticated, then RANK_ONLY): its own keys only, vigil's hidden.
+    let mut rank = agent(addr, Some(SECRET)).await.unwrap();
+    rank.rank_only().await.unwrap();
+    rank.set("data", b"ok").await.unwrap();
+    assert_eq!(rank.get("data").await.unwrap(), b"ok");
+    let mut listed = rank.list_keys().await.unwrap();
+    listed.sort();
+    assert_eq!(listed, vec!["data", "init/x"]);
+    assert_eq!(rank.num_keys().await.unwrap(), 2);
+    assert!(rank.get_timeout("vigil/owner/0", T).await.is_err());
+    assert!(h
+        .key_space()
+        .last_protocol_error()
+        .unwrap()
+        .contains("from a rank's connection"));
+    for forbidden in ["sweep", "renew"] {
+        let mut rank = agent(addr, Some(SECRET)).await.unwrap();
+        rank.rank_only().await.unwrap();
+        let r = match forbidden {
+            "sweep" => rank.sweep("").await.map(|_| ()),
+            _ => {
+                let _ = rank.renew("vigil/alive/0").await;
+                rank.ping().await.map(|_| ())
+            }
+        };
+        assert!(
+            r.is_err(),
+            "{forbidden} from a rank's connection was served"
+        );
+    }
     // The agent sees everything.
     assert_eq!(a.num_keys().await.unwrap(), 3);
 }

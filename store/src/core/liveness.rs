@@ -1,0 +1,134 @@
+//! Liveness: leases (keys that a connection's end deletes) and renewed counters with their sweep
+//! (docs/store.md, "Leases" and the RENEW/SWEEP rows).
+
+use std::collections::HashSet;
+
+use super::{ConnId, Core, Effects, End, Session, MAX_REPLY_LEN};
+use crate::protocol::{parse_counter, put_bytes, put_i64};
+
+/// Raw-key prefix of lease keys: a client writes `vigil/lease/<name>` (stored as
+/// `/vigil/lease/<name>`). A lease key is owned by the connection that last stored it with SET,
+/// a COMPARE_SET that stored, MULTI_SET or JOIN; when that connection ends (EOF, I/O error,
+/// protocol error, but not server shutdown) the key is deleted if it still holds that
+/// connection's write, and a [`LeaseEvent`] is reported.
+pub const LEASE_PREFIX: &[u8] = b"/vigil/lease/";
+
+fn is_lease_key(key: &[u8]) -> bool {
+    key.starts_with(LEASE_PREFIX)
+}
+
+/// What happened to a lease key when the connection that owned it ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseEvent {
+    /// The key still held the value that connection wrote: it was deleted. `key` is the name
+    /// after `/vigil/lease/` (lossy UTF-8); `value` is what the key held.
+    Lost { key: String, value: Vec<u8> },
+    /// The key had been deleted or overwritten (by anyone, the owner included) since that
+    /// connection last wrote it: nothing was deleted.
+    Released { key: String },
+}
+
+impl Core {
+    /// A write of `key` by connection `s` through SET, COMPARE_SET, MULTI_SET or JOIN: a lease
+    /// key becomes owned by that connection.
+    pub(super) fn set_by(
+        &mut self,
+        s: &mut Session,
+        key: Vec<u8>,
+        value: Vec<u8>,
+        fx: &mut Effects,
+    ) {
+        if !is_lease_key(&key) {
+            self.set(key, value, fx);
+            return;
+        }
+        if !s.leases.contains(&key) {
+            s.leases.insert(key.clone());
+        }
+        self.lease_owner.insert(key.clone(), s.id);
+        self.waits.wake_all(&key, fx);
+        self.kv_put(key, value);
+    }
+
+    /// `key` was modified or deleted other than by an owning write.
+    pub(super) fn disown(&mut self, key: &[u8]) {
+        if !self.lease_owner.is_empty() {
+            self.lease_owner.remove(key);
+        }
+    }
+
+    /// Settles the leases of connection `conn` that ended: deletes the keys it still owns and
+    /// reports every key it had set, in key order.
+    pub(super) fn release_leases(
+        &mut self,
+        conn: ConnId,
+        keys: HashSet<Vec<u8>>,
+        fx: &mut Effects,
+    ) {
+        let mut keys: Vec<Vec<u8>> = keys.into_iter().collect();
+        keys.sort();
+        for key in keys {
+            let name = String::from_utf8_lossy(&key[LEASE_PREFIX.len()..]).into_owned();
+            let owned = self.lease_owner.get(&key) == Some(&conn);
+            let taken = if owned {
+                self.lease_owner.remove(&key);
+                // A deletion: nobody is woken.
+                self.kv_take(&key)
+            } else {
+                None
+            };
+            fx.leases.push(match taken {
+                Some(value) => LeaseEvent::Lost { key: name, value },
+                None => LeaseEvent::Released { key: name },
+            });
+        }
+    }
+
+    /// RENEW: ADD by one, remembered as renewed for the next sweep.
+    pub(super) fn renew(&mut self, key: Vec<u8>, fx: &mut Effects) -> Result<(), End> {
+        self.admit(self.growth(&key, 20) + key.len())?;
+        self.add(key.clone(), 1, fx)?;
+        self.renewed.insert(key, true);
+        Ok(())
+    }
+
+    /// SWEEP: the renewed counters under `prefix` not renewed since the previous sweep; every
+    /// one under it starts the next period unrenewed. Counters deleted since, or set to 0 or
+    /// less (an agent that left says so), are forgotten until renewed again.
+    pub fn sweep(&mut self, prefix: &[u8]) -> Vec<Vec<u8>> {
+        let kv = &self.kv;
+        let mut stale = Vec::new();
+        let mut gone = Vec::new();
+        for (k, fresh) in self.renewed.range_mut(prefix.to_vec()..) {
+            if !k.starts_with(prefix) {
+                break;
+            }
+            let counting = kv
+                .get(k)
+                .and_then(|v| parse_counter(v))
+                .is_some_and(|c| c > 0);
+            if !counting {
+                gone.push(k.clone());
+            } else if !std::mem::replace(fresh, false) {
+                stale.push(k.clone());
+            }
+        }
+        for k in gone {
+            self.renewed.remove(&k);
+        }
+        stale
+    }
+
+    pub(super) fn sweep_reply(&mut self, prefix: &[u8], out: &mut Vec<u8>) -> Result<(), End> {
+        let stale = self.sweep(prefix);
+        let size: usize = stale.iter().map(|k| 8 + k.len()).sum();
+        if size > MAX_REPLY_LEN {
+            return Err(End::ReplyTooLarge);
+        }
+        put_i64(out, stale.len() as i64);
+        for k in &stale {
+            put_bytes(out, k);
+        }
+        Ok(())
+    }
+}
