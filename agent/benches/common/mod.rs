@@ -45,6 +45,7 @@ pub fn coord(
         nproc: 8,
         store,
         join_timeout: Duration::from_secs(300),
+        join_note_every: vigil::job::rendezvous::absent::JOIN_NOTE_PERIOD,
         last_call: Duration::from_secs(30),
         peer_timeout,
         host: format!("sim{node_rank}"),

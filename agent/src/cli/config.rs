@@ -63,6 +63,9 @@ pub struct LaunchConfig {
     pub master_is_slurm_node: bool,
     /// How long the nodes wait for each other at a rendezvous.
     pub join_timeout: Duration,
+    /// Node rank 0: how often it says who a rendezvous waits for (30 s; a hidden variable,
+    /// `VIGIL_TEST_JOIN_NOTE_PERIOD_MS`, shortens it for tests).
+    pub join_note_every: Duration,
     /// How long a silent peer agent has before it counts as lost.
     pub node_timeout: Duration,
     pub max_restarts: u32,
@@ -372,6 +375,9 @@ pub fn resolve(a: &RunArgs, host: &Host) -> Result<LaunchConfig, ConfigError> {
         master_port: nodes.port,
         master_is_slurm_node: nodes.slurm_head,
         join_timeout: join_timeout(a)?,
+        join_note_every: crate::job::rendezvous::absent::join_note_period(
+            (host.env)(crate::job::rendezvous::absent::JOIN_NOTE_PERIOD_ENV).as_deref(),
+        ),
         node_timeout: opt_secs("--node-timeout", Some(a.node_timeout))?.unwrap_or_default(),
         max_restarts: a.max_restarts,
         workers_stop_timeout: secs("--workers-stop-timeout", a.workers_stop_timeout)?,

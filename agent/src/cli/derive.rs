@@ -64,6 +64,7 @@ impl LaunchConfig {
             nproc: self.nproc,
             store: facts.store,
             join_timeout: self.join_timeout,
+            join_note_every: self.join_note_every,
             last_call: self.last_call,
             peer_timeout: self.node_timeout,
             host: facts.host,

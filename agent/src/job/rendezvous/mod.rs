@@ -33,6 +33,7 @@
 //! wire.rs; [`run`] only does the talking: it reads the store, hands what it read to the state
 //! machine, and writes and tells what comes back.
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -43,6 +44,7 @@ use vigil_store::{KeySpace, LeaseEvent, MuxClient};
 use crate::supervise::monitor::Timeouts;
 use crate::supervise::{choose_stop_step, JobEnd, JobRequest, StepReport, AGREEMENT_BUDGET};
 
+pub mod absent;
 mod connect;
 pub mod decide;
 mod lastcall;
@@ -52,6 +54,7 @@ mod noderank;
 mod tests;
 pub(crate) mod wire;
 
+use absent::{join_wait_note, Absent};
 pub use connect::StoreLink;
 use connect::{claim, store_lost, Fatal};
 pub use decide::NodeHosts;
@@ -135,6 +138,9 @@ pub struct CoordConfig {
     pub store: SocketAddr,
     /// How long every node waits for the others at a rendezvous (and to reach the store).
     pub join_timeout: Duration,
+    /// Node rank 0: how often it says which node ranks a rendezvous still waits for
+    /// ([`absent::JOIN_NOTE_PERIOD`]; tests shorten it).
+    pub join_note_every: Duration,
     /// `--nnodes MIN:MAX`: once MIN joined, how long node rank 0 waits for another
     /// (`last_call_timeout`).
     pub last_call: Duration,
@@ -268,6 +274,16 @@ struct Coordinator {
     last_call: Option<tokio::task::JoinHandle<()>>,
     last_call_tx: mpsc::UnboundedSender<u32>,
     last_call_rx: mpsc::UnboundedReceiver<u32>,
+    /// Node rank 0: the rendezvous under way, while it waits for nodes to join.
+    join_wait: Option<JoinWait>,
+}
+
+/// Node rank 0 waits for the nodes to join `cycle` since `since`; it says who is missing at
+/// `next`.
+struct JoinWait {
+    cycle: u32,
+    since: tokio::time::Instant,
+    next: tokio::time::Instant,
 }
 
 impl Drop for Coordinator {
@@ -340,6 +356,7 @@ impl Coordinator {
             last_call: None,
             last_call_tx,
             last_call_rx,
+            join_wait: None,
         })
     }
 
@@ -377,6 +394,13 @@ impl Coordinator {
                     None => std::future::pending().await,
                 }
             };
+            let note_at = self.join_wait.as_ref().map(|w| w.next);
+            let note = async move {
+                match note_at {
+                    Some(t) => tokio::time::sleep_until(t).await,
+                    None => std::future::pending().await,
+                }
+            };
             let done = tokio::select! {
                 req = rx.recv() => match req {
                     None => return,
@@ -403,6 +427,10 @@ impl Coordinator {
                 Some((why, node)) = self.silent_rx.recv() => {
                     let loss = self.rdzv.silent(node, why);
                     self.carry_out(loss).await
+                }
+                () = note => {
+                    self.join_note();
+                    Ok(())
                 }
             };
             if let Err(e) = done {
@@ -503,7 +531,75 @@ impl Coordinator {
             _ => key::go(cycle),
         };
         self.wait_for(next, self.cfg.join_timeout);
+        self.join_wait = match self.rdzv.stage() {
+            Stage::WaitAll(c) => {
+                let now = tokio::time::Instant::now();
+                Some(JoinWait {
+                    cycle: c,
+                    since: now,
+                    next: now + self.cfg.join_note_every,
+                })
+            }
+            _ => None,
+        };
         Ok(())
+    }
+
+    /// Node rank 0, every [`CoordConfig::join_note_every`] while a rendezvous waits: says which
+    /// node ranks have not joined (field finding 35).
+    fn join_note(&mut self) {
+        let Some(w) = self.join_wait.as_mut() else {
+            return;
+        };
+        let c = w.cycle;
+        if self.rdzv.stage() != Stage::WaitAll(c) || self.ended {
+            self.join_wait = None;
+            return;
+        }
+        let now = tokio::time::Instant::now();
+        w.next = now + self.cfg.join_note_every;
+        let waited = now - w.since;
+        let absent = self.absent(c);
+        if absent.is_empty() {
+            return;
+        }
+        let expected = self.rdzv.members().len();
+        let note = join_wait_note(c, waited, &absent, expected, self.cfg.join_timeout);
+        self.send(FromCoord::Note(note));
+    }
+
+    /// Node rank 0: the members that have not joined cycle `c`, with the agent that took each
+    /// node rank where one did, as its own store holds them (read in place, no round trip);
+    /// elsewhere, none.
+    fn absent(&self, c: u32) -> Vec<Absent> {
+        let Some(h) = self.head.as_ref() else {
+            return Vec::new();
+        };
+        let raw = |k: String| format!("/{k}").into_bytes();
+        let members = self.rdzv.members();
+        let joined: BTreeSet<u32> = (members.iter().copied())
+            .filter(|n| h.keys.get_raw(&raw(key::join(c, *n))).is_some())
+            .collect();
+        let missing: Vec<u32> = (members.iter().copied())
+            .filter(|n| !joined.contains(n))
+            .collect();
+        let owners: Vec<(u32, Vec<u8>)> = (missing.iter())
+            .filter_map(|n| Some((*n, h.keys.get_raw(&raw(key::owner(*n)))?)))
+            .collect();
+        // c10d: an agent writes its ticket before its owner record. The scan is over every key,
+        // so it is done only when some missing node has no owner record.
+        let tickets: Vec<(String, Vec<u8>)> = if owners.len() < missing.len() {
+            (h.keys.keys_raw().into_iter())
+                .filter_map(|k| {
+                    let id = k.strip_prefix(key::NODE_OF_PREFIX_RAW)?;
+                    let id = String::from_utf8_lossy(id).into_owned();
+                    Some((id, h.keys.get_raw(&k)?))
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        absent::absent(&members, &joined, &absent::claims(&owners, &tickets))
     }
 
     async fn share_timeouts(
@@ -649,7 +745,8 @@ impl Coordinator {
             .await
             .ok()
             .and_then(|v| String::from_utf8(v).ok());
-        join_timeout_reason(c, joined, self.cfg.nnodes, self.cfg.join_timeout)
+        let absent = self.absent(c);
+        join_timeout_reason(c, joined, self.cfg.nnodes, self.cfg.join_timeout, &absent)
     }
 
     /// Node rank 0: every member joined cycle `c`: propose the assignment (the first `go`

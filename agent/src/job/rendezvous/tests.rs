@@ -21,6 +21,7 @@ fn coord(node_rank: u32, store: std::net::SocketAddr) -> CoordConfig {
         nproc: 1,
         store,
         join_timeout: T,
+        join_note_every: T,
         last_call: T,
         peer_timeout: T,
         host: format!("test{node_rank}"),
@@ -219,5 +220,63 @@ fn a_new_agent_is_refused_by_an_old_node_rank_0_in_one_line_not_lost() {
             !fake.await.unwrap(),
             "a tagged request reached the old store"
         );
+    });
+}
+
+/// Field finding 35: while a rendezvous waits, node rank 0 says which node ranks have not joined
+/// and what it knows of them: node 1's agent took its node rank (its owner record) and froze
+/// before joining, node 2's drew a c10d ticket and no more, node 3's never reached the store.
+#[test]
+fn node_rank_0_names_who_a_rendezvous_waits_for_and_their_hosts() {
+    on_agent_runtime(async {
+        let (addr, keys, leases) =
+            crate::run::host_store("127.0.0.1:0".parse().unwrap(), T, None).expect("store up");
+        let head = HeadSide {
+            keys: keys.clone(),
+            leases,
+        };
+        let shaped = |node_rank| CoordConfig {
+            nnodes: 4,
+            active: 4,
+            join_note_every: Duration::from_millis(20),
+            ..coord(node_rank, addr)
+        };
+        let mut head = Agent::spawn(shaped(0), Some(head));
+        head.join(0);
+        // Node 1 connects and claims its node rank, and never joins (frozen).
+        let frozen = Agent::spawn(shaped(1), None);
+        keys.set_raw(b"/vigil/node_of/node-c.x-77-00ff", b"2");
+        let want = format!(
+            "attempt 0 has waited {{}}s for node rank(s) 1 (host test1, pid {}: its agent took the node rank and has not joined), 2 (host node-c.x, pid 77: its agent took the node rank and has not joined) and 3 (not started, or not reached the store); 1 of 4 joined (--join-timeout 30s)",
+            std::process::id()
+        );
+        let (before, after) = want.split_once("{}").unwrap();
+        let note = loop {
+            let m = tokio::time::timeout(T, head.rx.recv())
+                .await
+                .expect("node rank 0 says who it waits for")
+                .expect("the coordinator runs");
+            match m {
+                // The first notes may come before node 1's claim.
+                FromCoord::Note(n) if n.starts_with(before) && n.ends_with(after) => break n,
+                FromCoord::Note(n) => assert!(n.starts_with("attempt 0 has waited"), "{n}"),
+                m => panic!("{m:?}"),
+            }
+        };
+        let secs = &note[before.len()..note.len() - after.len()];
+        assert!(secs.parse::<u64>().is_ok(), "{note}");
+        for a in [&head, &frozen] {
+            a.tx.send(JobRequest::Leave {
+                poison: None,
+                highest_step: None,
+            })
+            .unwrap();
+        }
+        for a in [head, frozen] {
+            tokio::time::timeout(T, a.task)
+                .await
+                .expect("each agent leaves")
+                .unwrap();
+        }
     });
 }

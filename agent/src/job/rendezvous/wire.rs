@@ -412,6 +412,9 @@ pub mod key {
     pub fn node_of(identity: &str) -> String {
         format!("vigil/node_of/{identity}")
     }
+    /// What node rank 0 scans for the tickets handed out (who took a node rank that has not
+    /// joined).
+    pub const NODE_OF_PREFIX_RAW: &[u8] = b"/vigil/node_of/";
     pub fn owner(node: u32) -> String {
         format!("vigil/owner/{node}")
     }
@@ -756,6 +759,13 @@ mod tests {
         let old =
             r#"{"cycle":0,"world_size":2,"offsets":[0,1],"max_restarts":0,"calculated":null}"#;
         assert!(serde_json::from_str::<Go>(old).is_err());
+    }
+
+    #[test]
+    fn tickets_are_found_under_their_prefix() {
+        let raw = format!("/{}", key::node_of("node-b-42-00ff"));
+        let id = raw.as_bytes().strip_prefix(key::NODE_OF_PREFIX_RAW);
+        assert_eq!(id, Some(&b"node-b-42-00ff"[..]));
     }
 
     #[test]
