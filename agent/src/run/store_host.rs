@@ -63,7 +63,7 @@ pub(super) enum SecretSource {
 
 /// Which secret an agent uses: `env`: `VIGIL_STORE_SECRET` is set; `may_host`: this agent hosts
 /// the store (node rank 0) or may (a c10d rendezvous endpoint's host); `state_dir`: the job's
-/// state directory, if it has one. Pure.
+/// state directory, if it has one every node may share (`--state-dir`, or a Slurm job's). Pure.
 pub(super) fn secret_source(
     env: bool,
     nnodes: u32,
@@ -193,7 +193,10 @@ pub(super) async fn job_secret(
         env.is_some(),
         cfg.nnodes,
         may_host(cfg),
-        cfg.allocation.state_dir.as_deref(),
+        cfg.allocation
+            .state_dir
+            .as_deref()
+            .filter(|_| cfg.allocation.state_dir_shared),
     );
     match source {
         SecretSource::Env | SecretSource::Alone | SecretSource::Open => Ok(env),
