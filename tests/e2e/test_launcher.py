@@ -45,8 +45,8 @@ def test_environment_is_torchruns(job):
         assert e["WORLD_SIZE"] == e["LOCAL_WORLD_SIZE"] == e["ROLE_WORLD_SIZE"] == "3"
         assert (e["GROUP_RANK"], e["GROUP_WORLD_SIZE"]) == ("0", "1")
         assert e["ROLE_NAME"] == "default"
-        # torchrun's default for one node: its standalone rendezvous on localhost.
-        assert e["MASTER_ADDR"] == "localhost" and 0 < int(e["MASTER_PORT"]) < 65536
+        # The ranks' door to vigil's store, on loopback (torchrun would say localhost).
+        assert e["MASTER_ADDR"] == "127.0.0.1" and 0 < int(e["MASTER_PORT"]) < 65536
         ports.add(e["MASTER_PORT"])
         assert e["TORCHELASTIC_RESTART_COUNT"] == "0" and e["TORCHELASTIC_MAX_RESTARTS"] == "2"
         assert e["TORCHELASTIC_RUN_ID"] == "job42"
@@ -64,11 +64,14 @@ def test_pet_environment_fallbacks_and_user_settings_kept(job):
     write(job / "dump.py", ENV_DUMP)
     env = base_env(OUT_DIR=job, PET_NPROC_PER_NODE="2", PET_MASTER_PORT="29999", OMP_NUM_THREADS="7",
                    TORCH_NCCL_ASYNC_ERROR_HANDLING="3", PET_ROLE="trainer")
-    r = run_vigil(["run", "dump.py", ",".join(TORCHRUN_KEYS)], cwd=job, env=env)
+    r = run_vigil(["run", "--log-dir", "logs", "dump.py", ",".join(TORCHRUN_KEYS)], cwd=job, env=env)
     assert r.returncode == 0, r.stderr
     assert sorted(p.name for p in job.glob("env_*.json")) == ["env_0_0.json", "env_1_0.json"]
     e = json.loads((job / "env_1_0.json").read_text())
-    assert e["MASTER_PORT"] == "29999"
+    # The store listens at PET_MASTER_PORT; the ranks are told their door to it.
+    assert e["MASTER_PORT"] != "29999"
+    (nodes,) = [x for x in events(job / "logs") if x.get("event") == "nodes"]
+    assert nodes["store"].endswith(":29999"), nodes
     assert e["OMP_NUM_THREADS"] == "7"
     assert e["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"
     assert e["ROLE_NAME"] == "trainer"

@@ -73,6 +73,21 @@ KEYS = ("RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE GROUP_RANK GROUP_WORLD_SIZE
         "ROLE_WORLD_SIZE MASTER_ADDR MASTER_PORT TORCHELASTIC_RESTART_COUNT TORCHELASTIC_MAX_RESTARTS "
         "TORCHELASTIC_RUN_ID TORCHELASTIC_USE_AGENT_STORE").split()
 
+# The rank speaks c10d (VALIDATE, then PING) to MASTER_ADDR:MASTER_PORT, its node's ranks' door, which
+# carries it to node rank 0's store; the answer is recorded as DOOR.
+DOOR_PING = """
+import socket, struct
+s = socket.create_connection((os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])), timeout=30)
+s.sendall(b"\\x00" + struct.pack("<I", 0x3C85F7CE) + b"\\x0d" + struct.pack("<I", 0x5EED))
+got = b""
+while len(got) < 4:
+    got += s.recv(4 - len(got)) or b"????"
+s.close()
+d = json.load(open(path))
+d["DOOR"] = "answers" if got == struct.pack("<I", 0x5EED) else repr(got)
+json.dump(d, open(path, "w"))
+"""
+
 # Rank `bad` fails in the first `fails` attempts; everyone else waits to be stopped in those.
 FLAKY = """
 import os, sys, time, pathlib
@@ -91,7 +106,7 @@ if attempt < fails:
 
 
 def test_global_environment_and_leaving_together(job):
-    write(job / "dump.py", ENV_DUMP)
+    write(job / "dump.py", ENV_DUMP + DOOR_PING)
     nodes = Nodes(job, 2, ["dump.py", ",".join(KEYS)], nproc=2, extra=["--rdzv-id", "j9", "--max-restarts", "4"])
     res = nodes.wait()
     assert [rc for rc, _, _ in res] == [0, 0], [e for _, _, e in res]
@@ -102,10 +117,14 @@ def test_global_environment_and_leaving_together(job):
         assert e["GROUP_RANK"] == str(rank // 2), "global ranks follow node rank"
         assert e["WORLD_SIZE"] == e["ROLE_WORLD_SIZE"] == "4"
         assert (e["LOCAL_WORLD_SIZE"], e["GROUP_WORLD_SIZE"]) == ("2", "2")
-        assert (e["MASTER_ADDR"], e["MASTER_PORT"]) == ("127.0.0.1", str(nodes.port))
+        # Each node's ranks reach node rank 0's store through their own node's door on loopback.
+        assert e["MASTER_ADDR"] == "127.0.0.1" and e["MASTER_PORT"] != str(nodes.port), e
+        assert e["DOOR"] == "answers", e
         assert e["TORCHELASTIC_USE_AGENT_STORE"] == "True"
         assert (e["TORCHELASTIC_RESTART_COUNT"], e["TORCHELASTIC_MAX_RESTARTS"]) == ("0", "4")
         assert e["TORCHELASTIC_RUN_ID"] == "j9"
+    doors = [{json.loads((job / f"env_{r}.json").read_text())["MASTER_PORT"] for r in (n, n + 1)} for n in (0, 2)]
+    assert len(doors[0]) == len(doors[1]) == 1 and doors[0] != doors[1], doors
     for i in range(2):
         ev = nodes.events(i)
         assert of(ev, "joined", cycle=0, rank_offset=2 * i)
@@ -280,7 +299,9 @@ def test_flags_from_pet_environment_work_across_nodes(job):
     outs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [e for _, e in outs]
     got = [json.loads((job / f"env_{r}.json").read_text()) for r in range(2)]
-    assert got == [{"RANK": str(r), "WORLD_SIZE": "2", "MASTER_PORT": str(port)} for r in range(2)]
+    assert [(g["RANK"], g["WORLD_SIZE"]) for g in got] == [(str(r), "2") for r in range(2)]
+    # The ranks' doors, not the endpoint's port (node rank 0's store).
+    assert all(g["MASTER_PORT"] not in (None, "0", str(port)) for g in got), got
     assert os.path.exists(job / "env_1.json")
 
 

@@ -86,19 +86,15 @@ MULTI = [
     "--nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d --rdzv-endpoint=localhost:P --rdzv-id=k8s-job S",
 ]
 
+# Differences of every case, kept on purpose: vigil's ranks reach node rank 0's store through their
+# own node's door (MASTER_ADDR 127.0.0.1, MASTER_PORT a free loopback port; docs/store.md, "Who may
+# use the store"), which proves the job's secret for them; torchrun's ranks get the store's address.
+ALWAYS_DIFFERENT = {"MASTER_ADDR", "MASTER_PORT"}
+
 # Differences kept on purpose: (case, field) -> reason. Keep docs/usage.md in step. (Not in the
 # corpus: `--nproc 2`, which Python 3.11's argparse under torchrun refuses as ambiguous between
 # `--nproc-per-node` and `--nproc_per_node`, the two spellings of one flag; vigil takes it.)
 KNOWN = {
-    ("--rdzv_backend=c10d --rdzv_endpoint=localhost:P --rdzv_id=job42 --nnodes=1 --nproc_per_node=2 S", "MASTER_PORT"):
-        "vigil's one store on node rank 0 serves the rendezvous and the ranks (TORCHELASTIC_USE_AGENT_STORE), "
-        "so MASTER_PORT is the endpoint's port; torchrun's ranks get another free port",
-    ("--nnodes 2 --nproc_per_node 1 --rdzv_id 4242 --rdzv_backend c10d --rdzv_endpoint 127.0.0.1:P S 50 10", "MASTER_PORT"):
-        "vigil's one store on node rank 0 serves the rendezvous and the ranks, at the endpoint's port",
-    ("--nnodes 2 --nproc_per_node 1 --rdzv_id 4242 --rdzv_backend c10d --rdzv_endpoint 127.0.0.1:P S 50 10", "MASTER_ADDR"):
-        "vigil's ranks reach the store at the endpoint's host as written; torchrun's at node rank 0's socket.getfqdn()",
-    ("--nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d --rdzv-endpoint=localhost:P --rdzv-id=k8s-job S", "MASTER_PORT"):
-        "vigil's one store on node rank 0 serves the rendezvous and the ranks, at the endpoint's port",
     ("--rdzv-id myrun --standalone --nproc-per-node 1 S", "TORCHELASTIC_RUN_ID"):
         "vigil keeps --rdzv-id as the job's identity (its state directory, requeue count) with --standalone; "
         "torchrun replaces it by a fresh uuid",
@@ -171,8 +167,8 @@ def normalise(rec, launch_env, port, d: Path, tool):
             continue
         if k == "TORCHELASTIC_RUN_ID" and UUID.match(v):
             v = "<uuid>"
-        if k == "MASTER_PORT":
-            v = "<the given port>" if v == str(port) else "<a free port>"
+        if k in ALWAYS_DIFFERENT:
+            continue
         env[k] = v
     path0 = rec["path0"].replace(str(d), "<dir>")
     return {"argv": rec["argv"], "path0": path0, "env": env}

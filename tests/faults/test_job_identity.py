@@ -203,6 +203,7 @@ def test_two_multi_node_jobs_at_once_on_one_machine(job):
         j1.kill()
         j2.kill()
     got = {(j, r): json.loads(out(j, r).read_text()) for j in (1, 2) for r in (0, 1)}
-    assert got[(1, 0)]["MASTER_PORT"] == got[(1, 1)]["MASTER_PORT"] != got[(2, 0)]["MASTER_PORT"]
+    # Every node's ranks have a door of their own (each job's store is at its own --master-port).
+    assert len({g["MASTER_PORT"] for g in got.values()}) == 4
     assert len({g["VIGIL_SOCKET"] for g in got.values()}) == 4
     assert len({g["VIGIL_RUN_DIR"] for g in got.values()}) == 4

@@ -173,7 +173,11 @@ def test_one_node_store_listens_on_loopback_only(job):
         host, port = store_addr(job / "logs")
         assert listening(port) == ["127.0.0.1"], listening(port)
         env = json.loads((job / "env_0.json").read_text())
-        assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("127.0.0.1", str(port))
+        # The rank is told its node's door, on loopback only, which answers c10d.
+        door = int(env["MASTER_PORT"])
+        assert env["MASTER_ADDR"] == "127.0.0.1" and door != port, (env["MASTER_PORT"], port)
+        assert listening(door) == ["127.0.0.1"], listening(door)
+        Raw(("127.0.0.1", door)).ping()
         rc, err = finish(p, job)
         assert rc == 0, err
     finally:
@@ -348,4 +352,45 @@ def test_attacks_on_the_store_leave_the_job_unaffected(job):
     finally:
         for c in held:
             c.close()
+        nodes.kill()
+
+
+def test_several_nodes_without_a_secret_share_one_through_the_state_directory(job):
+    """No VIGIL_STORE_SECRET, a --state-dir both nodes see: node rank 0 writes store.secret (0600) and
+    both agents prove it; a plain client is still kept out of the control keys."""
+    import stat
+    write(job / "worker.py", WORKER)
+    state = job / "state"
+    nodes = Nodes(job, 2, ["worker.py"], nproc=1, extra=["--state-dir", str(state)])
+    try:
+        wait_for(lambda: len(markers(job, "ran_")) == 2, timeout=60, what="both ranks running")
+        secret = state / "store.secret"
+        assert secret.is_file() and stat.S_IMODE(secret.stat().st_mode) == 0o600, oct(secret.stat().st_mode)
+        assert len(secret.read_text().strip()) >= 32
+        c = Raw(("127.0.0.1", nodes.port))
+        c.set(b"/vigil/c0/end", b'{"lost":{"reason":"forged"}}')
+        assert c.closed(), "a forged control key closes the connection"
+        (job / "release").write_text("")
+        res = nodes.wait()
+        assert [rc for rc, _, _ in res] == [0, 0], [e for _, _, e in res]
+        assert not any("is not set" in e for _, _, e in res), [e for _, _, e in res]
+        for r in range(2):
+            assert "VIGIL_STORE_SECRET" not in json.loads((job / f"env_{r}.json").read_text())
+    finally:
+        nodes.kill()
+
+
+def test_a_node_that_cannot_read_the_state_directorys_secret_names_the_fix(job):
+    write(job / "worker.py", WORKER)
+    nodes = Nodes(job, 2, ["worker.py"], nproc=1, extra=["--join-timeout", "3"],
+                  per_node=lambda i: ["--state-dir", str(job / f"state{i}")])
+    try:
+        rc = nodes.procs[1].wait(timeout=60)
+        err = nodes.procs[1].stderr.read()
+        assert rc == 2, err
+        lines = [l for l in err.splitlines() if "error" in l]
+        assert len(lines) == 1, err
+        assert str(job / "state1" / "store.secret") in lines[0], err
+        assert "--state-dir they share" in lines[0] and "VIGIL_STORE_SECRET=$(openssl rand -hex 32)" in lines[0], err
+    finally:
         nodes.kill()

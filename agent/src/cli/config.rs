@@ -152,6 +152,10 @@ pub struct AllocationPlan {
     /// Where the ledger lives: `--state-dir`, else the job's state dir, else (no job identity)
     /// `None`: the run directory.
     pub state_dir: Option<PathBuf>,
+    /// `state_dir` is one every node of the job may share: given with `--state-dir`, or a Slurm
+    /// job's (under its working directory). Outside Slurm a derived one lies under each node's
+    /// own `--log-dir` or `$TMPDIR`, which the nodes need not share.
+    pub state_dir_shared: bool,
     /// Whose state it is (`None`: a job without an identity).
     pub identity: Option<Identity>,
 }
@@ -532,6 +536,7 @@ fn allocation_plan(
 ) -> Result<AllocationPlan, ConfigError> {
     let identity = Identity::resolve(job_id, host.env);
     let slurm_job_id = (host.env)("SLURM_JOB_ID").filter(|s| !s.trim().is_empty());
+    let under_slurm = slurm_job_id.is_some();
     let state_dir = a.state_dir.clone().or_else(|| {
         let base = state_base(a, slurm_job_id.is_some(), host);
         identity
@@ -552,6 +557,7 @@ fn allocation_plan(
             min_progress_steps: u64::from(a.min_progress_steps),
             no_restart_exit_code: a.no_restart_exit_code,
         },
+        state_dir_shared: state_dir.is_some() && (a.state_dir.is_some() || under_slurm),
         state_dir,
         identity,
     })
@@ -1002,8 +1008,13 @@ mod tests {
             c.allocation.state_dir,
             Some(PathBuf::from("/shared/logs/vigil-job-alpha-1"))
         );
+        assert!(
+            c.allocation.state_dir_shared,
+            "a Slurm job's: the store's secret may live there"
+        );
         let c = resolve(&args(&["--state-dir", "/s", "t.py"]), &h).unwrap();
         assert_eq!(c.allocation.state_dir, Some(PathBuf::from("/s")));
+        assert!(c.allocation.state_dir_shared);
         assert_eq!(
             c.timeouts_file.load,
             Some(PathBuf::from("/s/timeouts.json"))
@@ -1019,6 +1030,10 @@ mod tests {
             c.allocation.state_dir,
             Some(PathBuf::from("/t/vigil-job-r"))
         );
+        // Each node's own $TMPDIR (or --log-dir): no secret is kept there.
+        assert!(!c.allocation.state_dir_shared);
+        let c = resolve(&args(&["--state-dir", "/s", "--rdzv-id", "r", "t.py"]), &h).unwrap();
+        assert!(c.allocation.state_dir_shared);
         let c = resolve(&args(&["t.py"]), &h).unwrap();
         assert_eq!((c.allocation.state_dir, c.timeouts_file.load), (None, None));
     }

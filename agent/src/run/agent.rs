@@ -73,8 +73,12 @@ pub(super) struct Agent {
     /// Stack reports per (cycle, local rank), for the failure summary.
     pub(super) stack_reports: Vec<(u32, u32, StackReport)>,
     pub(super) coord: mpsc::UnboundedSender<JobRequest>,
-    /// vigil's store as the ranks reach it (MASTER_ADDR, MASTER_PORT).
+    /// vigil's store as the ranks reach it (MASTER_ADDR, MASTER_PORT): this node's ranks' door
+    /// (`rank_door.rs`).
     pub(super) store_for_ranks: (String, u16),
+    /// vigil's store itself, node rank 0's address as the job names it (the event log's `nodes`
+    /// record, the console).
+    pub(super) store_at: (String, u16),
     /// Rank log files could not be created once already (said once).
     pub(super) log_create_failed: bool,
     pub(super) slot: Slot,

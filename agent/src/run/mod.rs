@@ -13,6 +13,8 @@
 //! - `clock.rs`: the job's clock, which skips the agent's own suspension.
 //! - `prelaunch.rs`: run directory and checks before any rank starts.
 //! - `eventlog.rs`: `events.jsonl`. `store_host.rs`: hosting and finding vigil's store.
+//!   `rank_door.rs`: the ranks' door, the loopback port through which this node's ranks reach
+//!   the store authenticated (MASTER_ADDR/MASTER_PORT).
 //! - `slurm_job.rs`: the Slurm job: the window after its SIGTERM, the exclusions the partition
 //!   can spare, the requeue (by `scontrol`, or by the batch script inside a container).
 //! - `gate.rs`: the checks before a rendezvous. `gpuwatch.rs`: the node's GPUs (NVML samples, XID
@@ -36,6 +38,7 @@ pub mod output;
 mod perf;
 mod prelaunch;
 pub mod proc;
+mod rank_door;
 mod report;
 mod slurm_job;
 pub mod stacks;

@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::mpsc;
@@ -21,9 +21,10 @@ use super::ipc_server::{self, IpcServer, NoticeLimit, Shared};
 use super::metrics_server::{self, Metrics};
 use super::prelaunch::provenance;
 use super::proc::{self, Watchdog};
+use super::rank_door::{self, RankDoor, Upstream};
 use super::report::{console_err, console_note, Reporter};
 use super::slurm_job::{self, SignalWindow};
-use super::store_host::{setup_store, StoreSetup};
+use super::store_host::{job_secret, setup_store, StoreSetup};
 use super::{gpuwatch, perf, REFUSED_NOTICE_WINDOW};
 use crate::cli::config::LaunchConfig;
 use crate::cli::derive::CoordFacts;
@@ -163,8 +164,10 @@ fn say_where_the_store_is(cfg: &LaunchConfig, store: &StoreSetup) {
 
 /// This node's part in the job's coordination, once started.
 struct Coordination {
-    /// vigil's store as the ranks reach it (MASTER_ADDR, MASTER_PORT).
+    /// vigil's store as the ranks reach it (MASTER_ADDR, MASTER_PORT): the ranks' door.
     for_ranks: (String, u16),
+    /// vigil's store itself, as the job names node rank 0's address.
+    store_at: (String, u16),
     requests: mpsc::UnboundedSender<JobRequest>,
     events: mpsc::UnboundedReceiver<FromCoord>,
     /// Straggler summaries, to node rank 0 and (there) back from every node.
@@ -172,6 +175,23 @@ struct Coordination {
     exchange: mpsc::UnboundedReceiver<FromExchange>,
     head_keys: Option<vigil_store::KeySpace>,
     task: JoinHandle<()>,
+}
+
+/// Opens this node's ranks' door to vigil's store (`rank_door.rs`), which the ranks are told as
+/// MASTER_ADDR and MASTER_PORT.
+fn open_door(cfg: &LaunchConfig, store: &StoreSetup) -> Result<RankDoor, i32> {
+    let up = Upstream {
+        store: store.client_addr,
+        secret: store.secret.clone(),
+        connect_timeout: cfg.join_timeout.max(Duration::from_secs(1)),
+        peer_timeout: cfg.node_timeout.max(Duration::from_secs(1)),
+    };
+    rank_door::open(up, rank_door::max_connections(cfg.nproc)).map_err(|e| {
+        console_err(format!(
+            "vigil: error: cannot open the ranks' door to vigil's store on 127.0.0.1: {e}; this node needs a loopback interface and a free port"
+        ));
+        crate::exit::INTERNAL
+    })
 }
 
 /// Finds (node rank 0: hosts) vigil's store and starts the rendezvous and the straggler
@@ -182,6 +202,10 @@ async fn start_coordination(
     secret: Option<Vec<u8>>,
     host: &str,
 ) -> Result<Coordination, i32> {
+    let secret = job_secret(cfg, secret).await.map_err(|e| {
+        console_err(format!("vigil: error: {e}"));
+        crate::exit::USAGE
+    })?;
     let store = setup_store(cfg, secret).map_err(|e| {
         console_err(format!("vigil: error: {e}"));
         crate::exit::USAGE
@@ -218,6 +242,7 @@ async fn start_coordination(
             .filter(|t| !t.trim().is_empty()),
     });
     say_where_the_store_is(cfg, &store);
+    let door = open_door(cfg, &store)?;
     let (share, exchange) =
         crate::job::exchange::start(link.clone(), coord_cfg.clone(), cfg.straggler.interval);
     // Node rank 0 reads which nodes' ranks failed in each attempt when it blames nodes.
@@ -230,7 +255,8 @@ async fn start_coordination(
         coord_ev_tx,
     ));
     Ok(Coordination {
-        for_ranks: store.for_ranks,
+        for_ranks: (std::net::Ipv4Addr::LOCALHOST.to_string(), door.port),
+        store_at: store.for_ranks,
         requests,
         events,
         share,
@@ -292,6 +318,7 @@ pub(super) async fn start(
         log_create_failed: false,
         coord: co.requests,
         store_for_ranks: co.for_ranks,
+        store_at: co.store_at,
         slot: Slot {
             group_rank: cfg.node_rank,
             rank_offset: 0,
@@ -375,10 +402,7 @@ fn begin(agent: &mut Agent) -> Begun {
     });
     agent.events.write(&Record::Nodes {
         nnodes: Some(agent.cfg.nnodes),
-        store: Some(format!(
-            "{}:{}",
-            agent.store_for_ranks.0, agent.store_for_ranks.1
-        )),
+        store: Some(format!("{}:{}", agent.store_at.0, agent.store_at.1)),
         run_id: Some(agent.cfg.run_id.clone()),
         command: Some(
             std::env::args_os()

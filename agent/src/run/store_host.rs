@@ -2,6 +2,7 @@
 //! job's secret, and what the console hears of connections it closed.
 
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -33,6 +34,179 @@ pub fn take_store_secret() -> Result<Option<Vec<u8>>, vigil_store::auth::ShortSe
     };
     std::env::remove_var(SECRET_ENV);
     vigil_store::auth::check_secret(v.as_bytes()).map(|s| Some(s.to_vec()))
+}
+
+/// The job's secret in its state directory, when it has one and no `VIGIL_STORE_SECRET`.
+pub const SECRET_FILE: &str = "store.secret";
+
+/// How often an agent looks for the secret node rank 0's agent writes.
+const SECRET_POLL: Duration = Duration::from_millis(200);
+
+/// The longest secret file read.
+const SECRET_FILE_LIMIT: u64 = 4096;
+
+/// Where an agent's store secret comes from (docs/store.md, "Who may use the store").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum SecretSource {
+    /// `VIGIL_STORE_SECRET`.
+    Env,
+    /// Alone on one node: as before (a random secret of node rank 0's own).
+    Alone,
+    /// `<state dir>/store.secret`, created by this agent, which may host the store, unless there
+    /// already (a requeued allocation of the same job reuses it).
+    CreateInStateDir(PathBuf),
+    /// `<state dir>/store.secret`, written by the agent that hosts the store: waited for.
+    AwaitInStateDir(PathBuf),
+    /// Several nodes and nothing they all read: the control keys stay open (one console note).
+    Open,
+}
+
+/// Which secret an agent uses: `env`: `VIGIL_STORE_SECRET` is set; `may_host`: this agent hosts
+/// the store (node rank 0) or may (a c10d rendezvous endpoint's host); `state_dir`: the job's
+/// state directory, if it has one every node may share (`--state-dir`, or a Slurm job's). Pure.
+pub(super) fn secret_source(
+    env: bool,
+    nnodes: u32,
+    may_host: bool,
+    state_dir: Option<&Path>,
+) -> SecretSource {
+    if env {
+        return SecretSource::Env;
+    }
+    if nnodes <= 1 {
+        return SecretSource::Alone;
+    }
+    match state_dir {
+        Some(d) if may_host => SecretSource::CreateInStateDir(d.join(SECRET_FILE)),
+        Some(d) => SecretSource::AwaitInStateDir(d.join(SECRET_FILE)),
+        None => SecretSource::Open,
+    }
+}
+
+/// Whether this agent hosts (or, under a c10d rendezvous, may host) vigil's store.
+pub(super) fn may_host(cfg: &LaunchConfig) -> bool {
+    if cfg.node_rank_by_rdzv {
+        cfg.rdzv_is_host != Some(false)
+    } else {
+        cfg.node_rank == 0
+    }
+}
+
+/// The secret in a secret file's bytes: without surrounding white space (a file written by
+/// `echo` ends in a newline), long enough to be one.
+fn parse_secret(bytes: &[u8]) -> Result<Vec<u8>, vigil_store::auth::ShortSecret> {
+    let t = bytes.trim_ascii();
+    vigil_store::auth::check_secret(t).map(<[u8]>::to_vec)
+}
+
+/// Reads the secret at `path` (through the bounded reader). `Err`: why not, without the path.
+fn read_secret(path: &Path) -> Result<Vec<u8>, String> {
+    let bytes = vigil_bounded::read_bytes(path, SECRET_FILE_LIMIT).map_err(|e| e.reason())?;
+    parse_secret(&bytes).map_err(|e| {
+        format!(
+            "it holds {} bytes, fewer than {}",
+            e.len,
+            vigil_store::auth::MIN_SECRET_LEN
+        )
+    })
+}
+
+/// The secret at `path`, created there first unless it exists: written to a file of its own
+/// (mode 0600) and hard-linked into place, so that it is never replaced and never seen half
+/// written; the directory is created 0700 if missing. A file system without hard links gets an
+/// exclusive create instead.
+pub(super) fn create_secret(path: &Path) -> Result<Vec<u8>, String> {
+    use std::io::Write;
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    if path.exists() {
+        return read_secret(path).map_err(|e| format!("{}: {e}", path.display()));
+    }
+    let drawn = vigil_store::auth::random_secret()
+        .map_err(|e| format!("cannot draw a random secret: {e}"))?;
+    let text: String = drawn.iter().map(|b| format!("{b:02x}")).collect();
+    let write_new = |at: &Path| -> std::io::Result<()> {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(at)?;
+        f.write_all(format!("{text}\n").as_bytes())?;
+        f.sync_all()
+    };
+    let tmp = dir.join(format!(
+        ".{SECRET_FILE}.{}.{}",
+        std::process::id(),
+        &text[..8]
+    ));
+    let linked = write_new(&tmp).and_then(|()| std::fs::hard_link(&tmp, path));
+    let _ = std::fs::remove_file(&tmp);
+    match linked {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        // No hard links here (some object-store file systems): exclusive create, never replace.
+        Err(_) => match write_new(path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(format!("cannot write {}: {e}", path.display())),
+        },
+    }
+    read_secret(path).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Waits up to `timeout` (polling every [`SECRET_POLL`]) for the secret the store's host
+/// writes to `path`; the error is the one line that names the fix.
+pub(super) async fn await_secret(
+    path: &Path,
+    timeout: Duration,
+) -> Result<Vec<u8>, StoreSetupError> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let why = match read_secret(path) {
+            Ok(s) => return Ok(s),
+            Err(why) => why,
+        };
+        if Instant::now() >= deadline {
+            return Err(StoreSetupError(format!(
+                "node rank 0's store requires the job's secret, which it wrote to {}, and this node cannot read it ({why}, after {}s): give every node a --state-dir they share, or export {SECRET_ENV}=$(openssl rand -hex 32) in the job script",
+                path.display(),
+                timeout.as_secs()
+            )));
+        }
+        tokio::time::sleep(SECRET_POLL).await;
+    }
+}
+
+/// The secret this agent proves to (and, hosting, requires of) vigil's store: `env` from
+/// `VIGIL_STORE_SECRET`, else by [`secret_source`]. `None` where today's behaviour holds (alone,
+/// or several nodes without a state directory).
+pub(super) async fn job_secret(
+    cfg: &LaunchConfig,
+    env: Option<Vec<u8>>,
+) -> Result<Option<Vec<u8>>, StoreSetupError> {
+    let source = secret_source(
+        env.is_some(),
+        cfg.nnodes,
+        may_host(cfg),
+        cfg.allocation
+            .state_dir
+            .as_deref()
+            .filter(|_| cfg.allocation.state_dir_shared),
+    );
+    match source {
+        SecretSource::Env | SecretSource::Alone | SecretSource::Open => Ok(env),
+        SecretSource::CreateInStateDir(path) => create_secret(&path).map(Some).map_err(|e| {
+            StoreSetupError(format!(
+                "cannot keep the job's store secret in its state directory: {e}; give a writable --state-dir, or export {SECRET_ENV}=$(openssl rand -hex 32) in the job script"
+            ))
+        }),
+        SecretSource::AwaitInStateDir(path) => await_secret(&path, cfg.join_timeout).await.map(Some),
+    }
 }
 
 /// The soft open-file limit this agent was started with, before [`raise_nofile`]: what the ranks
@@ -244,7 +418,7 @@ pub(super) fn setup_store(
         })?,
         None => {
             console_note(&format!(
-                "{SECRET_ENV} is not set: anyone who can reach vigil's store can read and change the agents' control keys; export {SECRET_ENV}=$(openssl rand -hex 32) in the job script so that every node inherits the same one"
+                "{SECRET_ENV} is not set and the job has no state directory (--state-dir) to keep one in: anyone who can reach vigil's store can read and change the agents' control keys; export {SECRET_ENV}=$(openssl rand -hex 32) in the job script so that every node inherits the same one"
             ));
             Vec::new()
         }
@@ -502,6 +676,77 @@ mod tests {
         assert!(!e.contains('\n'));
         // 10,000 nodes of 8 ranks fit a hard limit of 2^20.
         assert!(check_store_fds(10_000, 8, 1 << 20, 1 << 20).is_ok());
+    }
+
+    #[test]
+    fn the_secret_comes_from_the_environment_else_the_state_dir_for_several_nodes() {
+        let d = Path::new("/shared/vigil-job-c-42");
+        let f = d.join(SECRET_FILE);
+        use SecretSource::*;
+        assert_eq!(secret_source(true, 4, true, Some(d)), Env);
+        assert_eq!(secret_source(true, 4, false, None), Env);
+        assert_eq!(secret_source(false, 1, true, Some(d)), Alone);
+        assert_eq!(
+            secret_source(false, 4, true, Some(d)),
+            CreateInStateDir(f.clone())
+        );
+        assert_eq!(secret_source(false, 4, false, Some(d)), AwaitInStateDir(f));
+        assert_eq!(secret_source(false, 4, true, None), Open);
+        assert_eq!(secret_source(false, 4, false, None), Open);
+    }
+
+    #[test]
+    fn a_secret_file_is_trimmed_and_must_be_long_enough() {
+        assert_eq!(
+            parse_secret(b"0123456789abcdef0123\n").unwrap(),
+            b"0123456789abcdef0123"
+        );
+        assert_eq!(parse_secret(b"  short \n").unwrap_err().len, 5);
+    }
+
+    #[test]
+    fn the_secret_is_created_once_0600_in_a_0700_directory_and_then_reused() {
+        use std::os::unix::fs::PermissionsExt;
+        let base = std::env::temp_dir().join(format!("vigil-secret-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let path = base.join("job").join(SECRET_FILE);
+        let a = create_secret(&path).unwrap();
+        assert!(a.len() >= 32);
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&path), 0o600);
+        assert_eq!(mode(path.parent().unwrap()), 0o700);
+        // A requeued allocation, or another agent that may host: the same secret, not replaced.
+        assert_eq!(create_secret(&path).unwrap(), a);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        assert_eq!(
+            rt.block_on(await_secret(&path, Duration::from_secs(1)))
+                .unwrap(),
+            a
+        );
+        // Nothing left beside it.
+        let names: Vec<_> = std::fs::read_dir(path.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from(SECRET_FILE)]);
+        // A node that never sees it: one line naming both fixes.
+        let e = rt
+            .block_on(await_secret(
+                &base.join("none").join(SECRET_FILE),
+                Duration::from_millis(300),
+            ))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("--state-dir they share")
+                && e.contains("openssl rand -hex 32")
+                && !e.contains('\n'),
+            "{e}"
+        );
+        std::fs::remove_dir_all(&base).unwrap();
     }
 
     #[test]
