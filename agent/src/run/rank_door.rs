@@ -142,8 +142,9 @@ async fn carry(mut down: TcpStream, up: &Upstream) -> Result<(), String> {
     Ok(())
 }
 
-/// A connection to the store that has sent VALIDATE and proved the job's secret (when the store
-/// asks for one), ready for the rank's own bytes.
+/// A connection to the store that has sent VALIDATE, proved the job's secret (when the store
+/// asks for one) and turned itself into a rank's connection (RANK_ONLY: torch's operations on
+/// keys outside `/vigil/` only), ready for the rank's own bytes.
 pub(super) async fn connect_upstream(up: &Upstream) -> Result<TcpStream, String> {
     let mut c = vigil_store::StoreClient::connect(up.store, up.connect_timeout)
         .await
@@ -151,6 +152,9 @@ pub(super) async fn connect_upstream(up: &Upstream) -> Result<TcpStream, String>
     c.set_peer_timeout(up.peer_timeout)
         .map_err(|e| format!("cannot set the store connection's timeout: {e}"))?;
     c.authenticate(up.secret.as_deref())
+        .await
+        .map_err(|e| format!("vigil's store at {}: {e}", up.store))?;
+    c.rank_only()
         .await
         .map_err(|e| format!("vigil's store at {}: {e}", up.store))?;
     c.into_stream()
@@ -335,12 +339,13 @@ mod tests {
     }
 
     /// Over real sockets: torch's bytes through the door reach a store that requires the secret,
-    /// the connection proved it (a `/vigil/` key is allowed), and this process is its own uid.
+    /// as a rank's connection (its own keys work, a `/vigil/` key closes it), and this process is
+    /// its own uid.
     #[test]
     fn a_plain_client_through_the_door_reaches_a_store_that_requires_the_secret() {
         use std::io::{Read, Write};
         let secret = b"door-test-secret-0123456789".to_vec();
-        let (store, _keys, _leases) = super::super::store_host::host_store(
+        let (store, keys, _leases) = super::super::store_host::host_store(
             a("127.0.0.1:0"),
             Duration::from_secs(10),
             Some(secret.clone()),
@@ -379,14 +384,15 @@ mod tests {
             req.extend(b(key));
         }
         s.write_all(&req).unwrap();
-        for _ in 0..2 {
-            let mut n = [0u8; 8];
-            s.read_exact(&mut n).unwrap();
-            assert_eq!(u64::from_le_bytes(n), 2);
-            let mut v = [0u8; 2];
-            s.read_exact(&mut v).unwrap();
-            assert_eq!(&v, b"v1");
-        }
+        let mut n = [0u8; 8];
+        s.read_exact(&mut n).unwrap();
+        assert_eq!(u64::from_le_bytes(n), 2);
+        let mut v = [0u8; 2];
+        s.read_exact(&mut v).unwrap();
+        assert_eq!(&v, b"v1");
+        // The rank's connection may not touch vigil's keys: closed, nothing stored.
+        assert!(matches!(s.read(&mut v), Ok(0) | Err(_)));
+        assert_eq!(keys.get_raw(b"/vigil/door"), None);
         // The client's end closes the store's: a second connection still works.
         drop(s);
         let mut s = std::net::TcpStream::connect((Ipv4Addr::LOCALHOST, door.port)).unwrap();

@@ -101,7 +101,7 @@ pub enum End {
     HandshakeBudget(usize),
     #[error("closed to make room: more than {0} connections were in their handshake at once")]
     Evicted(usize),
-    #[error("a request for vigil's control keys (/vigil/...) or one of vigil's own operations from a rank's connection (or one that did not authenticate): ranks may use torch's operations on their own keys only")]
+    #[error("a request for vigil's control keys (/vigil/...) or one of vigil's own operations from a rank's connection: ranks may use torch's operations on their own keys only")]
     Unauthorized,
     #[error("an agent presented a wrong proof of the job's secret: every node needs the same VIGIL_STORE_SECRET")]
     AuthFailed,

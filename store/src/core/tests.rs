@@ -1,6 +1,6 @@
 //! The core without a socket: every family driven through [`Core::apply`], as the shell does.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use proptest::prelude::*;
 
