@@ -170,3 +170,59 @@ def test_a_flood_of_idle_connections_leaves_the_next_restart_working(job):
             f.kill()
             f.communicate()
         nodes.kill()
+
+
+def authenticated(addr, secret):
+    """A connection that proved `secret` as a vigil agent does (AUTH_CHALLENGE, AUTH_PROOF)."""
+    import hashlib
+    import hmac
+    c = Raw(addr)
+    c.send(b"\x60")
+    required, nonce = c.recv_exact(1), c.recv_exact(32)
+    assert required == b"\x01"
+    proof = hmac.new(secret.encode(), b"vigil-store-auth-v1" + nonce, hashlib.sha256).digest()
+    c.send(b"\x61" + proof)
+    assert c.recv_exact(1) == b"\x01"
+    return c
+
+
+def test_waits_parked_by_an_agent_count_against_the_total_and_go_when_it_closes(job):
+    """An authenticated connection parks tagged waits on 60 KB keys: the store counts them
+    against its 256 MiB total (the one over it closes the connection), and once the connections
+    close node rank 0's resident size comes back (field finding 32: 729 MB stayed)."""
+    write(job / "worker.py", WORKER)
+    nodes = Nodes(job, 1, ["worker.py"], nproc=1, env={"VIGIL_STORE_SECRET": SECRET})
+    held = []
+    try:
+        wait_for(lambda: markers(job, "ran_"), timeout=60, what="the rank running")
+        agent = nodes.procs[0].pid
+        base = rss_mb(agent)
+        key = b"/" + b"w" * (60 << 10)
+        for conn in range(4):
+            c = authenticated(("127.0.0.1", nodes.port), SECRET)
+            try:
+                for tag in range(1024):
+                    c.send(b"\x64" + struct.pack("<I", tag) + b"\x65" + struct.pack("<Q", 1)
+                           + Raw.b(key + b"%d-%d" % (conn, tag)))
+            except OSError:
+                pass
+            held.append(c)
+        # 1,024 waits on 60 KB keys take about 123 MB: the third connection goes over 256 MiB.
+        for c in held:
+            c.s.settimeout(3)
+        over = [c.closed() for c in held]
+        assert over[:2] == [False, False] and any(over[2:]), over
+        peak = rss_mb(agent)
+        assert peak < 512, (base, peak)
+        for c in held:
+            c.close()
+        wait_for(lambda: rss_mb(agent) < base + 64, timeout=30,
+                 what=f"node rank 0's RSS back near {base:.0f} MB (peak {peak:.0f} MB)")
+        (job / "release").write_text("")
+        res = nodes.wait()
+        assert [rc for rc, _, _ in res] == [0], [e for _, _, e in res]
+        assert "the store is full" in res[0][2], res[0][2]
+    finally:
+        for c in held:
+            c.close()
+        nodes.kill()
