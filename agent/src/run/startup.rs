@@ -246,7 +246,7 @@ async fn start_coordination(
     let (share, exchange) =
         crate::job::exchange::start(link.clone(), coord_cfg.clone(), cfg.straggler.interval);
     // Node rank 0 reads which nodes' ranks failed in each attempt when it blames nodes.
-    let head_keys = store.head.as_ref().map(|h| h.keys.clone());
+    let head_keys = store.head.as_ref().and_then(|h| h.keys().cloned());
     let task = tokio::task::spawn_local(rendezvous::run_linked(
         link,
         coord_cfg,

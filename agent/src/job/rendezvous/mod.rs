@@ -170,10 +170,67 @@ impl CoordConfig {
     }
 }
 
-/// What node rank 0 has besides the clients: its store's key space and the other agents' leases.
-pub struct HeadSide {
-    pub keys: KeySpace,
-    pub leases: mpsc::UnboundedReceiver<LeaseEvent>,
+/// What node rank 0 has besides the clients: where it learns of the other agents' leases and how
+/// it resets the store between attempts.
+pub enum HeadSide {
+    /// It hosts the store: its key space (read and reset in place) and the lease events.
+    Local {
+        keys: KeySpace,
+        leases: mpsc::UnboundedReceiver<LeaseEvent>,
+    },
+    /// The store runs outside the job (`vigil store`, with its lease queue): node rank 0 resets
+    /// it with CLEAR_EXCEPT/CLEAR_PREFIX and learns of lost agents from the queue
+    /// `vigil/lease_events`, all through its own connection.
+    Remote,
+}
+
+impl HeadSide {
+    /// The key space, where node rank 0 hosts the store.
+    pub fn keys(&self) -> Option<&KeySpace> {
+        match self {
+            HeadSide::Local { keys, .. } => Some(keys),
+            HeadSide::Remote => None,
+        }
+    }
+}
+
+/// [`HeadSide`] as the coordinator holds it: the lease events from wherever they come.
+struct Head {
+    keys: Option<KeySpace>,
+    leases: mpsc::UnboundedReceiver<LeaseEvent>,
+    /// Remote: the task parked on the lease queue.
+    watcher: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// An element of the store's lease queue (`vigil_store::lease_event_json`).
+#[derive(serde::Deserialize)]
+struct QueuedLoss {
+    lost: String,
+    value: String,
+}
+
+/// Remote head: parks on the store's lease queue and hands each lost lease on, in order, until
+/// the connection fails (then the liveness and the waits say the store is lost).
+async fn watch_lease_queue(ctl: MuxClient, tx: mpsc::UnboundedSender<LeaseEvent>) {
+    const PARK: Duration = Duration::from_secs(3600);
+    loop {
+        match ctl.next_lease_event(PARK).await {
+            Ok(v) => {
+                let Ok(q) = serde_json::from_slice::<QueuedLoss>(&v) else {
+                    continue;
+                };
+                let ev = LeaseEvent::Lost {
+                    key: q.lost,
+                    value: q.value.into_bytes(),
+                };
+                if tx.send(ev).is_err() {
+                    return;
+                }
+            }
+            Err(e) if e.is_timeout() => {}
+            Err(_) => return,
+        }
+    }
 }
 
 /// Carries out one agent's requests until it leaves: returns once `Leave` is done and it is safe
@@ -255,7 +312,7 @@ struct Coordinator {
     wait_tx: mpsc::UnboundedSender<WaitReq>,
     wait_rx: mpsc::UnboundedReceiver<WaitDone>,
     tx: mpsc::UnboundedSender<FromCoord>,
-    head: Option<HeadSide>,
+    head: Option<Head>,
     rdzv: Rendezvous,
     /// A task parked on this cycle's job-wide timeouts.
     timeouts_task: Option<tokio::task::JoinHandle<()>>,
@@ -291,6 +348,9 @@ impl Drop for Coordinator {
         // Their waits are cancelled and their clones of the connection dropped with them.
         self.liveness.abort();
         self.waiter.abort();
+        if let Some(t) = self.head.as_mut().and_then(|h| h.watcher.take()) {
+            t.abort();
+        }
         for t in [
             self.last_call.take(),
             self.stop_task.take(),
@@ -327,13 +387,30 @@ impl Coordinator {
         let (timeouts_tx, timeouts_rx) = mpsc::unbounded_channel();
         let (stop_tx, stop_rx) = mpsc::unbounded_channel();
         let (last_call_tx, last_call_rx) = mpsc::unbounded_channel();
+        let is_head = head.is_some();
+        let head = head.map(|h| match h {
+            HeadSide::Local { keys, leases } => Head {
+                keys: Some(keys),
+                leases,
+                watcher: None,
+            },
+            HeadSide::Remote => {
+                let (lease_tx, leases) = mpsc::unbounded_channel();
+                let watcher = tokio::task::spawn_local(watch_lease_queue(ctl.clone(), lease_tx));
+                Head {
+                    keys: None,
+                    leases,
+                    watcher: Some(watcher),
+                }
+            }
+        });
         let rdzv = Rendezvous::new(Setup {
             nnodes: cfg.nnodes,
             active: cfg.active,
             node_rank: cfg.node_rank,
             segment: cfg.segment,
             max_restarts: cfg.max_restarts,
-            head: head.is_some(),
+            head: is_head,
         });
         Ok(Coordinator {
             cfg,
@@ -429,7 +506,7 @@ impl Coordinator {
                     self.carry_out(loss).await
                 }
                 () = note => {
-                    self.join_note();
+                    self.join_note().await;
                     Ok(())
                 }
             };
@@ -547,7 +624,7 @@ impl Coordinator {
 
     /// Node rank 0, every [`CoordConfig::join_note_every`] while a rendezvous waits: says which
     /// node ranks have not joined (field finding 35).
-    fn join_note(&mut self) {
+    async fn join_note(&mut self) {
         let Some(w) = self.join_wait.as_mut() else {
             return;
         };
@@ -559,7 +636,7 @@ impl Coordinator {
         let now = tokio::time::Instant::now();
         w.next = now + self.cfg.join_note_every;
         let waited = now - w.since;
-        let absent = self.absent(c);
+        let absent = self.absent(c).await;
         if absent.is_empty() {
             return;
         }
@@ -569,37 +646,62 @@ impl Coordinator {
     }
 
     /// Node rank 0: the members that have not joined cycle `c`, with the agent that took each
-    /// node rank where one did, as its own store holds them (read in place, no round trip);
-    /// elsewhere, none.
-    fn absent(&self, c: u32) -> Vec<Absent> {
+    /// node rank where one did: read in place where it hosts the store (no round trip), through
+    /// its connection where the store is outside the job (join and owner records only: no c10d
+    /// ticket scan); elsewhere, none.
+    async fn absent(&self, c: u32) -> Vec<Absent> {
         let Some(h) = self.head.as_ref() else {
             return Vec::new();
         };
-        let raw = |k: String| format!("/{k}").into_bytes();
         let members = self.rdzv.members();
+        let Some(keys) = h.keys.as_ref() else {
+            return self.absent_remote(c, &members).await;
+        };
+        let raw = |k: String| format!("/{k}").into_bytes();
         let joined: BTreeSet<u32> = (members.iter().copied())
-            .filter(|n| h.keys.get_raw(&raw(key::join(c, *n))).is_some())
+            .filter(|n| keys.get_raw(&raw(key::join(c, *n))).is_some())
             .collect();
         let missing: Vec<u32> = (members.iter().copied())
             .filter(|n| !joined.contains(n))
             .collect();
         let owners: Vec<(u32, Vec<u8>)> = (missing.iter())
-            .filter_map(|n| Some((*n, h.keys.get_raw(&raw(key::owner(*n)))?)))
+            .filter_map(|n| Some((*n, keys.get_raw(&raw(key::owner(*n)))?)))
             .collect();
         // c10d: an agent writes its ticket before its owner record. The scan is over every key,
         // so it is done only when some missing node has no owner record.
         let tickets: Vec<(String, Vec<u8>)> = if owners.len() < missing.len() {
-            (h.keys.keys_raw().into_iter())
+            (keys.keys_raw().into_iter())
                 .filter_map(|k| {
                     let id = k.strip_prefix(key::NODE_OF_PREFIX_RAW)?;
                     let id = String::from_utf8_lossy(id).into_owned();
-                    Some((id, h.keys.get_raw(&k)?))
+                    Some((id, keys.get_raw(&k)?))
                 })
                 .collect()
         } else {
             Vec::new()
         };
         absent::absent(&members, &joined, &absent::claims(&owners, &tickets))
+    }
+
+    /// [`Coordinator::absent`] through the connection: one MULTI_GET of the members' join and
+    /// owner records (an empty value is a missing key). A store that does not answer: none.
+    async fn absent_remote(&self, c: u32, members: &[u32]) -> Vec<Absent> {
+        let mut names: Vec<String> = members.iter().map(|n| key::join(c, *n)).collect();
+        names.extend(members.iter().map(|n| key::owner(*n)));
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        let Ok(values) = self.ctl.multi_get(&refs).await else {
+            return Vec::new();
+        };
+        let (joins, owners) = values.split_at(members.len());
+        let joined: BTreeSet<u32> = (members.iter().zip(joins))
+            .filter(|(_, v)| !v.is_empty())
+            .map(|(n, _)| *n)
+            .collect();
+        let owners: Vec<(u32, Vec<u8>)> = (members.iter().zip(owners))
+            .filter(|(n, v)| !joined.contains(n) && !v.is_empty())
+            .map(|(n, v)| (*n, v.clone()))
+            .collect();
+        absent::absent(members, &joined, &absent::claims(&owners, &[]))
     }
 
     async fn share_timeouts(
@@ -745,7 +847,7 @@ impl Coordinator {
             .await
             .ok()
             .and_then(|v| String::from_utf8(v).ok());
-        let absent = self.absent(c);
+        let absent = self.absent(c).await;
         join_timeout_reason(c, joined, self.cfg.nnodes, self.cfg.join_timeout, &absent)
     }
 
@@ -760,9 +862,19 @@ impl Coordinator {
         }
         let head = self.head.as_ref().expect("only node rank 0 waits for all");
         // Every node's ranks of the last attempt are gone: give this one a clean store.
-        head.keys.reset();
-        if c > 0 {
-            head.keys.clear_prefix(&key::cycle_prefix_raw(c - 1));
+        match head.keys.as_ref() {
+            Some(keys) => {
+                keys.reset();
+                if c > 0 {
+                    keys.clear_prefix(&key::cycle_prefix_raw(c - 1));
+                }
+            }
+            None => {
+                self.ctl.clear_except(vigil_store::AGENT_PREFIX).await?;
+                if c > 0 {
+                    self.ctl.clear_prefix(&key::cycle_prefix_raw(c - 1)).await?;
+                }
+            }
         }
         let members = self.rdzv.members();
         if self.rdzv.spares() && members.len() < self.cfg.nnodes as usize {
@@ -904,21 +1016,32 @@ impl Coordinator {
                 })
                 .await;
             }
+            Some(Head { keys: None, .. }) => {
+                // The store outlives this agent: nothing to hold up. The others stop watching
+                // this node's counter, and the store's service clears the job once every agent
+                // left.
+                let alive = key::alive(self.cfg.node_rank);
+                let _ = tokio::time::timeout(self.cfg.peer_timeout, async {
+                    let _ = self.ctl.set(&alive, b"-1").await;
+                    self.ctl.set(key::JOB_END, b"").await
+                })
+                .await;
+            }
             Some(h) => {
+                let keys = h.keys.clone().expect("hosted");
                 // The other agents may still read this cycle's verdict from our store: keep it
                 // up until each has left (or was lost), for at most one peer timeout.
                 let deadline = tokio::time::Instant::now() + self.cfg.peer_timeout;
-                let holders = |h: &HeadSide| {
-                    h.keys
-                        .keys_raw()
+                let holders = || {
+                    keys.keys_raw()
                         .iter()
                         .filter(|k| k.starts_with(key::LEASE_PREFIX_RAW))
                         .count()
                 };
-                let mut open = holders(h);
+                let mut open = holders();
                 while open > 0 {
                     match tokio::time::timeout_at(deadline, h.leases.recv()).await {
-                        Ok(Some(_)) => open = holders(h),
+                        Ok(Some(_)) => open = holders(),
                         Ok(None) | Err(_) => break,
                     }
                 }

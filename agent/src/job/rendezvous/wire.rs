@@ -402,6 +402,9 @@ impl From<WireSteps> for StepReport {
 /// Client key names (the store puts `/` in front; everything lives under `/vigil/`, which
 /// survives the reset between attempts).
 pub mod key {
+    /// Node rank 0 left a job whose store runs outside it (`vigil store`): once every lease
+    /// is gone too, the store's service clears the job's keys.
+    pub const JOB_END: &str = "vigil/job_end";
     /// The job's [`super::JobShape`], written by node rank 0 before any other agent may join.
     pub const JOB: &str = "vigil/job";
     /// c10d without node ranks: each agent other than the store's host adds 1 and takes the
