@@ -157,7 +157,11 @@ fn say_where_the_store_is(cfg: &LaunchConfig, store: &StoreSetup) {
             },
             store.for_ranks.0,
             store.for_ranks.1,
-            if cfg.node_rank == 0 { " (here)" } else { "" }
+            match &store.head {
+                Some(rendezvous::HeadSide::Local { .. }) => " (here)",
+                Some(rendezvous::HeadSide::Remote) => " (outside the job: vigil store)",
+                None => "",
+            }
         ));
     }
 }
