@@ -70,6 +70,29 @@ def test_a_job_restarts_through_a_store_outside_it_which_clears_the_job_at_its_e
     assert rc == 0, err
 
 
+def test_an_agent_sigkilled_reaches_node_rank_0_through_the_lease_queue(job):
+    write(job / "flaky.py", FLAKY)
+    store = Service(job, env={"VIGIL_STORE_SECRET": SECRET})
+    try:
+        # --node-timeout 60: only the lease (the agent's connection closing) can tell in time.
+        nodes = Nodes(job, 2, ["flaky.py", "-1", "1"], port=store.port,
+                      extra=["--max-restarts", "3", "--node-timeout", "60", "--workers-stop-timeout", "3",
+                             "--rdzv-conf", "is_host=false"],
+                      env={"VIGIL_STORE_SECRET": SECRET})
+        wait_for(lambda: len([n for n in markers(job, "ran_") if (job / n).read_text().strip()]) == 4,
+                 what="all four ranks running")
+        nodes.procs[1].kill()
+        rc0 = nodes.procs[0].wait(timeout=30)
+        res = nodes.wait()
+        assert rc0 == 75, res[0][2]
+        assert "node 1" in res[0][2] and "connection to the store closed" in res[0][2], res[0][2]
+        (ended,) = of(nodes.events(0), "cycle_ended", cycle=0)
+        assert ended["end"] == "lost"
+    finally:
+        rc, err = store.stop()
+    assert rc == 0, err
+
+
 def test_an_open_store_off_loopback_is_refused_naming_the_fix(job):
     r = run_vigil(["store", "--listen", "0.0.0.0:0"], cwd=job, timeout=30)
     assert r.returncode == 2, r.stderr
