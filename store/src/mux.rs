@@ -417,6 +417,18 @@ impl MuxClient {
         reply_values("multi_get", &r, keys.len())
     }
 
+    /// MULTI_GET without waiting for the keys first: a missing key reads empty (the server's
+    /// answer); one round trip, never parked.
+    pub async fn multi_get_now(&self, keys: &[&str]) -> Result<Vec<Vec<u8>>> {
+        let req = Request::MultiGet {
+            keys: keys.iter().map(|k| user_key(k)).collect(),
+        };
+        let r = self
+            .request("multi_get", &req, self.inner.timeout, false)
+            .await?;
+        reply_values("multi_get", &r, keys.len())
+    }
+
     /// vigil's RENEW, one-way (see [`StoreClient::renew`]): queued, never answered.
     pub fn renew(&self, key: &str) -> Result<()> {
         self.send_one_way(Request::Renew { key: user_key(key) })

@@ -62,7 +62,7 @@ use decide::{
     join_timeout_reason, merge_timeouts, AfterLoss, Decision, Joining, Loss, Proposal, Rendezvous,
     Setup, Stage, Woke,
 };
-use liveness::liveness;
+use liveness::{liveness, Alarm};
 pub use liveness::{liveness_period, Liveness, Silent};
 pub use noderank::{claim_node_rank, identity, Unclaimed};
 use wire::to_json;
@@ -155,6 +155,10 @@ pub struct CoordConfig {
     /// The job's identity (`--rdzv-id`, Slurm's or NGC's job id): an agent of another job that
     /// reaches the store is refused.
     pub job: Option<String>,
+    /// The store runs outside the job (`vigil store`, every agent `--rdzv-conf is_host=false`,
+    /// node ranks given): the coordinator holds `vigil/lease/coord`, and when it is lost the live
+    /// agent with the lowest node rank takes its work over.
+    pub outside: bool,
 }
 
 impl CoordConfig {
@@ -230,6 +234,18 @@ async fn watch_lease_queue(ctl: MuxClient, tx: mpsc::UnboundedSender<LeaseEvent>
             Err(e) if e.is_timeout() => {}
             Err(_) => return,
         }
+    }
+}
+
+/// The coordinator's side of a store outside the job: lost agents come from the store's lease
+/// queue, read by a task parked on it.
+fn remote_head(ctl: &MuxClient) -> Head {
+    let (lease_tx, leases) = mpsc::unbounded_channel();
+    let watcher = tokio::task::spawn_local(watch_lease_queue(ctl.clone(), lease_tx));
+    Head {
+        keys: None,
+        leases,
+        watcher: Some(watcher),
     }
 }
 
@@ -326,7 +342,8 @@ struct Coordinator {
     ended: bool,
     /// Renews this node's counter and watches the others' ([`liveness`]).
     liveness: tokio::task::JoinHandle<()>,
-    silent_rx: mpsc::UnboundedReceiver<(String, Option<u32>)>,
+    silent_rx: mpsc::UnboundedReceiver<Alarm>,
+    silent_tx: mpsc::UnboundedSender<Alarm>,
     /// Node rank 0 with standbys: the last call of the rendezvous under way ([`lastcall`]).
     last_call: Option<tokio::task::JoinHandle<()>>,
     last_call_tx: mpsc::UnboundedSender<u32>,
@@ -383,26 +400,23 @@ impl Coordinator {
         let (done_tx, wait_rx) = mpsc::unbounded_channel();
         let waiter = tokio::task::spawn_local(waiter(ctl.clone(), req_rx, done_tx));
         let (silent_tx, silent_rx) = mpsc::unbounded_channel();
-        let liveness = tokio::task::spawn_local(liveness(ctl.clone(), cfg.clone(), silent_tx));
+        let is_head = head.is_some();
+        let liveness = tokio::task::spawn_local(liveness(
+            ctl.clone(),
+            cfg.clone(),
+            is_head,
+            silent_tx.clone(),
+        ));
         let (timeouts_tx, timeouts_rx) = mpsc::unbounded_channel();
         let (stop_tx, stop_rx) = mpsc::unbounded_channel();
         let (last_call_tx, last_call_rx) = mpsc::unbounded_channel();
-        let is_head = head.is_some();
         let head = head.map(|h| match h {
             HeadSide::Local { keys, leases } => Head {
                 keys: Some(keys),
                 leases,
                 watcher: None,
             },
-            HeadSide::Remote => {
-                let (lease_tx, leases) = mpsc::unbounded_channel();
-                let watcher = tokio::task::spawn_local(watch_lease_queue(ctl.clone(), lease_tx));
-                Head {
-                    keys: None,
-                    leases,
-                    watcher: Some(watcher),
-                }
-            }
+            HeadSide::Remote => remote_head(&ctl),
         });
         let rdzv = Rendezvous::new(Setup {
             nnodes: cfg.nnodes,
@@ -411,6 +425,7 @@ impl Coordinator {
             segment: cfg.segment,
             max_restarts: cfg.max_restarts,
             head: is_head,
+            outside: cfg.outside,
         });
         Ok(Coordinator {
             cfg,
@@ -430,6 +445,7 @@ impl Coordinator {
             ended: false,
             liveness,
             silent_rx,
+            silent_tx,
             last_call: None,
             last_call_tx,
             last_call_rx,
@@ -501,10 +517,13 @@ impl Coordinator {
                 }
                 Some(ev) = lease => self.lease_event(ev).await,
                 Some(c) = self.last_call_rx.recv() => self.last_call_out(c).await,
-                Some((why, node)) = self.silent_rx.recv() => {
-                    let loss = self.rdzv.silent(node, why);
-                    self.carry_out(loss).await
-                }
+                Some(alarm) = self.silent_rx.recv() => match alarm {
+                    Alarm::Silent(why, node) => {
+                        let loss = self.rdzv.silent(node, why);
+                        self.carry_out(loss).await
+                    }
+                    Alarm::CoordGone(old) => self.coordinator_gone(old).await,
+                },
                 () = note => {
                     self.join_note().await;
                     Ok(())
@@ -689,7 +708,7 @@ impl Coordinator {
         let mut names: Vec<String> = members.iter().map(|n| key::join(c, *n)).collect();
         names.extend(members.iter().map(|n| key::owner(*n)));
         let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-        let Ok(values) = self.ctl.multi_get(&refs).await else {
+        let Ok(values) = self.ctl.multi_get_now(&refs).await else {
             return Vec::new();
         };
         let (joins, owners) = values.split_at(members.len());
@@ -940,6 +959,68 @@ impl Coordinator {
             self.ctl.set(&key::all(cycle), b"").await?;
         }
         Ok(())
+    }
+
+    /// The store outside the job: the coordinator's lease (held by node `old`) is gone. The live
+    /// agent with the lowest node rank takes the coordinator's work over: it claims the lease
+    /// with compare-and-set, rebuilds the coordinator's state ([`Rendezvous::take_over`]) and
+    /// loses `old` as any node. An agent with a live lower node rank leaves it to that one (and
+    /// is told again next period if nobody took it).
+    async fn coordinator_gone(&mut self, old: u32) -> Result<(), vigil_store::StoreError> {
+        if self.head.is_some() || self.ended || !self.cfg.outside {
+            return Ok(());
+        }
+        let me = self.cfg.node_rank;
+        let names: Vec<String> = (0..self.cfg.nnodes).map(key::lease).collect();
+        let mut refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        refs.push(key::JOB_END);
+        let values = self.ctl.multi_get_now(&refs).await?;
+        let (leases, job_end) = values.split_at(names.len());
+        if !job_end[0].is_empty() {
+            // The job ended: its coordinator left.
+            return Ok(());
+        }
+        let alive: Vec<u32> = (0..self.cfg.nnodes)
+            .filter(|n| *n == me || (*n != old && !leases[*n as usize].is_empty()))
+            .collect();
+        if alive.first() != Some(&me) {
+            return Ok(());
+        }
+        let mine = me.to_string();
+        let held = self
+            .ctl
+            .compare_set(key::COORD_LEASE, b"", mine.as_bytes())
+            .await?;
+        if held != mine.as_bytes() {
+            return Ok(());
+        }
+        let reason = format!(
+            "node {old} was lost: its agent, the job's coordinator, lost its connection to the store"
+        );
+        self.send(FromCoord::Note(format!(
+            "node rank {me} coordinates the job from now on: node rank {old}'s agent, the coordinator, was lost (its lease vigil/lease/coord is gone)"
+        )));
+        let loss = self.rdzv.take_over(old, &alive, reason);
+        self.head = Some(remote_head(&self.ctl));
+        // Its liveness sweeps every node's counter from now on.
+        self.liveness.abort();
+        self.liveness = tokio::task::spawn_local(liveness(
+            self.ctl.clone(),
+            self.cfg.clone(),
+            true,
+            self.silent_tx.clone(),
+        ));
+        // A wait on a verdict that only it writes now becomes a wait on every member.
+        if let Stage::WaitAll(c) = self.rdzv.stage() {
+            self.waiter.abort();
+            let (wait_tx, req_rx) = mpsc::unbounded_channel();
+            let (done_tx, wait_rx) = mpsc::unbounded_channel();
+            self.waiter = tokio::task::spawn_local(waiter(self.ctl.clone(), req_rx, done_tx));
+            self.wait_tx = wait_tx;
+            self.wait_rx = wait_rx;
+            self.wait_for(key::all(c), self.cfg.join_timeout);
+        }
+        self.carry_out(loss).await
     }
 
     async fn lease_event(&mut self, ev: LeaseEvent) -> Result<(), vigil_store::StoreError> {

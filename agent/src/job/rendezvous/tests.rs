@@ -28,6 +28,7 @@ fn coord(node_rank: u32, store: std::net::SocketAddr) -> CoordConfig {
         max_restarts: 3,
         secret: None,
         job: None,
+        outside: false,
     }
 }
 

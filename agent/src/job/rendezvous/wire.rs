@@ -421,6 +421,10 @@ pub mod key {
     pub fn owner(node: u32) -> String {
         format!("vigil/owner/{node}")
     }
+    /// The store outside the job: the coordinator's lease, holding its node rank. Node rank 0
+    /// takes it at the start; when its holder's connection ends the store deletes it, and the
+    /// live agent with the lowest node rank takes it over with compare-and-set.
+    pub const COORD_LEASE: &str = "vigil/lease/coord";
     pub fn lease(node: u32) -> String {
         format!("vigil/lease/{node}")
     }
