@@ -4,6 +4,7 @@ live agent with the lowest node rank when node rank 0's agent is lost (docs/stor
 outside the job"; docs/spares.md, "Node rank 0"). Node ranks are given explicitly (`--node-rank`)."""
 import json
 import signal
+import subprocess
 
 from harness import base_env, of, events, start_vigil, wait_for, write
 from test_store_service import SECRET, Service
@@ -13,9 +14,11 @@ TRAIN = """
 import json, os, pathlib, time
 out = pathlib.Path(os.environ["OUT_DIR"])
 rank, attempt = int(os.environ["RANK"]), int(os.environ["TORCHELASTIC_RESTART_COUNT"])
-(out / f"seen_{attempt}_{rank}.json").write_text(json.dumps({
+tmp = out / f"seen_{attempt}_{rank}.tmp"
+tmp.write_text(json.dumps({
     "node": os.environ["NODE_ID"], "group_rank": os.environ["GROUP_RANK"],
     "world": os.environ["WORLD_SIZE"]}))
+os.replace(tmp, out / f"seen_{attempt}_{rank}.json")
 while not (out / "release").exists():
     time.sleep(0.05)
 """
@@ -43,7 +46,11 @@ def finish(procs, timeout=120):
     try:
         for i, p in enumerate(procs):
             if p.returncode is None:
-                out[i] = p.communicate(timeout=timeout)
+                try:
+                    out[i] = p.communicate(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    out[i] = p.communicate()
     finally:
         for p in procs:
             if p.poll() is None:
