@@ -315,7 +315,7 @@ pub async fn run(n: u32, workers: u32, hold: Duration, peer_timeout: Duration) -
     let (said_tx, mut said) = mpsc::unbounded_channel();
     let (tx0, task0) = spawn_agent(
         coord(n, 0, SocketAddr::from(([127, 0, 0, 1], port)), peer_timeout),
-        Some(HeadSide { keys, leases }),
+        Some(HeadSide::Local { keys, leases }),
         said_tx,
     );
     let (line_tx, mut lines) = mpsc::unbounded_channel();

@@ -74,7 +74,7 @@ async fn one_round(n: u32) -> [(f64, f64, f64); 2] {
         None,
     )
     .expect("store up");
-    let mut head = Some(HeadSide { keys, leases });
+    let mut head = Some(HeadSide::Local { keys, leases });
     let mut probe = vigil_store::StoreClient::connect(addr, Duration::from_secs(30))
         .await
         .expect("probe connects");

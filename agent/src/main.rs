@@ -234,6 +234,7 @@ fn command(cmd: Command) -> i32 {
     match cmd {
         Command::Run(a) => run(*a),
         Command::Watchdog => vigil::run::proc::watchdog_main(),
+        Command::Store(a) => vigil::run::store_service::store_main(a),
         Command::Launch(a) => {
             let check = |l: &vigil_recipes::RunLine| {
                 vigil::cli::argv::check_run_line(&l.words, l.nodes, l.gpus_per_node)

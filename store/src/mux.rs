@@ -417,6 +417,18 @@ impl MuxClient {
         reply_values("multi_get", &r, keys.len())
     }
 
+    /// MULTI_GET without waiting for the keys first: a missing key reads empty (the server's
+    /// answer); one round trip, never parked.
+    pub async fn multi_get_now(&self, keys: &[&str]) -> Result<Vec<Vec<u8>>> {
+        let req = Request::MultiGet {
+            keys: keys.iter().map(|k| user_key(k)).collect(),
+        };
+        let r = self
+            .request("multi_get", &req, self.inner.timeout, false)
+            .await?;
+        reply_values("multi_get", &r, keys.len())
+    }
+
     /// vigil's RENEW, one-way (see [`StoreClient::renew`]): queued, never answered.
     pub fn renew(&self, key: &str) -> Result<()> {
         self.send_one_way(Request::Renew { key: user_key(key) })
@@ -432,6 +444,67 @@ impl MuxClient {
             .request("sweep", &req, self.inner.timeout, false)
             .await?;
         Ok(user_keys(reply_keys("sweep", &r)?))
+    }
+
+    /// Pops the oldest element of the queue `key`, `None` if it is empty (does not wait: park
+    /// with [`MuxClient::wait`] on the queue's name first).
+    pub async fn queue_pop(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        let req = Request::QueuePop { key: user_key(key) };
+        let r = self
+            .request("queue_pop", &req, self.inner.timeout, false)
+            .await?;
+        let (n, rest) = r
+            .split_first_chunk::<8>()
+            .ok_or_else(|| protocol("queue_pop", "a reply cut short"))?;
+        if i64::from_le_bytes(*n) <= 0 {
+            return Ok(None);
+        }
+        reply_value("queue_pop", rest).map(Some)
+    }
+
+    /// vigil's CLEAR_EXCEPT: deletes every key and queue whose raw name (with its leading `/`,
+    /// as [`crate::KeySpace::reset_except`] takes it) does not start with `keep`; how many went.
+    pub async fn clear_except(&self, keep: &[u8]) -> Result<i64> {
+        let req = Request::ClearExcept {
+            prefix: keep.to_vec(),
+        };
+        let r = self
+            .request("clear_except", &req, self.inner.timeout, false)
+            .await?;
+        reply_i64("clear_except", &r)
+    }
+
+    /// vigil's CLEAR_PREFIX: deletes every key and queue whose raw name starts with `prefix`
+    /// (as [`crate::KeySpace::clear_prefix`]); how many went.
+    pub async fn clear_prefix(&self, prefix: &[u8]) -> Result<i64> {
+        let req = Request::ClearPrefix {
+            prefix: prefix.to_vec(),
+        };
+        let r = self
+            .request("clear_prefix", &req, self.inner.timeout, false)
+            .await?;
+        reply_i64("clear_prefix", &r)
+    }
+
+    /// The next lost lease a store with a lease queue reports (the queue `vigil/lease_events`,
+    /// `StoreServer::set_lease_queue`): parks a tagged WAIT on it, then pops. Returns the
+    /// element's bytes (`{"lost": ..., "value": ...}`); `Err(Timeout)` after `timeout`.
+    pub async fn next_lease_event(&self, timeout: Duration) -> Result<Vec<u8>> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let name = "vigil/lease_events";
+        loop {
+            if let Some(v) = self.queue_pop(name).await? {
+                return Ok(v);
+            }
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                return Err(StoreError::Timeout {
+                    op: "next_lease_event",
+                    timeout,
+                });
+            }
+            self.wait(&[name], left).await?;
+        }
     }
 
     /// Deletes `key`; true if it existed.

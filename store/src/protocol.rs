@@ -81,6 +81,14 @@ pub enum Opcode {
     /// own operations on keys outside `/vigil/` and nothing else, for good (docs/store.md, "Who
     /// may use the store").
     RankOnly = 0x67,
+    /// vigil's own, agents only: `prefix`. Deletes every key and queue whose raw name does not
+    /// start with `prefix` (what [`KeySpace::reset_except`](crate::KeySpace::reset_except)
+    /// does: a new attempt's clean key space, from an agent that does not host the store) and
+    /// answers how many went (`i64`). Nobody is woken.
+    ClearExcept = 0x68,
+    /// vigil's own, agents only: `prefix`. Deletes every key and queue whose raw name starts with
+    /// `prefix` and answers how many went (`i64`). Nobody is woken.
+    ClearPrefix = 0x69,
 }
 
 impl Opcode {
@@ -117,6 +125,8 @@ impl Opcode {
             0x65 => Some(Opcode::WaitGet),
             0x66 => Some(Opcode::Join),
             0x67 => Some(Opcode::RankOnly),
+            0x68 => Some(Opcode::ClearExcept),
+            0x69 => Some(Opcode::ClearPrefix),
             _ => Opcode::ALL.get(b as usize).copied(),
         }
     }
@@ -215,6 +225,14 @@ pub enum Request {
         counter: Vec<u8>,
     },
     RankOnly,
+    /// Deletes every key and queue not under `prefix`.
+    ClearExcept {
+        prefix: Vec<u8>,
+    },
+    /// Deletes every key and queue under `prefix`.
+    ClearPrefix {
+        prefix: Vec<u8>,
+    },
 }
 
 impl Request {
@@ -232,6 +250,8 @@ impl Request {
             | Request::QueueLen { key }
             | Request::Renew { key }
             | Request::Sweep { prefix: key }
+            | Request::ClearExcept { prefix: key }
+            | Request::ClearPrefix { prefix: key }
             | Request::Barrier { key, .. }
             | Request::WaitGet { key } => vec![key.as_slice()],
             Request::Check { keys } | Request::Wait { keys } | Request::MultiGet { keys } => {
@@ -280,6 +300,8 @@ impl Request {
             Request::WaitGet { .. } => Opcode::WaitGet,
             Request::Join { .. } => Opcode::Join,
             Request::RankOnly => Opcode::RankOnly,
+            Request::ClearExcept { .. } => Opcode::ClearExcept,
+            Request::ClearPrefix { .. } => Opcode::ClearPrefix,
         }
     }
 
@@ -318,7 +340,9 @@ impl Request {
             | Request::QueuePop { key }
             | Request::QueueLen { key }
             | Request::Renew { key }
-            | Request::Sweep { prefix: key } => put_bytes(out, key),
+            | Request::Sweep { prefix: key }
+            | Request::ClearExcept { prefix: key }
+            | Request::ClearPrefix { prefix: key } => put_bytes(out, key),
             Request::Add { key, delta } => {
                 put_bytes(out, key);
                 out.extend_from_slice(&delta.to_le_bytes());
@@ -571,6 +595,8 @@ fn parse_op(c: &mut Cursor<'_>, op: Opcode) -> Result<Request, Stop> {
             counter: c.key()?,
         },
         Opcode::Sweep => Request::Sweep { prefix: c.key()? },
+        Opcode::ClearExcept => Request::ClearExcept { prefix: c.key()? },
+        Opcode::ClearPrefix => Request::ClearPrefix { prefix: c.key()? },
         Opcode::Tagged => {
             let tag = c.u32()?;
             let b = c.take(1)?[0];
@@ -872,8 +898,8 @@ mod tests {
             );
         }
         assert_eq!(
-            parse_request(&[0x64, 1, 0, 0, 0, 0x68]),
-            Err(ProtocolError::UnknownOpcode(0x68))
+            parse_request(&[0x64, 1, 0, 0, 0, 0x6a]),
+            Err(ProtocolError::UnknownOpcode(0x6a))
         );
         // RENEW rides a tag and is still one-way: the server sends no frame for it.
         let renew = Request::Tagged {

@@ -153,6 +153,11 @@ async fn many_calls_at_once_share_one_connection() {
         c.multi_get(&["k", "n"]).await.unwrap(),
         vec![b"v".to_vec(), b"200".to_vec()]
     );
+    // Without waiting: a missing key reads empty, at once.
+    assert_eq!(
+        c.multi_get_now(&["k", "missing"]).await.unwrap(),
+        vec![b"v".to_vec(), Vec::new()]
+    );
     assert_eq!(c.compare_set("k", b"v", b"w").await.unwrap(), b"w");
     assert_eq!(c.compare_set("k", b"v", b"x").await.unwrap(), b"w");
     assert!(c.delete_key("k").await.unwrap());

@@ -52,6 +52,7 @@ pub fn coord(
         max_restarts: 3,
         secret: None,
         job: None,
+        outside: false,
     }
 }
 

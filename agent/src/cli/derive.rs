@@ -71,6 +71,7 @@ impl LaunchConfig {
             max_restarts: self.max_restarts,
             secret: facts.secret,
             job: self.job_id.clone(),
+            outside: self.rdzv_is_host == Some(false) && !self.node_rank_by_rdzv,
         }
     }
 }

@@ -90,6 +90,13 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Run vigil's store as a service outside the jobs (docs/store.md, "The store outside the job").
+    ///
+    /// Agents started with `--rdzv-conf is_host=false` (and --master-addr/--master-port or
+    /// --rdzv-endpoint naming it) are its clients; node rank 0 coordinates through it. Prints
+    /// `listening on HOST:PORT` first, one line per job that joins and per job it clears; stops
+    /// on SIGTERM or SIGINT (status 0).
+    Store(crate::run::store_service::StoreArgs),
     /// Check this node: GPUs, InfiniBand ports, storage (docs/health.md). Exit 0 healthy, 1 not.
     Health(HealthArgs),
     /// Internal: the helper that SIGKILLs rank process groups if the agent dies.

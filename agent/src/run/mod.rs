@@ -44,6 +44,7 @@ mod slurm_job;
 pub mod stacks;
 mod startup;
 mod store_host;
+pub mod store_service;
 pub mod summary;
 mod teardown;
 

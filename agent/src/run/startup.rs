@@ -157,7 +157,11 @@ fn say_where_the_store_is(cfg: &LaunchConfig, store: &StoreSetup) {
             },
             store.for_ranks.0,
             store.for_ranks.1,
-            if cfg.node_rank == 0 { " (here)" } else { "" }
+            match &store.head {
+                Some(rendezvous::HeadSide::Local { .. }) => " (here)",
+                Some(rendezvous::HeadSide::Remote) => " (outside the job: vigil store)",
+                None => "",
+            }
         ));
     }
 }
@@ -246,7 +250,7 @@ async fn start_coordination(
     let (share, exchange) =
         crate::job::exchange::start(link.clone(), coord_cfg.clone(), cfg.straggler.interval);
     // Node rank 0 reads which nodes' ranks failed in each attempt when it blames nodes.
-    let head_keys = store.head.as_ref().map(|h| h.keys.clone());
+    let head_keys = store.head.as_ref().and_then(|h| h.keys().cloned());
     let task = tokio::task::spawn_local(rendezvous::run_linked(
         link,
         coord_cfg,

@@ -88,7 +88,7 @@ pub(super) fn may_host(cfg: &LaunchConfig) -> bool {
     if cfg.node_rank_by_rdzv {
         cfg.rdzv_is_host != Some(false)
     } else {
-        cfg.node_rank == 0
+        cfg.node_rank == 0 && cfg.rdzv_is_host != Some(false)
     }
 }
 
@@ -100,7 +100,7 @@ fn parse_secret(bytes: &[u8]) -> Result<Vec<u8>, vigil_store::auth::ShortSecret>
 }
 
 /// Reads the secret at `path` (through the bounded reader). `Err`: why not, without the path.
-fn read_secret(path: &Path) -> Result<Vec<u8>, String> {
+pub(super) fn read_secret(path: &Path) -> Result<Vec<u8>, String> {
     let bytes = vigil_bounded::read_bytes(path, SECRET_FILE_LIMIT).map_err(|e| e.reason())?;
     parse_secret(&bytes).map_err(|e| {
         format!(
@@ -395,6 +395,13 @@ pub(super) fn setup_store(
     if cfg.node_rank_by_rdzv {
         return rdzv_store(cfg, head, secret.clone(), client);
     }
+    if cfg.node_rank == 0 && cfg.rdzv_is_host == Some(false) {
+        // The store runs outside the job (`vigil store`): node rank 0 coordinates through it.
+        return Ok(StoreSetup {
+            head: Some(HeadSide::Remote),
+            ..client()
+        });
+    }
     if cfg.node_rank != 0 {
         return Ok(StoreSetup {
             client_addr: head,
@@ -473,7 +480,7 @@ pub(super) fn setup_store(
     Ok(StoreSetup {
         client_addr,
         for_ranks: (ranks_name(cfg, head.ip(), ranks_ip), bound.port()),
-        head: Some(HeadSide { keys, leases }),
+        head: Some(HeadSide::Local { keys, leases }),
         secret,
     })
 }
@@ -525,7 +532,7 @@ fn rdzv_store(
     Ok(StoreSetup {
         client_addr: client_addr_of(bound),
         for_ranks: (ranks_name(cfg, head.ip(), head.ip()), bound.port()),
-        head: Some(HeadSide { keys, leases }),
+        head: Some(HeadSide::Local { keys, leases }),
         secret,
     })
 }

@@ -3,6 +3,7 @@
 
 use std::collections::HashSet;
 
+use super::kv::entry_size;
 use super::{ConnId, Core, Effects, End, Session, MAX_REPLY_LEN};
 use crate::protocol::{parse_counter, put_bytes, put_i64};
 
@@ -12,6 +13,37 @@ use crate::protocol::{parse_counter, put_bytes, put_i64};
 /// protocol error, but not server shutdown) the key is deleted if it still holds that
 /// connection's write, and a [`LeaseEvent`] is reported.
 pub const LEASE_PREFIX: &[u8] = b"/vigil/lease/";
+
+/// The queue (raw name) onto which a store configured with
+/// [`Core::set_lease_queue`] pushes every [`LeaseEvent::Lost`], in order: a client writes
+/// `vigil/lease_events`. Each element is `{"lost": "<name>", "value": "<value, lossy UTF-8>"}`.
+pub const LEASE_QUEUE: &[u8] = b"/vigil/lease_events";
+/// At most this many events are kept on [`LEASE_QUEUE`]; one more drops the oldest.
+pub const LEASE_QUEUE_MAX: usize = 4096;
+
+/// A JSON string literal of `s`.
+fn json_str(s: &str, out: &mut String) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+/// The element [`LEASE_QUEUE`] holds for a lost lease.
+pub fn lease_event_json(name: &str, value: &[u8]) -> Vec<u8> {
+    let mut s = String::from("{\"lost\": ");
+    json_str(name, &mut s);
+    s.push_str(", \"value\": ");
+    json_str(&String::from_utf8_lossy(value), &mut s);
+    s.push('}');
+    s.into_bytes()
+}
 
 fn is_lease_key(key: &[u8]) -> bool {
     key.starts_with(LEASE_PREFIX)
@@ -77,11 +109,42 @@ impl Core {
             } else {
                 None
             };
-            fx.leases.push(match taken {
-                Some(value) => LeaseEvent::Lost { key: name, value },
+            let ev = match taken {
+                Some(value) => {
+                    if self.lease_queue {
+                        self.queue_lease_event(&name, &value, fx);
+                    }
+                    LeaseEvent::Lost { key: name, value }
+                }
                 None => LeaseEvent::Released { key: name },
-            });
+            };
+            fx.leases.push(ev);
         }
+    }
+
+    /// Pushes a lost lease onto [`LEASE_QUEUE`], releasing one parked popper or waiter. Beyond
+    /// [`LEASE_QUEUE_MAX`] the oldest event is dropped; an event that would take the store over
+    /// its total is dropped (a connection's end cannot be refused).
+    fn queue_lease_event(&mut self, name: &str, value: &[u8], fx: &mut Effects) {
+        let v = lease_event_json(name, value);
+        let size = entry_size(LEASE_QUEUE, &v);
+        let q = self.queues.entry(LEASE_QUEUE.to_vec()).or_default();
+        while q.len() >= LEASE_QUEUE_MAX {
+            let old = q.pop_front().expect("non-empty");
+            self.stored -= entry_size(LEASE_QUEUE, &old);
+        }
+        if self.admit(size).is_err() {
+            if self.queues.get(LEASE_QUEUE).is_some_and(|q| q.is_empty()) {
+                self.queues.remove(LEASE_QUEUE);
+            }
+            return;
+        }
+        self.stored += size;
+        self.queues
+            .get_mut(LEASE_QUEUE)
+            .expect("created above")
+            .push_back(v);
+        self.waits.wake_one(LEASE_QUEUE, fx);
     }
 
     /// RENEW: ADD by one, remembered as renewed for the next sweep.

@@ -30,7 +30,7 @@ mod waits;
 mod tests;
 
 pub use gate::Role;
-pub use liveness::{LeaseEvent, LEASE_PREFIX};
+pub use liveness::{lease_event_json, LeaseEvent, LEASE_PREFIX, LEASE_QUEUE, LEASE_QUEUE_MAX};
 
 /// A connection, as the core knows it.
 pub type ConnId = u64;
@@ -234,6 +234,8 @@ pub struct Core {
     secret: Option<std::sync::Arc<[u8]>>,
     limits: Limits,
     next_conn: ConnId,
+    /// Whether lost leases are also queued on [`LEASE_QUEUE`] (a store outside the job).
+    lease_queue: bool,
 }
 
 impl Core {
@@ -256,6 +258,13 @@ impl Core {
     /// [`gate`]). Applies to connections opened afterwards.
     pub fn set_secret(&mut self, secret: Option<std::sync::Arc<[u8]>>) {
         self.secret = secret;
+    }
+
+    /// With `on`, every [`LeaseEvent::Lost`] is also pushed onto the queue [`LEASE_QUEUE`] (at
+    /// most [`LEASE_QUEUE_MAX`] kept, oldest dropped), so that an agent that does not host the
+    /// store can learn of it over the wire. Off by default.
+    pub fn set_lease_queue(&mut self, on: bool) {
+        self.lease_queue = on;
     }
 
     pub fn usage(&self) -> Usage {
@@ -362,6 +371,16 @@ impl Core {
             }
             Request::Renew { key } => self.renew(key, fx),
             Request::Sweep { prefix } => self.sweep_reply(&prefix, out),
+            Request::ClearExcept { prefix } => {
+                let n = self.remove_where(|k| !k.starts_with(&prefix));
+                crate::protocol::put_i64(out, n as i64);
+                Ok(())
+            }
+            Request::ClearPrefix { prefix } => {
+                let n = self.remove_where(|k| k.starts_with(&prefix));
+                crate::protocol::put_i64(out, n as i64);
+                Ok(())
+            }
             req => self.kv_op(s, req, out, fx),
         }
     }

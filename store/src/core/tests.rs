@@ -171,6 +171,12 @@ fn a_ranks_connection_uses_torchs_operations_on_its_own_keys_only() {
             value: Vec::new(),
             counter: b"/n".to_vec(),
         },
+        Request::ClearExcept {
+            prefix: b"/x".to_vec(),
+        },
+        Request::ClearPrefix {
+            prefix: b"/x".to_vec(),
+        },
     ] {
         let mut r = agent(&mut c);
         call(&mut c, &mut r, Request::RankOnly).unwrap();
@@ -297,6 +303,166 @@ fn a_lease_is_deleted_and_reported_when_its_connection_ends() {
 }
 
 #[test]
+fn clear_except_and_clear_prefix_delete_keys_and_queues_and_answer_the_count() {
+    let mut c = core(Some(SECRET));
+    let mut a = agent(&mut c);
+    for k in [
+        &b"/vigil/a"[..],
+        b"/vigil/lease/n",
+        b"/init/x",
+        b"/pg/1",
+        b"/pg/2",
+    ] {
+        call(&mut c, &mut a, set(k, b"v")).unwrap();
+    }
+    let push = Request::QueuePush {
+        key: b"/q".to_vec(),
+        value: b"e".to_vec(),
+    };
+    call(&mut c, &mut a, push).unwrap();
+    let clear = |prefix: &[u8]| Request::ClearPrefix {
+        prefix: prefix.to_vec(),
+    };
+    assert_eq!(
+        call(&mut c, &mut a, clear(b"/pg/")).unwrap(),
+        2i64.to_le_bytes()
+    );
+    assert_eq!(
+        call(&mut c, &mut a, clear(b"/pg/")).unwrap(),
+        0i64.to_le_bytes()
+    );
+    let except = Request::ClearExcept {
+        prefix: b"/vigil/".to_vec(),
+    };
+    // /init/x and the queue /q go; vigil's keys stay, the lease with its owner.
+    assert_eq!(call(&mut c, &mut a, except).unwrap(), 2i64.to_le_bytes());
+    assert_eq!(
+        c.keys_raw(),
+        vec![b"/vigil/a".to_vec(), b"/vigil/lease/n".to_vec()]
+    );
+    assert_eq!(c.usage().queues, 0);
+    assert_eq!(c.stored, recount(&c));
+    // Tagged, as the agents send it.
+    let tagged = Request::Tagged {
+        tag: 9,
+        inner: Box::new(clear(b"/vigil/a")),
+    };
+    let out = call(&mut c, &mut a, tagged).unwrap();
+    assert_eq!(&out[..4], &9u32.to_le_bytes());
+    assert_eq!(&out[12..], &1i64.to_le_bytes());
+    // Before the proof: refused like any other operation.
+    let mut stranger = open(&mut c);
+    call(&mut c, &mut stranger, validate()).unwrap();
+    assert!(matches!(
+        call(&mut c, &mut stranger, clear(b"/")),
+        Err(End::NotAuthenticated(_))
+    ));
+    assert!(c.get_raw(b"/vigil/lease/n").is_some());
+}
+
+fn pop(c: &mut Core, s: &mut Session, key: &[u8]) -> Option<Vec<u8>> {
+    let out = call(c, s, Request::QueuePop { key: key.to_vec() }).unwrap();
+    let n = i64::from_le_bytes(out[..8].try_into().unwrap());
+    (n > 0).then(|| out[16..].to_vec())
+}
+
+#[test]
+fn lost_leases_go_to_the_lease_queue_only_when_asked() {
+    // Off by default: the agent-hosted store is unchanged.
+    let mut c = core(None);
+    let mut a = agent(&mut c);
+    call(&mut c, &mut a, set(b"/vigil/lease/node/0", b"x")).unwrap();
+    c.close(a, true);
+    assert_eq!(c.usage().queues, 0);
+
+    let mut c = core(None);
+    c.set_lease_queue(true);
+    let mut watcher = agent(&mut c);
+    // A tagged WAIT on the queue parks until an event comes.
+    let w = Request::Tagged {
+        tag: 3,
+        inner: Box::new(wait(LEASE_QUEUE)),
+    };
+    assert!(call(&mut c, &mut watcher, w).unwrap().is_empty());
+    let mut a = agent(&mut c);
+    let mut b = agent(&mut c);
+    call(&mut c, &mut a, set(b"/vigil/lease/node/0", b"host \"a\"")).unwrap();
+    call(&mut c, &mut b, set(b"/vigil/lease/node/1", b"b")).unwrap();
+    call(&mut c, &mut b, set(b"/vigil/lease/node/2", b"gone")).unwrap();
+    call(
+        &mut c,
+        &mut b,
+        Request::DeleteKey {
+            key: b"/vigil/lease/node/2".to_vec(),
+        },
+    )
+    .unwrap();
+    let fx = c.close(a, true);
+    assert_eq!(fx.wakes.len(), 1);
+    assert_eq!(fx.wakes[0].0, watcher.id());
+    let mut out = Vec::new();
+    c.woken(&mut watcher, fx.wakes[0].1, &mut out);
+    assert_eq!(&out[12..], [WAIT_STOP_WAITING]);
+    let fx = c.close(b, true);
+    assert!(fx.wakes.is_empty());
+    assert_eq!(c.stored, recount(&c));
+    // In order, Released events not queued.
+    let mut p = agent(&mut c);
+    assert_eq!(
+        pop(&mut c, &mut p, LEASE_QUEUE).unwrap(),
+        br#"{"lost": "node/0", "value": "host \"a\""}"#.to_vec()
+    );
+    assert_eq!(
+        pop(&mut c, &mut p, LEASE_QUEUE).unwrap(),
+        br#"{"lost": "node/1", "value": "b"}"#.to_vec()
+    );
+    assert_eq!(pop(&mut c, &mut p, LEASE_QUEUE), None);
+    assert_eq!(c.stored, recount(&c));
+}
+
+#[test]
+fn the_lease_queue_keeps_the_newest_events_within_its_bound_and_the_total() {
+    let mut c = core(None);
+    c.set_lease_queue(true);
+    for i in 0..LEASE_QUEUE_MAX + 5 {
+        let mut a = agent(&mut c);
+        call(
+            &mut c,
+            &mut a,
+            set(format!("/vigil/lease/n/{i}").as_bytes(), b"v"),
+        )
+        .unwrap();
+        c.close(a, true);
+    }
+    assert_eq!(c.queues[LEASE_QUEUE].len(), LEASE_QUEUE_MAX);
+    assert_eq!(c.stored, recount(&c));
+    let mut p = agent(&mut c);
+    let first = pop(&mut c, &mut p, LEASE_QUEUE).unwrap();
+    assert_eq!(first, lease_event_json("n/5", b"v"));
+
+    // A store too full for one more event drops it, and stays within its total.
+    let mut c = Core::new(Limits {
+        max_total: 400,
+        ..Limits::default()
+    });
+    c.set_lease_queue(true);
+    let mut a = agent_open(&mut c);
+    call(&mut c, &mut a, set(b"/vigil/lease/big", &[b'x'; 200])).unwrap();
+    call(&mut c, &mut a, set(b"/k", &[b'y'; 40])).unwrap();
+    c.close(a, true);
+    assert_eq!(c.usage().queues, 0);
+    assert!(c.stored <= 400);
+    assert_eq!(c.stored, recount(&c));
+}
+
+/// An agent on a store without a secret.
+fn agent_open(c: &mut Core) -> Session {
+    let mut s = open(c);
+    call(c, &mut s, validate()).unwrap();
+    s
+}
+
+#[test]
 fn a_sweep_names_the_counters_not_renewed_since_the_last_one() {
     let mut c = core(None);
     let mut a = agent(&mut c);
@@ -330,6 +496,7 @@ fn request() -> impl Strategy<Value = Request> {
         b"/b".to_vec(),
         b"/vigil/lease/x".to_vec(),
         b"/vigil/c".to_vec(),
+        LEASE_QUEUE.to_vec(),
     ]);
     let value = prop::collection::vec(any::<u8>(), 0..16);
     prop_oneof![
@@ -351,6 +518,10 @@ fn request() -> impl Strategy<Value = Request> {
             inner: Box::new(Request::CancelWait)
         }),
         key.clone().prop_map(|prefix| Request::Sweep { prefix }),
+        key.clone()
+            .prop_map(|prefix| Request::ClearExcept { prefix }),
+        key.clone()
+            .prop_map(|prefix| Request::ClearPrefix { prefix }),
         Just(Request::ListKeys),
         Just(Request::RankOnly),
         Just(Request::AuthChallenge),
@@ -378,6 +549,7 @@ proptest! {
         script in prop::collection::vec((0usize..4, request()), 0..80),
     ) {
         let mut c = core(Some(SECRET));
+        c.set_lease_queue(true);
         let mut sessions: Vec<Option<Session>> = vec![
             Some(agent(&mut c)),
             Some(agent(&mut c)),

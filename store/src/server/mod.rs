@@ -268,6 +268,13 @@ impl StoreServer {
         self.shared.lock().core.set_secret(secret.map(Arc::from));
     }
 
+    /// With `on`, every lost lease is also pushed onto the queue `vigil/lease_events`
+    /// ([`LEASE_QUEUE`](crate::LEASE_QUEUE)), so that agents that only connect to the store (a
+    /// store outside the job) learn of it over the wire. Off by default.
+    pub fn set_lease_queue(&mut self, on: bool) {
+        self.shared.lock().core.set_lease_queue(on);
+    }
+
     /// Bounds what the server holds (default [`DEFAULT_MAX_TOTAL`]): stored keys and values,
     /// parked waits, and the buffers of requests and replies in transfer. A request that would
     /// go over it closes its connection.

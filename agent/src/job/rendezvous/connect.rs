@@ -184,7 +184,23 @@ pub(super) async fn claim(ctl: &MuxClient, cfg: &CoordConfig) -> Result<(), Fata
             cfg.nnodes - 1
         )));
     }
-    if cfg.node_rank != 0 {
+    if cfg.outside && cfg.node_rank == 0 {
+        // The store outlives any agent: node rank 0 coordinates first, holding the
+        // coordinator's lease, and its node is lost like any other's (its own lease).
+        let mine = b"0";
+        let held = ctl
+            .compare_set(key::COORD_LEASE, b"", mine)
+            .await
+            .map_err(lost_store)?;
+        if held != mine {
+            return Err(Fatal::refused(format!(
+                "the store at {} already has a coordinator (node rank {}): one job at a time uses a store outside the job",
+                cfg.store,
+                String::from_utf8_lossy(&held)
+            )));
+        }
+    }
+    if cfg.node_rank != 0 || cfg.outside {
         ctl.set(&key::lease(cfg.node_rank), me.as_bytes())
             .await
             .map_err(lost_store)?;

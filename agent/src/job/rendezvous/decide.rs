@@ -41,8 +41,13 @@ pub struct Setup {
     pub segment: Option<u32>,
     /// Node rank 0's value is the job's budget.
     pub max_restarts: u32,
-    /// This agent hosts the store (node rank 0): it assigns ranks and watches every node.
+    /// This agent coordinates the job (node rank 0 at the start): it assigns ranks and watches
+    /// every node. With the store outside the job another agent may take it over
+    /// ([`Rendezvous::take_over`]).
     pub head: bool,
+    /// The store runs outside the job (`vigil store`, `--rdzv-conf is_host=false`): losing the
+    /// coordinator's node is losing a node like any other.
+    pub outside: bool,
 }
 
 /// Where this agent is in the current cycle.
@@ -394,6 +399,8 @@ impl Rendezvous {
             Ok(t) => t,
             Err(e) => return self.failed(unreadable(&e)),
         };
+        // The job's budget is the first coordinator's: a later one hands the same on.
+        self.setup.max_restarts = go.max_restarts;
         self.slots = if go.slots.is_empty() {
             (0..go.offsets.len() as u32).collect()
         } else {
@@ -424,6 +431,32 @@ impl Rendezvous {
                 calculated,
             },
         )
+    }
+
+    /// Input (the store outside the job): the coordinator, node `old`, is gone and this agent won
+    /// the coordinator's lease; `alive`: the nodes whose leases the store still holds (this one's
+    /// included). It rebuilds what the coordinator knew from what every agent read (the last
+    /// verdict's slots and budget, the cycle it joined) and the leases (a member without one is
+    /// lost for good), and loses `old` as any other node: with a standby for its slot, the cycle
+    /// ends as its failure and the next rendezvous gives its slot to a standby; without, the job
+    /// is lost. A rendezvous it was waiting on the verdict of, it now completes itself.
+    pub fn take_over(&mut self, old: u32, alive: &[u32], reason: String) -> Loss {
+        self.setup.head = true;
+        let me = self.setup.node_rank;
+        for n in 0..self.setup.nnodes {
+            if n != me && n != old && !alive.contains(&n) && !self.dead.contains(&n) {
+                self.dead.push(n);
+            }
+        }
+        if let Stage::WaitGo(c) = self.stage {
+            self.stage = Stage::WaitAll(c);
+        }
+        self.node_lost(Some(old), reason)
+    }
+
+    /// Whether this agent coordinates the job.
+    pub fn is_head(&self) -> bool {
+        self.setup.head
     }
 
     /// Input: cycle `c`'s end as read from `c<N>/end` (the first report won).
@@ -541,7 +574,11 @@ impl Rendezvous {
     /// The job cannot go on on this agent (a store error, a failed rendezvous): the reason to
     /// report, said plainly where a standby cannot help.
     pub fn fail(&mut self, mut reason: String) -> String {
-        if self.spares() && !self.setup.head && reason.contains("node rank 0") {
+        if self.spares()
+            && !self.setup.head
+            && !self.setup.outside
+            && reason.contains("node rank 0")
+        {
             // docs/design.md, "Hot spares": the store lives on node rank 0.
             reason.push_str("; a standby cannot take node rank 0's place (it hosts the job's store), so the job ends to be requeued");
         }
@@ -746,6 +783,7 @@ mod tests {
             segment: None,
             max_restarts: 3,
             head: true,
+            outside: false,
         })
     }
 
@@ -890,6 +928,7 @@ mod tests {
                         segment: None,
                         max_restarts: 3,
                         head: n == 0,
+                        outside: false,
                     })
                 })
                 .collect();
@@ -1244,6 +1283,123 @@ mod tests {
         job.end(2, &JobEnd::Done);
         let p = job.cycle(3, &health).proposal.unwrap();
         assert_eq!(p.go.slot_of(1), None);
+    }
+
+    fn agent(nnodes: u32, active: u32, node_rank: u32) -> Rendezvous {
+        Rendezvous::new(Setup {
+            nnodes,
+            active,
+            node_rank,
+            segment: None,
+            max_restarts: 5,
+            head: node_rank == 0,
+            outside: true,
+        })
+    }
+
+    #[test]
+    fn a_node_that_takes_over_the_coordinator_loses_node_rank_0_to_a_standby() {
+        // --nnodes 3:4 with the store outside the job: nodes 0-2 run ranks, 3 waits.
+        let mut agents: Vec<Rendezvous> = (0..4).map(|n| agent(4, 3, n)).collect();
+        let records: Vec<(u32, Vec<u8>)> = (0..4).map(|n| (n, to_json(&info(2)))).collect();
+        for a in agents.iter_mut() {
+            a.join(0, None);
+        }
+        let go = agents[0].assign(0, &records).unwrap().go;
+        let verdict = to_json(&Verdict::Go(go));
+        for a in agents.iter_mut() {
+            a.verdict(0, &verdict);
+        }
+        // Node 0 (the coordinator) dies mid-run; node 1, the lowest left, takes over.
+        let n1 = &mut agents[1];
+        assert!(!n1.is_head());
+        let loss = n1.take_over(0, &[1, 2, 3], "gone".into());
+        assert!(n1.is_head());
+        assert_eq!(n1.members(), vec![1, 2, 3]);
+        let end = JobEnd::Failed {
+            node: 0,
+            reason: "gone".into(),
+        };
+        assert_eq!(
+            loss,
+            Loss::ToStandby {
+                members: 3,
+                cycles: [0, 1],
+                then: AfterLoss::EndCycle {
+                    cycle: 0,
+                    end: end.clone()
+                },
+            }
+        );
+        // Its lease and its silent counter, reported later, change nothing more.
+        assert_eq!(n1.lease_lost(Some(0), "again".into()), Loss::Nothing);
+        assert_eq!(n1.silent(Some(0), "again".into()), Loss::Nothing);
+        // Every node restarts; the new coordinator gives slot 0 to the standby, with the job's
+        // budget from the first verdict.
+        let ended = to_json(&WireEnd::from(&end));
+        for a in agents[1..].iter_mut() {
+            a.ended(0, &ended);
+            a.join(1, None);
+        }
+        assert_eq!(agents[1].stage(), Stage::WaitAll(1));
+        assert_eq!(agents[2].stage(), Stage::WaitGo(1));
+        let p = agents[1].assign(1, &records[1..]).unwrap();
+        assert_eq!(p.go.slots, vec![3, 1, 2]);
+        assert_eq!(p.go.max_restarts, 5);
+        assert_eq!(
+            (
+                p.promotions[0].slot,
+                p.promotions[0].lost,
+                p.promotions[0].standby
+            ),
+            (0, 0, 3)
+        );
+        let verdict = to_json(&Verdict::Go(p.go));
+        match agents[3].verdict(1, &verdict) {
+            Decision::Run(1, FromCoord::Joined { group_rank, .. }) => assert_eq!(group_rank, 0),
+            d => panic!("{d:?}"),
+        }
+    }
+
+    #[test]
+    fn taking_over_without_a_standby_loses_the_job_and_completes_a_pending_rendezvous() {
+        let mut agents: Vec<Rendezvous> = (0..3).map(|n| agent(3, 3, n)).collect();
+        for a in agents.iter_mut() {
+            a.join(0, None);
+        }
+        let go = agents[0].assign(0, &[(0, to_json(&info(1)))]).unwrap().go;
+        let verdict = to_json(&Verdict::Go(go));
+        agents[1].verdict(0, &verdict);
+        let loss = agents[1].take_over(0, &[1, 2], "gone".into());
+        assert_eq!(
+            loss,
+            Loss::Job {
+                cycle: 0,
+                end: JobEnd::Lost {
+                    reason: "gone".into(),
+                    node: Some(0)
+                }
+            }
+        );
+        // Waiting on a verdict that nobody else will write: the new coordinator completes it.
+        let mut sp: Vec<Rendezvous> = (0..3).map(|n| agent(3, 2, n)).collect();
+        sp[1].join(0, None);
+        assert_eq!(sp[1].stage(), Stage::WaitGo(0));
+        let loss = sp[1].take_over(0, &[1, 2], "gone".into());
+        assert_eq!(sp[1].stage(), Stage::WaitAll(0));
+        assert_eq!(
+            loss,
+            Loss::ToStandby {
+                members: 2,
+                cycles: [0, 1],
+                then: AfterLoss::CompleteJoin(0)
+            }
+        );
+        // A member whose lease is gone too is lost for good.
+        let mut sp: Vec<Rendezvous> = (0..4).map(|n| agent(4, 2, n)).collect();
+        sp[1].join(0, None);
+        sp[1].take_over(0, &[1, 2], "gone".into());
+        assert_eq!(sp[1].members(), vec![1, 2]);
     }
 
     #[test]

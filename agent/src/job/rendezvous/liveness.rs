@@ -125,20 +125,35 @@ pub fn liveness_period(node_timeout: Duration) -> Duration {
     (node_timeout / 8).max(Duration::from_millis(50))
 }
 
+/// What the liveness tells the coordinator.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Alarm {
+    /// A watched node (`None`: the store) was silent for the node timeout, for this reason.
+    Silent(String, Option<u32>),
+    /// The store outside the job: the coordinator's lease, held by this node, is gone (its
+    /// connection ended). Said every period until some agent holds it again.
+    CoordGone(u32),
+}
+
 /// Renews this node's counter and watches the others' until a watched node or the store is
 /// silent for the node timeout, then says why. An error of the store ends it quietly: the
-/// agent's other uses of the connection report that.
+/// agent's other uses of the connection report that. `head`: this agent coordinates (it sweeps
+/// every counter); else it watches the coordinator's: node rank 0's, or, with the store outside
+/// the job, the node that holds the coordinator's lease.
 pub(super) async fn liveness(
     client: MuxClient,
     cfg: CoordConfig,
-    tx: mpsc::UnboundedSender<(String, Option<u32>)>,
+    head: bool,
+    tx: mpsc::UnboundedSender<Alarm>,
 ) {
     let period = liveness_period(cfg.peer_timeout);
-    let mut watched: Vec<u32> = if cfg.node_rank == 0 {
-        (1..cfg.nnodes).collect()
+    let mut watched: Vec<u32> = if head {
+        (0..cfg.nnodes).filter(|n| *n != cfg.node_rank).collect()
     } else {
         vec![0]
     };
+    // The store outside the job: the coordinator as last read from its lease.
+    let mut coord: Option<u32> = None;
     let me = key::alive(cfg.node_rank);
     let mut live = Liveness::new(cfg.peer_timeout, period);
     let mut ticker = tokio::time::interval(period);
@@ -159,20 +174,21 @@ pub(super) async fn liveness(
                 if let Some(s) = live.silent() {
                     let t = cfg.peer_timeout.as_secs_f64();
                     let why = match s {
-                        Silent::Store(_) if cfg.node_rank == 0 => format!("this node's own store did not answer for {t:.0}s (--node-timeout)"),
+                        Silent::Store(_) if head && !cfg.outside => format!("this node's own store did not answer for {t:.0}s (--node-timeout)"),
+                        Silent::Store(_) if cfg.outside => format!("the store at {} did not answer for {t:.0}s (--node-timeout)", cfg.store),
                         Silent::Store(_) => format!("node rank 0 was lost: its store at {} did not answer for {t:.0}s (--node-timeout): its agent is frozen, overloaded or cut off", cfg.store),
                         Silent::Node(n, _) => format!("node {n} was lost: its agent gave no sign of life for {t:.0}s (--node-timeout): frozen, overloaded or cut off"),
                     };
                     let node = match s {
                         Silent::Node(n, _) => Some(n),
-                        Silent::Store(_) if cfg.node_rank != 0 => Some(0),
+                        Silent::Store(_) if !head && !cfg.outside => Some(0),
                         Silent::Store(_) => None,
                     };
-                    let _ = tx.send((why, node));
+                    let _ = tx.send(Alarm::Silent(why, node));
                     match s {
                         // Node rank 0 goes on watching the others (and renewing its own counter,
                         // which every other agent watches): with standbys the job outlives a node.
-                        Silent::Node(n, _) if cfg.node_rank == 0 => {
+                        Silent::Node(n, _) if head => {
                             live.forget(n);
                             watched.retain(|w| *w != n);
                             continue;
@@ -183,7 +199,12 @@ pub(super) async fn liveness(
                 if round.is_none() {
                     live.asked();
                     let c = client.clone();
-                    round = Some(Box::pin(renew_and_read(c, me.clone(), cfg.node_rank == 0)));
+                    let how = match (head, cfg.outside) {
+                        (true, _) => Watch::Sweep,
+                        (false, false) => Watch::Node0,
+                        (false, true) => Watch::Coordinator,
+                    };
+                    round = Some(Box::pin(renew_and_read(c, me.clone(), how)));
                 }
             }
             r = in_flight => {
@@ -192,14 +213,47 @@ pub(super) async fn liveness(
                 match reading {
                     Reading::Counters(values) => live.answered(values),
                     Reading::Stale(stale) => live.swept(&watched, &stale),
+                    Reading::Coordinator(now, values) => {
+                        match (coord, now) {
+                            // Its lease is gone: its silent counter is no one's to blame; the
+                            // coordinator (this agent or another) loses its node.
+                            (Some(old), None) => {
+                                live.forget(old);
+                                live.answered(Vec::new());
+                                if tx.send(Alarm::CoordGone(old)).is_err() {
+                                    return;
+                                }
+                                continue;
+                            }
+                            (Some(old), Some(new)) if old != new => live.forget(old),
+                            _ => {}
+                        }
+                        if now.is_some() {
+                            coord = now;
+                        }
+                        live.answered(values);
+                    }
                 }
             }
         }
     }
 }
 
+/// What a period's round reads besides renewing.
+#[derive(Clone, Copy)]
+enum Watch {
+    /// The coordinator: a SWEEP of every counter.
+    Sweep,
+    /// Node rank 0's counter.
+    Node0,
+    /// The store outside the job: who holds the coordinator's lease, and its counter.
+    Coordinator,
+}
+
 /// What one period's round read.
 enum Reading {
+    /// The coordinator's node as its lease names it (`None`: no lease), and its counter.
+    Coordinator(Option<u32>, Vec<(u32, Option<Vec<u8>>)>),
     /// The watched nodes' counters (every agent but node rank 0 watches node rank 0's).
     Counters(Vec<(u32, Option<Vec<u8>>)>),
     /// Node rank 0: the nodes whose counters did not move since its previous sweep.
@@ -208,9 +262,22 @@ enum Reading {
 
 /// One period: renews this node's counter (one-way) and reads what it watches, in one round
 /// trip. `None`: the store failed.
-async fn renew_and_read(c: MuxClient, me: String, head: bool) -> Option<Reading> {
+async fn renew_and_read(c: MuxClient, me: String, how: Watch) -> Option<Reading> {
     c.renew(&me).ok()?;
-    if !head {
+    if let Watch::Coordinator = how {
+        // MULTI_GET answers at once; a missing key reads empty.
+        let v = c.multi_get_now(&[key::COORD_LEASE]).await.ok()?;
+        let coord: Option<u32> = v
+            .first()
+            .and_then(|v| std::str::from_utf8(v).ok()?.parse().ok());
+        let Some(k) = coord else {
+            return Some(Reading::Coordinator(None, Vec::new()));
+        };
+        let v = c.add(&key::alive(k), 0).await.ok()?;
+        let values = vec![(k, (v > 0).then(|| v.to_string().into_bytes()))];
+        return Some(Reading::Coordinator(Some(k), values));
+    }
+    if let Watch::Node0 = how {
         // ADD 0 reads without waiting; 0 or less: not started, or left.
         let v = c.add(&key::alive(0), 0).await.ok()?;
         let values = vec![(0, (v > 0).then(|| v.to_string().into_bytes()))];

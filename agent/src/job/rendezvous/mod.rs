@@ -62,7 +62,7 @@ use decide::{
     join_timeout_reason, merge_timeouts, AfterLoss, Decision, Joining, Loss, Proposal, Rendezvous,
     Setup, Stage, Woke,
 };
-use liveness::liveness;
+use liveness::{liveness, Alarm};
 pub use liveness::{liveness_period, Liveness, Silent};
 pub use noderank::{claim_node_rank, identity, Unclaimed};
 use wire::to_json;
@@ -155,6 +155,10 @@ pub struct CoordConfig {
     /// The job's identity (`--rdzv-id`, Slurm's or NGC's job id): an agent of another job that
     /// reaches the store is refused.
     pub job: Option<String>,
+    /// The store runs outside the job (`vigil store`, every agent `--rdzv-conf is_host=false`,
+    /// node ranks given): the coordinator holds `vigil/lease/coord`, and when it is lost the live
+    /// agent with the lowest node rank takes its work over.
+    pub outside: bool,
 }
 
 impl CoordConfig {
@@ -170,10 +174,79 @@ impl CoordConfig {
     }
 }
 
-/// What node rank 0 has besides the clients: its store's key space and the other agents' leases.
-pub struct HeadSide {
-    pub keys: KeySpace,
-    pub leases: mpsc::UnboundedReceiver<LeaseEvent>,
+/// What node rank 0 has besides the clients: where it learns of the other agents' leases and how
+/// it resets the store between attempts.
+pub enum HeadSide {
+    /// It hosts the store: its key space (read and reset in place) and the lease events.
+    Local {
+        keys: KeySpace,
+        leases: mpsc::UnboundedReceiver<LeaseEvent>,
+    },
+    /// The store runs outside the job (`vigil store`, with its lease queue): node rank 0 resets
+    /// it with CLEAR_EXCEPT/CLEAR_PREFIX and learns of lost agents from the queue
+    /// `vigil/lease_events`, all through its own connection.
+    Remote,
+}
+
+impl HeadSide {
+    /// The key space, where node rank 0 hosts the store.
+    pub fn keys(&self) -> Option<&KeySpace> {
+        match self {
+            HeadSide::Local { keys, .. } => Some(keys),
+            HeadSide::Remote => None,
+        }
+    }
+}
+
+/// [`HeadSide`] as the coordinator holds it: the lease events from wherever they come.
+struct Head {
+    keys: Option<KeySpace>,
+    leases: mpsc::UnboundedReceiver<LeaseEvent>,
+    /// Remote: the task parked on the lease queue.
+    watcher: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// An element of the store's lease queue (`vigil_store::lease_event_json`).
+#[derive(serde::Deserialize)]
+struct QueuedLoss {
+    lost: String,
+    value: String,
+}
+
+/// Remote head: parks on the store's lease queue and hands each lost lease on, in order, until
+/// the connection fails (then the liveness and the waits say the store is lost).
+async fn watch_lease_queue(ctl: MuxClient, tx: mpsc::UnboundedSender<LeaseEvent>) {
+    const PARK: Duration = Duration::from_secs(3600);
+    loop {
+        match ctl.next_lease_event(PARK).await {
+            Ok(v) => {
+                let Ok(q) = serde_json::from_slice::<QueuedLoss>(&v) else {
+                    continue;
+                };
+                let ev = LeaseEvent::Lost {
+                    key: q.lost,
+                    value: q.value.into_bytes(),
+                };
+                if tx.send(ev).is_err() {
+                    return;
+                }
+            }
+            Err(e) if e.is_timeout() => {}
+            Err(_) => return,
+        }
+    }
+}
+
+/// The coordinator's side of a store outside the job: lost agents come from the store's lease
+/// queue, read by a task parked on it.
+fn remote_head(ctl: &MuxClient) -> Head {
+    let (lease_tx, leases) = mpsc::unbounded_channel();
+    let watcher = tokio::task::spawn_local(watch_lease_queue(ctl.clone(), lease_tx));
+    Head {
+        keys: None,
+        leases,
+        watcher: Some(watcher),
+    }
 }
 
 /// Carries out one agent's requests until it leaves: returns once `Leave` is done and it is safe
@@ -255,7 +328,7 @@ struct Coordinator {
     wait_tx: mpsc::UnboundedSender<WaitReq>,
     wait_rx: mpsc::UnboundedReceiver<WaitDone>,
     tx: mpsc::UnboundedSender<FromCoord>,
-    head: Option<HeadSide>,
+    head: Option<Head>,
     rdzv: Rendezvous,
     /// A task parked on this cycle's job-wide timeouts.
     timeouts_task: Option<tokio::task::JoinHandle<()>>,
@@ -269,7 +342,8 @@ struct Coordinator {
     ended: bool,
     /// Renews this node's counter and watches the others' ([`liveness`]).
     liveness: tokio::task::JoinHandle<()>,
-    silent_rx: mpsc::UnboundedReceiver<(String, Option<u32>)>,
+    silent_rx: mpsc::UnboundedReceiver<Alarm>,
+    silent_tx: mpsc::UnboundedSender<Alarm>,
     /// Node rank 0 with standbys: the last call of the rendezvous under way ([`lastcall`]).
     last_call: Option<tokio::task::JoinHandle<()>>,
     last_call_tx: mpsc::UnboundedSender<u32>,
@@ -291,6 +365,9 @@ impl Drop for Coordinator {
         // Their waits are cancelled and their clones of the connection dropped with them.
         self.liveness.abort();
         self.waiter.abort();
+        if let Some(t) = self.head.as_mut().and_then(|h| h.watcher.take()) {
+            t.abort();
+        }
         for t in [
             self.last_call.take(),
             self.stop_task.take(),
@@ -323,17 +400,32 @@ impl Coordinator {
         let (done_tx, wait_rx) = mpsc::unbounded_channel();
         let waiter = tokio::task::spawn_local(waiter(ctl.clone(), req_rx, done_tx));
         let (silent_tx, silent_rx) = mpsc::unbounded_channel();
-        let liveness = tokio::task::spawn_local(liveness(ctl.clone(), cfg.clone(), silent_tx));
+        let is_head = head.is_some();
+        let liveness = tokio::task::spawn_local(liveness(
+            ctl.clone(),
+            cfg.clone(),
+            is_head,
+            silent_tx.clone(),
+        ));
         let (timeouts_tx, timeouts_rx) = mpsc::unbounded_channel();
         let (stop_tx, stop_rx) = mpsc::unbounded_channel();
         let (last_call_tx, last_call_rx) = mpsc::unbounded_channel();
+        let head = head.map(|h| match h {
+            HeadSide::Local { keys, leases } => Head {
+                keys: Some(keys),
+                leases,
+                watcher: None,
+            },
+            HeadSide::Remote => remote_head(&ctl),
+        });
         let rdzv = Rendezvous::new(Setup {
             nnodes: cfg.nnodes,
             active: cfg.active,
             node_rank: cfg.node_rank,
             segment: cfg.segment,
             max_restarts: cfg.max_restarts,
-            head: head.is_some(),
+            head: is_head,
+            outside: cfg.outside,
         });
         Ok(Coordinator {
             cfg,
@@ -353,6 +445,7 @@ impl Coordinator {
             ended: false,
             liveness,
             silent_rx,
+            silent_tx,
             last_call: None,
             last_call_tx,
             last_call_rx,
@@ -424,12 +517,15 @@ impl Coordinator {
                 }
                 Some(ev) = lease => self.lease_event(ev).await,
                 Some(c) = self.last_call_rx.recv() => self.last_call_out(c).await,
-                Some((why, node)) = self.silent_rx.recv() => {
-                    let loss = self.rdzv.silent(node, why);
-                    self.carry_out(loss).await
-                }
+                Some(alarm) = self.silent_rx.recv() => match alarm {
+                    Alarm::Silent(why, node) => {
+                        let loss = self.rdzv.silent(node, why);
+                        self.carry_out(loss).await
+                    }
+                    Alarm::CoordGone(old) => self.coordinator_gone(old).await,
+                },
                 () = note => {
-                    self.join_note();
+                    self.join_note().await;
                     Ok(())
                 }
             };
@@ -547,7 +643,7 @@ impl Coordinator {
 
     /// Node rank 0, every [`CoordConfig::join_note_every`] while a rendezvous waits: says which
     /// node ranks have not joined (field finding 35).
-    fn join_note(&mut self) {
+    async fn join_note(&mut self) {
         let Some(w) = self.join_wait.as_mut() else {
             return;
         };
@@ -559,7 +655,7 @@ impl Coordinator {
         let now = tokio::time::Instant::now();
         w.next = now + self.cfg.join_note_every;
         let waited = now - w.since;
-        let absent = self.absent(c);
+        let absent = self.absent(c).await;
         if absent.is_empty() {
             return;
         }
@@ -569,37 +665,62 @@ impl Coordinator {
     }
 
     /// Node rank 0: the members that have not joined cycle `c`, with the agent that took each
-    /// node rank where one did, as its own store holds them (read in place, no round trip);
-    /// elsewhere, none.
-    fn absent(&self, c: u32) -> Vec<Absent> {
+    /// node rank where one did: read in place where it hosts the store (no round trip), through
+    /// its connection where the store is outside the job (join and owner records only: no c10d
+    /// ticket scan); elsewhere, none.
+    async fn absent(&self, c: u32) -> Vec<Absent> {
         let Some(h) = self.head.as_ref() else {
             return Vec::new();
         };
-        let raw = |k: String| format!("/{k}").into_bytes();
         let members = self.rdzv.members();
+        let Some(keys) = h.keys.as_ref() else {
+            return self.absent_remote(c, &members).await;
+        };
+        let raw = |k: String| format!("/{k}").into_bytes();
         let joined: BTreeSet<u32> = (members.iter().copied())
-            .filter(|n| h.keys.get_raw(&raw(key::join(c, *n))).is_some())
+            .filter(|n| keys.get_raw(&raw(key::join(c, *n))).is_some())
             .collect();
         let missing: Vec<u32> = (members.iter().copied())
             .filter(|n| !joined.contains(n))
             .collect();
         let owners: Vec<(u32, Vec<u8>)> = (missing.iter())
-            .filter_map(|n| Some((*n, h.keys.get_raw(&raw(key::owner(*n)))?)))
+            .filter_map(|n| Some((*n, keys.get_raw(&raw(key::owner(*n)))?)))
             .collect();
         // c10d: an agent writes its ticket before its owner record. The scan is over every key,
         // so it is done only when some missing node has no owner record.
         let tickets: Vec<(String, Vec<u8>)> = if owners.len() < missing.len() {
-            (h.keys.keys_raw().into_iter())
+            (keys.keys_raw().into_iter())
                 .filter_map(|k| {
                     let id = k.strip_prefix(key::NODE_OF_PREFIX_RAW)?;
                     let id = String::from_utf8_lossy(id).into_owned();
-                    Some((id, h.keys.get_raw(&k)?))
+                    Some((id, keys.get_raw(&k)?))
                 })
                 .collect()
         } else {
             Vec::new()
         };
         absent::absent(&members, &joined, &absent::claims(&owners, &tickets))
+    }
+
+    /// [`Coordinator::absent`] through the connection: one MULTI_GET of the members' join and
+    /// owner records (an empty value is a missing key). A store that does not answer: none.
+    async fn absent_remote(&self, c: u32, members: &[u32]) -> Vec<Absent> {
+        let mut names: Vec<String> = members.iter().map(|n| key::join(c, *n)).collect();
+        names.extend(members.iter().map(|n| key::owner(*n)));
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        let Ok(values) = self.ctl.multi_get_now(&refs).await else {
+            return Vec::new();
+        };
+        let (joins, owners) = values.split_at(members.len());
+        let joined: BTreeSet<u32> = (members.iter().zip(joins))
+            .filter(|(_, v)| !v.is_empty())
+            .map(|(n, _)| *n)
+            .collect();
+        let owners: Vec<(u32, Vec<u8>)> = (members.iter().zip(owners))
+            .filter(|(n, v)| !joined.contains(n) && !v.is_empty())
+            .map(|(n, v)| (*n, v.clone()))
+            .collect();
+        absent::absent(members, &joined, &absent::claims(&owners, &[]))
     }
 
     async fn share_timeouts(
@@ -745,7 +866,7 @@ impl Coordinator {
             .await
             .ok()
             .and_then(|v| String::from_utf8(v).ok());
-        let absent = self.absent(c);
+        let absent = self.absent(c).await;
         join_timeout_reason(c, joined, self.cfg.nnodes, self.cfg.join_timeout, &absent)
     }
 
@@ -760,9 +881,19 @@ impl Coordinator {
         }
         let head = self.head.as_ref().expect("only node rank 0 waits for all");
         // Every node's ranks of the last attempt are gone: give this one a clean store.
-        head.keys.reset();
-        if c > 0 {
-            head.keys.clear_prefix(&key::cycle_prefix_raw(c - 1));
+        match head.keys.as_ref() {
+            Some(keys) => {
+                keys.reset();
+                if c > 0 {
+                    keys.clear_prefix(&key::cycle_prefix_raw(c - 1));
+                }
+            }
+            None => {
+                self.ctl.clear_except(vigil_store::AGENT_PREFIX).await?;
+                if c > 0 {
+                    self.ctl.clear_prefix(&key::cycle_prefix_raw(c - 1)).await?;
+                }
+            }
         }
         let members = self.rdzv.members();
         if self.rdzv.spares() && members.len() < self.cfg.nnodes as usize {
@@ -828,6 +959,68 @@ impl Coordinator {
             self.ctl.set(&key::all(cycle), b"").await?;
         }
         Ok(())
+    }
+
+    /// The store outside the job: the coordinator's lease (held by node `old`) is gone. The live
+    /// agent with the lowest node rank takes the coordinator's work over: it claims the lease
+    /// with compare-and-set, rebuilds the coordinator's state ([`Rendezvous::take_over`]) and
+    /// loses `old` as any node. An agent with a live lower node rank leaves it to that one (and
+    /// is told again next period if nobody took it).
+    async fn coordinator_gone(&mut self, old: u32) -> Result<(), vigil_store::StoreError> {
+        if self.head.is_some() || self.ended || !self.cfg.outside {
+            return Ok(());
+        }
+        let me = self.cfg.node_rank;
+        let names: Vec<String> = (0..self.cfg.nnodes).map(key::lease).collect();
+        let mut refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        refs.push(key::JOB_END);
+        let values = self.ctl.multi_get_now(&refs).await?;
+        let (leases, job_end) = values.split_at(names.len());
+        if !job_end[0].is_empty() {
+            // The job ended: its coordinator left.
+            return Ok(());
+        }
+        let alive: Vec<u32> = (0..self.cfg.nnodes)
+            .filter(|n| *n == me || (*n != old && !leases[*n as usize].is_empty()))
+            .collect();
+        if alive.first() != Some(&me) {
+            return Ok(());
+        }
+        let mine = me.to_string();
+        let held = self
+            .ctl
+            .compare_set(key::COORD_LEASE, b"", mine.as_bytes())
+            .await?;
+        if held != mine.as_bytes() {
+            return Ok(());
+        }
+        let reason = format!(
+            "node {old} was lost: its agent, the job's coordinator, lost its connection to the store"
+        );
+        self.send(FromCoord::Note(format!(
+            "node rank {me} coordinates the job from now on: node rank {old}'s agent, the coordinator, was lost (its lease vigil/lease/coord is gone)"
+        )));
+        let loss = self.rdzv.take_over(old, &alive, reason);
+        self.head = Some(remote_head(&self.ctl));
+        // Its liveness sweeps every node's counter from now on.
+        self.liveness.abort();
+        self.liveness = tokio::task::spawn_local(liveness(
+            self.ctl.clone(),
+            self.cfg.clone(),
+            true,
+            self.silent_tx.clone(),
+        ));
+        // A wait on a verdict that only it writes now becomes a wait on every member.
+        if let Stage::WaitAll(c) = self.rdzv.stage() {
+            self.waiter.abort();
+            let (wait_tx, req_rx) = mpsc::unbounded_channel();
+            let (done_tx, wait_rx) = mpsc::unbounded_channel();
+            self.waiter = tokio::task::spawn_local(waiter(self.ctl.clone(), req_rx, done_tx));
+            self.wait_tx = wait_tx;
+            self.wait_rx = wait_rx;
+            self.wait_for(key::all(c), self.cfg.join_timeout);
+        }
+        self.carry_out(loss).await
     }
 
     async fn lease_event(&mut self, ev: LeaseEvent) -> Result<(), vigil_store::StoreError> {
@@ -904,21 +1097,32 @@ impl Coordinator {
                 })
                 .await;
             }
+            Some(Head { keys: None, .. }) => {
+                // The store outlives this agent: nothing to hold up. The others stop watching
+                // this node's counter, and the store's service clears the job once every agent
+                // left.
+                let alive = key::alive(self.cfg.node_rank);
+                let _ = tokio::time::timeout(self.cfg.peer_timeout, async {
+                    let _ = self.ctl.set(&alive, b"-1").await;
+                    self.ctl.set(key::JOB_END, b"").await
+                })
+                .await;
+            }
             Some(h) => {
+                let keys = h.keys.clone().expect("hosted");
                 // The other agents may still read this cycle's verdict from our store: keep it
                 // up until each has left (or was lost), for at most one peer timeout.
                 let deadline = tokio::time::Instant::now() + self.cfg.peer_timeout;
-                let holders = |h: &HeadSide| {
-                    h.keys
-                        .keys_raw()
+                let holders = || {
+                    keys.keys_raw()
                         .iter()
                         .filter(|k| k.starts_with(key::LEASE_PREFIX_RAW))
                         .count()
                 };
-                let mut open = holders(h);
+                let mut open = holders();
                 while open > 0 {
                     match tokio::time::timeout_at(deadline, h.leases.recv()).await {
-                        Ok(Some(_)) => open = holders(h),
+                        Ok(Some(_)) => open = holders(),
                         Ok(None) | Err(_) => break,
                     }
                 }

@@ -28,6 +28,7 @@ fn coord(node_rank: u32, store: std::net::SocketAddr) -> CoordConfig {
         max_restarts: 3,
         secret: None,
         job: None,
+        outside: false,
     }
 }
 
@@ -100,7 +101,7 @@ fn an_agent_holds_one_connection_to_the_store_across_attempts() {
     on_agent_runtime(async {
         let (addr, keys, leases) =
             crate::run::host_store("127.0.0.1:0".parse().unwrap(), T, None).expect("store up");
-        let head = HeadSide {
+        let head = HeadSide::Local {
             keys: keys.clone(),
             leases,
         };
@@ -231,7 +232,7 @@ fn node_rank_0_names_who_a_rendezvous_waits_for_and_their_hosts() {
     on_agent_runtime(async {
         let (addr, keys, leases) =
             crate::run::host_store("127.0.0.1:0".parse().unwrap(), T, None).expect("store up");
-        let head = HeadSide {
+        let head = HeadSide::Local {
             keys: keys.clone(),
             leases,
         };

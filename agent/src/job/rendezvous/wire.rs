@@ -402,6 +402,9 @@ impl From<WireSteps> for StepReport {
 /// Client key names (the store puts `/` in front; everything lives under `/vigil/`, which
 /// survives the reset between attempts).
 pub mod key {
+    /// Node rank 0 left a job whose store runs outside it (`vigil store`): once every lease
+    /// is gone too, the store's service clears the job's keys.
+    pub const JOB_END: &str = "vigil/job_end";
     /// The job's [`super::JobShape`], written by node rank 0 before any other agent may join.
     pub const JOB: &str = "vigil/job";
     /// c10d without node ranks: each agent other than the store's host adds 1 and takes the
@@ -418,6 +421,10 @@ pub mod key {
     pub fn owner(node: u32) -> String {
         format!("vigil/owner/{node}")
     }
+    /// The store outside the job: the coordinator's lease, holding its node rank. Node rank 0
+    /// takes it at the start; when its holder's connection ends the store deletes it, and the
+    /// live agent with the lowest node rank takes it over with compare-and-set.
+    pub const COORD_LEASE: &str = "vigil/lease/coord";
     pub fn lease(node: u32) -> String {
         format!("vigil/lease/{node}")
     }

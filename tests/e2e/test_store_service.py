@@ -1,0 +1,108 @@
+"""The store outside the job: `vigil store --listen` serves a job whose agents all run with
+`--rdzv-conf is_host=false`, node rank 0 included, which coordinates through it (docs/store.md,
+"The store outside the job")."""
+import signal
+import subprocess
+import threading
+
+from harness import base_env, of, run_vigil, start_vigil, wait_for, write
+from test_multinode import FLAKY, Nodes, markers
+
+SECRET = "0123456789abcdef-outside-the-job"
+
+
+class Service:
+    """`vigil store` on loopback, its stdout read line by line."""
+
+    def __init__(self, job, *args, env=None):
+        self.proc = start_vigil(["store", "--listen", "127.0.0.1:0", *args], cwd=job,
+                                env=base_env(**(env or {})))
+        first = self.proc.stdout.readline()
+        assert first.startswith("listening on 127.0.0.1:"), (first, self.proc.stderr.read())
+        self.port = int(first.rsplit(":", 1)[1])
+        self.lines = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+        self.reader.join(timeout=5)
+        return rc, self.proc.stderr.read()
+
+
+def test_a_job_restarts_through_a_store_outside_it_which_clears_the_job_at_its_end(job):
+    write(job / "flaky.py", FLAKY)
+    store = Service(job, "--node-timeout", "10", env={"VIGIL_STORE_SECRET": SECRET})
+    try:
+        nodes = Nodes(job, 2, ["flaky.py", "3", "1"], port=store.port,
+                      extra=["--max-restarts", "1", "--rdzv-conf", "is_host=false", "--rdzv-id", "ext1"],
+                      env={"VIGIL_STORE_SECRET": SECRET})
+        res = nodes.wait()
+        assert [rc for rc, _, _ in res] == [0, 0], [e for _, _, e in res]
+        # Attempt 0 failed on node 1 (rank 3), attempt 1 ran everywhere.
+        assert markers(job, "ran_") == [f"ran_{r}_{a}" for r in range(4) for a in range(2)]
+        for i in range(2):
+            ev = nodes.events(i)
+            ended = of(ev, "cycle_ended", cycle=0)
+            assert len(ended) == 1 and ended[0]["end"] == "failed" and ended[0]["node"] == 1
+            assert [e["cycle"] for e in of(ev, "cycle_start")] == [0, 1]
+            assert ev[-1]["event"] == "result" and ev[-1]["outcome"] == "succeeded"
+        # Node rank 0 hosted nothing: it says where the store is.
+        assert "(here)" not in res[0][2] and "outside the job" in res[0][2], res[0][2]
+        wait_for(lambda: any("cleared" in line for line in store.lines), timeout=30,
+                 what="the store service clearing the job")
+        joined = [line for line in store.lines if "joined" in line]
+        assert len(joined) == 1 and '"ext1"' in joined[0] and "--nnodes 2" in joined[0], store.lines
+        cleared = [line for line in store.lines if "cleared" in line]
+        assert len(cleared) == 1 and '"ext1"' in cleared[0], store.lines
+    finally:
+        rc, err = store.stop()
+    assert rc == 0, err
+
+
+def test_an_agent_sigkilled_reaches_node_rank_0_through_the_lease_queue(job):
+    write(job / "flaky.py", FLAKY)
+    store = Service(job, env={"VIGIL_STORE_SECRET": SECRET})
+    try:
+        # --node-timeout 60: only the lease (the agent's connection closing) can tell in time.
+        nodes = Nodes(job, 2, ["flaky.py", "-1", "1"], port=store.port,
+                      extra=["--max-restarts", "3", "--node-timeout", "60", "--workers-stop-timeout", "3",
+                             "--rdzv-conf", "is_host=false"],
+                      env={"VIGIL_STORE_SECRET": SECRET})
+        wait_for(lambda: len([n for n in markers(job, "ran_") if (job / n).read_text().strip()]) == 4,
+                 what="all four ranks running")
+        nodes.procs[1].kill()
+        rc0 = nodes.procs[0].wait(timeout=30)
+        res = nodes.wait()
+        assert rc0 == 75, res[0][2]
+        assert "node 1" in res[0][2] and "connection to the store closed" in res[0][2], res[0][2]
+        (ended,) = of(nodes.events(0), "cycle_ended", cycle=0)
+        assert ended["end"] == "lost"
+    finally:
+        rc, err = store.stop()
+    assert rc == 0, err
+
+
+def test_an_open_store_off_loopback_is_refused_naming_the_fix(job):
+    r = run_vigil(["store", "--listen", "0.0.0.0:0"], cwd=job, timeout=30)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert "VIGIL_STORE_SECRET" in lines[0] and "--secret-file" in lines[0]
+    assert r.stdout == ""
+
+
+def test_a_secret_file_that_is_too_short_is_refused(job):
+    short = write(job / "secret", "short\n")
+    r = run_vigil(["store", "--listen", "0.0.0.0:0", "--secret-file", str(short)], cwd=job, timeout=30)
+    assert r.returncode == 2 and "--secret-file" in r.stderr, r.stderr
