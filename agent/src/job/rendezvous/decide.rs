@@ -25,7 +25,6 @@ use crate::job::spares::{refill, Promotion, Standby};
 use crate::supervise::monitor::Timeouts;
 use crate::supervise::JobEnd;
 
-use super::absent::{name_absent, Absent};
 use super::wire::{key, Go, NodeInfo, Verdict, WireEnd, WireTimeouts};
 use super::FromCoord;
 
@@ -633,35 +632,6 @@ pub fn hand_out_node_rank(ticket: i64, nnodes: u32, active: u32) -> Result<u32, 
 pub struct Full {
     /// `--nnodes` as written.
     pub nnodes: String,
-}
-
-/// Why a rendezvous did not complete within `--join-timeout`; `joined`: the count as read, if it
-/// could be; `absent`: the node ranks that did not join, as node rank 0 read them (empty
-/// elsewhere: only node rank 0 reads them).
-pub fn join_timeout_reason(
-    c: u32,
-    joined: Option<String>,
-    nnodes: u32,
-    timeout: Duration,
-    absent: &[Absent],
-) -> String {
-    let head = format!(
-        "only {} of {nnodes} nodes joined attempt {c} within {:.0}s (--join-timeout)",
-        joined.as_deref().unwrap_or("?"),
-        timeout.as_secs_f64()
-    );
-    if absent.is_empty() {
-        return format!("{head}; check that vigil started on every node with the same --nnodes");
-    }
-    let frozen = if absent.iter().any(|a| a.claimant.is_some()) {
-        "; an agent that took its node rank and did not join is frozen (SIGSTOP, a debugger) or stuck: look at it on its host"
-    } else {
-        ""
-    };
-    format!(
-        "{head}: node rank(s) {} did not{frozen}; check that vigil started on every node with the same --nnodes",
-        name_absent(absent)
-    )
 }
 
 /// Global ranks by node rank: node `n`'s local rank 0 is the sum of the ranks of nodes `0..n`.
@@ -1454,46 +1424,5 @@ mod tests {
             why.ends_with("every node must run the same vigil version"),
             "{why}"
         );
-    }
-
-    #[test]
-    fn a_timed_out_join_names_who_joined() {
-        let why = join_timeout_reason(3, Some("2".into()), 4, Duration::from_secs(600), &[]);
-        assert!(
-            why.starts_with("only 2 of 4 nodes joined attempt 3 within 600s"),
-            "{why}"
-        );
-        let why = join_timeout_reason(0, None, 2, Duration::from_secs(1), &[]);
-        assert!(why.contains("only ? of 2"), "{why}");
-    }
-
-    /// Field finding 35: node rank 0's reason names the node ranks that did not join, and the
-    /// host of an agent that took its node rank and froze.
-    #[test]
-    fn node_rank_0s_timed_out_join_names_who_did_not_join_and_their_hosts() {
-        use crate::job::rendezvous::absent::Claimant;
-        let absent = [
-            Absent {
-                node: 1,
-                claimant: Some(Claimant {
-                    host: "node-b".into(),
-                    pid: Some(4242),
-                }),
-            },
-            Absent {
-                node: 2,
-                claimant: None,
-            },
-        ];
-        let why = join_timeout_reason(0, Some("1".into()), 3, Duration::from_secs(600), &absent);
-        assert!(
-            why.starts_with("only 1 of 3 nodes joined attempt 0 within 600s (--join-timeout): node rank(s) 1 (host node-b, pid 4242: its agent took the node rank and has not joined) and 2 (not started, or not reached the store) did not; "),
-            "{why}"
-        );
-        assert!(why.contains("frozen (SIGSTOP"), "{why}");
-        assert!(why.ends_with("with the same --nnodes"), "{why}");
-        let why = join_timeout_reason(0, Some("2".into()), 3, Duration::from_secs(9), &absent[1..]);
-        assert!(!why.contains("frozen"), "{why}");
-        assert!(!why.contains('\n'));
     }
 }

@@ -54,13 +54,12 @@ mod noderank;
 mod tests;
 pub(crate) mod wire;
 
-use absent::{join_wait_note, Absent};
+use absent::{join_timeout_reason, join_wait_note, Absent};
 pub use connect::StoreLink;
 use connect::{claim, store_lost, Fatal};
 pub use decide::NodeHosts;
 use decide::{
-    join_timeout_reason, merge_timeouts, AfterLoss, Decision, Joining, Loss, Proposal, Rendezvous,
-    Setup, Stage, Woke,
+    merge_timeouts, AfterLoss, Decision, Joining, Loss, Proposal, Rendezvous, Setup, Stage, Woke,
 };
 use liveness::{liveness, Alarm};
 pub use liveness::{liveness_period, Liveness, Silent};
