@@ -18,6 +18,11 @@ pub const LEASE_PREFIX: &[u8] = b"/vigil/lease/";
 /// [`Core::set_lease_queue`] pushes every [`LeaseEvent::Lost`], in order: a client writes
 /// `vigil/lease_events`. Each element is `{"lost": "<name>", "value": "<value, lossy UTF-8>"}`.
 pub const LEASE_QUEUE: &[u8] = b"/vigil/lease_events";
+/// With the lease queue on, a lost lease `<name>` is also written at `/vigil/lease_lost/<name>`
+/// (its last value), so that a client can park on one lease's loss (a WAIT_GET on that key): the
+/// agents of a job whose store runs outside it park on their coordinator's and take its work over
+/// at once. Whoever takes the lease again deletes the record.
+pub const LEASE_LOST_PREFIX: &[u8] = b"/vigil/lease_lost/";
 /// At most this many events are kept on [`LEASE_QUEUE`]; one more drops the oldest.
 pub const LEASE_QUEUE_MAX: usize = 4096;
 
@@ -113,6 +118,8 @@ impl Core {
                 Some(value) => {
                     if self.lease_queue {
                         self.queue_lease_event(&name, &value, fx);
+                        let lost = [LEASE_LOST_PREFIX, name.as_bytes()].concat();
+                        self.set(lost, value.clone(), fx);
                     }
                     LeaseEvent::Lost { key: name, value }
                 }

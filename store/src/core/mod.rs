@@ -30,7 +30,9 @@ mod waits;
 mod tests;
 
 pub use gate::Role;
-pub use liveness::{lease_event_json, LeaseEvent, LEASE_PREFIX, LEASE_QUEUE, LEASE_QUEUE_MAX};
+pub use liveness::{
+    lease_event_json, LeaseEvent, LEASE_LOST_PREFIX, LEASE_PREFIX, LEASE_QUEUE, LEASE_QUEUE_MAX,
+};
 
 /// A connection, as the core knows it.
 pub type ConnId = u64;

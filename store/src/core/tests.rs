@@ -420,6 +420,39 @@ fn lost_leases_go_to_the_lease_queue_only_when_asked() {
     assert_eq!(c.stored, recount(&c));
 }
 
+/// With the lease queue on, a lost lease is also recorded at `/vigil/lease_lost/<name>`: a
+/// WAIT_GET parked there (the agents on their coordinator's lease) is answered with its last value.
+#[test]
+fn a_lost_lease_is_recorded_where_a_wait_can_park_on_it() {
+    let mut c = core(None);
+    c.set_lease_queue(true);
+    let mut watcher = agent(&mut c);
+    let w = Request::Tagged {
+        tag: 9,
+        inner: Box::new(Request::WaitGet {
+            key: b"/vigil/lease_lost/coord".to_vec(),
+        }),
+    };
+    assert!(call(&mut c, &mut watcher, w).unwrap().is_empty());
+    let mut coord = agent(&mut c);
+    call(&mut c, &mut coord, set(b"/vigil/lease/coord", b"0")).unwrap();
+    let fx = c.close(coord, true);
+    assert_eq!(fx.wakes.len(), 1);
+    assert_eq!(fx.wakes[0].0, watcher.id());
+    let mut out = Vec::new();
+    c.woken(&mut watcher, fx.wakes[0].1, &mut out);
+    // Frame: tag, length, then the value as GET answers it (u64 length + bytes).
+    assert_eq!(&out[12..], [&1u64.to_le_bytes()[..], b"0"].concat());
+    assert_eq!(c.get_raw(b"/vigil/lease_lost/coord"), Some(&b"0"[..]));
+    assert_eq!(c.get_raw(b"/vigil/lease/coord"), None);
+    // Off (the agent-hosted store): nothing is recorded.
+    let mut c = core(None);
+    let mut coord = agent(&mut c);
+    call(&mut c, &mut coord, set(b"/vigil/lease/coord", b"0")).unwrap();
+    c.close(coord, true);
+    assert_eq!(c.get_raw(b"/vigil/lease_lost/coord"), None);
+}
+
 #[test]
 fn the_lease_queue_keeps_the_newest_events_within_its_bound_and_the_total() {
     let mut c = core(None);

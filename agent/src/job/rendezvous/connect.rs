@@ -188,6 +188,9 @@ pub(super) async fn claim(ctl: &MuxClient, cfg: &CoordConfig) -> Result<(), Fata
         // The store outlives any agent: node rank 0 coordinates first, holding the
         // coordinator's lease, and its node is lost like any other's (its own lease).
         let mine = b"0";
+        // A record of an earlier coordinator's loss (a job that ended without clearing) would
+        // wake the others' watch at once.
+        ctl.delete_key(key::COORD_LOST).await.map_err(lost_store)?;
         let held = ctl
             .compare_set(key::COORD_LEASE, b"", mine)
             .await

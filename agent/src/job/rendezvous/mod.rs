@@ -236,6 +236,26 @@ async fn watch_lease_queue(ctl: MuxClient, tx: mpsc::UnboundedSender<LeaseEvent>
     }
 }
 
+/// The store outside the job, an agent that does not coordinate: parks on the coordinator's lease
+/// loss (`vigil/lease_lost/coord`, written by the store the moment that lease's connection ends)
+/// and raises [`Alarm::CoordGone`] at once instead of at the next liveness period. Once: a later
+/// coordinator's loss is found by the period's read of the lease.
+async fn watch_coordinator(ctl: MuxClient, tx: mpsc::UnboundedSender<Alarm>) {
+    const PARK: Duration = Duration::from_secs(3600);
+    loop {
+        match ctl.wait_get(key::COORD_LOST, PARK).await {
+            Ok(v) => {
+                if let Some(node) = std::str::from_utf8(&v).ok().and_then(|s| s.parse().ok()) {
+                    let _ = tx.send(Alarm::CoordGone(node));
+                }
+                return;
+            }
+            Err(e) if e.is_timeout() => {}
+            Err(_) => return,
+        }
+    }
+}
+
 /// The coordinator's side of a store outside the job: lost agents come from the store's lease
 /// queue, read by a task parked on it.
 fn remote_head(ctl: &MuxClient) -> Head {
@@ -343,6 +363,8 @@ struct Coordinator {
     liveness: tokio::task::JoinHandle<()>,
     silent_rx: mpsc::UnboundedReceiver<Alarm>,
     silent_tx: mpsc::UnboundedSender<Alarm>,
+    /// The store outside the job: parked on the coordinator's lease loss ([`watch_coordinator`]).
+    coord_watch: Option<tokio::task::JoinHandle<()>>,
     /// Node rank 0 with standbys: the last call of the rendezvous under way ([`lastcall`]).
     last_call: Option<tokio::task::JoinHandle<()>>,
     last_call_tx: mpsc::UnboundedSender<u32>,
@@ -371,6 +393,7 @@ impl Drop for Coordinator {
             self.last_call.take(),
             self.stop_task.take(),
             self.timeouts_task.take(),
+            self.coord_watch.take(),
         ]
         .into_iter()
         .flatten()
@@ -406,6 +429,8 @@ impl Coordinator {
             is_head,
             silent_tx.clone(),
         ));
+        let coord_watch = (cfg.outside && !is_head)
+            .then(|| tokio::task::spawn_local(watch_coordinator(ctl.clone(), silent_tx.clone())));
         let (timeouts_tx, timeouts_rx) = mpsc::unbounded_channel();
         let (stop_tx, stop_rx) = mpsc::unbounded_channel();
         let (last_call_tx, last_call_rx) = mpsc::unbounded_channel();
@@ -445,6 +470,7 @@ impl Coordinator {
             liveness,
             silent_rx,
             silent_tx,
+            coord_watch,
             last_call: None,
             last_call_tx,
             last_call_rx,
@@ -993,6 +1019,9 @@ impl Coordinator {
         if held != mine.as_bytes() {
             return Ok(());
         }
+        // The record of the old coordinator's loss is this one's to clear, so that the next
+        // loss is a new record.
+        self.ctl.delete_key(key::COORD_LOST).await?;
         let reason = format!(
             "node {old} was lost: its agent, the job's coordinator, lost its connection to the store"
         );

@@ -425,6 +425,9 @@ pub mod key {
     /// takes it at the start; when its holder's connection ends the store deletes it, and the
     /// live agent with the lowest node rank takes it over with compare-and-set.
     pub const COORD_LEASE: &str = "vigil/lease/coord";
+    /// Written by the store (its lease queue on) the moment [`COORD_LEASE`]'s connection ends:
+    /// the other agents park on it. The coordinator that takes the lease deletes it.
+    pub const COORD_LOST: &str = "vigil/lease_lost/coord";
     pub fn lease(node: u32) -> String {
         format!("vigil/lease/{node}")
     }
