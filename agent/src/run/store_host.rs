@@ -433,7 +433,6 @@ pub(super) fn setup_store(
     let secret = (!secret.is_empty()).then(|| Arc::<[u8]>::from(secret));
     let literal = cfg.master_addr.parse::<std::net::IpAddr>().is_ok();
     let mut bind = bind_addr(cfg.nnodes, head, literal);
-    let backlog = listen_backlog(cfg.nnodes, cfg.nproc);
     // Warned only where the job's own burst is over the cap, not vigil's larger default.
     let burst = connect_burst(cfg.nnodes, cfg.nproc);
     if let Some(cap) = vigil_store::somaxconn().filter(|c| u64::from(*c) < burst) {
@@ -443,11 +442,11 @@ pub(super) fn setup_store(
         ));
     }
     let host = |bind| {
-        host_store_with_backlog(
+        host_job_store(
             bind,
             cfg.node_timeout,
             secret.as_deref().map(<[u8]>::to_vec),
-            backlog,
+            (cfg.nnodes, cfg.nproc),
         )
     };
     let mut hosted = host(bind);
@@ -499,10 +498,9 @@ fn rdzv_store(
         return Ok(client());
     }
     let secret = secret.filter(|s| !s.is_empty()).map(Arc::<[u8]>::from);
-    let backlog = listen_backlog(cfg.nnodes, cfg.nproc);
     let host = |at| {
         let secret = secret.as_deref().map(<[u8]>::to_vec);
-        host_store_with_backlog(at, cfg.node_timeout, secret, backlog)
+        host_job_store(at, cfg.node_timeout, secret, (cfg.nnodes, cfg.nproc))
     };
     let literal = cfg.master_addr.parse::<std::net::IpAddr>().is_ok();
     let mut at = bind_addr(cfg.nnodes, head, literal);
@@ -593,12 +591,50 @@ pub fn listen_backlog(nnodes: u32, nproc: u32) -> u32 {
     ) as u32
 }
 
-/// [`host_store`] with a listen backlog of `backlog`.
+/// How many connections node rank 0's store lets be in their handshake at once: every agent's
+/// and every rank's arriving together (a job's start, [`connect_burst`]), at least the store's
+/// default. A flood of connections that never prove the secret holds no more descriptors than
+/// that, which the open-file check ([`store_fds`]) already counts; beyond it the oldest is closed.
+pub fn handshake_cap(nnodes: u32, nproc: u32) -> usize {
+    let burst = usize::try_from(connect_burst(nnodes, nproc)).unwrap_or(usize::MAX);
+    burst.max(vigil_store::core::gate::MAX_IN_HANDSHAKE)
+}
+
+/// The store of a job of `nnodes` nodes of `nproc` ranks: its listen backlog and handshake cap
+/// sized for the job ([`listen_backlog`], [`handshake_cap`]).
+fn host_job_store(
+    bind: SocketAddr,
+    peer_timeout: Duration,
+    secret: Option<Vec<u8>>,
+    (nnodes, nproc): (u32, u32),
+) -> std::io::Result<HostedStore> {
+    let backlog = listen_backlog(nnodes, nproc);
+    host_store_sized(
+        bind,
+        peer_timeout,
+        secret,
+        backlog,
+        handshake_cap(nnodes, nproc),
+    )
+}
+
+/// [`host_store`] with a listen backlog of `backlog`, and as many connections in their handshake
+/// at once (benches and tests that size the store themselves).
 pub fn host_store_with_backlog(
     bind: SocketAddr,
     peer_timeout: Duration,
     secret: Option<Vec<u8>>,
     backlog: u32,
+) -> std::io::Result<HostedStore> {
+    host_store_sized(bind, peer_timeout, secret, backlog, backlog as usize)
+}
+
+fn host_store_sized(
+    bind: SocketAddr,
+    peer_timeout: Duration,
+    secret: Option<Vec<u8>>,
+    backlog: u32,
+    in_handshake: usize,
 ) -> std::io::Result<HostedStore> {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::Builder::new()
@@ -625,6 +661,7 @@ pub fn host_store_with_backlog(
                     };
                 server.set_peer_timeout(Some(peer_timeout));
                 server.set_secret(secret);
+                server.set_max_in_handshake(in_handshake);
                 server.on_drop(drop_notice());
                 let leases = server.lease_events();
                 let hosted = server.local_addr().map(|a| (a, server.key_space(), leases));
@@ -754,6 +791,16 @@ mod tests {
             "{e}"
         );
         std::fs::remove_dir_all(&base).unwrap();
+    }
+
+    #[test]
+    fn as_many_may_be_in_their_handshake_as_a_job_connects_at_once() {
+        assert_eq!(
+            handshake_cap(2, 2),
+            vigil_store::core::gate::MAX_IN_HANDSHAKE
+        );
+        assert_eq!(handshake_cap(1024, 0), 1024);
+        assert_eq!(handshake_cap(10_000, 8), 90_000);
     }
 
     #[test]

@@ -37,6 +37,11 @@ pub struct StoreArgs {
     /// Most bytes of keys, values, parked waits and transfers held at once.
     #[arg(long = "max-total-bytes", default_value_t = vigil_store::DEFAULT_MAX_TOTAL)]
     pub max_total_bytes: usize,
+    /// Most connections in their handshake (not yet proven the secret) at once; one more closes
+    /// the oldest of them. Every agent and rank of a job connects at once when it starts: give at
+    /// least nodes x (1 + ranks per node) of the largest job it serves.
+    #[arg(long = "max-in-handshake", default_value_t = vigil_store::LISTEN_BACKLOG as usize)]
+    pub max_in_handshake: usize,
 }
 
 /// Why the service cannot start: one line naming the fix, exit status 2.
@@ -109,6 +114,7 @@ async fn serve(addr: SocketAddr, secret: Option<Vec<u8>>, args: &StoreArgs) -> i
     };
     server.set_secret(secret);
     server.set_max_total(args.max_total_bytes);
+    server.set_max_in_handshake(args.max_in_handshake);
     server.set_lease_queue(true);
     if args.node_timeout > 0.0 {
         server.set_peer_timeout(Some(Duration::from_secs_f64(args.node_timeout)));
