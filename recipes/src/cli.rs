@@ -60,6 +60,9 @@ pub struct LaunchArgs {
     /// The recipe's `script`.
     #[arg(short = 's', long)]
     pub script: Option<String>,
+    /// The recipe's `store`: HOST:PORT of a store outside the job (`vigil store --listen`).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub store: Option<String>,
     /// The training script's arguments, after `--` (they replace the recipe's `args`).
     #[arg(last = true, value_name = "ARGS")]
     pub args: Vec<String>,
@@ -161,6 +164,7 @@ fn recipe_table(a: &LaunchArgs) -> Result<(toml::Table, Origin), Error> {
         ("image", "-i/--image", s(&a.image)),
         ("cluster", "--cluster", s(&a.cluster)),
         ("script", "-s/--script", s(&a.script)),
+        ("store", "--store", s(&a.store)),
     ] {
         if let Some(v) = v {
             table.insert(k.into(), v);
@@ -210,9 +214,20 @@ fn launch_inner(a: &LaunchArgs, run: &[RunOption], check_run: RunCheck) -> Resul
     let cwd = std::env::current_dir().map_err(|e| Error(format!("no current directory: {e}")))?;
     let job = recipe::resolve(&r, &origin, &cwd, &this_vigil(), a.interactive)?;
     let exists = |p: &Path| p.exists();
+    let readable = |p: &Path| match std::fs::File::open(p) {
+        Ok(f) if f.metadata().is_ok_and(|m| m.is_file()) => Ok(()),
+        Ok(_) => Err("not a regular file".to_string()),
+        Err(e) => Err(e.to_string()),
+    };
     if a.executor == "bcp" {
         if a.interactive {
             return err("--interactive is for Slurm; drop --executor bcp");
+        }
+        if job.store.is_some() {
+            return err(format!(
+                "{}: `store` (a store outside the job) is for Slurm jobs; remove it for --executor bcp",
+                origin.of("store")
+            ));
         }
         let line = render::bcp(&job)?;
         check_vigil_line(&render::bcp_run_line(&job), &origin, check_run)?;
@@ -238,6 +253,7 @@ fn launch_inner(a: &LaunchArgs, run: &[RunOption], check_run: RunCheck) -> Resul
                 partitions: None,
                 exists: &exists,
                 env: None,
+                readable: &readable,
             },
         )?;
         let id = format!("{}_{}", job.name, experiment::stamp(SystemTime::now()));
@@ -265,6 +281,7 @@ fn launch_inner(a: &LaunchArgs, run: &[RunOption], check_run: RunCheck) -> Resul
             partitions,
             exists: &exists,
             env: Some(env_fn),
+            readable: &readable,
         },
     )?;
     for (key, d) in &job.dirs {

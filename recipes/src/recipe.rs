@@ -47,6 +47,10 @@ pub struct Recipe {
     pub vigil_bin: Option<String>,
     /// NVIDIA Base Command only: the instance type (`dgxa100.80g.8.norm`).
     pub instance: Option<String>,
+    /// A store outside the job (`vigil store --listen`), `HOST:PORT`: every agent is its client.
+    pub store: Option<String>,
+    /// The file holding that store's secret, read by the batch script at run time.
+    pub store_secret_file: Option<PathBuf>,
     /// `vigil run`'s own options by their long names, `max_restarts = 3`.
     #[serde(default, skip_serializing_if = "toml::Table::is_empty")]
     pub vigil: toml::Table,
@@ -110,6 +114,8 @@ pub const KEYS: &[&str] = &[
     "secrets",
     "vigil_bin",
     "instance",
+    "store",
+    "store_secret_file",
     "vigil",
 ];
 
@@ -428,6 +434,20 @@ pub struct Job {
     pub instance: Option<String>,
     /// `vigil run` flags from `[vigil]`, rendered (`--max-restarts`, `3`).
     pub vigil_args: Vec<String>,
+    /// The store outside the job, when the recipe names one.
+    pub store: Option<Store>,
+}
+
+/// A store outside the job (`store`, `store_secret_file`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Store {
+    pub host: String,
+    pub port: u16,
+    /// Absolute; the batch script reads it at run time, its content is never written.
+    pub secret_file: PathBuf,
+    /// `vigil run`'s words for it: `--master-addr HOST --master-port PORT --rdzv-conf ...`
+    /// (is_host=false after the `[vigil]` table's own rdzv_conf, which `vigil_args` then lacks).
+    pub args: Vec<String>,
 }
 
 /// Resolves a recipe against its preset: defaults, completeness and the checks that need no
@@ -454,6 +474,14 @@ pub fn resolve(
     let dirs = job_dirs(r, cwd, &workdir);
     let env = job_env(r, origin, preset)?;
     let (mounts, workspaces) = job_mounts(r, origin, preset, &dirs, cwd)?;
+    let store = store(r, origin, cwd)?;
+    let mut vigil_args = vigil_args(r);
+    if store.is_some() {
+        // The store's --rdzv-conf carries the table's own settings.
+        if let Some(i) = vigil_args.iter().position(|a| a == "--rdzv-conf") {
+            vigil_args.drain(i..i + 2);
+        }
+    }
     let job = Job {
         name,
         cluster: r.cluster.clone(),
@@ -476,7 +504,8 @@ pub fn resolve(
         secrets: r.secrets.clone(),
         vigil_bin: r.vigil_bin.clone().unwrap_or_else(|| vigil_bin.to_string()),
         instance: r.instance.clone(),
-        vigil_args: vigil_args(r),
+        vigil_args,
+        store,
     };
     no_control_characters(&job, origin)?;
     Ok(job)
@@ -682,6 +711,92 @@ fn job_mounts(
     Ok((mounts, workspaces))
 }
 
+/// `store = "HOST:PORT"` and its `store_secret_file`, checked; `[vigil]` may not also say where
+/// the store is or whether this job hosts it.
+fn store(r: &Recipe, origin: &Origin, cwd: &Path) -> Result<Option<Store>, Error> {
+    let Some(value) = &r.store else {
+        if r.store_secret_file.is_some() {
+            return err(format!(
+                "{}: store_secret_file is for a store outside the job; add store = \"HOST:PORT\" (the `vigil store --listen` service) or remove it",
+                origin.of("store_secret_file")
+            ));
+        }
+        return Ok(None);
+    };
+    let at = origin.of("store");
+    plain(at, "store", value)?;
+    let fix = "give store = \"HOST:PORT\", the address `vigil store --listen` serves on (e.g. \"login1:29400\")";
+    let Some((host, port)) = value.rsplit_once(':') else {
+        return err(format!("{at}: store = {value:?} has no port; {fix}"));
+    };
+    let host = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        Some(v6) if !v6.is_empty() && v6.chars().all(|c| c.is_ascii_hexdigit() || matches!(c, ':' | '.')) => v6,
+        _ if !host.is_empty()
+            && host.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_')) => host,
+        _ => return err(format!(
+            "{at}: store = {value:?}: the host {host:?} is not a host name or address (letters, digits, `-`, `.`; an IPv6 address in brackets); {fix}"
+        )),
+    };
+    let port = match port.parse::<u16>() {
+        Ok(p) if p > 0 && port.bytes().all(|b| b.is_ascii_digit()) => p,
+        _ => {
+            return err(format!(
+                "{at}: store = {value:?}: the port {port:?} is not 1-65535; {fix}"
+            ))
+        }
+    };
+    let Some(file) = &r.store_secret_file else {
+        return err(format!(
+            "{at}: store needs store_secret_file = \"PATH\", the file holding the service's secret (its VIGIL_STORE_SECRET or --secret-file); the batch script reads it at run time"
+        ));
+    };
+    let secret_file = absolute(cwd, file);
+    plain(
+        origin.of("store_secret_file"),
+        "store_secret_file",
+        &secret_file.to_string_lossy(),
+    )?;
+    for key in ["master_port", "rdzv_endpoint"] {
+        if r.vigil.contains_key(key) {
+            return err(format!(
+                "{}: `vigil.{key}` and `store` both say where the store is; `store` sets --master-addr and --master-port: remove vigil.{key}",
+                origin.of(&format!("vigil.{key}"))
+            ));
+        }
+    }
+    let mut conf = match r.vigil.get("rdzv_conf") {
+        Some(toml::Value::String(c)) if !c.trim().is_empty() => {
+            format!("{},", c.trim().trim_end_matches(','))
+        }
+        _ => String::new(),
+    };
+    if conf.split(',').any(|kv| {
+        kv.trim()
+            .split('=')
+            .next()
+            .is_some_and(|k| k.trim() == "is_host")
+    }) {
+        return err(format!(
+            "{}: `store` sets is_host=false (no agent hosts the store); remove is_host from vigil.rdzv_conf",
+            origin.of("vigil.rdzv_conf")
+        ));
+    }
+    conf.push_str("is_host=false");
+    Ok(Some(Store {
+        host: host.to_string(),
+        port,
+        secret_file,
+        args: vec![
+            "--master-addr".into(),
+            host.to_string(),
+            "--master-port".into(),
+            port.to_string(),
+            "--rdzv-conf".into(),
+            conf,
+        ],
+    }))
+}
+
 /// `[vigil]` as `vigil run` flags: `true` a switch, `false` left out, anything else its value.
 fn vigil_args(r: &Recipe) -> Vec<String> {
     let mut args = Vec::new();
@@ -755,6 +870,8 @@ pub struct Facts<'a> {
     pub exists: &'a dyn Fn(&Path) -> bool,
     /// The submitting environment, for secrets; None when not checked (dry run).
     pub env: Option<EnvFn<'a>>,
+    /// Whether a file can be opened for reading (`store_secret_file`), its error if not.
+    pub readable: &'a dyn Fn(&Path) -> Result<(), String>,
 }
 
 /// The checks before anything is submitted: partition, image file, script, secrets, the
@@ -801,6 +918,14 @@ pub fn check(job: &Job, facts: &Facts) -> Result<(), Error> {
             }
         }
     }
+    if let Some(st) = &job.store {
+        if let Err(e) = (facts.readable)(&st.secret_file) {
+            return err(format!(
+                "store_secret_file {} cannot be read ({e}); give the file holding the store service's secret (the job reads it at run time; its content is never written)",
+                st.secret_file.display()
+            ));
+        }
+    }
     for (key, d) in &job.dirs {
         // vigil launch creates these (docs/launch.md); the job's input must exist.
         if matches!(*key, "log_dir" | "cache_dir") {
@@ -837,6 +962,9 @@ mod tests {
             ("module", false),
             ("log-dir", true),
             ("nproc-per-node", true),
+            ("master-port", true),
+            ("rdzv-conf", true),
+            ("rdzv-endpoint", true),
         ]
         .iter()
         .map(|(l, v)| RunOption {
@@ -973,6 +1101,72 @@ mod tests {
     }
 
     #[test]
+    fn a_store_is_host_port_with_its_secret_file() {
+        let base = "name = \"a\"\nscript = \"t.py\"\nnproc_per_node = 1\n";
+        let with = |extra: &str| job(&format!("{base}{extra}"));
+        let j = with("store = \"login1:29400\"\nstore_secret_file = \"s/secret\"\n").unwrap();
+        let st = j.store.unwrap();
+        assert_eq!((st.host.as_str(), st.port), ("login1", 29400));
+        assert_eq!(st.secret_file, Path::new("/w/s/secret"));
+        let j = with("store = \"[fd00::1]:1\"\nstore_secret_file = \"/s\"\n").unwrap();
+        assert_eq!(j.store.unwrap().host, "fd00::1");
+        for (bad, want) in [
+            ("login1", "has no port"),
+            ("login1:0", "is not 1-65535"),
+            ("login1:65536", "is not 1-65535"),
+            ("login1:+80", "is not 1-65535"),
+            ("login1:", "is not 1-65535"),
+            (":29400", "is not a host name"),
+            ("a b:29400", "is not a host name"),
+            ("a;b:29400", "is not a host name"),
+            ("fd00::1:29400", "is not a host name"),
+            ("login1\\n:29400", "control character"),
+        ] {
+            let e = with(&format!("store = \"{bad}\"\nstore_secret_file = \"/s\"\n")).unwrap_err();
+            assert!(
+                e.0.starts_with("r.toml: store") && e.0.contains(want),
+                "{bad}: {e}"
+            );
+        }
+        let e = with("store = \"h:1\"\n").unwrap_err();
+        assert!(e.0.contains("store needs store_secret_file"), "{e}");
+        let e = with("store_secret_file = \"/s\"\n").unwrap_err();
+        assert!(e.0.contains("add store = "), "{e}");
+        let store = "store = \"h:1\"\nstore_secret_file = \"/s\"\n";
+        let e = with(&format!("{store}[vigil]\nmaster_addr = \"x\"\n")).unwrap_err();
+        assert!(e.0.contains("set by vigil launch itself"), "{e}");
+        let e = with(&format!("{store}[vigil]\nmaster_port = 5\n")).unwrap_err();
+        assert!(e.0.contains("`vigil.master_port` and `store`"), "{e}");
+        let e = with(&format!("{store}[vigil]\nrdzv_endpoint = \"x:1\"\n")).unwrap_err();
+        assert!(e.0.contains("`vigil.rdzv_endpoint` and `store`"), "{e}");
+        let e = with(&format!("{store}[vigil]\nrdzv_conf = \"is_host=true\"\n")).unwrap_err();
+        assert!(e.0.contains("remove is_host from vigil.rdzv_conf"), "{e}");
+        let j = with(&format!(
+            "{store}[vigil]\nrdzv_conf = \"join_timeout=9\"\nmax_restarts = 2\n"
+        ))
+        .unwrap();
+        assert_eq!(j.vigil_args, ["--max-restarts", "2"]);
+        assert_eq!(j.store.unwrap().args[5], "join_timeout=9,is_host=false");
+    }
+
+    #[test]
+    fn an_unreadable_store_secret_file_is_refused() {
+        let j = job("name = \"a\"\nscript = \"t.py\"\nnproc_per_node = 1\nstore = \"h:1\"\nstore_secret_file = \"/s\"\n").unwrap();
+        let yes = |_: &Path| true;
+        let f = Facts {
+            partitions: None,
+            exists: &yes,
+            env: None,
+            readable: &|_| Err("No such file or directory (os error 2)".into()),
+        };
+        let e = check(&j, &f).unwrap_err().0;
+        assert!(
+            e.starts_with("store_secret_file /s cannot be read (No such file"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn completeness() {
         assert!(job("script = \"t.py\"\nnproc_per_node = 1\n")
             .unwrap_err()
@@ -1028,6 +1222,7 @@ mod tests {
             partitions: None,
             exists: &exists,
             env: None,
+            readable: &|_| Ok(()),
         };
         let e = check(&j, &f).unwrap_err().0;
         assert!(e.starts_with("data_dir /w/d does not exist"), "{e}");
@@ -1060,12 +1255,14 @@ mod tests {
             partitions: Some(vec!["debug".into(), "low".into()]),
             exists: &yes,
             env: None,
+            readable: &|_| Ok(()),
         };
         assert_eq!(check(&j, &f).unwrap_err().0, "partition `gpu` does not exist here; sinfo lists: debug, low; give one of them with --partition or `partition = ...` (nothing was submitted)");
         let f = Facts {
             partitions: Some(vec!["gpu".into()]),
             exists: &yes,
             env: Some(&no_env),
+            readable: &|_| Ok(()),
         };
         assert!(check(&j, &f)
             .unwrap_err()
@@ -1076,6 +1273,7 @@ mod tests {
             partitions: None,
             exists: &no,
             env: None,
+            readable: &|_| Ok(()),
         };
         assert!(check(&j, &f)
             .unwrap_err()

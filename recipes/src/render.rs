@@ -207,6 +207,9 @@ fn container_flags(job: &Job, dir: &Path) -> Vec<String> {
 fn vigil_run_words(job: &Job, dir: &str, extra: &[String]) -> Vec<String> {
     let mut w: Vec<String> = vec!["run".into()];
     w.extend(extra.iter().cloned());
+    if let Some(st) = &job.store {
+        w.extend(st.args.iter().cloned());
+    }
     w.extend([
         "--nproc-per-node".into(),
         job.nproc_per_node.to_string(),
@@ -259,10 +262,23 @@ pub fn sbatch(job: &Job, t: &Target) -> String {
     let mut s = header(job, t, true);
     env_lines(job, &mut s);
     let dir = t.dir.display().to_string();
-    s.push_str(
-        "\n# vigil's own store secret, the same on every node of this allocation.\n\
-         export VIGIL_STORE_SECRET=\"${VIGIL_STORE_SECRET:-$(od -An -N32 -tx1 /dev/urandom | tr -d ' \\n')}\"\n\n",
-    );
+    match &job.store {
+        // The service's secret is fixed: read from its file when the job runs, never written here.
+        Some(st) => {
+            let _ = write!(
+                s,
+                "\n# The store outside the job ({}:{}): its secret, read from the file at run time.\n\
+                 export VIGIL_STORE_SECRET=\"$(cat {})\"\n\n",
+                st.host,
+                st.port,
+                sh_quote(&st.secret_file.to_string_lossy())
+            );
+        }
+        None => s.push_str(
+            "\n# vigil's own store secret, the same on every node of this allocation.\n\
+             export VIGIL_STORE_SECRET=\"${VIGIL_STORE_SECRET:-$(od -An -N32 -tx1 /dev/urandom | tr -d ' \\n')}\"\n\n",
+        ),
+    }
     s.push_str(&slurm_facts(&dir));
     // vigil requeues the job itself (docs/allocations.md): srun must not kill the other nodes'
     // agents when one exits non-zero, they agree on the outcome themselves.
@@ -275,6 +291,9 @@ pub fn sbatch(job: &Job, t: &Target) -> String {
         sh_quote(&job.vigil_bin),
         job.nproc_per_node
     ));
+    if let Some(st) = &job.store {
+        lines.push(words(&st.args));
+    }
     lines.push(format!(
         "--log-dir {} --state-dir {}",
         dir_s("runs"),
@@ -554,6 +573,68 @@ mod tests {
             );
         }
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn store_job(vigil: &str) -> Job {
+        let r: crate::recipe::Recipe = toml::from_str(&format!(
+            "name = \"dbg\"\nnproc_per_node = 1\nscript = \"t.py\"\nstore = \"login1:29400\"\nstore_secret_file = \"s e/$(x)'\"\n[vigil]\n{vigil}"
+        ))
+        .unwrap();
+        crate::recipe::resolve(
+            &r,
+            &crate::recipe::Origin::file("r"),
+            Path::new("/w d"),
+            "/opt/v/vigil",
+            false,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_store_outside_the_job_is_named_and_its_secret_read_at_run_time() {
+        let t = Target {
+            id: "dbg_1",
+            dir: Path::new("/e/dbg_1"),
+            recipe: None,
+        };
+        let text = sbatch(&store_job("max_restarts = 3\n"), &t);
+        assert!(
+            text.contains("export VIGIL_STORE_SECRET=\"$(cat '/w d/s e/$(x)'\\''')\"\n"),
+            "{text}"
+        );
+        assert!(!text.contains("/dev/urandom"), "{text}");
+        assert!(
+            text.contains(
+                "--master-addr login1 --master-port 29400 --rdzv-conf is_host=false \\\n"
+            ),
+            "{text}"
+        );
+        // The `[vigil]` table's rdzv_conf is kept, is_host added, one --rdzv-conf in all.
+        let j = store_job("rdzv_conf = \"join_timeout=900\"\n");
+        let text = sbatch(&j, &t);
+        assert!(
+            text.contains("--rdzv-conf join_timeout=900,is_host=false"),
+            "{text}"
+        );
+        assert_eq!(text.matches("--rdzv-conf").count(), 1, "{text}");
+        let line = slurm_run_line(&j, Path::new("/e/dbg_1")).words;
+        let at = line.iter().position(|w| w == "--master-addr").unwrap();
+        assert_eq!(
+            line[at..at + 6],
+            [
+                "--master-addr",
+                "login1",
+                "--master-port",
+                "29400",
+                "--rdzv-conf",
+                "join_timeout=900,is_host=false"
+            ]
+        );
+        // Without `store`, the allocation draws its own secret as before.
+        let mut plain = j.clone();
+        plain.store = None;
+        let text = sbatch(&plain, &t);
+        assert!(text.contains("/dev/urandom") && !text.contains("--master-addr"));
     }
 
     #[test]

@@ -257,3 +257,63 @@ def test_a_vigil_bin_the_image_may_not_hold_is_warned_about_not_refused(job):
         assert p.returncode == 0 and p.stderr == "", (bin_, p.stderr)
     p = run_vigil(args, cwd=job, env=env)
     assert p.returncode == 0 and p.stderr == "", p.stderr
+
+
+STORE_RECIPE = 'name = "outside"\nnodes = 2\nnproc_per_node = 1\nscript = "t.py"\nstore = "login1:29400"\nstore_secret_file = "store secret"\n[vigil]\nrdzv_conf = "join_timeout=900"\n'
+
+
+def test_a_store_outside_the_job_renders_the_golden_script(job):
+    (job / "t.py").write_text("")
+    (job / "store secret").write_text("s" * 32 + "\n")
+    r = job / "r.toml"
+    r.write_text(STORE_RECIPE)
+    p = run_vigil(["launch", str(r), "--dry-run"], cwd=job, env=env_for(job))
+    assert p.returncode == 0, p.stderr
+    check_golden("store-outside.sbatch", p.stdout, job)
+    bash_n(p.stdout, job)
+    assert "s" * 32 not in p.stdout, "the secret is read at run time, never written"
+    # --store wins over the recipe's, as every named flag.
+    p = run_vigil(["launch", str(r), "--dry-run", "--store", "10.0.0.5:7000"], cwd=job, env=env_for(job))
+    assert p.returncode == 0, p.stderr
+    assert "--master-addr 10.0.0.5 --master-port 7000 --rdzv-conf join_timeout=900,is_host=false" in p.stdout
+
+
+def test_a_bad_store_or_a_missing_secret_file_is_refused_before_submitting(job):
+    """With FAKE Slurm commands on PATH: nothing reaches sbatch, no experiment is made."""
+    (job / "t.py").write_text("")
+    (job / "secret").write_text("s" * 32 + "\n")
+    bin_dir = job / "FAKE-slurm-bin"
+    bin_dir.mkdir()
+    for name in ("sbatch", "sinfo", "squeue", "scontrol"):
+        f = bin_dir / name
+        f.write_text(f'#!/bin/bash\ntouch "{job}/{name}.called"\necho 4242\n')
+        f.chmod(0o755)
+    env = env_for(job, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    r = job / "r.toml"
+    base = 'name = "a"\nnproc_per_node = 1\nscript = "t.py"\n'
+    for store, want in [
+        ("login1", "r.toml: store = \"login1\" has no port"),
+        ("login1:0", "is not 1-65535"),
+        ("login1:70000", "is not 1-65535"),
+        ("a b:1", "is not a host name"),
+    ]:
+        r.write_text(f'{base}store = "{store}"\nstore_secret_file = "secret"\n')
+        assert want in refused(run_vigil(["launch", str(r)], cwd=job, env=env)), store
+    r.write_text(base + 'store_secret_file = "secret"\n')
+    line = refused(run_vigil(["launch", str(r), "--store", "h:"], cwd=job, env=env))
+    assert line.startswith("vigil launch: error: --store: store = \"h:\""), line
+    r.write_text(base + 'store = "h:1"\nstore_secret_file = "absent"\n')
+    line = refused(run_vigil(["launch", str(r)], cwd=job, env=env))
+    assert f"store_secret_file {job / 'absent'} cannot be read" in line, line
+    r.write_text(base + 'store = "h:1"\n')
+    assert "store needs store_secret_file" in refused(run_vigil(["launch", str(r)], cwd=job, env=env))
+    assert not (job / "sbatch.called").exists()
+    assert not (job / "home" / "experiments").exists() or not any((job / "home" / "experiments").iterdir())
+    # The same recipe with a readable file is submitted (to the FAKE sbatch).
+    r.write_text(base + 'store = "h:1"\nstore_secret_file = "secret"\n')
+    p = run_vigil(["launch", str(r)], cwd=job, env=env)
+    assert p.returncode == 0, p.stderr
+    assert (job / "sbatch.called").exists()
+    script = next((job / "home" / "experiments").rglob("sbatch.sh")).read_text()
+    assert re.search(r'^export VIGIL_STORE_SECRET="\$\(cat \'?' + re.escape(str(job / "secret")) + r'\'?\)"$', script, re.M), script
+    assert "s" * 32 not in script
