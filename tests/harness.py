@@ -4,6 +4,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -122,3 +123,32 @@ def one(ev, name, **match):
     found = of(ev, name, **match)
     assert len(found) == 1, (name, match, [e["event"] for e in ev])
     return found[0]
+
+
+class StoreService:
+    """`vigil store` on loopback, its stdout read line by line."""
+
+    def __init__(self, job, *args, env=None):
+        self.proc = start_vigil(["store", "--listen", "127.0.0.1:0", *args], cwd=job,
+                                env=base_env(**(env or {})))
+        first = self.proc.stdout.readline()
+        assert first.startswith("listening on 127.0.0.1:"), (first, self.proc.stderr.read())
+        self.port = int(first.rsplit(":", 1)[1])
+        self.lines = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+        self.reader.join(timeout=5)
+        return rc, self.proc.stderr.read()

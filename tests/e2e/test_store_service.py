@@ -1,43 +1,12 @@
 """The store outside the job: `vigil store --listen` serves a job whose agents all run with
 `--rdzv-conf is_host=false`, node rank 0 included, which coordinates through it (docs/store.md,
 "The store outside the job")."""
-import signal
-import subprocess
-import threading
 
+from harness import StoreService as Service
 from harness import base_env, of, run_vigil, start_vigil, wait_for, write
 from test_multinode import FLAKY, Nodes, markers
 
 SECRET = "0123456789abcdef-outside-the-job"
-
-
-class Service:
-    """`vigil store` on loopback, its stdout read line by line."""
-
-    def __init__(self, job, *args, env=None):
-        self.proc = start_vigil(["store", "--listen", "127.0.0.1:0", *args], cwd=job,
-                                env=base_env(**(env or {})))
-        first = self.proc.stdout.readline()
-        assert first.startswith("listening on 127.0.0.1:"), (first, self.proc.stderr.read())
-        self.port = int(first.rsplit(":", 1)[1])
-        self.lines = []
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self):
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            rc = self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            raise
-        self.reader.join(timeout=5)
-        return rc, self.proc.stderr.read()
 
 
 def test_a_job_restarts_through_a_store_outside_it_which_clears_the_job_at_its_end(job):

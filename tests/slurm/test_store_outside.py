@@ -14,11 +14,11 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 from harness import SHIM, base_env, events, of, start_vigil, vigil_bin, wait_for
+from harness import StoreService
 
 from .slurmlib import TERMINAL_STATES, sbatch, show_job, slurm_cmd, wait_job
 
@@ -37,34 +37,6 @@ os.replace(tmp, out / f"seen_{attempt}_{rank}.json")
 while not (out / "release").exists():
     time.sleep(0.05)
 """
-
-
-class Service:
-    """`vigil store` on loopback, started by the test (outside the Slurm job), stdout read by line."""
-
-    def __init__(self, cwd: Path, env: dict):
-        self.proc = start_vigil(["store", "--listen", "127.0.0.1:0"], cwd=cwd, env=base_env(**env))
-        first = self.proc.stdout.readline()
-        assert first.startswith("listening on 127.0.0.1:"), (first, self.proc.stderr.read())
-        self.port = int(first.rsplit(":", 1)[1])
-        self.lines = []
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self):
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            rc = self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            raise
-        self.reader.join(timeout=5)
-        return rc, self.proc.stderr.read()
 
 
 def submit(d: Path, port: int) -> int:
@@ -131,7 +103,7 @@ def wait_seen(d: Path, job_id: int, attempt: int, world: int, timeout: float = 1
 def test_losing_node_rank_0_promotes_the_standby_with_the_store_outside_the_job(slurm_cluster, tmp_path):
     d = tmp_path / "job"
     d.mkdir()
-    store = Service(tmp_path, {"VIGIL_STORE_SECRET": SECRET})
+    store = StoreService(tmp_path, env={"VIGIL_STORE_SECRET": SECRET})
     job_id = None
     try:
         job_id = submit(d, store.port)
