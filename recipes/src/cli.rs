@@ -207,6 +207,40 @@ pub fn launch(a: &LaunchArgs, run: &[RunOption], check_run: RunCheck) -> i32 {
     }
 }
 
+/// `--executor bcp`: prints the ngc command line (NVIDIA Base Command has no batch script).
+fn launch_bcp(
+    a: &LaunchArgs,
+    job: &recipe::Job,
+    origin: &Origin,
+    check_run: RunCheck,
+) -> Result<(), Error> {
+    if a.interactive {
+        return err("--interactive is for Slurm; drop --executor bcp");
+    }
+    if job.store.is_some() {
+        return err(format!(
+            "{}: `store` (a store outside the job) is for Slurm jobs; remove it for --executor bcp",
+            origin.of("store")
+        ));
+    }
+    let line = render::bcp(job)?;
+    check_vigil_line(&render::bcp_run_line(job), origin, check_run)?;
+    if !a.dry_run {
+        return err("--executor bcp prints the ngc command line only: add --dry-run and run the printed command with the ngc CLI");
+    }
+    print!("{line}");
+    Ok(())
+}
+
+/// Whether `p` is a regular file this process can open (`store_secret_file`: the job reads it).
+fn readable_file(p: &Path) -> Result<(), String> {
+    match std::fs::File::open(p) {
+        Ok(f) if f.metadata().is_ok_and(|m| m.is_file()) => Ok(()),
+        Ok(_) => Err("not a regular file".to_string()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 fn launch_inner(a: &LaunchArgs, run: &[RunOption], check_run: RunCheck) -> Result<(), Error> {
     let (table, origin) = recipe_table(a)?;
     recipe::check_keys(&table, &origin, run)?;
@@ -214,28 +248,8 @@ fn launch_inner(a: &LaunchArgs, run: &[RunOption], check_run: RunCheck) -> Resul
     let cwd = std::env::current_dir().map_err(|e| Error(format!("no current directory: {e}")))?;
     let job = recipe::resolve(&r, &origin, &cwd, &this_vigil(), a.interactive)?;
     let exists = |p: &Path| p.exists();
-    let readable = |p: &Path| match std::fs::File::open(p) {
-        Ok(f) if f.metadata().is_ok_and(|m| m.is_file()) => Ok(()),
-        Ok(_) => Err("not a regular file".to_string()),
-        Err(e) => Err(e.to_string()),
-    };
     if a.executor == "bcp" {
-        if a.interactive {
-            return err("--interactive is for Slurm; drop --executor bcp");
-        }
-        if job.store.is_some() {
-            return err(format!(
-                "{}: `store` (a store outside the job) is for Slurm jobs; remove it for --executor bcp",
-                origin.of("store")
-            ));
-        }
-        let line = render::bcp(&job)?;
-        check_vigil_line(&render::bcp_run_line(&job), &origin, check_run)?;
-        if !a.dry_run {
-            return err("--executor bcp prints the ngc command line only: add --dry-run and run the printed command with the ngc CLI");
-        }
-        print!("{line}");
-        return Ok(());
+        return launch_bcp(a, &job, &origin, check_run);
     }
     let home = experiment::home(&env, &cwd)?;
     recipe::plain("VIGIL_HOME", "the experiment home", &home.to_string_lossy())?;
@@ -253,7 +267,7 @@ fn launch_inner(a: &LaunchArgs, run: &[RunOption], check_run: RunCheck) -> Resul
                 partitions: None,
                 exists: &exists,
                 env: None,
-                readable: &readable,
+                readable: &readable_file,
             },
         )?;
         let id = format!("{}_{}", job.name, experiment::stamp(SystemTime::now()));
@@ -281,7 +295,7 @@ fn launch_inner(a: &LaunchArgs, run: &[RunOption], check_run: RunCheck) -> Resul
             partitions,
             exists: &exists,
             env: Some(env_fn),
-            readable: &readable,
+            readable: &readable_file,
         },
     )?;
     for (key, d) in &job.dirs {

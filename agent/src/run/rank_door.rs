@@ -58,34 +58,10 @@ pub(super) fn open(up: Upstream, max_conns: usize) -> std::io::Result<RankDoor> 
     let std_listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
     std_listener.set_nonblocking(true)?;
     let port = std_listener.local_addr()?.port();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::Builder::new()
-        .name("vigil-door".into())
-        .spawn(move || {
-            let rt = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(rt) => rt,
-                Err(e) => {
-                    let _ = tx.send(Err(e));
-                    return;
-                }
-            };
-            rt.block_on(async move {
-                let listener = match TcpListener::from_std(std_listener) {
-                    Ok(l) => l,
-                    Err(e) => {
-                        let _ = tx.send(Err(e));
-                        return;
-                    }
-                };
-                let _ = tx.send(Ok(()));
-                serve(listener, up, max_conns).await;
-            });
-        })?;
-    rx.recv()
-        .unwrap_or_else(|_| Err(std::io::Error::other("the door's thread ended")))?;
+    super::store_host::serve_on_own_thread("vigil-door", move || async move {
+        let listener = TcpListener::from_std(std_listener)?;
+        Ok(((), serve(listener, up, max_conns)))
+    })?;
     Ok(RankDoor { port })
 }
 

@@ -403,44 +403,17 @@ pub(super) fn setup_store(
         });
     }
     if cfg.node_rank != 0 {
-        return Ok(StoreSetup {
-            client_addr: head,
-            for_ranks: (ranks_name(cfg, head.ip(), head.ip()), head.port()),
-            head: None,
-            secret: secret.map(Arc::from),
-        });
+        return Ok(client());
     }
     if cfg.nnodes > 1 {
         if let Some(lim) = get_nofile() {
             check_store_fds(cfg.nnodes, cfg.nproc, lim.rlim_cur, lim.rlim_max)?;
         }
     }
-    let secret = match secret {
-        Some(s) => s,
-        // Alone, this agent is the store's only agent: a secret of its own is enough.
-        None if cfg.nnodes == 1 => vigil_store::auth::random_secret().map_err(|e| {
-            StoreSetupError(format!(
-                "cannot draw a random secret for vigil's store: {e}"
-            ))
-        })?,
-        None => {
-            console_note(&format!(
-                "{SECRET_ENV} is not set and the job has no state directory (--state-dir) to keep one in: anyone who can reach vigil's store can read and change the agents' control keys; export {SECRET_ENV}=$(openssl rand -hex 32) in the job script so that every node inherits the same one"
-            ));
-            Vec::new()
-        }
-    };
-    let secret = (!secret.is_empty()).then(|| Arc::<[u8]>::from(secret));
+    let secret = head_secret(secret, cfg.nnodes)?;
     let literal = cfg.master_addr.parse::<std::net::IpAddr>().is_ok();
     let mut bind = bind_addr(cfg.nnodes, head, literal);
-    // Warned only where the job's own burst is over the cap, not vigil's larger default.
-    let burst = connect_burst(cfg.nnodes, cfg.nproc);
-    if let Some(cap) = vigil_store::somaxconn().filter(|c| u64::from(*c) < burst) {
-        console_note(&format!(
-            "net.core.somaxconn is {cap}: vigil's store needs a listen backlog of {burst} for --nnodes {} (every node and rank connecting at once) and the kernel caps it; if agents fail to connect, raise it on node rank 0 (sysctl -w net.core.somaxconn={burst})",
-            cfg.nnodes
-        ));
-    }
+    warn_small_backlog(cfg);
     let host = |bind| {
         host_job_store(
             bind,
@@ -482,6 +455,40 @@ pub(super) fn setup_store(
         head: Some(HeadSide::Local { keys, leases }),
         secret,
     })
+}
+
+/// The secret of the store node rank 0 hosts: the job's, else (alone) one drawn here, else none
+/// (several nodes with nothing shared to keep one in: the store runs open, said once).
+fn head_secret(secret: Option<Vec<u8>>, nnodes: u32) -> Result<Option<Arc<[u8]>>, StoreSetupError> {
+    let secret = match secret {
+        Some(s) => s,
+        // Alone, this agent is the store's only agent: a secret of its own is enough.
+        None if nnodes == 1 => vigil_store::auth::random_secret().map_err(|e| {
+            StoreSetupError(format!(
+                "cannot draw a random secret for vigil's store: {e}"
+            ))
+        })?,
+        None => {
+            console_note(&format!(
+                "{SECRET_ENV} is not set and the job has no state directory (--state-dir) to keep one in: anyone who can reach vigil's store can read and change the agents' control keys; export {SECRET_ENV}=$(openssl rand -hex 32) in the job script so that every node inherits the same one"
+            ));
+            Vec::new()
+        }
+    };
+    let secret = (!secret.is_empty()).then(|| Arc::<[u8]>::from(secret));
+    Ok(secret)
+}
+
+/// Says once when the kernel caps the listen backlog below the job's own burst (not vigil's
+/// larger default).
+fn warn_small_backlog(cfg: &LaunchConfig) {
+    let burst = connect_burst(cfg.nnodes, cfg.nproc);
+    if let Some(cap) = vigil_store::somaxconn().filter(|c| u64::from(*c) < burst) {
+        console_note(&format!(
+            "net.core.somaxconn is {cap}: vigil's store needs a listen backlog of {burst} for --nnodes {} (every node and rank connecting at once) and the kernel caps it; if agents fail to connect, raise it on node rank 0 (sysctl -w net.core.somaxconn={burst})",
+            cfg.nnodes
+        ));
+    }
 }
 
 /// c10d without node ranks (torchrun's): the agent on the endpoint's host that binds it first
@@ -636,9 +643,31 @@ fn host_store_sized(
     backlog: u32,
     in_handshake: usize,
 ) -> std::io::Result<HostedStore> {
+    serve_on_own_thread("vigil-store", move || async move {
+        let mut server = vigil_store::StoreServer::bind_with_backlog(bind, backlog).await?;
+        server.set_peer_timeout(Some(peer_timeout));
+        server.set_secret(secret);
+        server.set_max_in_handshake(in_handshake);
+        server.on_drop(drop_notice());
+        let leases = server.lease_events();
+        let hosted = (server.local_addr()?, server.key_space(), leases);
+        Ok((hosted, server.serve()))
+    })
+}
+
+/// Runs a service on a thread of its own, on a runtime of its own, so that it answers whatever
+/// the agent's event loop is busy with: `setup` (run on that thread) binds it and returns what the
+/// caller gets back and the future that serves it; an error in `setup` is the caller's.
+pub(super) fn serve_on_own_thread<T, F, Fut, Serve>(name: &str, setup: F) -> std::io::Result<T>
+where
+    T: Send + 'static,
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = std::io::Result<(T, Serve)>>,
+    Serve: std::future::Future<Output = ()>,
+{
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::Builder::new()
-        .name("vigil-store".into())
+        .name(name.into())
         .spawn(move || {
             let rt = match tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -651,29 +680,19 @@ fn host_store_sized(
                 }
             };
             rt.block_on(async move {
-                let mut server =
-                    match vigil_store::StoreServer::bind_with_backlog(bind, backlog).await {
-                        Ok(s) => s,
-                        Err(e) => {
-                            let _ = tx.send(Err(e));
-                            return;
-                        }
-                    };
-                server.set_peer_timeout(Some(peer_timeout));
-                server.set_secret(secret);
-                server.set_max_in_handshake(in_handshake);
-                server.on_drop(drop_notice());
-                let leases = server.lease_events();
-                let hosted = server.local_addr().map(|a| (a, server.key_space(), leases));
-                let ok = hosted.is_ok();
-                let _ = tx.send(hosted);
-                if ok {
-                    server.serve().await;
+                match setup().await {
+                    Ok((value, serve)) => {
+                        let _ = tx.send(Ok(value));
+                        serve.await;
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Err(e));
+                    }
                 }
             });
         })?;
     rx.recv()
-        .unwrap_or_else(|_| Err(std::io::Error::other("the store's thread ended")))
+        .unwrap_or_else(|_| Err(std::io::Error::other(format!("the {name} thread ended"))))
 }
 
 #[cfg(test)]

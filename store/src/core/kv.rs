@@ -142,8 +142,8 @@ impl Core {
                 }
             }
             Request::ListKeys => {
-                put_i64(out, self.visible(s).count() as i64);
                 let keys: Vec<&Vec<u8>> = self.visible(s).collect();
+                put_i64(out, keys.len() as i64);
                 for k in keys {
                     put_bytes(out, k);
                 }

@@ -211,13 +211,6 @@ pub struct Usage {
     pub in_handshake: usize,
 }
 
-impl Usage {
-    /// What connections hold apart from stored data: parked waits and buffers.
-    pub fn held(&self) -> usize {
-        self.parked_bytes + self.buffered_bytes
-    }
-}
-
 /// Everything the store holds, and the rules.
 #[derive(Default)]
 pub struct Core {
@@ -428,6 +421,11 @@ impl Core {
             self.release_leases(s.id, s.leases, &mut fx);
         }
         fx
+    }
+
+    /// What connections hold apart from stored data: parked waits and charged buffers.
+    pub fn held(&self) -> usize {
+        self.waits.bytes() + self.buffered
     }
 
     fn total(&self) -> usize {

@@ -41,10 +41,10 @@ impl Guard {
         };
         let mut hub = self.shared.lock();
         hub.routes.remove(&s.id());
-        let before = hub.core.usage().held();
+        let before = hub.core.held();
         let fx = hub.core.close(s, settle);
         hub.carry_out(fx);
-        before.saturating_sub(hub.core.usage().held())
+        before.saturating_sub(hub.core.held())
     }
 }
 
