@@ -46,7 +46,7 @@ def submit(d: Path, port: int) -> int:
     agent = (
         f"{vigil_bin()} run --nnodes 2:3 --master-addr 127.0.0.1 --master-port {port} "
         "--rdzv-conf is_host=false --node-timeout 5 --workers-stop-timeout 3 --max-restarts 2 "
-        f"--nproc-per-node 1 --log-dir {d}/node$SLURM_NODEID train.py "
+        f"--nproc-per-node 1 --log-dir {d}/node$SLURM_NODEID --state-dir {d}/state train.py "
         f">{d}/agent$SLURM_NODEID.out 2>{d}/agent$SLURM_NODEID.err; "
         f"echo $? >{d}/agent$SLURM_NODEID.rc"
     )
@@ -147,6 +147,12 @@ def test_losing_node_rank_0_promotes_the_standby_with_the_store_outside_the_job(
         for i in (1, 2):
             last = events(d / f"node{i}")[-1]
             assert last["event"] == "result" and last["outcome"] == "succeeded", (i, last)
+        # The new coordinator concluded the allocation in node rank 0's place: the ledger holds
+        # it, with the promotion.
+        ledger = [json.loads(line) for line in (d / "state" / "ledger.jsonl").read_text().splitlines()
+                  if line.strip()]
+        assert [(r["allocation"], r["outcome"]) for r in ledger] == [(1, "finished")], ledger
+        assert ledger[0]["promotions"] == [{"cycle": 1, "slot": 0, "lost": 0, "standby": 2}], ledger
         # The store served the job from outside it: one job joined; the new coordinator wrote the
         # job's end, so the service clears it.
         joined = [line for line in store.lines if "joined" in line]

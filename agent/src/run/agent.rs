@@ -47,6 +47,9 @@ pub(super) struct Trail {
     pub(super) peer_end: Option<JobEnd>,
     /// Standbys promoted so far (node rank 0), for the ledger.
     pub(super) promotions: Vec<Promotion>,
+    /// This agent took the coordinator's work over (the store outside the job): it concludes
+    /// the allocation in node rank 0's place.
+    pub(super) coordinates: bool,
 }
 
 /// The rank processes of this node and their output, the ranks' socket, the agent's channels.

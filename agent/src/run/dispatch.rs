@@ -149,7 +149,10 @@ pub(super) fn event_of(m: FromCoord) -> Option<Event> {
         FromCoord::StopAsked { cycle, trigger } => Event::StopAsked { cycle, trigger },
         FromCoord::Standby { cycle } => Event::Standby { cycle },
         FromCoord::StopStep { cycle, step } => Event::StopStep { cycle, step },
-        FromCoord::Promoted { .. } | FromCoord::Note(_) | FromCoord::Hosts { .. } => return None,
+        FromCoord::Promoted { .. }
+        | FromCoord::Note(_)
+        | FromCoord::Coordinating { .. }
+        | FromCoord::Hosts { .. } => return None,
     })
 }
 
@@ -323,6 +326,13 @@ impl Dispatcher {
             }
             FromCoord::Promoted { cycle, promotions } => agent.on_promoted(*cycle, promotions),
             FromCoord::Note(note) => console_note(note),
+            FromCoord::Coordinating { lost } => {
+                console_note(&format!(
+                    "node rank {} coordinates the job from now on: node rank {lost}'s agent, the coordinator, was lost (its lease vigil/lease/coord ended or expired)",
+                    agent.cfg.node_rank
+                ));
+                agent.trail.coordinates = true;
+            }
             FromCoord::Hosts { hosts, .. } => agent.nvrx.set_hosts(&hosts.active, &hosts.standby),
             _ => {}
         }

@@ -144,7 +144,7 @@ fn start_ipc(
     Ok(server)
 }
 
-fn say_where_the_store_is(cfg: &LaunchConfig, store: &StoreSetup) {
+fn say_where_the_store_is(cfg: &LaunchConfig, store: &StoreSetup, outside: bool) {
     if cfg.nnodes > 1 {
         console_note(&format!(
             "node {} of {}{}; vigil's store is at {}:{}{}",
@@ -160,6 +160,7 @@ fn say_where_the_store_is(cfg: &LaunchConfig, store: &StoreSetup) {
             match &store.head {
                 Some(rendezvous::HeadSide::Local { .. }) => " (here)",
                 Some(rendezvous::HeadSide::Remote) => " (outside the job: vigil store)",
+                None if outside => " (outside the job: vigil store)",
                 None => "",
             }
         ));
@@ -210,7 +211,7 @@ async fn start_coordination(
         console_err(format!("vigil: error: {e}"));
         crate::exit::USAGE
     })?;
-    let store = setup_store(cfg, secret).map_err(|e| {
+    let mut store = setup_store(cfg, secret).map_err(|e| {
         console_err(format!("vigil: error: {e}"));
         crate::exit::USAGE
     })?;
@@ -224,9 +225,10 @@ async fn start_coordination(
     };
     // The agent's one connection to the store, shared by all below.
     let link = rendezvous::StoreLink::new();
+    let mut outside = false;
     if cfg.node_rank_by_rdzv && store.head.is_none() {
         let me = rendezvous::identity(host);
-        cfg.node_rank = rendezvous::claim_node_rank(&link, &cfg.coord_config(facts()), &me)
+        let claimed = rendezvous::claim_node_rank(&link, &cfg.coord_config(facts()), &me)
             .await
             .map_err(|e| {
                 console_err(format!("vigil: error: {e}"));
@@ -236,8 +238,14 @@ async fn start_coordination(
                     crate::exit::USAGE
                 }
             })?;
+        cfg.node_rank = claimed.node_rank;
+        outside = claimed.outside;
+        if outside && claimed.node_rank == 0 {
+            // The store runs outside the job (`vigil store`): node rank 0 coordinates through it.
+            store.head = Some(rendezvous::HeadSide::Remote);
+        }
     }
-    let coord_cfg = cfg.coord_config(CoordFacts {
+    let mut coord_cfg = cfg.coord_config(CoordFacts {
         host: host.to_string(),
         store: store.client_addr,
         secret: store.secret.clone(),
@@ -245,7 +253,8 @@ async fn start_coordination(
             .ok()
             .filter(|t| !t.trim().is_empty()),
     });
-    say_where_the_store_is(cfg, &store);
+    coord_cfg.outside |= outside;
+    say_where_the_store_is(cfg, &store, coord_cfg.outside);
     let door = open_door(cfg, &store)?;
     let (share, exchange) =
         crate::job::exchange::start(link.clone(), coord_cfg.clone(), cfg.straggler.interval);

@@ -142,6 +142,7 @@ async fn serve(addr: SocketAddr, secret: Option<Vec<u8>>, args: &StoreArgs) -> i
     println!("listening on {local}");
     let handle = server.spawn();
     let keys = handle.key_space().clone();
+    mark_service(&keys);
     let mut jobs = Jobs::default();
     let mut tick = tokio::time::interval(WATCH_PERIOD);
     loop {
@@ -165,6 +166,12 @@ async fn serve(addr: SocketAddr, secret: Option<Vec<u8>>, args: &StoreArgs) -> i
 struct Jobs {
     /// `vigil/job` as node rank 0 wrote it.
     current: Option<Vec<u8>>,
+}
+
+/// Tells the agents that no agent hosts this store ([`key::SERVICE`]): every one of them draws
+/// its node rank (c10d without node ranks), the first drawing 0.
+fn mark_service(keys: &KeySpace) {
+    keys.set_raw(&raw(key::SERVICE), b"vigil store");
 }
 
 fn raw(k: &str) -> Vec<u8> {
@@ -212,7 +219,9 @@ impl Jobs {
             return out;
         }
         // Every key of the store is the job's: torch's unprefixed `init/` counter too.
-        let n = keys.clear_prefix(b"");
+        let marked = keys.get_raw(&raw(key::SERVICE)).is_some();
+        let n = keys.clear_prefix(b"") - usize::from(marked);
+        mark_service(keys);
         out.push(format!(
             "job {} ended and every agent left: cleared its {n} keys",
             describe(&cur)
@@ -242,6 +251,7 @@ mod tests {
         let (_addr, keys, _leases) =
             crate::run::host_store("127.0.0.1:0".parse().unwrap(), Duration::from_secs(5), None)
                 .expect("store up");
+        mark_service(&keys);
         let mut jobs = Jobs::default();
         assert!(jobs.look(&keys).is_empty());
         let shape = br#"{"protocol": 3, "job": "j1", "nnodes": 2, "active": 2, "nproc": 1}"#;
@@ -259,6 +269,7 @@ mod tests {
         let said = jobs.look(&keys);
         assert_eq!(said.len(), 1);
         assert!(said[0].contains("cleared its 3 keys"), "{said:?}");
-        assert!(keys.keys_raw().is_empty());
+        // The next job finds the store's mark, and nothing of this one.
+        assert_eq!(keys.keys_raw(), vec![b"/vigil/service".to_vec()]);
     }
 }

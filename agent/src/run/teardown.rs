@@ -47,7 +47,7 @@ pub(super) async fn finish(mut d: Dispatcher, mut src: Sources, closing: Closing
     if let Some(text) = report::ending(&outcome, &d.agent.cfg) {
         output::console_text(ConsoleStream::Stderr, &text);
     }
-    let status = if d.agent.cfg.node_rank == 0 {
+    let status = if d.agent.cfg.node_rank == 0 || d.agent.trail.coordinates {
         let keys = closing.head_keys.as_ref();
         allocation::conclude(Ending {
             cfg: &d.agent.cfg,

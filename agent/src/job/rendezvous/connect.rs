@@ -133,6 +133,14 @@ async fn admitted(
     cfg: &CoordConfig,
     node_rank: Option<u32>,
 ) -> Result<(), Fatal> {
+    let lost = |e| Fatal::lost(store_lost(cfg.store, e));
+    if node_rank.is_none() && c.check(&[key::SERVICE]).await.map_err(lost)? {
+        // No agent hosts the store (`vigil store`): the first agent to reach it says what the
+        // job is, and every later one is compared with it.
+        c.compare_set(key::JOB, b"", &to_json(&cfg.shape()))
+            .await
+            .map_err(lost)?;
+    }
     let theirs = match c.wait(&[key::JOB], cfg.join_timeout).await {
         Ok(()) => c.get(key::JOB).await,
         Err(e) => Err(e),

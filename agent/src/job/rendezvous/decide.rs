@@ -608,14 +608,21 @@ pub fn last_call_note(
     )
 }
 
-/// c10d without node ranks: an agent that does not host the store drew `ticket` (1, 2, ...: the
-/// order in which such agents reached it) from the store's counter. The store's host is node rank
-/// 0, so ticket `t` is node rank `t`; a ticket past the job's last node rank means the job has
-/// every agent it can take.
+/// c10d without node ranks: an agent drew `ticket` (1, 2, ...: the order in which the agents
+/// reached the store) from the store's counter. When an agent hosts the store it is node rank 0
+/// and only the others draw, so ticket `t` is node rank `t`; when the store runs outside the job
+/// (`outside`: `vigil store`), every agent draws and ticket `t` is node rank `t - 1`. A ticket past
+/// the job's last node rank means the job has every agent it can take.
 /// `active`: the nodes that run ranks (`--nnodes MIN:MAX`'s MIN; `nnodes` without standbys).
-pub fn hand_out_node_rank(ticket: i64, nnodes: u32, active: u32) -> Result<u32, Full> {
-    match u32::try_from(ticket) {
-        Ok(t) if t >= 1 && t < nnodes => Ok(t),
+pub fn hand_out_node_rank(
+    ticket: i64,
+    nnodes: u32,
+    active: u32,
+    outside: bool,
+) -> Result<u32, Full> {
+    let rank = ticket - i64::from(outside && ticket >= 1);
+    match u32::try_from(rank) {
+        Ok(r) if ticket >= 1 && r < nnodes => Ok(r),
         _ => Err(Full {
             nnodes: if active < nnodes {
                 format!("{active}:{nnodes}")
@@ -715,33 +722,40 @@ mod tests {
 
     #[test]
     fn node_ranks_are_handed_out_in_ticket_order_after_the_stores_host() {
-        assert_eq!(hand_out_node_rank(1, 2, 2), Ok(1));
-        assert_eq!(hand_out_node_rank(2, 3, 3), Ok(2));
-        assert_eq!(hand_out_node_rank(3, 4, 1), Ok(3));
+        assert_eq!(hand_out_node_rank(1, 2, 2, false), Ok(1));
+        assert_eq!(hand_out_node_rank(2, 3, 3, false), Ok(2));
+        assert_eq!(hand_out_node_rank(3, 4, 1, false), Ok(3));
         // Node rank 0 is the store's host's; past the last one, the job is full.
-        for bad in [0, 3, -1, i64::MAX] {
+        for bad in [0, 3, -1, i64::MIN, i64::MAX] {
             let full = Full { nnodes: "3".into() };
-            assert_eq!(hand_out_node_rank(bad, 3, 3), Err(full), "{bad}");
+            assert_eq!(hand_out_node_rank(bad, 3, 3, false), Err(full), "{bad}");
         }
-        let e = hand_out_node_rank(5, 4, 4).unwrap_err().to_string();
+        // The store outside the job: the first agent to draw is node rank 0.
+        assert_eq!(hand_out_node_rank(1, 3, 3, true), Ok(0));
+        assert_eq!(hand_out_node_rank(3, 3, 3, true), Ok(2));
+        for bad in [0, 4, -1, i64::MIN, i64::MAX] {
+            let full = Full { nnodes: "3".into() };
+            assert_eq!(hand_out_node_rank(bad, 3, 3, true), Err(full), "{bad}");
+        }
+        let e = hand_out_node_rank(5, 4, 4, false).unwrap_err().to_string();
         assert!(
             e.contains("(--nnodes 4)") && e.contains("one too many"),
             "{e}"
         );
         // As the user wrote it.
-        let e = hand_out_node_rank(4, 4, 1).unwrap_err().to_string();
+        let e = hand_out_node_rank(4, 4, 1, false).unwrap_err().to_string();
         assert!(e.contains("(--nnodes 1:4)"), "{e}");
     }
 
     proptest! {
-        /// However many agents draw tickets, every node rank 1..N-1 is handed out exactly once and
-        /// the rest are refused.
+        /// However many agents draw tickets, every node rank 1..N-1 (0..N-1 with the store
+        /// outside the job) is handed out exactly once and the rest are refused.
         #[test]
-        fn every_node_rank_is_handed_out_once(nnodes in 1u32..64, extra in 0u32..8) {
-            let ranks: Vec<u32> = (1..=(nnodes - 1 + extra) as i64)
-                .filter_map(|t| hand_out_node_rank(t, nnodes, nnodes).ok())
+        fn every_node_rank_is_handed_out_once(nnodes in 1u32..64, extra in 0u32..8, outside: bool) {
+            let ranks: Vec<u32> = (1..=(nnodes + extra) as i64)
+                .filter_map(|t| hand_out_node_rank(t, nnodes, nnodes, outside).ok())
                 .collect();
-            prop_assert_eq!(ranks, (1..nnodes).collect::<Vec<_>>());
+            prop_assert_eq!(ranks, (u32::from(!outside)..nnodes).collect::<Vec<_>>());
         }
     }
 

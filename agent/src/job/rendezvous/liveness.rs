@@ -133,6 +133,10 @@ pub(super) enum Alarm {
     /// The store outside the job: the coordinator's lease, held by this node, is gone (its
     /// connection ended). Said every period until some agent holds it again.
     CoordGone(u32),
+    /// The store outside the job: this agent coordinated, but the coordinator's lease names
+    /// another node now (this one was frozen past the node timeout). It leaves, writing nothing
+    /// of the job's: its node was lost, and another coordinates.
+    Deposed(String),
 }
 
 /// Renews this node's counter and watches the others' until a watched node or the store is
@@ -172,6 +176,19 @@ pub(super) async fn liveness(
             _ = ticker.tick() => {
                 live.wake(Instant::now());
                 if let Some(s) = live.silent() {
+                    if let (Silent::Node(n, _), false, true) = (&s, head, cfg.outside) {
+                        let n = *n;
+                        if coord == Some(n) {
+                            // The store outside the job: a coordinator silent for the node
+                            // timeout has lost its lease as if it had expired, whether or not
+                            // the store dropped its connection yet.
+                            live.forget(n);
+                            if tx.send(Alarm::CoordGone(n)).is_err() {
+                                return;
+                            }
+                            continue;
+                        }
+                    }
                     let t = cfg.peer_timeout.as_secs_f64();
                     let why = match s {
                         Silent::Store(_) if head && !cfg.outside => format!("this node's own store did not answer for {t:.0}s (--node-timeout)"),
@@ -200,7 +217,8 @@ pub(super) async fn liveness(
                     live.asked();
                     let c = client.clone();
                     let how = match (head, cfg.outside) {
-                        (true, _) => Watch::Sweep,
+                        (true, true) => Watch::Fenced(cfg.node_rank),
+                        (true, false) => Watch::Sweep,
                         (false, false) => Watch::Node0,
                         (false, true) => Watch::Coordinator,
                     };
@@ -211,6 +229,14 @@ pub(super) async fn liveness(
                 round = None;
                 let Some(reading) = r else { return };
                 match reading {
+                    Reading::Deposed(by) => {
+                        let why = format!(
+                            "node {} was lost: its agent, the job's coordinator, was frozen or cut off for longer than --node-timeout and node rank {by} coordinates the job now",
+                            cfg.node_rank
+                        );
+                        let _ = tx.send(Alarm::Deposed(why));
+                        return;
+                    }
                     Reading::Counters(values) => live.answered(values),
                     Reading::Stale(stale) => live.swept(&watched, &stale),
                     Reading::Coordinator(now, values) => {
@@ -244,6 +270,10 @@ pub(super) async fn liveness(
 enum Watch {
     /// The coordinator: a SWEEP of every counter.
     Sweep,
+    /// The coordinator, with the store outside the job: the SWEEP, and whether the
+    /// coordinator's lease still names this node (another agent takes it over from one frozen
+    /// for the node timeout).
+    Fenced(u32),
     /// Node rank 0's counter.
     Node0,
     /// The store outside the job: who holds the coordinator's lease, and its counter.
@@ -258,6 +288,8 @@ enum Reading {
     Counters(Vec<(u32, Option<Vec<u8>>)>),
     /// Node rank 0: the nodes whose counters did not move since its previous sweep.
     Stale(BTreeSet<u32>),
+    /// The coordinator's lease names this other node: this agent coordinates no more.
+    Deposed(u32),
 }
 
 /// One period: renews this node's counter (one-way) and reads what it watches, in one round
@@ -282,6 +314,15 @@ async fn renew_and_read(c: MuxClient, me: String, how: Watch) -> Option<Reading>
         let v = c.add(&key::alive(0), 0).await.ok()?;
         let values = vec![(0, (v > 0).then(|| v.to_string().into_bytes()))];
         return Some(Reading::Counters(values));
+    }
+    if let Watch::Fenced(me) = how {
+        let v = c.multi_get_now(&[key::COORD_LEASE]).await.ok()?;
+        let holder: Option<u32> = v
+            .first()
+            .and_then(|v| std::str::from_utf8(v).ok()?.parse().ok());
+        if let Some(other) = holder.filter(|h| *h != me) {
+            return Some(Reading::Deposed(other));
+        }
     }
     let stale = c.sweep(key::ALIVE_PREFIX).await.ok()?;
     let stale = stale

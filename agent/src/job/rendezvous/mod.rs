@@ -63,7 +63,7 @@ use decide::{
 };
 use liveness::{liveness, Alarm};
 pub use liveness::{liveness_period, Liveness, Silent};
-pub use noderank::{claim_node_rank, identity, Unclaimed};
+pub use noderank::{claim_node_rank, identity, Claimed, Unclaimed};
 use wire::to_json;
 pub use wire::*;
 
@@ -113,6 +113,11 @@ pub enum FromCoord {
     },
     /// Something for the console alone (node rank 0: the last call ended).
     Note(String),
+    /// The store outside the job: this agent took the coordinator's work over from node rank
+    /// `lost`'s agent; it concludes the allocation (the ledger) as node rank 0 would have.
+    Coordinating {
+        lost: u32,
+    },
     /// Node rank 0: the hosts of cycle `cycle`'s nodes, before its verdict (NVRx's cycle info).
     Hosts {
         cycle: u32,
@@ -359,6 +364,9 @@ struct Coordinator {
     stop_rx: mpsc::UnboundedReceiver<FromCoord>,
     /// Set once a `Lost` was sent: nothing more is reported.
     ended: bool,
+    /// This agent coordinated until another took the coordinator's lease over
+    /// ([`Alarm::Deposed`]): it leaves without deciding anything for the job.
+    deposed: bool,
     /// Renews this node's counter and watches the others' ([`liveness`]).
     liveness: tokio::task::JoinHandle<()>,
     silent_rx: mpsc::UnboundedReceiver<Alarm>,
@@ -467,6 +475,7 @@ impl Coordinator {
             stop_tx,
             stop_rx,
             ended: false,
+            deposed: false,
             liveness,
             silent_rx,
             silent_tx,
@@ -548,6 +557,12 @@ impl Coordinator {
                         self.carry_out(loss).await
                     }
                     Alarm::CoordGone(old) => self.coordinator_gone(old).await,
+                    Alarm::Deposed(why) => {
+                        self.head = None;
+                        self.deposed = true;
+                        self.fail(why);
+                        Ok(())
+                    }
                 },
                 () = note => {
                     self.join_note().await;
@@ -1012,10 +1027,18 @@ impl Coordinator {
             return Ok(());
         }
         let mine = me.to_string();
-        let held = self
+        // Gone with its connection, or still held by a coordinator frozen past the node
+        // timeout (the lease has expired): taken from either, by compare-and-set.
+        let mut held = self
             .ctl
             .compare_set(key::COORD_LEASE, b"", mine.as_bytes())
             .await?;
+        if held == old.to_string().as_bytes() {
+            held = self
+                .ctl
+                .compare_set(key::COORD_LEASE, &held, mine.as_bytes())
+                .await?;
+        }
         if held != mine.as_bytes() {
             return Ok(());
         }
@@ -1023,11 +1046,9 @@ impl Coordinator {
         // loss is a new record.
         self.ctl.delete_key(key::COORD_LOST).await?;
         let reason = format!(
-            "node {old} was lost: its agent, the job's coordinator, lost its connection to the store"
+            "node {old} was lost: its agent, the job's coordinator, lost its connection to the store or was silent for --node-timeout"
         );
-        self.send(FromCoord::Note(format!(
-            "node rank {me} coordinates the job from now on: node rank {old}'s agent, the coordinator, was lost (its lease vigil/lease/coord is gone)"
-        )));
+        self.send(FromCoord::Coordinating { lost: old });
         let loss = self.rdzv.take_over(old, &alive, reason);
         self.head = Some(remote_head(&self.ctl));
         // Its liveness sweeps every node's counter from now on.
@@ -1107,7 +1128,7 @@ impl Coordinator {
             t.abort();
         }
         self.liveness.abort();
-        if let Some((c, end)) = poison {
+        if let Some((c, end)) = poison.filter(|_| !self.deposed) {
             let _ = tokio::time::timeout(self.cfg.peer_timeout, self.poison(c, &end)).await;
         }
         match self.head.as_mut() {

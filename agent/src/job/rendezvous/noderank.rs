@@ -1,6 +1,7 @@
 //! c10d without node ranks (torchrun's c10d rendezvous): an agent that does not host the store
 //! asks it for a node rank. The store's host is node rank 0; the others draw tickets from one
-//! counter in the order they reach it ([`super::decide::hand_out_node_rank`] turns a ticket into a
+//! counter in the order they reach it (with the store outside the job, every agent draws and the
+//! first is node rank 0) ([`super::decide::hand_out_node_rank`] turns a ticket into a
 //! node rank). An agent draws once for its life, so it keeps its node rank across every restart of
 //! the job; a stray of another shape is refused before it draws (as its connection opens, [`StoreLink::client_unranked`]).
 
@@ -51,32 +52,42 @@ impl From<Fatal> for Unclaimed {
     }
 }
 
-/// Asks node rank 0's store (at `cfg.store`, with the job's shape in `cfg`) for this agent's node
+/// This agent's node rank, as the rendezvous handed it out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Claimed {
+    pub node_rank: u32,
+    /// The store runs outside the job (`vigil store`, [`key::SERVICE`]): no agent hosts it,
+    /// node rank 0 coordinates through it and hands the work on when it is lost.
+    pub outside: bool,
+}
+
+/// Asks the job's store (at `cfg.store`, with the job's shape in `cfg`) for this agent's node
 /// rank, on the agent's connection (`link`, opened here: the rendezvous goes on on it).
 /// `cfg.node_rank` is not read.
 pub async fn claim_node_rank(
     link: &StoreLink,
     cfg: &CoordConfig,
     identity: &str,
-) -> Result<u32, Unclaimed> {
+) -> Result<Claimed, Unclaimed> {
     Ok(claim(link, cfg, identity).await?)
 }
 
-async fn claim(link: &StoreLink, cfg: &CoordConfig, identity: &str) -> Result<u32, Fatal> {
+async fn claim(link: &StoreLink, cfg: &CoordConfig, identity: &str) -> Result<Claimed, Fatal> {
     let c = link.client_unranked(cfg).await?;
     let lost = |e: vigil_store::StoreError| Fatal::lost(store_lost(cfg.store, e));
+    let outside = c.check(&[key::SERVICE]).await.map_err(lost)?;
     let mine = key::node_of(identity);
     if c.check(&[&mine]).await.map_err(lost)? {
         let v = c.get(&mine).await.map_err(lost)?;
-        if let Some(r) = std::str::from_utf8(&v).ok().and_then(|s| s.parse().ok()) {
-            return Ok(r);
+        if let Some(node_rank) = std::str::from_utf8(&v).ok().and_then(|s| s.parse().ok()) {
+            return Ok(Claimed { node_rank, outside });
         }
     }
     let ticket = c.add(key::NODE_TICKETS, 1).await.map_err(lost)?;
-    let rank = hand_out_node_rank(ticket, cfg.nnodes, cfg.active)
+    let node_rank = hand_out_node_rank(ticket, cfg.nnodes, cfg.active, outside)
         .map_err(|e| Fatal::refused(e.to_string()))?;
-    c.set(&mine, rank.to_string().as_bytes())
+    c.set(&mine, node_rank.to_string().as_bytes())
         .await
         .map_err(lost)?;
-    Ok(rank)
+    Ok(Claimed { node_rank, outside })
 }

@@ -405,10 +405,15 @@ pub mod key {
     /// Node rank 0 left a job whose store runs outside it (`vigil store`): once every lease
     /// is gone too, the store's service clears the job's keys.
     pub const JOB_END: &str = "vigil/job_end";
-    /// The job's [`super::JobShape`], written by node rank 0 before any other agent may join.
+    /// The job's [`super::JobShape`], written by node rank 0 before any other agent may join
+    /// (c10d without node ranks and the store outside the job: by the first agent to reach it).
     pub const JOB: &str = "vigil/job";
-    /// c10d without node ranks: each agent other than the store's host adds 1 and takes the
-    /// result as its node rank ([`super::super::decide::hand_out_node_rank`]).
+    /// Written by `vigil store` as it starts and after it clears a job: the store runs outside
+    /// the job, so no agent hosts it and every agent draws a node-rank ticket.
+    pub const SERVICE: &str = "vigil/service";
+    /// c10d without node ranks: each agent other than the store's host (every agent, with the
+    /// store outside the job) adds 1 and turns the result into its node rank
+    /// ([`super::super::decide::hand_out_node_rank`]).
     pub const NODE_TICKETS: &str = "vigil/node_tickets";
     /// The node rank handed out to the agent of this identity (host, pid and a random id drawn at
     /// its start): an agent that asks again (its connection broke mid-claim) gets the same one.
