@@ -37,7 +37,7 @@ pub mod protocol;
 pub mod server;
 
 pub use client::{first_connect_delay, StoreClient, StoreError, DEFAULT_TIMEOUT};
-pub use core::{lease_event_json, LeaseEvent, LEASE_QUEUE, LEASE_QUEUE_MAX};
+pub use core::{lease_event_json, LeaseEvent, LEASE_LOST_PREFIX, LEASE_QUEUE, LEASE_QUEUE_MAX};
 pub use mux::MuxClient;
 pub use protocol::{Opcode, VALIDATION_MAGIC};
 pub use server::{

@@ -117,6 +117,10 @@ def test_losing_node_rank_0_without_a_standby_requeues_the_job(job):
         out = finish(procs[1:], timeout=60)
         assert [p.returncode for p in procs[1:]] == [75, 75], {i: o[1][-2000:] for i, o in out.items()}
         assert all("node 0 was lost" in o[1] for o in out.values()), {i: o[1][-2000:] for i, o in out.items()}
+        # Node rank 1 took the coordinator's work over to end the job: it wrote the job's end, so
+        # the service clears the job and the requeued allocation finds a clean store.
+        wait_for(lambda: any("cleared" in line for line in store.lines), timeout=30,
+                 what="the store service clearing the job")
     finally:
         finish(procs, timeout=5)
         rc, err = store.stop()
@@ -200,5 +204,38 @@ def test_a_frozen_coordinator_is_lost_like_a_killed_one_and_leaves_when_it_wakes
         if procs[0].poll() is None:
             procs[0].send_signal(signal.SIGCONT)
         finish(procs, timeout=5)
+        rc, err = store.stop()
+    assert rc == 0, err
+
+
+def test_a_job_that_lost_every_agent_is_cleared_and_its_requeue_runs(job):
+    """Every agent SIGKILLed at once: nobody writes the job's end, so the service clears the job
+    once no lease was left for twice its --node-timeout; the same job started again (a requeued
+    allocation: same --rdzv-id, c10d tickets from the start) runs to the end."""
+    write(job / "train.py", TRAIN)
+    store = Service(job, "--node-timeout", "2", env={"VIGIL_STORE_SECRET": SECRET})
+    first = start_agents(job, store.port, 2, "2", ranked=False)
+    again = job / "again"
+    again.mkdir()
+    second = []
+    try:
+        wait_for(lambda: all((job / f"seen_0_{r}.json").exists() for r in range(2)), timeout=60,
+                 what="the first allocation's ranks")
+        for p in first:
+            p.send_signal(signal.SIGKILL)
+        finish(first, timeout=10)
+        wait_for(lambda: any("lost every agent without an end written" in line for line in store.lines),
+                 timeout=60, what="the store service clearing the lost job")
+        write(again / "train.py", TRAIN)
+        write(again / "release", "")
+        second = start_agents(again, store.port, 2, "2", ranked=False)
+        out = finish(second)
+        assert [p.returncode for p in second] == [0, 0], {i: o[1][-2000:] for i, o in out.items()}
+        assert sorted(json.loads((again / f"seen_0_{r}.json").read_text())["group_rank"]
+                      for r in range(2)) == ["0", "1"]
+        wait_for(lambda: any("ended and every agent left" in line for line in store.lines),
+                 timeout=30, what="the store service clearing the second job")
+    finally:
+        finish(first + second, timeout=5)
         rc, err = store.stop()
     assert rc == 0, err

@@ -3,14 +3,16 @@
 //! are only its clients; node rank 0 coordinates through it (CLEAR_EXCEPT, CLEAR_PREFIX, the
 //! lease queue).
 //!
-//! Besides serving, it watches the key space: it says when a job joins (node rank 0 writes
-//! `vigil/job`) and, once node rank 0 recorded the job's end (`vigil/job_end`) and every other
-//! agent's lease is gone, clears the job's keys so that the next job starts from a clean store.
+//! Besides serving, it watches the key space: it says when a job joins (`vigil/job` is written)
+//! and clears the job's keys so that the next job (or the requeued one) starts from a clean store:
+//! once the coordinator recorded the job's end (`vigil/job_end`) and every agent's lease is gone,
+//! or, when every agent was lost and none wrote the end, once no lease was left for twice its
+//! `--node-timeout`.
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::signal::unix::{signal, SignalKind};
 use vigil_store::{KeySpace, StoreServer};
@@ -144,13 +146,15 @@ async fn serve(addr: SocketAddr, secret: Option<Vec<u8>>, args: &StoreArgs) -> i
     let keys = handle.key_space().clone();
     mark_service(&keys);
     let mut jobs = Jobs::default();
+    // An agent between its lease's loss and its next one (none) is never this long.
+    let grace = Duration::from_secs_f64(args.node_timeout.max(1.0) * 2.0);
     let mut tick = tokio::time::interval(WATCH_PERIOD);
     loop {
         tokio::select! {
             _ = term.recv() => break,
             _ = int.recv() => break,
             _ = tick.tick() => {
-                for line in jobs.look(&keys) {
+                for line in jobs.look(&keys, Instant::now(), grace) {
                     println!("{line}");
                 }
             }
@@ -166,6 +170,10 @@ async fn serve(addr: SocketAddr, secret: Option<Vec<u8>>, args: &StoreArgs) -> i
 struct Jobs {
     /// `vigil/job` as node rank 0 wrote it.
     current: Option<Vec<u8>>,
+    /// Some agent of the current job held a lease.
+    leased: bool,
+    /// Since when no agent of the current job holds a lease, after some did.
+    empty_since: Option<Instant>,
 }
 
 /// Tells the agents that no agent hosts this store ([`key::SERVICE`]): every one of them draws
@@ -194,39 +202,56 @@ fn describe(shape: &[u8]) -> String {
 }
 
 impl Jobs {
-    /// What changed since the last look, as lines to print.
-    fn look(&mut self, keys: &KeySpace) -> Vec<String> {
+    /// What changed since the last look (at `now`), as lines to print. A job is cleared once
+    /// its end is written and no lease is left, or, when no agent wrote its end (every one was
+    /// lost), once no lease was left for `grace` after some agent held one.
+    fn look(&mut self, keys: &KeySpace, now: Instant, grace: Duration) -> Vec<String> {
         let mut out = Vec::new();
         let shape = keys.get_raw(&raw(key::JOB));
         if let Some(s) = &shape {
             if self.current.as_ref() != Some(s) {
                 out.push(format!("job {} joined", describe(s)));
-                self.current = Some(s.clone());
+                *self = Jobs {
+                    current: Some(s.clone()),
+                    ..Jobs::default()
+                };
             }
         }
         let Some(cur) = self.current.clone() else {
             return out;
         };
-        if keys.get_raw(&raw(key::JOB_END)).is_none() {
-            return out;
-        }
-        let leases = keys
-            .keys_raw()
+        let all = keys.keys_raw();
+        let leases = all
             .iter()
             .filter(|k| k.starts_with(vigil_store::LEASE_PREFIX))
             .count();
-        if leases > 0 {
-            return out;
-        }
+        // A lease held and lost between two looks leaves its record (the lease queue is on).
+        self.leased |= leases > 0
+            || all
+                .iter()
+                .any(|k| k.starts_with(vigil_store::LEASE_LOST_PREFIX));
+        self.empty_since = match (leases, self.empty_since) {
+            (0, Some(t)) => Some(t),
+            (0, None) if self.leased => Some(now),
+            _ => None,
+        };
+        let ended = keys.get_raw(&raw(key::JOB_END)).is_some();
+        let how = match (ended, self.empty_since) {
+            (true, _) if leases == 0 => "ended and every agent left",
+            (false, Some(t)) if now.duration_since(t) >= grace => {
+                "lost every agent without an end written"
+            }
+            _ => return out,
+        };
         // Every key of the store is the job's: torch's unprefixed `init/` counter too.
         let marked = keys.get_raw(&raw(key::SERVICE)).is_some();
         let n = keys.clear_prefix(b"") - usize::from(marked);
         mark_service(keys);
         out.push(format!(
-            "job {} ended and every agent left: cleared its {n} keys",
+            "job {} {how}: cleared its {n} keys",
             describe(&cur)
         ));
-        self.current = None;
+        *self = Jobs::default();
         out
     }
 }
@@ -253,23 +278,65 @@ mod tests {
                 .expect("store up");
         mark_service(&keys);
         let mut jobs = Jobs::default();
-        assert!(jobs.look(&keys).is_empty());
+        let t0 = Instant::now();
+        let g = Duration::from_secs(10);
+        assert!(jobs.look(&keys, t0, g).is_empty());
         let shape = br#"{"protocol": 3, "job": "j1", "nnodes": 2, "active": 2, "nproc": 1}"#;
         keys.set_raw(b"/vigil/job", shape);
         keys.set_raw(b"/vigil/lease/1", b"host");
         keys.set_raw(b"init/", b"2");
-        let said = jobs.look(&keys);
+        let said = jobs.look(&keys, t0, g);
         assert_eq!(said.len(), 1);
         assert!(said[0].contains("\"j1\" (--nnodes 2"), "{said:?}");
-        assert!(jobs.look(&keys).is_empty());
+        assert!(jobs.look(&keys, t0, g).is_empty());
         // Ended, but node 1 has not left yet.
         keys.set_raw(b"/vigil/job_end", b"");
-        assert!(jobs.look(&keys).is_empty());
+        assert!(jobs.look(&keys, t0 + g * 5, g).is_empty());
         keys.clear_prefix(b"/vigil/lease/1");
-        let said = jobs.look(&keys);
+        let said = jobs.look(&keys, t0 + g * 5, g);
         assert_eq!(said.len(), 1);
         assert!(said[0].contains("cleared its 3 keys"), "{said:?}");
         // The next job finds the store's mark, and nothing of this one.
+        assert_eq!(keys.keys_raw(), vec![b"/vigil/service".to_vec()]);
+    }
+
+    #[tokio::test]
+    async fn a_job_that_lost_every_agent_is_cleared_after_the_grace_and_not_before_a_lease() {
+        let (_addr, keys, _leases) =
+            crate::run::host_store("127.0.0.1:0".parse().unwrap(), Duration::from_secs(5), None)
+                .expect("store up");
+        mark_service(&keys);
+        let (t0, g) = (Instant::now(), Duration::from_secs(10));
+        let mut jobs = Jobs::default();
+        // Joined, no lease yet (the agents are still drawing their node ranks): kept.
+        keys.set_raw(
+            b"/vigil/job",
+            br#"{"protocol": 3, "job": "j", "nnodes": 2, "active": 2, "nproc": 1}"#,
+        );
+        keys.set_raw(b"/vigil/node_tickets", b"2");
+        assert_eq!(jobs.look(&keys, t0, g).len(), 1);
+        assert!(jobs.look(&keys, t0 + g * 9, g).is_empty());
+        // Leases held, then every one gone with no end written: cleared one grace later (a
+        // lease held and lost between two looks counts by its loss record).
+        keys.set_raw(b"/vigil/lease_lost/coord", b"0");
+        assert!(jobs.look(&keys, t0 + g * 10, g).is_empty());
+        assert!(jobs.look(&keys, t0 + g * 10 + g / 2, g).is_empty());
+        keys.set_raw(b"/vigil/lease/coord", b"0");
+        assert!(jobs.look(&keys, t0 + g * 10 + g / 2, g).is_empty());
+        keys.clear_prefix(b"/vigil/lease/");
+        assert!(jobs.look(&keys, t0 + g * 11, g).is_empty());
+        // A lease back within the grace (an agent reconnected) restarts the count.
+        keys.set_raw(b"/vigil/lease/1", b"h");
+        assert!(jobs.look(&keys, t0 + g * 11 + g / 2, g).is_empty());
+        keys.clear_prefix(b"/vigil/lease/");
+        assert!(jobs.look(&keys, t0 + g * 12, g).is_empty());
+        assert!(jobs.look(&keys, t0 + g * 12 + g / 2, g).is_empty());
+        let said = jobs.look(&keys, t0 + g * 13, g);
+        assert_eq!(said.len(), 1, "{said:?}");
+        assert!(
+            said[0].contains("lost every agent without an end written: cleared its 3 keys"),
+            "{said:?}"
+        );
         assert_eq!(keys.keys_raw(), vec![b"/vigil/service".to_vec()]);
     }
 }
