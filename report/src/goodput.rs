@@ -1,7 +1,9 @@
 //! Goodput: how much of a job's wall time, over its whole life across allocations, made progress
 //! that was kept, and where the rest went (badput by category). Pure functions over a
 //! [`Timeline`] drawn from the [`History`] (the ledger and the event logs); see docs/goodput.md
-//! for every number and its source record.
+//! for every number and its source record. The numbers are put into text here ([`render_table`]
+//! for `vigil goodput`, [`summary_line`] for `vigil ledger`); the report page draws its Goodput
+//! section from [`of_history`] in the `html` module.
 //!
 //! The wall time is cut into consecutive pieces, each given one category, so the categories add
 //! up to the wall time exactly and none is negative ("other" is what no record explains).
@@ -690,8 +692,8 @@ pub fn of_history(h: &History) -> Goodput {
     compute(&timeline(h))
 }
 
-/// `12.3s` with one decimal, for the table.
-fn s1(x: f64) -> String {
+/// `12.3s` with one decimal, for the table and the report page's legend.
+pub(crate) fn s1(x: f64) -> String {
     format!("{x:.1}s")
 }
 
@@ -810,106 +812,6 @@ pub fn goodput_command(
     } else {
         render_table(&g)
     })
-}
-
-/// Each category's colour on the page.
-fn colour(c: Category) -> &'static str {
-    match c {
-        Category::Goodput => "#4ca05a",
-        Category::StartUp => "#4678c8",
-        Category::Checkpoint => "#8c3caa",
-        Category::LostProgress => "#d64541",
-        Category::FailureHandling => "#f08c82",
-        Category::StopLeadUnused => "#eb9628",
-        Category::QueueWait => "#b4b4b4",
-        Category::Other => "#e6e6e6",
-    }
-}
-
-/// The report's Goodput section: the figures, a stacked bar per allocation (inline SVG, each
-/// bar's length its share of the wall time) and the notes. The legend carries the seconds: no
-/// SVG `<title>` tooltips, which a page's text (and its title, to a naive reader) would take in.
-pub fn html_section(h: &History) -> String {
-    use crate::html::esc;
-    let g = of_history(h);
-    let mut out = String::from("<section id=\"goodput\">\n<h2>Goodput</h2>\n");
-    if g.wall_s <= 0.0 {
-        out.push_str("<p class=\"empty\" id=\"goodput-plot\">No wall time: no allocation with a start and an end.</p>\n</section>\n");
-        return out;
-    }
-    out.push_str(&format!(
-        "<p class=\"meta\">{:.1}% of {} made progress that was kept (docs/goodput.md; <code>vigil goodput</code> prints the numbers).</p>\n<p class=\"legend\">",
-        100.0 * g.goodput_fraction,
-        esc(&crate::fmt::duration(g.wall_s))
-    ));
-    for c in Category::ALL {
-        out.push_str(&format!(
-            "<span><i style=\"background:{}\"></i>{} {}</span>",
-            colour(c),
-            esc(c.label()),
-            esc(&s1(g.breakdown.get(c)))
-        ));
-    }
-    out.push_str("</p>\n");
-    let (width, left, row) = (900.0, 110.0, 26.0);
-    let height = row * g.allocations.len() as f64 + 8.0;
-    out.push_str(&format!(
-        "<figure id=\"goodput-plot\"><svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" viewBox=\"0 0 {width} {height}\">\n"
-    ));
-    let longest = g
-        .allocations
-        .iter()
-        .map(|a| a.breakdown.total())
-        .fold(0.0, f64::max)
-        .max(f64::MIN_POSITIVE);
-    // Room on the right for each bar's label.
-    let scale = (width - left - 170.0) / longest;
-    for (i, a) in g.allocations.iter().enumerate() {
-        let y = 4.0 + row * i as f64;
-        out.push_str(&format!(
-            "<text x=\"0\" y=\"{:.1}\" font-size=\"12\">allocation {}</text>\n",
-            y + 15.0,
-            a.number
-        ));
-        let mut x = left;
-        for c in Category::ALL {
-            let w = a.breakdown.get(c) * scale;
-            if w <= 0.0 {
-                continue;
-            }
-            out.push_str(&format!(
-                "<rect x=\"{x:.2}\" y=\"{y:.1}\" width=\"{w:.2}\" height=\"{:.1}\" fill=\"{}\"/>\n",
-                row - 6.0,
-                colour(c),
-            ));
-            x += w;
-        }
-        let total = a.breakdown.total();
-        let pct = if total > 0.0 {
-            100.0 * a.breakdown.get(Category::Goodput) / total
-        } else {
-            0.0
-        };
-        out.push_str(&format!(
-            "<text x=\"{:.1}\" y=\"{:.1}\" font-size=\"12\">{}, goodput {pct:.0}%</text>\n",
-            x + 6.0,
-            y + 15.0,
-            esc(&crate::fmt::duration(total))
-        ));
-    }
-    out.push_str("</svg></figure>\n");
-    if let Some(i) = g.steps.ideal_step_time_s {
-        out.push_str(&format!(
-            "<p class=\"meta\">Ideal step time {i:.3}s; step-time deviation: median {:.3}s.</p>\n",
-            g.steps.median_abs_deviation_s.unwrap_or(0.0)
-        ));
-    }
-    out.push_str("<ul>\n");
-    for n in &g.notes {
-        out.push_str(&format!("<li>{}</li>\n", esc(n)));
-    }
-    out.push_str("</ul>\n</section>\n");
-    out
 }
 
 #[cfg(test)]

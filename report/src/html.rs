@@ -5,6 +5,7 @@ use std::fmt::Write;
 use vigil_events::ledger::DecisionKind;
 
 use crate::fmt::{duration, utc};
+use crate::goodput::{self, Category};
 use crate::history::History;
 use crate::plot::{self, PlotError, TimeAxis};
 
@@ -178,7 +179,7 @@ pub fn render_html(h: &History) -> String {
     );
     out.push_str("</section>\n");
 
-    out.push_str(&crate::goodput::html_section(h));
+    out.push_str(&goodput_section(h));
 
     out.push_str("<section id=\"stragglers\">\n<h2>Straggler scores</h2>\n");
     let worst = plot::worst_ranks(h, plot::WORST_RANKS);
@@ -419,6 +420,105 @@ fn events_table(out: &mut String, h: &History, t0: f64) {
         );
     }
     out.push_str("</table>\n</section>\n");
+}
+
+/// Each category's colour on the page.
+fn colour(c: Category) -> &'static str {
+    match c {
+        Category::Goodput => "#4ca05a",
+        Category::StartUp => "#4678c8",
+        Category::Checkpoint => "#8c3caa",
+        Category::LostProgress => "#d64541",
+        Category::FailureHandling => "#f08c82",
+        Category::StopLeadUnused => "#eb9628",
+        Category::QueueWait => "#b4b4b4",
+        Category::Other => "#e6e6e6",
+    }
+}
+
+/// The report's Goodput section: the figures, a stacked bar per allocation (inline SVG, each
+/// bar's length its share of the wall time) and the notes. The legend carries the seconds: no
+/// SVG `<title>` tooltips, which a page's text (and its title, to a naive reader) would take in.
+fn goodput_section(h: &History) -> String {
+    let g = goodput::of_history(h);
+    let mut out = String::from("<section id=\"goodput\">\n<h2>Goodput</h2>\n");
+    if g.wall_s <= 0.0 {
+        out.push_str("<p class=\"empty\" id=\"goodput-plot\">No wall time: no allocation with a start and an end.</p>\n</section>\n");
+        return out;
+    }
+    out.push_str(&format!(
+        "<p class=\"meta\">{:.1}% of {} made progress that was kept (docs/goodput.md; <code>vigil goodput</code> prints the numbers).</p>\n<p class=\"legend\">",
+        100.0 * g.goodput_fraction,
+        esc(&duration(g.wall_s))
+    ));
+    for c in Category::ALL {
+        out.push_str(&format!(
+            "<span><i style=\"background:{}\"></i>{} {}</span>",
+            colour(c),
+            esc(c.label()),
+            esc(&goodput::s1(g.breakdown.get(c)))
+        ));
+    }
+    out.push_str("</p>\n");
+    let (width, left, row) = (900.0, 110.0, 26.0);
+    let height = row * g.allocations.len() as f64 + 8.0;
+    out.push_str(&format!(
+        "<figure id=\"goodput-plot\"><svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" viewBox=\"0 0 {width} {height}\">\n"
+    ));
+    let longest = g
+        .allocations
+        .iter()
+        .map(|a| a.breakdown.total())
+        .fold(0.0, f64::max)
+        .max(f64::MIN_POSITIVE);
+    // Room on the right for each bar's label.
+    let scale = (width - left - 170.0) / longest;
+    for (i, a) in g.allocations.iter().enumerate() {
+        let y = 4.0 + row * i as f64;
+        out.push_str(&format!(
+            "<text x=\"0\" y=\"{:.1}\" font-size=\"12\">allocation {}</text>\n",
+            y + 15.0,
+            a.number
+        ));
+        let mut x = left;
+        for c in Category::ALL {
+            let w = a.breakdown.get(c) * scale;
+            if w <= 0.0 {
+                continue;
+            }
+            out.push_str(&format!(
+                "<rect x=\"{x:.2}\" y=\"{y:.1}\" width=\"{w:.2}\" height=\"{:.1}\" fill=\"{}\"/>\n",
+                row - 6.0,
+                colour(c),
+            ));
+            x += w;
+        }
+        let total = a.breakdown.total();
+        let pct = if total > 0.0 {
+            100.0 * a.breakdown.get(Category::Goodput) / total
+        } else {
+            0.0
+        };
+        out.push_str(&format!(
+            "<text x=\"{:.1}\" y=\"{:.1}\" font-size=\"12\">{}, goodput {pct:.0}%</text>\n",
+            x + 6.0,
+            y + 15.0,
+            esc(&duration(total))
+        ));
+    }
+    out.push_str("</svg></figure>\n");
+    if let Some(i) = g.steps.ideal_step_time_s {
+        out.push_str(&format!(
+            "<p class=\"meta\">Ideal step time {i:.3}s; step-time deviation: median {:.3}s.</p>\n",
+            g.steps.median_abs_deviation_s.unwrap_or(0.0)
+        ));
+    }
+    out.push_str("<ul>\n");
+    for n in &g.notes {
+        out.push_str(&format!("<li>{}</li>\n", esc(n)));
+    }
+    out.push_str("</ul>\n</section>\n");
+    out
 }
 
 #[cfg(test)]
