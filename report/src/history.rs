@@ -49,7 +49,8 @@ impl RunBuilder {
         }
     }
 
-    pub fn push_line(&mut self, line: &Line) {
+    /// The run's span, host and node rank, from any line.
+    fn note_time_and_place(&mut self, line: &Line) {
         let run = &mut self.run;
         let ts = line.ts;
         if self.first {
@@ -66,74 +67,20 @@ impl RunBuilder {
         if let Some(n) = line.node_rank {
             run.node_rank = n;
         }
+    }
+
+    /// One parsed line of the event log.
+    pub fn push_line(&mut self, line: &Line) {
+        self.note_time_and_place(line);
+        let run = &mut self.run;
+        let ts = line.ts;
         match &line.record {
-            Record::Nodes {
-                nnodes,
-                run_id,
-                command,
-                ..
-            } => {
-                run.run_id = run_id.clone();
-                run.command = command.clone();
-                run.nnodes = *nnodes;
-            }
-            Record::CycleStart { cycle, nproc, .. } => run.attempts.push(Attempt {
-                cycle: *cycle,
-                start: ts,
-                end: ts,
-                end_kind: None,
-                reason: None,
-                nproc: Some(*nproc),
-                ranks_gone: None,
-            }),
-            Record::CycleEnded { cycle, end, .. } => {
-                if let Some(a) = run.attempts.iter_mut().rev().find(|a| a.cycle == *cycle) {
-                    a.end = ts;
-                    a.end_kind = Some(end.name().to_string());
-                    a.reason = end.reason().map(str::to_string);
-                }
-            }
-            Record::RankExited { cycle, .. } => {
-                if let Some(a) = run.attempts.iter_mut().rev().find(|a| a.cycle == *cycle) {
-                    a.ranks_gone = Some(a.ranks_gone.map_or(ts, |g| g.max(ts)));
-                }
-                run.failures.extend(failure(ts, &line.record))
-            }
+            Record::Nodes { .. }
+            | Record::CycleStart { .. }
+            | Record::CycleEnded { .. }
+            | Record::RankExited { .. } => attempt_record(run, ts, &line.record),
             Record::RankSpawnFailed { .. } => run.failures.extend(failure(ts, &line.record)),
-            Record::Hang {
-                cycle,
-                rank,
-                local_rank,
-                hang,
-                ..
-            } => run.hangs.push(Hang {
-                ts,
-                cycle: *cycle,
-                rank: Some(*rank),
-                timeout: timeout_name(&hang.timeout),
-                silent_ms: Some(hang.silent_ms),
-                frames: Vec::new(),
-                local_rank: Some(*local_rank),
-                stacks_files: Vec::new(),
-            }),
-            Record::Stacks {
-                cycle,
-                rank,
-                innermost,
-                python_stacks,
-                proc_stacks,
-                ..
-            } => {
-                if let Some(h) = run
-                    .hangs
-                    .iter_mut()
-                    .rev()
-                    .find(|h| h.cycle == *cycle && h.rank == Some(*rank) && h.frames.is_empty())
-                {
-                    h.frames = innermost.clone();
-                    h.stacks_files = python_stacks.iter().chain(proc_stacks).cloned().collect();
-                }
-            }
+            Record::Hang { .. } | Record::Stacks { .. } => hang_record(run, ts, &line.record),
             Record::Restart {
                 from_cycle,
                 to_cycle,
@@ -279,6 +226,87 @@ fn stop(ts: f64, r: &Record) -> Option<Stop> {
         kind,
         window_s,
     })
+}
+
+/// The records that shape the run's attempts: the job's command, each attempt's start and end,
+/// and the last rank exit of each (a rank's failure is kept too).
+fn attempt_record(run: &mut NodeRun, ts: f64, record: &Record) {
+    match record {
+        Record::Nodes {
+            nnodes,
+            run_id,
+            command,
+            ..
+        } => {
+            run.run_id = run_id.clone();
+            run.command = command.clone();
+            run.nnodes = *nnodes;
+        }
+        Record::CycleStart { cycle, nproc, .. } => run.attempts.push(Attempt {
+            cycle: *cycle,
+            start: ts,
+            end: ts,
+            end_kind: None,
+            reason: None,
+            nproc: Some(*nproc),
+            ranks_gone: None,
+        }),
+        Record::CycleEnded { cycle, end, .. } => {
+            if let Some(a) = run.attempts.iter_mut().rev().find(|a| a.cycle == *cycle) {
+                a.end = ts;
+                a.end_kind = Some(end.name().to_string());
+                a.reason = end.reason().map(str::to_string);
+            }
+        }
+        Record::RankExited { cycle, .. } => {
+            if let Some(a) = run.attempts.iter_mut().rev().find(|a| a.cycle == *cycle) {
+                a.ranks_gone = Some(a.ranks_gone.map_or(ts, |g| g.max(ts)));
+            }
+            run.failures.extend(failure(ts, record))
+        }
+        _ => {}
+    }
+}
+
+/// A hang, and the stacks captured from the hung rank, which name where it hung.
+fn hang_record(run: &mut NodeRun, ts: f64, record: &Record) {
+    match record {
+        Record::Hang {
+            cycle,
+            rank,
+            local_rank,
+            hang,
+            ..
+        } => run.hangs.push(Hang {
+            ts,
+            cycle: *cycle,
+            rank: Some(*rank),
+            timeout: timeout_name(&hang.timeout),
+            silent_ms: Some(hang.silent_ms),
+            frames: Vec::new(),
+            local_rank: Some(*local_rank),
+            stacks_files: Vec::new(),
+        }),
+        Record::Stacks {
+            cycle,
+            rank,
+            innermost,
+            python_stacks,
+            proc_stacks,
+            ..
+        } => {
+            if let Some(h) = run
+                .hangs
+                .iter_mut()
+                .rev()
+                .find(|h| h.cycle == *cycle && h.rank == Some(*rank) && h.frames.is_empty())
+            {
+                h.frames = innermost.clone();
+                h.stacks_files = python_stacks.iter().chain(proc_stacks).cloned().collect();
+            }
+        }
+        _ => {}
+    }
 }
 
 /// `initial`, `heartbeat`, `out_of_section` or `section NAME`.

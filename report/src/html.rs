@@ -138,37 +138,7 @@ pub fn render_html(h: &History) -> String {
 
     let axis = span.map(|(t0, t1)| TimeAxis::new(t0, t1));
 
-    out.push_str("<section id=\"timeline\">\n<h2>Timeline: allocations and attempts</h2>\n");
-    out.push_str(concat!(
-        "<p class=\"legend\">",
-        "<span><i style=\"background:#4ca05a\"></i>attempt done</span>",
-        "<span><i style=\"background:#d64541\"></i>attempt failed / failure (x)</span>",
-        "<span><i style=\"background:#eb9628\"></i>attempt stopped / stop, requeue (dashed)</span>",
-        "<span><i style=\"background:#828282\"></i>node lost / node fault (x)</span>",
-        "<span><i style=\"background:#4678c8\"></i>running or log ended</span>",
-        "<span><i style=\"background:#8c3caa\"></i>hang (triangle)</span>",
-        "<span><i style=\"background:#1e5ac8\"></i>restart (dot)</span>",
-        "<span><i style=\"background:#969696;height:4px\"></i>wait between attempts</span>",
-        "</p>\n"
-    ));
-    let rows = plot::node_rows(h).len();
-    if rows > plot::MAX_ROWS {
-        let _ = writeln!(
-            out,
-            "<p class=\"empty\">The plot shows {} of {rows} node ranks: node rank 0 and those where something went wrong first, then the lowest; the events table lists every node.</p>",
-            plot::MAX_ROWS
-        );
-    }
-    figure(
-        &mut out,
-        "timeline-plot",
-        match (&axis, h.runs.is_empty()) {
-            (Some(a), false) => Some(plot::timeline(h, a)),
-            _ => None,
-        },
-        "No event logs (events.jsonl) were found: only the ledger's allocations are known, listed below.",
-    );
-    out.push_str("</section>\n");
+    timeline_section(&mut out, h, axis.as_ref());
 
     out.push_str("<section id=\"steps\">\n<h2>Steps over time</h2>\n");
     figure(
@@ -211,6 +181,41 @@ pub fn render_html(h: &History) -> String {
     }
     out.push_str("</body>\n</html>\n");
     out
+}
+
+/// The timeline section: its legend, the plot, and a note when it shows only some node ranks.
+fn timeline_section(out: &mut String, h: &History, axis: Option<&TimeAxis>) {
+    out.push_str("<section id=\"timeline\">\n<h2>Timeline: allocations and attempts</h2>\n");
+    out.push_str(concat!(
+        "<p class=\"legend\">",
+        "<span><i style=\"background:#4ca05a\"></i>attempt done</span>",
+        "<span><i style=\"background:#d64541\"></i>attempt failed / failure (x)</span>",
+        "<span><i style=\"background:#eb9628\"></i>attempt stopped / stop, requeue (dashed)</span>",
+        "<span><i style=\"background:#828282\"></i>node lost / node fault (x)</span>",
+        "<span><i style=\"background:#4678c8\"></i>running or log ended</span>",
+        "<span><i style=\"background:#8c3caa\"></i>hang (triangle)</span>",
+        "<span><i style=\"background:#1e5ac8\"></i>restart (dot)</span>",
+        "<span><i style=\"background:#969696;height:4px\"></i>wait between attempts</span>",
+        "</p>\n"
+    ));
+    let rows = plot::node_rows(h).len();
+    if rows > plot::MAX_ROWS {
+        let _ = writeln!(
+            out,
+            "<p class=\"empty\">The plot shows {} of {rows} node ranks: node rank 0 and those where something went wrong first, then the lowest; the events table lists every node.</p>",
+            plot::MAX_ROWS
+        );
+    }
+    figure(
+        out,
+        "timeline-plot",
+        match (axis, h.runs.is_empty()) {
+            (Some(a), false) => Some(plot::timeline(h, a)),
+            _ => None,
+        },
+        "No event logs (events.jsonl) were found: only the ledger's allocations are known, listed below.",
+    );
+    out.push_str("</section>\n");
 }
 
 /// What to call the job: the experiment's name (`experiment.json` in the directory given), the
@@ -260,23 +265,24 @@ pub fn job_name(h: &History) -> String {
 /// table lists them all.
 const MAX_FAILURE_ROWS: usize = 40;
 
-/// One row per rank failure and hang: when, where, what, the exception that ended its stderr.log
-/// and its last traceback, and the files to read.
-fn failures_table(out: &mut String, h: &History, t0: f64) {
-    out.push_str("<section id=\"failures\">\n<h2>Failures</h2>\n");
-    struct Row<'a> {
-        ts: f64,
-        run: &'a crate::history::NodeRun,
-        cycle: u32,
-        rank: Option<u32>,
-        local_rank: Option<u32>,
-        what: String,
-        extra: Vec<std::path::PathBuf>,
-    }
-    let mut rows: Vec<Row> = Vec::new();
+/// A rank failure or hang, as the failures table shows it.
+struct FailureRow<'a> {
+    ts: f64,
+    run: &'a crate::history::NodeRun,
+    cycle: u32,
+    rank: Option<u32>,
+    local_rank: Option<u32>,
+    what: String,
+    /// Files to list beside the rank's logs: a hang's stacks.
+    extra: Vec<std::path::PathBuf>,
+}
+
+/// Every rank failure and hang of `h`, in time order.
+fn failure_rows(h: &History) -> Vec<FailureRow<'_>> {
+    let mut rows: Vec<FailureRow> = Vec::new();
     for r in &h.runs {
         for f in &r.failures {
-            rows.push(Row {
+            rows.push(FailureRow {
                 ts: f.ts,
                 run: r,
                 cycle: f.cycle,
@@ -287,7 +293,7 @@ fn failures_table(out: &mut String, h: &History, t0: f64) {
             });
         }
         for hg in &r.hangs {
-            rows.push(Row {
+            rows.push(FailureRow {
                 ts: hg.ts,
                 run: r,
                 cycle: hg.cycle,
@@ -298,11 +304,19 @@ fn failures_table(out: &mut String, h: &History, t0: f64) {
             });
         }
     }
+    rows.sort_by(|a, b| a.ts.total_cmp(&b.ts));
+    rows
+}
+
+/// One row per rank failure and hang: when, where, what, the exception that ended its stderr.log
+/// and its last traceback, and the files to read.
+fn failures_table(out: &mut String, h: &History, t0: f64) {
+    out.push_str("<section id=\"failures\">\n<h2>Failures</h2>\n");
+    let rows = failure_rows(h);
     if rows.is_empty() {
         out.push_str("<p class=\"empty\">No rank failed or hung.</p>\n</section>\n");
         return;
     }
-    rows.sort_by(|a, b| a.ts.total_cmp(&b.ts));
     if rows.len() > MAX_FAILURE_ROWS {
         let _ = writeln!(
             out,
@@ -312,58 +326,63 @@ fn failures_table(out: &mut String, h: &History, t0: f64) {
     }
     out.push_str("<table>\n<colgroup><col class=\"t\"><col class=\"p\"><col class=\"w\"><col class=\"x\"><col><col class=\"l\"></colgroup>\n<tr><th>time (UTC)</th><th>+</th><th>where</th><th>what</th><th>exception and the end of stderr.log</th><th>logs</th></tr>\n");
     for row in rows.iter().take(MAX_FAILURE_ROWS) {
-        let logs = row
-            .local_rank
-            .and_then(|l| row.run.rank_dir(row.cycle, l))
-            .map(|d| crate::ranklogs::read(&d, &row.extra));
-        let who = match (row.rank, row.local_rank) {
-            (Some(r), Some(l)) => format!("rank {r} (local {l})"),
-            (Some(r), None) => format!("rank {r}"),
-            (None, Some(l)) => format!("local rank {l}"),
-            _ => "a rank".into(),
-        };
-        let mut exc = String::new();
-        let mut files = String::new();
-        match &logs {
-            Some(l) => {
-                if let Some(e) = &l.exception {
-                    let _ = write!(exc, "<b class=\"exception\">{}</b>", esc(e));
-                }
-                if let Some(x) = &l.excerpt {
-                    let _ = write!(exc, "<pre class=\"excerpt\">{}</pre>", esc(x));
-                }
-                if l.files.is_empty() {
-                    let _ = write!(
-                        files,
-                        "{} (no log files there)",
-                        esc(&l.dir.display().to_string())
-                    );
-                }
-                for f in &l.files {
-                    let _ = write!(
-                        files,
-                        "<div class=\"path\">{}</div>",
-                        esc(&f.display().to_string())
-                    );
-                }
-            }
-            None => files.push('-'),
-        }
-        if exc.is_empty() {
-            exc.push('-');
-        }
-        let _ = writeln!(
-            out,
-            "<tr class=\"rank-failure\"><td>{}</td><td>{}</td><td>{}, {}, attempt {}</td><td>{}</td><td>{exc}</td><td>{files}</td></tr>",
-            esc(&utc(row.ts)),
-            duration(row.ts - t0),
-            esc(&row.run.label()),
-            esc(&who),
-            row.cycle,
-            esc(&row.what),
-        );
+        failure_row(out, row, t0);
     }
     out.push_str("</table>\n</section>\n");
+}
+
+/// A failure's or hang's row: its cells, with the rank's logs read for the exception.
+fn failure_row(out: &mut String, row: &FailureRow, t0: f64) {
+    let logs = row
+        .local_rank
+        .and_then(|l| row.run.rank_dir(row.cycle, l))
+        .map(|d| crate::ranklogs::read(&d, &row.extra));
+    let who = match (row.rank, row.local_rank) {
+        (Some(r), Some(l)) => format!("rank {r} (local {l})"),
+        (Some(r), None) => format!("rank {r}"),
+        (None, Some(l)) => format!("local rank {l}"),
+        _ => "a rank".into(),
+    };
+    let mut exc = String::new();
+    let mut files = String::new();
+    match &logs {
+        Some(l) => {
+            if let Some(e) = &l.exception {
+                let _ = write!(exc, "<b class=\"exception\">{}</b>", esc(e));
+            }
+            if let Some(x) = &l.excerpt {
+                let _ = write!(exc, "<pre class=\"excerpt\">{}</pre>", esc(x));
+            }
+            if l.files.is_empty() {
+                let _ = write!(
+                    files,
+                    "{} (no log files there)",
+                    esc(&l.dir.display().to_string())
+                );
+            }
+            for f in &l.files {
+                let _ = write!(
+                    files,
+                    "<div class=\"path\">{}</div>",
+                    esc(&f.display().to_string())
+                );
+            }
+        }
+        None => files.push('-'),
+    }
+    if exc.is_empty() {
+        exc.push('-');
+    }
+    let _ = writeln!(
+        out,
+        "<tr class=\"rank-failure\"><td>{}</td><td>{}</td><td>{}, {}, attempt {}</td><td>{}</td><td>{exc}</td><td>{files}</td></tr>",
+        esc(&utc(row.ts)),
+        duration(row.ts - t0),
+        esc(&row.run.label()),
+        esc(&who),
+        row.cycle,
+        esc(&row.what),
+    );
 }
 
 fn allocations_table(out: &mut String, h: &History) {

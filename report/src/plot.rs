@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use plotters::coord::types::RangedCoordf64;
+use plotters::coord::types::{RangedCoordf64, RangedCoordi64};
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
@@ -149,6 +149,9 @@ pub fn timeline_rows(h: &History, max: usize) -> Vec<(u32, String)> {
 }
 
 type Chart<'a, 'b> = ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+/// The steps plot: time across, whole steps up.
+type StepChart<'a, 'b> =
+    ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordi64>>;
 
 /// The timeline: a band per allocation, a row per node rank with a bar per attempt, and markers
 /// with labels for failures, hangs (with their frame), restarts and stops.
@@ -297,64 +300,8 @@ fn draw_node_run(
     axis: &TimeAxis,
     y: f64,
 ) -> Result<(), PlotError> {
-    for a in &run.attempts {
-        let color = match a.end_kind.as_deref() {
-            Some("done") => DONE,
-            Some("failed") => FAILED,
-            Some("stopped") => STOPPED,
-            Some("lost") => LOST,
-            _ => RUNNING,
-        };
-        let (x0, x1) = (axis.x(a.start), axis.x(a.end));
-        chart
-            .draw_series(std::iter::once(Rectangle::new(
-                [(x0, y - 0.12), (x1.max(x0 + axis.len * 0.002), y + 0.12)],
-                color.mix(0.85).filled(),
-            )))
-            .map_err(err)?;
-        draw_text(
-            chart,
-            format!("attempt {}", a.cycle),
-            (x0, y + 0.14),
-            text_style(11, BLACK, Pos::new(HPos::Left, VPos::Bottom)),
-        )?;
-    }
-    // Ranks of one attempt often fail or hang together (a collective aborts): one label per
-    // attempt, for the first, naming how many more.
-    for (f, more) in first_per_cycle(&run.failures, |f| (f.cycle, f.ts)) {
-        let x = axis.x(f.ts);
-        chart
-            .draw_series(std::iter::once(Cross::new(
-                (x, y),
-                7,
-                FAILED.stroke_width(3),
-            )))
-            .map_err(err)?;
-        let label = format!("failure: {}{}", f.describe(), more_ranks(more));
-        draw_text(
-            chart,
-            label,
-            (x, y - 0.16),
-            text_style(12, FAILED, axis.anchor(x, VPos::Top)),
-        )?;
-    }
-    for (hang, more) in first_per_cycle(&run.hangs, |h| (h.cycle, h.ts)) {
-        let x = axis.x(hang.ts);
-        chart
-            .draw_series(std::iter::once(TriangleMarker::new(
-                (x, y),
-                8,
-                HANG.filled(),
-            )))
-            .map_err(err)?;
-        let label = format!("hang: {}{}", hang.describe(), more_ranks(more));
-        draw_text(
-            chart,
-            label,
-            (x, y - 0.3),
-            text_style(12, HANG, axis.anchor(x, VPos::Top)),
-        )?;
-    }
+    draw_attempts(chart, run, axis, y)?;
+    draw_failures_and_hangs(chart, run, axis, y)?;
     let waits = run.waits();
     for w in &waits {
         let (x0, x1) = (axis.x(w.from), axis.x(w.to));
@@ -401,6 +348,84 @@ fn draw_node_run(
             label,
             (x, y - 0.44),
             text_style(12, STOPPED, axis.anchor(x, VPos::Top)),
+        )?;
+    }
+    Ok(())
+}
+
+/// A node rank's bar per attempt, coloured by how it ended.
+fn draw_attempts(
+    chart: &mut Chart,
+    run: &NodeRun,
+    axis: &TimeAxis,
+    y: f64,
+) -> Result<(), PlotError> {
+    for a in &run.attempts {
+        let color = match a.end_kind.as_deref() {
+            Some("done") => DONE,
+            Some("failed") => FAILED,
+            Some("stopped") => STOPPED,
+            Some("lost") => LOST,
+            _ => RUNNING,
+        };
+        let (x0, x1) = (axis.x(a.start), axis.x(a.end));
+        chart
+            .draw_series(std::iter::once(Rectangle::new(
+                [(x0, y - 0.12), (x1.max(x0 + axis.len * 0.002), y + 0.12)],
+                color.mix(0.85).filled(),
+            )))
+            .map_err(err)?;
+        draw_text(
+            chart,
+            format!("attempt {}", a.cycle),
+            (x0, y + 0.14),
+            text_style(11, BLACK, Pos::new(HPos::Left, VPos::Bottom)),
+        )?;
+    }
+    Ok(())
+}
+
+/// A node rank's failures (crosses) and hangs (triangles), each labelled.
+fn draw_failures_and_hangs(
+    chart: &mut Chart,
+    run: &NodeRun,
+    axis: &TimeAxis,
+    y: f64,
+) -> Result<(), PlotError> {
+    // Ranks of one attempt often fail or hang together (a collective aborts): one label per
+    // attempt, for the first, naming how many more.
+    for (f, more) in first_per_cycle(&run.failures, |f| (f.cycle, f.ts)) {
+        let x = axis.x(f.ts);
+        chart
+            .draw_series(std::iter::once(Cross::new(
+                (x, y),
+                7,
+                FAILED.stroke_width(3),
+            )))
+            .map_err(err)?;
+        let label = format!("failure: {}{}", f.describe(), more_ranks(more));
+        draw_text(
+            chart,
+            label,
+            (x, y - 0.16),
+            text_style(12, FAILED, axis.anchor(x, VPos::Top)),
+        )?;
+    }
+    for (hang, more) in first_per_cycle(&run.hangs, |h| (h.cycle, h.ts)) {
+        let x = axis.x(hang.ts);
+        chart
+            .draw_series(std::iter::once(TriangleMarker::new(
+                (x, y),
+                8,
+                HANG.filled(),
+            )))
+            .map_err(err)?;
+        let label = format!("hang: {}{}", hang.describe(), more_ranks(more));
+        draw_text(
+            chart,
+            label,
+            (x, y - 0.3),
+            text_style(12, HANG, axis.anchor(x, VPos::Top)),
         )?;
     }
     Ok(())
@@ -539,6 +564,78 @@ fn step_range(lines: &[StepLine], ends: &[(f64, i64, u32)]) -> std::ops::Range<i
     (lo - pad).max(0)..hi + pad
 }
 
+/// Where attempt `l` started, and a dashed line from where the attempt before it on the same
+/// node (`prev`) got to the first step recorded in `l`: a drop when it resumed from an earlier
+/// checkpoint. The step it resumed from is not recorded (docs/report.md).
+fn draw_resume(
+    chart: &mut StepChart,
+    prev: &StepLine,
+    l: &StepLine,
+    color: RGBAColor,
+    y: &std::ops::Range<i64>,
+    axis: &TimeAxis,
+) -> Result<(), PlotError> {
+    let last = *prev.pts.last().expect("a line has points");
+    let first = l.pts[0];
+    chart
+        .draw_series(DashedLineSeries::new(
+            [(l.start, y.start), (l.start, y.end)],
+            2,
+            4,
+            RGBColor(150, 150, 150).stroke_width(1),
+        ))
+        .map_err(err)?;
+    chart
+        .draw_series(DashedLineSeries::new(
+            [last, first],
+            5,
+            4,
+            color.stroke_width(1),
+        ))
+        .map_err(err)?;
+    let text = if first.1 < last.1 {
+        format!(
+            "attempt {} resumed below step {} (first step seen {})",
+            l.cycle, last.1, first.1
+        )
+    } else {
+        format!("attempt {} (first step seen {})", l.cycle, first.1)
+    };
+    chart
+        .draw_series(std::iter::once(Text::new(
+            text,
+            (l.start, y.end),
+            text_style(12, RGBColor(60, 60, 60), axis.anchor(l.start, VPos::Top)),
+        )))
+        .map_err(err)?;
+    Ok(())
+}
+
+/// A cross at the highest step of each allocation the ledger says ended, labelled.
+fn draw_ends(
+    chart: &mut StepChart,
+    ends: &[(f64, i64, u32)],
+    axis: &TimeAxis,
+) -> Result<(), PlotError> {
+    for &(x, step, n) in ends {
+        chart
+            .draw_series(std::iter::once(Cross::new(
+                (x, step),
+                6,
+                BLACK.stroke_width(2),
+            )))
+            .map_err(err)?;
+        chart
+            .draw_series(std::iter::once(Text::new(
+                format!("allocation {n} ended at step {step} (ledger)"),
+                (x, step),
+                text_style(12, BLACK, axis.anchor(x, VPos::Bottom)),
+            )))
+            .map_err(err)?;
+    }
+    Ok(())
+}
+
 fn steps_svg(
     lines: &[StepLine],
     nodes: &[u32],
@@ -575,42 +672,7 @@ fn steps_svg(
                 .map(|j| &lines[j])
                 .filter(|p| p.node == l.node && p.cycle < l.cycle);
             if let Some(prev) = prev {
-                let last = *prev.pts.last().expect("a line has points");
-                let first = l.pts[0];
-                // Where the attempt started, and a dashed line from where the one before got
-                // to the first step recorded in it: a drop when it resumed from an earlier
-                // checkpoint. The step it resumed from is not recorded (docs/report.md).
-                chart
-                    .draw_series(DashedLineSeries::new(
-                        [(l.start, y.start), (l.start, y.end)],
-                        2,
-                        4,
-                        RGBColor(150, 150, 150).stroke_width(1),
-                    ))
-                    .map_err(err)?;
-                chart
-                    .draw_series(DashedLineSeries::new(
-                        [last, first],
-                        5,
-                        4,
-                        color.stroke_width(1),
-                    ))
-                    .map_err(err)?;
-                let text = if first.1 < last.1 {
-                    format!(
-                        "attempt {} resumed below step {} (first step seen {})",
-                        l.cycle, last.1, first.1
-                    )
-                } else {
-                    format!("attempt {} (first step seen {})", l.cycle, first.1)
-                };
-                chart
-                    .draw_series(std::iter::once(Text::new(
-                        text,
-                        (l.start, y.end),
-                        text_style(12, RGBColor(60, 60, 60), axis.anchor(l.start, VPos::Top)),
-                    )))
-                    .map_err(err)?;
+                draw_resume(&mut chart, prev, l, color, &y, axis)?;
             }
             let series = chart
                 .draw_series(LineSeries::new(
@@ -630,22 +692,7 @@ fn steps_svg(
                 .draw_series(l.pts.iter().map(|&p| Circle::new(p, 3, color.filled())))
                 .map_err(err)?;
         }
-        for &(x, step, n) in ends {
-            chart
-                .draw_series(std::iter::once(Cross::new(
-                    (x, step),
-                    6,
-                    BLACK.stroke_width(2),
-                )))
-                .map_err(err)?;
-            chart
-                .draw_series(std::iter::once(Text::new(
-                    format!("allocation {n} ended at step {step} (ledger)"),
-                    (x, step),
-                    text_style(12, BLACK, axis.anchor(x, VPos::Bottom)),
-                )))
-                .map_err(err)?;
-        }
+        draw_ends(&mut chart, ends, axis)?;
         chart
             .configure_series_labels()
             .position(SeriesLabelPosition::LowerRight)

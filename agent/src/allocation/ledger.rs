@@ -261,42 +261,7 @@ pub fn resolve_dir(
 ) -> Result<PathBuf, LedgerError> {
     let var = |k: &str| env(k).filter(|v| !v.trim().is_empty());
     let cluster = var("SLURM_CLUSTER_NAME");
-    let by_id = |id: &str| -> Result<PathBuf, LedgerError> {
-        let mut bases: Vec<PathBuf> = Vec::new();
-        for b in [
-            var("SLURM_SUBMIT_DIR").map(PathBuf::from),
-            Some(cwd.to_path_buf()),
-            Some(PathBuf::from(var("TMPDIR").unwrap_or("/tmp".into()))),
-        ]
-        .into_iter()
-        .flatten()
-        {
-            if !bases.contains(&b) {
-                bases.push(b);
-            }
-        }
-        let mut found: Vec<PathBuf> = Vec::new();
-        for b in &bases {
-            for p in job_dirs(b) {
-                if names_job(&p, id, cluster.as_deref()) && !found.contains(&p) {
-                    found.push(p);
-                }
-            }
-        }
-        match found.len() {
-            1 => Ok(found.remove(0)),
-            0 => Err(LedgerError(format!(
-                "no state directory for job {id}: looked for vigil-job-{}{} in {} (a job run with --log-dir or --state-dir keeps it there: pass that directory)",
-                cluster.as_deref().map_or("[<cluster>-]".to_string(), |c| format!("[{}-]", file_safe(c))),
-                file_safe(id),
-                bases.iter().map(|b| b.display().to_string()).collect::<Vec<_>>().join(", ")
-            ))),
-            _ => Err(LedgerError(format!(
-                "several state directories for job {id} (clusters sharing this directory, or ids reused): {}; pass one of them",
-                found.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
-            ))),
-        }
-    };
+    let by_id = |id: &str| dir_of_job(id, cluster.as_deref(), &var, cwd);
     let target = match target {
         Some(t) => t,
         None => {
@@ -310,43 +275,7 @@ pub fn resolve_dir(
     };
     let path = Path::new(target);
     if path.is_dir() {
-        let named = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .is_some_and(|n| n.starts_with(STATE_DIR_PREFIX));
-        if named || path.join(FILE).exists() {
-            return Ok(path.to_path_buf());
-        }
-        let mut jobs = job_dirs(path);
-        if let Some(id) = var("SLURM_JOB_ID") {
-            let mine: Vec<&PathBuf> = jobs
-                .iter()
-                .filter(|p| names_job(p, &id, cluster.as_deref()))
-                .collect();
-            if let [one] = mine[..] {
-                return Ok(one.clone());
-            }
-        }
-        if jobs.is_empty() {
-            // A plain `vigil run --log-dir` log directory, a run directory or an experiment:
-            // the ledger below it, found as `vigil report` finds it.
-            jobs = vigil_report::target::ledger_dirs(path);
-        }
-        return match jobs.len() {
-            1 => Ok(jobs.remove(0)),
-            0 => Err(LedgerError(format!(
-                "{} holds no ledger: neither {FILE} nor a vigil-job-<id>/ directory, nor a run directory with one below it",
-                path.display()
-            ))),
-            _ => Err(LedgerError(format!(
-                "{} holds the state of several jobs ({}): pass one of them",
-                path.display(),
-                jobs.iter()
-                    .filter_map(|p| p.file_name().and_then(|n| n.to_str()))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ))),
-        };
+        return dir_in(path, var("SLURM_JOB_ID"), cluster.as_deref());
     }
     if target.contains('/') || path.exists() {
         return Err(LedgerError(format!("{target} is not a directory")));
@@ -359,6 +288,93 @@ pub fn resolve_dir(
     match vigil_report::resolve_target(target, env).map(|d| vigil_report::target::ledger_dirs(&d)) {
         Ok(mut dirs) if dirs.len() == 1 => Ok(dirs.remove(0)),
         _ => Err(not_a_job),
+    }
+}
+
+/// The state directory of job `id` where vigil makes one by default ([`resolve_dir`]): the
+/// Slurm submit directory, the current directory and `$TMPDIR`. `var` reads a set variable.
+fn dir_of_job(
+    id: &str,
+    cluster: Option<&str>,
+    var: &dyn Fn(&str) -> Option<String>,
+    cwd: &Path,
+) -> Result<PathBuf, LedgerError> {
+    let mut bases: Vec<PathBuf> = Vec::new();
+    for b in [
+        var("SLURM_SUBMIT_DIR").map(PathBuf::from),
+        Some(cwd.to_path_buf()),
+        Some(PathBuf::from(var("TMPDIR").unwrap_or("/tmp".into()))),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        if !bases.contains(&b) {
+            bases.push(b);
+        }
+    }
+    let mut found: Vec<PathBuf> = Vec::new();
+    for b in &bases {
+        for p in job_dirs(b) {
+            if names_job(&p, id, cluster) && !found.contains(&p) {
+                found.push(p);
+            }
+        }
+    }
+    match found.len() {
+        1 => Ok(found.remove(0)),
+        0 => Err(LedgerError(format!(
+            "no state directory for job {id}: looked for vigil-job-{}{} in {} (a job run with --log-dir or --state-dir keeps it there: pass that directory)",
+            cluster.map_or("[<cluster>-]".to_string(), |c| format!("[{}-]", file_safe(c))),
+            file_safe(id),
+            bases.iter().map(|b| b.display().to_string()).collect::<Vec<_>>().join(", ")
+        ))),
+        _ => Err(LedgerError(format!(
+            "several state directories for job {id} (clusters sharing this directory, or ids reused): {}; pass one of them",
+            found.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+        ))),
+    }
+}
+
+/// The state directory that the directory `path` is or holds ([`resolve_dir`]): among several
+/// jobs', the one of `job_id` (`$SLURM_JOB_ID`).
+fn dir_in(
+    path: &Path,
+    job_id: Option<String>,
+    cluster: Option<&str>,
+) -> Result<PathBuf, LedgerError> {
+    let named = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with(STATE_DIR_PREFIX));
+    if named || path.join(FILE).exists() {
+        return Ok(path.to_path_buf());
+    }
+    let mut jobs = job_dirs(path);
+    if let Some(id) = job_id {
+        let mine: Vec<&PathBuf> = jobs.iter().filter(|p| names_job(p, &id, cluster)).collect();
+        if let [one] = mine[..] {
+            return Ok(one.clone());
+        }
+    }
+    if jobs.is_empty() {
+        // A plain `vigil run --log-dir` log directory, a run directory or an experiment:
+        // the ledger below it, found as `vigil report` finds it.
+        jobs = vigil_report::target::ledger_dirs(path);
+    }
+    match jobs.len() {
+        1 => Ok(jobs.remove(0)),
+        0 => Err(LedgerError(format!(
+            "{} holds no ledger: neither {FILE} nor a vigil-job-<id>/ directory, nor a run directory with one below it",
+            path.display()
+        ))),
+        _ => Err(LedgerError(format!(
+            "{} holds the state of several jobs ({}): pass one of them",
+            path.display(),
+            jobs.iter()
+                .filter_map(|p| p.file_name().and_then(|n| n.to_str()))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))),
     }
 }
 
