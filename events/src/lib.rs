@@ -1,13 +1,15 @@
 //! The records vigil writes to disk and reads back, defined once: the event log's lines
-//! (`events.jsonl`, [`log`]), the job's ledger (`ledger.jsonl`, [`ledger`]) and the names of
-//! signals that both carry ([`signals`]).
+//! (`events.jsonl`, [`log`]), the job's ledger (`ledger.jsonl`, [`ledger`]), an experiment's
+//! record (`experiment.json`, [`experiment`]) and the names of signals that both logs carry
+//! ([`signals`]).
 //!
-//! The agent writes these types and `vigil report`, `status` and `ledger` read them back, so a
-//! field renamed here is renamed on both sides. Reading is tolerant: an event a newer vigil adds
-//! reads as [`log::Record::Unknown`], fields this vigil does not know are ignored, and fields an
-//! older vigil did not write take their defaults.
+//! The agent and `vigil launch` write these types and `vigil report`, `status`, `ledger` and
+//! `watch` read them back, so a field renamed here is renamed on both sides. Reading is
+//! tolerant: an event a newer vigil adds reads as [`log::Record::Unknown`], fields this vigil
+//! does not know are ignored, and fields an older vigil did not write take their defaults.
 
 pub mod exit;
+pub mod experiment;
 pub mod ledger;
 pub mod log;
 pub mod signals;

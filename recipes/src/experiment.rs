@@ -5,26 +5,15 @@
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use serde::{Deserialize, Serialize};
+use vigil_report::records::ExperimentError;
 
 use crate::{err, Error};
 
-/// What `vigil status`, `logs`, `cancel`, `list` and `attach` need to find a launch again.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Meta {
-    pub id: String,
-    pub name: String,
-    /// Unset until sbatch answered (and for a dry run).
-    pub job_id: Option<String>,
-    pub partition: Option<String>,
-    pub interactive: bool,
-    /// Unix seconds.
-    pub created: f64,
-    #[serde(skip)]
-    pub dir: PathBuf,
-}
+/// What `vigil status`, `logs`, `cancel`, `list` and `attach` need to find a launch again: the
+/// record `experiment.json` holds, whose schema is the events crate's.
+pub use vigil_events::experiment::Experiment as Meta;
 
-pub const META: &str = "experiment.json";
+pub const META: &str = vigil_events::experiment::FILE;
 
 /// `$VIGIL_HOME`, else `~/.vigil`; a relative one is taken from `cwd`, since the job's script
 /// names the experiment directory from wherever the job starts.
@@ -90,29 +79,29 @@ pub fn create(home: &Path, name: &str, now: SystemTime) -> Result<(String, PathB
 pub fn write_meta(m: &Meta) -> Result<(), Error> {
     let path = m.dir.join(META);
     let tmp = m.dir.join(".experiment.json.tmp");
-    let text = serde_json::to_string_pretty(m).expect("plain data serializes");
-    std::fs::write(&tmp, text + "\n")
+    std::fs::write(&tmp, m.encode())
         .and_then(|_| std::fs::rename(&tmp, &path))
         .map_err(|e| Error(format!("cannot write {}: {e}", path.display())))
 }
 
+/// The launch recorded in `dir`; an error unless the record names its id and name, as every
+/// launch writes them.
 pub fn read_meta(dir: &Path) -> Result<Meta, Error> {
-    let path = dir.join(META);
-    let text = vigil_bounded::read_string(&path, vigil_bounded::CONFIG_LIMIT).map_err(|e| {
-        Error(format!(
+    let m = vigil_report::records::read_experiment(dir).map_err(|e| match e {
+        ExperimentError::Read(e) => Error(format!(
             "{} is not an experiment directory ({}: {})",
             dir.display(),
             META,
             e.reason()
-        ))
+        )),
+        e @ ExperimentError::Parse { .. } => Error(e.to_string()),
     })?;
-    let mut m: Meta = serde_json::from_str(&text).map_err(|e| {
-        Error(format!(
-            "{}: not vigil's experiment record: {e}",
-            path.display()
-        ))
-    })?;
-    m.dir = dir.to_path_buf();
+    if m.id.is_empty() || m.name.is_empty() {
+        return err(format!(
+            "{}: not vigil's experiment record: it has no id or name",
+            dir.join(META).display()
+        ));
+    }
     Ok(m)
 }
 

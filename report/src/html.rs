@@ -222,14 +222,11 @@ fn timeline_section(out: &mut String, h: &History, axis: Option<&TimeAxis>) {
 /// job id of the ledger, the job id or script name in the run directory's name
 /// (`vigil_<job id or script>_<time>_<hex>`), else the directory's own name.
 pub fn job_name(h: &History) -> String {
-    let meta =
-        vigil_bounded::read_string(&h.root.join("experiment.json"), vigil_bounded::CONFIG_LIMIT)
-            .ok()
-            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok());
-    if let Some(name) = meta.as_ref().and_then(|m| m["name"].as_str()) {
-        return match meta.as_ref().and_then(|m| m["job_id"].as_str()) {
-            Some(j) => format!("{name} (job {j})"),
-            None => name.to_string(),
+    let meta = crate::records::read_experiment(&h.root).ok();
+    if let Some(m) = meta.filter(|m| !m.name.is_empty()) {
+        return match m.job_id {
+            Some(j) => format!("{} (job {j})", m.name),
+            None => m.name,
         };
     }
     if let Some(j) = h.allocations.iter().find_map(|a| a.job_id.clone()) {

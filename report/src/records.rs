@@ -1,10 +1,12 @@
 //! Finding and reading vigil's record files: every `events.jsonl` (one per node and allocation)
-//! and `ledger.jsonl` (one per job, written by node rank 0) below a directory.
+//! and `ledger.jsonl` (one per job, written by node rank 0) below a directory, and an experiment
+//! directory's `experiment.json` (written by `vigil launch`).
 
 use std::fs;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
+use vigil_events::experiment::{self, Experiment};
 
 /// How deep below the given directory records are looked for. An experiment directory holds them
 /// at `runs/vigil_*/events.jsonl` and `state/ledger.jsonl` (or `state/vigil-job-<id>/`); a log
@@ -175,6 +177,30 @@ pub fn parse_jsonl(text: &str, source: &Path) -> (Vec<Value>, Vec<String>) {
     (records, notes)
 }
 
+/// Why an experiment directory's `experiment.json` was not read.
+#[derive(Debug, thiserror::Error)]
+pub enum ExperimentError {
+    /// Missing, not a regular file, or larger than [`vigil_bounded::CONFIG_LIMIT`].
+    #[error("{0}")]
+    Read(#[from] vigil_bounded::ReadError),
+    #[error("{}: not vigil's experiment record: {error}", .path.display())]
+    Parse {
+        path: PathBuf,
+        error: serde_json::Error,
+    },
+}
+
+/// The experiment record in `dir`, its `dir` set, read as a small file: whole, and at most
+/// [`vigil_bounded::CONFIG_LIMIT`] bytes.
+pub fn read_experiment(dir: &Path) -> Result<Experiment, ExperimentError> {
+    let path = dir.join(experiment::FILE);
+    let text = vigil_bounded::read_string(&path, vigil_bounded::CONFIG_LIMIT)?;
+    let mut e =
+        Experiment::decode(&text).map_err(|error| ExperimentError::Parse { path, error })?;
+    e.dir = dir.to_path_buf();
+    Ok(e)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -246,5 +272,48 @@ mod tests {
         assert_eq!((seen.len(), notes.len()), (1, 0));
         assert_eq!(found.ledgers.len(), 1, "not another job's, set aside");
         assert!(found.notes.is_empty(), "{:?}", found.notes);
+    }
+
+    #[test]
+    fn an_experiment_record_is_read_with_its_directory() {
+        let dir = std::env::temp_dir().join(format!("vigil-report-exp-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let e = Experiment {
+            id: "t_1".into(),
+            name: "t".into(),
+            job_id: Some("7".into()),
+            dir: dir.clone(),
+            ..Experiment::default()
+        };
+        fs::write(dir.join(experiment::FILE), e.encode()).unwrap();
+        let back = read_experiment(&dir);
+        fs::write(dir.join(experiment::FILE), "{\"name\":").unwrap();
+        let bad = read_experiment(&dir).unwrap_err().to_string();
+        fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(back.unwrap(), e);
+        assert!(
+            bad.contains("experiment.json: not vigil's experiment record: "),
+            "{bad}"
+        );
+    }
+
+    #[test]
+    fn an_experiment_record_over_the_bound_is_refused() {
+        let dir = std::env::temp_dir().join(format!("vigil-report-exp-big-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(experiment::FILE);
+        let padding = " ".repeat(vigil_bounded::CONFIG_LIMIT as usize);
+        fs::write(&path, format!("{{\"job_id\":\"7\"}}{padding}")).unwrap();
+        let e = read_experiment(&dir).unwrap_err();
+        fs::remove_dir_all(&dir).unwrap();
+        assert!(matches!(e, ExperimentError::Read(_)), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "{} is larger than {} bytes",
+                path.display(),
+                vigil_bounded::CONFIG_LIMIT
+            )
+        );
     }
 }

@@ -85,10 +85,7 @@ fn spares(logs: &[PathBuf]) -> Spares {
 
 /// The Slurm job id: `experiment.json`'s (`vigil launch`), else the ledger's latest.
 fn job_id(dir: &Path, h: &History) -> Option<String> {
-    let meta = std::fs::read_to_string(dir.join("experiment.json")).ok();
-    let from_meta = meta
-        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-        .and_then(|v| v.get("job_id")?.as_str().map(str::to_string));
+    let from_meta = records::read_experiment(dir).ok().and_then(|m| m.job_id);
     from_meta.or_else(|| h.allocations.iter().rev().find_map(|a| a.job_id.clone()))
 }
 
