@@ -79,18 +79,9 @@ pub fn factor(s: &str) -> Result<f64, BadValue> {
     }
 }
 
-/// A job id made safe for a file name: anything but `[A-Za-z0-9._-]` becomes `_`.
-pub fn file_safe(id: &str) -> String {
-    id.chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || "-_.".contains(c) {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect()
-}
+/// A job id made safe for a file name (the schema crate's, so the report and the ledger find
+/// the directories the agent names).
+pub use vigil_events::file_safe;
 
 /// `SIGTERM`, `TERM`, `15`: a signal number.
 pub fn parse_signal(flag: &str, s: &str) -> Result<i32, ConfigError> {

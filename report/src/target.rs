@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
+use vigil_events::file_safe;
 
 use crate::records;
 
@@ -130,19 +131,6 @@ fn first_ts(events: &Path) -> Option<f64> {
     let mut lines = vigil_bounded::lines(events, vigil_bounded::LINE_LIMIT).ok()?;
     let line = lines.next()?.ok()?;
     serde_json::from_str::<Value>(&line.text).ok()?["ts"].as_f64()
-}
-
-/// A job id as the agent writes it into a run directory's name.
-fn file_safe(id: &str) -> String {
-    id.chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || "-_.".contains(c) {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect()
 }
 
 /// The state directories below `dir` (each holds a `ledger.jsonl`), in path order.
