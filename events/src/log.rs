@@ -164,6 +164,24 @@ pub struct Hang {
     pub stopped: bool,
 }
 
+impl Hang {
+    /// `heartbeat timeout of 1.0s passed`: the timeout the rank ran past and its limit, as every
+    /// message about a hang puts it.
+    pub fn passed(&self) -> String {
+        format!(
+            "{} of {:.1}s passed",
+            self.timeout,
+            self.limit_ms as f64 / 1000.0
+        )
+    }
+
+    /// `rank 3 hung: heartbeat timeout of 1.0s passed`: why the attempt failed, as the
+    /// `cycle_ended` record's reason carries it to the console and the report.
+    pub fn reason(&self, rank: u32) -> String {
+        format!("rank {rank} hung: {}", self.passed())
+    }
+}
+
 /// How a cycle ended for the whole job.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "end", rename_all = "snake_case")]
@@ -1238,6 +1256,21 @@ mod tests {
         assert!(is_checkpoint_section("checkpointing"));
         assert!(is_checkpoint_section("async_checkpoint_save"));
         assert!(!is_checkpoint_section("step"));
+    }
+
+    #[test]
+    fn a_hang_is_worded_with_its_timeout_and_limit() {
+        let h = Hang {
+            timeout: HangKind::Section("step".into()),
+            limit_ms: 1000,
+            silent_ms: 1500,
+            stopped: false,
+        };
+        assert_eq!(h.passed(), "section \"step\" timeout of 1.0s passed");
+        assert_eq!(
+            h.reason(3),
+            "rank 3 hung: section \"step\" timeout of 1.0s passed"
+        );
     }
 
     #[test]

@@ -264,12 +264,7 @@ impl Supervisor {
         });
         let term = self.cfg.termination_signal;
         self.begin_stop_except(now, StopReason::RankHung, SIGTERM, Some((pid, term)), out);
-        let reason = format!(
-            "rank {rank} hung: {} of {:.1}s passed",
-            hang.timeout,
-            hang.limit_ms as f64 / 1000.0
-        );
-        self.report_failure(reason, out);
+        self.report_failure(hang.reason(rank), out);
     }
 }
 
