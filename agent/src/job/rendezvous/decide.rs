@@ -9,7 +9,13 @@
 //!
 //! Outputs: what to propose as the verdict (the assignment, [`Proposal`]), what to tell this
 //! agent's runtime ([`Decision`]), what a lost node does to the job ([`Loss`]), and the reason
-//! whenever the job cannot go on here. Where each job-wide decision is made:
+//! whenever the job cannot go on here; and, for the coordinator, each of those as the [`Step`]s
+//! that carry it out (the store's writes and waits, the messages), in order: the rendezvous'
+//! completion ([`Rendezvous::counted`], [`Rendezvous::joins_counted`]), the members left and the
+//! proposal ([`Rendezvous::propose`]), a loss ([`Rendezvous::carry`]), the cycle's end
+//! ([`Rendezvous::report_end`], [`Rendezvous::done_counted`]), the last call
+//! ([`Rendezvous::last_call_out`]), the coordinator's successor ([`Rendezvous::successor`]).
+//! Where each job-wide decision is made:
 //! - ranks: [`assign`] and [`assign_slots`] (global ranks follow the slot);
 //! - benching, unfit nodes and promotions: [`Rendezvous::assign`], choosing with `job/spares.rs`;
 //! - members and a lost node (to a standby, or the job is lost): [`Rendezvous::node_lost`];
@@ -25,7 +31,7 @@ use crate::job::spares::{refill, Promotion, Standby};
 use crate::supervise::monitor::Timeouts;
 use crate::supervise::JobEnd;
 
-use super::wire::{key, Go, NodeInfo, Verdict, WireEnd, WireTimeouts};
+use super::wire::{key, to_json, Go, NodeInfo, Verdict, WireEnd, WireTimeouts};
 use super::FromCoord;
 
 /// What one agent knows of the job, fixed for its life.
@@ -588,6 +594,232 @@ impl Rendezvous {
     fn failed(&mut self, d: Decision) -> Decision {
         self.stage = Stage::Idle;
         d
+    }
+}
+
+/// What the coordinator carries out for the state machine, in order: a store operation, a wait,
+/// or a message for this agent's runtime. The coordinator decides none of them.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    /// Write `value` at the key.
+    Set(String, Vec<u8>),
+    /// Write `value` at the key unless one is there (compare-and-set from empty: the first write
+    /// wins).
+    SetFirst(String, Vec<u8>),
+    /// Park on the key (the rendezvous' next wait).
+    Wait(String, Patience),
+    /// Node rank 0: propose this verdict for cycle N (`c<N>/go`, the first written wins) and
+    /// take the winner as the verdict ([`Rendezvous::verdict`]).
+    Propose(u32, Vec<u8>),
+    /// Node rank 0: read how many joined cycle N (`c<N>/joined`) and complete its rendezvous if
+    /// the members all did ([`Rendezvous::joins_counted`]).
+    CountJoins(u32),
+    /// Node rank 0: (re)start the last call of cycle N's rendezvous (lastcall.rs).
+    LastCall(u32),
+    /// Tell this agent's runtime.
+    Tell(FromCoord),
+}
+
+/// How long a [`Step::Wait`] waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Patience {
+    /// A rendezvous: at most `--join-timeout`.
+    Join,
+    /// A cycle's end: as long as it runs.
+    Forever,
+}
+
+/// Ends cycle `c` and the next one with `end` for every node still waiting on them; a verdict
+/// already given stays (compare-and-set). `all` is set after `go` so that node rank 0, parked
+/// until every node joined, wakes and finds the verdict.
+pub fn poison(c: u32, end: &JobEnd) -> Vec<Step> {
+    let end = WireEnd::from(end);
+    let verdict = to_json(&Verdict::End(end.clone()));
+    let end = to_json(&end);
+    [c, c + 1]
+        .into_iter()
+        .flat_map(|cycle| {
+            [
+                Step::SetFirst(key::go(cycle), verdict.clone()),
+                Step::SetFirst(key::end(cycle), end.clone()),
+                Step::Set(key::all(cycle), Vec::new()),
+            ]
+        })
+        .collect()
+}
+
+/// The writes that say `members` agents join `cycles` from now on.
+fn members_of(members: usize, cycles: [u32; 2]) -> impl Iterator<Item = Step> {
+    let m = members.to_string().into_bytes();
+    cycles
+        .into_iter()
+        .map(move |c| Step::Set(key::members(c), m.clone()))
+}
+
+impl Rendezvous {
+    /// What a [`Decision`] takes: park on the cycle's end, tell the runtime, or end `Lost`.
+    pub fn steps(&mut self, d: Decision) -> Vec<Step> {
+        match d {
+            Decision::Run(c, m) => vec![Step::Wait(key::end(c), Patience::Forever), Step::Tell(m)],
+            Decision::Tell(m) => vec![Step::Tell(m)],
+            Decision::Fail(why) => vec![self.lost(why)],
+        }
+    }
+
+    /// The job cannot go on on this agent: the message that ends it ([`Rendezvous::fail`]).
+    pub fn lost(&mut self, why: String) -> Step {
+        Step::Tell(FromCoord::Lost {
+            reason: self.fail(why),
+            requeue: true,
+        })
+    }
+
+    /// Input: this agent joined `cycle` (after [`Rendezvous::join`]) as the `nth`, with
+    /// `c<N>/members` as read. The last to join completes the rendezvous (`all`); with a last
+    /// call, each joiner says it came (`c0/nth/<k>`) and node rank 0 (re)starts the call; then
+    /// it waits for `all` (node rank 0) or the verdict.
+    pub fn counted(&self, cycle: u32, nth: i64, members: Option<&[u8]>) -> Vec<Step> {
+        let mut steps = Vec::new();
+        if nth == self.joins_expected(members) {
+            steps.push(Step::Set(key::all(cycle), Vec::new()));
+        }
+        let waits_all = self.stage == Stage::WaitAll(cycle);
+        if self.has_last_call(cycle) {
+            steps.push(Step::Set(key::nth_join(cycle, nth), Vec::new()));
+            if waits_all {
+                steps.push(Step::LastCall(cycle));
+            }
+        }
+        let next = if waits_all {
+            key::all(cycle)
+        } else {
+            key::go(cycle)
+        };
+        steps.push(Step::Wait(next, Patience::Join));
+        steps
+    }
+
+    /// Input (node rank 0): every member's join record for `cycle` as read, in
+    /// [`Self::members`] order. With standbys and nodes lost for good, the next rendezvous waits
+    /// for the members only (`c<N+1>/members`); then the hosts and promotions are told and the
+    /// assignment proposed, or the job ends.
+    pub fn propose(&mut self, cycle: u32, records: &[(u32, Vec<u8>)]) -> Vec<Step> {
+        let members = self.members().len();
+        let mut steps = Vec::new();
+        if self.spares() && members < self.setup.nnodes as usize {
+            // Nodes lost for good (or absent at the last call) stay out of every later
+            // rendezvous.
+            let m = members.to_string().into_bytes();
+            steps.push(Step::Set(key::members(cycle + 1), m));
+        }
+        match self.assign(cycle, records) {
+            Ok(Proposal {
+                go,
+                promotions,
+                hosts,
+            }) => {
+                steps.push(Step::Tell(FromCoord::Hosts { cycle, hosts }));
+                if !promotions.is_empty() {
+                    steps.push(Step::Tell(FromCoord::Promoted { cycle, promotions }));
+                }
+                steps.push(Step::Propose(cycle, to_json(&Verdict::Go(go))));
+            }
+            Err(why) => steps.push(self.lost(why.to_string())),
+        }
+        steps
+    }
+
+    /// Input (node rank 0): `joined` nodes joined cycle `c` when a member was lost to a standby
+    /// during its rendezvous: if every member left did, it completes without the lost one.
+    pub fn joins_counted(&self, c: u32, joined: usize) -> Vec<Step> {
+        if joined >= self.members().len() {
+            vec![Step::Set(key::all(c), Vec::new())]
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// What losing a node takes ([`Loss`]): the members from now on and the cycle under way
+    /// completed or ended, the job ended for every node, or this agent's end.
+    pub fn carry(&mut self, loss: Loss) -> Vec<Step> {
+        let (members, cycles, then) = match loss {
+            Loss::Nothing => return Vec::new(),
+            Loss::Fail(why) => return vec![self.lost(why)],
+            Loss::Job { cycle, end } => return poison(cycle, &end),
+            Loss::ToStandby {
+                members,
+                cycles,
+                then,
+            } => (members, cycles, then),
+        };
+        let mut steps: Vec<Step> = members_of(members, cycles).collect();
+        match then {
+            AfterLoss::Nothing => {}
+            AfterLoss::CompleteJoin(c) => steps.push(Step::CountJoins(c)),
+            AfterLoss::EndCycle { cycle, end } => {
+                let end = to_json(&WireEnd::from(&end));
+                steps.push(Step::SetFirst(key::end(cycle), end));
+            }
+        }
+        steps
+    }
+
+    /// Input (node rank 0, `--nnodes MIN:MAX`): cycle `c`'s last call ran out with the
+    /// `present` members' join records there ([`Rendezvous::last_call`]); `last_call` is how
+    /// long it waited. Starting without the absent ones: say so, write the members, complete
+    /// the rendezvous.
+    pub fn last_call_out(&mut self, c: u32, present: &[u32], last_call: Duration) -> Vec<Step> {
+        let LastCall::Start {
+            members,
+            cycles,
+            absent,
+        } = self.last_call(c, present)
+        else {
+            return Vec::new();
+        };
+        let note = last_call_note(c, members, self.setup.nnodes, &absent, last_call);
+        let mut steps = vec![Step::Tell(FromCoord::Note(note))];
+        steps.extend(members_of(members, cycles));
+        steps.push(Step::Set(key::all(c), Vec::new()));
+        steps
+    }
+
+    /// Input: cycle `cycle`'s ranks on this node ended with `end` (the first report wins).
+    pub fn report_end(&self, cycle: u32, end: &JobEnd) -> Vec<Step> {
+        let mut steps = Vec::new();
+        if let JobEnd::Failed { node, .. } = end {
+            steps.push(Step::Set(key::failed(cycle, *node), Vec::new()));
+        }
+        steps.push(Step::SetFirst(
+            key::end(cycle),
+            to_json(&WireEnd::from(end)),
+        ));
+        steps
+    }
+
+    /// Input: this node counted itself the `count`th whose ranks all exited 0 in `cycle`: the
+    /// last slot to do so ends the cycle done.
+    pub fn done_counted(&self, cycle: u32, count: i64) -> Vec<Step> {
+        if self.all_reported(count) {
+            vec![Step::SetFirst(key::end(cycle), to_json(&WireEnd::Done))]
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// Input (the store outside the job, not coordinating): the coordinator, node `old`, is
+    /// gone; `leased`: whether each node's lease is held, by node rank; `job_ended`: the job's
+    /// end is written. The live agents, if this one is the lowest of them and so is to take the
+    /// coordinator's lease over; `None`: leave it (to a lower one, or nobody: the job ended).
+    pub fn successor(&self, old: u32, leased: &[bool], job_ended: bool) -> Option<Vec<u32>> {
+        if self.setup.head || !self.setup.outside || job_ended {
+            return None;
+        }
+        let me = self.setup.node_rank;
+        let alive: Vec<u32> = (0..self.setup.nnodes)
+            .filter(|n| *n == me || (*n != old && leased.get(*n as usize) == Some(&true)))
+            .collect();
+        (alive.first() == Some(&me)).then_some(alive)
     }
 }
 
@@ -1437,6 +1669,183 @@ mod tests {
         assert!(
             why.ends_with("every node must run the same vigil version"),
             "{why}"
+        );
+    }
+
+    fn set(k: String, v: &str) -> Step {
+        Step::Set(k, v.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn the_last_to_join_completes_the_rendezvous_and_each_waits_for_its_next_key() {
+        let mut job = Job::new(vec![1, 1], 2, vec![None; 2]);
+        job.agents[0].join(0, None);
+        job.agents[1].join(0, None);
+        assert_eq!(
+            job.agents[0].counted(0, 1, None),
+            vec![Step::Wait(key::all(0), Patience::Join)]
+        );
+        assert_eq!(
+            job.agents[1].counted(0, 2, None),
+            vec![set(key::all(0), ""), Step::Wait(key::go(0), Patience::Join)]
+        );
+        // Hot spares: the members as read; the first rendezvous has a last call.
+        let mut h = head(4, 2);
+        h.join(0, None);
+        assert_eq!(
+            h.counted(0, 3, Some(b"3")),
+            vec![
+                set(key::all(0), ""),
+                set(key::nth_join(0, 3), ""),
+                Step::LastCall(0),
+                Step::Wait(key::all(0), Patience::Join),
+            ]
+        );
+        let mut n1 = agent(4, 2, 1);
+        n1.join(0, None);
+        assert_eq!(
+            n1.counted(0, 1, None),
+            vec![
+                set(key::nth_join(0, 1), ""),
+                Step::Wait(key::go(0), Patience::Join)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_proposal_writes_the_members_left_and_tells_hosts_before_the_verdict() {
+        // --nnodes 2:3: standby 2 is lost while the rendezvous waits; it completes without it.
+        let mut h = head(3, 2);
+        h.join(0, None);
+        let loss = h.lease_lost(Some(2), "gone".into());
+        assert_eq!(
+            h.carry(loss),
+            vec![
+                set(key::members(0), "2"),
+                set(key::members(1), "2"),
+                Step::CountJoins(0)
+            ]
+        );
+        assert_eq!(h.joins_counted(0, 1), vec![]);
+        assert_eq!(h.joins_counted(0, 2), vec![set(key::all(0), "")]);
+        let records = [(0, to_json(&info(1))), (1, to_json(&info(1)))];
+        let steps = h.propose(0, &records);
+        assert_eq!(steps[0], set(key::members(1), "2"));
+        assert!(
+            matches!(&steps[1], Step::Tell(FromCoord::Hosts { cycle: 0, hosts }) if hosts.active.len() == 2)
+        );
+        let Step::Propose(0, go) = &steps[2] else {
+            panic!("{steps:?}")
+        };
+        // Every node, the proposer included, runs what won.
+        let d = h.verdict(0, go);
+        let run = h.steps(d);
+        assert_eq!(run[0], Step::Wait(key::end(0), Patience::Forever));
+        assert!(matches!(
+            &run[1],
+            Step::Tell(FromCoord::Joined { cycle: 0, .. })
+        ));
+        // Without standbys no members are written; an unreadable record ends the agent.
+        let mut h = head(2, 2);
+        h.join(0, None);
+        let steps = h.propose(0, &[(0, to_json(&info(1))), (1, b"{".to_vec())]);
+        assert!(
+            matches!(
+                &steps[..],
+                [Step::Tell(FromCoord::Lost { requeue: true, .. })]
+            ),
+            "{steps:?}"
+        );
+    }
+
+    #[test]
+    fn a_lost_node_ends_the_cycle_it_played_or_the_job() {
+        let mut h = head(3, 2);
+        let records: Vec<(u32, Vec<u8>)> = (0..3).map(|n| (n, to_json(&info(1)))).collect();
+        h.join(0, None);
+        let Some(Step::Propose(0, go)) = h.propose(0, &records).pop() else {
+            panic!()
+        };
+        h.verdict(0, &go);
+        let loss = h.lease_lost(Some(1), "gone".into());
+        let steps = h.carry(loss);
+        assert_eq!(
+            steps[..2],
+            [set(key::members(0), "2"), set(key::members(1), "2")]
+        );
+        assert!(matches!(&steps[2], Step::SetFirst(k, _) if *k == key::end(0)));
+        // Without a standby the job ends for every node, this cycle and the next.
+        let mut h = head(2, 2);
+        h.join(0, None);
+        let loss = h.lease_lost(Some(1), "gone".into());
+        let steps = h.carry(loss);
+        assert_eq!(steps.len(), 6, "{steps:?}");
+        assert!(matches!(&steps[0], Step::SetFirst(k, _) if *k == key::go(0)));
+        assert_eq!(steps[5], set(key::all(1), ""));
+        // Not the coordinator: this agent ends.
+        let mut n1 = agent(2, 2, 1);
+        let loss = n1.silent(Some(0), "head".into());
+        assert!(matches!(
+            &n1.carry(loss)[..],
+            [Step::Tell(FromCoord::Lost { .. })]
+        ));
+    }
+
+    #[test]
+    fn reports_end_a_cycle_once_every_slot_is_done_or_one_failed() {
+        let h = head(2, 2);
+        assert_eq!(h.done_counted(0, 1), vec![]);
+        assert_eq!(
+            h.done_counted(0, 2),
+            vec![Step::SetFirst(key::end(0), to_json(&WireEnd::Done))]
+        );
+        let failed = JobEnd::Failed {
+            node: 1,
+            reason: "x".into(),
+        };
+        assert_eq!(
+            h.report_end(3, &failed),
+            vec![
+                set(key::failed(3, 1), ""),
+                Step::SetFirst(key::end(3), to_json(&WireEnd::from(&failed)))
+            ]
+        );
+    }
+
+    #[test]
+    fn the_lowest_live_agent_succeeds_a_lost_coordinator() {
+        let n2 = agent(4, 3, 2);
+        assert_eq!(n2.successor(0, &[false, true, true, true], false), None);
+        assert_eq!(
+            n2.successor(0, &[false, false, true, true], false),
+            Some(vec![2, 3])
+        );
+        // The old coordinator's lease may still be there (expired): it is not alive.
+        assert_eq!(
+            n2.successor(1, &[false, true, true, false], false),
+            Some(vec![2])
+        );
+        assert_eq!(n2.successor(0, &[false, false, true, true], true), None);
+        assert_eq!(agent(4, 3, 0).successor(1, &[true; 4], false), None);
+    }
+
+    #[test]
+    fn a_last_call_that_runs_out_says_so_and_completes_the_rendezvous() {
+        let mut h = head(3, 2);
+        h.join(0, None);
+        let wait = Duration::from_secs(2);
+        assert_eq!(h.last_call_out(0, &[0], wait), vec![]);
+        let steps = h.last_call_out(0, &[0, 2], wait);
+        assert!(
+            matches!(&steps[0], Step::Tell(FromCoord::Note(n)) if n.starts_with("attempt 0 starts with 2 of up to 3 nodes"))
+        );
+        assert_eq!(
+            steps[1..],
+            [
+                set(key::members(0), "2"),
+                set(key::members(1), "2"),
+                set(key::all(0), "")
+            ]
         );
     }
 }

@@ -12,9 +12,9 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use vigil_store::MuxClient;
 
-use super::decide::{last_call_note, LastCall, Stage};
+use super::decide::Stage;
 use super::wire::key;
-use super::{CoordConfig, Coordinator, FromCoord};
+use super::{CoordConfig, Coordinator};
 
 /// Parked, on the agent's connection, on the next join of cycle `c` (a wait cancelled with the
 /// task when the rendezvous completes first); sends `c` once the last call ran out.
@@ -59,45 +59,7 @@ impl Coordinator {
                 present.push(n);
             }
         }
-        if let LastCall::Start {
-            members,
-            cycles,
-            absent,
-        } = self.rdzv.last_call(c, &present)
-        {
-            self.send(FromCoord::Note(last_call_note(
-                c,
-                members,
-                self.cfg.nnodes,
-                &absent,
-                self.cfg.last_call,
-            )));
-            for cycle in cycles {
-                let m = members.to_string();
-                self.ctl.set(&key::members(cycle), m.as_bytes()).await?;
-            }
-            self.ctl.set(&key::all(c), b"").await?;
-        }
-        Ok(())
-    }
-
-    /// After this node joined cycle `c` as the `nth`: says so where the last call waits for it,
-    /// and on node rank 0 (re)starts the last call of the rendezvous.
-    pub(super) async fn arm_last_call(
-        &mut self,
-        cycle: u32,
-        nth: i64,
-    ) -> Result<(), vigil_store::StoreError> {
-        if self.rdzv.has_last_call(cycle) {
-            self.ctl.set(&key::nth_join(cycle, nth), b"").await?;
-        }
-        if let Some(t) = self.last_call.take() {
-            t.abort();
-        }
-        if self.rdzv.has_last_call(cycle) && matches!(self.rdzv.stage(), Stage::WaitAll(_)) {
-            let tx = self.last_call_tx.clone();
-            self.last_call = Some(spawn(self.ctl.clone(), self.cfg.clone(), cycle, tx));
-        }
-        Ok(())
+        let steps = self.rdzv.last_call_out(c, &present, self.cfg.last_call);
+        self.carry_out(steps).await
     }
 }

@@ -33,7 +33,7 @@
 //! wire.rs; [`run`] only does the talking: it reads the store, hands what it read to the state
 //! machine, and writes and tells what comes back.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, VecDeque};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -58,9 +58,7 @@ use absent::{join_timeout_reason, join_wait_note, Absent};
 pub use connect::StoreLink;
 use connect::{claim, store_lost, Fatal};
 pub use decide::NodeHosts;
-use decide::{
-    merge_timeouts, AfterLoss, Decision, Joining, Loss, Proposal, Rendezvous, Setup, Stage, Woke,
-};
+use decide::{merge_timeouts, poison, Joining, Patience, Rendezvous, Setup, Stage, Step, Woke};
 use liveness::{liveness, Alarm};
 pub use liveness::{liveness_period, Liveness, Silent};
 pub use noderank::{claim_node_rank, identity, Claimed, Unclaimed};
@@ -554,7 +552,8 @@ impl Coordinator {
                 Some(alarm) = self.silent_rx.recv() => match alarm {
                     Alarm::Silent(why, node) => {
                         let loss = self.rdzv.silent(node, why);
-                        self.carry_out(loss).await
+                        let steps = self.rdzv.carry(loss);
+                        self.carry_out(steps).await
                     }
                     Alarm::CoordGone(old) => self.coordinator_gone(old).await,
                     Alarm::Deposed(why) => {
@@ -586,20 +585,13 @@ impl Coordinator {
             JobRequest::Join { cycle, calculated } => self.join(cycle, calculated).await?,
             JobRequest::Health { healthy } => self.rdzv.health(healthy),
             JobRequest::ReportEnd { cycle, end } => {
-                if let JobEnd::Failed { node, .. } = &end {
-                    self.ctl.set(&key::failed(cycle, *node), b"").await?;
-                }
-                let end = to_json(&WireEnd::from(&end));
-                self.ctl.compare_set(&key::end(cycle), b"", &end).await?;
+                let steps = self.rdzv.report_end(cycle, &end);
+                self.carry_out(steps).await?;
             }
             JobRequest::ReportDone { cycle } => {
-                if self
-                    .rdzv
-                    .all_reported(self.ctl.add(&key::done(cycle), 1).await?)
-                {
-                    let done = to_json(&WireEnd::Done);
-                    self.ctl.compare_set(&key::end(cycle), b"", &done).await?;
-                }
+                let count = self.ctl.add(&key::done(cycle), 1).await?;
+                let steps = self.rdzv.done_counted(cycle, count);
+                self.carry_out(steps).await?;
             }
             JobRequest::ShareTimeouts {
                 cycle,
@@ -632,9 +624,9 @@ impl Coordinator {
         let healthy = match self.rdzv.join(cycle, calculated) {
             Joining::Join { healthy } => healthy,
             Joining::Ended(end) => {
-                self.poison(cycle, &end).await?;
-                self.send(FromCoord::CycleEnded { cycle, end });
-                return Ok(());
+                let mut steps = poison(cycle, &end);
+                steps.push(Step::Tell(FromCoord::CycleEnded { cycle, end }));
+                return self.carry_out(steps).await;
             }
         };
         let info = NodeInfo {
@@ -657,16 +649,11 @@ impl Coordinator {
             // The record and the count in one request (JOIN), the record first.
             (None, self.ctl.join(&record, &to_json(&info), &count).await?)
         };
-        let expected = self.rdzv.joins_expected(members.as_deref());
-        if nth == expected {
-            self.ctl.set(&key::all(cycle), b"").await?;
+        if let Some(t) = self.last_call.take() {
+            t.abort();
         }
-        self.arm_last_call(cycle, nth).await?;
-        let next = match self.rdzv.stage() {
-            Stage::WaitAll(_) => key::all(cycle),
-            _ => key::go(cycle),
-        };
-        self.wait_for(next, self.cfg.join_timeout);
+        let steps = self.rdzv.counted(cycle, nth, members.as_deref());
+        self.carry_out(steps).await?;
         self.join_wait = match self.rdzv.stage() {
             Stage::WaitAll(c) => {
                 let now = tokio::time::Instant::now();
@@ -881,13 +868,14 @@ impl Coordinator {
         };
         match self.rdzv.woke(&w.key) {
             Some(Woke::AllJoined(c)) => self.all_joined(c).await?,
-            Some(Woke::Verdict(c)) => self.verdict(c, &value),
+            Some(Woke::Verdict(c)) => self.verdict(c, &value).await?,
             Some(Woke::End(c)) => {
                 if let Some(t) = self.timeouts_task.take() {
                     t.abort();
                 }
                 let d = self.rdzv.ended(c, &value);
-                self.decided(d);
+                let steps = self.rdzv.steps(d);
+                self.carry_out(steps).await?;
             }
             None => {}
         }
@@ -916,8 +904,7 @@ impl Coordinator {
         // A node that stopped for good ends the rendezvous by writing `go` before `all`.
         if self.ctl.check(&[&key::go(c)]).await? {
             let v = self.ctl.get(&key::go(c)).await?;
-            self.verdict(c, &v);
-            return Ok(());
+            return self.verdict(c, &v).await;
         }
         let head = self.head.as_ref().expect("only node rank 0 waits for all");
         // Every node's ranks of the last attempt are gone: give this one a clean store.
@@ -936,69 +923,20 @@ impl Coordinator {
             }
         }
         let members = self.rdzv.members();
-        if self.rdzv.spares() && members.len() < self.cfg.nnodes as usize {
-            // Nodes lost for good (or absent at the last call) stay out of every later
-            // rendezvous: the next one waits for the members only.
-            let m = members.len().to_string();
-            self.ctl.set(&key::members(c + 1), m.as_bytes()).await?;
-        }
         let keys: Vec<String> = members.iter().map(|i| key::join(c, *i)).collect();
         let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
         let records: Vec<(u32, Vec<u8>)> = members
             .into_iter()
             .zip(self.ctl.multi_get(&refs).await?)
             .collect();
-        match self.rdzv.assign(c, &records) {
-            Ok(Proposal {
-                go,
-                promotions,
-                hosts,
-            }) => {
-                self.send(FromCoord::Hosts { cycle: c, hosts });
-                if !promotions.is_empty() {
-                    self.send(FromCoord::Promoted {
-                        cycle: c,
-                        promotions,
-                    });
-                }
-                let mine = to_json(&Verdict::Go(go));
-                let v = self.ctl.compare_set(&key::go(c), b"", &mine).await?;
-                self.verdict(c, &v);
-            }
-            Err(why) => self.fail(why.to_string()),
-        }
-        Ok(())
+        let steps = self.rdzv.propose(c, &records);
+        self.carry_out(steps).await
     }
 
-    fn verdict(&mut self, c: u32, value: &[u8]) {
+    async fn verdict(&mut self, c: u32, value: &[u8]) -> Result<(), vigil_store::StoreError> {
         let d = self.rdzv.verdict(c, value);
-        self.decided(d);
-    }
-
-    fn decided(&mut self, d: Decision) {
-        match d {
-            Decision::Run(c, m) => {
-                self.wait_for(key::end(c), Duration::MAX);
-                self.send(m);
-            }
-            Decision::Tell(m) => self.send(m),
-            Decision::Fail(why) => self.fail(why),
-        }
-    }
-
-    /// Ends cycle `c` and the next one with `end` for every node still waiting on them; a verdict
-    /// already given stays (compare-and-set). `all` is set after `go` so that node rank 0, parked
-    /// until every node joined, wakes and finds the verdict.
-    async fn poison(&mut self, c: u32, end: &JobEnd) -> Result<(), vigil_store::StoreError> {
-        let end = WireEnd::from(end);
-        let verdict = to_json(&Verdict::End(end.clone()));
-        let end = to_json(&end);
-        for cycle in [c, c + 1] {
-            self.ctl.compare_set(&key::go(cycle), b"", &verdict).await?;
-            self.ctl.compare_set(&key::end(cycle), b"", &end).await?;
-            self.ctl.set(&key::all(cycle), b"").await?;
-        }
-        Ok(())
+        let steps = self.rdzv.steps(d);
+        self.carry_out(steps).await
     }
 
     /// The store outside the job: the coordinator's lease (held by node `old`) is gone. The live
@@ -1007,7 +945,7 @@ impl Coordinator {
     /// loses `old` as any node. An agent with a live lower node rank leaves it to that one (and
     /// is told again next period if nobody took it).
     async fn coordinator_gone(&mut self, old: u32) -> Result<(), vigil_store::StoreError> {
-        if self.head.is_some() || self.ended || !self.cfg.outside {
+        if self.head.is_some() || self.ended {
             return Ok(());
         }
         let me = self.cfg.node_rank;
@@ -1016,16 +954,11 @@ impl Coordinator {
         refs.push(key::JOB_END);
         let values = self.ctl.multi_get_now(&refs).await?;
         let (leases, job_end) = values.split_at(names.len());
-        if !job_end[0].is_empty() {
-            // The job ended: its coordinator left.
+        let leased: Vec<bool> = leases.iter().map(|v| !v.is_empty()).collect();
+        // A job whose end is written lost no coordinator: it left.
+        let Some(alive) = self.rdzv.successor(old, &leased, !job_end[0].is_empty()) else {
             return Ok(());
-        }
-        let alive: Vec<u32> = (0..self.cfg.nnodes)
-            .filter(|n| *n == me || (*n != old && !leases[*n as usize].is_empty()))
-            .collect();
-        if alive.first() != Some(&me) {
-            return Ok(());
-        }
+        };
         let mine = me.to_string();
         // Gone with its connection, or still held by a coordinator frozen past the node
         // timeout (the lease has expired): taken from either, by compare-and-set.
@@ -1069,7 +1002,8 @@ impl Coordinator {
             self.wait_rx = wait_rx;
             self.wait_for(key::all(c), self.cfg.join_timeout);
         }
-        self.carry_out(loss).await
+        let steps = self.rdzv.carry(loss);
+        self.carry_out(steps).await
     }
 
     async fn lease_event(&mut self, ev: LeaseEvent) -> Result<(), vigil_store::StoreError> {
@@ -1082,42 +1016,57 @@ impl Coordinator {
         );
         let node: Option<u32> = key.rsplit('/').next().and_then(|n| n.parse().ok());
         let loss = self.rdzv.lease_lost(node, reason);
-        self.carry_out(loss).await
+        let steps = self.rdzv.carry(loss);
+        self.carry_out(steps).await
     }
 
-    /// Writes what losing a node means for the job ([`Loss`]).
-    async fn carry_out(&mut self, loss: Loss) -> Result<(), vigil_store::StoreError> {
-        let (members, cycles, then) = match loss {
-            Loss::Nothing => return Ok(()),
-            Loss::Fail(why) => {
-                self.fail(why);
-                return Ok(());
-            }
-            Loss::Job { cycle, end } => return self.poison(cycle, &end).await,
-            Loss::ToStandby {
-                members,
-                cycles,
-                then,
-            } => (members, cycles, then),
-        };
-        for c in cycles {
-            let m = members.to_string();
-            self.ctl.set(&key::members(c), m.as_bytes()).await?;
-        }
-        match then {
-            AfterLoss::Nothing => {}
-            // Joining: the rendezvous completes without it.
-            AfterLoss::CompleteJoin(c) => {
-                let joined = String::from_utf8_lossy(&self.ctl.get(&key::joined(c)).await?)
-                    .parse::<usize>()
-                    .unwrap_or(0);
-                if joined >= members {
-                    self.ctl.set(&key::all(c), b"").await?;
+    /// Carries out what the state machine decided, in order ([`Step`]); a step whose outcome
+    /// it must hear of (the verdict that won, the joins counted) hands that back to it, and its
+    /// answer is carried out next.
+    async fn carry_out(&mut self, steps: Vec<Step>) -> Result<(), vigil_store::StoreError> {
+        let mut todo = VecDeque::from(steps);
+        while let Some(step) = todo.pop_front() {
+            let then = match step {
+                Step::Set(k, v) => {
+                    self.ctl.set(&k, &v).await?;
+                    continue;
                 }
-            }
-            AfterLoss::EndCycle { cycle, end } => {
-                let end = to_json(&WireEnd::from(&end));
-                self.ctl.compare_set(&key::end(cycle), b"", &end).await?;
+                Step::SetFirst(k, v) => {
+                    self.ctl.compare_set(&k, b"", &v).await?;
+                    continue;
+                }
+                Step::Wait(k, patience) => {
+                    let timeout = match patience {
+                        Patience::Join => self.cfg.join_timeout,
+                        Patience::Forever => Duration::MAX,
+                    };
+                    self.wait_for(k, timeout);
+                    continue;
+                }
+                Step::Propose(c, mine) => {
+                    let v = self.ctl.compare_set(&key::go(c), b"", &mine).await?;
+                    let d = self.rdzv.verdict(c, &v);
+                    self.rdzv.steps(d)
+                }
+                Step::CountJoins(c) => {
+                    let joined = String::from_utf8_lossy(&self.ctl.get(&key::joined(c)).await?)
+                        .parse::<usize>()
+                        .unwrap_or(0);
+                    self.rdzv.joins_counted(c, joined)
+                }
+                Step::LastCall(c) => {
+                    let tx = self.last_call_tx.clone();
+                    let t = lastcall::spawn(self.ctl.clone(), self.cfg.clone(), c, tx);
+                    self.last_call = Some(t);
+                    continue;
+                }
+                Step::Tell(m) => {
+                    self.send(m);
+                    continue;
+                }
+            };
+            for s in then.into_iter().rev() {
+                todo.push_front(s);
             }
         }
         Ok(())
@@ -1129,7 +1078,8 @@ impl Coordinator {
         }
         self.liveness.abort();
         if let Some((c, end)) = poison.filter(|_| !self.deposed) {
-            let _ = tokio::time::timeout(self.cfg.peer_timeout, self.poison(c, &end)).await;
+            let steps = decide::poison(c, &end);
+            let _ = tokio::time::timeout(self.cfg.peer_timeout, self.carry_out(steps)).await;
         }
         match self.head.as_mut() {
             None => {
