@@ -14,36 +14,34 @@ use vigil_store::MuxClient;
 
 use super::decide::Stage;
 use super::wire::key;
-use super::{CoordConfig, Coordinator};
+use super::{CoordConfig, Coordinator, Input};
 
 /// Parked, on the agent's connection, on the next join of cycle `c` (a wait cancelled with the
-/// task when the rendezvous completes first); sends `c` once the last call ran out.
-pub(super) fn spawn(
+/// task when the rendezvous completes first); says so once the last call ran out.
+pub(super) async fn parked(
     client: MuxClient,
     cfg: CoordConfig,
     c: u32,
-    tx: mpsc::UnboundedSender<u32>,
-) -> tokio::task::JoinHandle<()> {
-    tokio::task::spawn_local(async move {
-        let Ok(mut k) = client.add(&key::joined(c), 0).await else {
-            return;
+    tx: mpsc::UnboundedSender<Input>,
+) {
+    let Ok(mut k) = client.add(&key::joined(c), 0).await else {
+        return;
+    };
+    while k < cfg.nnodes as i64 {
+        let wait = if k >= cfg.active as i64 {
+            cfg.last_call
+        } else {
+            Duration::MAX
         };
-        while k < cfg.nnodes as i64 {
-            let wait = if k >= cfg.active as i64 {
-                cfg.last_call
-            } else {
-                Duration::MAX
-            };
-            match client.wait(&[&key::nth_join(c, k + 1)], wait).await {
-                Ok(()) => k += 1,
-                Err(e) if e.is_timeout() => {
-                    let _ = tx.send(c);
-                    return;
-                }
-                Err(_) => return,
+        match client.wait(&[&key::nth_join(c, k + 1)], wait).await {
+            Ok(()) => k += 1,
+            Err(e) if e.is_timeout() => {
+                let _ = tx.send(Input::LastCall(c));
+                return;
             }
+            Err(_) => return,
         }
-    })
+    }
 }
 
 impl Coordinator {

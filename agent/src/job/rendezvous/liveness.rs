@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 use vigil_store::MuxClient;
 
 use super::wire::key;
-use super::CoordConfig;
+use super::{CoordConfig, Input};
 
 /// How silent each watched node has been, in the watcher's own running time. Pure: the caller
 /// says when it woke and what it read.
@@ -148,7 +148,7 @@ pub(super) async fn liveness(
     client: MuxClient,
     cfg: CoordConfig,
     head: bool,
-    tx: mpsc::UnboundedSender<Alarm>,
+    tx: mpsc::UnboundedSender<Input>,
 ) {
     let period = liveness_period(cfg.peer_timeout);
     let mut watched: Vec<u32> = if head {
@@ -183,7 +183,7 @@ pub(super) async fn liveness(
                             // timeout has lost its lease as if it had expired, whether or not
                             // the store dropped its connection yet.
                             live.forget(n);
-                            if tx.send(Alarm::CoordGone(n)).is_err() {
+                            if tx.send(Input::Alarm(Alarm::CoordGone(n))).is_err() {
                                 return;
                             }
                             continue;
@@ -201,7 +201,7 @@ pub(super) async fn liveness(
                         Silent::Store(_) if !head && !cfg.outside => Some(0),
                         Silent::Store(_) => None,
                     };
-                    let _ = tx.send(Alarm::Silent(why, node));
+                    let _ = tx.send(Input::Alarm(Alarm::Silent(why, node)));
                     match s {
                         // Node rank 0 goes on watching the others (and renewing its own counter,
                         // which every other agent watches): with standbys the job outlives a node.
@@ -234,7 +234,7 @@ pub(super) async fn liveness(
                             "node {} was lost: its agent, the job's coordinator, was frozen or cut off for longer than --node-timeout and node rank {by} coordinates the job now",
                             cfg.node_rank
                         );
-                        let _ = tx.send(Alarm::Deposed(why));
+                        let _ = tx.send(Input::Alarm(Alarm::Deposed(why)));
                         return;
                     }
                     Reading::Counters(values) => live.answered(values),
@@ -246,7 +246,7 @@ pub(super) async fn liveness(
                             (Some(old), None) => {
                                 live.forget(old);
                                 live.answered(Vec::new());
-                                if tx.send(Alarm::CoordGone(old)).is_err() {
+                                if tx.send(Input::Alarm(Alarm::CoordGone(old))).is_err() {
                                     return;
                                 }
                                 continue;

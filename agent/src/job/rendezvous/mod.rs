@@ -31,7 +31,12 @@
 //! verdict or a lost node means) is made by the pure state machine in decide.rs
 //! ([`decide::Rendezvous`]); the key names and the messages, with their protocol version, are in
 //! wire.rs; [`run`] only does the talking: it reads the store, hands what it read to the state
-//! machine, and writes and tells what comes back.
+//! machine, and writes and tells what comes back. Its shape is the supervisor's: the tasks parked
+//! on the store (the rendezvous' waits, liveness, the lease queue, the coordinator's lease, the
+//! job-wide timeouts, the stop, the last call) live in one `JoinSet` and only send an input
+//! (`Input`) to one event loop; the state machine answers each with the steps to take
+//! ([`decide::Step`]: a write, a wait, a message for the runtime), and one function carries them
+//! out (`Coordinator::carry_out`).
 
 use std::collections::{BTreeSet, VecDeque};
 use std::net::SocketAddr;
@@ -39,6 +44,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
+use tokio::task::{AbortHandle, JoinSet};
 use vigil_store::{KeySpace, LeaseEvent, MuxClient};
 
 use crate::supervise::monitor::Timeouts;
@@ -200,12 +206,11 @@ impl HeadSide {
     }
 }
 
-/// [`HeadSide`] as the coordinator holds it: the lease events from wherever they come.
+/// [`HeadSide`] as the coordinator holds it.
 struct Head {
     keys: Option<KeySpace>,
-    leases: mpsc::UnboundedReceiver<LeaseEvent>,
-    /// Remote: the task parked on the lease queue.
-    watcher: Option<tokio::task::JoinHandle<()>>,
+    /// Local: the store's lease events (Remote: they come as [`Input::Lease`]).
+    leases: Option<mpsc::UnboundedReceiver<LeaseEvent>>,
 }
 
 /// An element of the store's lease queue (`vigil_store::lease_event_json`).
@@ -217,7 +222,7 @@ struct QueuedLoss {
 
 /// Remote head: parks on the store's lease queue and hands each lost lease on, in order, until
 /// the connection fails (then the liveness and the waits say the store is lost).
-async fn watch_lease_queue(ctl: MuxClient, tx: mpsc::UnboundedSender<LeaseEvent>) {
+async fn watch_lease_queue(ctl: MuxClient, tx: mpsc::UnboundedSender<Input>) {
     const PARK: Duration = Duration::from_secs(3600);
     loop {
         match ctl.next_lease_event(PARK).await {
@@ -229,7 +234,7 @@ async fn watch_lease_queue(ctl: MuxClient, tx: mpsc::UnboundedSender<LeaseEvent>
                     key: q.lost,
                     value: q.value.into_bytes(),
                 };
-                if tx.send(ev).is_err() {
+                if tx.send(Input::Lease(ev)).is_err() {
                     return;
                 }
             }
@@ -243,13 +248,13 @@ async fn watch_lease_queue(ctl: MuxClient, tx: mpsc::UnboundedSender<LeaseEvent>
 /// loss (`vigil/lease_lost/coord`, written by the store the moment that lease's connection ends)
 /// and raises [`Alarm::CoordGone`] at once instead of at the next liveness period. Once: a later
 /// coordinator's loss is found by the period's read of the lease.
-async fn watch_coordinator(ctl: MuxClient, tx: mpsc::UnboundedSender<Alarm>) {
+async fn watch_coordinator(ctl: MuxClient, tx: mpsc::UnboundedSender<Input>) {
     const PARK: Duration = Duration::from_secs(3600);
     loop {
         match ctl.wait_get(key::COORD_LOST, PARK).await {
             Ok(v) => {
                 if let Some(node) = std::str::from_utf8(&v).ok().and_then(|s| s.parse().ok()) {
-                    let _ = tx.send(Alarm::CoordGone(node));
+                    let _ = tx.send(Input::Alarm(Alarm::CoordGone(node)));
                 }
                 return;
             }
@@ -261,13 +266,15 @@ async fn watch_coordinator(ctl: MuxClient, tx: mpsc::UnboundedSender<Alarm>) {
 
 /// The coordinator's side of a store outside the job: lost agents come from the store's lease
 /// queue, read by a task parked on it.
-fn remote_head(ctl: &MuxClient) -> Head {
-    let (lease_tx, leases) = mpsc::unbounded_channel();
-    let watcher = tokio::task::spawn_local(watch_lease_queue(ctl.clone(), lease_tx));
+fn remote_head(
+    ctl: &MuxClient,
+    tasks: &mut JoinSet<()>,
+    tx: &mpsc::UnboundedSender<Input>,
+) -> Head {
+    tasks.spawn_local(watch_lease_queue(ctl.clone(), tx.clone()));
     Head {
         keys: None,
-        leases,
-        watcher: Some(watcher),
+        leases: None,
     }
 }
 
@@ -306,31 +313,44 @@ pub async fn run_linked(
     }
 }
 
-struct WaitReq {
+/// What the coordinator's sources (the tasks parked on the store, its own timers aside) tell it:
+/// each is one input of the event loop, handled by [`Coordinator::on_input`].
+enum Input {
+    /// A wait of the rendezvous (`all`, `go`, `end`) came back: the value, or whether it timed
+    /// out and why it failed.
+    Waited {
+        key: String,
+        result: Result<Vec<u8>, (bool, String)>,
+    },
+    /// Every slot shared its timeouts for the cycle's round: the job-wide ones as written.
+    Timeouts {
+        cycle: u32,
+        round: u32,
+        value: Vec<u8>,
+    },
+    /// A node asked the job to stop at a step (the first trigger written).
+    StopAsked { cycle: u32, trigger: String },
+    /// The job's stop step was chosen.
+    StopStep { cycle: u32, step: Option<u64> },
+    /// Node rank 0: the last call of this cycle's rendezvous ran out (lastcall.rs).
+    LastCall(u32),
+    /// The liveness, or the watch on the coordinator's lease.
+    Alarm(Alarm),
+    /// The store outside the job: a lease was lost (its lease queue).
+    Lease(LeaseEvent),
+}
+
+/// Parks in one of the rendezvous' waits (`all`, `go`, `end`), a `WAIT_GET` of its own on the
+/// shared connection, so the coordinator stays free for reports meanwhile.
+async fn wait_one(
+    client: MuxClient,
     key: String,
     timeout: Duration,
-}
-
-struct WaitDone {
-    key: String,
-    result: Result<Vec<u8>, (bool, String)>,
-}
-
-/// Parks in the rendezvous' waits (`all`, `go`, `end`), one after another, each a `WAIT_GET` of
-/// its own on the shared connection, so the coordinator stays free for reports meanwhile.
-async fn waiter(
-    client: MuxClient,
-    mut rx: mpsc::UnboundedReceiver<WaitReq>,
-    tx: mpsc::UnboundedSender<WaitDone>,
+    tx: mpsc::UnboundedSender<Input>,
 ) {
-    while let Some(WaitReq { key, timeout }) = rx.recv().await {
-        let r = client.wait_get(&key, timeout).await;
-        let result = r.map_err(|e| (e.is_timeout(), e.to_string()));
-        let failed = result.is_err();
-        if tx.send(WaitDone { key, result }).is_err() || failed {
-            return;
-        }
-    }
+    let r = client.wait_get(&key, timeout).await;
+    let result = r.map_err(|e| (e.is_timeout(), e.to_string()));
+    let _ = tx.send(Input::Waited { key, result });
 }
 
 /// How long a rendezvous that timed out waits to read how many nodes joined it. The read only
@@ -340,41 +360,35 @@ async fn waiter(
 const JOINED_READ_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Moves messages between the store and the rendezvous' state machine ([`Rendezvous`]): reads
-/// what it needs, writes what it decided, tells the runtime. It decides nothing itself.
+/// what it needs, carries out what it decided ([`Coordinator::carry_out`]), tells the runtime.
+/// It decides nothing itself.
 struct Coordinator {
     cfg: CoordConfig,
     /// The agent's one connection to the store; every task here uses a clone of it.
     ctl: MuxClient,
-    /// Parked in the rendezvous' waits ([`waiter`]).
-    waiter: tokio::task::JoinHandle<()>,
-    wait_tx: mpsc::UnboundedSender<WaitReq>,
-    wait_rx: mpsc::UnboundedReceiver<WaitDone>,
     tx: mpsc::UnboundedSender<FromCoord>,
     head: Option<Head>,
     rdzv: Rendezvous,
-    /// A task parked on this cycle's job-wide timeouts.
-    timeouts_task: Option<tokio::task::JoinHandle<()>>,
-    timeouts_tx: mpsc::UnboundedSender<(u32, u32, Vec<u8>)>,
-    timeouts_rx: mpsc::UnboundedReceiver<(u32, u32, Vec<u8>)>,
-    /// A task parked on this cycle's stop trigger, then on its stop step.
-    stop_task: Option<tokio::task::JoinHandle<()>>,
-    stop_tx: mpsc::UnboundedSender<FromCoord>,
-    stop_rx: mpsc::UnboundedReceiver<FromCoord>,
+    /// Every task parked on the store for it (the sources of [`Input`]), aborted with it.
+    tasks: JoinSet<()>,
+    /// Where the tasks send what they read.
+    inbox_tx: mpsc::UnboundedSender<Input>,
+    inbox: mpsc::UnboundedReceiver<Input>,
+    /// The rendezvous' wait under way ([`wait_one`]).
+    wait: Option<AbortHandle>,
+    /// Parked on this cycle's job-wide timeouts.
+    timeouts_task: Option<AbortHandle>,
+    /// Parked on this cycle's stop trigger, then on its stop step.
+    stop_task: Option<AbortHandle>,
+    /// Renews this node's counter and watches the others' ([`liveness`]).
+    liveness: AbortHandle,
+    /// Node rank 0 with standbys: the last call of the rendezvous under way ([`lastcall`]).
+    last_call: Option<AbortHandle>,
     /// Set once a `Lost` was sent: nothing more is reported.
     ended: bool,
     /// This agent coordinated until another took the coordinator's lease over
     /// ([`Alarm::Deposed`]): it leaves without deciding anything for the job.
     deposed: bool,
-    /// Renews this node's counter and watches the others' ([`liveness`]).
-    liveness: tokio::task::JoinHandle<()>,
-    silent_rx: mpsc::UnboundedReceiver<Alarm>,
-    silent_tx: mpsc::UnboundedSender<Alarm>,
-    /// The store outside the job: parked on the coordinator's lease loss ([`watch_coordinator`]).
-    coord_watch: Option<tokio::task::JoinHandle<()>>,
-    /// Node rank 0 with standbys: the last call of the rendezvous under way ([`lastcall`]).
-    last_call: Option<tokio::task::JoinHandle<()>>,
-    last_call_tx: mpsc::UnboundedSender<u32>,
-    last_call_rx: mpsc::UnboundedReceiver<u32>,
     /// Node rank 0: the rendezvous under way, while it waits for nodes to join.
     join_wait: Option<JoinWait>,
 }
@@ -387,32 +401,17 @@ struct JoinWait {
     next: tokio::time::Instant,
 }
 
-impl Drop for Coordinator {
-    fn drop(&mut self) {
-        // Their waits are cancelled and their clones of the connection dropped with them.
-        self.liveness.abort();
-        self.waiter.abort();
-        if let Some(t) = self.head.as_mut().and_then(|h| h.watcher.take()) {
-            t.abort();
-        }
-        for t in [
-            self.last_call.take(),
-            self.stop_task.take(),
-            self.timeouts_task.take(),
-            self.coord_watch.take(),
-        ]
-        .into_iter()
-        .flatten()
-        {
-            t.abort();
-        }
-    }
-}
-
 /// The job-wide timeouts as written to the store, if they read as timeouts.
 fn read_timeouts(v: &[u8]) -> Option<Timeouts> {
     let w: WireTimeouts = serde_json::from_slice(v).ok()?;
     Timeouts::try_from(&w).ok()
+}
+
+/// Aborts the task, if any (and with it its wait, cancelled on the store).
+fn abort(task: &mut Option<AbortHandle>) {
+    if let Some(t) = task.take() {
+        t.abort();
+    }
 }
 
 impl Coordinator {
@@ -424,29 +423,20 @@ impl Coordinator {
     ) -> Result<Coordinator, Fatal> {
         let ctl = link.client(&cfg).await?;
         claim(&ctl, &cfg).await?;
-        let (wait_tx, req_rx) = mpsc::unbounded_channel();
-        let (done_tx, wait_rx) = mpsc::unbounded_channel();
-        let waiter = tokio::task::spawn_local(waiter(ctl.clone(), req_rx, done_tx));
-        let (silent_tx, silent_rx) = mpsc::unbounded_channel();
+        let mut tasks = JoinSet::new();
+        let (inbox_tx, inbox) = mpsc::unbounded_channel();
         let is_head = head.is_some();
-        let liveness = tokio::task::spawn_local(liveness(
-            ctl.clone(),
-            cfg.clone(),
-            is_head,
-            silent_tx.clone(),
-        ));
-        let coord_watch = (cfg.outside && !is_head)
-            .then(|| tokio::task::spawn_local(watch_coordinator(ctl.clone(), silent_tx.clone())));
-        let (timeouts_tx, timeouts_rx) = mpsc::unbounded_channel();
-        let (stop_tx, stop_rx) = mpsc::unbounded_channel();
-        let (last_call_tx, last_call_rx) = mpsc::unbounded_channel();
+        let live = liveness(ctl.clone(), cfg.clone(), is_head, inbox_tx.clone());
+        let liveness = tasks.spawn_local(live);
+        if cfg.outside && !is_head {
+            tasks.spawn_local(watch_coordinator(ctl.clone(), inbox_tx.clone()));
+        }
         let head = head.map(|h| match h {
             HeadSide::Local { keys, leases } => Head {
                 keys: Some(keys),
-                leases,
-                watcher: None,
+                leases: Some(leases),
             },
-            HeadSide::Remote => remote_head(&ctl),
+            HeadSide::Remote => remote_head(&ctl, &mut tasks, &inbox_tx),
         });
         let rdzv = Rendezvous::new(Setup {
             nnodes: cfg.nnodes,
@@ -460,27 +450,19 @@ impl Coordinator {
         Ok(Coordinator {
             cfg,
             ctl,
-            waiter,
-            wait_tx,
-            wait_rx,
             tx,
             head,
             rdzv,
+            tasks,
+            inbox_tx,
+            inbox,
+            wait: None,
             timeouts_task: None,
-            timeouts_tx,
-            timeouts_rx,
             stop_task: None,
-            stop_tx,
-            stop_rx,
+            liveness,
+            last_call: None,
             ended: false,
             deposed: false,
-            liveness,
-            silent_rx,
-            silent_tx,
-            coord_watch,
-            last_call: None,
-            last_call_tx,
-            last_call_rx,
             join_wait: None,
         })
     }
@@ -507,15 +489,19 @@ impl Coordinator {
         self.fail(store_lost(self.cfg.store, e));
     }
 
+    /// Parks on `key` for at most `timeout`, instead of the wait under way (if any: one at a
+    /// time).
     fn wait_for(&mut self, key: String, timeout: Duration) {
-        let _ = self.wait_tx.send(WaitReq { key, timeout });
+        abort(&mut self.wait);
+        let w = wait_one(self.ctl.clone(), key, timeout, self.inbox_tx.clone());
+        self.wait = Some(self.tasks.spawn_local(w));
     }
 
     async fn serve(&mut self, mut rx: mpsc::UnboundedReceiver<JobRequest>) {
         loop {
             let lease = async {
-                match self.head.as_mut() {
-                    Some(h) => h.leases.recv().await,
+                match self.head.as_mut().and_then(|h| h.leases.as_mut()) {
+                    Some(l) => l.recv().await,
                     None => std::future::pending().await,
                 }
             };
@@ -536,40 +522,59 @@ impl Coordinator {
                     Some(_) if self.ended => Ok(()),
                     Some(req) => self.request(req).await,
                 },
-                Some(w) = self.wait_rx.recv() => self.waited(w).await,
-                Some((cycle, round, v)) = self.timeouts_rx.recv() => {
-                    if let Some(timeouts) = read_timeouts(&v) {
-                        self.send(FromCoord::JobTimeouts { cycle, round, timeouts });
-                    }
-                    Ok(())
-                }
-                Some(m) = self.stop_rx.recv() => {
-                    self.send(m);
-                    Ok(())
-                }
+                Some(input) = self.inbox.recv() => self.on_input(input).await,
                 Some(ev) = lease => self.lease_event(ev).await,
-                Some(c) = self.last_call_rx.recv() => self.last_call_out(c).await,
-                Some(alarm) = self.silent_rx.recv() => match alarm {
-                    Alarm::Silent(why, node) => {
-                        let loss = self.rdzv.silent(node, why);
-                        let steps = self.rdzv.carry(loss);
-                        self.carry_out(steps).await
-                    }
-                    Alarm::CoordGone(old) => self.coordinator_gone(old).await,
-                    Alarm::Deposed(why) => {
-                        self.head = None;
-                        self.deposed = true;
-                        self.fail(why);
-                        Ok(())
-                    }
-                },
                 () = note => {
                     self.join_note().await;
                     Ok(())
                 }
+                // Finished tasks are let go of.
+                Some(_) = self.tasks.join_next() => Ok(()),
             };
             if let Err(e) = done {
                 self.store_error(e);
+            }
+        }
+    }
+
+    async fn on_input(&mut self, input: Input) -> Result<(), vigil_store::StoreError> {
+        match input {
+            Input::Waited { key, result } => self.waited(key, result).await,
+            Input::Timeouts {
+                cycle,
+                round,
+                value,
+            } => {
+                if let Some(timeouts) = read_timeouts(&value) {
+                    self.send(FromCoord::JobTimeouts {
+                        cycle,
+                        round,
+                        timeouts,
+                    });
+                }
+                Ok(())
+            }
+            Input::StopAsked { cycle, trigger } => {
+                self.send(FromCoord::StopAsked { cycle, trigger });
+                Ok(())
+            }
+            Input::StopStep { cycle, step } => {
+                self.send(FromCoord::StopStep { cycle, step });
+                Ok(())
+            }
+            Input::LastCall(c) => self.last_call_out(c).await,
+            Input::Lease(ev) => self.lease_event(ev).await,
+            Input::Alarm(Alarm::Silent(why, node)) => {
+                let loss = self.rdzv.silent(node, why);
+                let steps = self.rdzv.carry(loss);
+                self.carry_out(steps).await
+            }
+            Input::Alarm(Alarm::CoordGone(old)) => self.coordinator_gone(old).await,
+            Input::Alarm(Alarm::Deposed(why)) => {
+                self.head = None;
+                self.deposed = true;
+                self.fail(why);
+                Ok(())
             }
         }
     }
@@ -614,12 +619,8 @@ impl Coordinator {
         cycle: u32,
         calculated: Option<Timeouts>,
     ) -> Result<(), vigil_store::StoreError> {
-        if let Some(t) = self.timeouts_task.take() {
-            t.abort();
-        }
-        if let Some(t) = self.stop_task.take() {
-            t.abort();
-        }
+        abort(&mut self.timeouts_task);
+        abort(&mut self.stop_task);
         self.spawn_stop_waiter(cycle);
         let healthy = match self.rdzv.join(cycle, calculated) {
             Joining::Join { healthy } => healthy,
@@ -649,9 +650,7 @@ impl Coordinator {
             // The record and the count in one request (JOIN), the record first.
             (None, self.ctl.join(&record, &to_json(&info), &count).await?)
         };
-        if let Some(t) = self.last_call.take() {
-            t.abort();
-        }
+        abort(&mut self.last_call);
         let steps = self.rdzv.counted(cycle, nth, members.as_deref());
         self.carry_out(steps).await?;
         self.join_wait = match self.rdzv.stage() {
@@ -763,9 +762,7 @@ impl Coordinator {
             .await?;
         // A node shares a round only once its previous one was answered (its ranks wait for the
         // answer), so a waiter still parked belongs to a round nobody completes.
-        if let Some(t) = self.timeouts_task.take() {
-            t.abort();
-        }
+        abort(&mut self.timeouts_task);
         self.spawn_timeouts_waiter(cycle, round);
         let count = self.ctl.add(&key::timeouts_count(cycle, round), 1).await?;
         if self.rdzv.all_reported(count) {
@@ -824,20 +821,20 @@ impl Coordinator {
     /// wait, cancelled on the store) when the next cycle is joined.
     fn spawn_stop_waiter(&mut self, cycle: u32) {
         let c = self.ctl.clone();
-        let tx = self.stop_tx.clone();
-        self.stop_task = Some(tokio::task::spawn_local(async move {
+        let tx = self.inbox_tx.clone();
+        self.stop_task = Some(self.tasks.spawn_local(async move {
             let k = key::stop(cycle);
             let Ok(v) = c.wait_get(&k, Duration::MAX).await else {
                 return;
             };
             let trigger = serde_json::from_slice(&v).unwrap_or_else(|_| "a stop".to_string());
-            if tx.send(FromCoord::StopAsked { cycle, trigger }).is_err() {
+            if tx.send(Input::StopAsked { cycle, trigger }).is_err() {
                 return;
             }
             let k = key::stop_step(cycle);
             if let Ok(v) = c.wait_get(&k, Duration::MAX).await {
                 let step = serde_json::from_slice(&v).unwrap_or(None);
-                let _ = tx.send(FromCoord::StopStep { cycle, step });
+                let _ = tx.send(Input::StopStep { cycle, step });
             }
         }));
     }
@@ -846,17 +843,25 @@ impl Coordinator {
     /// wait, cancelled on the store) when the cycle ends first.
     fn spawn_timeouts_waiter(&mut self, cycle: u32, round: u32) {
         let c = self.ctl.clone();
-        let tx = self.timeouts_tx.clone();
-        self.timeouts_task = Some(tokio::task::spawn_local(async move {
+        let tx = self.inbox_tx.clone();
+        self.timeouts_task = Some(self.tasks.spawn_local(async move {
             let k = key::timeouts(cycle, round);
-            if let Ok(v) = c.wait_get(&k, Duration::MAX).await {
-                let _ = tx.send((cycle, round, v));
+            if let Ok(value) = c.wait_get(&k, Duration::MAX).await {
+                let _ = tx.send(Input::Timeouts {
+                    cycle,
+                    round,
+                    value,
+                });
             }
         }));
     }
 
-    async fn waited(&mut self, w: WaitDone) -> Result<(), vigil_store::StoreError> {
-        let value = match w.result {
+    async fn waited(
+        &mut self,
+        key: String,
+        result: Result<Vec<u8>, (bool, String)>,
+    ) -> Result<(), vigil_store::StoreError> {
+        let value = match result {
             Ok(v) => v,
             Err((timed_out, e)) => {
                 if !self.ended {
@@ -866,13 +871,11 @@ impl Coordinator {
                 return Ok(());
             }
         };
-        match self.rdzv.woke(&w.key) {
+        match self.rdzv.woke(&key) {
             Some(Woke::AllJoined(c)) => self.all_joined(c).await?,
             Some(Woke::Verdict(c)) => self.verdict(c, &value).await?,
             Some(Woke::End(c)) => {
-                if let Some(t) = self.timeouts_task.take() {
-                    t.abort();
-                }
+                abort(&mut self.timeouts_task);
                 let d = self.rdzv.ended(c, &value);
                 let steps = self.rdzv.steps(d);
                 self.carry_out(steps).await?;
@@ -983,23 +986,18 @@ impl Coordinator {
         );
         self.send(FromCoord::Coordinating { lost: old });
         let loss = self.rdzv.take_over(old, &alive, reason);
-        self.head = Some(remote_head(&self.ctl));
+        self.head = Some(remote_head(&self.ctl, &mut self.tasks, &self.inbox_tx));
         // Its liveness sweeps every node's counter from now on.
         self.liveness.abort();
-        self.liveness = tokio::task::spawn_local(liveness(
+        let live = liveness(
             self.ctl.clone(),
             self.cfg.clone(),
             true,
-            self.silent_tx.clone(),
-        ));
+            self.inbox_tx.clone(),
+        );
+        self.liveness = self.tasks.spawn_local(live);
         // A wait on a verdict that only it writes now becomes a wait on every member.
         if let Stage::WaitAll(c) = self.rdzv.stage() {
-            self.waiter.abort();
-            let (wait_tx, req_rx) = mpsc::unbounded_channel();
-            let (done_tx, wait_rx) = mpsc::unbounded_channel();
-            self.waiter = tokio::task::spawn_local(waiter(self.ctl.clone(), req_rx, done_tx));
-            self.wait_tx = wait_tx;
-            self.wait_rx = wait_rx;
             self.wait_for(key::all(c), self.cfg.join_timeout);
         }
         let steps = self.rdzv.carry(loss);
@@ -1055,9 +1053,9 @@ impl Coordinator {
                     self.rdzv.joins_counted(c, joined)
                 }
                 Step::LastCall(c) => {
-                    let tx = self.last_call_tx.clone();
-                    let t = lastcall::spawn(self.ctl.clone(), self.cfg.clone(), c, tx);
-                    self.last_call = Some(t);
+                    let tx = self.inbox_tx.clone();
+                    let t = lastcall::parked(self.ctl.clone(), self.cfg.clone(), c, tx);
+                    self.last_call = Some(self.tasks.spawn_local(t));
                     continue;
                 }
                 Step::Tell(m) => {
@@ -1073,9 +1071,7 @@ impl Coordinator {
     }
 
     async fn leave(&mut self, poison: Option<(u32, JobEnd)>, highest_step: Option<u64>) {
-        if let Some(t) = self.timeouts_task.take() {
-            t.abort();
-        }
+        abort(&mut self.timeouts_task);
         self.liveness.abort();
         if let Some((c, end)) = poison.filter(|_| !self.deposed) {
             let steps = decide::poison(c, &end);
@@ -1120,7 +1116,10 @@ impl Coordinator {
                 };
                 let mut open = holders();
                 while open > 0 {
-                    match tokio::time::timeout_at(deadline, h.leases.recv()).await {
+                    let Some(leases) = h.leases.as_mut() else {
+                        break;
+                    };
+                    match tokio::time::timeout_at(deadline, leases.recv()).await {
                         Ok(Some(_)) => open = holders(),
                         Ok(None) | Err(_) => break,
                     }
