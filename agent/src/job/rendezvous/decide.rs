@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use crate::job::spares::{refill, Promotion, Standby};
 use crate::supervise::monitor::Timeouts;
-use crate::supervise::JobEnd;
+use crate::supervise::{Event, JobEnd};
 
 use super::wire::{key, to_json, Go, NodeInfo, Verdict, WireEnd, WireTimeouts};
 use super::FromCoord;
@@ -396,7 +396,7 @@ impl Rendezvous {
             Ok(Verdict::End(end)) => {
                 self.stage = Stage::Idle;
                 let end = end.into();
-                return Decision::Tell(FromCoord::CycleEnded { cycle: c, end });
+                return Decision::Tell(FromCoord::cycle_ended(c, end));
             }
             Err(e) => return self.failed(unreadable(&e)),
         };
@@ -415,7 +415,7 @@ impl Rendezvous {
         if self.spares() && go.slot_of(me).is_none() {
             // A standby: no ranks; it follows the cycle to its end like everyone.
             self.stage = Stage::Running(c);
-            return Decision::Run(c, FromCoord::Standby { cycle: c });
+            return Decision::Run(c, FromCoord::Event(Event::Standby { cycle: c }));
         }
         let slot = go.slot_of(me).unwrap_or(me);
         let Some(&rank_offset) = go.offsets.get(slot as usize) else {
@@ -428,12 +428,14 @@ impl Rendezvous {
         Decision::Run(
             c,
             FromCoord::Joined {
-                cycle: c,
                 group_rank: slot,
-                rank_offset,
-                world_size: go.world_size,
-                max_restarts: go.max_restarts,
-                calculated,
+                event: Event::Joined {
+                    cycle: c,
+                    rank_offset,
+                    world_size: go.world_size,
+                    max_restarts: go.max_restarts,
+                    calculated,
+                },
             },
         )
     }
@@ -474,7 +476,7 @@ impl Rendezvous {
                     JobEnd::Failed { node, .. } => Some(*node),
                     _ => None,
                 });
-                Decision::Tell(FromCoord::CycleEnded { cycle: c, end })
+                Decision::Tell(FromCoord::cycle_ended(c, end))
             }
             Err(e) => Decision::Fail(format!("attempt {c} ended with an unreadable verdict ({e}); every node must run the same vigil version")),
         }
@@ -668,10 +670,7 @@ impl Rendezvous {
 
     /// The job cannot go on on this agent: the message that ends it ([`Rendezvous::fail`]).
     pub fn lost(&mut self, why: String) -> Step {
-        Step::Tell(FromCoord::Lost {
-            reason: self.fail(why),
-            requeue: true,
-        })
+        Step::Tell(FromCoord::lost(self.fail(why), true))
     }
 
     /// Input: this agent joined `cycle` (after [`Rendezvous::join`]) as the `nth`, with
@@ -1209,13 +1208,7 @@ mod tests {
             let v = to_json(&WireEnd::from(end));
             for n in self.live() {
                 let d = self.agents[n as usize].ended(c, &v);
-                assert_eq!(
-                    d,
-                    Decision::Tell(FromCoord::CycleEnded {
-                        cycle: c,
-                        end: end.clone()
-                    })
-                );
+                assert_eq!(d, Decision::Tell(FromCoord::cycle_ended(c, end.clone())));
             }
         }
     }
@@ -1232,12 +1225,15 @@ mod tests {
                 Decision::Run(
                     cycle,
                     FromCoord::Joined {
-                        cycle: jc,
                         group_rank,
-                        rank_offset,
-                        world_size,
-                        max_restarts,
-                        ..
+                        event:
+                            Event::Joined {
+                                cycle: jc,
+                                rank_offset,
+                                world_size,
+                                max_restarts,
+                                ..
+                            },
                     },
                 ) => {
                     prop_assert_eq!((*cycle, *jc, *max_restarts), (c, c, 3));
@@ -1247,7 +1243,7 @@ mod tests {
                     let nproc = job.nproc[*n as usize];
                     seen.extend(*rank_offset..*rank_offset + nproc);
                 }
-                Decision::Run(cycle, FromCoord::Standby { cycle: sc }) => {
+                Decision::Run(cycle, FromCoord::Event(Event::Standby { cycle: sc })) => {
                     prop_assert_eq!((*cycle, *sc), (c, c));
                     standbys += 1;
                 }
@@ -1317,7 +1313,7 @@ mod tests {
                 Err(why) => {
                     prop_assert!(matches!(why, Unassignable::NoStandby { .. }), "{}", why);
                     for d in cy.decisions.values() {
-                        let is_lost = matches!(d, Decision::Tell(FromCoord::CycleEnded { end: JobEnd::Lost { .. }, .. }));
+                        let is_lost = matches!(d, Decision::Tell(FromCoord::Event(Event::CycleEnded { end: JobEnd::Lost { .. }, .. })));
                         prop_assert!(is_lost, "{:?}", d);
                     }
                 }
@@ -1462,7 +1458,7 @@ mod tests {
             let verdict = to_json(&Verdict::End(WireEnd::from(&end)));
             for n in job.live() {
                 let d = job.agents[n as usize].verdict(1, &verdict);
-                prop_assert_eq!(d, Decision::Tell(FromCoord::CycleEnded { cycle: 1, end: end.clone() }));
+                prop_assert_eq!(d, Decision::Tell(FromCoord::cycle_ended(1, end.clone())));
             }
         }
     }
@@ -1493,7 +1489,7 @@ mod tests {
         );
         assert_eq!(
             cy.decisions[&1],
-            Decision::Run(2, FromCoord::Standby { cycle: 2 })
+            Decision::Run(2, FromCoord::Event(Event::Standby { cycle: 2 }))
         );
         // Benched for good: with no standby left to bench the next, it stays out.
         job.end(2, &JobEnd::Done);
@@ -1743,7 +1739,10 @@ mod tests {
         assert_eq!(run[0], Step::Wait(key::end(0), Patience::Forever));
         assert!(matches!(
             &run[1],
-            Step::Tell(FromCoord::Joined { cycle: 0, .. })
+            Step::Tell(FromCoord::Joined {
+                event: Event::Joined { cycle: 0, .. },
+                ..
+            })
         ));
         // Without standbys no members are written; an unreadable record ends the agent.
         let mut h = head(2, 2);
@@ -1752,7 +1751,10 @@ mod tests {
         assert!(
             matches!(
                 &steps[..],
-                [Step::Tell(FromCoord::Lost { requeue: true, .. })]
+                [Step::Tell(FromCoord::Event(Event::CoordinationLost {
+                    requeue: true,
+                    ..
+                }))]
             ),
             "{steps:?}"
         );
@@ -1787,7 +1789,7 @@ mod tests {
         let loss = n1.silent(Some(0), "head".into());
         assert!(matches!(
             &n1.carry(loss)[..],
-            [Step::Tell(FromCoord::Lost { .. })]
+            [Step::Tell(FromCoord::Event(Event::CoordinationLost { .. }))]
         ));
     }
 

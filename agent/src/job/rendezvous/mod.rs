@@ -48,7 +48,7 @@ use tokio::task::{AbortHandle, JoinSet};
 use vigil_store::{KeySpace, LeaseEvent, MuxClient};
 
 use crate::supervise::monitor::Timeouts;
-use crate::supervise::{choose_stop_step, JobEnd, JobRequest, StepReport, AGREEMENT_BUDGET};
+use crate::supervise::{choose_stop_step, Event, JobEnd, JobRequest, StepReport, AGREEMENT_BUDGET};
 
 pub mod absent;
 mod connect;
@@ -74,59 +74,37 @@ pub use wire::*;
 /// What the job decided, for the agent's event loop.
 #[derive(Debug, Clone, PartialEq)]
 pub enum FromCoord {
-    Joined {
-        cycle: u32,
-        /// This node's group rank (slot) in the cycle.
-        group_rank: u32,
-        rank_offset: u32,
-        world_size: u32,
-        max_restarts: u32,
-        calculated: Option<Timeouts>,
-    },
-    CycleEnded {
-        cycle: u32,
-        end: JobEnd,
-    },
-    JobTimeouts {
-        cycle: u32,
-        round: u32,
-        timeouts: Timeouts,
-    },
-    /// A node asked the job to stop at a step (the first trigger recorded).
-    StopAsked {
-        cycle: u32,
-        trigger: String,
-    },
-    /// This node has no slot in the cycle: a standby, running no ranks.
-    Standby {
-        cycle: u32,
-    },
+    /// An input of the supervisor, as is: `CycleEnded`, `JobTimeouts`, `StopAsked`, `StopStep`,
+    /// `Standby` (this node has no slot in the cycle: it runs no ranks) and `CoordinationLost`
+    /// (the job cannot go on here; the last message).
+    Event(Event),
+    /// This node runs ranks in the cycle: its group rank (slot), for the runtime, and the
+    /// supervisor's `Event::Joined`.
+    Joined { group_rank: u32, event: Event },
     /// Node rank 0: standbys took lost nodes' slots for `cycle`.
     Promoted {
         cycle: u32,
         promotions: Vec<crate::job::spares::Promotion>,
     },
-    /// The job's stop step.
-    StopStep {
-        cycle: u32,
-        step: Option<u64>,
-    },
-    Lost {
-        reason: String,
-        requeue: bool,
-    },
     /// Something for the console alone (node rank 0: the last call ended).
     Note(String),
     /// The store outside the job: this agent took the coordinator's work over from node rank
     /// `lost`'s agent; it concludes the allocation (the ledger) as node rank 0 would have.
-    Coordinating {
-        lost: u32,
-    },
+    Coordinating { lost: u32 },
     /// Node rank 0: the hosts of cycle `cycle`'s nodes, before its verdict (NVRx's cycle info).
-    Hosts {
-        cycle: u32,
-        hosts: NodeHosts,
-    },
+    Hosts { cycle: u32, hosts: NodeHosts },
+}
+
+impl FromCoord {
+    /// The job cannot go on here (`Event::CoordinationLost`).
+    pub fn lost(reason: String, requeue: bool) -> Self {
+        FromCoord::Event(Event::CoordinationLost { reason, requeue })
+    }
+
+    /// The job's verdict on `cycle` (`Event::CycleEnded`).
+    pub fn cycle_ended(cycle: u32, end: JobEnd) -> Self {
+        FromCoord::Event(Event::CycleEnded { cycle, end })
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -280,7 +258,7 @@ fn remote_head(
 
 /// Carries out one agent's requests until it leaves: returns once `Leave` is done and it is safe
 /// for the process to exit. Everything it learns goes to `tx`; a store that cannot be reached or
-/// a rendezvous that cannot complete ends in one [`FromCoord::Lost`], after which only `Leave`
+/// a rendezvous that cannot complete ends in one [`FromCoord::lost`], after which only `Leave`
 /// does anything.
 pub async fn run(
     cfg: CoordConfig,
@@ -303,7 +281,7 @@ pub async fn run_linked(
     match Coordinator::connect(&link, cfg, head, tx.clone()).await {
         Ok(mut c) => c.serve(rx).await,
         Err(Fatal { reason, requeue }) => {
-            let _ = tx.send(FromCoord::Lost { reason, requeue });
+            let _ = tx.send(FromCoord::lost(reason, requeue));
             while let Some(req) = rx.recv().await {
                 if matches!(req, JobRequest::Leave { .. }) {
                     return;
@@ -471,7 +449,7 @@ impl Coordinator {
         if self.ended {
             return;
         }
-        if matches!(m, FromCoord::Lost { .. }) {
+        if matches!(m, FromCoord::Event(Event::CoordinationLost { .. })) {
             self.ended = true;
         }
         let _ = self.tx.send(m);
@@ -479,10 +457,7 @@ impl Coordinator {
 
     fn fail(&mut self, reason: String) {
         let reason = self.rdzv.fail(reason);
-        self.send(FromCoord::Lost {
-            reason,
-            requeue: true,
-        });
+        self.send(FromCoord::lost(reason, true));
     }
 
     fn store_error(&mut self, e: impl std::fmt::Display) {
@@ -546,20 +521,20 @@ impl Coordinator {
                 value,
             } => {
                 if let Some(timeouts) = read_timeouts(&value) {
-                    self.send(FromCoord::JobTimeouts {
+                    self.send(FromCoord::Event(Event::JobTimeouts {
                         cycle,
                         round,
                         timeouts,
-                    });
+                    }));
                 }
                 Ok(())
             }
             Input::StopAsked { cycle, trigger } => {
-                self.send(FromCoord::StopAsked { cycle, trigger });
+                self.send(FromCoord::Event(Event::StopAsked { cycle, trigger }));
                 Ok(())
             }
             Input::StopStep { cycle, step } => {
-                self.send(FromCoord::StopStep { cycle, step });
+                self.send(FromCoord::Event(Event::StopStep { cycle, step }));
                 Ok(())
             }
             Input::LastCall(c) => self.last_call_out(c).await,
@@ -626,7 +601,7 @@ impl Coordinator {
             Joining::Join { healthy } => healthy,
             Joining::Ended(end) => {
                 let mut steps = poison(cycle, &end);
-                steps.push(Step::Tell(FromCoord::CycleEnded { cycle, end }));
+                steps.push(Step::Tell(FromCoord::cycle_ended(cycle, end)));
                 return self.carry_out(steps).await;
             }
         };
