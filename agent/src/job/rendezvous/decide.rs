@@ -13,7 +13,8 @@
 //! that carry it out (the store's writes and waits, the messages), in order: the rendezvous'
 //! completion ([`Rendezvous::counted`], [`Rendezvous::joins_counted`]), the members left and the
 //! proposal ([`Rendezvous::propose`]), a loss ([`Rendezvous::carry`]), the cycle's end
-//! ([`Rendezvous::report_end`], [`Rendezvous::done_counted`]), the last call
+//! ([`Rendezvous::report_end`], [`Rendezvous::done_counted`]), the job-wide timeouts and stop
+//! step ([`Rendezvous::timeouts_counted`], [`Rendezvous::steps_counted`]), the last call
 //! ([`Rendezvous::last_call_out`]), the coordinator's successor ([`Rendezvous::successor`]).
 //! Where each job-wide decision is made:
 //! - ranks: [`assign`] and [`assign_slots`] (global ranks follow the slot);
@@ -29,9 +30,9 @@ use std::time::Duration;
 
 use crate::job::spares::{refill, Promotion, Standby};
 use crate::supervise::monitor::Timeouts;
-use crate::supervise::{Event, JobEnd};
+use crate::supervise::{choose_stop_step, Event, JobEnd, StepReport, AGREEMENT_BUDGET};
 
-use super::wire::{key, to_json, Go, NodeInfo, Verdict, WireEnd, WireTimeouts};
+use super::wire::{key, to_json, Go, NodeInfo, Verdict, WireEnd, WireSteps, WireTimeouts};
 use super::FromCoord;
 
 /// What one agent knows of the job, fixed for its life.
@@ -618,6 +619,11 @@ pub enum Step {
     CountJoins(u32),
     /// Node rank 0: (re)start the last call of cycle N's rendezvous (lastcall.rs).
     LastCall(u32),
+    /// Read every slot's timeouts for cycle N's round and hand them back
+    /// ([`Rendezvous::timeouts_read`]).
+    MergeTimeouts { cycle: u32, round: u32 },
+    /// Read every slot's stop steps for cycle N and hand them back ([`Rendezvous::steps_read`]).
+    ChooseStopStep(u32),
     /// Tell this agent's runtime.
     Tell(FromCoord),
 }
@@ -804,6 +810,42 @@ impl Rendezvous {
         } else {
             Vec::new()
         }
+    }
+
+    /// Input: this node counted itself the `count`th to share its timeouts for `cycle`'s
+    /// `round`: the last slot to do so merges everyone's.
+    pub fn timeouts_counted(&self, cycle: u32, round: u32, count: i64) -> Vec<Step> {
+        if self.all_reported(count) {
+            vec![Step::MergeTimeouts { cycle, round }]
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// Input: every slot's timeouts for `cycle`'s `round` as read (one that does not convert is
+    /// left out): the job-wide ones, the longest of each, for every node.
+    pub fn timeouts_read(&self, cycle: u32, round: u32, all: &[WireTimeouts]) -> Vec<Step> {
+        let all: Vec<Timeouts> = all.iter().filter_map(|w| w.try_into().ok()).collect();
+        let merged = WireTimeouts::from(&merge_timeouts(&all));
+        vec![Step::Set(key::timeouts(cycle, round), to_json(&merged))]
+    }
+
+    /// Input: this node counted itself the `count`th to report its ranks' steps after a stop
+    /// was asked in `cycle`: the last slot to do so chooses the stop step.
+    pub fn steps_counted(&self, cycle: u32, count: i64) -> Vec<Step> {
+        if self.all_reported(count) {
+            vec![Step::ChooseStopStep(cycle)]
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// Input: every slot's step report for `cycle` as read: the job's stop step (the first
+    /// written wins).
+    pub fn steps_read(&self, cycle: u32, all: Vec<WireSteps>) -> Vec<Step> {
+        let all: Vec<StepReport> = all.into_iter().map(StepReport::from).collect();
+        let step = choose_stop_step(&all, AGREEMENT_BUDGET);
+        vec![Step::SetFirst(key::stop_step(cycle), to_json(&step))]
     }
 
     /// Input (the store outside the job, not coordinating): the coordinator, node `old`, is
@@ -1848,6 +1890,44 @@ mod tests {
                 set(key::members(1), "2"),
                 set(key::all(0), "")
             ]
+        );
+    }
+
+    #[test]
+    fn the_last_slot_to_report_merges_the_timeouts_and_chooses_the_stop_step() {
+        let h = head(2, 2);
+        assert_eq!(h.timeouts_counted(1, 0, 1), vec![]);
+        assert_eq!(
+            h.timeouts_counted(1, 0, 2),
+            vec![Step::MergeTimeouts { cycle: 1, round: 0 }]
+        );
+        let s = Duration::from_secs;
+        let t = |i, hb| Timeouts {
+            initial: Some(s(i)),
+            heartbeat: Some(s(hb)),
+            ..Default::default()
+        };
+        let all = [WireTimeouts::from(&t(10, 3)), WireTimeouts::from(&t(4, 9))];
+        let merged = WireTimeouts::from(&merge_timeouts(&[t(10, 3), t(4, 9)]));
+        assert_eq!(
+            h.timeouts_read(1, 0, &all),
+            vec![Step::Set(key::timeouts(1, 0), to_json(&merged))]
+        );
+        assert_eq!(h.steps_counted(1, 1), vec![]);
+        assert_eq!(h.steps_counted(1, 2), vec![Step::ChooseStopStep(1)]);
+        let report = |max_step| WireSteps {
+            max_step,
+            steps_per_s: Some(1.0),
+        };
+        let steps = h.steps_read(1, vec![report(Some(7)), report(Some(9))]);
+        let all: Vec<StepReport> = [report(Some(7)), report(Some(9))]
+            .into_iter()
+            .map(StepReport::from)
+            .collect();
+        let step = choose_stop_step(&all, AGREEMENT_BUDGET);
+        assert_eq!(
+            steps,
+            vec![Step::SetFirst(key::stop_step(1), to_json(&step))]
         );
     }
 }

@@ -48,7 +48,7 @@ use tokio::task::{AbortHandle, JoinSet};
 use vigil_store::{KeySpace, LeaseEvent, MuxClient};
 
 use crate::supervise::monitor::Timeouts;
-use crate::supervise::{choose_stop_step, Event, JobEnd, JobRequest, StepReport, AGREEMENT_BUDGET};
+use crate::supervise::{Event, JobEnd, JobRequest, StepReport};
 
 pub mod absent;
 mod connect;
@@ -64,7 +64,7 @@ use absent::{join_timeout_reason, join_wait_note, Absent};
 pub use connect::StoreLink;
 use connect::{claim, store_lost, Fatal};
 pub use decide::NodeHosts;
-use decide::{merge_timeouts, poison, Joining, Patience, Rendezvous, Setup, Stage, Step, Woke};
+use decide::{poison, Joining, Patience, Rendezvous, Setup, Stage, Step, Woke};
 use liveness::{liveness, Alarm};
 pub use liveness::{liveness_period, Liveness, Silent};
 pub use noderank::{claim_node_rank, identity, Claimed, Unclaimed};
@@ -740,17 +740,8 @@ impl Coordinator {
         abort(&mut self.timeouts_task);
         self.spawn_timeouts_waiter(cycle, round);
         let count = self.ctl.add(&key::timeouts_count(cycle, round), 1).await?;
-        if self.rdzv.all_reported(count) {
-            let all: Vec<WireTimeouts> = self
-                .every_node(|i| key::node_timeouts(cycle, round, i))
-                .await?;
-            let all: Vec<Timeouts> = all.iter().filter_map(|w| w.try_into().ok()).collect();
-            let merged = WireTimeouts::from(&merge_timeouts(&all));
-            self.ctl
-                .set(&key::timeouts(cycle, round), &to_json(&merged))
-                .await?;
-        }
-        Ok(())
+        let steps = self.rdzv.timeouts_counted(cycle, round, count);
+        self.carry_out(steps).await
     }
 
     async fn share_steps(
@@ -761,18 +752,9 @@ impl Coordinator {
         let mine = to_json(&WireSteps::from(report));
         let me = self.cfg.node_rank;
         self.ctl.set(&key::stop_steps(cycle, me), &mine).await?;
-        if self
-            .rdzv
-            .all_reported(self.ctl.add(&key::stop_count(cycle), 1).await?)
-        {
-            let all: Vec<WireSteps> = self.every_node(|i| key::stop_steps(cycle, i)).await?;
-            let all: Vec<StepReport> = all.into_iter().map(StepReport::from).collect();
-            let step = choose_stop_step(&all, AGREEMENT_BUDGET);
-            self.ctl
-                .compare_set(&key::stop_step(cycle), b"", &to_json(&step))
-                .await?;
-        }
-        Ok(())
+        let count = self.ctl.add(&key::stop_count(cycle), 1).await?;
+        let steps = self.rdzv.steps_counted(cycle, count);
+        self.carry_out(steps).await
     }
 
     /// What every slot's node wrote under `key(node)`, read in one round trip; a value that does
@@ -1026,6 +1008,16 @@ impl Coordinator {
                         .parse::<usize>()
                         .unwrap_or(0);
                     self.rdzv.joins_counted(c, joined)
+                }
+                Step::MergeTimeouts { cycle, round } => {
+                    let all = self
+                        .every_node(|i| key::node_timeouts(cycle, round, i))
+                        .await?;
+                    self.rdzv.timeouts_read(cycle, round, &all)
+                }
+                Step::ChooseStopStep(cycle) => {
+                    let all = self.every_node(|i| key::stop_steps(cycle, i)).await?;
+                    self.rdzv.steps_read(cycle, all)
                 }
                 Step::LastCall(c) => {
                     let tx = self.inbox_tx.clone();
