@@ -1,7 +1,9 @@
 //! The job-wide decisions of the rendezvous, pure: one agent's state machine, with no store and
 //! no sockets (the coordinator in mod.rs only moves messages between the store and it).
 //!
-//! Inputs, each a method: this agent joins a cycle ([`Rendezvous::join`]); node rank 0 finds
+//! Inputs, each a method (and each the coordinator hands over as a [`Fact`] to
+//! [`Rendezvous::step`], which answers with [`Step`]s): this agent joins a cycle
+//! ([`Rendezvous::join`]); node rank 0 finds
 //! every member joined and reads their join records ([`Rendezvous::assign`]); the cycle's verdict
 //! (`c<N>/go`) and its end (`c<N>/end`) arrive ([`Rendezvous::verdict`], [`Rendezvous::ended`]); a
 //! node's lease closes or its liveness counter stops ([`Rendezvous::lease_lost`],
@@ -861,6 +863,112 @@ impl Rendezvous {
             .filter(|n| *n == me || (*n != old && leased.get(*n as usize) == Some(&true)))
             .collect();
         (alive.first() == Some(&me)).then_some(alive)
+    }
+}
+
+/// An input of the state machine: what this agent asked or the store said, as
+/// [`Rendezvous::step`] takes it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Fact<'a> {
+    /// This agent counted itself the `nth` to join `cycle`; `members`: `c<N>/members` as read.
+    Counted {
+        cycle: u32,
+        nth: i64,
+        members: Option<&'a [u8]>,
+    },
+    /// Node rank 0: every member's join record for `cycle`, as read.
+    Records {
+        cycle: u32,
+        records: &'a [(u32, Vec<u8>)],
+    },
+    /// Cycle N's verdict as read (`c<N>/go`).
+    Verdict { cycle: u32, value: &'a [u8] },
+    /// Cycle N's end as read (`c<N>/end`).
+    Ended { cycle: u32, value: &'a [u8] },
+    /// Node rank 0: how many joined cycle N, after a member was lost to a standby.
+    JoinsCounted { cycle: u32, joined: usize },
+    /// Node rank 0: a lease closed (`node`: `None` for a key that names no node).
+    LeaseLost { node: Option<u32>, reason: String },
+    /// Liveness found `node` silent (`None`: the store).
+    Silent { node: Option<u32>, reason: String },
+    /// The store outside the job: this agent won the lost coordinator `old`'s lease.
+    TookOver {
+        old: u32,
+        alive: &'a [u32],
+        reason: String,
+    },
+    /// Node rank 0: cycle N's last call ran out with the `present` members' records there.
+    LastCallOut {
+        cycle: u32,
+        present: &'a [u32],
+        waited: Duration,
+    },
+    /// This node's ranks ended `cycle` with `end`.
+    ReportEnd { cycle: u32, end: &'a JobEnd },
+    /// This node counted itself the `count`th done in `cycle`.
+    DoneCounted { cycle: u32, count: i64 },
+    /// This node counted itself the `count`th to share its timeouts for the round.
+    TimeoutsCounted { cycle: u32, round: u32, count: i64 },
+    /// Every slot's timeouts for the round, as read.
+    TimeoutsRead {
+        cycle: u32,
+        round: u32,
+        all: &'a [WireTimeouts],
+    },
+    /// This node counted itself the `count`th to report its steps in `cycle`.
+    StepsCounted { cycle: u32, count: i64 },
+    /// Every slot's step report for `cycle`, as read.
+    StepsRead { cycle: u32, all: Vec<WireSteps> },
+}
+
+impl Rendezvous {
+    /// The state machine's one entry for the coordinator: what to carry out, in order, for
+    /// `fact`.
+    pub fn step(&mut self, fact: Fact<'_>) -> Vec<Step> {
+        match fact {
+            Fact::Counted {
+                cycle,
+                nth,
+                members,
+            } => self.counted(cycle, nth, members),
+            Fact::Records { cycle, records } => self.propose(cycle, records),
+            Fact::Verdict { cycle, value } => {
+                let d = self.verdict(cycle, value);
+                self.steps(d)
+            }
+            Fact::Ended { cycle, value } => {
+                let d = self.ended(cycle, value);
+                self.steps(d)
+            }
+            Fact::JoinsCounted { cycle, joined } => self.joins_counted(cycle, joined),
+            Fact::LeaseLost { node, reason } => {
+                let loss = self.lease_lost(node, reason);
+                self.carry(loss)
+            }
+            Fact::Silent { node, reason } => {
+                let loss = self.silent(node, reason);
+                self.carry(loss)
+            }
+            Fact::TookOver { old, alive, reason } => {
+                let loss = self.take_over(old, alive, reason);
+                self.carry(loss)
+            }
+            Fact::LastCallOut {
+                cycle,
+                present,
+                waited,
+            } => self.last_call_out(cycle, present, waited),
+            Fact::ReportEnd { cycle, end } => self.report_end(cycle, end),
+            Fact::DoneCounted { cycle, count } => self.done_counted(cycle, count),
+            Fact::TimeoutsCounted {
+                cycle,
+                round,
+                count,
+            } => self.timeouts_counted(cycle, round, count),
+            Fact::TimeoutsRead { cycle, round, all } => self.timeouts_read(cycle, round, all),
+            Fact::StepsCounted { cycle, count } => self.steps_counted(cycle, count),
+            Fact::StepsRead { cycle, all } => self.steps_read(cycle, all),
+        }
     }
 }
 
@@ -1928,6 +2036,49 @@ mod tests {
         assert_eq!(
             steps,
             vec![Step::SetFirst(key::stop_step(1), to_json(&step))]
+        );
+    }
+
+    #[test]
+    fn a_cycle_runs_through_step_alone() {
+        let mut job = Job::new(vec![2, 2], 2, vec![None; 2]);
+        for (n, a) in job.agents.iter_mut().enumerate() {
+            a.join(0, None);
+            let nth = n as i64 + 1;
+            let members = None;
+            let steps = a.step(Fact::Counted {
+                cycle: 0,
+                nth,
+                members,
+            });
+            assert_eq!(steps, a.counted(0, nth, None));
+        }
+        let records: Vec<(u32, Vec<u8>)> = (0..2).map(|n| (n, to_json(&info(2)))).collect();
+        let records = &records;
+        let steps = job.agents[0].step(Fact::Records { cycle: 0, records });
+        let Some(Step::Propose(0, go)) = steps.last().cloned() else {
+            panic!("{steps:?}")
+        };
+        for a in job.agents.iter_mut() {
+            let steps = a.step(Fact::Verdict {
+                cycle: 0,
+                value: &go,
+            });
+            assert_eq!(steps[0], Step::Wait(key::end(0), Patience::Forever));
+        }
+        let a = &mut job.agents[1];
+        assert_eq!(a.step(Fact::DoneCounted { cycle: 0, count: 1 }), vec![]);
+        let end = to_json(&WireEnd::Done);
+        assert_eq!(
+            a.step(Fact::DoneCounted { cycle: 0, count: 2 }),
+            vec![Step::SetFirst(key::end(0), end.clone())]
+        );
+        assert_eq!(
+            a.step(Fact::Ended {
+                cycle: 0,
+                value: &end
+            }),
+            vec![Step::Tell(FromCoord::cycle_ended(0, JobEnd::Done))]
         );
     }
 }

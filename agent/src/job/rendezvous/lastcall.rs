@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use vigil_store::MuxClient;
 
-use super::decide::Stage;
+use super::decide::{Fact, Stage};
 use super::wire::key;
 use super::{CoordConfig, Coordinator, Input};
 
@@ -57,7 +57,13 @@ impl Coordinator {
                 present.push(n);
             }
         }
-        let steps = self.rdzv.last_call_out(c, &present, self.cfg.last_call);
-        self.carry_out(steps).await
+        let present = &present;
+        let waited = self.cfg.last_call;
+        self.decide(Fact::LastCallOut {
+            cycle: c,
+            present,
+            waited,
+        })
+        .await
     }
 }

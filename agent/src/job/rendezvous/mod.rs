@@ -34,7 +34,8 @@
 //! machine, and writes and tells what comes back. Its shape is the supervisor's: the tasks parked
 //! on the store (the rendezvous' waits, liveness, the lease queue, the coordinator's lease, the
 //! job-wide timeouts, the stop, the last call) live in one `JoinSet` and only send an input
-//! (`Input`) to one event loop; the state machine answers each with the steps to take
+//! (`Input`) to one event loop; the loop hands what it read to the state machine
+//! ([`decide::Rendezvous::step`], a [`decide::Fact`]), which answers with the steps to take
 //! ([`decide::Step`]: a write, a wait, a message for the runtime), and one function carries them
 //! out (`Coordinator::carry_out`).
 
@@ -64,7 +65,7 @@ use absent::{join_timeout_reason, join_wait_note, Absent};
 pub use connect::StoreLink;
 use connect::{claim, store_lost, Fatal};
 pub use decide::NodeHosts;
-use decide::{poison, Joining, Patience, Rendezvous, Setup, Stage, Step, Woke};
+use decide::{poison, Fact, Joining, Patience, Rendezvous, Setup, Stage, Step, Woke};
 use liveness::{liveness, Alarm};
 pub use liveness::{liveness_period, Liveness, Silent};
 pub use noderank::{claim_node_rank, identity, Claimed, Unclaimed};
@@ -540,9 +541,7 @@ impl Coordinator {
             Input::LastCall(c) => self.last_call_out(c).await,
             Input::Lease(ev) => self.lease_event(ev).await,
             Input::Alarm(Alarm::Silent(why, node)) => {
-                let loss = self.rdzv.silent(node, why);
-                let steps = self.rdzv.carry(loss);
-                self.carry_out(steps).await
+                self.decide(Fact::Silent { node, reason: why }).await
             }
             Input::Alarm(Alarm::CoordGone(old)) => self.coordinator_gone(old).await,
             Input::Alarm(Alarm::Deposed(why)) => {
@@ -565,13 +564,11 @@ impl Coordinator {
             JobRequest::Join { cycle, calculated } => self.join(cycle, calculated).await?,
             JobRequest::Health { healthy } => self.rdzv.health(healthy),
             JobRequest::ReportEnd { cycle, end } => {
-                let steps = self.rdzv.report_end(cycle, &end);
-                self.carry_out(steps).await?;
+                self.decide(Fact::ReportEnd { cycle, end: &end }).await?;
             }
             JobRequest::ReportDone { cycle } => {
                 let count = self.ctl.add(&key::done(cycle), 1).await?;
-                let steps = self.rdzv.done_counted(cycle, count);
-                self.carry_out(steps).await?;
+                self.decide(Fact::DoneCounted { cycle, count }).await?;
             }
             JobRequest::ShareTimeouts {
                 cycle,
@@ -626,8 +623,13 @@ impl Coordinator {
             (None, self.ctl.join(&record, &to_json(&info), &count).await?)
         };
         abort(&mut self.last_call);
-        let steps = self.rdzv.counted(cycle, nth, members.as_deref());
-        self.carry_out(steps).await?;
+        let members = members.as_deref();
+        self.decide(Fact::Counted {
+            cycle,
+            nth,
+            members,
+        })
+        .await?;
         self.join_wait = match self.rdzv.stage() {
             Stage::WaitAll(c) => {
                 let now = tokio::time::Instant::now();
@@ -740,8 +742,12 @@ impl Coordinator {
         abort(&mut self.timeouts_task);
         self.spawn_timeouts_waiter(cycle, round);
         let count = self.ctl.add(&key::timeouts_count(cycle, round), 1).await?;
-        let steps = self.rdzv.timeouts_counted(cycle, round, count);
-        self.carry_out(steps).await
+        self.decide(Fact::TimeoutsCounted {
+            cycle,
+            round,
+            count,
+        })
+        .await
     }
 
     async fn share_steps(
@@ -753,8 +759,7 @@ impl Coordinator {
         let me = self.cfg.node_rank;
         self.ctl.set(&key::stop_steps(cycle, me), &mine).await?;
         let count = self.ctl.add(&key::stop_count(cycle), 1).await?;
-        let steps = self.rdzv.steps_counted(cycle, count);
-        self.carry_out(steps).await
+        self.decide(Fact::StepsCounted { cycle, count }).await
     }
 
     /// What every slot's node wrote under `key(node)`, read in one round trip; a value that does
@@ -833,9 +838,8 @@ impl Coordinator {
             Some(Woke::Verdict(c)) => self.verdict(c, &value).await?,
             Some(Woke::End(c)) => {
                 abort(&mut self.timeouts_task);
-                let d = self.rdzv.ended(c, &value);
-                let steps = self.rdzv.steps(d);
-                self.carry_out(steps).await?;
+                let value = &value;
+                self.decide(Fact::Ended { cycle: c, value }).await?;
             }
             None => {}
         }
@@ -889,14 +893,12 @@ impl Coordinator {
             .into_iter()
             .zip(self.ctl.multi_get(&refs).await?)
             .collect();
-        let steps = self.rdzv.propose(c, &records);
-        self.carry_out(steps).await
+        let records = &records;
+        self.decide(Fact::Records { cycle: c, records }).await
     }
 
     async fn verdict(&mut self, c: u32, value: &[u8]) -> Result<(), vigil_store::StoreError> {
-        let d = self.rdzv.verdict(c, value);
-        let steps = self.rdzv.steps(d);
-        self.carry_out(steps).await
+        self.decide(Fact::Verdict { cycle: c, value }).await
     }
 
     /// The store outside the job: the coordinator's lease (held by node `old`) is gone. The live
@@ -942,7 +944,8 @@ impl Coordinator {
             "node {old} was lost: its agent, the job's coordinator, lost its connection to the store or was silent for --node-timeout"
         );
         self.send(FromCoord::Coordinating { lost: old });
-        let loss = self.rdzv.take_over(old, &alive, reason);
+        let alive = &alive;
+        let steps = self.rdzv.step(Fact::TookOver { old, alive, reason });
         self.head = Some(remote_head(&self.ctl, &mut self.tasks, &self.inbox_tx));
         // Its liveness sweeps every node's counter from now on.
         self.liveness.abort();
@@ -957,7 +960,6 @@ impl Coordinator {
         if let Stage::WaitAll(c) = self.rdzv.stage() {
             self.wait_for(key::all(c), self.cfg.join_timeout);
         }
-        let steps = self.rdzv.carry(loss);
         self.carry_out(steps).await
     }
 
@@ -970,8 +972,12 @@ impl Coordinator {
             String::from_utf8_lossy(&value)
         );
         let node: Option<u32> = key.rsplit('/').next().and_then(|n| n.parse().ok());
-        let loss = self.rdzv.lease_lost(node, reason);
-        let steps = self.rdzv.carry(loss);
+        self.decide(Fact::LeaseLost { node, reason }).await
+    }
+
+    /// Hands `fact` to the state machine and carries out what it answers.
+    async fn decide(&mut self, fact: Fact<'_>) -> Result<(), vigil_store::StoreError> {
+        let steps = self.rdzv.step(fact);
         self.carry_out(steps).await
     }
 
@@ -1000,24 +1006,27 @@ impl Coordinator {
                 }
                 Step::Propose(c, mine) => {
                     let v = self.ctl.compare_set(&key::go(c), b"", &mine).await?;
-                    let d = self.rdzv.verdict(c, &v);
-                    self.rdzv.steps(d)
+                    self.rdzv.step(Fact::Verdict {
+                        cycle: c,
+                        value: &v,
+                    })
                 }
                 Step::CountJoins(c) => {
                     let joined = String::from_utf8_lossy(&self.ctl.get(&key::joined(c)).await?)
                         .parse::<usize>()
                         .unwrap_or(0);
-                    self.rdzv.joins_counted(c, joined)
+                    self.rdzv.step(Fact::JoinsCounted { cycle: c, joined })
                 }
                 Step::MergeTimeouts { cycle, round } => {
                     let all = self
                         .every_node(|i| key::node_timeouts(cycle, round, i))
                         .await?;
-                    self.rdzv.timeouts_read(cycle, round, &all)
+                    let all = &all;
+                    self.rdzv.step(Fact::TimeoutsRead { cycle, round, all })
                 }
                 Step::ChooseStopStep(cycle) => {
                     let all = self.every_node(|i| key::stop_steps(cycle, i)).await?;
-                    self.rdzv.steps_read(cycle, all)
+                    self.rdzv.step(Fact::StepsRead { cycle, all })
                 }
                 Step::LastCall(c) => {
                     let tx = self.inbox_tx.clone();
