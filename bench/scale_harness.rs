@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 use vigil::job::rendezvous::{self, CoordConfig, FromCoord, HeadSide};
-use vigil::supervise::{JobEnd, JobRequest};
+use vigil::supervise::{Event, JobEnd, JobRequest};
 
 /// The counters a run reports, as `Group.Name` of /proc/net/netstat and /proc/net/snmp.
 const COUNTERS: &[&str] = &[
@@ -177,7 +177,8 @@ pub fn worker(nnodes: u32, first: u32, count: u32, store: SocketAddr, peer_timeo
                     }
                 }
                 Some((node, m)) = said.recv() => match m {
-                    FromCoord::Joined { cycle, .. } | FromCoord::Standby { cycle } => {
+                    FromCoord::Joined { event: Event::Joined { cycle, .. }, .. }
+                    | FromCoord::Event(Event::Standby { cycle }) => {
                         if let Some(w) = waiting.get_mut(&cycle) {
                             *w -= 1;
                             if *w == 0 {
@@ -186,7 +187,7 @@ pub fn worker(nnodes: u32, first: u32, count: u32, store: SocketAddr, peer_timeo
                             }
                         }
                     }
-                    FromCoord::CycleEnded { cycle, end } => {
+                    FromCoord::Event(Event::CycleEnded { cycle, end }) => {
                         out(format!("ended {node} {cycle} {}", one_line(&format!("{end:?}"))));
                         // Every agent rejoins the next attempt on its own, as the supervisor does.
                         *waiting.entry(cycle + 1).or_default() += 1;
@@ -194,7 +195,7 @@ pub fn worker(nnodes: u32, first: u32, count: u32, store: SocketAddr, peer_timeo
                             let _ = tx.send(JobRequest::Join { cycle: cycle + 1, calculated: None });
                         }
                     }
-                    FromCoord::Lost { reason, .. } => out(format!("lost {node} {}", one_line(&reason))),
+                    FromCoord::Event(Event::CoordinationLost { reason, .. }) => out(format!("lost {node} {}", one_line(&reason))),
                     _ => {}
                 },
             }
@@ -281,7 +282,7 @@ async fn until(
                 None => return false,
             },
             Some((_, m)) = said.recv() => {
-                if let FromCoord::Lost { reason, .. } = &m {
+                if let FromCoord::Event(Event::CoordinationLost { reason, .. }) = &m {
                     losses.push(format!("lost 0 {reason}"));
                 }
                 if done(None, Some(&m)) {
@@ -395,7 +396,8 @@ pub async fn run(n: u32, workers: u32, hold: Duration, peer_timeout: Duration) -
             if l.is_some_and(|(_, l)| l == format!("joined {cycle}")) {
                 workers_done += 1;
             }
-            if matches!(m, Some(FromCoord::Joined { cycle: c, .. }) if *c == cycle) {
+            if matches!(m, Some(FromCoord::Joined { event: Event::Joined { cycle: c, .. }, .. }) if *c == cycle)
+            {
                 head_done = true;
             }
             workers_done == nw && head_done
@@ -432,7 +434,7 @@ pub async fn run(n: u32, workers: u32, hold: Duration, peer_timeout: Duration) -
             &mut said,
             limit,
             move |l, m| {
-                if let Some(FromCoord::CycleEnded { cycle: 0, .. }) = m {
+                if let Some(FromCoord::Event(Event::CycleEnded { cycle: 0, .. })) = m {
                     let _ = tx0c.send(JobRequest::Join {
                         cycle: 1,
                         calculated: None,
@@ -459,7 +461,7 @@ pub async fn run(n: u32, workers: u32, hold: Duration, peer_timeout: Duration) -
                 if let Some((_, l)) = l.filter(|(_, l)| l.starts_with("ended ")) {
                     ended.push(l.to_string());
                 }
-                if let Some(FromCoord::CycleEnded { end, .. }) = m {
+                if let Some(FromCoord::Event(Event::CycleEnded { end, .. })) = m {
                     ended.push(format!("ended 0 {end:?}"));
                 }
                 false

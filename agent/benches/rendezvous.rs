@@ -24,7 +24,7 @@ mod scale;
 
 use common::{coord, raise_fd_limit, Agent};
 use vigil::job::rendezvous::{CoordConfig, FromCoord, HeadSide};
-use vigil::supervise::{JobEnd, JobRequest};
+use vigil::supervise::{Event, JobEnd, JobRequest};
 
 /// `spares` of the `n` agents wait as standbys; `promotion` (with spares) is from an active
 /// agent's death (its connections drop, as at a SIGKILL) to every other agent holding its
@@ -93,7 +93,7 @@ async fn one_round(n: u32, spares: u32) -> (Duration, Duration, Duration) {
     }
     for a in agents.iter_mut() {
         match a.rx.recv().await {
-            Some(FromCoord::CycleEnded { cycle: 0, .. }) => {}
+            Some(FromCoord::Event(Event::CycleEnded { cycle: 0, .. })) => {}
             other => panic!("expected CycleEnded(0), got {other:?}"),
         }
         a.tx.send(JobRequest::Join {

@@ -17,7 +17,7 @@ mod common;
 
 use common::{coord, raise_fd_limit, Agent};
 use vigil::job::rendezvous::{FromCoord, HeadSide};
-use vigil::supervise::{JobEnd, JobRequest};
+use vigil::supervise::{Event, JobEnd, JobRequest};
 
 /// Nanoseconds on a CPU of this process's thread named `name`, or of this thread (`None`).
 fn thread_cpu(name: Option<&str>) -> u64 {
@@ -117,7 +117,7 @@ async fn one_round(n: u32) -> [(f64, f64, f64); 2] {
         .unwrap();
     for a in agents.iter_mut() {
         match a.rx.recv().await {
-            Some(FromCoord::CycleEnded { cycle: 0, .. }) => {}
+            Some(FromCoord::Event(Event::CycleEnded { cycle: 0, .. })) => {}
             other => panic!("expected CycleEnded(0), got {other:?}"),
         }
         a.tx.send(JobRequest::Join {

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 use vigil::job::rendezvous::{self, CoordConfig, FromCoord, HeadSide};
-use vigil::supervise::JobRequest;
+use vigil::supervise::{Event, JobRequest};
 
 /// This process's soft open-file limit, after raising it to the hard one.
 pub fn raise_fd_limit() -> u64 {
@@ -78,8 +78,11 @@ impl Agent {
     pub async fn joined(&mut self, cycle: u32) {
         loop {
             match self.rx.recv().await {
-                Some(FromCoord::Joined { cycle: c, .. })
-                | Some(FromCoord::Standby { cycle: c })
+                Some(FromCoord::Joined {
+                    event: Event::Joined { cycle: c, .. },
+                    ..
+                })
+                | Some(FromCoord::Event(Event::Standby { cycle: c }))
                     if c == cycle =>
                 {
                     return

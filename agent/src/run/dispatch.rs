@@ -120,40 +120,13 @@ async fn first_signal(sigs: &mut [(Signal, i32)]) -> i32 {
 /// The supervisor's event for a message from the job's coordination; `None` for what concerns
 /// the runtime alone (promotions, node rank 0's ledger).
 pub(super) fn event_of(m: FromCoord) -> Option<Event> {
-    Some(match m {
-        FromCoord::Joined {
-            cycle,
-            rank_offset,
-            world_size,
-            max_restarts,
-            calculated,
-            ..
-        } => Event::Joined {
-            cycle,
-            rank_offset,
-            world_size,
-            max_restarts,
-            calculated,
-        },
-        FromCoord::CycleEnded { cycle, end } => Event::CycleEnded { cycle, end },
-        FromCoord::JobTimeouts {
-            cycle,
-            round,
-            timeouts,
-        } => Event::JobTimeouts {
-            cycle,
-            round,
-            timeouts,
-        },
-        FromCoord::Lost { reason, requeue } => Event::CoordinationLost { reason, requeue },
-        FromCoord::StopAsked { cycle, trigger } => Event::StopAsked { cycle, trigger },
-        FromCoord::Standby { cycle } => Event::Standby { cycle },
-        FromCoord::StopStep { cycle, step } => Event::StopStep { cycle, step },
+    match m {
+        FromCoord::Event(ev) | FromCoord::Joined { event: ev, .. } => Some(ev),
         FromCoord::Promoted { .. }
         | FromCoord::Note(_)
         | FromCoord::Coordinating { .. }
-        | FromCoord::Hosts { .. } => return None,
-    })
+        | FromCoord::Hosts { .. } => None,
+    }
 }
 
 /// The one owner of the node's state while the loop runs: the supervisor, the effectors, the
@@ -307,9 +280,12 @@ impl Dispatcher {
         match &m {
             FromCoord::Joined {
                 group_rank,
-                rank_offset,
-                world_size,
-                ..
+                event:
+                    Event::Joined {
+                        rank_offset,
+                        world_size,
+                        ..
+                    },
             } => {
                 agent.slot = Slot {
                     group_rank: *group_rank,
@@ -318,7 +294,7 @@ impl Dispatcher {
                 };
                 agent.stragglers.new_attempt();
             }
-            FromCoord::CycleEnded { cycle, end } => {
+            FromCoord::Event(Event::CycleEnded { cycle, end }) => {
                 agent.trail.cycle_ends.push((*cycle, end.clone()));
                 if *end != JobEnd::Done {
                     agent.trail.peer_end = Some(end.clone());
@@ -411,23 +387,17 @@ mod tests {
 
     #[test]
     fn a_joined_attempt_keeps_its_assignment_for_the_supervisor() {
-        let m = FromCoord::Joined {
+        let joined = Event::Joined {
             cycle: 2,
-            group_rank: 1,
             rank_offset: 4,
             world_size: 8,
             max_restarts: 3,
             calculated: None,
         };
-        assert_eq!(
-            event_of(m),
-            Some(Event::Joined {
-                cycle: 2,
-                rank_offset: 4,
-                world_size: 8,
-                max_restarts: 3,
-                calculated: None,
-            })
-        );
+        let m = FromCoord::Joined {
+            group_rank: 1,
+            event: joined.clone(),
+        };
+        assert_eq!(event_of(m), Some(joined));
     }
 }

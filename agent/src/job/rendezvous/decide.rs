@@ -1,7 +1,9 @@
 //! The job-wide decisions of the rendezvous, pure: one agent's state machine, with no store and
 //! no sockets (the coordinator in mod.rs only moves messages between the store and it).
 //!
-//! Inputs, each a method: this agent joins a cycle ([`Rendezvous::join`]); node rank 0 finds
+//! Inputs, each a method (and each the coordinator hands over as a [`Fact`] to
+//! [`Rendezvous::step`], which answers with [`Step`]s): this agent joins a cycle
+//! ([`Rendezvous::join`]); node rank 0 finds
 //! every member joined and reads their join records ([`Rendezvous::assign`]); the cycle's verdict
 //! (`c<N>/go`) and its end (`c<N>/end`) arrive ([`Rendezvous::verdict`], [`Rendezvous::ended`]); a
 //! node's lease closes or its liveness counter stops ([`Rendezvous::lease_lost`],
@@ -9,7 +11,14 @@
 //!
 //! Outputs: what to propose as the verdict (the assignment, [`Proposal`]), what to tell this
 //! agent's runtime ([`Decision`]), what a lost node does to the job ([`Loss`]), and the reason
-//! whenever the job cannot go on here. Where each job-wide decision is made:
+//! whenever the job cannot go on here; and, for the coordinator, each of those as the [`Step`]s
+//! that carry it out (the store's writes and waits, the messages), in order: the rendezvous'
+//! completion ([`Rendezvous::counted`], [`Rendezvous::joins_counted`]), the members left and the
+//! proposal ([`Rendezvous::propose`]), a loss ([`Rendezvous::carry`]), the cycle's end
+//! ([`Rendezvous::report_end`], [`Rendezvous::done_counted`]), the job-wide timeouts and stop
+//! step ([`Rendezvous::timeouts_counted`], [`Rendezvous::steps_counted`]), the last call
+//! ([`Rendezvous::last_call_out`]), the coordinator's successor ([`Rendezvous::successor`]).
+//! Where each job-wide decision is made:
 //! - ranks: [`assign`] and [`assign_slots`] (global ranks follow the slot);
 //! - benching, unfit nodes and promotions: [`Rendezvous::assign`], choosing with `job/spares.rs`;
 //! - members and a lost node (to a standby, or the job is lost): [`Rendezvous::node_lost`];
@@ -23,9 +32,9 @@ use std::time::Duration;
 
 use crate::job::spares::{refill, Promotion, Standby};
 use crate::supervise::monitor::Timeouts;
-use crate::supervise::JobEnd;
+use crate::supervise::{choose_stop_step, Event, JobEnd, StepReport, AGREEMENT_BUDGET};
 
-use super::wire::{key, Go, NodeInfo, Verdict, WireEnd, WireTimeouts};
+use super::wire::{key, to_json, Go, NodeInfo, Verdict, WireEnd, WireSteps, WireTimeouts};
 use super::FromCoord;
 
 /// What one agent knows of the job, fixed for its life.
@@ -390,7 +399,7 @@ impl Rendezvous {
             Ok(Verdict::End(end)) => {
                 self.stage = Stage::Idle;
                 let end = end.into();
-                return Decision::Tell(FromCoord::CycleEnded { cycle: c, end });
+                return Decision::Tell(FromCoord::cycle_ended(c, end));
             }
             Err(e) => return self.failed(unreadable(&e)),
         };
@@ -409,7 +418,7 @@ impl Rendezvous {
         if self.spares() && go.slot_of(me).is_none() {
             // A standby: no ranks; it follows the cycle to its end like everyone.
             self.stage = Stage::Running(c);
-            return Decision::Run(c, FromCoord::Standby { cycle: c });
+            return Decision::Run(c, FromCoord::Event(Event::Standby { cycle: c }));
         }
         let slot = go.slot_of(me).unwrap_or(me);
         let Some(&rank_offset) = go.offsets.get(slot as usize) else {
@@ -422,12 +431,14 @@ impl Rendezvous {
         Decision::Run(
             c,
             FromCoord::Joined {
-                cycle: c,
                 group_rank: slot,
-                rank_offset,
-                world_size: go.world_size,
-                max_restarts: go.max_restarts,
-                calculated,
+                event: Event::Joined {
+                    cycle: c,
+                    rank_offset,
+                    world_size: go.world_size,
+                    max_restarts: go.max_restarts,
+                    calculated,
+                },
             },
         )
     }
@@ -468,7 +479,7 @@ impl Rendezvous {
                     JobEnd::Failed { node, .. } => Some(*node),
                     _ => None,
                 });
-                Decision::Tell(FromCoord::CycleEnded { cycle: c, end })
+                Decision::Tell(FromCoord::cycle_ended(c, end))
             }
             Err(e) => Decision::Fail(format!("attempt {c} ended with an unreadable verdict ({e}); every node must run the same vigil version")),
         }
@@ -588,6 +599,376 @@ impl Rendezvous {
     fn failed(&mut self, d: Decision) -> Decision {
         self.stage = Stage::Idle;
         d
+    }
+}
+
+/// What the coordinator carries out for the state machine, in order: a store operation, a wait,
+/// or a message for this agent's runtime. The coordinator decides none of them.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    /// Write `value` at the key.
+    Set(String, Vec<u8>),
+    /// Write `value` at the key unless one is there (compare-and-set from empty: the first write
+    /// wins).
+    SetFirst(String, Vec<u8>),
+    /// Park on the key (the rendezvous' next wait).
+    Wait(String, Patience),
+    /// Node rank 0: propose this verdict for cycle N (`c<N>/go`, the first written wins) and
+    /// take the winner as the verdict ([`Rendezvous::verdict`]).
+    Propose(u32, Vec<u8>),
+    /// Node rank 0: read how many joined cycle N (`c<N>/joined`) and complete its rendezvous if
+    /// the members all did ([`Rendezvous::joins_counted`]).
+    CountJoins(u32),
+    /// Node rank 0: (re)start the last call of cycle N's rendezvous (lastcall.rs).
+    LastCall(u32),
+    /// Read every slot's timeouts for cycle N's round and hand them back
+    /// ([`Rendezvous::timeouts_read`]).
+    MergeTimeouts { cycle: u32, round: u32 },
+    /// Read every slot's stop steps for cycle N and hand them back ([`Rendezvous::steps_read`]).
+    ChooseStopStep(u32),
+    /// Tell this agent's runtime.
+    Tell(FromCoord),
+}
+
+/// How long a [`Step::Wait`] waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Patience {
+    /// A rendezvous: at most `--join-timeout`.
+    Join,
+    /// A cycle's end: as long as it runs.
+    Forever,
+}
+
+/// Ends cycle `c` and the next one with `end` for every node still waiting on them; a verdict
+/// already given stays (compare-and-set). `all` is set after `go` so that node rank 0, parked
+/// until every node joined, wakes and finds the verdict.
+pub fn poison(c: u32, end: &JobEnd) -> Vec<Step> {
+    let end = WireEnd::from(end);
+    let verdict = to_json(&Verdict::End(end.clone()));
+    let end = to_json(&end);
+    [c, c + 1]
+        .into_iter()
+        .flat_map(|cycle| {
+            [
+                Step::SetFirst(key::go(cycle), verdict.clone()),
+                Step::SetFirst(key::end(cycle), end.clone()),
+                Step::Set(key::all(cycle), Vec::new()),
+            ]
+        })
+        .collect()
+}
+
+/// The writes that say `members` agents join `cycles` from now on.
+fn members_of(members: usize, cycles: [u32; 2]) -> impl Iterator<Item = Step> {
+    let m = members.to_string().into_bytes();
+    cycles
+        .into_iter()
+        .map(move |c| Step::Set(key::members(c), m.clone()))
+}
+
+impl Rendezvous {
+    /// What a [`Decision`] takes: park on the cycle's end, tell the runtime, or end `Lost`.
+    pub fn steps(&mut self, d: Decision) -> Vec<Step> {
+        match d {
+            Decision::Run(c, m) => vec![Step::Wait(key::end(c), Patience::Forever), Step::Tell(m)],
+            Decision::Tell(m) => vec![Step::Tell(m)],
+            Decision::Fail(why) => vec![self.lost(why)],
+        }
+    }
+
+    /// The job cannot go on on this agent: the message that ends it ([`Rendezvous::fail`]).
+    pub fn lost(&mut self, why: String) -> Step {
+        Step::Tell(FromCoord::lost(self.fail(why), true))
+    }
+
+    /// Input: this agent joined `cycle` (after [`Rendezvous::join`]) as the `nth`, with
+    /// `c<N>/members` as read. The last to join completes the rendezvous (`all`); with a last
+    /// call, each joiner says it came (`c0/nth/<k>`) and node rank 0 (re)starts the call; then
+    /// it waits for `all` (node rank 0) or the verdict.
+    pub fn counted(&self, cycle: u32, nth: i64, members: Option<&[u8]>) -> Vec<Step> {
+        let mut steps = Vec::new();
+        if nth == self.joins_expected(members) {
+            steps.push(Step::Set(key::all(cycle), Vec::new()));
+        }
+        let waits_all = self.stage == Stage::WaitAll(cycle);
+        if self.has_last_call(cycle) {
+            steps.push(Step::Set(key::nth_join(cycle, nth), Vec::new()));
+            if waits_all {
+                steps.push(Step::LastCall(cycle));
+            }
+        }
+        let next = if waits_all {
+            key::all(cycle)
+        } else {
+            key::go(cycle)
+        };
+        steps.push(Step::Wait(next, Patience::Join));
+        steps
+    }
+
+    /// Input (node rank 0): every member's join record for `cycle` as read, in
+    /// [`Self::members`] order. With standbys and nodes lost for good, the next rendezvous waits
+    /// for the members only (`c<N+1>/members`); then the hosts and promotions are told and the
+    /// assignment proposed, or the job ends.
+    pub fn propose(&mut self, cycle: u32, records: &[(u32, Vec<u8>)]) -> Vec<Step> {
+        let members = self.members().len();
+        let mut steps = Vec::new();
+        if self.spares() && members < self.setup.nnodes as usize {
+            // Nodes lost for good (or absent at the last call) stay out of every later
+            // rendezvous.
+            let m = members.to_string().into_bytes();
+            steps.push(Step::Set(key::members(cycle + 1), m));
+        }
+        match self.assign(cycle, records) {
+            Ok(Proposal {
+                go,
+                promotions,
+                hosts,
+            }) => {
+                steps.push(Step::Tell(FromCoord::Hosts { cycle, hosts }));
+                if !promotions.is_empty() {
+                    steps.push(Step::Tell(FromCoord::Promoted { cycle, promotions }));
+                }
+                steps.push(Step::Propose(cycle, to_json(&Verdict::Go(go))));
+            }
+            Err(why) => steps.push(self.lost(why.to_string())),
+        }
+        steps
+    }
+
+    /// Input (node rank 0): `joined` nodes joined cycle `c` when a member was lost to a standby
+    /// during its rendezvous: if every member left did, it completes without the lost one.
+    pub fn joins_counted(&self, c: u32, joined: usize) -> Vec<Step> {
+        if joined >= self.members().len() {
+            vec![Step::Set(key::all(c), Vec::new())]
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// What losing a node takes ([`Loss`]): the members from now on and the cycle under way
+    /// completed or ended, the job ended for every node, or this agent's end.
+    pub fn carry(&mut self, loss: Loss) -> Vec<Step> {
+        let (members, cycles, then) = match loss {
+            Loss::Nothing => return Vec::new(),
+            Loss::Fail(why) => return vec![self.lost(why)],
+            Loss::Job { cycle, end } => return poison(cycle, &end),
+            Loss::ToStandby {
+                members,
+                cycles,
+                then,
+            } => (members, cycles, then),
+        };
+        let mut steps: Vec<Step> = members_of(members, cycles).collect();
+        match then {
+            AfterLoss::Nothing => {}
+            AfterLoss::CompleteJoin(c) => steps.push(Step::CountJoins(c)),
+            AfterLoss::EndCycle { cycle, end } => {
+                let end = to_json(&WireEnd::from(&end));
+                steps.push(Step::SetFirst(key::end(cycle), end));
+            }
+        }
+        steps
+    }
+
+    /// Input (node rank 0, `--nnodes MIN:MAX`): cycle `c`'s last call ran out with the
+    /// `present` members' join records there ([`Rendezvous::last_call`]); `last_call` is how
+    /// long it waited. Starting without the absent ones: say so, write the members, complete
+    /// the rendezvous.
+    pub fn last_call_out(&mut self, c: u32, present: &[u32], last_call: Duration) -> Vec<Step> {
+        let LastCall::Start {
+            members,
+            cycles,
+            absent,
+        } = self.last_call(c, present)
+        else {
+            return Vec::new();
+        };
+        let note = last_call_note(c, members, self.setup.nnodes, &absent, last_call);
+        let mut steps = vec![Step::Tell(FromCoord::Note(note))];
+        steps.extend(members_of(members, cycles));
+        steps.push(Step::Set(key::all(c), Vec::new()));
+        steps
+    }
+
+    /// Input: cycle `cycle`'s ranks on this node ended with `end` (the first report wins).
+    pub fn report_end(&self, cycle: u32, end: &JobEnd) -> Vec<Step> {
+        let mut steps = Vec::new();
+        if let JobEnd::Failed { node, .. } = end {
+            steps.push(Step::Set(key::failed(cycle, *node), Vec::new()));
+        }
+        steps.push(Step::SetFirst(
+            key::end(cycle),
+            to_json(&WireEnd::from(end)),
+        ));
+        steps
+    }
+
+    /// Input: this node counted itself the `count`th whose ranks all exited 0 in `cycle`: the
+    /// last slot to do so ends the cycle done.
+    pub fn done_counted(&self, cycle: u32, count: i64) -> Vec<Step> {
+        if self.all_reported(count) {
+            vec![Step::SetFirst(key::end(cycle), to_json(&WireEnd::Done))]
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// Input: this node counted itself the `count`th to share its timeouts for `cycle`'s
+    /// `round`: the last slot to do so merges everyone's.
+    pub fn timeouts_counted(&self, cycle: u32, round: u32, count: i64) -> Vec<Step> {
+        if self.all_reported(count) {
+            vec![Step::MergeTimeouts { cycle, round }]
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// Input: every slot's timeouts for `cycle`'s `round` as read (one that does not convert is
+    /// left out): the job-wide ones, the longest of each, for every node.
+    pub fn timeouts_read(&self, cycle: u32, round: u32, all: &[WireTimeouts]) -> Vec<Step> {
+        let all: Vec<Timeouts> = all.iter().filter_map(|w| w.try_into().ok()).collect();
+        let merged = WireTimeouts::from(&merge_timeouts(&all));
+        vec![Step::Set(key::timeouts(cycle, round), to_json(&merged))]
+    }
+
+    /// Input: this node counted itself the `count`th to report its ranks' steps after a stop
+    /// was asked in `cycle`: the last slot to do so chooses the stop step.
+    pub fn steps_counted(&self, cycle: u32, count: i64) -> Vec<Step> {
+        if self.all_reported(count) {
+            vec![Step::ChooseStopStep(cycle)]
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// Input: every slot's step report for `cycle` as read: the job's stop step (the first
+    /// written wins).
+    pub fn steps_read(&self, cycle: u32, all: Vec<WireSteps>) -> Vec<Step> {
+        let all: Vec<StepReport> = all.into_iter().map(StepReport::from).collect();
+        let step = choose_stop_step(&all, AGREEMENT_BUDGET);
+        vec![Step::SetFirst(key::stop_step(cycle), to_json(&step))]
+    }
+
+    /// Input (the store outside the job, not coordinating): the coordinator, node `old`, is
+    /// gone; `leased`: whether each node's lease is held, by node rank; `job_ended`: the job's
+    /// end is written. The live agents, if this one is the lowest of them and so is to take the
+    /// coordinator's lease over; `None`: leave it (to a lower one, or nobody: the job ended).
+    pub fn successor(&self, old: u32, leased: &[bool], job_ended: bool) -> Option<Vec<u32>> {
+        if self.setup.head || !self.setup.outside || job_ended {
+            return None;
+        }
+        let me = self.setup.node_rank;
+        let alive: Vec<u32> = (0..self.setup.nnodes)
+            .filter(|n| *n == me || (*n != old && leased.get(*n as usize) == Some(&true)))
+            .collect();
+        (alive.first() == Some(&me)).then_some(alive)
+    }
+}
+
+/// An input of the state machine: what this agent asked or the store said, as
+/// [`Rendezvous::step`] takes it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Fact<'a> {
+    /// This agent counted itself the `nth` to join `cycle`; `members`: `c<N>/members` as read.
+    Counted {
+        cycle: u32,
+        nth: i64,
+        members: Option<&'a [u8]>,
+    },
+    /// Node rank 0: every member's join record for `cycle`, as read.
+    Records {
+        cycle: u32,
+        records: &'a [(u32, Vec<u8>)],
+    },
+    /// Cycle N's verdict as read (`c<N>/go`).
+    Verdict { cycle: u32, value: &'a [u8] },
+    /// Cycle N's end as read (`c<N>/end`).
+    Ended { cycle: u32, value: &'a [u8] },
+    /// Node rank 0: how many joined cycle N, after a member was lost to a standby.
+    JoinsCounted { cycle: u32, joined: usize },
+    /// Node rank 0: a lease closed (`node`: `None` for a key that names no node).
+    LeaseLost { node: Option<u32>, reason: String },
+    /// Liveness found `node` silent (`None`: the store).
+    Silent { node: Option<u32>, reason: String },
+    /// The store outside the job: this agent won the lost coordinator `old`'s lease.
+    TookOver {
+        old: u32,
+        alive: &'a [u32],
+        reason: String,
+    },
+    /// Node rank 0: cycle N's last call ran out with the `present` members' records there.
+    LastCallOut {
+        cycle: u32,
+        present: &'a [u32],
+        waited: Duration,
+    },
+    /// This node's ranks ended `cycle` with `end`.
+    ReportEnd { cycle: u32, end: &'a JobEnd },
+    /// This node counted itself the `count`th done in `cycle`.
+    DoneCounted { cycle: u32, count: i64 },
+    /// This node counted itself the `count`th to share its timeouts for the round.
+    TimeoutsCounted { cycle: u32, round: u32, count: i64 },
+    /// Every slot's timeouts for the round, as read.
+    TimeoutsRead {
+        cycle: u32,
+        round: u32,
+        all: &'a [WireTimeouts],
+    },
+    /// This node counted itself the `count`th to report its steps in `cycle`.
+    StepsCounted { cycle: u32, count: i64 },
+    /// Every slot's step report for `cycle`, as read.
+    StepsRead { cycle: u32, all: Vec<WireSteps> },
+}
+
+impl Rendezvous {
+    /// The state machine's one entry for the coordinator: what to carry out, in order, for
+    /// `fact`.
+    pub fn step(&mut self, fact: Fact<'_>) -> Vec<Step> {
+        match fact {
+            Fact::Counted {
+                cycle,
+                nth,
+                members,
+            } => self.counted(cycle, nth, members),
+            Fact::Records { cycle, records } => self.propose(cycle, records),
+            Fact::Verdict { cycle, value } => {
+                let d = self.verdict(cycle, value);
+                self.steps(d)
+            }
+            Fact::Ended { cycle, value } => {
+                let d = self.ended(cycle, value);
+                self.steps(d)
+            }
+            Fact::JoinsCounted { cycle, joined } => self.joins_counted(cycle, joined),
+            Fact::LeaseLost { node, reason } => {
+                let loss = self.lease_lost(node, reason);
+                self.carry(loss)
+            }
+            Fact::Silent { node, reason } => {
+                let loss = self.silent(node, reason);
+                self.carry(loss)
+            }
+            Fact::TookOver { old, alive, reason } => {
+                let loss = self.take_over(old, alive, reason);
+                self.carry(loss)
+            }
+            Fact::LastCallOut {
+                cycle,
+                present,
+                waited,
+            } => self.last_call_out(cycle, present, waited),
+            Fact::ReportEnd { cycle, end } => self.report_end(cycle, end),
+            Fact::DoneCounted { cycle, count } => self.done_counted(cycle, count),
+            Fact::TimeoutsCounted {
+                cycle,
+                round,
+                count,
+            } => self.timeouts_counted(cycle, round, count),
+            Fact::TimeoutsRead { cycle, round, all } => self.timeouts_read(cycle, round, all),
+            Fact::StepsCounted { cycle, count } => self.steps_counted(cycle, count),
+            Fact::StepsRead { cycle, all } => self.steps_read(cycle, all),
+        }
     }
 }
 
@@ -977,13 +1358,7 @@ mod tests {
             let v = to_json(&WireEnd::from(end));
             for n in self.live() {
                 let d = self.agents[n as usize].ended(c, &v);
-                assert_eq!(
-                    d,
-                    Decision::Tell(FromCoord::CycleEnded {
-                        cycle: c,
-                        end: end.clone()
-                    })
-                );
+                assert_eq!(d, Decision::Tell(FromCoord::cycle_ended(c, end.clone())));
             }
         }
     }
@@ -1000,12 +1375,15 @@ mod tests {
                 Decision::Run(
                     cycle,
                     FromCoord::Joined {
-                        cycle: jc,
                         group_rank,
-                        rank_offset,
-                        world_size,
-                        max_restarts,
-                        ..
+                        event:
+                            Event::Joined {
+                                cycle: jc,
+                                rank_offset,
+                                world_size,
+                                max_restarts,
+                                ..
+                            },
                     },
                 ) => {
                     prop_assert_eq!((*cycle, *jc, *max_restarts), (c, c, 3));
@@ -1015,7 +1393,7 @@ mod tests {
                     let nproc = job.nproc[*n as usize];
                     seen.extend(*rank_offset..*rank_offset + nproc);
                 }
-                Decision::Run(cycle, FromCoord::Standby { cycle: sc }) => {
+                Decision::Run(cycle, FromCoord::Event(Event::Standby { cycle: sc })) => {
                     prop_assert_eq!((*cycle, *sc), (c, c));
                     standbys += 1;
                 }
@@ -1085,7 +1463,7 @@ mod tests {
                 Err(why) => {
                     prop_assert!(matches!(why, Unassignable::NoStandby { .. }), "{}", why);
                     for d in cy.decisions.values() {
-                        let is_lost = matches!(d, Decision::Tell(FromCoord::CycleEnded { end: JobEnd::Lost { .. }, .. }));
+                        let is_lost = matches!(d, Decision::Tell(FromCoord::Event(Event::CycleEnded { end: JobEnd::Lost { .. }, .. })));
                         prop_assert!(is_lost, "{:?}", d);
                     }
                 }
@@ -1230,7 +1608,7 @@ mod tests {
             let verdict = to_json(&Verdict::End(WireEnd::from(&end)));
             for n in job.live() {
                 let d = job.agents[n as usize].verdict(1, &verdict);
-                prop_assert_eq!(d, Decision::Tell(FromCoord::CycleEnded { cycle: 1, end: end.clone() }));
+                prop_assert_eq!(d, Decision::Tell(FromCoord::cycle_ended(1, end.clone())));
             }
         }
     }
@@ -1261,7 +1639,7 @@ mod tests {
         );
         assert_eq!(
             cy.decisions[&1],
-            Decision::Run(2, FromCoord::Standby { cycle: 2 })
+            Decision::Run(2, FromCoord::Event(Event::Standby { cycle: 2 }))
         );
         // Benched for good: with no standby left to bench the next, it stays out.
         job.end(2, &JobEnd::Done);
@@ -1437,6 +1815,270 @@ mod tests {
         assert!(
             why.ends_with("every node must run the same vigil version"),
             "{why}"
+        );
+    }
+
+    fn set(k: String, v: &str) -> Step {
+        Step::Set(k, v.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn the_last_to_join_completes_the_rendezvous_and_each_waits_for_its_next_key() {
+        let mut job = Job::new(vec![1, 1], 2, vec![None; 2]);
+        job.agents[0].join(0, None);
+        job.agents[1].join(0, None);
+        assert_eq!(
+            job.agents[0].counted(0, 1, None),
+            vec![Step::Wait(key::all(0), Patience::Join)]
+        );
+        assert_eq!(
+            job.agents[1].counted(0, 2, None),
+            vec![set(key::all(0), ""), Step::Wait(key::go(0), Patience::Join)]
+        );
+        // Hot spares: the members as read; the first rendezvous has a last call.
+        let mut h = head(4, 2);
+        h.join(0, None);
+        assert_eq!(
+            h.counted(0, 3, Some(b"3")),
+            vec![
+                set(key::all(0), ""),
+                set(key::nth_join(0, 3), ""),
+                Step::LastCall(0),
+                Step::Wait(key::all(0), Patience::Join),
+            ]
+        );
+        let mut n1 = agent(4, 2, 1);
+        n1.join(0, None);
+        assert_eq!(
+            n1.counted(0, 1, None),
+            vec![
+                set(key::nth_join(0, 1), ""),
+                Step::Wait(key::go(0), Patience::Join)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_proposal_writes_the_members_left_and_tells_hosts_before_the_verdict() {
+        // --nnodes 2:3: standby 2 is lost while the rendezvous waits; it completes without it.
+        let mut h = head(3, 2);
+        h.join(0, None);
+        let loss = h.lease_lost(Some(2), "gone".into());
+        assert_eq!(
+            h.carry(loss),
+            vec![
+                set(key::members(0), "2"),
+                set(key::members(1), "2"),
+                Step::CountJoins(0)
+            ]
+        );
+        assert_eq!(h.joins_counted(0, 1), vec![]);
+        assert_eq!(h.joins_counted(0, 2), vec![set(key::all(0), "")]);
+        let records = [(0, to_json(&info(1))), (1, to_json(&info(1)))];
+        let steps = h.propose(0, &records);
+        assert_eq!(steps[0], set(key::members(1), "2"));
+        assert!(
+            matches!(&steps[1], Step::Tell(FromCoord::Hosts { cycle: 0, hosts }) if hosts.active.len() == 2)
+        );
+        let Step::Propose(0, go) = &steps[2] else {
+            panic!("{steps:?}")
+        };
+        // Every node, the proposer included, runs what won.
+        let d = h.verdict(0, go);
+        let run = h.steps(d);
+        assert_eq!(run[0], Step::Wait(key::end(0), Patience::Forever));
+        assert!(matches!(
+            &run[1],
+            Step::Tell(FromCoord::Joined {
+                event: Event::Joined { cycle: 0, .. },
+                ..
+            })
+        ));
+        // Without standbys no members are written; an unreadable record ends the agent.
+        let mut h = head(2, 2);
+        h.join(0, None);
+        let steps = h.propose(0, &[(0, to_json(&info(1))), (1, b"{".to_vec())]);
+        assert!(
+            matches!(
+                &steps[..],
+                [Step::Tell(FromCoord::Event(Event::CoordinationLost {
+                    requeue: true,
+                    ..
+                }))]
+            ),
+            "{steps:?}"
+        );
+    }
+
+    #[test]
+    fn a_lost_node_ends_the_cycle_it_played_or_the_job() {
+        let mut h = head(3, 2);
+        let records: Vec<(u32, Vec<u8>)> = (0..3).map(|n| (n, to_json(&info(1)))).collect();
+        h.join(0, None);
+        let Some(Step::Propose(0, go)) = h.propose(0, &records).pop() else {
+            panic!()
+        };
+        h.verdict(0, &go);
+        let loss = h.lease_lost(Some(1), "gone".into());
+        let steps = h.carry(loss);
+        assert_eq!(
+            steps[..2],
+            [set(key::members(0), "2"), set(key::members(1), "2")]
+        );
+        assert!(matches!(&steps[2], Step::SetFirst(k, _) if *k == key::end(0)));
+        // Without a standby the job ends for every node, this cycle and the next.
+        let mut h = head(2, 2);
+        h.join(0, None);
+        let loss = h.lease_lost(Some(1), "gone".into());
+        let steps = h.carry(loss);
+        assert_eq!(steps.len(), 6, "{steps:?}");
+        assert!(matches!(&steps[0], Step::SetFirst(k, _) if *k == key::go(0)));
+        assert_eq!(steps[5], set(key::all(1), ""));
+        // Not the coordinator: this agent ends.
+        let mut n1 = agent(2, 2, 1);
+        let loss = n1.silent(Some(0), "head".into());
+        assert!(matches!(
+            &n1.carry(loss)[..],
+            [Step::Tell(FromCoord::Event(Event::CoordinationLost { .. }))]
+        ));
+    }
+
+    #[test]
+    fn reports_end_a_cycle_once_every_slot_is_done_or_one_failed() {
+        let h = head(2, 2);
+        assert_eq!(h.done_counted(0, 1), vec![]);
+        assert_eq!(
+            h.done_counted(0, 2),
+            vec![Step::SetFirst(key::end(0), to_json(&WireEnd::Done))]
+        );
+        let failed = JobEnd::Failed {
+            node: 1,
+            reason: "x".into(),
+        };
+        assert_eq!(
+            h.report_end(3, &failed),
+            vec![
+                set(key::failed(3, 1), ""),
+                Step::SetFirst(key::end(3), to_json(&WireEnd::from(&failed)))
+            ]
+        );
+    }
+
+    #[test]
+    fn the_lowest_live_agent_succeeds_a_lost_coordinator() {
+        let n2 = agent(4, 3, 2);
+        assert_eq!(n2.successor(0, &[false, true, true, true], false), None);
+        assert_eq!(
+            n2.successor(0, &[false, false, true, true], false),
+            Some(vec![2, 3])
+        );
+        // The old coordinator's lease may still be there (expired): it is not alive.
+        assert_eq!(
+            n2.successor(1, &[false, true, true, false], false),
+            Some(vec![2])
+        );
+        assert_eq!(n2.successor(0, &[false, false, true, true], true), None);
+        assert_eq!(agent(4, 3, 0).successor(1, &[true; 4], false), None);
+    }
+
+    #[test]
+    fn a_last_call_that_runs_out_says_so_and_completes_the_rendezvous() {
+        let mut h = head(3, 2);
+        h.join(0, None);
+        let wait = Duration::from_secs(2);
+        assert_eq!(h.last_call_out(0, &[0], wait), vec![]);
+        let steps = h.last_call_out(0, &[0, 2], wait);
+        assert!(
+            matches!(&steps[0], Step::Tell(FromCoord::Note(n)) if n.starts_with("attempt 0 starts with 2 of up to 3 nodes"))
+        );
+        assert_eq!(
+            steps[1..],
+            [
+                set(key::members(0), "2"),
+                set(key::members(1), "2"),
+                set(key::all(0), "")
+            ]
+        );
+    }
+
+    #[test]
+    fn the_last_slot_to_report_merges_the_timeouts_and_chooses_the_stop_step() {
+        let h = head(2, 2);
+        assert_eq!(h.timeouts_counted(1, 0, 1), vec![]);
+        assert_eq!(
+            h.timeouts_counted(1, 0, 2),
+            vec![Step::MergeTimeouts { cycle: 1, round: 0 }]
+        );
+        let s = Duration::from_secs;
+        let t = |i, hb| Timeouts {
+            initial: Some(s(i)),
+            heartbeat: Some(s(hb)),
+            ..Default::default()
+        };
+        let all = [WireTimeouts::from(&t(10, 3)), WireTimeouts::from(&t(4, 9))];
+        let merged = WireTimeouts::from(&merge_timeouts(&[t(10, 3), t(4, 9)]));
+        assert_eq!(
+            h.timeouts_read(1, 0, &all),
+            vec![Step::Set(key::timeouts(1, 0), to_json(&merged))]
+        );
+        assert_eq!(h.steps_counted(1, 1), vec![]);
+        assert_eq!(h.steps_counted(1, 2), vec![Step::ChooseStopStep(1)]);
+        let report = |max_step| WireSteps {
+            max_step,
+            steps_per_s: Some(1.0),
+        };
+        let steps = h.steps_read(1, vec![report(Some(7)), report(Some(9))]);
+        let all: Vec<StepReport> = [report(Some(7)), report(Some(9))]
+            .into_iter()
+            .map(StepReport::from)
+            .collect();
+        let step = choose_stop_step(&all, AGREEMENT_BUDGET);
+        assert_eq!(
+            steps,
+            vec![Step::SetFirst(key::stop_step(1), to_json(&step))]
+        );
+    }
+
+    #[test]
+    fn a_cycle_runs_through_step_alone() {
+        let mut job = Job::new(vec![2, 2], 2, vec![None; 2]);
+        for (n, a) in job.agents.iter_mut().enumerate() {
+            a.join(0, None);
+            let nth = n as i64 + 1;
+            let members = None;
+            let steps = a.step(Fact::Counted {
+                cycle: 0,
+                nth,
+                members,
+            });
+            assert_eq!(steps, a.counted(0, nth, None));
+        }
+        let records: Vec<(u32, Vec<u8>)> = (0..2).map(|n| (n, to_json(&info(2)))).collect();
+        let records = &records;
+        let steps = job.agents[0].step(Fact::Records { cycle: 0, records });
+        let Some(Step::Propose(0, go)) = steps.last().cloned() else {
+            panic!("{steps:?}")
+        };
+        for a in job.agents.iter_mut() {
+            let steps = a.step(Fact::Verdict {
+                cycle: 0,
+                value: &go,
+            });
+            assert_eq!(steps[0], Step::Wait(key::end(0), Patience::Forever));
+        }
+        let a = &mut job.agents[1];
+        assert_eq!(a.step(Fact::DoneCounted { cycle: 0, count: 1 }), vec![]);
+        let end = to_json(&WireEnd::Done);
+        assert_eq!(
+            a.step(Fact::DoneCounted { cycle: 0, count: 2 }),
+            vec![Step::SetFirst(key::end(0), end.clone())]
+        );
+        assert_eq!(
+            a.step(Fact::Ended {
+                cycle: 0,
+                value: &end
+            }),
+            vec![Step::Tell(FromCoord::cycle_ended(0, JobEnd::Done))]
         );
     }
 }

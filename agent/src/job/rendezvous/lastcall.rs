@@ -12,38 +12,36 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use vigil_store::MuxClient;
 
-use super::decide::{last_call_note, LastCall, Stage};
+use super::decide::{Fact, Stage};
 use super::wire::key;
-use super::{CoordConfig, Coordinator, FromCoord};
+use super::{CoordConfig, Coordinator, Input};
 
 /// Parked, on the agent's connection, on the next join of cycle `c` (a wait cancelled with the
-/// task when the rendezvous completes first); sends `c` once the last call ran out.
-pub(super) fn spawn(
+/// task when the rendezvous completes first); says so once the last call ran out.
+pub(super) async fn parked(
     client: MuxClient,
     cfg: CoordConfig,
     c: u32,
-    tx: mpsc::UnboundedSender<u32>,
-) -> tokio::task::JoinHandle<()> {
-    tokio::task::spawn_local(async move {
-        let Ok(mut k) = client.add(&key::joined(c), 0).await else {
-            return;
+    tx: mpsc::UnboundedSender<Input>,
+) {
+    let Ok(mut k) = client.add(&key::joined(c), 0).await else {
+        return;
+    };
+    while k < cfg.nnodes as i64 {
+        let wait = if k >= cfg.active as i64 {
+            cfg.last_call
+        } else {
+            Duration::MAX
         };
-        while k < cfg.nnodes as i64 {
-            let wait = if k >= cfg.active as i64 {
-                cfg.last_call
-            } else {
-                Duration::MAX
-            };
-            match client.wait(&[&key::nth_join(c, k + 1)], wait).await {
-                Ok(()) => k += 1,
-                Err(e) if e.is_timeout() => {
-                    let _ = tx.send(c);
-                    return;
-                }
-                Err(_) => return,
+        match client.wait(&[&key::nth_join(c, k + 1)], wait).await {
+            Ok(()) => k += 1,
+            Err(e) if e.is_timeout() => {
+                let _ = tx.send(Input::LastCall(c));
+                return;
             }
+            Err(_) => return,
         }
-    })
+    }
 }
 
 impl Coordinator {
@@ -59,45 +57,13 @@ impl Coordinator {
                 present.push(n);
             }
         }
-        if let LastCall::Start {
-            members,
-            cycles,
-            absent,
-        } = self.rdzv.last_call(c, &present)
-        {
-            self.send(FromCoord::Note(last_call_note(
-                c,
-                members,
-                self.cfg.nnodes,
-                &absent,
-                self.cfg.last_call,
-            )));
-            for cycle in cycles {
-                let m = members.to_string();
-                self.ctl.set(&key::members(cycle), m.as_bytes()).await?;
-            }
-            self.ctl.set(&key::all(c), b"").await?;
-        }
-        Ok(())
-    }
-
-    /// After this node joined cycle `c` as the `nth`: says so where the last call waits for it,
-    /// and on node rank 0 (re)starts the last call of the rendezvous.
-    pub(super) async fn arm_last_call(
-        &mut self,
-        cycle: u32,
-        nth: i64,
-    ) -> Result<(), vigil_store::StoreError> {
-        if self.rdzv.has_last_call(cycle) {
-            self.ctl.set(&key::nth_join(cycle, nth), b"").await?;
-        }
-        if let Some(t) = self.last_call.take() {
-            t.abort();
-        }
-        if self.rdzv.has_last_call(cycle) && matches!(self.rdzv.stage(), Stage::WaitAll(_)) {
-            let tx = self.last_call_tx.clone();
-            self.last_call = Some(spawn(self.ctl.clone(), self.cfg.clone(), cycle, tx));
-        }
-        Ok(())
+        let present = &present;
+        let waited = self.cfg.last_call;
+        self.decide(Fact::LastCallOut {
+            cycle: c,
+            present,
+            waited,
+        })
+        .await
     }
 }

@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 use vigil_store::MuxClient;
 
 use super::wire::key;
-use super::CoordConfig;
+use super::{CoordConfig, Input};
 
 /// How silent each watched node has been, in the watcher's own running time. Pure: the caller
 /// says when it woke and what it read.
@@ -148,18 +148,28 @@ pub(super) async fn liveness(
     client: MuxClient,
     cfg: CoordConfig,
     head: bool,
-    tx: mpsc::UnboundedSender<Alarm>,
+    tx: mpsc::UnboundedSender<Input>,
 ) {
     let period = liveness_period(cfg.peer_timeout);
-    let mut watched: Vec<u32> = if head {
-        (0..cfg.nnodes).filter(|n| *n != cfg.node_rank).collect()
-    } else {
-        vec![0]
-    };
-    // The store outside the job: the coordinator as last read from its lease.
-    let mut coord: Option<u32> = None;
     let me = key::alive(cfg.node_rank);
-    let mut live = Liveness::new(cfg.peer_timeout, period);
+    let how = match (head, cfg.outside) {
+        (true, true) => Watch::Fenced(cfg.node_rank),
+        (true, false) => Watch::Sweep,
+        (false, false) => Watch::Node0,
+        (false, true) => Watch::Coordinator,
+    };
+    let mut w = Watcher {
+        watched: if head {
+            (0..cfg.nnodes).filter(|n| *n != cfg.node_rank).collect()
+        } else {
+            vec![0]
+        },
+        coord: None,
+        live: Liveness::new(cfg.peer_timeout, period),
+        cfg,
+        head,
+        tx,
+    };
     let mut ticker = tokio::time::interval(period);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     type Round = std::pin::Pin<Box<dyn std::future::Future<Output = Option<Reading>>>>;
@@ -174,94 +184,113 @@ pub(super) async fn liveness(
         };
         tokio::select! {
             _ = ticker.tick() => {
-                live.wake(Instant::now());
-                if let Some(s) = live.silent() {
-                    if let (Silent::Node(n, _), false, true) = (&s, head, cfg.outside) {
-                        let n = *n;
-                        if coord == Some(n) {
-                            // The store outside the job: a coordinator silent for the node
-                            // timeout has lost its lease as if it had expired, whether or not
-                            // the store dropped its connection yet.
-                            live.forget(n);
-                            if tx.send(Alarm::CoordGone(n)).is_err() {
-                                return;
-                            }
-                            continue;
-                        }
+                w.live.wake(Instant::now());
+                if let Some(s) = w.live.silent() {
+                    if !w.silent(s) {
+                        return;
                     }
-                    let t = cfg.peer_timeout.as_secs_f64();
-                    let why = match s {
-                        Silent::Store(_) if head && !cfg.outside => format!("this node's own store did not answer for {t:.0}s (--node-timeout)"),
-                        Silent::Store(_) if cfg.outside => format!("the store at {} did not answer for {t:.0}s (--node-timeout)", cfg.store),
-                        Silent::Store(_) => format!("node rank 0 was lost: its store at {} did not answer for {t:.0}s (--node-timeout): its agent is frozen, overloaded or cut off", cfg.store),
-                        Silent::Node(n, _) => format!("node {n} was lost: its agent gave no sign of life for {t:.0}s (--node-timeout): frozen, overloaded or cut off"),
-                    };
-                    let node = match s {
-                        Silent::Node(n, _) => Some(n),
-                        Silent::Store(_) if !head && !cfg.outside => Some(0),
-                        Silent::Store(_) => None,
-                    };
-                    let _ = tx.send(Alarm::Silent(why, node));
-                    match s {
-                        // Node rank 0 goes on watching the others (and renewing its own counter,
-                        // which every other agent watches): with standbys the job outlives a node.
-                        Silent::Node(n, _) if head => {
-                            live.forget(n);
-                            watched.retain(|w| *w != n);
-                            continue;
-                        }
-                        _ => return,
-                    }
-                }
-                if round.is_none() {
-                    live.asked();
-                    let c = client.clone();
-                    let how = match (head, cfg.outside) {
-                        (true, true) => Watch::Fenced(cfg.node_rank),
-                        (true, false) => Watch::Sweep,
-                        (false, false) => Watch::Node0,
-                        (false, true) => Watch::Coordinator,
-                    };
-                    round = Some(Box::pin(renew_and_read(c, me.clone(), how)));
+                } else if round.is_none() {
+                    w.live.asked();
+                    round = Some(Box::pin(renew_and_read(client.clone(), me.clone(), how)));
                 }
             }
             r = in_flight => {
                 round = None;
-                let Some(reading) = r else { return };
-                match reading {
-                    Reading::Deposed(by) => {
-                        let why = format!(
-                            "node {} was lost: its agent, the job's coordinator, was frozen or cut off for longer than --node-timeout and node rank {by} coordinates the job now",
-                            cfg.node_rank
-                        );
-                        let _ = tx.send(Alarm::Deposed(why));
-                        return;
-                    }
-                    Reading::Counters(values) => live.answered(values),
-                    Reading::Stale(stale) => live.swept(&watched, &stale),
-                    Reading::Coordinator(now, values) => {
-                        match (coord, now) {
-                            // Its lease is gone: its silent counter is no one's to blame; the
-                            // coordinator (this agent or another) loses its node.
-                            (Some(old), None) => {
-                                live.forget(old);
-                                live.answered(Vec::new());
-                                if tx.send(Alarm::CoordGone(old)).is_err() {
-                                    return;
-                                }
-                                continue;
-                            }
-                            (Some(old), Some(new)) if old != new => live.forget(old),
-                            _ => {}
-                        }
-                        if now.is_some() {
-                            coord = now;
-                        }
-                        live.answered(values);
-                    }
+                if !r.is_some_and(|reading| w.read(reading)) {
+                    return;
                 }
             }
         }
+    }
+}
+
+/// The liveness' state between periods: whom it watches and how silent each has been.
+struct Watcher {
+    cfg: CoordConfig,
+    head: bool,
+    watched: Vec<u32>,
+    /// The store outside the job: the coordinator as last read from its lease.
+    coord: Option<u32>,
+    live: Liveness,
+    tx: mpsc::UnboundedSender<Input>,
+}
+
+impl Watcher {
+    /// Tells the coordinator; `false`: it is gone.
+    fn alarm(&self, a: Alarm) -> bool {
+        self.tx.send(Input::Alarm(a)).is_ok()
+    }
+
+    /// Something was silent for the node timeout: says so. `false`: the watch ends (node rank 0
+    /// goes on watching the others after a silent node, and renewing its own counter, which
+    /// every other agent watches: with standbys the job outlives a node).
+    fn silent(&mut self, s: Silent) -> bool {
+        let (head, outside) = (self.head, self.cfg.outside);
+        if let Silent::Node(n, _) = s {
+            if !head && outside && self.coord == Some(n) {
+                // The store outside the job: a coordinator silent for the node timeout has lost
+                // its lease as if it had expired, whether or not the store dropped its
+                // connection yet.
+                self.live.forget(n);
+                return self.alarm(Alarm::CoordGone(n));
+            }
+        }
+        let t = self.cfg.peer_timeout.as_secs_f64();
+        let store = self.cfg.store;
+        let why = match s {
+            Silent::Store(_) if head && !outside => format!("this node's own store did not answer for {t:.0}s (--node-timeout)"),
+            Silent::Store(_) if outside => format!("the store at {store} did not answer for {t:.0}s (--node-timeout)"),
+            Silent::Store(_) => format!("node rank 0 was lost: its store at {store} did not answer for {t:.0}s (--node-timeout): its agent is frozen, overloaded or cut off"),
+            Silent::Node(n, _) => format!("node {n} was lost: its agent gave no sign of life for {t:.0}s (--node-timeout): frozen, overloaded or cut off"),
+        };
+        let node = match s {
+            Silent::Node(n, _) => Some(n),
+            Silent::Store(_) if !head && !outside => Some(0),
+            Silent::Store(_) => None,
+        };
+        let _ = self.alarm(Alarm::Silent(why, node));
+        match s {
+            Silent::Node(n, _) if head => {
+                self.live.forget(n);
+                self.watched.retain(|w| *w != n);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// A period's round came back. `false`: the watch ends.
+    fn read(&mut self, reading: Reading) -> bool {
+        match reading {
+            Reading::Deposed(by) => {
+                let why = format!(
+                    "node {} was lost: its agent, the job's coordinator, was frozen or cut off for longer than --node-timeout and node rank {by} coordinates the job now",
+                    self.cfg.node_rank
+                );
+                let _ = self.alarm(Alarm::Deposed(why));
+                return false;
+            }
+            Reading::Counters(values) => self.live.answered(values),
+            Reading::Stale(stale) => self.live.swept(&self.watched, &stale),
+            Reading::Coordinator(now, values) => {
+                match (self.coord, now) {
+                    // Its lease is gone: its silent counter is no one's to blame; the
+                    // coordinator (this agent or another) loses its node.
+                    (Some(old), None) => {
+                        self.live.forget(old);
+                        self.live.answered(Vec::new());
+                        return self.alarm(Alarm::CoordGone(old));
+                    }
+                    (Some(old), Some(new)) if old != new => self.live.forget(old),
+                    _ => {}
+                }
+                if now.is_some() {
+                    self.coord = now;
+                }
+                self.live.answered(values);
+            }
+        }
+        true
     }
 }
 

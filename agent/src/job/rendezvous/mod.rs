@@ -31,18 +31,25 @@
 //! verdict or a lost node means) is made by the pure state machine in decide.rs
 //! ([`decide::Rendezvous`]); the key names and the messages, with their protocol version, are in
 //! wire.rs; [`run`] only does the talking: it reads the store, hands what it read to the state
-//! machine, and writes and tells what comes back.
+//! machine, and writes and tells what comes back. Its shape is the supervisor's: the tasks parked
+//! on the store (the rendezvous' waits, liveness, the lease queue, the coordinator's lease, the
+//! job-wide timeouts, the stop, the last call) live in one `JoinSet` and only send an input
+//! (`Input`) to one event loop; the loop hands what it read to the state machine
+//! ([`decide::Rendezvous::step`], a [`decide::Fact`]), which answers with the steps to take
+//! ([`decide::Step`]: a write, a wait, a message for the runtime), and one function carries them
+//! out (`Coordinator::carry_out`).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, VecDeque};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
+use tokio::task::{AbortHandle, JoinSet};
 use vigil_store::{KeySpace, LeaseEvent, MuxClient};
 
 use crate::supervise::monitor::Timeouts;
-use crate::supervise::{choose_stop_step, JobEnd, JobRequest, StepReport, AGREEMENT_BUDGET};
+use crate::supervise::{Event, JobEnd, JobRequest, StepReport};
 
 pub mod absent;
 mod connect;
@@ -58,9 +65,7 @@ use absent::{join_timeout_reason, join_wait_note, Absent};
 pub use connect::StoreLink;
 use connect::{claim, store_lost, Fatal};
 pub use decide::NodeHosts;
-use decide::{
-    merge_timeouts, AfterLoss, Decision, Joining, Loss, Proposal, Rendezvous, Setup, Stage, Woke,
-};
+use decide::{poison, Fact, Joining, Patience, Rendezvous, Setup, Stage, Step, Woke};
 use liveness::{liveness, Alarm};
 pub use liveness::{liveness_period, Liveness, Silent};
 pub use noderank::{claim_node_rank, identity, Claimed, Unclaimed};
@@ -70,59 +75,37 @@ pub use wire::*;
 /// What the job decided, for the agent's event loop.
 #[derive(Debug, Clone, PartialEq)]
 pub enum FromCoord {
-    Joined {
-        cycle: u32,
-        /// This node's group rank (slot) in the cycle.
-        group_rank: u32,
-        rank_offset: u32,
-        world_size: u32,
-        max_restarts: u32,
-        calculated: Option<Timeouts>,
-    },
-    CycleEnded {
-        cycle: u32,
-        end: JobEnd,
-    },
-    JobTimeouts {
-        cycle: u32,
-        round: u32,
-        timeouts: Timeouts,
-    },
-    /// A node asked the job to stop at a step (the first trigger recorded).
-    StopAsked {
-        cycle: u32,
-        trigger: String,
-    },
-    /// This node has no slot in the cycle: a standby, running no ranks.
-    Standby {
-        cycle: u32,
-    },
+    /// An input of the supervisor, as is: `CycleEnded`, `JobTimeouts`, `StopAsked`, `StopStep`,
+    /// `Standby` (this node has no slot in the cycle: it runs no ranks) and `CoordinationLost`
+    /// (the job cannot go on here; the last message).
+    Event(Event),
+    /// This node runs ranks in the cycle: its group rank (slot), for the runtime, and the
+    /// supervisor's `Event::Joined`.
+    Joined { group_rank: u32, event: Event },
     /// Node rank 0: standbys took lost nodes' slots for `cycle`.
     Promoted {
         cycle: u32,
         promotions: Vec<crate::job::spares::Promotion>,
     },
-    /// The job's stop step.
-    StopStep {
-        cycle: u32,
-        step: Option<u64>,
-    },
-    Lost {
-        reason: String,
-        requeue: bool,
-    },
     /// Something for the console alone (node rank 0: the last call ended).
     Note(String),
     /// The store outside the job: this agent took the coordinator's work over from node rank
     /// `lost`'s agent; it concludes the allocation (the ledger) as node rank 0 would have.
-    Coordinating {
-        lost: u32,
-    },
+    Coordinating { lost: u32 },
     /// Node rank 0: the hosts of cycle `cycle`'s nodes, before its verdict (NVRx's cycle info).
-    Hosts {
-        cycle: u32,
-        hosts: NodeHosts,
-    },
+    Hosts { cycle: u32, hosts: NodeHosts },
+}
+
+impl FromCoord {
+    /// The job cannot go on here (`Event::CoordinationLost`).
+    pub fn lost(reason: String, requeue: bool) -> Self {
+        FromCoord::Event(Event::CoordinationLost { reason, requeue })
+    }
+
+    /// The job's verdict on `cycle` (`Event::CycleEnded`).
+    pub fn cycle_ended(cycle: u32, end: JobEnd) -> Self {
+        FromCoord::Event(Event::CycleEnded { cycle, end })
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -202,12 +185,11 @@ impl HeadSide {
     }
 }
 
-/// [`HeadSide`] as the coordinator holds it: the lease events from wherever they come.
+/// [`HeadSide`] as the coordinator holds it.
 struct Head {
     keys: Option<KeySpace>,
-    leases: mpsc::UnboundedReceiver<LeaseEvent>,
-    /// Remote: the task parked on the lease queue.
-    watcher: Option<tokio::task::JoinHandle<()>>,
+    /// Local: the store's lease events (Remote: they come as [`Input::Lease`]).
+    leases: Option<mpsc::UnboundedReceiver<LeaseEvent>>,
 }
 
 /// An element of the store's lease queue (`vigil_store::lease_event_json`).
@@ -219,7 +201,7 @@ struct QueuedLoss {
 
 /// Remote head: parks on the store's lease queue and hands each lost lease on, in order, until
 /// the connection fails (then the liveness and the waits say the store is lost).
-async fn watch_lease_queue(ctl: MuxClient, tx: mpsc::UnboundedSender<LeaseEvent>) {
+async fn watch_lease_queue(ctl: MuxClient, tx: mpsc::UnboundedSender<Input>) {
     const PARK: Duration = Duration::from_secs(3600);
     loop {
         match ctl.next_lease_event(PARK).await {
@@ -231,7 +213,7 @@ async fn watch_lease_queue(ctl: MuxClient, tx: mpsc::UnboundedSender<LeaseEvent>
                     key: q.lost,
                     value: q.value.into_bytes(),
                 };
-                if tx.send(ev).is_err() {
+                if tx.send(Input::Lease(ev)).is_err() {
                     return;
                 }
             }
@@ -245,13 +227,13 @@ async fn watch_lease_queue(ctl: MuxClient, tx: mpsc::UnboundedSender<LeaseEvent>
 /// loss (`vigil/lease_lost/coord`, written by the store the moment that lease's connection ends)
 /// and raises [`Alarm::CoordGone`] at once instead of at the next liveness period. Once: a later
 /// coordinator's loss is found by the period's read of the lease.
-async fn watch_coordinator(ctl: MuxClient, tx: mpsc::UnboundedSender<Alarm>) {
+async fn watch_coordinator(ctl: MuxClient, tx: mpsc::UnboundedSender<Input>) {
     const PARK: Duration = Duration::from_secs(3600);
     loop {
         match ctl.wait_get(key::COORD_LOST, PARK).await {
             Ok(v) => {
                 if let Some(node) = std::str::from_utf8(&v).ok().and_then(|s| s.parse().ok()) {
-                    let _ = tx.send(Alarm::CoordGone(node));
+                    let _ = tx.send(Input::Alarm(Alarm::CoordGone(node)));
                 }
                 return;
             }
@@ -263,19 +245,21 @@ async fn watch_coordinator(ctl: MuxClient, tx: mpsc::UnboundedSender<Alarm>) {
 
 /// The coordinator's side of a store outside the job: lost agents come from the store's lease
 /// queue, read by a task parked on it.
-fn remote_head(ctl: &MuxClient) -> Head {
-    let (lease_tx, leases) = mpsc::unbounded_channel();
-    let watcher = tokio::task::spawn_local(watch_lease_queue(ctl.clone(), lease_tx));
+fn remote_head(
+    ctl: &MuxClient,
+    tasks: &mut JoinSet<()>,
+    tx: &mpsc::UnboundedSender<Input>,
+) -> Head {
+    tasks.spawn_local(watch_lease_queue(ctl.clone(), tx.clone()));
     Head {
         keys: None,
-        leases,
-        watcher: Some(watcher),
+        leases: None,
     }
 }
 
 /// Carries out one agent's requests until it leaves: returns once `Leave` is done and it is safe
 /// for the process to exit. Everything it learns goes to `tx`; a store that cannot be reached or
-/// a rendezvous that cannot complete ends in one [`FromCoord::Lost`], after which only `Leave`
+/// a rendezvous that cannot complete ends in one [`FromCoord::lost`], after which only `Leave`
 /// does anything.
 pub async fn run(
     cfg: CoordConfig,
@@ -298,7 +282,7 @@ pub async fn run_linked(
     match Coordinator::connect(&link, cfg, head, tx.clone()).await {
         Ok(mut c) => c.serve(rx).await,
         Err(Fatal { reason, requeue }) => {
-            let _ = tx.send(FromCoord::Lost { reason, requeue });
+            let _ = tx.send(FromCoord::lost(reason, requeue));
             while let Some(req) = rx.recv().await {
                 if matches!(req, JobRequest::Leave { .. }) {
                     return;
@@ -308,31 +292,44 @@ pub async fn run_linked(
     }
 }
 
-struct WaitReq {
+/// What the coordinator's sources (the tasks parked on the store, its own timers aside) tell it:
+/// each is one input of the event loop, handled by [`Coordinator::on_input`].
+enum Input {
+    /// A wait of the rendezvous (`all`, `go`, `end`) came back: the value, or whether it timed
+    /// out and why it failed.
+    Waited {
+        key: String,
+        result: Result<Vec<u8>, (bool, String)>,
+    },
+    /// Every slot shared its timeouts for the cycle's round: the job-wide ones as written.
+    Timeouts {
+        cycle: u32,
+        round: u32,
+        value: Vec<u8>,
+    },
+    /// A node asked the job to stop at a step (the first trigger written).
+    StopAsked { cycle: u32, trigger: String },
+    /// The job's stop step was chosen.
+    StopStep { cycle: u32, step: Option<u64> },
+    /// Node rank 0: the last call of this cycle's rendezvous ran out (lastcall.rs).
+    LastCall(u32),
+    /// The liveness, or the watch on the coordinator's lease.
+    Alarm(Alarm),
+    /// The store outside the job: a lease was lost (its lease queue).
+    Lease(LeaseEvent),
+}
+
+/// Parks in one of the rendezvous' waits (`all`, `go`, `end`), a `WAIT_GET` of its own on the
+/// shared connection, so the coordinator stays free for reports meanwhile.
+async fn wait_one(
+    client: MuxClient,
     key: String,
     timeout: Duration,
-}
-
-struct WaitDone {
-    key: String,
-    result: Result<Vec<u8>, (bool, String)>,
-}
-
-/// Parks in the rendezvous' waits (`all`, `go`, `end`), one after another, each a `WAIT_GET` of
-/// its own on the shared connection, so the coordinator stays free for reports meanwhile.
-async fn waiter(
-    client: MuxClient,
-    mut rx: mpsc::UnboundedReceiver<WaitReq>,
-    tx: mpsc::UnboundedSender<WaitDone>,
+    tx: mpsc::UnboundedSender<Input>,
 ) {
-    while let Some(WaitReq { key, timeout }) = rx.recv().await {
-        let r = client.wait_get(&key, timeout).await;
-        let result = r.map_err(|e| (e.is_timeout(), e.to_string()));
-        let failed = result.is_err();
-        if tx.send(WaitDone { key, result }).is_err() || failed {
-            return;
-        }
-    }
+    let r = client.wait_get(&key, timeout).await;
+    let result = r.map_err(|e| (e.is_timeout(), e.to_string()));
+    let _ = tx.send(Input::Waited { key, result });
 }
 
 /// How long a rendezvous that timed out waits to read how many nodes joined it. The read only
@@ -342,41 +339,35 @@ async fn waiter(
 const JOINED_READ_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Moves messages between the store and the rendezvous' state machine ([`Rendezvous`]): reads
-/// what it needs, writes what it decided, tells the runtime. It decides nothing itself.
+/// what it needs, carries out what it decided ([`Coordinator::carry_out`]), tells the runtime.
+/// It decides nothing itself.
 struct Coordinator {
     cfg: CoordConfig,
     /// The agent's one connection to the store; every task here uses a clone of it.
     ctl: MuxClient,
-    /// Parked in the rendezvous' waits ([`waiter`]).
-    waiter: tokio::task::JoinHandle<()>,
-    wait_tx: mpsc::UnboundedSender<WaitReq>,
-    wait_rx: mpsc::UnboundedReceiver<WaitDone>,
     tx: mpsc::UnboundedSender<FromCoord>,
     head: Option<Head>,
     rdzv: Rendezvous,
-    /// A task parked on this cycle's job-wide timeouts.
-    timeouts_task: Option<tokio::task::JoinHandle<()>>,
-    timeouts_tx: mpsc::UnboundedSender<(u32, u32, Vec<u8>)>,
-    timeouts_rx: mpsc::UnboundedReceiver<(u32, u32, Vec<u8>)>,
-    /// A task parked on this cycle's stop trigger, then on its stop step.
-    stop_task: Option<tokio::task::JoinHandle<()>>,
-    stop_tx: mpsc::UnboundedSender<FromCoord>,
-    stop_rx: mpsc::UnboundedReceiver<FromCoord>,
+    /// Every task parked on the store for it (the sources of [`Input`]), aborted with it.
+    tasks: JoinSet<()>,
+    /// Where the tasks send what they read.
+    inbox_tx: mpsc::UnboundedSender<Input>,
+    inbox: mpsc::UnboundedReceiver<Input>,
+    /// The rendezvous' wait under way ([`wait_one`]).
+    wait: Option<AbortHandle>,
+    /// Parked on this cycle's job-wide timeouts.
+    timeouts_task: Option<AbortHandle>,
+    /// Parked on this cycle's stop trigger, then on its stop step.
+    stop_task: Option<AbortHandle>,
+    /// Renews this node's counter and watches the others' ([`liveness`]).
+    liveness: AbortHandle,
+    /// Node rank 0 with standbys: the last call of the rendezvous under way ([`lastcall`]).
+    last_call: Option<AbortHandle>,
     /// Set once a `Lost` was sent: nothing more is reported.
     ended: bool,
     /// This agent coordinated until another took the coordinator's lease over
     /// ([`Alarm::Deposed`]): it leaves without deciding anything for the job.
     deposed: bool,
-    /// Renews this node's counter and watches the others' ([`liveness`]).
-    liveness: tokio::task::JoinHandle<()>,
-    silent_rx: mpsc::UnboundedReceiver<Alarm>,
-    silent_tx: mpsc::UnboundedSender<Alarm>,
-    /// The store outside the job: parked on the coordinator's lease loss ([`watch_coordinator`]).
-    coord_watch: Option<tokio::task::JoinHandle<()>>,
-    /// Node rank 0 with standbys: the last call of the rendezvous under way ([`lastcall`]).
-    last_call: Option<tokio::task::JoinHandle<()>>,
-    last_call_tx: mpsc::UnboundedSender<u32>,
-    last_call_rx: mpsc::UnboundedReceiver<u32>,
     /// Node rank 0: the rendezvous under way, while it waits for nodes to join.
     join_wait: Option<JoinWait>,
 }
@@ -389,32 +380,17 @@ struct JoinWait {
     next: tokio::time::Instant,
 }
 
-impl Drop for Coordinator {
-    fn drop(&mut self) {
-        // Their waits are cancelled and their clones of the connection dropped with them.
-        self.liveness.abort();
-        self.waiter.abort();
-        if let Some(t) = self.head.as_mut().and_then(|h| h.watcher.take()) {
-            t.abort();
-        }
-        for t in [
-            self.last_call.take(),
-            self.stop_task.take(),
-            self.timeouts_task.take(),
-            self.coord_watch.take(),
-        ]
-        .into_iter()
-        .flatten()
-        {
-            t.abort();
-        }
-    }
-}
-
 /// The job-wide timeouts as written to the store, if they read as timeouts.
 fn read_timeouts(v: &[u8]) -> Option<Timeouts> {
     let w: WireTimeouts = serde_json::from_slice(v).ok()?;
     Timeouts::try_from(&w).ok()
+}
+
+/// Aborts the task, if any (and with it its wait, cancelled on the store).
+fn abort(task: &mut Option<AbortHandle>) {
+    if let Some(t) = task.take() {
+        t.abort();
+    }
 }
 
 impl Coordinator {
@@ -426,29 +402,20 @@ impl Coordinator {
     ) -> Result<Coordinator, Fatal> {
         let ctl = link.client(&cfg).await?;
         claim(&ctl, &cfg).await?;
-        let (wait_tx, req_rx) = mpsc::unbounded_channel();
-        let (done_tx, wait_rx) = mpsc::unbounded_channel();
-        let waiter = tokio::task::spawn_local(waiter(ctl.clone(), req_rx, done_tx));
-        let (silent_tx, silent_rx) = mpsc::unbounded_channel();
+        let mut tasks = JoinSet::new();
+        let (inbox_tx, inbox) = mpsc::unbounded_channel();
         let is_head = head.is_some();
-        let liveness = tokio::task::spawn_local(liveness(
-            ctl.clone(),
-            cfg.clone(),
-            is_head,
-            silent_tx.clone(),
-        ));
-        let coord_watch = (cfg.outside && !is_head)
-            .then(|| tokio::task::spawn_local(watch_coordinator(ctl.clone(), silent_tx.clone())));
-        let (timeouts_tx, timeouts_rx) = mpsc::unbounded_channel();
-        let (stop_tx, stop_rx) = mpsc::unbounded_channel();
-        let (last_call_tx, last_call_rx) = mpsc::unbounded_channel();
+        let live = liveness(ctl.clone(), cfg.clone(), is_head, inbox_tx.clone());
+        let liveness = tasks.spawn_local(live);
+        if cfg.outside && !is_head {
+            tasks.spawn_local(watch_coordinator(ctl.clone(), inbox_tx.clone()));
+        }
         let head = head.map(|h| match h {
             HeadSide::Local { keys, leases } => Head {
                 keys: Some(keys),
-                leases,
-                watcher: None,
+                leases: Some(leases),
             },
-            HeadSide::Remote => remote_head(&ctl),
+            HeadSide::Remote => remote_head(&ctl, &mut tasks, &inbox_tx),
         });
         let rdzv = Rendezvous::new(Setup {
             nnodes: cfg.nnodes,
@@ -462,27 +429,19 @@ impl Coordinator {
         Ok(Coordinator {
             cfg,
             ctl,
-            waiter,
-            wait_tx,
-            wait_rx,
             tx,
             head,
             rdzv,
+            tasks,
+            inbox_tx,
+            inbox,
+            wait: None,
             timeouts_task: None,
-            timeouts_tx,
-            timeouts_rx,
             stop_task: None,
-            stop_tx,
-            stop_rx,
+            liveness,
+            last_call: None,
             ended: false,
             deposed: false,
-            liveness,
-            silent_rx,
-            silent_tx,
-            coord_watch,
-            last_call: None,
-            last_call_tx,
-            last_call_rx,
             join_wait: None,
         })
     }
@@ -491,7 +450,7 @@ impl Coordinator {
         if self.ended {
             return;
         }
-        if matches!(m, FromCoord::Lost { .. }) {
+        if matches!(m, FromCoord::Event(Event::CoordinationLost { .. })) {
             self.ended = true;
         }
         let _ = self.tx.send(m);
@@ -499,25 +458,26 @@ impl Coordinator {
 
     fn fail(&mut self, reason: String) {
         let reason = self.rdzv.fail(reason);
-        self.send(FromCoord::Lost {
-            reason,
-            requeue: true,
-        });
+        self.send(FromCoord::lost(reason, true));
     }
 
     fn store_error(&mut self, e: impl std::fmt::Display) {
         self.fail(store_lost(self.cfg.store, e));
     }
 
+    /// Parks on `key` for at most `timeout`, instead of the wait under way (if any: one at a
+    /// time).
     fn wait_for(&mut self, key: String, timeout: Duration) {
-        let _ = self.wait_tx.send(WaitReq { key, timeout });
+        abort(&mut self.wait);
+        let w = wait_one(self.ctl.clone(), key, timeout, self.inbox_tx.clone());
+        self.wait = Some(self.tasks.spawn_local(w));
     }
 
     async fn serve(&mut self, mut rx: mpsc::UnboundedReceiver<JobRequest>) {
         loop {
             let lease = async {
-                match self.head.as_mut() {
-                    Some(h) => h.leases.recv().await,
+                match self.head.as_mut().and_then(|h| h.leases.as_mut()) {
+                    Some(l) => l.recv().await,
                     None => std::future::pending().await,
                 }
             };
@@ -538,39 +498,57 @@ impl Coordinator {
                     Some(_) if self.ended => Ok(()),
                     Some(req) => self.request(req).await,
                 },
-                Some(w) = self.wait_rx.recv() => self.waited(w).await,
-                Some((cycle, round, v)) = self.timeouts_rx.recv() => {
-                    if let Some(timeouts) = read_timeouts(&v) {
-                        self.send(FromCoord::JobTimeouts { cycle, round, timeouts });
-                    }
-                    Ok(())
-                }
-                Some(m) = self.stop_rx.recv() => {
-                    self.send(m);
-                    Ok(())
-                }
+                Some(input) = self.inbox.recv() => self.on_input(input).await,
                 Some(ev) = lease => self.lease_event(ev).await,
-                Some(c) = self.last_call_rx.recv() => self.last_call_out(c).await,
-                Some(alarm) = self.silent_rx.recv() => match alarm {
-                    Alarm::Silent(why, node) => {
-                        let loss = self.rdzv.silent(node, why);
-                        self.carry_out(loss).await
-                    }
-                    Alarm::CoordGone(old) => self.coordinator_gone(old).await,
-                    Alarm::Deposed(why) => {
-                        self.head = None;
-                        self.deposed = true;
-                        self.fail(why);
-                        Ok(())
-                    }
-                },
                 () = note => {
                     self.join_note().await;
                     Ok(())
                 }
+                // Finished tasks are let go of.
+                Some(_) = self.tasks.join_next() => Ok(()),
             };
             if let Err(e) = done {
                 self.store_error(e);
+            }
+        }
+    }
+
+    async fn on_input(&mut self, input: Input) -> Result<(), vigil_store::StoreError> {
+        match input {
+            Input::Waited { key, result } => self.waited(key, result).await,
+            Input::Timeouts {
+                cycle,
+                round,
+                value,
+            } => {
+                if let Some(timeouts) = read_timeouts(&value) {
+                    self.send(FromCoord::Event(Event::JobTimeouts {
+                        cycle,
+                        round,
+                        timeouts,
+                    }));
+                }
+                Ok(())
+            }
+            Input::StopAsked { cycle, trigger } => {
+                self.send(FromCoord::Event(Event::StopAsked { cycle, trigger }));
+                Ok(())
+            }
+            Input::StopStep { cycle, step } => {
+                self.send(FromCoord::Event(Event::StopStep { cycle, step }));
+                Ok(())
+            }
+            Input::LastCall(c) => self.last_call_out(c).await,
+            Input::Lease(ev) => self.lease_event(ev).await,
+            Input::Alarm(Alarm::Silent(why, node)) => {
+                self.decide(Fact::Silent { node, reason: why }).await
+            }
+            Input::Alarm(Alarm::CoordGone(old)) => self.coordinator_gone(old).await,
+            Input::Alarm(Alarm::Deposed(why)) => {
+                self.head = None;
+                self.deposed = true;
+                self.fail(why);
+                Ok(())
             }
         }
     }
@@ -586,20 +564,11 @@ impl Coordinator {
             JobRequest::Join { cycle, calculated } => self.join(cycle, calculated).await?,
             JobRequest::Health { healthy } => self.rdzv.health(healthy),
             JobRequest::ReportEnd { cycle, end } => {
-                if let JobEnd::Failed { node, .. } = &end {
-                    self.ctl.set(&key::failed(cycle, *node), b"").await?;
-                }
-                let end = to_json(&WireEnd::from(&end));
-                self.ctl.compare_set(&key::end(cycle), b"", &end).await?;
+                self.decide(Fact::ReportEnd { cycle, end: &end }).await?;
             }
             JobRequest::ReportDone { cycle } => {
-                if self
-                    .rdzv
-                    .all_reported(self.ctl.add(&key::done(cycle), 1).await?)
-                {
-                    let done = to_json(&WireEnd::Done);
-                    self.ctl.compare_set(&key::end(cycle), b"", &done).await?;
-                }
+                let count = self.ctl.add(&key::done(cycle), 1).await?;
+                self.decide(Fact::DoneCounted { cycle, count }).await?;
             }
             JobRequest::ShareTimeouts {
                 cycle,
@@ -622,19 +591,15 @@ impl Coordinator {
         cycle: u32,
         calculated: Option<Timeouts>,
     ) -> Result<(), vigil_store::StoreError> {
-        if let Some(t) = self.timeouts_task.take() {
-            t.abort();
-        }
-        if let Some(t) = self.stop_task.take() {
-            t.abort();
-        }
+        abort(&mut self.timeouts_task);
+        abort(&mut self.stop_task);
         self.spawn_stop_waiter(cycle);
         let healthy = match self.rdzv.join(cycle, calculated) {
             Joining::Join { healthy } => healthy,
             Joining::Ended(end) => {
-                self.poison(cycle, &end).await?;
-                self.send(FromCoord::CycleEnded { cycle, end });
-                return Ok(());
+                let mut steps = poison(cycle, &end);
+                steps.push(Step::Tell(FromCoord::cycle_ended(cycle, end)));
+                return self.carry_out(steps).await;
             }
         };
         let info = NodeInfo {
@@ -657,16 +622,14 @@ impl Coordinator {
             // The record and the count in one request (JOIN), the record first.
             (None, self.ctl.join(&record, &to_json(&info), &count).await?)
         };
-        let expected = self.rdzv.joins_expected(members.as_deref());
-        if nth == expected {
-            self.ctl.set(&key::all(cycle), b"").await?;
-        }
-        self.arm_last_call(cycle, nth).await?;
-        let next = match self.rdzv.stage() {
-            Stage::WaitAll(_) => key::all(cycle),
-            _ => key::go(cycle),
-        };
-        self.wait_for(next, self.cfg.join_timeout);
+        abort(&mut self.last_call);
+        let members = members.as_deref();
+        self.decide(Fact::Counted {
+            cycle,
+            nth,
+            members,
+        })
+        .await?;
         self.join_wait = match self.rdzv.stage() {
             Stage::WaitAll(c) => {
                 let now = tokio::time::Instant::now();
@@ -776,22 +739,15 @@ impl Coordinator {
             .await?;
         // A node shares a round only once its previous one was answered (its ranks wait for the
         // answer), so a waiter still parked belongs to a round nobody completes.
-        if let Some(t) = self.timeouts_task.take() {
-            t.abort();
-        }
+        abort(&mut self.timeouts_task);
         self.spawn_timeouts_waiter(cycle, round);
         let count = self.ctl.add(&key::timeouts_count(cycle, round), 1).await?;
-        if self.rdzv.all_reported(count) {
-            let all: Vec<WireTimeouts> = self
-                .every_node(|i| key::node_timeouts(cycle, round, i))
-                .await?;
-            let all: Vec<Timeouts> = all.iter().filter_map(|w| w.try_into().ok()).collect();
-            let merged = WireTimeouts::from(&merge_timeouts(&all));
-            self.ctl
-                .set(&key::timeouts(cycle, round), &to_json(&merged))
-                .await?;
-        }
-        Ok(())
+        self.decide(Fact::TimeoutsCounted {
+            cycle,
+            round,
+            count,
+        })
+        .await
     }
 
     async fn share_steps(
@@ -802,18 +758,8 @@ impl Coordinator {
         let mine = to_json(&WireSteps::from(report));
         let me = self.cfg.node_rank;
         self.ctl.set(&key::stop_steps(cycle, me), &mine).await?;
-        if self
-            .rdzv
-            .all_reported(self.ctl.add(&key::stop_count(cycle), 1).await?)
-        {
-            let all: Vec<WireSteps> = self.every_node(|i| key::stop_steps(cycle, i)).await?;
-            let all: Vec<StepReport> = all.into_iter().map(StepReport::from).collect();
-            let step = choose_stop_step(&all, AGREEMENT_BUDGET);
-            self.ctl
-                .compare_set(&key::stop_step(cycle), b"", &to_json(&step))
-                .await?;
-        }
-        Ok(())
+        let count = self.ctl.add(&key::stop_count(cycle), 1).await?;
+        self.decide(Fact::StepsCounted { cycle, count }).await
     }
 
     /// What every slot's node wrote under `key(node)`, read in one round trip; a value that does
@@ -837,20 +783,20 @@ impl Coordinator {
     /// wait, cancelled on the store) when the next cycle is joined.
     fn spawn_stop_waiter(&mut self, cycle: u32) {
         let c = self.ctl.clone();
-        let tx = self.stop_tx.clone();
-        self.stop_task = Some(tokio::task::spawn_local(async move {
+        let tx = self.inbox_tx.clone();
+        self.stop_task = Some(self.tasks.spawn_local(async move {
             let k = key::stop(cycle);
             let Ok(v) = c.wait_get(&k, Duration::MAX).await else {
                 return;
             };
             let trigger = serde_json::from_slice(&v).unwrap_or_else(|_| "a stop".to_string());
-            if tx.send(FromCoord::StopAsked { cycle, trigger }).is_err() {
+            if tx.send(Input::StopAsked { cycle, trigger }).is_err() {
                 return;
             }
             let k = key::stop_step(cycle);
             if let Ok(v) = c.wait_get(&k, Duration::MAX).await {
                 let step = serde_json::from_slice(&v).unwrap_or(None);
-                let _ = tx.send(FromCoord::StopStep { cycle, step });
+                let _ = tx.send(Input::StopStep { cycle, step });
             }
         }));
     }
@@ -859,17 +805,25 @@ impl Coordinator {
     /// wait, cancelled on the store) when the cycle ends first.
     fn spawn_timeouts_waiter(&mut self, cycle: u32, round: u32) {
         let c = self.ctl.clone();
-        let tx = self.timeouts_tx.clone();
-        self.timeouts_task = Some(tokio::task::spawn_local(async move {
+        let tx = self.inbox_tx.clone();
+        self.timeouts_task = Some(self.tasks.spawn_local(async move {
             let k = key::timeouts(cycle, round);
-            if let Ok(v) = c.wait_get(&k, Duration::MAX).await {
-                let _ = tx.send((cycle, round, v));
+            if let Ok(value) = c.wait_get(&k, Duration::MAX).await {
+                let _ = tx.send(Input::Timeouts {
+                    cycle,
+                    round,
+                    value,
+                });
             }
         }));
     }
 
-    async fn waited(&mut self, w: WaitDone) -> Result<(), vigil_store::StoreError> {
-        let value = match w.result {
+    async fn waited(
+        &mut self,
+        key: String,
+        result: Result<Vec<u8>, (bool, String)>,
+    ) -> Result<(), vigil_store::StoreError> {
+        let value = match result {
             Ok(v) => v,
             Err((timed_out, e)) => {
                 if !self.ended {
@@ -879,15 +833,13 @@ impl Coordinator {
                 return Ok(());
             }
         };
-        match self.rdzv.woke(&w.key) {
+        match self.rdzv.woke(&key) {
             Some(Woke::AllJoined(c)) => self.all_joined(c).await?,
-            Some(Woke::Verdict(c)) => self.verdict(c, &value),
+            Some(Woke::Verdict(c)) => self.verdict(c, &value).await?,
             Some(Woke::End(c)) => {
-                if let Some(t) = self.timeouts_task.take() {
-                    t.abort();
-                }
-                let d = self.rdzv.ended(c, &value);
-                self.decided(d);
+                abort(&mut self.timeouts_task);
+                let value = &value;
+                self.decide(Fact::Ended { cycle: c, value }).await?;
             }
             None => {}
         }
@@ -916,8 +868,7 @@ impl Coordinator {
         // A node that stopped for good ends the rendezvous by writing `go` before `all`.
         if self.ctl.check(&[&key::go(c)]).await? {
             let v = self.ctl.get(&key::go(c)).await?;
-            self.verdict(c, &v);
-            return Ok(());
+            return self.verdict(c, &v).await;
         }
         let head = self.head.as_ref().expect("only node rank 0 waits for all");
         // Every node's ranks of the last attempt are gone: give this one a clean store.
@@ -936,69 +887,18 @@ impl Coordinator {
             }
         }
         let members = self.rdzv.members();
-        if self.rdzv.spares() && members.len() < self.cfg.nnodes as usize {
-            // Nodes lost for good (or absent at the last call) stay out of every later
-            // rendezvous: the next one waits for the members only.
-            let m = members.len().to_string();
-            self.ctl.set(&key::members(c + 1), m.as_bytes()).await?;
-        }
         let keys: Vec<String> = members.iter().map(|i| key::join(c, *i)).collect();
         let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
         let records: Vec<(u32, Vec<u8>)> = members
             .into_iter()
             .zip(self.ctl.multi_get(&refs).await?)
             .collect();
-        match self.rdzv.assign(c, &records) {
-            Ok(Proposal {
-                go,
-                promotions,
-                hosts,
-            }) => {
-                self.send(FromCoord::Hosts { cycle: c, hosts });
-                if !promotions.is_empty() {
-                    self.send(FromCoord::Promoted {
-                        cycle: c,
-                        promotions,
-                    });
-                }
-                let mine = to_json(&Verdict::Go(go));
-                let v = self.ctl.compare_set(&key::go(c), b"", &mine).await?;
-                self.verdict(c, &v);
-            }
-            Err(why) => self.fail(why.to_string()),
-        }
-        Ok(())
+        let records = &records;
+        self.decide(Fact::Records { cycle: c, records }).await
     }
 
-    fn verdict(&mut self, c: u32, value: &[u8]) {
-        let d = self.rdzv.verdict(c, value);
-        self.decided(d);
-    }
-
-    fn decided(&mut self, d: Decision) {
-        match d {
-            Decision::Run(c, m) => {
-                self.wait_for(key::end(c), Duration::MAX);
-                self.send(m);
-            }
-            Decision::Tell(m) => self.send(m),
-            Decision::Fail(why) => self.fail(why),
-        }
-    }
-
-    /// Ends cycle `c` and the next one with `end` for every node still waiting on them; a verdict
-    /// already given stays (compare-and-set). `all` is set after `go` so that node rank 0, parked
-    /// until every node joined, wakes and finds the verdict.
-    async fn poison(&mut self, c: u32, end: &JobEnd) -> Result<(), vigil_store::StoreError> {
-        let end = WireEnd::from(end);
-        let verdict = to_json(&Verdict::End(end.clone()));
-        let end = to_json(&end);
-        for cycle in [c, c + 1] {
-            self.ctl.compare_set(&key::go(cycle), b"", &verdict).await?;
-            self.ctl.compare_set(&key::end(cycle), b"", &end).await?;
-            self.ctl.set(&key::all(cycle), b"").await?;
-        }
-        Ok(())
+    async fn verdict(&mut self, c: u32, value: &[u8]) -> Result<(), vigil_store::StoreError> {
+        self.decide(Fact::Verdict { cycle: c, value }).await
     }
 
     /// The store outside the job: the coordinator's lease (held by node `old`) is gone. The live
@@ -1007,7 +907,7 @@ impl Coordinator {
     /// loses `old` as any node. An agent with a live lower node rank leaves it to that one (and
     /// is told again next period if nobody took it).
     async fn coordinator_gone(&mut self, old: u32) -> Result<(), vigil_store::StoreError> {
-        if self.head.is_some() || self.ended || !self.cfg.outside {
+        if self.head.is_some() || self.ended {
             return Ok(());
         }
         let me = self.cfg.node_rank;
@@ -1016,16 +916,11 @@ impl Coordinator {
         refs.push(key::JOB_END);
         let values = self.ctl.multi_get_now(&refs).await?;
         let (leases, job_end) = values.split_at(names.len());
-        if !job_end[0].is_empty() {
-            // The job ended: its coordinator left.
+        let leased: Vec<bool> = leases.iter().map(|v| !v.is_empty()).collect();
+        // A job whose end is written lost no coordinator: it left.
+        let Some(alive) = self.rdzv.successor(old, &leased, !job_end[0].is_empty()) else {
             return Ok(());
-        }
-        let alive: Vec<u32> = (0..self.cfg.nnodes)
-            .filter(|n| *n == me || (*n != old && !leases[*n as usize].is_empty()))
-            .collect();
-        if alive.first() != Some(&me) {
-            return Ok(());
-        }
+        };
         let mine = me.to_string();
         // Gone with its connection, or still held by a coordinator frozen past the node
         // timeout (the lease has expired): taken from either, by compare-and-set.
@@ -1049,27 +944,23 @@ impl Coordinator {
             "node {old} was lost: its agent, the job's coordinator, lost its connection to the store or was silent for --node-timeout"
         );
         self.send(FromCoord::Coordinating { lost: old });
-        let loss = self.rdzv.take_over(old, &alive, reason);
-        self.head = Some(remote_head(&self.ctl));
+        let alive = &alive;
+        let steps = self.rdzv.step(Fact::TookOver { old, alive, reason });
+        self.head = Some(remote_head(&self.ctl, &mut self.tasks, &self.inbox_tx));
         // Its liveness sweeps every node's counter from now on.
         self.liveness.abort();
-        self.liveness = tokio::task::spawn_local(liveness(
+        let live = liveness(
             self.ctl.clone(),
             self.cfg.clone(),
             true,
-            self.silent_tx.clone(),
-        ));
+            self.inbox_tx.clone(),
+        );
+        self.liveness = self.tasks.spawn_local(live);
         // A wait on a verdict that only it writes now becomes a wait on every member.
         if let Stage::WaitAll(c) = self.rdzv.stage() {
-            self.waiter.abort();
-            let (wait_tx, req_rx) = mpsc::unbounded_channel();
-            let (done_tx, wait_rx) = mpsc::unbounded_channel();
-            self.waiter = tokio::task::spawn_local(waiter(self.ctl.clone(), req_rx, done_tx));
-            self.wait_tx = wait_tx;
-            self.wait_rx = wait_rx;
             self.wait_for(key::all(c), self.cfg.join_timeout);
         }
-        self.carry_out(loss).await
+        self.carry_out(steps).await
     }
 
     async fn lease_event(&mut self, ev: LeaseEvent) -> Result<(), vigil_store::StoreError> {
@@ -1081,55 +972,86 @@ impl Coordinator {
             String::from_utf8_lossy(&value)
         );
         let node: Option<u32> = key.rsplit('/').next().and_then(|n| n.parse().ok());
-        let loss = self.rdzv.lease_lost(node, reason);
-        self.carry_out(loss).await
+        self.decide(Fact::LeaseLost { node, reason }).await
     }
 
-    /// Writes what losing a node means for the job ([`Loss`]).
-    async fn carry_out(&mut self, loss: Loss) -> Result<(), vigil_store::StoreError> {
-        let (members, cycles, then) = match loss {
-            Loss::Nothing => return Ok(()),
-            Loss::Fail(why) => {
-                self.fail(why);
-                return Ok(());
-            }
-            Loss::Job { cycle, end } => return self.poison(cycle, &end).await,
-            Loss::ToStandby {
-                members,
-                cycles,
-                then,
-            } => (members, cycles, then),
-        };
-        for c in cycles {
-            let m = members.to_string();
-            self.ctl.set(&key::members(c), m.as_bytes()).await?;
-        }
-        match then {
-            AfterLoss::Nothing => {}
-            // Joining: the rendezvous completes without it.
-            AfterLoss::CompleteJoin(c) => {
-                let joined = String::from_utf8_lossy(&self.ctl.get(&key::joined(c)).await?)
-                    .parse::<usize>()
-                    .unwrap_or(0);
-                if joined >= members {
-                    self.ctl.set(&key::all(c), b"").await?;
+    /// Hands `fact` to the state machine and carries out what it answers.
+    async fn decide(&mut self, fact: Fact<'_>) -> Result<(), vigil_store::StoreError> {
+        let steps = self.rdzv.step(fact);
+        self.carry_out(steps).await
+    }
+
+    /// Carries out what the state machine decided, in order ([`Step`]); a step whose outcome
+    /// it must hear of (the verdict that won, the joins counted) hands that back to it, and its
+    /// answer is carried out next.
+    async fn carry_out(&mut self, steps: Vec<Step>) -> Result<(), vigil_store::StoreError> {
+        let mut todo = VecDeque::from(steps);
+        while let Some(step) = todo.pop_front() {
+            let then = match step {
+                Step::Set(k, v) => {
+                    self.ctl.set(&k, &v).await?;
+                    continue;
                 }
-            }
-            AfterLoss::EndCycle { cycle, end } => {
-                let end = to_json(&WireEnd::from(&end));
-                self.ctl.compare_set(&key::end(cycle), b"", &end).await?;
+                Step::SetFirst(k, v) => {
+                    self.ctl.compare_set(&k, b"", &v).await?;
+                    continue;
+                }
+                Step::Wait(k, patience) => {
+                    let timeout = match patience {
+                        Patience::Join => self.cfg.join_timeout,
+                        Patience::Forever => Duration::MAX,
+                    };
+                    self.wait_for(k, timeout);
+                    continue;
+                }
+                Step::Propose(c, mine) => {
+                    let v = self.ctl.compare_set(&key::go(c), b"", &mine).await?;
+                    self.rdzv.step(Fact::Verdict {
+                        cycle: c,
+                        value: &v,
+                    })
+                }
+                Step::CountJoins(c) => {
+                    let joined = String::from_utf8_lossy(&self.ctl.get(&key::joined(c)).await?)
+                        .parse::<usize>()
+                        .unwrap_or(0);
+                    self.rdzv.step(Fact::JoinsCounted { cycle: c, joined })
+                }
+                Step::MergeTimeouts { cycle, round } => {
+                    let all = self
+                        .every_node(|i| key::node_timeouts(cycle, round, i))
+                        .await?;
+                    let all = &all;
+                    self.rdzv.step(Fact::TimeoutsRead { cycle, round, all })
+                }
+                Step::ChooseStopStep(cycle) => {
+                    let all = self.every_node(|i| key::stop_steps(cycle, i)).await?;
+                    self.rdzv.step(Fact::StepsRead { cycle, all })
+                }
+                Step::LastCall(c) => {
+                    let tx = self.inbox_tx.clone();
+                    let t = lastcall::parked(self.ctl.clone(), self.cfg.clone(), c, tx);
+                    self.last_call = Some(self.tasks.spawn_local(t));
+                    continue;
+                }
+                Step::Tell(m) => {
+                    self.send(m);
+                    continue;
+                }
+            };
+            for s in then.into_iter().rev() {
+                todo.push_front(s);
             }
         }
         Ok(())
     }
 
     async fn leave(&mut self, poison: Option<(u32, JobEnd)>, highest_step: Option<u64>) {
-        if let Some(t) = self.timeouts_task.take() {
-            t.abort();
-        }
+        abort(&mut self.timeouts_task);
         self.liveness.abort();
         if let Some((c, end)) = poison.filter(|_| !self.deposed) {
-            let _ = tokio::time::timeout(self.cfg.peer_timeout, self.poison(c, &end)).await;
+            let steps = decide::poison(c, &end);
+            let _ = tokio::time::timeout(self.cfg.peer_timeout, self.carry_out(steps)).await;
         }
         match self.head.as_mut() {
             None => {
@@ -1170,7 +1092,10 @@ impl Coordinator {
                 };
                 let mut open = holders();
                 while open > 0 {
-                    match tokio::time::timeout_at(deadline, h.leases.recv()).await {
+                    let Some(leases) = h.leases.as_mut() else {
+                        break;
+                    };
+                    match tokio::time::timeout_at(deadline, leases.recv()).await {
                         Ok(Some(_)) => open = holders(),
                         Ok(None) | Err(_) => break,
                     }

@@ -7,7 +7,7 @@ use tokio::sync::mpsc;
 use vigil_store::KeySpace;
 
 use super::{run, CoordConfig, FromCoord, HeadSide};
-use crate::supervise::{JobEnd, JobRequest};
+use crate::supervise::{Event, JobEnd, JobRequest};
 
 const T: Duration = Duration::from_secs(30);
 
@@ -114,7 +114,16 @@ fn an_agent_holds_one_connection_to_the_store_across_attempts() {
         }
         for a in agents.iter_mut() {
             let m = a.next().await;
-            assert!(matches!(m, FromCoord::Joined { cycle: 0, .. }), "{m:?}");
+            assert!(
+                matches!(
+                    m,
+                    FromCoord::Joined {
+                        event: Event::Joined { cycle: 0, .. },
+                        ..
+                    }
+                ),
+                "{m:?}"
+            );
         }
         assert_eq!(keys.stats().connections, 2, "attempt 0");
         agents[1]
@@ -129,12 +138,24 @@ fn an_agent_holds_one_connection_to_the_store_across_attempts() {
             .unwrap();
         for a in agents.iter_mut() {
             let m = a.next().await;
-            assert!(matches!(m, FromCoord::CycleEnded { cycle: 0, .. }), "{m:?}");
+            assert!(
+                matches!(m, FromCoord::Event(Event::CycleEnded { cycle: 0, .. })),
+                "{m:?}"
+            );
             a.join(1);
         }
         for a in agents.iter_mut() {
             let m = a.next().await;
-            assert!(matches!(m, FromCoord::Joined { cycle: 1, .. }), "{m:?}");
+            assert!(
+                matches!(
+                    m,
+                    FromCoord::Joined {
+                        event: Event::Joined { cycle: 1, .. },
+                        ..
+                    }
+                ),
+                "{m:?}"
+            );
         }
         // Parked now, per agent: attempt 1's end and its stop trigger; attempt 0's are gone.
         until(&keys, "four waits parked", |s| s.pending_waits == 4).await;
@@ -204,7 +225,7 @@ fn a_new_agent_is_refused_by_an_old_node_rank_0_in_one_line_not_lost() {
         let fake = tokio::task::spawn_local(old_store_fake(listener, super::wire::to_json(&old)));
         let mut a = Agent::spawn(cfg, None);
         match a.next().await {
-            FromCoord::Lost { reason, requeue } => {
+            FromCoord::Event(Event::CoordinationLost { reason, requeue }) => {
                 assert!(!requeue, "{reason}");
                 assert!(reason.contains("protocol 2"), "{reason}");
                 assert!(!reason.contains('\n'), "{reason}");
