@@ -1,5 +1,5 @@
 //! Hot spares (docs/design.md, "Hot spares"): the choice of a standby, used by the rendezvous'
-//! state machine (job/rendezvous/decide.rs) when node rank 0 assigns a cycle.
+//! state machine (job/rendezvous/decide/) when node rank 0 assigns a cycle.
 //!
 //! Pure: which node id plays each group rank ("slot") of a cycle, and which standby takes the slot
 //! of a lost node. A slot keeps its global ranks, so a promotion changes no other rank's number.
