@@ -75,6 +75,8 @@ pub(super) async fn wait_one(
 impl Coordinator {
     /// Node rank 0, every [`CoordConfig::join_note_every`] while a rendezvous waits: says which
     /// node ranks have not joined (field finding 35).
+    ///
+    /// [`CoordConfig::join_note_every`]: crate::job::rendezvous::CoordConfig::join_note_every
     pub(super) async fn join_note(&mut self) {
         let Some(w) = self.join_wait.as_mut() else {
             return;

@@ -21,7 +21,7 @@
 //! step ([`Rendezvous::timeouts_counted`], [`Rendezvous::steps_counted`]), the last call
 //! ([`Rendezvous::last_call_out`]), the coordinator's successor ([`Rendezvous::successor`]).
 //! Where each job-wide decision is made:
-//! - ranks: [`assign`] and [`assign_slots`] (global ranks follow the slot);
+//! - ranks: [`assign()`] and [`assign_slots`] (global ranks follow the slot);
 //! - benching, unfit nodes and promotions: [`Rendezvous::assign`], choosing with `job/spares.rs`;
 //! - members and a lost node (to a standby, or the job is lost): [`Rendezvous::node_lost`];
 //! - what a verdict means for this node (ranks, standby, the end): [`Rendezvous::verdict`].
