@@ -3,6 +3,7 @@
 //! turns it into supervisor events, records and text; [`Dispatcher::feed`] hands those events to
 //! the supervisor and carries out its actions. Nothing here decides.
 
+use std::collections::VecDeque;
 use std::time::{Duration, Instant, SystemTime};
 
 use tokio::signal::unix::Signal;
@@ -12,8 +13,9 @@ use tokio::time::Interval;
 use super::agent::{Agent, Slot};
 use super::allocation::EndWatch;
 use super::clock::JobClock;
+use super::effect::Effect;
 use super::eventlog;
-use super::gate::GateOut;
+use super::gate::{self, GateOut};
 use super::gpuwatch::FromGpu;
 use super::ipc_server::{IpcIn, NoticeLimit};
 use super::metrics_server::{Metrics, PageRequest};
@@ -160,6 +162,8 @@ pub(super) fn event_of(m: FromCoord) -> Option<Event> {
 /// job's clock and the allocation's end.
 pub(super) struct Dispatcher {
     pub(super) agent: Agent,
+    /// Events for the supervisor, fed to it at the top of the loop's next turn.
+    pub(super) queue: VecDeque<Event>,
     pub(super) sup: Supervisor,
     pub(super) clock: JobClock,
     pub(super) endw: EndWatch,
@@ -178,7 +182,7 @@ impl Dispatcher {
         loop {
             let (now, suspended) = self.clock.wake();
             if let Some(away) = suspended {
-                self.agent.events.write(&Record::Suspended {
+                self.agent.out.events.write(&Record::Suspended {
                     seconds: away.as_secs_f64(),
                 });
                 console_note(&report::suspended(away));
@@ -191,15 +195,15 @@ impl Dispatcher {
             let ev = src.next(deadline).await;
             // `now` from the top of this turn: waking the clock here would hide a suspension.
             self.handle(now, ev);
-            if deadline.is_some_and(|d| Instant::now() >= d) && self.agent.queue.is_empty() {
-                self.agent.queue.push_back(Event::Tick);
+            if deadline.is_some_and(|d| Instant::now() >= d) && self.queue.is_empty() {
+                self.queue.push_back(Event::Tick);
             }
         }
     }
 
     /// Feeds the queued events to the supervisor and carries out its actions.
     pub(super) fn feed(&mut self, now: Instant) {
-        while let Some(ev) = self.agent.queue.pop_front() {
+        while let Some(ev) = self.queue.pop_front() {
             // A signal to the agent gets Slurm's window (a SIGTERM far from the allocation's end
             // is no time limit's: slurm_job::SignalWindow); a stop a peer asked for or one ahead
             // of the end keeps --term-timeout and the lead.
@@ -211,14 +215,14 @@ impl Dispatcher {
             if let Some(m) = &mut self.metrics {
                 m.count(&actions);
             }
-            self.agent.execute(actions);
+            self.agent.execute(actions, &mut self.queue);
         }
     }
 
     /// What one thing that happened means: events for the supervisor (queued for `feed`), and
     /// the records and text of what only the runtime sees.
     fn handle(&mut self, now: Instant, ev: Internal) {
-        let queue = |d: &mut Dispatcher, ev: Event| d.agent.queue.push_back(ev);
+        let queue = |d: &mut Dispatcher, ev: Event| d.queue.push_back(ev);
         match ev {
             Internal::Reaped(reaped) => {
                 for (pid, how) in reaped {
@@ -231,7 +235,7 @@ impl Dispatcher {
             Internal::Exchange(m) => self.on_exchange(m),
             Internal::StragglerReport((r, line)) => {
                 output::console_text(ConsoleStream::Stderr, &r.text);
-                self.agent.events.write_line(line);
+                self.agent.out.events.write_line(line);
                 if let Some(m) = &mut self.metrics {
                     m.on_straggler_record(&r.record);
                 }
@@ -239,15 +243,10 @@ impl Dispatcher {
                     queue(self, Event::Stragglers { nodes: r.nodes });
                 }
             }
-            Internal::Gate(out) => {
-                if let Some(ev) = self.agent.on_gate(out) {
-                    queue(self, ev);
-                }
-            }
+            Internal::Gate(out) => self.apply(gate::effects(out)),
             Internal::Gpu(m) => {
-                if let Some(ev) = self.agent.on_gpu(m) {
-                    queue(self, ev);
-                }
+                let effects = self.agent.links.gpus.effects(m, self.agent.cfg.nproc);
+                self.apply(effects);
             }
             Internal::Stacks {
                 cycle,
@@ -261,11 +260,25 @@ impl Dispatcher {
             }
             Internal::Page(reply) => {
                 if let Some(m) = &mut self.metrics {
-                    let _ = reply.send(m.page(&self.sup, &self.agent.gpus, now, true));
+                    let _ = reply.send(m.page(&self.sup, &self.agent.links.gpus, now, true));
                 }
             }
             Internal::Tick => self.on_tick(now),
             Internal::Deadline => queue(self, Event::Tick),
+        }
+    }
+
+    /// Carries out what the gate or the GPU watch asked for, in order.
+    fn apply(&mut self, effects: Vec<Effect>) {
+        for e in effects {
+            match e {
+                Effect::Note(line) => console_note(&line),
+                Effect::Write(rec) => self.agent.out.events.write(&rec),
+                Effect::Send(req) => {
+                    let _ = self.agent.links.coord.send(req);
+                }
+                Effect::Event(ev) => self.queue.push_back(ev),
+            }
         }
     }
 
@@ -279,14 +292,10 @@ impl Dispatcher {
                 at,
             } if cycle == current => {
                 self.agent.stragglers.on_msg(at, local_rank, &msg);
-                self.agent
-                    .queue
-                    .push_back(Event::Message { local_rank, msg });
+                self.queue.push_back(Event::Message { local_rank, msg });
             }
             IpcIn::Closed { cycle, local_rank } if cycle == current => {
-                self.agent
-                    .queue
-                    .push_back(Event::Disconnected { local_rank });
+                self.queue.push_back(Event::Disconnected { local_rank });
             }
             IpcIn::Message { .. } | IpcIn::Closed { .. } => {}
             IpcIn::Rejected { peer_pid, reason } => {
@@ -296,6 +305,7 @@ impl Dispatcher {
                     ));
                 }
                 self.agent
+                    .out
                     .events
                     .write(&Record::IpcRejected { peer_pid, reason });
             }
@@ -333,11 +343,13 @@ impl Dispatcher {
                 ));
                 agent.trail.coordinates = true;
             }
-            FromCoord::Hosts { hosts, .. } => agent.nvrx.set_hosts(&hosts.active, &hosts.standby),
+            FromCoord::Hosts { hosts, .. } => {
+                agent.out.nvrx.set_hosts(&hosts.active, &hosts.standby)
+            }
             _ => {}
         }
         if let Some(ev) = event_of(m) {
-            agent.queue.push_back(ev);
+            self.queue.push_back(ev);
         }
     }
 
@@ -374,9 +386,9 @@ impl Dispatcher {
             .steps_log
             .due(now, self.sup.cycle(), self.sup.step_range())
         {
-            agent.events.write_value(v);
+            agent.out.events.write_value(v);
         }
-        let gpus = &agent.gpus;
+        let gpus = &agent.links.gpus;
         let gpu_of = |lr: u32| gpus.explain(lr);
         if let Some(s) = agent.stragglers.share_due(
             now,
@@ -385,13 +397,13 @@ impl Dispatcher {
             agent.slot.rank_offset,
             &gpu_of,
         ) {
-            let _ = agent.share.send(s);
+            let _ = agent.links.share.send(s);
         }
         if let Some(ev) = self.endw.tick(&self.sup, now) {
-            agent.queue.push_back(ev);
+            self.queue.push_back(ev);
         }
         if let Some(m) = &mut self.metrics {
-            m.tick(&self.sup, &self.agent.gpus, now);
+            m.tick(&self.sup, &self.agent.links.gpus, now);
         }
     }
 }

@@ -7,8 +7,7 @@ use std::time::Instant;
 
 use tokio::sync::mpsc;
 
-use super::agent::Agent;
-use super::report::console_note;
+use super::effect::Effect;
 use crate::perf::gpu::{reclaim, GpuProcess, GpuSource};
 use crate::perf::{health, numa, GpuConfig};
 use crate::supervise::{Event, JobRequest, Record};
@@ -190,28 +189,19 @@ fn health_record(cycle: u32, report: &health::HealthReport) -> Record {
     }
 }
 
-impl Agent {
-    pub(super) fn on_gate(&mut self, out: GateOut) -> Option<Event> {
-        match out {
-            GateOut::Record(v, line) => {
-                if let Some(l) = line {
-                    console_note(&l);
-                }
-                self.events.write(&v);
-                None
-            }
-            GateOut::Join(req) => {
-                let _ = self.coord.send(req);
-                None
-            }
-            GateOut::Health(healthy) => {
-                let _ = self.coord.send(JobRequest::Health { healthy });
-                None
-            }
-            GateOut::Unfit(reason) => Some(Event::NodeFault {
-                reason,
-                at_gate: true,
-            }),
-        }
+/// What the loop does with what the gate found.
+pub(super) fn effects(out: GateOut) -> Vec<Effect> {
+    match out {
+        GateOut::Record(v, line) => line
+            .map(Effect::Note)
+            .into_iter()
+            .chain([Effect::Write(v)])
+            .collect(),
+        GateOut::Join(req) => vec![Effect::Send(req)],
+        GateOut::Health(healthy) => vec![Effect::Send(JobRequest::Health { healthy })],
+        GateOut::Unfit(reason) => vec![Effect::Event(Event::NodeFault {
+            reason,
+            at_gate: true,
+        })],
     }
 }
