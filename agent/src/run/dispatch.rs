@@ -204,13 +204,6 @@ impl Dispatcher {
     /// Feeds the queued events to the supervisor and carries out its actions.
     pub(super) fn feed(&mut self, now: Instant) {
         while let Some(ev) = self.queue.pop_front() {
-            // A signal to the agent gets Slurm's window (a SIGTERM far from the allocation's end
-            // is no time limit's: slurm_job::SignalWindow); a stop a peer asked for or one ahead
-            // of the end keeps --term-timeout and the lead.
-            self.sup.set_term_timeout(match ev {
-                Event::Signal(_) => self.signal_window.at(self.endw.end(), SystemTime::now()),
-                _ => self.agent.cfg.term_timeout,
-            });
             let actions = self.sup.handle(now, ev);
             if let Some(m) = &mut self.metrics {
                 m.count(&actions);
@@ -229,7 +222,12 @@ impl Dispatcher {
                     queue(self, Event::Reaped { pid, how });
                 }
             }
-            Internal::Signal(num) => queue(self, Event::Signal(num)),
+            Internal::Signal(signal) => {
+                // Slurm's window, as it stands when the signal came (a SIGTERM far from the
+                // allocation's end is no time limit's: slurm_job::SignalWindow).
+                let window = self.signal_window.at(self.endw.end(), SystemTime::now());
+                queue(self, Event::Signal { signal, window })
+            }
             Internal::Ipc(m) => self.on_ipc(m),
             Internal::Coord(m) => self.on_coord(m),
             Internal::Exchange(m) => self.on_exchange(m),

@@ -53,7 +53,7 @@ pub use events::*;
 pub use stopstep::{choose_stop_step, is_stop_signal, StepReport, AGREEMENT_BUDGET};
 pub use view::RankView;
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use vigil_ipc::RankMsg;
 
@@ -110,12 +110,6 @@ impl Supervisor {
 
     pub fn config(&self) -> &SupervisorConfig {
         &self.cfg
-    }
-
-    /// `--term-timeout` from now on: the runtime gives a signal Slurm's window (KillWait at the
-    /// time limit, GraceTime at a preemption), which depends on when it comes.
-    pub fn set_term_timeout(&mut self, window: Duration) {
-        self.job.term_timeout = window;
     }
 
     /// The job's restart budget, as node rank 0 handed it over at the last join.
@@ -220,6 +214,12 @@ impl Supervisor {
     /// goes to the concern that owns it (ranks.rs, timeouts.rs, hangs.rs, stop.rs, verdict.rs);
     /// afterwards the job's verdict is settled the same way whatever the event was.
     pub fn handle(&mut self, now: Instant, event: Event) -> Vec<Action> {
+        // A signal brings its window (Slurm's, which depends on when it came); a stop a peer asked
+        // for or one ahead of the allocation's end keeps --term-timeout.
+        self.job.term_timeout = match &event {
+            Event::Signal { window, .. } => *window,
+            _ => self.cfg.term_timeout,
+        };
         if self.phase == Phase::Finished {
             return Vec::new();
         }
@@ -232,7 +232,7 @@ impl Supervisor {
                 self.on_spawn_failed(now, local_rank, error, &mut out)
             }
             Event::Reaped { pid, how } => self.on_reaped(now, pid, how, &mut out),
-            Event::Signal(sig) => self.on_signal(now, sig, &mut out),
+            Event::Signal { signal, .. } => self.on_signal(now, signal, &mut out),
             Event::Message { local_rank, msg } => self.on_message(now, local_rank, msg, &mut out),
             Event::Disconnected { local_rank } => self.on_disconnected(local_rank),
             Event::StacksCaptured { local_rank } => {

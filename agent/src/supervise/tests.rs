@@ -1,6 +1,7 @@
 use super::*;
 use monitor::HangKind;
 use std::collections::VecDeque;
+use std::time::Duration;
 use vigil_ipc::AgentMsg;
 
 /// A supervisor whose coordination is looped back: what the job's rendezvous and store answer
@@ -210,6 +211,14 @@ fn nothing_is_learned_after_a_hang() {
     assert_eq!(s.timeouts().heartbeat, Some(Duration::from_secs(2)));
 }
 
+/// A signal to the agent, with the window the runtime gives it outside Slurm: --term-timeout.
+fn signal(s: &Supervisor, signal: i32) -> Event {
+    Event::Signal {
+        signal,
+        window: s.config().term_timeout,
+    }
+}
+
 fn finish(actions: &[Action]) -> Option<&Outcome> {
     actions.iter().find_map(|a| match a {
         Action::Finish(o) => Some(o),
@@ -360,11 +369,31 @@ fn rank_ignoring_sigterm_is_killed_at_deadline() {
 }
 
 #[test]
+fn a_signal_brings_its_window_and_holds_to_it() {
+    let t = Instant::now();
+    let (mut s, _) = Solo::new(cfg(2, 0));
+    spawn_all(&mut s, t, 100);
+    let window = Duration::from_secs(5);
+    s.handle(
+        t,
+        Event::Signal {
+            signal: SIGTERM,
+            window,
+        },
+    );
+    // Another event between keeps the window the signal brought.
+    let early = s.handle(t + Duration::from_secs(4), Event::Tick);
+    assert!(signals(&early).is_empty());
+    let a = s.handle(t + window, Event::Tick);
+    assert_eq!(signals(&a), vec![(vec![100, 101], SIGKILL)]);
+}
+
+#[test]
 fn signal_is_forwarded_and_never_restarts() {
     let t = Instant::now();
     let (mut s, _) = Solo::new(cfg(2, 5));
     spawn_all(&mut s, t, 100);
-    let a = s.handle(t, Event::Signal(libc::SIGHUP));
+    let a = s.handle(t, signal(&s, libc::SIGHUP));
     assert_eq!(signals(&a), vec![(vec![100, 101], libc::SIGHUP)]);
     assert_eq!(s.next_deadline(), Some(t + Duration::from_secs(30)));
     s.handle(
@@ -397,9 +426,9 @@ fn second_sigint_escalates_at_once() {
     let t = Instant::now();
     let (mut s, _) = Solo::new(cfg(1, 0));
     spawn_all(&mut s, t, 100);
-    s.handle(t, Event::Signal(SIGINT));
+    s.handle(t, signal(&s, SIGINT));
     let t1 = t + Duration::from_millis(200);
-    s.handle(t1, Event::Signal(SIGINT));
+    s.handle(t1, signal(&s, SIGINT));
     assert_eq!(s.next_deadline(), Some(t1));
     let a = s.handle(t1, Event::Tick);
     assert_eq!(signals(&a), vec![(vec![100], SIGKILL)]);
@@ -417,7 +446,7 @@ fn signal_during_failure_stop_cancels_restart() {
             how: ExitKind::Code(1),
         },
     );
-    let a = s.handle(t, Event::Signal(SIGTERM));
+    let a = s.handle(t, signal(&s, SIGTERM));
     assert_eq!(signals(&a), vec![(vec![101], SIGTERM)]);
     let a = s.handle(
         t,
@@ -701,7 +730,7 @@ fn rank_spawned_during_stop_is_signalled() {
             pid: 100,
         },
     );
-    s.handle(t, Event::Signal(SIGTERM));
+    s.handle(t, signal(&s, SIGTERM));
     let a = s.handle(
         t,
         Event::RankSpawned {
@@ -1001,7 +1030,7 @@ fn multi_node_signal_stops_everyone_for_good() {
     let (mut s, _) = node(2, 1, 5);
     s.handle(t, joined(0, 2, 5));
     started(&mut s, t, 10);
-    let a = s.handle(t, Event::Signal(SIGTERM));
+    let a = s.handle(t, signal(&s, SIGTERM));
     let stopped = JobEnd::Stopped {
         node: 2,
         reason: "node 2 received SIGTERM".into(),
@@ -1280,7 +1309,7 @@ fn a_signal_during_a_backoff_ends_the_agent() {
     spawn_all(&mut s, t, 20);
     fail_at(&mut s, t, 20);
     assert!(s.next_deadline().is_some());
-    let a = s.handle(t, Event::Signal(SIGTERM));
+    let a = s.handle(t, signal(&s, SIGTERM));
     assert_eq!(finish(&a), Some(&Outcome::Signaled { signal: SIGTERM }));
     assert!(spawns(&a).is_empty());
     assert_eq!(s.next_deadline(), None);
@@ -1413,7 +1442,7 @@ fn sigterm_asks_ranks_that_speak_to_the_shim_for_one_step_and_signals_none() {
     register(&mut s, t, 1);
     send(&mut s, t, 0, RankMsg::Progress { step: 40 });
     send(&mut s, t, 1, RankMsg::Progress { step: 41 });
-    let a = s.handle(t + Duration::from_secs(1), Event::Signal(SIGTERM));
+    let a = s.handle(t + Duration::from_secs(1), signal(&s, SIGTERM));
     assert!(signals(&a).is_empty(), "no rank is signalled: {a:?}");
     // One step past the highest reported: no pace is known yet.
     assert_eq!(stop_requests(&a), vec![Some(42)]);
@@ -1466,7 +1495,7 @@ fn the_stop_step_leaves_room_for_the_fastest_rank() {
             RankMsg::Progress { step: i },
         );
     }
-    let a = s.handle(t + Duration::from_secs(2), Event::Signal(libc::SIGUSR1));
+    let a = s.handle(t + Duration::from_secs(2), signal(&s, libc::SIGUSR1));
     assert_eq!(stop_requests(&a), vec![Some(10 + 10 + 1)]);
     assert_eq!(s.stop_asked(), Some(("SIGUSR1".to_string(), Some(21))));
 }
@@ -1478,7 +1507,7 @@ fn ranks_without_the_shim_get_the_signal_and_their_exit_is_no_failure() {
     spawn_all(&mut s, t, 100);
     register(&mut s, t, 0); // rank 1 never connects
     send(&mut s, t, 0, RankMsg::Progress { step: 7 });
-    let a = s.handle(t, Event::Signal(SIGTERM));
+    let a = s.handle(t, signal(&s, SIGTERM));
     assert_eq!(signals(&a), vec![(vec![101], SIGTERM)]);
     assert_eq!(stop_requests(&a), vec![Some(8)]);
     let a = s.handle(
@@ -1522,7 +1551,7 @@ fn with_no_rank_asking_for_steps_a_sigterm_is_forwarded_as_before() {
         },
     );
     send(&mut s, t, 0, RankMsg::Heartbeat { step: Some(4) });
-    let a = s.handle(t, Event::Signal(SIGTERM));
+    let a = s.handle(t, signal(&s, SIGTERM));
     assert_eq!(signals(&a), vec![(vec![100, 101], SIGTERM)]);
     assert!(stop_requests(&a).is_empty());
 }
@@ -1534,7 +1563,7 @@ fn a_failure_while_stopping_ends_the_allocation_without_a_restart() {
     spawn_all(&mut s, t, 100);
     register(&mut s, t, 0);
     register(&mut s, t, 1);
-    s.handle(t, Event::Signal(SIGTERM));
+    s.handle(t, signal(&s, SIGTERM));
     let a = s.handle(
         t,
         Event::Reaped {
@@ -1566,7 +1595,7 @@ fn a_rank_that_ignores_the_request_is_stopped_when_the_window_ends_and_named() {
     spawn_all(&mut s, t, 100);
     register(&mut s, t, 0);
     register(&mut s, t, 1);
-    s.handle(t, Event::Signal(SIGTERM));
+    s.handle(t, signal(&s, SIGTERM));
     s.handle(
         t,
         Event::Reaped {
@@ -1601,8 +1630,8 @@ fn a_second_signal_is_obeyed_at_once() {
     let (mut s, _) = Solo::new(cfg(1, 0));
     spawn_all(&mut s, t, 100);
     register(&mut s, t, 0);
-    s.handle(t, Event::Signal(SIGTERM));
-    let a = s.handle(t, Event::Signal(SIGTERM));
+    s.handle(t, signal(&s, SIGTERM));
+    let a = s.handle(t, signal(&s, SIGTERM));
     assert_eq!(signals(&a), vec![(vec![100], SIGTERM)]);
 }
 
@@ -1637,7 +1666,7 @@ fn a_rank_that_connects_after_the_agreement_is_told_the_step() {
     spawn_all(&mut s, t, 100);
     register(&mut s, t, 0);
     send(&mut s, t, 0, RankMsg::Progress { step: 5 });
-    s.handle(t, Event::Signal(SIGTERM));
+    s.handle(t, signal(&s, SIGTERM));
     let a = send(
         &mut s,
         t,
@@ -1883,7 +1912,7 @@ fn a_nodes_own_signal_after_another_nodes_trigger_is_not_a_second_signal() {
             trigger: "SIGTERM".into(),
         },
     );
-    let a = s.handle(t, Event::Signal(SIGTERM));
+    let a = s.handle(t, signal(&s, SIGTERM));
     assert!(signals(&a).is_empty(), "{a:?}");
     let a = s.handle(
         t,
@@ -1894,7 +1923,7 @@ fn a_nodes_own_signal_after_another_nodes_trigger_is_not_a_second_signal() {
     );
     assert_eq!(stop_requests(&a), vec![Some(9)]);
     // A second signal to this agent: now, and the ranks holding SIGTERM are told so.
-    let a = s.handle(t, Event::Signal(SIGTERM));
+    let a = s.handle(t, signal(&s, SIGTERM));
     assert_eq!(signals(&a), vec![(vec![100], SIGTERM)]);
     assert_eq!(stop_requests(&a), vec![None]);
 }
@@ -2244,7 +2273,7 @@ fn a_hung_rank_and_a_lost_node_kill_holders_at_once_a_stop_at_a_step_does_not() 
     register(&mut s, t, 0);
     register(&mut s, t, 1);
     send(&mut s, t, 0, held());
-    s.handle(t, Event::Signal(SIGTERM));
+    s.handle(t, signal(&s, SIGTERM));
     let a = s.handle(
         t,
         Event::Reaped {
@@ -2310,7 +2339,7 @@ fn a_rank_signalled_on_its_own_stops_the_job_at_one_step_as_a_signal_to_the_agen
     assert!(signals(&a).is_empty(), "no rank is signalled: {a:?}");
     assert_eq!(stop_requests(&a), vec![Some(42)]);
     // Slurm signals the agent too: not a second signal, so not obeyed at once.
-    let a = s.handle(t1, Event::Signal(SIGTERM));
+    let a = s.handle(t1, signal(&s, SIGTERM));
     assert!(
         signals(&a).is_empty() && stop_requests(&a).is_empty(),
         "{a:?}"
