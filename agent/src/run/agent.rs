@@ -88,7 +88,7 @@ pub(super) struct Links {
     /// The node's GPUs, when NVML is there.
     pub(super) gpus: gpuwatch::GpuWatch,
     /// Where the checks before a rendezvous report (`gate.rs`).
-    pub(super) gate_tx: mpsc::UnboundedSender<gate::GateOut>,
+    pub(super) gate_tx: mpsc::UnboundedSender<gate::FromGate>,
     /// This node's straggler summaries, to node rank 0 through the store.
     pub(super) share: mpsc::UnboundedSender<Vec<u8>>,
 }

@@ -15,9 +15,9 @@ use super::allocation::EndWatch;
 use super::clock::JobClock;
 use super::effect::Effect;
 use super::eventlog;
-use super::gate::{self, GateOut};
+use super::gate::{self, FromGate};
 use super::gpuwatch::FromGpu;
-use super::ipc_server::{IpcIn, NoticeLimit};
+use super::ipc_server::{FromRanks, NoticeLimit};
 use super::metrics_server::{Metrics, PageRequest};
 use super::output::{self, ConsoleStream};
 use super::perf;
@@ -39,7 +39,7 @@ pub(super) enum Internal {
     /// One of the agent's signals arrived.
     Signal(i32),
     /// The ranks' socket.
-    Ipc(IpcIn),
+    Ipc(FromRanks),
     /// The job's coordination (rendezvous, liveness, the stop agreement).
     Coord(FromCoord),
     /// The straggler summaries shared through the store.
@@ -47,7 +47,7 @@ pub(super) enum Internal {
     /// Node rank 0's straggler report, ready.
     StragglerReport(ReadyReport),
     /// The checks before a rendezvous.
-    Gate(GateOut),
+    Gate(FromGate),
     /// The node's GPUs.
     Gpu(FromGpu),
     /// A hung rank's stacks were captured.
@@ -68,11 +68,11 @@ pub(super) enum Internal {
 pub(super) struct Sources {
     pub(super) sigs: Vec<(Signal, i32)>,
     pub(super) sigchld: Signal,
-    pub(super) ipc: mpsc::Receiver<IpcIn>,
+    pub(super) ipc: mpsc::Receiver<FromRanks>,
     pub(super) coord: mpsc::UnboundedReceiver<FromCoord>,
     pub(super) exchange: mpsc::UnboundedReceiver<FromExchange>,
     pub(super) reports: mpsc::UnboundedReceiver<ReadyReport>,
-    pub(super) gate: mpsc::UnboundedReceiver<GateOut>,
+    pub(super) gate: mpsc::UnboundedReceiver<FromGate>,
     pub(super) gpu: mpsc::UnboundedReceiver<FromGpu>,
     pub(super) stacks: mpsc::UnboundedReceiver<(u32, u32, StackReport)>,
     pub(super) pages: mpsc::Receiver<PageRequest>,
@@ -280,10 +280,10 @@ impl Dispatcher {
         }
     }
 
-    fn on_ipc(&mut self, m: IpcIn) {
+    fn on_ipc(&mut self, m: FromRanks) {
         let current = self.sup.cycle();
         match m {
-            IpcIn::Message {
+            FromRanks::Message {
                 cycle,
                 local_rank,
                 msg,
@@ -292,11 +292,11 @@ impl Dispatcher {
                 self.agent.stragglers.on_msg(at, local_rank, &msg);
                 self.queue.push_back(Event::Message { local_rank, msg });
             }
-            IpcIn::Closed { cycle, local_rank } if cycle == current => {
+            FromRanks::Closed { cycle, local_rank } if cycle == current => {
                 self.queue.push_back(Event::Disconnected { local_rank });
             }
-            IpcIn::Message { .. } | IpcIn::Closed { .. } => {}
-            IpcIn::Rejected { peer_pid, reason } => {
+            FromRanks::Message { .. } | FromRanks::Closed { .. } => {}
+            FromRanks::Rejected { peer_pid, reason } => {
                 if self.refused.admit(Instant::now()) {
                     console_note(&format!(
                         "refused a connection on the ranks' socket: {reason}"

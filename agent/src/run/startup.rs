@@ -127,7 +127,7 @@ fn install_signals(cfg: &LaunchConfig) -> Result<(Vec<(Signal, i32)>, Signal), i
 
 fn start_ipc(
     shared: Rc<Shared>,
-    tx: mpsc::Sender<ipc_server::IpcIn>,
+    tx: mpsc::Sender<ipc_server::FromRanks>,
     watchdog: &mut Option<Watchdog>,
 ) -> Result<IpcServer, i32> {
     let server = ipc_server::start(&std::env::temp_dir(), shared, tx).map_err(|e| {

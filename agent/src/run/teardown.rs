@@ -9,7 +9,7 @@ use tokio::sync::mpsc;
 use super::agent::Agent;
 use super::allocation::{self, Ending};
 use super::dispatch::{Dispatcher, Sources};
-use super::ipc_server::IpcIn;
+use super::ipc_server::FromRanks;
 use super::output::{self, ConsoleStream};
 use super::report::{self, note_refused};
 use super::startup::Closing;
@@ -73,9 +73,9 @@ pub(super) async fn finish(mut d: Dispatcher, mut src: Sources, closing: Closing
 
 /// A rank's last steps may still sit in its socket when its exit was reaped first: count them,
 /// so the ledger's highest step is the one the ranks reached.
-fn count_late_steps(ipc: &mut mpsc::Receiver<IpcIn>, sup: &mut Supervisor) {
+fn count_late_steps(ipc: &mut mpsc::Receiver<FromRanks>, sup: &mut Supervisor) {
     while let Ok(m) = ipc.try_recv() {
-        if let IpcIn::Message {
+        if let FromRanks::Message {
             cycle,
             local_rank,
             msg,
