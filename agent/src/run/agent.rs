@@ -73,6 +73,30 @@ pub(super) struct Ranks {
     pub(super) log_create_failed: bool,
 }
 
+impl Ranks {
+    /// No rank started yet.
+    pub(super) fn new(
+        containment: proc::Containment,
+        watchdog: Option<Watchdog>,
+        shared: Rc<Shared>,
+        socket: PathBuf,
+        stacks_tx: mpsc::UnboundedSender<(u32, u32, StackReport)>,
+    ) -> Ranks {
+        Ranks {
+            watchdog,
+            helper_pids: Default::default(),
+            containment,
+            tails: Vec::new(),
+            readers: Vec::new(),
+            shared,
+            socket,
+            stacks_tx,
+            stack_reports: Vec::new(),
+            log_create_failed: false,
+        }
+    }
+}
+
 /// What the node writes as the job goes: the event log, the console's lines of records, NVRx's
 /// console lines and cycle info files (`crate::nvrx`).
 pub(super) struct Outputs {

@@ -305,18 +305,13 @@ pub(super) async fn start(
     };
     let mut agent = Agent {
         out: outputs(&cfg, &run_dir, &host, event_file),
-        ranks: Ranks {
-            watchdog,
-            helper_pids: Default::default(),
+        ranks: Ranks::new(
             containment,
-            tails: Vec::new(),
-            readers: Vec::new(),
+            watchdog,
             shared,
-            socket: server.path.clone(),
+            server.path.clone(),
             stacks_tx,
-            stack_reports: Vec::new(),
-            log_create_failed: false,
-        },
+        ),
         links: Links {
             coord: co.requests,
             gpus: gpuwatch::GpuWatch::start(cfg.gpu.nvml_lib.clone(), gpu_tx),
