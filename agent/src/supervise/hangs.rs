@@ -4,13 +4,16 @@
 //! [`HangWatch`] is the attempt's hang state machine: watching, then probing (the runtime looks
 //! which ranks are stopped), then diagnosing one rank (its stacks are taken), then concluding (the
 //! rank is terminated and the attempt stops). Once a hang was seen, nothing more is calculated in
-//! the attempt. The supervisor's part below picks the ranks and turns each step into actions.
+//! the attempt. The functions below pick the ranks from the parts they are given (the attempt,
+//! the timeouts in force) and turn each step into actions; the supervisor's methods hand them
+//! those parts, and stop the attempt when a hang is concluded.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::events::{Action, Failure, Hang, Record, StopReason, SIGTERM};
-use super::monitor::{Due, RankMonitor};
+use super::monitor::{Due, RankMonitor, Timeouts};
 use super::phase::{Phase, RankState};
+use super::state::Attempt;
 use super::Supervisor;
 
 /// A hung rank whose stacks are being captured: rank, why, and when to stop waiting.
@@ -108,21 +111,106 @@ impl HangWatch {
     }
 }
 
+/// The running rank of `attempt` that will be hung first under the timeouts `in_force`, and when.
+pub(super) fn earliest_hang(
+    attempt: &Attempt,
+    in_force: &Timeouts,
+    warmup_steps: u32,
+) -> Option<(u32, Due)> {
+    attempt
+        .ranks
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.running())
+        .filter_map(|(i, r)| {
+            r.monitor
+                .as_ref()?
+                .deadline(in_force, warmup_steps)
+                .map(|d| (i as u32, d))
+        })
+        .min_by_key(|(_, d)| d.at)
+}
+
+/// The rank to declare hung when `due_rank`'s timeout ran out: a running rank whose process
+/// is stopped, if any (the one silent longest), since ranks waiting on a frozen one (in a
+/// barrier, a collective) go silent too and may run out first. Returns the rank, its own
+/// timeout if it has one (else `due`'s), and whether it is stopped.
+pub(super) fn root_of_hang(
+    attempt: &Attempt,
+    in_force: &Timeouts,
+    warmup_steps: u32,
+    (due_rank, due): (u32, Due),
+    stopped: &[u32],
+) -> (u32, Due, bool) {
+    if stopped.contains(&due_rank) {
+        return (due_rank, due, true);
+    }
+    let ranks = &attempt.ranks;
+    let frozen = stopped
+        .iter()
+        .filter(|lr| ranks.get(**lr as usize).is_some_and(|r| r.running()))
+        .map(|lr| {
+            let own = ranks[*lr as usize]
+                .monitor
+                .as_ref()
+                .and_then(|m| m.deadline(in_force, warmup_steps));
+            (*lr, own)
+        })
+        .min_by_key(|(lr, own)| (own.is_none(), own.as_ref().map(|d| d.since), *lr));
+    match frozen {
+        Some((lr, own)) => (lr, own.unwrap_or(due), true),
+        None => (due_rank, due, false),
+    }
+}
+
+/// Declares `local_rank` of attempt `cycle` hung (`due`: its timeout; `stopped`: its process is):
+/// every rank's watch freezes, the record, and its stacks are taken, for `stack_wait` at most.
+pub(super) fn begin_diagnosis(
+    attempt: &mut Attempt,
+    (cycle, rank_offset): (u32, u32),
+    stack_wait: Duration,
+    now: Instant,
+    (local_rank, due, stopped): (u32, Due, bool),
+    out: &mut Vec<Action>,
+) {
+    let Some(pid) = attempt.ranks[local_rank as usize].pid else {
+        return;
+    };
+    for m in attempt.ranks.iter_mut().filter_map(|r| r.monitor.as_mut()) {
+        m.freeze();
+    }
+    let hang = Hang {
+        timeout: due.kind.clone(),
+        limit_ms: due.limit.as_millis() as u64,
+        silent_ms: now.saturating_duration_since(due.since).as_millis() as u64,
+        stopped,
+    };
+    out.push(Action::Record(Record::Hang {
+        cycle,
+        local_rank,
+        rank: rank_offset + local_rank,
+        pid,
+        hang: hang.clone(),
+    }));
+    out.push(Action::CaptureStacks {
+        local_rank,
+        pid,
+        via_shim: attempt.ranks[local_rank as usize]
+            .monitor
+            .as_ref()
+            .is_some_and(RankMonitor::registered),
+    });
+    attempt.hangs.begin(local_rank, hang, now + stack_wait);
+}
+
 impl Supervisor {
     /// The running rank that will be hung first, and when.
     pub(super) fn earliest_hang(&self) -> Option<(u32, Due)> {
-        self.attempt
-            .ranks
-            .iter()
-            .enumerate()
-            .filter(|(_, r)| r.running())
-            .filter_map(|(i, r)| self.own_deadline(i as u32, r.monitor.as_ref()?))
-            .min_by_key(|(_, d)| d.at)
-    }
-
-    fn own_deadline(&self, local_rank: u32, m: &RankMonitor) -> Option<(u32, Due)> {
-        m.deadline(&self.timeouts.in_force, self.cfg.warmup_steps)
-            .map(|d| (local_rank, d))
+        earliest_hang(
+            &self.attempt,
+            &self.timeouts.in_force,
+            self.cfg.warmup_steps,
+        )
     }
 
     pub(super) fn on_stacks_captured(
@@ -160,87 +248,13 @@ impl Supervisor {
     pub(super) fn on_probed(&mut self, now: Instant, stopped: Vec<u32>, out: &mut Vec<Action>) {
         if self.attempt.hangs.probed() && self.phase == Phase::Running {
             // Still due? A message may have come in while the runtime looked.
-            if let Some((lr, due)) = self.earliest_hang().filter(|(_, d)| now >= d.at) {
-                let (lr, due, frozen) = self.root_of_hang(lr, due, &stopped);
-                self.begin_diagnosis(now, lr, due, frozen, out);
+            if let Some(due) = self.earliest_hang().filter(|(_, d)| now >= d.at) {
+                let (in_force, warmup) = (&self.timeouts.in_force, self.cfg.warmup_steps);
+                let hung = root_of_hang(&self.attempt, in_force, warmup, due, &stopped);
+                let at = (self.cycle, self.job.rank_offset);
+                begin_diagnosis(&mut self.attempt, at, self.cfg.stack_wait, now, hung, out);
             }
         }
-    }
-
-    /// The rank to declare hung when `due_rank`'s timeout ran out: a running rank whose process
-    /// is stopped, if any (the one silent longest), since ranks waiting on a frozen one (in a
-    /// barrier, a collective) go silent too and may run out first. Returns the rank, its own
-    /// timeout if it has one (else `due`'s), and whether it is stopped.
-    pub(super) fn root_of_hang(
-        &self,
-        due_rank: u32,
-        due: Due,
-        stopped: &[u32],
-    ) -> (u32, Due, bool) {
-        if stopped.contains(&due_rank) {
-            return (due_rank, due, true);
-        }
-        let ranks = &self.attempt.ranks;
-        let frozen = stopped
-            .iter()
-            .filter(|lr| ranks.get(**lr as usize).is_some_and(|r| r.running()))
-            .map(|lr| {
-                let own = ranks[*lr as usize]
-                    .monitor
-                    .as_ref()
-                    .and_then(|m| self.own_deadline(*lr, m))
-                    .map(|(_, d)| d);
-                (*lr, own)
-            })
-            .min_by_key(|(lr, own)| (own.is_none(), own.as_ref().map(|d| d.since), *lr));
-        match frozen {
-            Some((lr, own)) => (lr, own.unwrap_or(due), true),
-            None => (due_rank, due, false),
-        }
-    }
-
-    pub(super) fn begin_diagnosis(
-        &mut self,
-        now: Instant,
-        local_rank: u32,
-        due: Due,
-        stopped: bool,
-        out: &mut Vec<Action>,
-    ) {
-        let Some(pid) = self.attempt.ranks[local_rank as usize].pid else {
-            return;
-        };
-        for m in self
-            .attempt
-            .ranks
-            .iter_mut()
-            .filter_map(|r| r.monitor.as_mut())
-        {
-            m.freeze();
-        }
-        let hang = Hang {
-            timeout: due.kind.clone(),
-            limit_ms: due.limit.as_millis() as u64,
-            silent_ms: now.saturating_duration_since(due.since).as_millis() as u64,
-            stopped,
-        };
-        out.push(Action::Record(Record::Hang {
-            cycle: self.cycle,
-            local_rank,
-            rank: self.job.rank_offset + local_rank,
-            pid,
-            hang: hang.clone(),
-        }));
-        out.push(Action::CaptureStacks {
-            local_rank,
-            pid,
-            via_shim: self.attempt.ranks[local_rank as usize]
-                .monitor
-                .as_ref()
-                .is_some_and(RankMonitor::registered),
-        });
-        let until = now + self.cfg.stack_wait;
-        self.attempt.hangs.begin(local_rank, hang, until);
     }
 
     /// The hung rank's stacks are taken (or the wait is over): terminate it and stop the cycle.
