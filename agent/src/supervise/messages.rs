@@ -71,15 +71,15 @@ impl Supervisor {
                     all_sections,
                     sections,
                 };
-                self.on_calc_request(now, local_rank, req, out);
+                self.calc().on_calc_request(now, local_rank, req, out);
             }
             RankMsg::Heartbeat { step } => {
                 if let Some(step) = step {
                     self.on_step(now, local_rank, step);
                 }
-                self.maybe_calculate(out)
+                self.calc().maybe_calculate(out)
             }
-            RankMsg::SectionEnd { .. } => self.maybe_calculate(out),
+            RankMsg::SectionEnd { .. } => self.calc().maybe_calculate(out),
             RankMsg::WorkloadControl {
                 action,
                 description,

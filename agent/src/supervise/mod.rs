@@ -276,7 +276,9 @@ impl Supervisor {
                 cycle,
                 round,
                 timeouts,
-            } => self.on_job_timeouts(cycle, round, timeouts, &mut out),
+            } => self
+                .calc()
+                .on_job_timeouts(cycle, round, timeouts, &mut out),
             Event::CoordinationLost { reason, requeue } => {
                 self.on_coordination_lost(now, reason, requeue, &mut out)
             }
@@ -291,7 +293,7 @@ impl Supervisor {
             } => self.job.steps.checkpoint.read(at_start, iteration),
         }
         // A rank that ended or closed its connection is no longer waited for.
-        self.maybe_answer_requests(&mut out);
+        self.calc().maybe_answer_requests(&mut out);
         self.settle(&mut out);
         out
     }

@@ -7,14 +7,19 @@
 //! - [`Requests`] (one attempt): vigil's own calculation done or not, and the job's requests:
 //!   collecting one from every local rank, then one round shared with the other nodes at a time,
 //!   answered when the job's result for that round comes.
+//!
+//! [`Calc`] turns the ranks' reports and the job's answers into actions, on the parts of the
+//! supervisor it is handed (the configuration, the attempt, the timeouts), not the whole of it.
 
 use std::time::Duration;
 
 use vigil_ipc::AgentMsg;
 
+use super::events::SupervisorConfig;
 use super::events::{Action, JobRequest, Record};
 use super::monitor::{self, CalcRequest, Calculated, Observed, Timeouts};
 use super::phase::Phase;
+use super::state::Attempt;
 use super::Supervisor;
 
 /// `loaded` values for the checks that are enabled in `configured`; the rest as configured. The
@@ -180,7 +185,31 @@ impl Requests {
     }
 }
 
+/// The parts of the supervisor the calculation of timeouts reads and changes: the launch's
+/// configuration, the attempt under way (its number, whether its ranks run), the timeouts.
+pub(super) struct Calc<'a> {
+    pub cfg: &'a SupervisorConfig,
+    pub cycle: u32,
+    /// The attempt's ranks run (`Phase::Running`).
+    pub running: bool,
+    pub attempt: &'a mut Attempt,
+    pub timeouts: &'a mut TimeoutState,
+}
+
 impl Supervisor {
+    /// The parts the calculation of timeouts works on.
+    pub(super) fn calc(&mut self) -> Calc<'_> {
+        Calc {
+            cfg: &self.cfg,
+            cycle: self.cycle,
+            running: self.phase == Phase::Running,
+            attempt: &mut self.attempt,
+            timeouts: &mut self.timeouts,
+        }
+    }
+}
+
+impl Calc<'_> {
     /// The timeouts in force changed (`changed`): record it and tell every rank.
     fn announce(&self, changed: bool, source: &'static str, out: &mut Vec<Action>) {
         if changed {
@@ -221,7 +250,7 @@ impl Supervisor {
 
     /// Calculation is over for this attempt: a hang was seen, or the ranks are not running.
     fn calculation_over(&self) -> bool {
-        self.attempt.hangs.seen() || self.phase != Phase::Running
+        self.attempt.hangs.seen() || !self.running
     }
 
     /// A rank asks for timeouts to be calculated (NVRx's `calculate_and_set_*`, which every rank

@@ -29,7 +29,7 @@ impl Supervisor {
         out.push(Action::Record(Record::Joined { cycle, rank_offset }));
         if let Some(t) = calculated.filter(|t| Some(t) != self.timeouts.calculated.as_ref()) {
             let source = if cycle == 0 { "loaded" } else { "calculated" };
-            self.adopt_timeouts(&t, source, out);
+            self.calc().adopt_timeouts(&t, source, out);
         }
         let start = self.start_cycle(now, cycle);
         if self.fault_at_start(out) {
