@@ -9,6 +9,7 @@ use vigil_ipc::RankMsg;
 
 use super::events::{Action, Record};
 use super::monitor::{self, CalcRequest};
+use super::stopstep;
 use super::Supervisor;
 
 impl Supervisor {
@@ -75,7 +76,13 @@ impl Supervisor {
             }
             RankMsg::Heartbeat { step } => {
                 if let Some(step) = step {
-                    self.on_step(now, local_rank, step);
+                    stopstep::on_step(
+                        &mut self.attempt,
+                        &mut self.job.steps,
+                        now,
+                        local_rank,
+                        step,
+                    );
                 }
                 self.calc().maybe_calculate(out)
             }
@@ -88,7 +95,13 @@ impl Supervisor {
                 if let Some(r) = self.attempt.ranks.get_mut(local_rank as usize) {
                     r.listens = true;
                 }
-                self.on_step(now, local_rank, step);
+                stopstep::on_step(
+                    &mut self.attempt,
+                    &mut self.job.steps,
+                    now,
+                    local_rank,
+                    step,
+                );
             }
             RankMsg::HoldsSignals { signals } => {
                 if let Some(r) = self.attempt.ranks.get_mut(local_rank as usize) {

@@ -18,7 +18,9 @@
 //! attempt's `Requests`) and the stop agreement (`StopAgreement`) are small state machines of their
 //! own, each unit-tested beside its code.
 //!
-//! `handle` only dispatches; each decision lives with its concern:
+//! `handle` only dispatches; each decision lives with its concern. Where a concern needs only some
+//! of the supervisor's parts it is a free function of those parts (`hangs::earliest_hang`,
+//! `stopstep::on_step`, the timeouts' `Calc`), not a method of the whole:
 //! - `ranks.rs`: starting an attempt's ranks; a rank started, failed to start, exited, disconnected.
 //! - `messages.rs`: what a rank's messages mean (registration, steps, workload control, signals).
 //! - `timeouts.rs`: timeouts in force, calculating them and adopting the job's.
@@ -30,7 +32,8 @@
 //! - `view.rs`: a read-only view of the attempt's ranks, for the metrics page.
 //! - `backoff.rs` (restart back-off), `progress.rs` (progress over attempts) and `monitor.rs`
 //!   (per-rank liveness, timeout calculation) are plain functions over plain data; `events.rs`
-//!   holds every type that goes in or comes out.
+//!   holds every type that goes in or comes out. The tests of `handle` are in `tests/`, a file per
+//!   concern.
 
 mod backoff;
 mod events;
@@ -136,7 +139,13 @@ impl Supervisor {
     /// first): counted in [`Self::highest_step`], and nothing else.
     pub fn note_late_step(&mut self, at: Instant, local_rank: u32, msg: &RankMsg) {
         if let RankMsg::Progress { step } | RankMsg::Heartbeat { step: Some(step) } = msg {
-            self.on_step(at, local_rank, *step);
+            stopstep::on_step(
+                &mut self.attempt,
+                &mut self.job.steps,
+                at,
+                local_rank,
+                *step,
+            );
         }
     }
 
@@ -255,7 +264,10 @@ impl Supervisor {
             Event::StopAsked { cycle, trigger } => {
                 self.on_stop_asked(now, cycle, trigger, &mut out)
             }
-            Event::StopStep { cycle, step } => self.on_stop_step(cycle, step, &mut out),
+            Event::StopStep { cycle, step } => {
+                let here = (self.cycle, &self.phase);
+                stopstep::on_stop_step(&mut self.stop, here, cycle, step, &mut out)
+            }
             Event::Probed { stopped } => self.on_probed(now, stopped, &mut out),
             Event::Joined {
                 cycle,
