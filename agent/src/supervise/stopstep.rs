@@ -27,7 +27,7 @@ pub use super::events::StepReport;
 use super::events::{Action, JobEnd, JobRequest, Record, StopReason, EXIT_LOST};
 use super::phase::Phase;
 use super::state::{Attempt, Steps};
-use super::Supervisor;
+use super::{verdict, Supervisor};
 
 /// The time S allows for the agreement to finish and reach every rank's next `should_stop`.
 pub const AGREEMENT_BUDGET: Duration = Duration::from_secs(1);
@@ -340,7 +340,7 @@ impl Supervisor {
             exit_code,
         };
         self.job.ending.stopped.get_or_insert(end.clone());
-        self.report(end, out);
+        verdict::report(&mut self.attempt, self.cycle, end, out);
     }
 
     /// The stop window is over: the ranks still running are stopped as any stop is.
