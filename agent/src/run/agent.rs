@@ -1,6 +1,8 @@
 //! The effectors of one node: what the agent holds to carry out the supervisor's actions, and
 //! carrying them out: spawning an attempt's ranks, signalling and sweeping process groups, stacks
-//! of a hung rank, the event log.
+//! of a hung rank, the event log. The agent is made of parts: its ranks ([`Ranks`]), its outputs
+//! ([`Outputs`]), its links to what runs beside the loop ([`Links`]); what its actions lead to
+//! goes to the dispatcher's queue of events for the supervisor, which it is handed.
 
 use std::cell::RefCell;
 use std::collections::VecDeque;

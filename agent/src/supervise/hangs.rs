@@ -1,7 +1,7 @@
 //! Hang verdicts: which rank is hung first, asking the runtime which ranks are stopped, naming the
 //! root cause, and the diagnosis (stacks) before the stop.
 //!
-//! [`HangWatch`] is the attempt's hang state machine: watching, then probing (the runtime looks
+//! `HangWatch` (`machines.rs`) is the attempt's hang state machine: watching, then probing (the runtime looks
 //! which ranks are stopped), then diagnosing one rank (its stacks are taken), then concluding (the
 //! rank is terminated and the attempt stops). Once a hang was seen, nothing more is calculated in
 //! the attempt. The functions below pick the ranks from the parts they are given (the attempt,
@@ -13,103 +13,8 @@ use std::time::{Duration, Instant};
 use super::events::{Action, Failure, Hang, Record, StopReason, SIGTERM};
 use super::monitor::{Due, RankMonitor, Timeouts};
 use super::phase::{Phase, RankState};
-use super::state::Attempt;
+use super::state::{Attempt, HangStep};
 use super::Supervisor;
-
-/// A hung rank whose stacks are being captured: rank, why, and when to stop waiting.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Diagnosis {
-    local_rank: u32,
-    hang: Hang,
-    until: Instant,
-}
-
-/// What a tick means for hangs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum HangStep {
-    Nothing,
-    /// A hang is due: ask the runtime which ranks are stopped.
-    Probe,
-    /// The diagnosis' wait is over: terminate the hung rank.
-    Conclude,
-}
-
-/// One attempt's hang handling.
-#[derive(Debug, Clone, Default)]
-pub(super) struct HangWatch {
-    diagnosing: Option<Diagnosis>,
-    /// A hang is due and the runtime was asked which ranks are stopped (`ProbeStopped`).
-    probing: bool,
-    /// A rank of this attempt was declared hung: nothing it or the others do from then on says
-    /// what the job needs.
-    seen: bool,
-}
-
-impl HangWatch {
-    /// A rank was declared hung in this attempt.
-    pub fn seen(&self) -> bool {
-        self.seen
-    }
-
-    /// When to wake next: the diagnosis' end, or else when the earliest hang is due.
-    pub fn deadline(&self, due: impl FnOnce() -> Option<Instant>) -> Option<Instant> {
-        match &self.diagnosing {
-            Some(d) => Some(d.until),
-            None => due(),
-        }
-    }
-
-    /// A tick at `now`, with the earliest hang due at `due`.
-    pub fn tick(&mut self, now: Instant, due: Option<Instant>) -> HangStep {
-        match &self.diagnosing {
-            Some(d) if now >= d.until => HangStep::Conclude,
-            Some(_) => HangStep::Nothing,
-            None if !self.probing && due.is_some_and(|at| now >= at) => {
-                self.probing = true;
-                HangStep::Probe
-            }
-            None => HangStep::Nothing,
-        }
-    }
-
-    /// The runtime answered the probe: whether a diagnosis may begin.
-    pub fn probed(&mut self) -> bool {
-        std::mem::take(&mut self.probing) && self.diagnosing.is_none()
-    }
-
-    pub fn begin(&mut self, local_rank: u32, hang: Hang, until: Instant) {
-        self.seen = true;
-        self.diagnosing = Some(Diagnosis {
-            local_rank,
-            hang,
-            until,
-        });
-    }
-
-    /// Whether `local_rank` is the rank being diagnosed.
-    pub fn diagnosing(&self, local_rank: u32) -> bool {
-        self.diagnosing
-            .as_ref()
-            .is_some_and(|d| d.local_rank == local_rank)
-    }
-
-    /// Ends the diagnosis: the hung rank and why.
-    pub fn conclude(&mut self) -> Option<(u32, Hang)> {
-        self.diagnosing.take().map(|d| (d.local_rank, d.hang))
-    }
-
-    /// `local_rank` ended on its own: a diagnosis of it is over.
-    pub fn rank_ended(&mut self, local_rank: u32) {
-        if self.diagnosing(local_rank) {
-            self.diagnosing = None;
-        }
-    }
-
-    /// The attempt is being stopped for another reason: no diagnosis goes on.
-    pub fn cancel(&mut self) {
-        self.diagnosing = None;
-    }
-}
 
 /// The running rank of `attempt` that will be hung first under the timeouts `in_force`, and when.
 pub(super) fn earliest_hang(
@@ -284,63 +189,5 @@ impl Supervisor {
             hang.limit_ms as f64 / 1000.0
         );
         self.report_failure(reason, out);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::supervise::monitor::HangKind;
-    use std::time::Duration;
-
-    fn hang() -> Hang {
-        Hang {
-            timeout: HangKind::Heartbeat,
-            limit_ms: 1000,
-            silent_ms: 1500,
-            stopped: false,
-        }
-    }
-
-    #[test]
-    fn a_due_hang_is_probed_once_then_diagnosed_then_concluded() {
-        let t = Instant::now();
-        let s = Duration::from_secs(1);
-        let mut w = HangWatch::default();
-        assert_eq!(w.tick(t, None), HangStep::Nothing);
-        assert_eq!(w.tick(t, Some(t + s)), HangStep::Nothing);
-        assert_eq!(w.tick(t + s, Some(t + s)), HangStep::Probe);
-        // Probing: no second probe until the answer comes.
-        assert_eq!(w.tick(t + 2 * s, Some(t + s)), HangStep::Nothing);
-        assert!(w.probed());
-        assert!(!w.probed(), "one answer per probe");
-        assert!(!w.seen());
-        w.begin(3, hang(), t + 5 * s);
-        assert!(w.seen() && w.diagnosing(3) && !w.diagnosing(2));
-        assert_eq!(w.deadline(|| Some(t)), Some(t + 5 * s));
-        assert_eq!(w.tick(t + 4 * s, Some(t)), HangStep::Nothing);
-        assert_eq!(w.tick(t + 5 * s, Some(t)), HangStep::Conclude);
-        assert_eq!(w.conclude(), Some((3, hang())));
-        assert_eq!(w.conclude(), None);
-        assert!(w.seen(), "a hang seen stays seen for the attempt");
-        assert_eq!(w.deadline(|| Some(t)), Some(t));
-    }
-
-    #[test]
-    fn a_diagnosis_ends_with_its_rank_or_a_stop() {
-        let t = Instant::now();
-        let mut w = HangWatch::default();
-        w.begin(1, hang(), t);
-        w.rank_ended(0);
-        assert!(w.diagnosing(1));
-        w.rank_ended(1);
-        assert!(!w.diagnosing(1) && w.conclude().is_none());
-        w.begin(2, hang(), t);
-        w.cancel();
-        assert_eq!(w.conclude(), None);
-        // A probe answered while a diagnosis runs starts nothing.
-        w.begin(2, hang(), t);
-        assert_eq!(w.tick(t, Some(t)), HangStep::Conclude);
-        assert!(!w.probed());
     }
 }

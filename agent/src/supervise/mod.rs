@@ -16,7 +16,8 @@
 //! `JobState`; everything about one attempt is an `Attempt`, a fresh value each time one starts, so
 //! nothing is reset by hand. Hangs (`HangWatch`), the timeout calculation (`TimeoutState` and the
 //! attempt's `Requests`) and the stop agreement (`StopAgreement`) are small state machines of their
-//! own, each unit-tested beside its code.
+//! own, each unit-tested beside its code; those an `Attempt` is made of (`HangWatch`, a rank's
+//! `Pace`, `Requests`) are in `machines.rs`, so the attempt's state imports no concern.
 //!
 //! `handle` only dispatches; each decision lives with its concern. Where a concern needs only some
 //! of the supervisor's parts it is a free function of those parts (`hangs::earliest_hang`,
@@ -38,6 +39,7 @@
 mod backoff;
 mod events;
 mod hangs;
+mod machines;
 mod messages;
 pub mod monitor;
 mod nodefault;

@@ -26,7 +26,7 @@ use vigil_ipc::AgentMsg;
 pub use super::events::StepReport;
 use super::events::{Action, JobEnd, JobRequest, Record, StopReason, EXIT_LOST};
 use super::phase::Phase;
-use super::state::{Attempt, Steps};
+use super::state::{Attempt, Pace, Steps};
 use super::{verdict, Supervisor};
 
 /// The time S allows for the agreement to finish and reach every rank's next `should_stop`.
@@ -43,42 +43,6 @@ pub fn choose_stop_step(reports: &[StepReport], budget: Duration) -> Option<u64>
     // Bounded so a bogus pace cannot push S out of reach.
     let ahead = (pace * budget.as_secs_f64()).ceil().min(1e6) as u64;
     Some(max.saturating_add(ahead).saturating_add(1))
-}
-
-/// A rank's pace, from the steps it reported: the latest step, when it came, and a smoothed rate.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(super) struct Pace {
-    pub step: u64,
-    pub at: Instant,
-    pub steps_per_s: Option<f64>,
-}
-
-impl Pace {
-    pub(super) fn new(step: u64, at: Instant) -> Self {
-        Pace {
-            step,
-            at,
-            steps_per_s: None,
-        }
-    }
-
-    /// Folds in a newly reported step (an older or repeated one changes nothing).
-    pub(super) fn update(&mut self, step: u64, at: Instant) {
-        if step <= self.step {
-            return;
-        }
-        let dt = at.saturating_duration_since(self.at).as_secs_f64();
-        if dt > 0.0 {
-            let rate = (step - self.step) as f64 / dt;
-            // The newest interval weighs most: a rank that speeds up is caught within a few steps.
-            self.steps_per_s = Some(match self.steps_per_s {
-                Some(old) => 0.5 * old + 0.5 * rate,
-                None => rate,
-            });
-        }
-        self.step = step;
-        self.at = at;
-    }
 }
 
 /// A stop under way on this node.
