@@ -6,6 +6,9 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "agent" / "src"
 PATH_RE = re.compile(r"\b(crate|super)((?:::[a-z_][a-z0-9_]*)+)")
+# `crate::a::{b, c::{d, e}}` and `super::{a, b}`: a path that opens a group of imports.
+GROUP_RE = re.compile(r"\b(crate|super)((?:::[a-z_][a-z0-9_]*)*)::\{")
+NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def module_of(f: Path):
@@ -25,11 +28,47 @@ def non_test_code(text):
     return text if i < 0 else text[:i]
 
 
+TOKEN_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[{},*]")
+
+
+def group_paths(text, i):
+    """The paths inside the group of imports that opens at `text[i] == "{"`, each a list of
+    segments relative to the group's prefix (nested groups expanded, `x as y` read as `x`)."""
+    paths, stack, cur, alias = [], [], [], False
+    for tok in TOKEN_RE.finditer(text, i + 1):
+        t = tok.group()
+        if t == "{":
+            stack.append(cur)
+            cur = []
+        elif t in (",", "}"):
+            if cur:
+                paths.append([s for prefix in stack for s in prefix] + cur)
+            cur, alias = [], False
+            if t == "}":
+                if not stack:
+                    return paths
+                stack.pop()
+        elif t == "as":
+            alias = True
+        elif not alias and t != "*":
+            cur.append(t)
+    raise ValueError(f"unclosed import group at {i}")
+
+
+def named_paths(text):
+    """Every `(root, segments)` the text names: plain paths and each path of a group import."""
+    for root, rest in PATH_RE.findall(text):
+        yield root, [s for s in rest.split("::") if s]
+    for m in GROUP_RE.finditer(text):
+        prefix = [s for s in m.group(2).split("::") if s]
+        for p in group_paths(text, m.end() - 1):
+            yield m.group(1), prefix + [s for s in p if s != "self"]
+
+
 def imports(mod, text, known):
     """The modules `mod`'s non-test code names, each resolved to the longest known module."""
     out = set()
-    for root, rest in PATH_RE.findall(non_test_code(text)):
-        segs = [s for s in rest.split("::") if s]
+    for root, segs in named_paths(non_test_code(text)):
         # `super` in `a/b.rs` and in `a/b/mod.rs` alike names `a`.
         base = [] if root == "crate" else list(mod[:-1])
         path = tuple(base + segs)
@@ -70,6 +109,13 @@ def test_the_graph_is_read_from_the_sources():
     # Sanity: the reader sees the arrows that certainly exist, so an empty graph cannot pass.
     assert ("supervise",) in g[("run",)]
     assert ("job", "nodes") in g[("cli", "config")]
+
+
+def test_grouped_imports_are_read():
+    known = {("a",), ("a", "b"), ("a", "c"), ("d",), ("e", "f"), ("e",)}
+    text = "use crate::{a::{b::X, c}, d::{self, Y as Z}};\nuse super::{f as g, h};\n"
+    assert imports(("e", "x"), text, known) == {("a", "b"), ("a", "c"), ("d",), ("e", "f")}
+    assert imports(("e", "x"), "use super::{f, g};", known) == {("e", "f")}
 
 
 def test_no_module_imports_one_that_imports_it():

@@ -1,6 +1,8 @@
 //! The effectors of one node: what the agent holds to carry out the supervisor's actions, and
 //! carrying them out: spawning an attempt's ranks, signalling and sweeping process groups, stacks
-//! of a hung rank, the event log.
+//! of a hung rank, the event log. The agent is made of parts: its ranks ([`Ranks`]), its outputs
+//! ([`Outputs`]), its links to what runs beside the loop ([`Links`]); what its actions lead to
+//! goes to the dispatcher's queue of events for the supervisor, which it is handed.
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -52,13 +54,9 @@ pub(super) struct Trail {
     pub(super) coordinates: bool,
 }
 
-/// The rank processes of this node and their output, the ranks' socket, the agent's channels.
-pub(super) struct Agent {
-    pub(super) cfg: LaunchConfig,
-    pub(super) run_dir: PathBuf,
-    pub(super) host: String,
-    pub(super) events: EventLog,
-    pub(super) report: Reporter,
+/// The rank processes of this node: how they are started, found again and swept, their output,
+/// and the stacks of a hung one.
+pub(super) struct Ranks {
     pub(super) watchdog: Option<Watchdog>,
     /// Children of the agent that are its own commands (`squeue`), not a rank's leftovers.
     pub(super) helper_pids: Arc<Mutex<Vec<i32>>>,
@@ -67,37 +65,81 @@ pub(super) struct Agent {
     /// stderr tails of the current cycle's ranks.
     pub(super) tails: Vec<Tail>,
     pub(super) readers: Vec<JoinHandle<()>>,
-    /// Events for the supervisor, fed to it at the top of the loop's next turn.
-    pub(super) queue: VecDeque<Event>,
-    pub(super) outcome: Option<Outcome>,
+    /// The ranks' socket: their pids and the connections to them.
     pub(super) shared: Rc<Shared>,
     pub(super) socket: PathBuf,
     pub(super) stacks_tx: mpsc::UnboundedSender<(u32, u32, StackReport)>,
     /// Stack reports per (cycle, local rank), for the failure summary.
     pub(super) stack_reports: Vec<(u32, u32, StackReport)>,
+    /// Rank log files could not be created once already (said once).
+    pub(super) log_create_failed: bool,
+}
+
+impl Ranks {
+    /// No rank started yet.
+    pub(super) fn new(
+        containment: proc::Containment,
+        watchdog: Option<Watchdog>,
+        shared: Rc<Shared>,
+        socket: PathBuf,
+        stacks_tx: mpsc::UnboundedSender<(u32, u32, StackReport)>,
+    ) -> Ranks {
+        Ranks {
+            watchdog,
+            helper_pids: Default::default(),
+            containment,
+            tails: Vec::new(),
+            readers: Vec::new(),
+            shared,
+            socket,
+            stacks_tx,
+            stack_reports: Vec::new(),
+            log_create_failed: false,
+        }
+    }
+}
+
+/// What the node writes as the job goes: the event log, the console's lines of records, NVRx's
+/// console lines and cycle info files (`crate::nvrx`).
+pub(super) struct Outputs {
+    pub(super) events: EventLog,
+    pub(super) report: Reporter,
+    pub(super) nvrx: crate::nvrx::Nvrx,
+}
+
+/// The agent's links to what runs beside the loop: the job's coordination, the GPU watch, the
+/// checks before a rendezvous, the straggler exchange.
+pub(super) struct Links {
     pub(super) coord: mpsc::UnboundedSender<JobRequest>,
+    /// The node's GPUs, when NVML is there.
+    pub(super) gpus: gpuwatch::GpuWatch,
+    /// Where the checks before a rendezvous report (`gate.rs`).
+    pub(super) gate_tx: mpsc::UnboundedSender<gate::FromGate>,
+    /// This node's straggler summaries, to node rank 0 through the store.
+    pub(super) share: mpsc::UnboundedSender<Vec<u8>>,
+}
+
+/// The effectors of one node: its ranks, its outputs, its links, and what the job assigned it.
+pub(super) struct Agent {
+    pub(super) cfg: LaunchConfig,
+    pub(super) run_dir: PathBuf,
+    pub(super) host: String,
+    pub(super) ranks: Ranks,
+    pub(super) out: Outputs,
+    pub(super) links: Links,
+    pub(super) outcome: Option<Outcome>,
     /// vigil's store as the ranks reach it (MASTER_ADDR, MASTER_PORT): this node's ranks' door
     /// (`rank_door.rs`).
     pub(super) store_for_ranks: (String, u16),
     /// vigil's store itself, node rank 0's address as the job names it (the event log's `nodes`
     /// record, the console).
     pub(super) store_at: (String, u16),
-    /// Rank log files could not be created once already (said once).
-    pub(super) log_create_failed: bool,
     pub(super) slot: Slot,
     /// Set when the supervisor decided to leave the job.
     pub(super) leave: Option<JobRequest>,
     pub(super) trail: Trail,
     pub(super) steps_log: perf::StepsLog,
     pub(super) stragglers: perf::Stragglers,
-    /// The node's GPUs, when NVML is there.
-    pub(super) gpus: gpuwatch::GpuWatch,
-    /// This node's straggler summaries, to node rank 0 through the store.
-    pub(super) share: mpsc::UnboundedSender<Vec<u8>>,
-    /// Where the checks before a rendezvous report (`gate.rs`).
-    pub(super) gate_tx: mpsc::UnboundedSender<gate::GateOut>,
-    /// NVRx's console lines and cycle info files (`crate::nvrx`).
-    pub(super) nvrx: crate::nvrx::Nvrx,
 }
 
 /// Copies a rank's output pipe into its sink until end-of-file.
@@ -148,12 +190,12 @@ impl Agent {
         attempt_dir(&self.run_dir, cycle, local_rank)
     }
 
-    pub(super) fn spawn_cycle(&mut self, cycle: u32) {
-        self.tails = (0..self.cfg.nproc).map(|_| Tail::default()).collect();
+    pub(super) fn spawn_cycle(&mut self, cycle: u32, queue: &mut VecDeque<Event>) {
+        self.ranks.tails = (0..self.cfg.nproc).map(|_| Tail::default()).collect();
         // Pumps of earlier attempts that reached end-of-file need no waiting for at exit.
-        self.readers.retain(|h| !h.is_finished());
-        self.shared.cycle.set(cycle);
-        *self.shared.rank_pids.borrow_mut() = vec![None; self.cfg.nproc as usize];
+        self.ranks.readers.retain(|h| !h.is_finished());
+        self.ranks.shared.cycle.set(cycle);
+        *self.ranks.shared.rank_pids.borrow_mut() = vec![None; self.cfg.nproc as usize];
         let io = AttemptIo {
             dups: self.dups(cycle),
             numa: self.numa(cycle),
@@ -162,7 +204,7 @@ impl Agent {
                 .unwrap_or_default(),
         };
         for lr in 0..self.cfg.nproc {
-            if !self.spawn_rank(cycle, lr, &io) {
+            if !self.spawn_rank(cycle, lr, &io, queue) {
                 return;
             }
         }
@@ -208,13 +250,19 @@ impl Agent {
     }
 
     /// Starts one rank; false when it could not be (the attempt starts no more ranks).
-    fn spawn_rank(&mut self, cycle: u32, lr: u32, io: &AttemptIo) -> bool {
+    fn spawn_rank(
+        &mut self,
+        cycle: u32,
+        lr: u32,
+        io: &AttemptIo,
+        queue: &mut VecDeque<Event>,
+    ) -> bool {
         let dir = self.attempt_dir(cycle, lr);
         let logs = match open_logs(&dir) {
             Ok((o, e)) => Some((o, e)),
             Err(e) => {
-                if !self.log_create_failed {
-                    self.log_create_failed = true;
+                if !self.ranks.log_create_failed {
+                    self.ranks.log_create_failed = true;
                     console_note(&format!(
                         "cannot create the rank logs in {}: {e}; ranks run without log files \
                          (free space or fix --log-dir; the console still shows their output)",
@@ -226,22 +274,27 @@ impl Agent {
         };
         let env = self.rank_env(cycle, lr, &dir);
         let numa = io.numa.as_ref().and_then(|n| n[lr as usize].as_ref());
-        match proc::spawn_rank(&self.cfg.command, &env, self.containment.cgroup(), numa) {
+        match proc::spawn_rank(
+            &self.cfg.command,
+            &env,
+            self.ranks.containment.cgroup(),
+            numa,
+        ) {
             Ok(sp) => {
-                if let Some(w) = &mut self.watchdog {
+                if let Some(w) = &mut self.ranks.watchdog {
                     w.guard(sp.pid);
                 }
-                self.shared.rank_pids.borrow_mut()[lr as usize] = Some(sp.pid);
+                self.ranks.shared.rank_pids.borrow_mut()[lr as usize] = Some(sp.pid);
                 let pid = sp.pid;
                 self.start_pumps(lr, sp, logs, io);
-                self.queue.push_back(Event::RankSpawned {
+                queue.push_back(Event::RankSpawned {
                     local_rank: lr,
                     pid,
                 });
                 true
             }
             Err(e) => {
-                self.queue.push_back(Event::SpawnFailed {
+                queue.push_back(Event::SpawnFailed {
                     local_rank: lr,
                     error: format!("cannot execute {:?}: {e}", self.cfg.command[0]),
                 });
@@ -267,15 +320,15 @@ impl Agent {
         let mut env = worker_env(&self.cfg, &slot, &env_of);
         let path = |p: &Path| p.to_string_lossy().into_owned();
         env.push(("VIGIL_RUN_DIR".into(), path(&self.run_dir)));
-        env.push(("VIGIL_SOCKET".into(), path(&self.socket)));
+        env.push(("VIGIL_SOCKET".into(), path(&self.ranks.socket)));
         // The shim refuses to speak another protocol before it connects (docs/protocol.md).
         env.push((
             "VIGIL_PROTOCOL".into(),
             vigil_ipc::PROTOCOL_VERSION.to_string(),
         ));
         env.push(("VIGIL_STACK_FILE".into(), path(&dir.join("stacks.txt"))));
-        env.push(self.containment.env());
-        env.extend(self.nvrx.rank_env());
+        env.push(self.ranks.containment.env());
+        env.extend(self.out.nvrx.rank_env());
         env
     }
 
@@ -296,7 +349,7 @@ impl Agent {
             &io.hostname,
         );
         let console = self.cfg.console[lr as usize];
-        self.readers.push(pump(
+        self.ranks.readers.push(pump(
             sp.stdout,
             Sink {
                 prefix: prefix.clone(),
@@ -306,24 +359,25 @@ impl Agent {
                 dup: io.dups[0].clone(),
             },
         ));
-        self.readers.push(pump(
+        self.ranks.readers.push(pump(
             sp.stderr,
             Sink {
                 prefix,
                 console: console.stderr.then_some(ConsoleStream::Stderr),
                 file: err_log,
-                tail: Some(self.tails[lr as usize].clone()),
+                tail: Some(self.ranks.tails[lr as usize].clone()),
                 dup: io.dups[1].clone(),
             },
         ));
     }
 
-    /// Carries out the supervisor's actions.
-    pub(super) fn execute(&mut self, actions: Vec<Action>) {
+    /// Carries out the supervisor's actions; what they lead to (a rank started, a checkpoint
+    /// read, stopped ranks found) goes to `queue`, the supervisor's next events.
+    pub(super) fn execute(&mut self, actions: Vec<Action>, queue: &mut VecDeque<Event>) {
         for a in actions {
             match a {
                 Action::Job(req) => self.request(req),
-                Action::SpawnCycle { cycle } => self.spawn_cycle(cycle),
+                Action::SpawnCycle { cycle } => self.spawn_cycle(cycle, queue),
                 Action::SignalGroups { pgids, signal } => {
                     for p in pgids {
                         proc::signal_group(p, signal);
@@ -331,10 +385,10 @@ impl Agent {
                 }
                 Action::ReapGroups { pgids } => self.reap_groups(pgids),
                 Action::Record(rec) => {
-                    if let Some(text) = self.report.line(&rec) {
+                    if let Some(text) = self.out.report.line(&rec) {
                         output::console_text(ConsoleStream::Stderr, &text);
                     }
-                    let seen = self.nvrx.observe(&rec, std::time::SystemTime::now());
+                    let seen = self.out.nvrx.observe(&rec, std::time::SystemTime::now());
                     if let Some(text) = seen.stdout {
                         output::console_text(ConsoleStream::Stdout, &text);
                     }
@@ -342,12 +396,12 @@ impl Agent {
                         console_note(&note);
                     }
                     if let Some((at_start, iteration)) = seen.checkpoint {
-                        self.queue.push_back(Event::CheckpointIteration {
+                        queue.push_back(Event::CheckpointIteration {
                             at_start,
                             iteration,
                         });
                     }
-                    self.events.write(&rec);
+                    self.out.events.write(&rec);
                 }
                 Action::Finish(o) => self.outcome = Some(o),
                 Action::CaptureStacks {
@@ -361,10 +415,10 @@ impl Agent {
                         .filter(|(_, pid)| matches!(proc::process_state(*pid), Some('T' | 't')))
                         .map(|(lr, _)| lr)
                         .collect();
-                    self.queue.push_back(Event::Probed { stopped });
+                    queue.push_back(Event::Probed { stopped });
                 }
-                Action::SendToRank { local_rank, msg } => self.shared.send(local_rank, msg),
-                Action::SendToAll(msg) => self.shared.send_all(&msg),
+                Action::SendToRank { local_rank, msg } => self.ranks.shared.send(local_rank, msg),
+                Action::SendToAll(msg) => self.ranks.shared.send_all(&msg),
                 Action::SaveTimeouts(t) => {
                     let path = self.cfg.timeouts_file.save_path(&self.run_dir);
                     if let Err(e) = state::save_timeouts(&path, &provenance(&self.cfg), &t) {
@@ -393,11 +447,11 @@ impl Agent {
                     node,
                     spares,
                     req,
-                    self.gate_tx.clone(),
+                    self.links.gate_tx.clone(),
                 );
             }
             req => {
-                let _ = self.coord.send(req);
+                let _ = self.links.coord.send(req);
             }
         }
     }
@@ -406,19 +460,19 @@ impl Agent {
         for p in &pgids {
             proc::signal_group(*p, libc::SIGKILL);
         }
-        self.sweep(self.shared.cycle.get());
+        self.sweep(self.ranks.shared.cycle.get());
         for p in pgids {
-            if let Some(w) = &mut self.watchdog {
+            if let Some(w) = &mut self.ranks.watchdog {
                 w.release(p);
             }
         }
     }
 
     fn capture_stacks(&mut self, local_rank: u32, pid: i32, via_shim: bool) {
-        let cycle = self.shared.cycle.get();
+        let cycle = self.ranks.shared.cycle.get();
         let dir = self.attempt_dir(cycle, local_rank);
         let wait = self.cfg.stack_wait;
-        let tx = self.stacks_tx.clone();
+        let tx = self.ranks.stacks_tx.clone();
         tokio::task::spawn_local(async move {
             let report = stacks::capture(pid, &dir, via_shim, wait).await;
             let _ = tx.send((cycle, local_rank, report));
@@ -429,20 +483,21 @@ impl Agent {
     /// setsid, double forks) and says so. Called once no rank of the attempt runs, so every child
     /// of the agent but the watchdog is such a leftover.
     pub(super) fn sweep(&mut self, cycle: u32) {
-        let mut spare: Vec<i32> = self.watchdog.iter().map(Watchdog::pid).collect();
+        let mut spare: Vec<i32> = self.ranks.watchdog.iter().map(Watchdog::pid).collect();
         spare.extend(
-            self.helper_pids
+            self.ranks
+                .helper_pids
                 .lock()
                 .map(|h| h.clone())
                 .unwrap_or_default(),
         );
         let me = std::process::id() as i32;
-        let killed = self.containment.sweep(Some((me, &spare)));
+        let killed = self.ranks.containment.sweep(Some((me, &spare)));
         if killed > 0 {
             console_note(&format!(
                 "killed {killed} process(es) the ranks of attempt {cycle} left running outside their process groups"
             ));
-            self.events.write(&Record::LeftoversKilled {
+            self.out.events.write(&Record::LeftoversKilled {
                 cycle,
                 count: killed,
             });
@@ -452,7 +507,7 @@ impl Agent {
     pub(super) fn on_stacks(&mut self, cycle: u32, local_rank: u32, report: StackReport) {
         let rank = self.slot.rank_offset + local_rank;
         console_note(&report::stacks(rank, &report));
-        self.events.write(&Record::Stacks {
+        self.out.events.write(&Record::Stacks {
             cycle,
             local_rank,
             rank,
@@ -460,7 +515,7 @@ impl Agent {
             proc_stacks: report.proc.clone(),
             innermost: report.innermost.clone(),
         });
-        self.stack_reports.push((cycle, local_rank, report));
+        self.ranks.stack_reports.push((cycle, local_rank, report));
     }
 
     /// Node rank 0: standbys took lost nodes' places.
@@ -473,7 +528,7 @@ impl Agent {
                 standby: p.standby,
             };
             console_note(&report::promotion(&p));
-            self.events.write(&Record::Promotion {
+            self.out.events.write(&Record::Promotion {
                 cycle,
                 slot: p.slot,
                 lost: p.lost,

@@ -3,6 +3,7 @@
 //! turns it into supervisor events, records and text; [`Dispatcher::feed`] hands those events to
 //! the supervisor and carries out its actions. Nothing here decides.
 
+use std::collections::VecDeque;
 use std::time::{Duration, Instant, SystemTime};
 
 use tokio::signal::unix::Signal;
@@ -12,10 +13,11 @@ use tokio::time::Interval;
 use super::agent::{Agent, Slot};
 use super::allocation::EndWatch;
 use super::clock::JobClock;
+use super::effect::Effect;
 use super::eventlog;
-use super::gate::GateOut;
+use super::gate::{self, FromGate};
 use super::gpuwatch::FromGpu;
-use super::ipc_server::{IpcIn, NoticeLimit};
+use super::ipc_server::{FromRanks, NoticeLimit};
 use super::metrics_server::{Metrics, PageRequest};
 use super::output::{self, ConsoleStream};
 use super::perf;
@@ -37,7 +39,7 @@ pub(super) enum Internal {
     /// One of the agent's signals arrived.
     Signal(i32),
     /// The ranks' socket.
-    Ipc(IpcIn),
+    Ipc(FromRanks),
     /// The job's coordination (rendezvous, liveness, the stop agreement).
     Coord(FromCoord),
     /// The straggler summaries shared through the store.
@@ -45,7 +47,7 @@ pub(super) enum Internal {
     /// Node rank 0's straggler report, ready.
     StragglerReport(ReadyReport),
     /// The checks before a rendezvous.
-    Gate(GateOut),
+    Gate(FromGate),
     /// The node's GPUs.
     Gpu(FromGpu),
     /// A hung rank's stacks were captured.
@@ -66,11 +68,11 @@ pub(super) enum Internal {
 pub(super) struct Sources {
     pub(super) sigs: Vec<(Signal, i32)>,
     pub(super) sigchld: Signal,
-    pub(super) ipc: mpsc::Receiver<IpcIn>,
+    pub(super) ipc: mpsc::Receiver<FromRanks>,
     pub(super) coord: mpsc::UnboundedReceiver<FromCoord>,
     pub(super) exchange: mpsc::UnboundedReceiver<FromExchange>,
     pub(super) reports: mpsc::UnboundedReceiver<ReadyReport>,
-    pub(super) gate: mpsc::UnboundedReceiver<GateOut>,
+    pub(super) gate: mpsc::UnboundedReceiver<FromGate>,
     pub(super) gpu: mpsc::UnboundedReceiver<FromGpu>,
     pub(super) stacks: mpsc::UnboundedReceiver<(u32, u32, StackReport)>,
     pub(super) pages: mpsc::Receiver<PageRequest>,
@@ -133,6 +135,8 @@ pub(super) fn event_of(m: FromCoord) -> Option<Event> {
 /// job's clock and the allocation's end.
 pub(super) struct Dispatcher {
     pub(super) agent: Agent,
+    /// Events for the supervisor, fed to it at the top of the loop's next turn.
+    pub(super) queue: VecDeque<Event>,
     pub(super) sup: Supervisor,
     pub(super) clock: JobClock,
     pub(super) endw: EndWatch,
@@ -151,7 +155,7 @@ impl Dispatcher {
         loop {
             let (now, suspended) = self.clock.wake();
             if let Some(away) = suspended {
-                self.agent.events.write(&Record::Suspended {
+                self.agent.out.events.write(&Record::Suspended {
                     seconds: away.as_secs_f64(),
                 });
                 console_note(&report::suspended(away));
@@ -164,47 +168,45 @@ impl Dispatcher {
             let ev = src.next(deadline).await;
             // `now` from the top of this turn: waking the clock here would hide a suspension.
             self.handle(now, ev);
-            if deadline.is_some_and(|d| Instant::now() >= d) && self.agent.queue.is_empty() {
-                self.agent.queue.push_back(Event::Tick);
+            if deadline.is_some_and(|d| Instant::now() >= d) && self.queue.is_empty() {
+                self.queue.push_back(Event::Tick);
             }
         }
     }
 
     /// Feeds the queued events to the supervisor and carries out its actions.
     pub(super) fn feed(&mut self, now: Instant) {
-        while let Some(ev) = self.agent.queue.pop_front() {
-            // A signal to the agent gets Slurm's window (a SIGTERM far from the allocation's end
-            // is no time limit's: slurm_job::SignalWindow); a stop a peer asked for or one ahead
-            // of the end keeps --term-timeout and the lead.
-            self.sup.set_term_timeout(match ev {
-                Event::Signal(_) => self.signal_window.at(self.endw.end(), SystemTime::now()),
-                _ => self.agent.cfg.term_timeout,
-            });
+        while let Some(ev) = self.queue.pop_front() {
             let actions = self.sup.handle(now, ev);
             if let Some(m) = &mut self.metrics {
                 m.count(&actions);
             }
-            self.agent.execute(actions);
+            self.agent.execute(actions, &mut self.queue);
         }
     }
 
     /// What one thing that happened means: events for the supervisor (queued for `feed`), and
     /// the records and text of what only the runtime sees.
     fn handle(&mut self, now: Instant, ev: Internal) {
-        let queue = |d: &mut Dispatcher, ev: Event| d.agent.queue.push_back(ev);
+        let queue = |d: &mut Dispatcher, ev: Event| d.queue.push_back(ev);
         match ev {
             Internal::Reaped(reaped) => {
                 for (pid, how) in reaped {
                     queue(self, Event::Reaped { pid, how });
                 }
             }
-            Internal::Signal(num) => queue(self, Event::Signal(num)),
+            Internal::Signal(signal) => {
+                // Slurm's window, as it stands when the signal came (a SIGTERM far from the
+                // allocation's end is no time limit's: slurm_job::SignalWindow).
+                let window = self.signal_window.at(self.endw.end(), SystemTime::now());
+                queue(self, Event::Signal { signal, window })
+            }
             Internal::Ipc(m) => self.on_ipc(m),
             Internal::Coord(m) => self.on_coord(m),
             Internal::Exchange(m) => self.on_exchange(m),
             Internal::StragglerReport((r, line)) => {
                 output::console_text(ConsoleStream::Stderr, &r.text);
-                self.agent.events.write_line(line);
+                self.agent.out.events.write_line(line);
                 if let Some(m) = &mut self.metrics {
                     m.on_straggler_record(&r.record);
                 }
@@ -212,15 +214,10 @@ impl Dispatcher {
                     queue(self, Event::Stragglers { nodes: r.nodes });
                 }
             }
-            Internal::Gate(out) => {
-                if let Some(ev) = self.agent.on_gate(out) {
-                    queue(self, ev);
-                }
-            }
+            Internal::Gate(out) => self.apply(gate::effects(out)),
             Internal::Gpu(m) => {
-                if let Some(ev) = self.agent.on_gpu(m) {
-                    queue(self, ev);
-                }
+                let effects = self.agent.links.gpus.effects(m, self.agent.cfg.nproc);
+                self.apply(effects);
             }
             Internal::Stacks {
                 cycle,
@@ -234,7 +231,7 @@ impl Dispatcher {
             }
             Internal::Page(reply) => {
                 if let Some(m) = &mut self.metrics {
-                    let _ = reply.send(m.page(&self.sup, &self.agent.gpus, now, true));
+                    let _ = reply.send(m.page(&self.sup, &self.agent.links.gpus, now, true));
                 }
             }
             Internal::Tick => self.on_tick(now),
@@ -242,33 +239,44 @@ impl Dispatcher {
         }
     }
 
-    fn on_ipc(&mut self, m: IpcIn) {
+    /// Carries out what the gate or the GPU watch asked for, in order.
+    fn apply(&mut self, effects: Vec<Effect>) {
+        for e in effects {
+            match e {
+                Effect::Note(line) => console_note(&line),
+                Effect::Write(rec) => self.agent.out.events.write(&rec),
+                Effect::Send(req) => {
+                    let _ = self.agent.links.coord.send(req);
+                }
+                Effect::Event(ev) => self.queue.push_back(ev),
+            }
+        }
+    }
+
+    fn on_ipc(&mut self, m: FromRanks) {
         let current = self.sup.cycle();
         match m {
-            IpcIn::Message {
+            FromRanks::Message {
                 cycle,
                 local_rank,
                 msg,
                 at,
             } if cycle == current => {
                 self.agent.stragglers.on_msg(at, local_rank, &msg);
-                self.agent
-                    .queue
-                    .push_back(Event::Message { local_rank, msg });
+                self.queue.push_back(Event::Message { local_rank, msg });
             }
-            IpcIn::Closed { cycle, local_rank } if cycle == current => {
-                self.agent
-                    .queue
-                    .push_back(Event::Disconnected { local_rank });
+            FromRanks::Closed { cycle, local_rank } if cycle == current => {
+                self.queue.push_back(Event::Disconnected { local_rank });
             }
-            IpcIn::Message { .. } | IpcIn::Closed { .. } => {}
-            IpcIn::Rejected { peer_pid, reason } => {
+            FromRanks::Message { .. } | FromRanks::Closed { .. } => {}
+            FromRanks::Rejected { peer_pid, reason } => {
                 if self.refused.admit(Instant::now()) {
                     console_note(&format!(
                         "refused a connection on the ranks' socket: {reason}"
                     ));
                 }
                 self.agent
+                    .out
                     .events
                     .write(&Record::IpcRejected { peer_pid, reason });
             }
@@ -309,11 +317,13 @@ impl Dispatcher {
                 ));
                 agent.trail.coordinates = true;
             }
-            FromCoord::Hosts { hosts, .. } => agent.nvrx.set_hosts(&hosts.active, &hosts.standby),
+            FromCoord::Hosts { hosts, .. } => {
+                agent.out.nvrx.set_hosts(&hosts.active, &hosts.standby)
+            }
             _ => {}
         }
         if let Some(ev) = event_of(m) {
-            agent.queue.push_back(ev);
+            self.queue.push_back(ev);
         }
     }
 
@@ -350,9 +360,9 @@ impl Dispatcher {
             .steps_log
             .due(now, self.sup.cycle(), self.sup.step_range())
         {
-            agent.events.write_value(v);
+            agent.out.events.write_value(v);
         }
-        let gpus = &agent.gpus;
+        let gpus = &agent.links.gpus;
         let gpu_of = |lr: u32| gpus.explain(lr);
         if let Some(s) = agent.stragglers.share_due(
             now,
@@ -361,13 +371,13 @@ impl Dispatcher {
             agent.slot.rank_offset,
             &gpu_of,
         ) {
-            let _ = agent.share.send(s);
+            let _ = agent.links.share.send(s);
         }
         if let Some(ev) = self.endw.tick(&self.sup, now) {
-            agent.queue.push_back(ev);
+            self.queue.push_back(ev);
         }
         if let Some(m) = &mut self.metrics {
-            m.tick(&self.sup, &self.agent.gpus, now);
+            m.tick(&self.sup, &self.agent.links.gpus, now);
         }
     }
 }

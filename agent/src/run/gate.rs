@@ -1,19 +1,18 @@
 //! Before each rendezvous: wait (bounded) for the ranks' GPUs to release their memory (from the
 //! second attempt on) and run the node's health checks (`--health-check`). The work is blocking
 //! (NVML, a storage probe that may hang on a dead file system), so it runs on a thread of its
-//! own while the event loop goes on; what it found comes back to the loop as `GateOut`s, in order.
+//! own while the event loop goes on; what it found comes back to the loop as `FromGate`s, in order.
 
 use std::time::Instant;
 
 use tokio::sync::mpsc;
 
-use super::agent::Agent;
-use super::report::console_note;
+use super::effect::Effect;
 use crate::perf::gpu::{reclaim, GpuProcess, GpuSource};
 use crate::perf::{health, numa, GpuConfig};
 use crate::supervise::{Event, JobRequest, Record};
 
-pub(super) enum GateOut {
+pub(super) enum FromGate {
     /// An event for the event log, with its console line if any.
     Record(Record, Option<String>),
     /// The node passed: join the rendezvous.
@@ -36,10 +35,10 @@ pub(super) fn start(
     node_rank: u32,
     spares: bool,
     req: JobRequest,
-    tx: mpsc::UnboundedSender<GateOut>,
+    tx: mpsc::UnboundedSender<FromGate>,
 ) {
     let JobRequest::Join { cycle, .. } = &req else {
-        let _ = tx.send(GateOut::Join(req));
+        let _ = tx.send(FromGate::Join(req));
         return;
     };
     let cycle = *cycle;
@@ -56,7 +55,7 @@ pub(super) fn start(
                     "waiting up to {}s for GPU(s) {gpus:?} to release their memory before attempt {cycle}",
                     g2.reclaim_timeout.as_secs_f64()
                 );
-                let _ = tx2.send(GateOut::Record(v, Some(line)));
+                let _ = tx2.send(FromGate::Record(v, Some(line)));
             };
             let g3 = g.clone();
             let waited = off_loop(move || wait_released(&g3, nproc, held)).await;
@@ -68,7 +67,7 @@ pub(super) fn start(
                     released: o.released,
                     holders: o.holders.iter().map(holder).collect(),
                 };
-                let _ = tx.send(GateOut::Record(v, o.console_line(g.reclaim_timeout)));
+                let _ = tx.send(FromGate::Record(v, o.console_line(g.reclaim_timeout)));
             }
         }
         if g.health_check {
@@ -89,9 +88,9 @@ pub(super) fn start(
                     "node {node_rank} failed its health check before attempt {cycle} ({}); with standbys in the job it runs no ranks until it passes",
                     report.failures()
                 ));
-                let _ = tx.send(GateOut::Record(v, line));
-                let _ = tx.send(GateOut::Health(report.healthy()));
-                let _ = tx.send(GateOut::Join(req));
+                let _ = tx.send(FromGate::Record(v, line));
+                let _ = tx.send(FromGate::Health(report.healthy()));
+                let _ = tx.send(FromGate::Join(req));
                 return;
             }
             if !report.healthy() {
@@ -99,13 +98,13 @@ pub(super) fn start(
                     "node {node_rank} failed its health check before attempt {cycle} ({}); requeue without this node",
                     report.failures()
                 );
-                let _ = tx.send(GateOut::Record(v, Some(reason.clone())));
-                let _ = tx.send(GateOut::Unfit(reason));
+                let _ = tx.send(FromGate::Record(v, Some(reason.clone())));
+                let _ = tx.send(FromGate::Unfit(reason));
                 return;
             }
-            let _ = tx.send(GateOut::Record(v, None));
+            let _ = tx.send(FromGate::Record(v, None));
         }
-        let _ = tx.send(GateOut::Join(req));
+        let _ = tx.send(FromGate::Join(req));
     });
 }
 
@@ -190,28 +189,19 @@ fn health_record(cycle: u32, report: &health::HealthReport) -> Record {
     }
 }
 
-impl Agent {
-    pub(super) fn on_gate(&mut self, out: GateOut) -> Option<Event> {
-        match out {
-            GateOut::Record(v, line) => {
-                if let Some(l) = line {
-                    console_note(&l);
-                }
-                self.events.write(&v);
-                None
-            }
-            GateOut::Join(req) => {
-                let _ = self.coord.send(req);
-                None
-            }
-            GateOut::Health(healthy) => {
-                let _ = self.coord.send(JobRequest::Health { healthy });
-                None
-            }
-            GateOut::Unfit(reason) => Some(Event::NodeFault {
-                reason,
-                at_gate: true,
-            }),
-        }
+/// What the loop does with what the gate found.
+pub(super) fn effects(out: FromGate) -> Vec<Effect> {
+    match out {
+        FromGate::Record(v, line) => line
+            .map(Effect::Note)
+            .into_iter()
+            .chain([Effect::Write(v)])
+            .collect(),
+        FromGate::Join(req) => vec![Effect::Send(req)],
+        FromGate::Health(healthy) => vec![Effect::Send(JobRequest::Health { healthy })],
+        FromGate::Unfit(reason) => vec![Effect::Event(Event::NodeFault {
+            reason,
+            at_gate: true,
+        })],
     }
 }

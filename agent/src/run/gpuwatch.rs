@@ -11,8 +11,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
-use super::agent::Agent;
-use super::report::console_note;
+use super::effect::Effect;
 use crate::perf::gpu::{self, GpuEvent, GpuSample, GpuSource, XidWatcher};
 use crate::supervise::{Event, Record};
 
@@ -153,58 +152,53 @@ fn sample_loop(
     }
 }
 
-impl Agent {
-    /// What the GPU threads found: records, and a node fault for the supervisor.
-    pub(super) fn on_gpu(&mut self, m: FromGpu) -> Option<Event> {
+impl GpuWatch {
+    /// What the GPU threads found: records, and a node fault for the supervisor when a GPU one
+    /// of the `nproc` ranks uses cannot be used any more.
+    pub(super) fn effects(&self, m: FromGpu, nproc: u32) -> Vec<Effect> {
         match m {
-            FromGpu::On { count } => {
-                self.events.write(&Record::GpuTelemetry {
-                    on: true,
-                    gpus: Some(count),
-                    why: None,
-                });
-                None
-            }
-            FromGpu::Off(why) => {
-                self.events.write(&Record::GpuTelemetry {
-                    on: false,
-                    gpus: None,
-                    why: Some(why),
-                });
-                None
-            }
+            FromGpu::On { count } => vec![Effect::Write(Record::GpuTelemetry {
+                on: true,
+                gpus: Some(count),
+                why: None,
+            })],
+            FromGpu::Off(why) => vec![Effect::Write(Record::GpuTelemetry {
+                on: false,
+                gpus: None,
+                why: Some(why),
+            })],
             FromGpu::Fault { gpu, why } => {
-                if !self.gpus.used_by_ranks(gpu, self.cfg.nproc) {
-                    console_note(&format!("GPU {gpu}, which no rank uses, is faulty: {why}"));
-                    return None;
+                if !self.used_by_ranks(gpu, nproc) {
+                    return vec![Effect::Note(format!(
+                        "GPU {gpu}, which no rank uses, is faulty: {why}"
+                    ))];
                 }
-                Some(Event::NodeFault {
+                vec![Effect::Event(Event::NodeFault {
                     reason: format!("GPU {gpu}: {why}"),
                     at_gate: false,
-                })
+                })]
             }
             FromGpu::Xid(ev) => {
-                self.events.write(&Record::GpuXid {
+                let record = Effect::Write(Record::GpuXid {
                     gpu: ev.gpu,
                     xid: ev.xid,
                     critical: ev.critical,
                     text: ev.text.clone(),
                 });
-                if !ev.critical {
-                    console_note(&format!("GPU {}: XID {} ({})", ev.gpu, ev.xid, ev.text));
-                    return None;
-                }
-                if !self.gpus.used_by_ranks(ev.gpu, self.cfg.nproc) {
-                    console_note(&format!(
+                let then = if !ev.critical {
+                    Effect::Note(format!("GPU {}: XID {} ({})", ev.gpu, ev.xid, ev.text))
+                } else if !self.used_by_ranks(ev.gpu, nproc) {
+                    Effect::Note(format!(
                         "GPU {}, which no rank uses: critical XID {} ({})",
                         ev.gpu, ev.xid, ev.text
-                    ));
-                    return None;
-                }
-                Some(Event::NodeFault {
-                    reason: format!("GPU {}: critical XID {} ({})", ev.gpu, ev.xid, ev.text),
-                    at_gate: false,
-                })
+                    ))
+                } else {
+                    Effect::Event(Event::NodeFault {
+                        reason: format!("GPU {}: critical XID {} ({})", ev.gpu, ev.xid, ev.text),
+                        at_gate: false,
+                    })
+                };
+                vec![record, then]
             }
         }
     }

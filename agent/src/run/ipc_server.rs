@@ -20,7 +20,7 @@ use vigil_ipc::{encode_agent, AgentMsg, RankDecoder, RankMsg};
 
 /// What the connections tell the event loop.
 #[derive(Debug)]
-pub enum IpcIn {
+pub enum FromRanks {
     Message {
         cycle: u32,
         local_rank: u32,
@@ -132,7 +132,7 @@ pub const SOCKET: &str = "agent.sock";
 pub fn start(
     base: &Path,
     shared: Rc<Shared>,
-    tx: mpsc::Sender<IpcIn>,
+    tx: mpsc::Sender<FromRanks>,
 ) -> std::io::Result<IpcServer> {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -288,12 +288,12 @@ fn check_peer(
     Ok(pid)
 }
 
-async fn serve(stream: UnixStream, uid: u32, shared: Rc<Shared>, tx: mpsc::Sender<IpcIn>) {
+async fn serve(stream: UnixStream, uid: u32, shared: Rc<Shared>, tx: mpsc::Sender<FromRanks>) {
     let pid = match check_peer(&stream, uid, &shared) {
         Ok(pid) => pid,
         Err((peer_pid, reason)) => {
             drop(stream);
-            let _ = tx.send(IpcIn::Rejected { peer_pid, reason }).await;
+            let _ = tx.send(FromRanks::Rejected { peer_pid, reason }).await;
             return;
         }
     };
@@ -313,7 +313,7 @@ async fn serve(stream: UnixStream, uid: u32, shared: Rc<Shared>, tx: mpsc::Sende
     c.read_frames(rd).await;
     if let Some((cycle, local_rank)) = c.me {
         if c.shared.remove_route(local_rank, c.conn, cycle) {
-            let _ = c.tx.send(IpcIn::Closed { cycle, local_rank }).await;
+            let _ = c.tx.send(FromRanks::Closed { cycle, local_rank }).await;
         }
     }
     drop(c);
@@ -344,7 +344,7 @@ struct Conn {
     /// The way back to the rank, for its route once registered.
     out_tx: mpsc::UnboundedSender<AgentMsg>,
     shared: Rc<Shared>,
-    tx: mpsc::Sender<IpcIn>,
+    tx: mpsc::Sender<FromRanks>,
 }
 
 impl Conn {
@@ -404,7 +404,7 @@ impl Conn {
         }
         // Waits while the loop is behind: this connection stops reading meanwhile.
         self.tx
-            .send(IpcIn::Message {
+            .send(FromRanks::Message {
                 cycle,
                 local_rank,
                 msg,
@@ -455,7 +455,7 @@ impl Conn {
     async fn reject(&self, reason: String) {
         let _ = self
             .tx
-            .send(IpcIn::Rejected {
+            .send(FromRanks::Rejected {
                 peer_pid: Some(self.pid),
                 reason,
             })

@@ -6,8 +6,10 @@
 //! - `startup.rs`: everything before the loop; `teardown.rs`: everything after it (the ledger
 //!   on node rank 0, through `allocation.rs`).
 //! - `dispatch.rs`: the event loop: sources make internal events, one handler feeds the
-//!   supervisor; `FromCoord` -> `Event` in one function.
-//! - `agent.rs`: the effectors, carrying out actions (spawn a cycle, signal, sweep, stacks).
+//!   supervisor (the dispatcher holds the supervisor's queue of events); `FromCoord` -> `Event`
+//!   in one function; `effect.rs`: what the gate and the GPU watch ask of the agent, as values.
+//! - `agent.rs`: the effectors, carrying out actions (spawn a cycle, signal, sweep, stacks), in
+//!   parts: the ranks (`Ranks`), the outputs (`Outputs`), the links (`Links`).
 //! - `report.rs`: all console text about the job, pure (`Reporter::line` for records);
 //!   `summary.rs`: the failure summary's text.
 //! - `clock.rs`: the job's clock, which skips the agent's own suspension.
@@ -29,6 +31,7 @@ mod agent;
 mod allocation;
 mod clock;
 mod dispatch;
+mod effect;
 mod eventlog;
 mod gate;
 mod gpuwatch;

@@ -12,7 +12,7 @@ use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use super::agent::{Agent, Slot, Trail};
+use super::agent::{Agent, Links, Outputs, Ranks, Slot, Trail};
 use super::allocation::{self, EndWatch};
 use super::clock::{JobClock, CLOCK_TICK};
 use super::dispatch::{Dispatcher, Sources};
@@ -31,7 +31,7 @@ use crate::cli::derive::CoordFacts;
 use crate::job::exchange::FromExchange;
 use crate::job::rendezvous::{self, FromCoord};
 use crate::job::state;
-use crate::supervise::{JobRequest, Record, Supervisor};
+use crate::supervise::{Event, JobRequest, Record, Supervisor};
 
 /// What start-up leaves for the teardown: what it waits for, reads or closes last.
 pub(super) struct Closing {
@@ -127,7 +127,7 @@ fn install_signals(cfg: &LaunchConfig) -> Result<(Vec<(Signal, i32)>, Signal), i
 
 fn start_ipc(
     shared: Rc<Shared>,
-    tx: mpsc::Sender<ipc_server::IpcIn>,
+    tx: mpsc::Sender<ipc_server::FromRanks>,
     watchdog: &mut Option<Watchdog>,
 ) -> Result<IpcServer, i32> {
     let server = ipc_server::start(&std::env::temp_dir(), shared, tx).map_err(|e| {
@@ -303,33 +303,24 @@ pub(super) async fn start(
         Some((m, pages)) => (Some(m), pages),
         None => (None, mpsc::channel(1).1),
     };
-    let nvrx = nvrx_outputs(&cfg, &host);
     let mut agent = Agent {
-        events: EventLog {
-            file: Some(event_file),
-            host: host.clone(),
-            node_rank: cfg.node_rank,
-        },
-        report: Reporter {
-            run_dir: run_dir.clone(),
-            node_rank: cfg.node_rank,
-            nnodes: cfg.nnodes,
+        out: outputs(&cfg, &run_dir, &host, event_file),
+        ranks: Ranks::new(
+            containment,
+            watchdog,
+            shared,
+            server.path.clone(),
+            stacks_tx,
+        ),
+        links: Links {
+            coord: co.requests,
+            gpus: gpuwatch::GpuWatch::start(cfg.gpu.nvml_lib.clone(), gpu_tx),
+            gate_tx,
+            share: co.share,
         },
         host,
         run_dir,
-        helper_pids: Default::default(),
-        watchdog,
-        containment,
-        tails: Vec::new(),
-        readers: Vec::new(),
-        queue: VecDeque::new(),
         outcome: None,
-        shared,
-        socket: server.path.clone(),
-        stacks_tx,
-        stack_reports: Vec::new(),
-        log_create_failed: false,
-        coord: co.requests,
         store_for_ranks: co.for_ranks,
         store_at: co.store_at,
         slot: Slot {
@@ -341,24 +332,22 @@ pub(super) async fn start(
         trail: Trail::default(),
         steps_log: Default::default(),
         stragglers: perf::Stragglers::new(cfg.straggler.clone(), cfg.nproc),
-        gpus: gpuwatch::GpuWatch::start(cfg.gpu.nvml_lib.clone(), gpu_tx),
-        share: co.share,
-        gate_tx,
-        nvrx,
         cfg,
     };
+    let mut queue = VecDeque::new();
     let Begun {
         sup,
         clock,
         endw,
         signal_window,
         started,
-    } = begin(&mut agent);
+    } = begin(&mut agent, &mut queue);
     let mut ticker = tokio::time::interval(CLOCK_TICK);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let dispatcher = Dispatcher {
         signal_window,
         agent,
+        queue,
         sup,
         clock,
         endw,
@@ -388,6 +377,23 @@ pub(super) async fn start(
     Ok((dispatcher, sources, closing))
 }
 
+/// The node's outputs: the event log, the console's lines of records, NVRx's files.
+fn outputs(cfg: &LaunchConfig, run_dir: &Path, host: &str, event_file: File) -> Outputs {
+    Outputs {
+        events: EventLog {
+            file: Some(event_file),
+            host: host.to_string(),
+            node_rank: cfg.node_rank,
+        },
+        report: Reporter {
+            run_dir: run_dir.to_path_buf(),
+            node_rank: cfg.node_rank,
+            nnodes: cfg.nnodes,
+        },
+        nvrx: nvrx_outputs(cfg, host),
+    }
+}
+
 /// NVRx's outputs of this node. One node names itself; several nodes' names come from the
 /// rendezvous (`FromCoord::Hosts`).
 fn nvrx_outputs(cfg: &LaunchConfig, host: &str) -> crate::nvrx::Nvrx {
@@ -408,12 +414,13 @@ struct Begun {
     started: SystemTime,
 }
 
-/// The first records, the supervisor and its first actions, and the allocation's end.
-fn begin(agent: &mut Agent) -> Begun {
-    agent.events.write(&Record::Containment {
-        cgroup: agent.containment.cgroup().map(Path::to_path_buf),
+/// The first records, the supervisor and its first actions, and the allocation's end; the
+/// supervisor's first events go to `queue`.
+fn begin(agent: &mut Agent, queue: &mut VecDeque<Event>) -> Begun {
+    agent.out.events.write(&Record::Containment {
+        cgroup: agent.ranks.containment.cgroup().map(Path::to_path_buf),
     });
-    agent.events.write(&Record::Nodes {
+    agent.out.events.write(&Record::Nodes {
         nnodes: Some(agent.cfg.nnodes),
         store: Some(format!("{}:{}", agent.store_at.0, agent.store_at.1)),
         run_id: Some(agent.cfg.run_id.clone()),
@@ -431,15 +438,15 @@ fn begin(agent: &mut Agent) -> Begun {
     let mut clock = JobClock::new();
     let signal_window = slurm_job::signal_window(&agent.cfg);
     let (sup, first) = Supervisor::new(agent.cfg.supervisor_config(calculated));
-    agent.execute(first);
+    agent.execute(first, queue);
     let started = SystemTime::now();
     let mut endw = EndWatch::start(
         &agent.cfg,
         allocation::carried_lead(&agent.cfg, &agent.run_dir),
     );
-    endw.helpers = agent.helper_pids.clone();
+    endw.helpers = agent.ranks.helper_pids.clone();
     if let Some(ev) = endw.tick(&sup, clock.wake().0) {
-        agent.queue.push_back(ev);
+        queue.push_back(ev);
     }
     Begun {
         sup,

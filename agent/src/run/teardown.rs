@@ -9,7 +9,7 @@ use tokio::sync::mpsc;
 use super::agent::Agent;
 use super::allocation::{self, Ending};
 use super::dispatch::{Dispatcher, Sources};
-use super::ipc_server::IpcIn;
+use super::ipc_server::FromRanks;
 use super::output::{self, ConsoleStream};
 use super::report::{self, note_refused};
 use super::startup::Closing;
@@ -26,7 +26,7 @@ pub(super) async fn finish(mut d: Dispatcher, mut src: Sources, closing: Closing
     if let Some(n) = d.refused.due(Instant::now(), true) {
         note_refused(n);
     }
-    let readers = std::mem::take(&mut d.agent.readers);
+    let readers = std::mem::take(&mut d.agent.ranks.readers);
     let _ = tokio::time::timeout(DRAIN_TIMEOUT, async {
         for r in readers {
             let _ = r.await;
@@ -37,7 +37,7 @@ pub(super) async fn finish(mut d: Dispatcher, mut src: Sources, closing: Closing
     leave(&mut d, closing.coordinator).await;
     // Nothing the ranks started outlives the agent, whichever way the job ended.
     d.agent.sweep(d.sup.cycle());
-    d.agent.containment.remove();
+    d.agent.ranks.containment.remove();
     let outcome = d.agent.outcome.clone().unwrap_or(Outcome::Succeeded);
     let (job_now, _) = d.clock.wake();
     if matches!(outcome, Outcome::Failed { .. } | Outcome::NoProgress { .. }) {
@@ -65,7 +65,7 @@ pub(super) async fn finish(mut d: Dispatcher, mut src: Sources, closing: Closing
     };
     // After the ledger: node rank 0's last page counts this allocation's decision.
     if let Some(m) = &mut d.metrics {
-        m.at_exit(&d.sup, &d.agent.gpus, job_now).await;
+        m.at_exit(&d.sup, &d.agent.links.gpus, job_now).await;
     }
     drop(closing.server);
     status
@@ -73,9 +73,9 @@ pub(super) async fn finish(mut d: Dispatcher, mut src: Sources, closing: Closing
 
 /// A rank's last steps may still sit in its socket when its exit was reaped first: count them,
 /// so the ledger's highest step is the one the ranks reached.
-fn count_late_steps(ipc: &mut mpsc::Receiver<IpcIn>, sup: &mut Supervisor) {
+fn count_late_steps(ipc: &mut mpsc::Receiver<FromRanks>, sup: &mut Supervisor) {
     while let Ok(m) = ipc.try_recv() {
-        if let IpcIn::Message {
+        if let FromRanks::Message {
             cycle,
             local_rank,
             msg,
@@ -99,7 +99,7 @@ async fn leave(d: &mut Dispatcher, coordinator: tokio::task::JoinHandle<()>) {
     }
     // The coordinator returns once this node has left the job (node rank 0: once the others
     // have, or one node timeout).
-    if d.agent.coord.send(leave).is_ok() {
+    if d.agent.links.coord.send(leave).is_ok() {
         let bound = d.agent.cfg.node_timeout + Duration::from_secs(1);
         let _ = tokio::time::timeout(bound, coordinator).await;
     }
@@ -163,6 +163,7 @@ fn failure_summary(agent: &Agent, sup: &Supervisor, now_i: Instant) -> String {
                 .and_then(|t| summary::parse_error_file(&t));
             let when = now_s - now_i.saturating_duration_since(f.at);
             let stacks = agent
+                .ranks
                 .stack_reports
                 .iter()
                 .find(|(c, lr, _)| *c == f.cycle && *lr == f.local_rank)
@@ -182,6 +183,7 @@ fn failure_summary(agent: &Agent, sup: &Supervisor, now_i: Instant) -> String {
                     .map(|_| error_path.to_string_lossy().into_owned()),
                 error,
                 stderr_tail: agent
+                    .ranks
                     .tails
                     .get(f.local_rank as usize)
                     .map(|t| t.borrow().iter().cloned().collect())

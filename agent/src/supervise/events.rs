@@ -129,8 +129,10 @@ pub enum Event {
     /// A child of the agent was reaped. Pids that are not ranks (orphaned grandchildren reparented
     /// to the agent as subreaper) are ignored.
     Reaped { pid: i32, how: ExitKind },
-    /// The agent received a signal (SIGTERM, SIGINT, SIGHUP, SIGQUIT).
-    Signal(i32),
+    /// The agent received a signal (SIGTERM, SIGINT, SIGHUP, SIGQUIT). `window`: how long the
+    /// ranks are given to end after it (Slurm's window when the signal is the time limit's or a
+    /// preemption's, which the runtime measures when it comes; `--term-timeout` otherwise).
+    Signal { signal: i32, window: Duration },
     /// A message from a rank of the current cycle, on a connection registered to `local_rank`.
     Message { local_rank: u32, msg: RankMsg },
     /// The last registered connection of this rank closed: its monitoring pauses until it

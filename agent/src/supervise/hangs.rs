@@ -1,128 +1,121 @@
 //! Hang verdicts: which rank is hung first, asking the runtime which ranks are stopped, naming the
 //! root cause, and the diagnosis (stacks) before the stop.
 //!
-//! [`HangWatch`] is the attempt's hang state machine: watching, then probing (the runtime looks
+//! `HangWatch` (`machines.rs`) is the attempt's hang state machine: watching, then probing (the runtime looks
 //! which ranks are stopped), then diagnosing one rank (its stacks are taken), then concluding (the
 //! rank is terminated and the attempt stops). Once a hang was seen, nothing more is calculated in
-//! the attempt. The supervisor's part below picks the ranks and turns each step into actions.
+//! the attempt. The functions below pick the ranks from the parts they are given (the attempt,
+//! the timeouts in force) and turn each step into actions; the supervisor's methods hand them
+//! those parts, and stop the attempt when a hang is concluded.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::events::{Action, Failure, Hang, Record, StopReason, SIGTERM};
-use super::monitor::{Due, RankMonitor};
+use super::monitor::{Due, RankMonitor, Timeouts};
 use super::phase::{Phase, RankState};
+use super::state::{Attempt, HangStep};
 use super::Supervisor;
 
-/// A hung rank whose stacks are being captured: rank, why, and when to stop waiting.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Diagnosis {
-    local_rank: u32,
-    hang: Hang,
-    until: Instant,
+/// The running rank of `attempt` that will be hung first under the timeouts `in_force`, and when.
+pub(super) fn earliest_hang(
+    attempt: &Attempt,
+    in_force: &Timeouts,
+    warmup_steps: u32,
+) -> Option<(u32, Due)> {
+    attempt
+        .ranks
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.running())
+        .filter_map(|(i, r)| {
+            r.monitor
+                .as_ref()?
+                .deadline(in_force, warmup_steps)
+                .map(|d| (i as u32, d))
+        })
+        .min_by_key(|(_, d)| d.at)
 }
 
-/// What a tick means for hangs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum HangStep {
-    Nothing,
-    /// A hang is due: ask the runtime which ranks are stopped.
-    Probe,
-    /// The diagnosis' wait is over: terminate the hung rank.
-    Conclude,
+/// The rank to declare hung when `due_rank`'s timeout ran out: a running rank whose process
+/// is stopped, if any (the one silent longest), since ranks waiting on a frozen one (in a
+/// barrier, a collective) go silent too and may run out first. Returns the rank, its own
+/// timeout if it has one (else `due`'s), and whether it is stopped.
+pub(super) fn root_of_hang(
+    attempt: &Attempt,
+    in_force: &Timeouts,
+    warmup_steps: u32,
+    (due_rank, due): (u32, Due),
+    stopped: &[u32],
+) -> (u32, Due, bool) {
+    if stopped.contains(&due_rank) {
+        return (due_rank, due, true);
+    }
+    let ranks = &attempt.ranks;
+    let frozen = stopped
+        .iter()
+        .filter(|lr| ranks.get(**lr as usize).is_some_and(|r| r.running()))
+        .map(|lr| {
+            let own = ranks[*lr as usize]
+                .monitor
+                .as_ref()
+                .and_then(|m| m.deadline(in_force, warmup_steps));
+            (*lr, own)
+        })
+        .min_by_key(|(lr, own)| (own.is_none(), own.as_ref().map(|d| d.since), *lr));
+    match frozen {
+        Some((lr, own)) => (lr, own.unwrap_or(due), true),
+        None => (due_rank, due, false),
+    }
 }
 
-/// One attempt's hang handling.
-#[derive(Debug, Clone, Default)]
-pub(super) struct HangWatch {
-    diagnosing: Option<Diagnosis>,
-    /// A hang is due and the runtime was asked which ranks are stopped (`ProbeStopped`).
-    probing: bool,
-    /// A rank of this attempt was declared hung: nothing it or the others do from then on says
-    /// what the job needs.
-    seen: bool,
-}
-
-impl HangWatch {
-    /// A rank was declared hung in this attempt.
-    pub fn seen(&self) -> bool {
-        self.seen
+/// Declares `local_rank` of attempt `cycle` hung (`due`: its timeout; `stopped`: its process is):
+/// every rank's watch freezes, the record, and its stacks are taken, for `stack_wait` at most.
+pub(super) fn begin_diagnosis(
+    attempt: &mut Attempt,
+    (cycle, rank_offset): (u32, u32),
+    stack_wait: Duration,
+    now: Instant,
+    (local_rank, due, stopped): (u32, Due, bool),
+    out: &mut Vec<Action>,
+) {
+    let Some(pid) = attempt.ranks[local_rank as usize].pid else {
+        return;
+    };
+    for m in attempt.ranks.iter_mut().filter_map(|r| r.monitor.as_mut()) {
+        m.freeze();
     }
-
-    /// When to wake next: the diagnosis' end, or else when the earliest hang is due.
-    pub fn deadline(&self, due: impl FnOnce() -> Option<Instant>) -> Option<Instant> {
-        match &self.diagnosing {
-            Some(d) => Some(d.until),
-            None => due(),
-        }
-    }
-
-    /// A tick at `now`, with the earliest hang due at `due`.
-    pub fn tick(&mut self, now: Instant, due: Option<Instant>) -> HangStep {
-        match &self.diagnosing {
-            Some(d) if now >= d.until => HangStep::Conclude,
-            Some(_) => HangStep::Nothing,
-            None if !self.probing && due.is_some_and(|at| now >= at) => {
-                self.probing = true;
-                HangStep::Probe
-            }
-            None => HangStep::Nothing,
-        }
-    }
-
-    /// The runtime answered the probe: whether a diagnosis may begin.
-    pub fn probed(&mut self) -> bool {
-        std::mem::take(&mut self.probing) && self.diagnosing.is_none()
-    }
-
-    pub fn begin(&mut self, local_rank: u32, hang: Hang, until: Instant) {
-        self.seen = true;
-        self.diagnosing = Some(Diagnosis {
-            local_rank,
-            hang,
-            until,
-        });
-    }
-
-    /// Whether `local_rank` is the rank being diagnosed.
-    pub fn diagnosing(&self, local_rank: u32) -> bool {
-        self.diagnosing
+    let hang = Hang {
+        timeout: due.kind.clone(),
+        limit_ms: due.limit.as_millis() as u64,
+        silent_ms: now.saturating_duration_since(due.since).as_millis() as u64,
+        stopped,
+    };
+    out.push(Action::Record(Record::Hang {
+        cycle,
+        local_rank,
+        rank: rank_offset + local_rank,
+        pid,
+        hang: hang.clone(),
+    }));
+    out.push(Action::CaptureStacks {
+        local_rank,
+        pid,
+        via_shim: attempt.ranks[local_rank as usize]
+            .monitor
             .as_ref()
-            .is_some_and(|d| d.local_rank == local_rank)
-    }
-
-    /// Ends the diagnosis: the hung rank and why.
-    pub fn conclude(&mut self) -> Option<(u32, Hang)> {
-        self.diagnosing.take().map(|d| (d.local_rank, d.hang))
-    }
-
-    /// `local_rank` ended on its own: a diagnosis of it is over.
-    pub fn rank_ended(&mut self, local_rank: u32) {
-        if self.diagnosing(local_rank) {
-            self.diagnosing = None;
-        }
-    }
-
-    /// The attempt is being stopped for another reason: no diagnosis goes on.
-    pub fn cancel(&mut self) {
-        self.diagnosing = None;
-    }
+            .is_some_and(RankMonitor::registered),
+    });
+    attempt.hangs.begin(local_rank, hang, now + stack_wait);
 }
 
 impl Supervisor {
     /// The running rank that will be hung first, and when.
     pub(super) fn earliest_hang(&self) -> Option<(u32, Due)> {
-        self.attempt
-            .ranks
-            .iter()
-            .enumerate()
-            .filter(|(_, r)| r.running())
-            .filter_map(|(i, r)| self.own_deadline(i as u32, r.monitor.as_ref()?))
-            .min_by_key(|(_, d)| d.at)
-    }
-
-    fn own_deadline(&self, local_rank: u32, m: &RankMonitor) -> Option<(u32, Due)> {
-        m.deadline(&self.timeouts.in_force, self.cfg.warmup_steps)
-            .map(|d| (local_rank, d))
+        earliest_hang(
+            &self.attempt,
+            &self.timeouts.in_force,
+            self.cfg.warmup_steps,
+        )
     }
 
     pub(super) fn on_stacks_captured(
@@ -160,87 +153,13 @@ impl Supervisor {
     pub(super) fn on_probed(&mut self, now: Instant, stopped: Vec<u32>, out: &mut Vec<Action>) {
         if self.attempt.hangs.probed() && self.phase == Phase::Running {
             // Still due? A message may have come in while the runtime looked.
-            if let Some((lr, due)) = self.earliest_hang().filter(|(_, d)| now >= d.at) {
-                let (lr, due, frozen) = self.root_of_hang(lr, due, &stopped);
-                self.begin_diagnosis(now, lr, due, frozen, out);
+            if let Some(due) = self.earliest_hang().filter(|(_, d)| now >= d.at) {
+                let (in_force, warmup) = (&self.timeouts.in_force, self.cfg.warmup_steps);
+                let hung = root_of_hang(&self.attempt, in_force, warmup, due, &stopped);
+                let at = (self.cycle, self.job.rank_offset);
+                begin_diagnosis(&mut self.attempt, at, self.cfg.stack_wait, now, hung, out);
             }
         }
-    }
-
-    /// The rank to declare hung when `due_rank`'s timeout ran out: a running rank whose process
-    /// is stopped, if any (the one silent longest), since ranks waiting on a frozen one (in a
-    /// barrier, a collective) go silent too and may run out first. Returns the rank, its own
-    /// timeout if it has one (else `due`'s), and whether it is stopped.
-    pub(super) fn root_of_hang(
-        &self,
-        due_rank: u32,
-        due: Due,
-        stopped: &[u32],
-    ) -> (u32, Due, bool) {
-        if stopped.contains(&due_rank) {
-            return (due_rank, due, true);
-        }
-        let ranks = &self.attempt.ranks;
-        let frozen = stopped
-            .iter()
-            .filter(|lr| ranks.get(**lr as usize).is_some_and(|r| r.running()))
-            .map(|lr| {
-                let own = ranks[*lr as usize]
-                    .monitor
-                    .as_ref()
-                    .and_then(|m| self.own_deadline(*lr, m))
-                    .map(|(_, d)| d);
-                (*lr, own)
-            })
-            .min_by_key(|(lr, own)| (own.is_none(), own.as_ref().map(|d| d.since), *lr));
-        match frozen {
-            Some((lr, own)) => (lr, own.unwrap_or(due), true),
-            None => (due_rank, due, false),
-        }
-    }
-
-    pub(super) fn begin_diagnosis(
-        &mut self,
-        now: Instant,
-        local_rank: u32,
-        due: Due,
-        stopped: bool,
-        out: &mut Vec<Action>,
-    ) {
-        let Some(pid) = self.attempt.ranks[local_rank as usize].pid else {
-            return;
-        };
-        for m in self
-            .attempt
-            .ranks
-            .iter_mut()
-            .filter_map(|r| r.monitor.as_mut())
-        {
-            m.freeze();
-        }
-        let hang = Hang {
-            timeout: due.kind.clone(),
-            limit_ms: due.limit.as_millis() as u64,
-            silent_ms: now.saturating_duration_since(due.since).as_millis() as u64,
-            stopped,
-        };
-        out.push(Action::Record(Record::Hang {
-            cycle: self.cycle,
-            local_rank,
-            rank: self.job.rank_offset + local_rank,
-            pid,
-            hang: hang.clone(),
-        }));
-        out.push(Action::CaptureStacks {
-            local_rank,
-            pid,
-            via_shim: self.attempt.ranks[local_rank as usize]
-                .monitor
-                .as_ref()
-                .is_some_and(RankMonitor::registered),
-        });
-        let until = now + self.cfg.stack_wait;
-        self.attempt.hangs.begin(local_rank, hang, until);
     }
 
     /// The hung rank's stacks are taken (or the wait is over): terminate it and stop the cycle.
@@ -265,63 +184,5 @@ impl Supervisor {
         let term = self.cfg.termination_signal;
         self.begin_stop_except(now, StopReason::RankHung, SIGTERM, Some((pid, term)), out);
         self.report_failure(hang.reason(rank), out);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::supervise::monitor::HangKind;
-    use std::time::Duration;
-
-    fn hang() -> Hang {
-        Hang {
-            timeout: HangKind::Heartbeat,
-            limit_ms: 1000,
-            silent_ms: 1500,
-            stopped: false,
-        }
-    }
-
-    #[test]
-    fn a_due_hang_is_probed_once_then_diagnosed_then_concluded() {
-        let t = Instant::now();
-        let s = Duration::from_secs(1);
-        let mut w = HangWatch::default();
-        assert_eq!(w.tick(t, None), HangStep::Nothing);
-        assert_eq!(w.tick(t, Some(t + s)), HangStep::Nothing);
-        assert_eq!(w.tick(t + s, Some(t + s)), HangStep::Probe);
-        // Probing: no second probe until the answer comes.
-        assert_eq!(w.tick(t + 2 * s, Some(t + s)), HangStep::Nothing);
-        assert!(w.probed());
-        assert!(!w.probed(), "one answer per probe");
-        assert!(!w.seen());
-        w.begin(3, hang(), t + 5 * s);
-        assert!(w.seen() && w.diagnosing(3) && !w.diagnosing(2));
-        assert_eq!(w.deadline(|| Some(t)), Some(t + 5 * s));
-        assert_eq!(w.tick(t + 4 * s, Some(t)), HangStep::Nothing);
-        assert_eq!(w.tick(t + 5 * s, Some(t)), HangStep::Conclude);
-        assert_eq!(w.conclude(), Some((3, hang())));
-        assert_eq!(w.conclude(), None);
-        assert!(w.seen(), "a hang seen stays seen for the attempt");
-        assert_eq!(w.deadline(|| Some(t)), Some(t));
-    }
-
-    #[test]
-    fn a_diagnosis_ends_with_its_rank_or_a_stop() {
-        let t = Instant::now();
-        let mut w = HangWatch::default();
-        w.begin(1, hang(), t);
-        w.rank_ended(0);
-        assert!(w.diagnosing(1));
-        w.rank_ended(1);
-        assert!(!w.diagnosing(1) && w.conclude().is_none());
-        w.begin(2, hang(), t);
-        w.cancel();
-        assert_eq!(w.conclude(), None);
-        // A probe answered while a diagnosis runs starts nothing.
-        w.begin(2, hang(), t);
-        assert_eq!(w.tick(t, Some(t)), HangStep::Conclude);
-        assert!(!w.probed());
     }
 }

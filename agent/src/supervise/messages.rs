@@ -9,6 +9,7 @@ use vigil_ipc::RankMsg;
 
 use super::events::{Action, Record};
 use super::monitor::{self, CalcRequest};
+use super::stopstep;
 use super::Supervisor;
 
 impl Supervisor {
@@ -71,15 +72,21 @@ impl Supervisor {
                     all_sections,
                     sections,
                 };
-                self.on_calc_request(now, local_rank, req, out);
+                self.calc().on_calc_request(now, local_rank, req, out);
             }
             RankMsg::Heartbeat { step } => {
                 if let Some(step) = step {
-                    self.on_step(now, local_rank, step);
+                    stopstep::on_step(
+                        &mut self.attempt,
+                        &mut self.job.steps,
+                        now,
+                        local_rank,
+                        step,
+                    );
                 }
-                self.maybe_calculate(out)
+                self.calc().maybe_calculate(out)
             }
-            RankMsg::SectionEnd { .. } => self.maybe_calculate(out),
+            RankMsg::SectionEnd { .. } => self.calc().maybe_calculate(out),
             RankMsg::WorkloadControl {
                 action,
                 description,
@@ -88,7 +95,13 @@ impl Supervisor {
                 if let Some(r) = self.attempt.ranks.get_mut(local_rank as usize) {
                     r.listens = true;
                 }
-                self.on_step(now, local_rank, step);
+                stopstep::on_step(
+                    &mut self.attempt,
+                    &mut self.job.steps,
+                    now,
+                    local_rank,
+                    step,
+                );
             }
             RankMsg::HoldsSignals { signals } => {
                 if let Some(r) = self.attempt.ranks.get_mut(local_rank as usize) {

@@ -16,9 +16,12 @@
 //! `JobState`; everything about one attempt is an `Attempt`, a fresh value each time one starts, so
 //! nothing is reset by hand. Hangs (`HangWatch`), the timeout calculation (`TimeoutState` and the
 //! attempt's `Requests`) and the stop agreement (`StopAgreement`) are small state machines of their
-//! own, each unit-tested beside its code.
+//! own, each unit-tested beside its code; those an `Attempt` is made of (`HangWatch`, a rank's
+//! `Pace`, `Requests`) are in `machines.rs`, so the attempt's state imports no concern.
 //!
-//! `handle` only dispatches; each decision lives with its concern:
+//! `handle` only dispatches; each decision lives with its concern. Where a concern needs only some
+//! of the supervisor's parts it is a free function of those parts (`hangs::earliest_hang`,
+//! `stopstep::on_step`, the timeouts' `Calc`), not a method of the whole:
 //! - `ranks.rs`: starting an attempt's ranks; a rank started, failed to start, exited, disconnected.
 //! - `messages.rs`: what a rank's messages mean (registration, steps, workload control, signals).
 //! - `timeouts.rs`: timeouts in force, calculating them and adopting the job's.
@@ -30,11 +33,13 @@
 //! - `view.rs`: a read-only view of the attempt's ranks, for the metrics page.
 //! - `backoff.rs` (restart back-off), `progress.rs` (progress over attempts) and `monitor.rs`
 //!   (per-rank liveness, timeout calculation) are plain functions over plain data; `events.rs`
-//!   holds every type that goes in or comes out.
+//!   holds every type that goes in or comes out. The tests of `handle` are in `tests/`, a file per
+//!   concern.
 
 mod backoff;
 mod events;
 mod hangs;
+mod machines;
 mod messages;
 pub mod monitor;
 mod nodefault;
@@ -53,7 +58,7 @@ pub use events::*;
 pub use stopstep::{choose_stop_step, is_stop_signal, StepReport, AGREEMENT_BUDGET};
 pub use view::RankView;
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use vigil_ipc::RankMsg;
 
@@ -112,12 +117,6 @@ impl Supervisor {
         &self.cfg
     }
 
-    /// `--term-timeout` from now on: the runtime gives a signal Slurm's window (KillWait at the
-    /// time limit, GraceTime at a preemption), which depends on when it comes.
-    pub fn set_term_timeout(&mut self, window: Duration) {
-        self.job.term_timeout = window;
-    }
-
     /// The job's restart budget, as node rank 0 handed it over at the last join.
     pub fn max_restarts(&self) -> u32 {
         self.job.max_restarts
@@ -142,7 +141,13 @@ impl Supervisor {
     /// first): counted in [`Self::highest_step`], and nothing else.
     pub fn note_late_step(&mut self, at: Instant, local_rank: u32, msg: &RankMsg) {
         if let RankMsg::Progress { step } | RankMsg::Heartbeat { step: Some(step) } = msg {
-            self.on_step(at, local_rank, *step);
+            stopstep::on_step(
+                &mut self.attempt,
+                &mut self.job.steps,
+                at,
+                local_rank,
+                *step,
+            );
         }
     }
 
@@ -220,6 +225,12 @@ impl Supervisor {
     /// goes to the concern that owns it (ranks.rs, timeouts.rs, hangs.rs, stop.rs, verdict.rs);
     /// afterwards the job's verdict is settled the same way whatever the event was.
     pub fn handle(&mut self, now: Instant, event: Event) -> Vec<Action> {
+        // A signal brings its window (Slurm's, which depends on when it came); a stop a peer asked
+        // for or one ahead of the allocation's end keeps --term-timeout.
+        self.job.term_timeout = match &event {
+            Event::Signal { window, .. } => *window,
+            _ => self.cfg.term_timeout,
+        };
         if self.phase == Phase::Finished {
             return Vec::new();
         }
@@ -232,7 +243,7 @@ impl Supervisor {
                 self.on_spawn_failed(now, local_rank, error, &mut out)
             }
             Event::Reaped { pid, how } => self.on_reaped(now, pid, how, &mut out),
-            Event::Signal(sig) => self.on_signal(now, sig, &mut out),
+            Event::Signal { signal, .. } => self.on_signal(now, signal, &mut out),
             Event::Message { local_rank, msg } => self.on_message(now, local_rank, msg, &mut out),
             Event::Disconnected { local_rank } => self.on_disconnected(local_rank),
             Event::StacksCaptured { local_rank } => {
@@ -255,7 +266,10 @@ impl Supervisor {
             Event::StopAsked { cycle, trigger } => {
                 self.on_stop_asked(now, cycle, trigger, &mut out)
             }
-            Event::StopStep { cycle, step } => self.on_stop_step(cycle, step, &mut out),
+            Event::StopStep { cycle, step } => {
+                let here = (self.cycle, &self.phase);
+                stopstep::on_stop_step(&mut self.stop, here, cycle, step, &mut out)
+            }
             Event::Probed { stopped } => self.on_probed(now, stopped, &mut out),
             Event::Joined {
                 cycle,
@@ -276,7 +290,9 @@ impl Supervisor {
                 cycle,
                 round,
                 timeouts,
-            } => self.on_job_timeouts(cycle, round, timeouts, &mut out),
+            } => self
+                .calc()
+                .on_job_timeouts(cycle, round, timeouts, &mut out),
             Event::CoordinationLost { reason, requeue } => {
                 self.on_coordination_lost(now, reason, requeue, &mut out)
             }
@@ -291,7 +307,7 @@ impl Supervisor {
             } => self.job.steps.checkpoint.read(at_start, iteration),
         }
         // A rank that ended or closed its connection is no longer waited for.
-        self.maybe_answer_requests(&mut out);
+        self.calc().maybe_answer_requests(&mut out);
         self.settle(&mut out);
         out
     }

@@ -7,7 +7,7 @@ use super::events::{exit_phrase, Action, ExitKind, Failure, JobEnd, Record, Stop
 use super::events::{SIGKILL, SIGTERM};
 use super::monitor::RankMonitor;
 use super::state::{Attempt, Phase, RankState};
-use super::Supervisor;
+use super::{verdict, Supervisor};
 
 impl Supervisor {
     pub(super) fn on_spawned(
@@ -160,6 +160,11 @@ impl Supervisor {
     /// Tells the other nodes that this attempt failed here, once per attempt.
     pub(super) fn report_failure(&mut self, reason: String, out: &mut Vec<Action>) {
         let node = self.cfg.node_rank;
-        self.report(JobEnd::Failed { node, reason }, out);
+        verdict::report(
+            &mut self.attempt,
+            self.cycle,
+            JobEnd::Failed { node, reason },
+            out,
+        );
     }
 }

@@ -11,11 +11,9 @@
 use std::time::{Duration, Instant};
 
 use super::events::{Failure, JobEnd, SupervisorConfig};
-use super::hangs::HangWatch;
+pub(super) use super::machines::{HangStep, HangWatch, Pace, Requests};
 use super::monitor::{Observed, RankMonitor};
 pub(super) use super::phase::{Phase, RankState};
-use super::stopstep::Pace;
-use super::timeouts::Requests;
 
 #[derive(Debug, Clone)]
 pub(super) struct Rank {

@@ -7,7 +7,7 @@ use vigil_ipc::AgentMsg;
 use super::events::{Action, JobEnd, Record, StopReason, SIGINT, SIGKILL, SIGTERM};
 use super::phase::Phase;
 use super::stopstep::is_stop_signal;
-use super::Supervisor;
+use super::{verdict, Supervisor};
 
 impl Supervisor {
     pub(super) fn on_signal(&mut self, now: Instant, sig: i32, out: &mut Vec<Action>) {
@@ -58,7 +58,7 @@ impl Supervisor {
                     exit_code: vigil_events::exit::signaled(sig),
                 };
                 self.job.ending.stopped = Some(end.clone());
-                self.report(end, out);
+                verdict::report(&mut self.attempt, self.cycle, end, out);
                 match &mut self.phase {
                     // No rank runs: nothing to stop, `settle` ends the agent.
                     Phase::Joining | Phase::Waiting | Phase::BackingOff { .. } => {

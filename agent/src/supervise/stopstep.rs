@@ -26,7 +26,8 @@ use vigil_ipc::AgentMsg;
 pub use super::events::StepReport;
 use super::events::{Action, JobEnd, JobRequest, Record, StopReason, EXIT_LOST};
 use super::phase::Phase;
-use super::Supervisor;
+use super::state::{Attempt, Pace, Steps};
+use super::{verdict, Supervisor};
 
 /// The time S allows for the agreement to finish and reach every rank's next `should_stop`.
 pub const AGREEMENT_BUDGET: Duration = Duration::from_secs(1);
@@ -42,42 +43,6 @@ pub fn choose_stop_step(reports: &[StepReport], budget: Duration) -> Option<u64>
     // Bounded so a bogus pace cannot push S out of reach.
     let ahead = (pace * budget.as_secs_f64()).ceil().min(1e6) as u64;
     Some(max.saturating_add(ahead).saturating_add(1))
-}
-
-/// A rank's pace, from the steps it reported: the latest step, when it came, and a smoothed rate.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(super) struct Pace {
-    pub step: u64,
-    pub at: Instant,
-    pub steps_per_s: Option<f64>,
-}
-
-impl Pace {
-    pub(super) fn new(step: u64, at: Instant) -> Self {
-        Pace {
-            step,
-            at,
-            steps_per_s: None,
-        }
-    }
-
-    /// Folds in a newly reported step (an older or repeated one changes nothing).
-    pub(super) fn update(&mut self, step: u64, at: Instant) {
-        if step <= self.step {
-            return;
-        }
-        let dt = at.saturating_duration_since(self.at).as_secs_f64();
-        if dt > 0.0 {
-            let rate = (step - self.step) as f64 / dt;
-            // The newest interval weighs most: a rank that speeds up is caught within a few steps.
-            self.steps_per_s = Some(match self.steps_per_s {
-                Some(old) => 0.5 * old + 0.5 * rate,
-                None => rate,
-            });
-        }
-        self.step = step;
-        self.at = at;
-    }
 }
 
 /// A stop under way on this node.
@@ -296,7 +261,7 @@ impl Supervisor {
         if cycle != self.cycle || !self.stop.learn(now, trigger, self.job.term_timeout) {
             return;
         }
-        let report = self.step_report();
+        let report = step_report(&self.attempt);
         out.push(Action::Job(JobRequest::StopSteps {
             cycle: self.cycle,
             report,
@@ -339,25 +304,7 @@ impl Supervisor {
             exit_code,
         };
         self.job.ending.stopped.get_or_insert(end.clone());
-        self.report(end, out);
-    }
-
-    /// The job agreed on its stop step: tell every rank that speaks to the shim.
-    pub(super) fn on_stop_step(&mut self, cycle: u32, step: Option<u64>, out: &mut Vec<Action>) {
-        if cycle != self.cycle {
-            return;
-        }
-        let Some(trigger) = self.stop.agree(step) else {
-            return;
-        };
-        out.push(Action::Record(Record::StopAgreed {
-            cycle,
-            step,
-            trigger: trigger.to_string(),
-        }));
-        if matches!(self.phase, Phase::Running | Phase::Stopping { .. }) {
-            out.push(Action::SendToAll(self.stop.msg()));
-        }
+        verdict::report(&mut self.attempt, self.cycle, end, out);
     }
 
     /// The stop window is over: the ranks still running are stopped as any stop is.
@@ -398,56 +345,92 @@ impl Supervisor {
         }
     }
 
-    /// The highest step this node's ranks reported, and their fastest pace.
-    pub(super) fn step_report(&self) -> StepReport {
-        let paces = self.attempt.ranks.iter().filter_map(|r| r.pace);
-        let mut report = StepReport {
-            max_step: None,
-            steps_per_s: None,
-        };
-        for p in paces {
-            report.max_step = report.max_step.max(Some(p.step));
-            if let Some(v) = p.steps_per_s {
-                report.steps_per_s = Some(report.steps_per_s.map_or(v, |o: f64| o.max(v)));
-            }
-        }
-        report
-    }
-
-    /// What the stop lead is calculated from: the longest checkpoint seen (a section whose name
-    /// says `checkpoint`: [`is_checkpoint_section`], goodput's rule too) and the slowest rank's
-    /// step time.
+    /// What the stop lead is calculated from: the longest checkpoint seen and the slowest rank's
+    /// step time ([`lead_observed`]).
     pub fn lead_observed(&self) -> (Option<Duration>, Option<Duration>) {
-        let ckpt = self
-            .attempt
-            .merged_observations()
-            .sections
-            .iter()
-            .filter(|(name, _)| is_checkpoint_section(name))
-            .map(|(_, d)| *d)
-            .max();
-        let slowest = self
-            .attempt
-            .ranks
-            .iter()
-            .filter_map(|r| r.pace.and_then(|p| p.steps_per_s))
-            .filter(|v| v.is_finite() && *v > 0.0)
-            .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.min(v))));
-        (
-            ckpt,
-            slowest.map(|v| Duration::from_secs_f64((1.0 / v).min(1e6))),
-        )
+        lead_observed(&self.attempt)
     }
+}
 
-    /// A rank reported it reached `step`.
-    pub(super) fn on_step(&mut self, now: Instant, local_rank: u32, step: u64) {
-        if let Some(r) = self.attempt.ranks.get_mut(local_rank as usize) {
-            match r.pace.as_mut() {
-                Some(p) => p.update(step, now),
-                None => r.pace = Some(Pace::new(step, now)),
-            }
-            self.job.steps.highest = self.job.steps.highest.max(Some(step));
+/// The highest step the attempt's ranks reported, and their fastest pace.
+pub(super) fn step_report(attempt: &Attempt) -> StepReport {
+    let paces = attempt.ranks.iter().filter_map(|r| r.pace);
+    let mut report = StepReport {
+        max_step: None,
+        steps_per_s: None,
+    };
+    for p in paces {
+        report.max_step = report.max_step.max(Some(p.step));
+        if let Some(v) = p.steps_per_s {
+            report.steps_per_s = Some(report.steps_per_s.map_or(v, |o: f64| o.max(v)));
         }
+    }
+    report
+}
+
+/// What the stop lead is calculated from: the longest checkpoint the attempt's ranks took (a
+/// section whose name says `checkpoint`: [`is_checkpoint_section`], goodput's rule too) and the
+/// slowest rank's step time.
+pub(super) fn lead_observed(attempt: &Attempt) -> (Option<Duration>, Option<Duration>) {
+    let ckpt = attempt
+        .merged_observations()
+        .sections
+        .iter()
+        .filter(|(name, _)| is_checkpoint_section(name))
+        .map(|(_, d)| *d)
+        .max();
+    let slowest = attempt
+        .ranks
+        .iter()
+        .filter_map(|r| r.pace.and_then(|p| p.steps_per_s))
+        .filter(|v| v.is_finite() && *v > 0.0)
+        .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.min(v))));
+    (
+        ckpt,
+        slowest.map(|v| Duration::from_secs_f64((1.0 / v).min(1e6))),
+    )
+}
+
+/// Local rank `local_rank` of the attempt reported it reached `step` at `now`: its pace, and the
+/// highest step the job's `steps` keep.
+pub(super) fn on_step(
+    attempt: &mut Attempt,
+    steps: &mut Steps,
+    now: Instant,
+    local_rank: u32,
+    step: u64,
+) {
+    if let Some(r) = attempt.ranks.get_mut(local_rank as usize) {
+        match r.pace.as_mut() {
+            Some(p) => p.update(step, now),
+            None => r.pace = Some(Pace::new(step, now)),
+        }
+        steps.highest = steps.highest.max(Some(step));
+    }
+}
+
+/// The job agreed on attempt `cycle`'s stop step (`current`: the attempt under way here, in
+/// `phase`): tell every rank that speaks to the shim.
+pub(super) fn on_stop_step(
+    stop: &mut StopAgreement,
+    (current, phase): (u32, &Phase),
+    cycle: u32,
+    step: Option<u64>,
+    out: &mut Vec<Action>,
+) {
+    if cycle != current {
+        return;
+    }
+    let Some(trigger) = stop.agree(step) else {
+        return;
+    };
+    out.push(Action::Record(Record::StopAgreed {
+        cycle,
+        step,
+        trigger: trigger.to_string(),
+    }));
+    if matches!(phase, Phase::Running | Phase::Stopping { .. }) {
+        out.push(Action::SendToAll(stop.msg()));
     }
 }
 

@@ -4,17 +4,22 @@
 //! Two small state machines, each pure:
 //! - [`TimeoutState`] (whole allocation): the timeouts in force, the last calculated ones and
 //!   whether the job's code calculates on request (then vigil never calculates on its own).
-//! - [`Requests`] (one attempt): vigil's own calculation done or not, and the job's requests:
+//! - `Requests` (one attempt, in `machines.rs` with the attempt's other state machines): vigil's own calculation done or not, and the job's requests:
 //!   collecting one from every local rank, then one round shared with the other nodes at a time,
 //!   answered when the job's result for that round comes.
+//!
+//! [`Calc`] turns the ranks' reports and the job's answers into actions, on the parts of the
+//! supervisor it is handed (the configuration, the attempt, the timeouts), not the whole of it.
 
 use std::time::Duration;
 
 use vigil_ipc::AgentMsg;
 
+use super::events::SupervisorConfig;
 use super::events::{Action, JobRequest, Record};
 use super::monitor::{self, CalcRequest, Calculated, Observed, Timeouts};
 use super::phase::Phase;
+use super::state::Attempt;
 use super::Supervisor;
 
 /// `loaded` values for the checks that are enabled in `configured`; the rest as configured. The
@@ -117,70 +122,31 @@ impl TimeoutState {
     }
 }
 
-/// A calculation this node shared with the others, waiting for the job's result: what this node
-/// could calculate (and which sections), and which local ranks to answer.
-#[derive(Debug, Clone, PartialEq)]
-pub(super) struct Answering {
-    round: u32,
-    pub done: Calculated,
-    pub sections: Vec<String>,
-    pub ranks: Vec<u32>,
-}
-
-/// One attempt's calculations.
-#[derive(Debug, Clone, Default)]
-pub(super) struct Requests {
-    /// vigil's own calculation (flags mode) was shared in this attempt.
-    pub own_done: bool,
-    /// Requests so far (the round of the latest one).
-    round: u32,
-    /// The request being collected: what was asked and which local ranks asked.
-    asking: Option<(CalcRequest, Vec<u32>)>,
-    answering: Option<Answering>,
-}
-
-impl Requests {
-    /// `local_rank` asks for `req` (added to what the others of the node asked).
-    pub fn ask(&mut self, local_rank: u32, req: &CalcRequest) {
-        let (all, mut ranks) = self.asking.take().unwrap_or_default();
-        if !ranks.contains(&local_rank) {
-            ranks.push(local_rank);
-        }
-        self.asking = Some((all.union(req), ranks));
-    }
-
-    /// The ranks that asked, while a request is collected and no round waits for its result.
-    pub fn collecting(&self) -> Option<&[u32]> {
-        match (&self.asking, &self.answering) {
-            (Some((_, ranks)), None) => Some(ranks),
-            _ => None,
-        }
-    }
-
-    /// The collected request, to be calculated now.
-    pub fn take(&mut self) -> Option<(CalcRequest, Vec<u32>)> {
-        self.asking.take()
-    }
-
-    /// This node shared its calculation for `ranks`: the round the job's result will carry.
-    pub fn share(&mut self, done: Calculated, sections: Vec<String>, ranks: Vec<u32>) -> u32 {
-        self.round += 1;
-        self.answering = Some(Answering {
-            round: self.round,
-            done,
-            sections,
-            ranks,
-        });
-        self.round
-    }
-
-    /// The job's result of `round` came: what it answers, if that round waits for it.
-    pub fn answer(&mut self, round: u32) -> Option<Answering> {
-        self.answering.take_if(|a| a.round == round)
-    }
+/// The parts of the supervisor the calculation of timeouts reads and changes: the launch's
+/// configuration, the attempt under way (its number, whether its ranks run), the timeouts.
+pub(super) struct Calc<'a> {
+    pub cfg: &'a SupervisorConfig,
+    pub cycle: u32,
+    /// The attempt's ranks run (`Phase::Running`).
+    pub running: bool,
+    pub attempt: &'a mut Attempt,
+    pub timeouts: &'a mut TimeoutState,
 }
 
 impl Supervisor {
+    /// The parts the calculation of timeouts works on.
+    pub(super) fn calc(&mut self) -> Calc<'_> {
+        Calc {
+            cfg: &self.cfg,
+            cycle: self.cycle,
+            running: self.phase == Phase::Running,
+            attempt: &mut self.attempt,
+            timeouts: &mut self.timeouts,
+        }
+    }
+}
+
+impl Calc<'_> {
     /// The timeouts in force changed (`changed`): record it and tell every rank.
     fn announce(&self, changed: bool, source: &'static str, out: &mut Vec<Action>) {
         if changed {
@@ -221,7 +187,7 @@ impl Supervisor {
 
     /// Calculation is over for this attempt: a hang was seen, or the ranks are not running.
     fn calculation_over(&self) -> bool {
-        self.attempt.hangs.seen() || self.phase != Phase::Running
+        self.attempt.hangs.seen() || !self.running
     }
 
     /// A rank asks for timeouts to be calculated (NVRx's `calculate_and_set_*`, which every rank
@@ -436,35 +402,5 @@ mod tests {
         };
         assert_eq!(t.answered(nothing, &[], job), (None, false));
         assert_eq!(t.calculated, Some(kept));
-    }
-
-    #[test]
-    fn requests_go_one_round_at_a_time() {
-        let mut r = Requests::default();
-        assert_eq!(r.collecting(), None);
-        let hb = CalcRequest {
-            heartbeat: true,
-            ..CalcRequest::default()
-        };
-        r.ask(1, &hb);
-        r.ask(0, &hb);
-        r.ask(1, &hb);
-        assert_eq!(r.collecting(), Some(&[1, 0][..]));
-        let (req, ranks) = r.take().unwrap();
-        assert!(req.heartbeat);
-        let done = Calculated {
-            heartbeat: true,
-            sections: false,
-            out_of_section: false,
-        };
-        assert_eq!(r.share(done, vec![], ranks), 1);
-        // The next request is collected but waits for round 1's result.
-        r.ask(0, &hb);
-        assert_eq!(r.collecting(), None);
-        assert_eq!(r.answer(2), None, "not the round waited for");
-        assert_eq!(r.answer(1).map(|a| a.ranks), Some(vec![1, 0]));
-        assert_eq!(r.collecting(), Some(&[0][..]));
-        let (_, ranks) = r.take().unwrap();
-        assert_eq!(r.share(done, vec![], ranks), 2);
     }
 }

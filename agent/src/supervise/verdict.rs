@@ -1,12 +1,15 @@
 //! The job's verdicts: reporting how this node's part of an attempt ended, acting on the job's
-//! verdict (restart after a back-off, end), and settling the outcome once nothing runs.
+//! verdict (restart after a back-off, end), and settling the outcome once nothing runs. What needs
+//! only some parts (the report of this node's end, the sweep, whether attempts still progress)
+//! is a free function of those parts, below the supervisor's methods.
 
 use std::time::Instant;
 
+use super::events::SupervisorConfig;
 use super::events::{Action, JobEnd, JobRequest, Outcome, Record, StopReason, EXIT_LOST, SIGTERM};
 use super::monitor::Timeouts;
 use super::progress::attempt_no_progress;
-use super::state::{Attempt, Phase, RankState};
+use super::state::{Asked, Attempt, Phase, RankState, Steps};
 use super::Supervisor;
 
 impl Supervisor {
@@ -29,7 +32,7 @@ impl Supervisor {
         out.push(Action::Record(Record::Joined { cycle, rank_offset }));
         if let Some(t) = calculated.filter(|t| Some(t) != self.timeouts.calculated.as_ref()) {
             let source = if cycle == 0 { "loaded" } else { "calculated" };
-            self.adopt_timeouts(&t, source, out);
+            self.calc().adopt_timeouts(&t, source, out);
         }
         let start = self.start_cycle(now, cycle);
         if self.fault_at_start(out) {
@@ -119,16 +122,6 @@ impl Supervisor {
         }
     }
 
-    pub(super) fn report(&mut self, end: JobEnd, out: &mut Vec<Action>) {
-        if !self.attempt.reported && self.attempt.end.is_none() {
-            self.attempt.reported = true;
-            out.push(Action::Job(JobRequest::ReportEnd {
-                cycle: self.cycle,
-                end,
-            }));
-        }
-    }
-
     /// The job's verdict arrived: a node that is still running its ranks stops them.
     pub(super) fn stop_for_peer(&mut self, now: Instant, out: &mut Vec<Action>) {
         if self.phase == Phase::Running && self.attempt.end != Some(JobEnd::Done) {
@@ -159,7 +152,7 @@ impl Supervisor {
         {
             return;
         }
-        self.sweep(out);
+        sweep(&mut self.attempt, out);
         if self.phase == Phase::Running {
             // Every rank exited 0 on its own.
             self.phase = Phase::Waiting;
@@ -170,17 +163,6 @@ impl Supervisor {
         }
         if let Some(outcome) = self.outcome(out) {
             self.finish(outcome, out);
-        }
-    }
-
-    /// Every rank leader of the attempt is reaped: sweep their process groups, once.
-    fn sweep(&mut self, out: &mut Vec<Action>) {
-        if std::mem::replace(&mut self.attempt.reaped, true) {
-            return;
-        }
-        let pgids: Vec<i32> = self.attempt.ranks.iter().filter_map(|r| r.pid).collect();
-        if !pgids.is_empty() {
-            out.push(Action::ReapGroups { pgids });
         }
     }
 
@@ -221,7 +203,7 @@ impl Supervisor {
 
     /// The job's verdict is a failure: restart, or the outcome that ends this node.
     fn after_failure(&mut self, out: &mut Vec<Action>) -> Option<Outcome> {
-        if self.no_progress_now() {
+        if no_progress_now(&self.cfg, self.cycle, &self.attempt, &mut self.job.steps) {
             return Some(Outcome::NoProgress {
                 attempts: self.job.steps.per_attempt.len() as u32,
                 // With a checkpoint file, its iteration is the step that did not grow.
@@ -235,7 +217,7 @@ impl Supervisor {
             // This node is to leave the job (ExcludeThisNode): it cannot go on without it, so
             // the job ends as for a lost node and is requeued elsewhere.
             return Some(Outcome::Lost {
-                reason: self.exclusion_reason(),
+                reason: exclusion_reason(self.cfg.node_rank, &self.job.asked),
                 requeue: true,
             });
         }
@@ -249,18 +231,6 @@ impl Supervisor {
         Some(Outcome::Failed {
             restarts: self.cycle,
         })
-    }
-
-    fn exclusion_reason(&self) -> String {
-        let node = self.cfg.node_rank;
-        match &self.job.asked.fault {
-            Some(f) => {
-                format!("node {node} cannot run ranks ({f}), and the job cannot go on without it")
-            }
-            None => format!(
-                "a rank asked to exclude node {node} (ExcludeThisNode), and the job cannot go on without it"
-            ),
-        }
     }
 
     /// The next attempt: at once, or after the back-off from the job's verdict on this one.
@@ -310,25 +280,62 @@ impl Supervisor {
         }));
         out.push(Action::Finish(outcome));
     }
+}
 
-    /// Called once per failed attempt, when its verdict settles: records the attempt's highest
-    /// step and says whether the attempts stopped making progress.
-    fn no_progress_now(&mut self) -> bool {
-        let Some((n, min)) = self.cfg.no_progress else {
-            return false;
-        };
-        let from_file = self.cfg.progress_from_file;
-        let reached = match from_file {
-            true => self.job.steps.checkpoint.latest,
-            false => self.attempt.highest_step(),
-        };
-        let steps = &mut self.job.steps.per_attempt;
-        if steps.len() as u32 <= self.cycle {
-            steps.push(reached);
+/// This node's end of attempt `cycle`, for the job's verdict: told once, and not when the verdict
+/// is already known.
+pub(super) fn report(attempt: &mut Attempt, cycle: u32, end: JobEnd, out: &mut Vec<Action>) {
+    if !attempt.reported && attempt.end.is_none() {
+        attempt.reported = true;
+        out.push(Action::Job(JobRequest::ReportEnd { cycle, end }));
+    }
+}
+
+/// Every rank leader of the attempt is reaped: sweep their process groups, once.
+fn sweep(attempt: &mut Attempt, out: &mut Vec<Action>) {
+    if std::mem::replace(&mut attempt.reaped, true) {
+        return;
+    }
+    let pgids: Vec<i32> = attempt.ranks.iter().filter_map(|r| r.pid).collect();
+    if !pgids.is_empty() {
+        out.push(Action::ReapGroups { pgids });
+    }
+}
+
+/// Why node `node` leaves the job for good, as it was asked to.
+fn exclusion_reason(node: u32, asked: &Asked) -> String {
+    match &asked.fault {
+        Some(f) => {
+            format!("node {node} cannot run ranks ({f}), and the job cannot go on without it")
         }
-        match from_file {
-            true => self.job.steps.checkpoint.no_progress(steps, n, min),
-            false => attempt_no_progress(steps, n, min),
-        }
+        None => format!(
+            "a rank asked to exclude node {node} (ExcludeThisNode), and the job cannot go on without it"
+        ),
+    }
+}
+
+/// Called once per failed attempt (`cycle`), when its verdict settles: records the attempt's
+/// highest step in the job's `steps` and says whether the attempts stopped making progress.
+fn no_progress_now(
+    cfg: &SupervisorConfig,
+    cycle: u32,
+    attempt: &Attempt,
+    steps: &mut Steps,
+) -> bool {
+    let Some((n, min)) = cfg.no_progress else {
+        return false;
+    };
+    let from_file = cfg.progress_from_file;
+    let reached = match from_file {
+        true => steps.checkpoint.latest,
+        false => attempt.highest_step(),
+    };
+    let per_attempt = &mut steps.per_attempt;
+    if per_attempt.len() as u32 <= cycle {
+        per_attempt.push(reached);
+    }
+    match from_file {
+        true => steps.checkpoint.no_progress(per_attempt, n, min),
+        false => attempt_no_progress(per_attempt, n, min),
     }
 }
