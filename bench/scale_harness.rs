@@ -177,7 +177,7 @@ pub fn worker(nnodes: u32, first: u32, count: u32, store: SocketAddr, peer_timeo
                     }
                 }
                 Some((node, m)) = said.recv() => match m {
-                    FromCoord::Joined { event: Event::Joined { cycle, .. }, .. }
+                    FromCoord::Event(Event::Joined { cycle, .. })
                     | FromCoord::Event(Event::Standby { cycle }) => {
                         if let Some(w) = waiting.get_mut(&cycle) {
                             *w -= 1;
@@ -396,8 +396,7 @@ pub async fn run(n: u32, workers: u32, hold: Duration, peer_timeout: Duration) -
             if l.is_some_and(|(_, l)| l == format!("joined {cycle}")) {
                 workers_done += 1;
             }
-            if matches!(m, Some(FromCoord::Joined { event: Event::Joined { cycle: c, .. }, .. }) if *c == cycle)
-            {
+            if matches!(m, Some(FromCoord::Event(Event::Joined { cycle: c, .. })) if *c == cycle) {
                 head_done = true;
             }
             workers_done == nw && head_done

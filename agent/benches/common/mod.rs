@@ -78,10 +78,7 @@ impl Agent {
     pub async fn joined(&mut self, cycle: u32) {
         loop {
             match self.rx.recv().await {
-                Some(FromCoord::Joined {
-                    event: Event::Joined { cycle: c, .. },
-                    ..
-                })
+                Some(FromCoord::Event(Event::Joined { cycle: c, .. }))
                 | Some(FromCoord::Event(Event::Standby { cycle: c }))
                     if c == cycle =>
                 {

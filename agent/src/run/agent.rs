@@ -28,17 +28,7 @@ use crate::allocation::ledger::Promotion;
 use crate::cli::config::{render_prefix, worker_env, LaunchConfig, RankSlot};
 use crate::job::state;
 use crate::perf::numa;
-use crate::supervise::{Action, Event, JobEnd, JobRequest, Outcome, Record};
-
-/// This node's place in the current attempt, as the rendezvous assigned it.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Slot {
-    /// GROUP_RANK: the node rank, unless this node took a lost node's place (hot spares).
-    pub(super) group_rank: u32,
-    /// The global rank of local rank 0.
-    pub(super) rank_offset: u32,
-    pub(super) world_size: u32,
-}
+use crate::supervise::{Action, Event, JobEnd, JobRequest, Outcome, Placement, Record};
 
 /// What node rank 0 concludes the allocation from, gathered as the job goes.
 #[derive(Default)]
@@ -134,7 +124,6 @@ pub(super) struct Agent {
     /// vigil's store itself, node rank 0's address as the job names it (the event log's `nodes`
     /// record, the console).
     pub(super) store_at: (String, u16),
-    pub(super) slot: Slot,
     /// Set when the supervisor decided to leave the job.
     pub(super) leave: Option<JobRequest>,
     pub(super) trail: Trail,
@@ -179,6 +168,8 @@ fn open_logs(dir: &Path) -> std::io::Result<(LogFile, LogFile)> {
 
 /// What every rank of one attempt shares as it starts.
 struct AttemptIo {
+    /// Where the ranks stand in the job, as the supervisor says.
+    placement: Placement,
     /// `--dup-stdout`/`--dup-stderr` files of the attempt.
     dups: [Option<Dup>; 2],
     numa: Option<Vec<Option<numa::Prepared>>>,
@@ -190,13 +181,19 @@ impl Agent {
         attempt_dir(&self.run_dir, cycle, local_rank)
     }
 
-    pub(super) fn spawn_cycle(&mut self, cycle: u32, queue: &mut VecDeque<Event>) {
+    pub(super) fn spawn_cycle(
+        &mut self,
+        cycle: u32,
+        placement: Placement,
+        queue: &mut VecDeque<Event>,
+    ) {
         self.ranks.tails = (0..self.cfg.nproc).map(|_| Tail::default()).collect();
         // Pumps of earlier attempts that reached end-of-file need no waiting for at exit.
         self.ranks.readers.retain(|h| !h.is_finished());
         self.ranks.shared.cycle.set(cycle);
         *self.ranks.shared.rank_pids.borrow_mut() = vec![None; self.cfg.nproc as usize];
         let io = AttemptIo {
+            placement,
             dups: self.dups(cycle),
             numa: self.numa(cycle),
             hostname: nix::unistd::gethostname()
@@ -272,7 +269,7 @@ impl Agent {
                 None
             }
         };
-        let env = self.rank_env(cycle, lr, &dir);
+        let env = self.rank_env(cycle, lr, io.placement, &dir);
         let numa = io.numa.as_ref().and_then(|n| n[lr as usize].as_ref());
         match proc::spawn_rank(
             &self.cfg.command,
@@ -304,14 +301,14 @@ impl Agent {
     }
 
     /// A rank's environment: torchrun's variables and vigil's own.
-    fn rank_env(&self, cycle: u32, lr: u32, dir: &Path) -> Vec<(String, String)> {
+    fn rank_env(&self, cycle: u32, lr: u32, at: Placement, dir: &Path) -> Vec<(String, String)> {
         let error_file = dir.join("error.json").to_string_lossy().into_owned();
         let slot = RankSlot {
             local_rank: lr,
-            group_rank: self.slot.group_rank,
+            group_rank: at.group_rank,
             restart_count: cycle,
-            rank_offset: self.slot.rank_offset,
-            world_size: self.slot.world_size,
+            rank_offset: at.rank_offset,
+            world_size: at.world_size,
             master_addr: &self.store_for_ranks.0,
             master_port: self.store_for_ranks.1,
             error_file: &error_file,
@@ -344,7 +341,7 @@ impl Agent {
         let prefix = render_prefix(
             self.cfg.prefix_template.as_deref(),
             &self.cfg.role,
-            self.slot.rank_offset + lr,
+            io.placement.rank_offset + lr,
             lr,
             &io.hostname,
         );
@@ -377,7 +374,9 @@ impl Agent {
         for a in actions {
             match a {
                 Action::Job(req) => self.request(req),
-                Action::SpawnCycle { cycle } => self.spawn_cycle(cycle, queue),
+                Action::SpawnCycle { cycle, placement } => {
+                    self.spawn_cycle(cycle, placement, queue)
+                }
                 Action::SignalGroups { pgids, signal } => {
                     for p in pgids {
                         proc::signal_group(p, signal);
@@ -504,8 +503,13 @@ impl Agent {
         }
     }
 
-    pub(super) fn on_stacks(&mut self, cycle: u32, local_rank: u32, report: StackReport) {
-        let rank = self.slot.rank_offset + local_rank;
+    /// `rank_offset`: the global rank of the node's local rank 0 in the attempt.
+    pub(super) fn on_stacks(
+        &mut self,
+        (cycle, local_rank, rank_offset): (u32, u32, u32),
+        report: StackReport,
+    ) {
+        let rank = rank_offset + local_rank;
         console_note(&report::stacks(rank, &report));
         self.out.events.write(&Record::Stacks {
             cycle,

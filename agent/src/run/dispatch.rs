@@ -10,7 +10,7 @@ use tokio::signal::unix::Signal;
 use tokio::sync::mpsc;
 use tokio::time::Interval;
 
-use super::agent::{Agent, Slot};
+use super::agent::Agent;
 use super::allocation::EndWatch;
 use super::clock::JobClock;
 use super::effect::Effect;
@@ -123,7 +123,7 @@ async fn first_signal(sigs: &mut [(Signal, i32)]) -> i32 {
 /// the runtime alone (promotions, node rank 0's ledger).
 pub(super) fn event_of(m: FromCoord) -> Option<Event> {
     match m {
-        FromCoord::Event(ev) | FromCoord::Joined { event: ev, .. } => Some(ev),
+        FromCoord::Event(ev) => Some(ev),
         FromCoord::Promoted { .. }
         | FromCoord::Note(_)
         | FromCoord::Coordinating { .. }
@@ -224,7 +224,8 @@ impl Dispatcher {
                 local_rank,
                 report,
             } => {
-                self.agent.on_stacks(cycle, local_rank, report);
+                let at = (cycle, local_rank, self.sup.placement().rank_offset);
+                self.agent.on_stacks(at, report);
                 if cycle == self.sup.cycle() {
                     queue(self, Event::StacksCaptured { local_rank });
                 }
@@ -286,22 +287,7 @@ impl Dispatcher {
     fn on_coord(&mut self, m: FromCoord) {
         let agent = &mut self.agent;
         match &m {
-            FromCoord::Joined {
-                group_rank,
-                event:
-                    Event::Joined {
-                        rank_offset,
-                        world_size,
-                        ..
-                    },
-            } => {
-                agent.slot = Slot {
-                    group_rank: *group_rank,
-                    rank_offset: *rank_offset,
-                    world_size: *world_size,
-                };
-                agent.stragglers.new_attempt();
-            }
+            FromCoord::Event(Event::Joined { .. }) => agent.stragglers.new_attempt(),
             FromCoord::Event(Event::CycleEnded { cycle, end }) => {
                 agent.trail.cycle_ends.push((*cycle, end.clone()));
                 if *end != JobEnd::Done {
@@ -368,7 +354,7 @@ impl Dispatcher {
             now,
             agent.cfg.node_rank,
             &agent.host,
-            agent.slot.rank_offset,
+            self.sup.placement().rank_offset,
             &gpu_of,
         ) {
             let _ = agent.links.share.send(s);
@@ -385,6 +371,7 @@ impl Dispatcher {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::supervise::Placement;
 
     #[test]
     fn promotions_concern_the_runtime_alone() {
@@ -399,15 +386,15 @@ mod tests {
     fn a_joined_attempt_keeps_its_assignment_for_the_supervisor() {
         let joined = Event::Joined {
             cycle: 2,
-            rank_offset: 4,
-            world_size: 8,
+            placement: Placement {
+                group_rank: 1,
+                rank_offset: 4,
+                world_size: 8,
+            },
             max_restarts: 3,
             calculated: None,
         };
-        let m = FromCoord::Joined {
-            group_rank: 1,
-            event: joined.clone(),
-        };
+        let m = FromCoord::Event(joined.clone());
         assert_eq!(event_of(m), Some(joined));
     }
 }

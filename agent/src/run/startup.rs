@@ -12,7 +12,7 @@ use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use super::agent::{Agent, Links, Outputs, Ranks, Slot, Trail};
+use super::agent::{Agent, Links, Outputs, Ranks, Trail};
 use super::allocation::{self, EndWatch};
 use super::clock::{JobClock, CLOCK_TICK};
 use super::dispatch::{Dispatcher, Sources};
@@ -323,11 +323,6 @@ pub(super) async fn start(
         outcome: None,
         store_for_ranks: co.for_ranks,
         store_at: co.store_at,
-        slot: Slot {
-            group_rank: cfg.node_rank,
-            rank_offset: 0,
-            world_size: cfg.nproc * cfg.active_nodes,
-        },
         leave: None,
         trail: Trail::default(),
         steps_log: Default::default(),

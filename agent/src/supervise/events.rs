@@ -150,13 +150,12 @@ pub enum Event {
     Probed { stopped: Vec<u32> },
     /// Time passed; sent when `next_deadline` is reached.
     Tick,
-    /// Every node joined this cycle: start the ranks. The job's rendezvous decides the global rank
-    /// of local rank 0, the job's rank count, the job's restart budget and the calculated timeouts
-    /// in force.
+    /// Every node joined this cycle: start the ranks. The job's rendezvous decides where this
+    /// node's ranks stand in the job ([`Placement`]), the job's restart budget and the calculated
+    /// timeouts in force.
     Joined {
         cycle: u32,
-        rank_offset: u32,
-        world_size: u32,
+        placement: Placement,
         max_restarts: u32,
         calculated: Option<Timeouts>,
     },
@@ -246,6 +245,18 @@ pub enum JobRequest {
     StopSteps { cycle: u32, report: StepReport },
 }
 
+/// Where this node's ranks stand in an attempt, as the job's rendezvous placed them: what the
+/// ranks are told (GROUP_RANK, RANK, WORLD_SIZE).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Placement {
+    /// GROUP_RANK: the node rank, unless this node took a lost node's place (hot spares).
+    pub group_rank: u32,
+    /// The global rank of local rank 0.
+    pub rank_offset: u32,
+    /// Ranks in the whole job.
+    pub world_size: u32,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum Action {
     /// A request to the job's coordination (`rendezvous`), answered with `Joined`, `CycleEnded`
@@ -254,6 +265,7 @@ pub enum Action {
     /// Start every rank of this cycle; report each with `RankSpawned` or `SpawnFailed`.
     SpawnCycle {
         cycle: u32,
+        placement: Placement,
     },
     /// Send `signal` to each of these process groups.
     SignalGroups {

@@ -156,7 +156,7 @@ impl Supervisor {
             if let Some(due) = self.earliest_hang().filter(|(_, d)| now >= d.at) {
                 let (in_force, warmup) = (&self.timeouts.in_force, self.cfg.warmup_steps);
                 let hung = root_of_hang(&self.attempt, in_force, warmup, due, &stopped);
-                let at = (self.cycle, self.job.rank_offset);
+                let at = (self.cycle, self.job.placement.rank_offset);
                 begin_diagnosis(&mut self.attempt, at, self.cfg.stack_wait, now, hung, out);
             }
         }
@@ -171,7 +171,7 @@ impl Supervisor {
         let (Some(pid), RankState::Running) = (r.pid, r.state) else {
             return;
         };
-        let rank = self.job.rank_offset + local_rank;
+        let rank = self.job.placement.rank_offset + local_rank;
         self.attempt.failures.push(Failure {
             cycle: self.cycle,
             local_rank,

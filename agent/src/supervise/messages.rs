@@ -35,7 +35,7 @@ impl Supervisor {
             out.push(Action::Record(Record::Section {
                 cycle: self.cycle,
                 local_rank,
-                rank: self.job.rank_offset + local_rank,
+                rank: self.job.placement.rank_offset + local_rank,
                 name: save.name,
                 duration_ms: save.took.as_millis().try_into().unwrap_or(u64::MAX),
                 last_recorded: save.last,
@@ -45,7 +45,7 @@ impl Supervisor {
             out.push(Action::Record(Record::SectionNamesCapped {
                 cycle: self.cycle,
                 local_rank,
-                rank: self.job.rank_offset + local_rank,
+                rank: self.job.placement.rank_offset + local_rank,
                 kept: monitor::MAX_SECTION_NAMES,
             }));
         }
@@ -120,7 +120,7 @@ impl Supervisor {
         out.push(Action::Record(Record::Registered {
             cycle: self.cycle,
             local_rank,
-            rank: self.job.rank_offset + local_rank,
+            rank: self.job.placement.rank_offset + local_rank,
         }));
         out.push(Action::SendToRank {
             local_rank,
@@ -139,7 +139,7 @@ impl Supervisor {
         out.push(Action::Record(Record::TrainingFinished {
             cycle: self.cycle,
             local_rank,
-            rank: self.job.rank_offset + local_rank,
+            rank: self.job.placement.rank_offset + local_rank,
         }));
     }
 
@@ -164,7 +164,7 @@ impl Supervisor {
         };
         out.push(Action::Record(Record::WorkloadControl {
             cycle: self.cycle,
-            rank: self.job.rank_offset + local_rank,
+            rank: self.job.placement.rank_offset + local_rank,
             action: name,
             description,
         }));

@@ -113,6 +113,11 @@ impl Supervisor {
         self.cycle
     }
 
+    /// Where this node's ranks stand in the job, as the last join placed them.
+    pub fn placement(&self) -> Placement {
+        self.job.placement
+    }
+
     pub fn config(&self) -> &SupervisorConfig {
         &self.cfg
     }
@@ -124,7 +129,7 @@ impl Supervisor {
 
     /// Global rank of local rank 0 in the current attempt, as the job's rendezvous assigned it.
     pub fn rank_offset(&self) -> u32 {
-        self.job.rank_offset
+        self.job.placement.rank_offset
     }
 
     /// Failures of the current cycle, first observed first.
@@ -273,18 +278,10 @@ impl Supervisor {
             Event::Probed { stopped } => self.on_probed(now, stopped, &mut out),
             Event::Joined {
                 cycle,
-                rank_offset,
-                world_size,
+                placement,
                 max_restarts,
                 calculated,
-            } => self.on_joined(
-                now,
-                cycle,
-                (rank_offset, world_size),
-                max_restarts,
-                calculated,
-                &mut out,
-            ),
+            } => self.on_joined(now, cycle, placement, max_restarts, calculated, &mut out),
             Event::CycleEnded { cycle, end } => self.on_cycle_ended(now, cycle, end, &mut out),
             Event::JobTimeouts {
                 cycle,

@@ -26,7 +26,7 @@ impl Supervisor {
         out.push(Action::Record(Record::RankStarted {
             cycle: self.cycle,
             local_rank,
-            rank: self.job.rank_offset + local_rank,
+            rank: self.job.placement.rank_offset + local_rank,
             pid,
         }));
         // A stop that began while the group was being spawned must reach this rank too.
@@ -61,7 +61,7 @@ impl Supervisor {
             local_rank,
             error: error.clone(),
         }));
-        let rank = self.job.rank_offset + local_rank;
+        let rank = self.job.placement.rank_offset + local_rank;
         self.job
             .ending
             .spawn_error
@@ -91,11 +91,14 @@ impl Supervisor {
                 cycle,
                 restart_count: cycle,
                 nproc: self.cfg.nproc,
-                rank_offset: self.job.rank_offset,
-                world_size: self.job.world_size,
+                rank_offset: self.job.placement.rank_offset,
+                world_size: self.job.placement.world_size,
                 restarts_left: self.job.max_restarts.saturating_sub(cycle),
             }),
-            Action::SpawnCycle { cycle },
+            Action::SpawnCycle {
+                cycle,
+                placement: self.job.placement,
+            },
         ]
     }
 
@@ -132,7 +135,7 @@ impl Supervisor {
             ExitKind::Code(c) => (Some(c), None),
             ExitKind::Signal(s) => (None, Some(s)),
         };
-        let rank = self.job.rank_offset + local_rank;
+        let rank = self.job.placement.rank_offset + local_rank;
         out.push(Action::Record(Record::RankExited {
             cycle: self.cycle,
             local_rank,

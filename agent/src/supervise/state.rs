@@ -10,7 +10,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::events::{Failure, JobEnd, SupervisorConfig};
+use super::events::{Failure, JobEnd, Placement, SupervisorConfig};
 pub(super) use super::machines::{HangStep, HangWatch, Pace, Requests};
 use super::monitor::{Observed, RankMonitor};
 pub(super) use super::phase::{Phase, RankState};
@@ -160,10 +160,8 @@ impl Attempt {
 /// What the job assigned this node and what lasts for the whole allocation, across attempts.
 #[derive(Debug, Clone)]
 pub(super) struct JobState {
-    /// Global rank of local rank 0, assigned by the job's rendezvous at each join.
-    pub rank_offset: u32,
-    /// Ranks in the whole job, assigned with the rank offset.
-    pub world_size: u32,
+    /// Where this node's ranks stand, assigned by the job's rendezvous at each join.
+    pub placement: Placement,
     /// The job's restart budget (node rank 0's), handed over at each join.
     pub max_restarts: u32,
     /// `--term-timeout` as the runtime last set it (Slurm's window for the signal it expects).
@@ -178,8 +176,11 @@ pub(super) struct JobState {
 impl JobState {
     pub fn new(cfg: &SupervisorConfig) -> Self {
         JobState {
-            rank_offset: cfg.rank_offset,
-            world_size: cfg.world_size,
+            placement: Placement {
+                group_rank: cfg.node_rank,
+                rank_offset: cfg.rank_offset,
+                world_size: cfg.world_size,
+            },
             max_restarts: cfg.max_restarts,
             term_timeout: cfg.term_timeout,
             streak: 0,

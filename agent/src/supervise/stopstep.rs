@@ -237,7 +237,7 @@ impl Supervisor {
         out.push(Action::Record(Record::RankSignalled {
             cycle: self.cycle,
             local_rank,
-            rank: self.job.rank_offset + local_rank,
+            rank: self.job.placement.rank_offset + local_rank,
             signal: sig,
         }));
         match self.phase {
@@ -321,7 +321,7 @@ impl Supervisor {
             .iter()
             .enumerate()
             .filter(|(_, r)| r.running())
-            .map(|(i, _)| self.job.rank_offset + i as u32)
+            .map(|(i, _)| self.job.placement.rank_offset + i as u32)
             .collect();
         out.push(Action::Record(Record::StopOverdue {
             cycle: self.cycle,

@@ -5,8 +5,8 @@
 
 use std::time::Instant;
 
-use super::events::SupervisorConfig;
 use super::events::{Action, JobEnd, JobRequest, Outcome, Record, StopReason, EXIT_LOST, SIGTERM};
+use super::events::{Placement, SupervisorConfig};
 use super::monitor::Timeouts;
 use super::progress::attempt_no_progress;
 use super::state::{Asked, Attempt, Phase, RankState, Steps};
@@ -17,7 +17,7 @@ impl Supervisor {
         &mut self,
         now: Instant,
         cycle: u32,
-        (rank_offset, world_size): (u32, u32),
+        placement: Placement,
         max_restarts: u32,
         calculated: Option<Timeouts>,
         out: &mut Vec<Action>,
@@ -26,10 +26,12 @@ impl Supervisor {
             return;
         }
         // What the job assigned this node for this attempt.
-        self.job.rank_offset = rank_offset;
-        self.job.world_size = world_size;
+        self.job.placement = placement;
         self.job.max_restarts = max_restarts;
-        out.push(Action::Record(Record::Joined { cycle, rank_offset }));
+        out.push(Action::Record(Record::Joined {
+            cycle,
+            rank_offset: placement.rank_offset,
+        }));
         if let Some(t) = calculated.filter(|t| Some(t) != self.timeouts.calculated.as_ref()) {
             let source = if cycle == 0 { "loaded" } else { "calculated" };
             self.calc().adopt_timeouts(&t, source, out);

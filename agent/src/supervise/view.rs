@@ -27,7 +27,7 @@ impl Supervisor {
             .enumerate()
             .map(|(lr, r)| RankView {
                 local_rank: lr as u32,
-                rank: self.job.rank_offset + lr as u32,
+                rank: self.job.placement.rank_offset + lr as u32,
                 running: r.running(),
                 step: r.pace.map(|p| p.step),
                 last_heartbeat: r.monitor.as_ref().and_then(|m| m.last_heartbeat()),

@@ -76,13 +76,10 @@ pub use wire::*;
 /// What the job decided, for the agent's event loop.
 #[derive(Debug, Clone, PartialEq)]
 pub enum FromCoord {
-    /// An input of the supervisor, as is: `CycleEnded`, `JobTimeouts`, `StopAsked`, `StopStep`,
+    /// An input of the supervisor, as is: `Joined` (with where this node's ranks stand), `CycleEnded`, `JobTimeouts`, `StopAsked`, `StopStep`,
     /// `Standby` (this node has no slot in the cycle: it runs no ranks) and `CoordinationLost`
     /// (the job cannot go on here; the last message).
     Event(Event),
-    /// This node runs ranks in the cycle: its group rank (slot), for the runtime, and the
-    /// supervisor's `Event::Joined`.
-    Joined { group_rank: u32, event: Event },
     /// Node rank 0: standbys took lost nodes' slots for `cycle`.
     Promoted {
         cycle: u32,

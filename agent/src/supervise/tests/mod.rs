@@ -54,8 +54,7 @@ impl Solo {
             let reply = match &a {
                 Action::Job(JobRequest::Join { cycle, calculated }) => Some(Event::Joined {
                     cycle: *cycle,
-                    rank_offset: self.s.job.rank_offset,
-                    world_size: self.s.job.world_size,
+                    placement: self.s.job.placement,
                     max_restarts: self.s.job.max_restarts,
                     calculated: calculated.clone(),
                 }),
@@ -163,7 +162,7 @@ fn spawns(actions: &[Action]) -> Vec<u32> {
     actions
         .iter()
         .filter_map(|a| match a {
-            Action::SpawnCycle { cycle } => Some(*cycle),
+            Action::SpawnCycle { cycle, .. } => Some(*cycle),
             _ => None,
         })
         .collect()
@@ -172,8 +171,11 @@ fn spawns(actions: &[Action]) -> Vec<u32> {
 fn joined(cycle: u32, rank_offset: u32, max_restarts: u32) -> Event {
     Event::Joined {
         cycle,
-        rank_offset,
-        world_size: 0,
+        placement: Placement {
+            group_rank: 0,
+            rank_offset,
+            world_size: 0,
+        },
         max_restarts,
         calculated: None,
     }

@@ -421,7 +421,10 @@ fn a_standby_runs_no_ranks_follows_the_jobs_verdicts_and_ends_with_the_job() {
     );
     // Promoted in attempt 1: it runs ranks.
     let a = s.handle(t, joined(1, 2, 3));
-    assert!(has(&a, |x| matches!(x, Action::SpawnCycle { cycle: 1 })));
+    assert!(has(&a, |x| matches!(
+        x,
+        Action::SpawnCycle { cycle: 1, .. }
+    )));
     started(&mut s, t, 40);
     for pid in [40, 41] {
         s.handle(

@@ -471,8 +471,11 @@ fn an_attempt_starts_with_the_assignment_the_rendezvous_gave() {
         t,
         Event::Joined {
             cycle: 0,
-            rank_offset: 2,
-            world_size: 6,
+            placement: Placement {
+                group_rank: 1,
+                rank_offset: 2,
+                world_size: 6,
+            },
             max_restarts: 3,
             calculated: None,
         },

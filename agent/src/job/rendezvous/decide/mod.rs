@@ -33,7 +33,7 @@ use std::collections::BTreeMap;
 
 use crate::job::spares::{refill, Promotion, Standby};
 use crate::supervise::monitor::Timeouts;
-use crate::supervise::{Event, JobEnd};
+use crate::supervise::{Event, JobEnd, Placement};
 
 use super::wire::{key, Go, NodeInfo, Verdict, WireEnd, WireTimeouts};
 use super::FromCoord;
@@ -439,16 +439,16 @@ impl Rendezvous {
         self.stage = Stage::Running(c);
         Decision::Run(
             c,
-            FromCoord::Joined {
-                group_rank: slot,
-                event: Event::Joined {
-                    cycle: c,
+            FromCoord::Event(Event::Joined {
+                cycle: c,
+                placement: Placement {
+                    group_rank: slot,
                     rank_offset,
                     world_size: go.world_size,
-                    max_restarts: go.max_restarts,
-                    calculated,
                 },
-            },
+                max_restarts: go.max_restarts,
+                calculated,
+            }),
         )
     }
 

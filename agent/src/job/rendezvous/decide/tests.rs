@@ -292,17 +292,17 @@ fn check_one_verdict(job: &Job, c: u32, cy: &Cycle) -> Result<(), TestCaseError>
         match d {
             Decision::Run(
                 cycle,
-                FromCoord::Joined {
-                    group_rank,
-                    event:
-                        Event::Joined {
-                            cycle: jc,
+                FromCoord::Event(Event::Joined {
+                    cycle: jc,
+                    placement:
+                        Placement {
+                            group_rank,
                             rank_offset,
                             world_size,
-                            max_restarts,
-                            ..
                         },
-                },
+                    max_restarts,
+                    ..
+                }),
             ) => {
                 prop_assert_eq!((*cycle, *jc, *max_restarts), (c, c, 3));
                 prop_assert!(world.is_none_or(|w| w == *world_size));
@@ -636,7 +636,9 @@ fn a_node_that_takes_over_the_coordinator_loses_node_rank_0_to_a_standby() {
     );
     let verdict = to_json(&Verdict::Go(p.go));
     match agents[3].verdict(1, &verdict) {
-        Decision::Run(1, FromCoord::Joined { group_rank, .. }) => assert_eq!(group_rank, 0),
+        Decision::Run(1, FromCoord::Event(Event::Joined { placement, .. })) => {
+            assert_eq!(placement.group_rank, 0)
+        }
         d => panic!("{d:?}"),
     }
 }
@@ -807,10 +809,7 @@ fn a_proposal_writes_the_members_left_and_tells_hosts_before_the_verdict() {
     assert_eq!(run[0], Step::Wait(key::end(0), Patience::Forever));
     assert!(matches!(
         &run[1],
-        Step::Tell(FromCoord::Joined {
-            event: Event::Joined { cycle: 0, .. },
-            ..
-        })
+        Step::Tell(FromCoord::Event(Event::Joined { cycle: 0, .. }))
     ));
     // Without standbys no members are written; an unreadable record ends the agent.
     let mut h = head(2, 2);
