@@ -42,6 +42,12 @@ def start_agents(job, port, n, nnodes, ranked=True):
     return procs
 
 
+def wait_attempt(job, attempt, world, timeout=60):
+    """Until every rank of `attempt` recorded what it saw."""
+    wait_for(lambda: all((job / f"seen_{attempt}_{r}.json").exists() for r in range(world)),
+             timeout=timeout, what=f"attempt {attempt}'s ranks")
+
+
 def seen(job, attempt, world):
     return {r: json.loads((job / f"seen_{attempt}_{r}.json").read_text()) for r in range(world)}
 
@@ -69,15 +75,13 @@ def test_losing_node_rank_0_promotes_the_standby_and_another_agent_coordinates(j
     store = Service(job, env={"VIGIL_STORE_SECRET": SECRET})
     procs = start_agents(job, store.port, 4, "3:4")
     try:
-        wait_for(lambda: all((job / f"seen_0_{r}.json").exists() for r in range(3)), timeout=60,
-                 what="attempt 0's ranks")
+        wait_attempt(job, 0, 3, timeout=60)
         s0 = seen(job, 0, 3)
         (victim,) = [int(s["node"]) for s in s0.values() if s["group_rank"] == "0"]
         assert victim == 0, s0
         procs[victim].send_signal(signal.SIGKILL)
         procs[victim].communicate()
-        wait_for(lambda: all((job / f"seen_1_{r}.json").exists() for r in range(3)), timeout=60,
-                 what="attempt 1's ranks")
+        wait_attempt(job, 1, 3, timeout=60)
         s1 = seen(job, 1, 3)
         # The standby (node 3) plays node 0's slot: GROUP_RANK 0 and its ranks; the world stays.
         assert {r: (s["node"], s["group_rank"]) for r, s in s1.items()} == \
@@ -110,8 +114,7 @@ def test_losing_node_rank_0_without_a_standby_requeues_the_job(job):
     store = Service(job, env={"VIGIL_STORE_SECRET": SECRET})
     procs = start_agents(job, store.port, 3, "3")
     try:
-        wait_for(lambda: all((job / f"seen_0_{r}.json").exists() for r in range(3)), timeout=60,
-                 what="attempt 0's ranks")
+        wait_attempt(job, 0, 3, timeout=60)
         procs[0].send_signal(signal.SIGKILL)
         procs[0].communicate()
         out = finish(procs[1:], timeout=60)
@@ -134,8 +137,7 @@ def test_c10d_without_node_ranks_losing_group_rank_0_promotes_the_standby(job):
     store = Service(job, env={"VIGIL_STORE_SECRET": SECRET})
     procs = start_agents(job, store.port, 4, "3:4", ranked=False)
     try:
-        wait_for(lambda: all((job / f"seen_0_{r}.json").exists() for r in range(3)), timeout=60,
-                 what="attempt 0's ranks")
+        wait_attempt(job, 0, 3, timeout=60)
         s0 = seen(job, 0, 3)
         by_group = {s["group_rank"]: int(s["node"]) for s in s0.values()}
         assert sorted(by_group) == ["0", "1", "2"], s0
@@ -146,8 +148,7 @@ def test_c10d_without_node_ranks_losing_group_rank_0_promotes_the_standby(job):
             assert procs[i].poll() is None, i
         procs[victim].send_signal(signal.SIGKILL)
         procs[victim].communicate()
-        wait_for(lambda: all((job / f"seen_1_{r}.json").exists() for r in range(3)), timeout=60,
-                 what="attempt 1's ranks")
+        wait_attempt(job, 1, 3, timeout=60)
         s1 = seen(job, 1, 3)
         # The standby plays the lost agent's GROUP_RANK 0; the others keep theirs.
         assert {s["group_rank"]: int(s["node"]) for s in s1.values()} == \
@@ -182,11 +183,9 @@ def test_a_frozen_coordinator_is_lost_like_a_killed_one_and_leaves_when_it_wakes
     store = Service(job, "--node-timeout", "30", env={"VIGIL_STORE_SECRET": SECRET})
     procs = start_agents(job, store.port, 4, "3:4")
     try:
-        wait_for(lambda: all((job / f"seen_0_{r}.json").exists() for r in range(3)), timeout=60,
-                 what="attempt 0's ranks")
+        wait_attempt(job, 0, 3, timeout=60)
         procs[0].send_signal(signal.SIGSTOP)
-        wait_for(lambda: all((job / f"seen_1_{r}.json").exists() for r in range(3)), timeout=90,
-                 what="attempt 1's ranks")
+        wait_attempt(job, 1, 3, timeout=90)
         s1 = seen(job, 1, 3)
         assert {r: (s["node"], s["group_rank"]) for r, s in s1.items()} == \
             {0: ("3", "0"), 1: ("1", "1"), 2: ("2", "2")}, s1
@@ -219,8 +218,7 @@ def test_a_job_that_lost_every_agent_is_cleared_and_its_requeue_runs(job):
     again.mkdir()
     second = []
     try:
-        wait_for(lambda: all((job / f"seen_0_{r}.json").exists() for r in range(2)), timeout=60,
-                 what="the first allocation's ranks")
+        wait_attempt(job, 0, 2, timeout=60)
         for p in first:
             p.send_signal(signal.SIGKILL)
         finish(first, timeout=10)
