@@ -21,7 +21,7 @@
 //!
 //! `handle` only dispatches; each decision lives with its concern. Where a concern needs only some
 //! of the supervisor's parts it is a free function of those parts (`hangs::earliest_hang`,
-//! `stopstep::on_step`, the timeouts' `Calc`), not a method of the whole:
+//! `stopstep::on_step`, `stop::begin_stop`, the timeouts' `Calc`), not a method of the whole:
 //! - `ranks.rs`: starting an attempt's ranks; a rank started, failed to start, exited, disconnected.
 //! - `messages.rs`: what a rank's messages mean (registration, steps, workload control, signals).
 //! - `timeouts.rs`: timeouts in force, calculating them and adopting the job's.
@@ -265,7 +265,7 @@ impl Supervisor {
             Event::Tick => {
                 self.stop_at_tick(now, &mut out);
                 self.backoff_tick(now, &mut out);
-                self.escalate_tick(now, &mut out);
+                stop::escalate_tick(&mut self.phase, &self.attempt, self.cycle, now, &mut out);
             }
             Event::StopAt { at, window } => self.stop.set_end(at, window),
             Event::StopAsked { cycle, trigger } => {

@@ -1,11 +1,21 @@
 //! Stopping: signals to the agent, stopping the ranks with a grace, and the escalation to SIGKILL.
+//!
+//! What a stop does to the attempt is a free function of the parts it touches: [`begin_stop`]
+//! (the phase, the attempt, its number and the stop agreement's trigger), [`grace`],
+//! [`kill_if_holding`] and [`escalate_tick`]. The supervisor's `begin_stop`/`begin_stop_except`
+//! and `kill_if_holding` are only their call sites, for the concerns that stop the attempt
+//! (`ranks.rs`, `hangs.rs`, `stopstep.rs`, ...). A signal to the agent (`on_signal`) stays a method:
+//! it reads or changes every part but the timeouts (the phase, the attempt, the stop agreement,
+//! how the job ends, the configuration) and goes on to the stop agreement, the report of this
+//! node's end and a stop.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use vigil_ipc::AgentMsg;
 
 use super::events::{Action, JobEnd, Record, StopReason, SIGINT, SIGKILL, SIGTERM};
 use super::phase::Phase;
+use super::state::Attempt;
 use super::stopstep::is_stop_signal;
 use super::{verdict, Supervisor};
 
@@ -88,7 +98,8 @@ impl Supervisor {
     }
 
     /// As `begin_stop`, but the group `special.0` gets signal `special.1` instead (a hung rank
-    /// gets the rank termination signal, not the graceful SIGTERM).
+    /// gets the rank termination signal, not the graceful SIGTERM). The call site of
+    /// [`begin_stop`]: it hands over the parts a stop reads.
     pub(super) fn begin_stop_except(
         &mut self,
         now: Instant,
@@ -97,158 +108,208 @@ impl Supervisor {
         special: Option<(i32, i32)>,
         out: &mut Vec<Action>,
     ) {
-        let grace = match reason {
-            StopReason::Signal => self.job.term_timeout,
-            // A node stopped for good by a signal gives ours the same time to save their work.
-            StopReason::Peer if matches!(self.attempt.end, Some(JobEnd::Stopped { .. })) => {
-                self.job.term_timeout
-            }
-            StopReason::RankFailed
-            | StopReason::RankHung
-            | StopReason::SpawnFailed
-            | StopReason::Peer => self.cfg.workers_stop_timeout,
-        };
-        let kill_at = now + grace;
-        match &mut self.phase {
-            Phase::Running => {
-                self.phase = Phase::Stopping {
-                    reason,
-                    kill_at,
-                    killed: false,
-                };
-            }
-            Phase::Stopping {
-                reason: r,
-                kill_at: k,
-                ..
-            } => {
-                if reason == StopReason::Signal {
-                    *r = reason;
-                    *k = (*k).min(kill_at);
-                } else {
-                    return;
-                }
-            }
-            Phase::Finished | Phase::Joining | Phase::Waiting | Phase::BackingOff { .. } => return,
-        }
-        let pids = self.attempt.live_pids();
-        self.attempt.kill_holders = self.stop_is_immediate(reason);
-        let sig_for = |p: i32| {
-            special
-                .filter(|(sp, _)| *sp == p)
-                .map_or(signal, |(_, s)| s)
-        };
-        // A rank that holds the signal for `should_stop` would only note it and run on (or stay
-        // blocked in a collective) until the grace ends: a stop that must end it gets SIGKILL.
-        let killed: Vec<i32> = pids
-            .iter()
-            .copied()
-            .filter(|p| self.attempt.kill_holders && self.holds(*p, sig_for(*p)))
-            .collect();
-        out.push(Action::Record(Record::Stop {
-            cycle: self.cycle,
-            reason,
-            signal,
-            grace_ms: grace.as_millis() as u64,
-            pids: pids.clone(),
-            killed: killed.clone(),
-            trigger: self.stop.asked().map(|(trigger, _)| trigger),
-        }));
-        if !killed.is_empty() {
-            out.push(Action::SignalGroups {
-                pgids: killed.clone(),
-                signal: SIGKILL,
-            });
-        }
-        let (special_pids, rest): (Vec<i32>, Vec<i32>) = pids
-            .into_iter()
-            .filter(|p| !killed.contains(p))
-            .partition(|p| special.is_some_and(|(sp, _)| sp == *p));
-        if !rest.is_empty() {
-            out.push(Action::SignalGroups {
-                pgids: rest,
-                signal,
-            });
-        }
-        if let (Some((_, sig)), false) = (special, special_pids.is_empty()) {
-            out.push(Action::SignalGroups {
-                pgids: special_pids,
-                signal: sig,
-            });
-        }
+        let graces = (self.job.term_timeout, self.cfg.workers_stop_timeout);
+        let grace = grace(reason, &self.attempt, graces);
+        let under_way = (self.cycle, self.stop.asked().map(|(trigger, _)| trigger));
+        let order = (reason, signal, special);
+        let (phase, attempt) = (&mut self.phase, &mut self.attempt);
+        begin_stop(phase, attempt, under_way, grace, now, order, out);
     }
 
-    /// Whether a stop for `reason` ends the ranks at once: a failure, a hang or a lost node is not
-    /// a preemption, so there is nothing to save at a step and nothing to wait for. Only a stop
-    /// at an agreed step (a signal, the time limit, a node stopped for good) gives the ranks that
-    /// hold the stop signal time to save; so does a failure during such a stop, whose ranks were
-    /// already asked to save at that step.
-    pub(super) fn stop_is_immediate(&self, reason: StopReason) -> bool {
-        !self.stop.under_way()
-            && match reason {
-                StopReason::RankFailed | StopReason::RankHung | StopReason::SpawnFailed => true,
-                StopReason::Peer => !matches!(self.attempt.end, Some(JobEnd::Stopped { .. })),
-                StopReason::Signal => false,
-            }
-    }
-
-    /// Whether the rank whose process group is `pid` holds `sig` for `should_stop`.
-    fn holds(&self, pid: i32, sig: i32) -> bool {
-        self.attempt
-            .ranks
-            .iter()
-            .any(|r| r.pid == Some(pid) && holds_signal(r.holds, sig))
-    }
-
-    /// A rank said which signals it holds (or that one arrived): during a stop that ends ranks at
-    /// once, a rank that holds what it was sent gets SIGKILL now. A rank whose message the agent
-    /// had not read yet when the stop began is caught here.
+    /// A rank said which signals it holds (or that one arrived): [`kill_if_holding`].
     pub(super) fn kill_if_holding(&mut self, local_rank: u32, out: &mut Vec<Action>) {
-        let Some(r) = self.attempt.ranks.get(local_rank as usize) else {
-            return;
-        };
-        let (Some(pid), true) = (r.pid, r.running()) else {
-            return;
-        };
-        let sent = [SIGTERM, self.cfg.termination_signal];
-        if self.attempt.kill_holders
-            && matches!(self.phase, Phase::Stopping { killed: false, .. })
-            && sent.iter().any(|s| holds_signal(r.holds, *s))
-        {
-            out.push(Action::SignalGroups {
-                pgids: vec![pid],
-                signal: SIGKILL,
-            });
-        }
+        let term = self.cfg.termination_signal;
+        kill_if_holding(&self.attempt, &self.phase, term, local_rank, out);
     }
+}
 
-    /// A stop whose grace is over: every rank still alive gets SIGKILL, once.
-    pub(super) fn escalate_tick(&mut self, now: Instant, out: &mut Vec<Action>) {
-        if let Phase::Stopping {
-            kill_at,
-            killed: false,
-            reason,
-        } = self.phase
-        {
-            if now >= kill_at {
-                self.phase = Phase::Stopping {
-                    reason,
-                    kill_at,
-                    killed: true,
-                };
-                let pids = self.attempt.live_pids();
-                out.push(Action::Record(Record::Escalate {
-                    cycle: self.cycle,
-                    signal: SIGKILL,
-                    pids: pids.clone(),
-                }));
-                out.push(Action::SignalGroups {
-                    pgids: pids,
-                    signal: SIGKILL,
-                });
+/// The grace a stop for `reason` gives the ranks, from `--term-timeout` as the runtime last set it
+/// and `--workers-stop-timeout` (`graces`, in that order).
+pub(super) fn grace(
+    reason: StopReason,
+    attempt: &Attempt,
+    (term_timeout, workers_stop_timeout): (Duration, Duration),
+) -> Duration {
+    match reason {
+        StopReason::Signal => term_timeout,
+        // A node stopped for good by a signal gives ours the same time to save their work.
+        StopReason::Peer if matches!(attempt.end, Some(JobEnd::Stopped { .. })) => term_timeout,
+        StopReason::RankFailed
+        | StopReason::RankHung
+        | StopReason::SpawnFailed
+        | StopReason::Peer => workers_stop_timeout,
+    }
+}
+
+/// Stops attempt `cycle`'s ranks for `reason`: `signal` to every live rank's group (`special.0`
+/// gets `special.1` instead), and the escalation armed at `now + grace`. `trigger` is that of the
+/// stop agreement under way (`None`: no stop was asked for). A stop already under way keeps its
+/// earlier deadline but takes the stronger reason (a signal to the agent beats a restart).
+pub(super) fn begin_stop(
+    phase: &mut Phase,
+    attempt: &mut Attempt,
+    (cycle, trigger): (u32, Option<String>),
+    grace: Duration,
+    now: Instant,
+    (reason, signal, special): (StopReason, i32, Option<(i32, i32)>),
+    out: &mut Vec<Action>,
+) {
+    let kill_at = now + grace;
+    match phase {
+        Phase::Running => {
+            *phase = Phase::Stopping {
+                reason,
+                kill_at,
+                killed: false,
+            };
+        }
+        Phase::Stopping {
+            reason: r,
+            kill_at: k,
+            ..
+        } => {
+            if reason == StopReason::Signal {
+                *r = reason;
+                *k = (*k).min(kill_at);
+            } else {
+                return;
             }
         }
+        Phase::Finished | Phase::Joining | Phase::Waiting | Phase::BackingOff { .. } => return,
     }
+    let pids = attempt.live_pids();
+    attempt.kill_holders = stop_is_immediate(reason, trigger.is_some(), attempt);
+    let sig_for = |p: i32| {
+        special
+            .filter(|(sp, _)| *sp == p)
+            .map_or(signal, |(_, s)| s)
+    };
+    // A rank that holds the signal for `should_stop` would only note it and run on (or stay
+    // blocked in a collective) until the grace ends: a stop that must end it gets SIGKILL.
+    let killed: Vec<i32> = pids
+        .iter()
+        .copied()
+        .filter(|p| attempt.kill_holders && holds(attempt, *p, sig_for(*p)))
+        .collect();
+    out.push(Action::Record(Record::Stop {
+        cycle,
+        reason,
+        signal,
+        grace_ms: grace.as_millis() as u64,
+        pids: pids.clone(),
+        killed: killed.clone(),
+        trigger,
+    }));
+    if !killed.is_empty() {
+        out.push(Action::SignalGroups {
+            pgids: killed.clone(),
+            signal: SIGKILL,
+        });
+    }
+    let (special_pids, rest): (Vec<i32>, Vec<i32>) = pids
+        .into_iter()
+        .filter(|p| !killed.contains(p))
+        .partition(|p| special.is_some_and(|(sp, _)| sp == *p));
+    if !rest.is_empty() {
+        out.push(Action::SignalGroups {
+            pgids: rest,
+            signal,
+        });
+    }
+    if let (Some((_, sig)), false) = (special, special_pids.is_empty()) {
+        out.push(Action::SignalGroups {
+            pgids: special_pids,
+            signal: sig,
+        });
+    }
+}
+
+/// Whether a stop for `reason` ends the ranks at once: a failure, a hang or a lost node is not
+/// a preemption, so there is nothing to save at a step and nothing to wait for. Only a stop
+/// at an agreed step (a signal, the time limit, a node stopped for good) gives the ranks that
+/// hold the stop signal time to save; so does a failure during such a stop (`agreed_stop`: one is
+/// under way), whose ranks were already asked to save at that step.
+fn stop_is_immediate(reason: StopReason, agreed_stop: bool, attempt: &Attempt) -> bool {
+    !agreed_stop
+        && match reason {
+            StopReason::RankFailed | StopReason::RankHung | StopReason::SpawnFailed => true,
+            StopReason::Peer => !matches!(attempt.end, Some(JobEnd::Stopped { .. })),
+            StopReason::Signal => false,
+        }
+}
+
+/// Whether the rank of `attempt` whose process group is `pid` holds `sig` for `should_stop`.
+fn holds(attempt: &Attempt, pid: i32, sig: i32) -> bool {
+    attempt
+        .ranks
+        .iter()
+        .any(|r| r.pid == Some(pid) && holds_signal(r.holds, sig))
+}
+
+/// A rank said which signals it holds (or that one arrived): during a stop that ends ranks at
+/// once (in `phase`), a rank that holds what it was sent (SIGTERM, or the rank `termination`
+/// signal) gets SIGKILL now. A rank whose message the agent had not read yet when the stop began
+/// is caught here.
+pub(super) fn kill_if_holding(
+    attempt: &Attempt,
+    phase: &Phase,
+    termination: i32,
+    local_rank: u32,
+    out: &mut Vec<Action>,
+) {
+    let Some(r) = attempt.ranks.get(local_rank as usize) else {
+        return;
+    };
+    let (Some(pid), true) = (r.pid, r.running()) else {
+        return;
+    };
+    let sent = [SIGTERM, termination];
+    if attempt.kill_holders
+        && matches!(phase, Phase::Stopping { killed: false, .. })
+        && sent.iter().any(|s| holds_signal(r.holds, *s))
+    {
+        out.push(Action::SignalGroups {
+            pgids: vec![pid],
+            signal: SIGKILL,
+        });
+    }
+}
+
+/// A tick at `now`: a stop of attempt `cycle` whose grace is over gets every rank still alive
+/// SIGKILL, once.
+pub(super) fn escalate_tick(
+    phase: &mut Phase,
+    attempt: &Attempt,
+    cycle: u32,
+    now: Instant,
+    out: &mut Vec<Action>,
+) {
+    let Phase::Stopping {
+        kill_at,
+        killed: false,
+        reason,
+    } = *phase
+    else {
+        return;
+    };
+    if now < kill_at {
+        return;
+    }
+    *phase = Phase::Stopping {
+        reason,
+        kill_at,
+        killed: true,
+    };
+    let pids = attempt.live_pids();
+    out.push(Action::Record(Record::Escalate {
+        cycle,
+        signal: SIGKILL,
+        pids: pids.clone(),
+    }));
+    out.push(Action::SignalGroups {
+        pgids: pids,
+        signal: SIGKILL,
+    });
 }
 
 /// Whether bit `sig` is set in a `HoldsSignals` mask.
