@@ -21,7 +21,8 @@
 //!
 //! `handle` only dispatches; each decision lives with its concern. Where a concern needs only some
 //! of the supervisor's parts it is a free function of those parts (`hangs::earliest_hang`,
-//! `stopstep::on_step`, `stop::begin_stop`, the timeouts' `Calc`), not a method of the whole:
+//! `stopstep::on_step`, `stop::begin_stop`, `nodefault::note_fault`,
+//! the timeouts' `Calc`), not a method of the whole:
 //! - `ranks.rs`: starting an attempt's ranks; a rank started, failed to start, exited, disconnected.
 //! - `messages.rs`: what a rank's messages mean (registration, steps, workload control, signals).
 //! - `timeouts.rs`: timeouts in force, calculating them and adopting the job's.

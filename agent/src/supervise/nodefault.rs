@@ -9,14 +9,24 @@
 //! Stragglers (node rank 0's report) are acted on only with `--stop-if-straggler`: the job stops at
 //! an agreed step, as for a signal, so every rank checkpoints; the straggler's nodes are blamed,
 //! so node rank 0 requeues the job without them.
+//!
+//! What needs only some parts is a free function of them: noting a fault ([`note_fault`]: what
+//! the node was asked, the cycle), failing an attempt at its start ([`fault_at_start`]: the
+//! attempt, what was asked) and blaming stragglers' nodes ([`blame`]). Acting on a fault or on
+//! stragglers stays in the supervisor's methods: it takes the phase and goes on to a stop, the
+//! stop agreement or the coordination's loss.
 
 use std::time::Instant;
 
-use super::events::{Action, Record, StopReason, SIGTERM};
+use super::events::{Action, JobEnd, Record, StopReason, SIGTERM};
 use super::phase::Phase;
-use super::Supervisor;
+use super::state::{Asked, Attempt};
+use super::{verdict, Supervisor};
 
 impl Supervisor {
+    /// A node fault: [`note_fault`], then this node leaves the job (before a rendezvous) or stops
+    /// its ranks as after a failure. A method: acting on it takes the phase and goes on to the
+    /// coordination's loss or to a stop and the report of this node's end.
     pub(super) fn on_node_fault(
         &mut self,
         now: Instant,
@@ -24,15 +34,9 @@ impl Supervisor {
         at_gate: bool,
         out: &mut Vec<Action>,
     ) {
-        if self.job.asked.fault.is_some() && !at_gate {
+        if !note_fault(&mut self.job.asked, self.cycle, &reason, at_gate, out) {
             return;
         }
-        out.push(Action::Record(Record::NodeFault {
-            cycle: self.cycle,
-            reason: reason.clone(),
-        }));
-        self.job.asked.fault = Some(reason.clone());
-        self.job.asked.exclude = true;
         match self.phase {
             // The checks before a rendezvous failed, so this node never joined it: leave the job
             // now, telling the others this node is to be left out.
@@ -47,29 +51,73 @@ impl Supervisor {
         }
     }
 
-    /// The next attempt was about to start on a node with a fault: it fails at once instead.
+    /// The call site of [`fault_at_start`].
     pub(super) fn fault_at_start(&mut self, out: &mut Vec<Action>) -> bool {
-        let Some(reason) = self.job.asked.fault.clone() else {
-            return false;
-        };
-        self.report_failure(format!("node {}: {reason}", self.cfg.node_rank), out);
-        true
+        let at = (self.cycle, self.cfg.node_rank);
+        fault_at_start(&self.job.asked, &mut self.attempt, at, out)
     }
 
+    /// Stragglers found: with `--stop-if-straggler`, while ranks run and no stop is under way,
+    /// [`blame`] their nodes and ask for a stop. A method: it reads the configuration, the phase
+    /// and the stop agreement, and goes on to the stop's trigger.
     pub(super) fn on_stragglers(&mut self, now: Instant, nodes: Vec<u32>, out: &mut Vec<Action>) {
         if !self.cfg.stop_if_straggler || self.stop.under_way() || self.phase != Phase::Running {
             return;
         }
-        let blamed = &mut self.job.asked.blamed;
-        for n in nodes {
-            if !blamed.contains(&n) {
-                blamed.push(n);
-            }
-        }
-        if blamed.is_empty() {
+        if !blame(&mut self.job.asked, nodes) {
             return;
         }
         let window = self.job.term_timeout;
         self.trigger_stop(now, "straggler".to_string(), window, out);
     }
+}
+
+/// A fault (`reason`) in attempt `cycle`, found by the checks before a rendezvous (`at_gate`) or
+/// while the node runs: recorded, and kept in what the node was `asked` (it cannot run ranks and
+/// is to be left out). Whether to act on it: a fault after the first is only acted on at a gate.
+pub(super) fn note_fault(
+    asked: &mut Asked,
+    cycle: u32,
+    reason: &str,
+    at_gate: bool,
+    out: &mut Vec<Action>,
+) -> bool {
+    if asked.fault.is_some() && !at_gate {
+        return false;
+    }
+    out.push(Action::Record(Record::NodeFault {
+        cycle,
+        reason: reason.to_string(),
+    }));
+    asked.fault = Some(reason.to_string());
+    asked.exclude = true;
+    true
+}
+
+/// Attempt `cycle` was about to start on node `node`, which has a fault (in what it was `asked`):
+/// the attempt fails at once instead (the report of this node's end). Whether it had one.
+pub(super) fn fault_at_start(
+    asked: &Asked,
+    attempt: &mut Attempt,
+    (cycle, node): (u32, u32),
+    out: &mut Vec<Action>,
+) -> bool {
+    let Some(reason) = &asked.fault else {
+        return false;
+    };
+    let reason = format!("node {node}: {reason}");
+    verdict::report(attempt, cycle, JobEnd::Failed { node, reason }, out);
+    true
+}
+
+/// Straggler reports blame `nodes`: each is kept once among the nodes to requeue without.
+/// Whether any node is blamed.
+pub(super) fn blame(asked: &mut Asked, nodes: Vec<u32>) -> bool {
+    let blamed = &mut asked.blamed;
+    for n in nodes {
+        if !blamed.contains(&n) {
+            blamed.push(n);
+        }
+    }
+    !blamed.is_empty()
 }
