@@ -22,7 +22,7 @@
 //! `handle` only dispatches; each decision lives with its concern. Where a concern needs only some
 //! of the supervisor's parts it is a free function of those parts (`hangs::earliest_hang`,
 //! `stopstep::on_step`, `stop::begin_stop`, `nodefault::note_fault`,
-//! the timeouts' `Calc`), not a method of the whole:
+//! `ranks::reaped`, the timeouts' `Calc`), not a method of the whole:
 //! - `ranks.rs`: starting an attempt's ranks; a rank started, failed to start, exited, disconnected.
 //! - `messages.rs`: what a rank's messages mean (registration, steps, workload control, signals).
 //! - `timeouts.rs`: timeouts in force, calculating them and adopting the job's.
@@ -243,7 +243,9 @@ impl Supervisor {
         let mut out = Vec::new();
         match event {
             Event::RankSpawned { local_rank, pid } => {
-                self.on_spawned(now, local_rank, pid, &mut out)
+                let at = (self.cycle, self.job.placement.rank_offset);
+                let rank = (local_rank, pid);
+                ranks::on_spawned(&mut self.attempt, &self.phase, at, now, rank, &mut out)
             }
             Event::SpawnFailed { local_rank, error } => {
                 self.on_spawn_failed(now, local_rank, error, &mut out)
@@ -251,7 +253,9 @@ impl Supervisor {
             Event::Reaped { pid, how } => self.on_reaped(now, pid, how, &mut out),
             Event::Signal { signal, .. } => self.on_signal(now, signal, &mut out),
             Event::Message { local_rank, msg } => self.on_message(now, local_rank, msg, &mut out),
-            Event::Disconnected { local_rank } => self.on_disconnected(local_rank),
+            Event::Disconnected { local_rank } => {
+                ranks::on_disconnected(&mut self.attempt, local_rank)
+            }
             Event::StacksCaptured { local_rank } => {
                 self.on_stacks_captured(now, local_rank, &mut out)
             }
