@@ -2,17 +2,27 @@
 //! and held signals here, and a closed checkpoint section's `section` record (for goodput);
 //! calculation requests and section ends go on to `timeouts.rs`, stop signals a rank received to
 //! `stopstep.rs`.
+//!
+//! What a message tells about the rank is a free function of the parts it touches: its liveness
+//! and sections ([`on_liveness`]: the attempt, the timeouts in force), its registration
+//! ([`on_registered`]), "training finished" ([`on_finished`]: the job's steps) and workload control
+//! ([`on_workload_control`]: what the node was asked). What the message asks for past that stays
+//! the supervisor's `on_content`: it hands each kind on to another concern (the timeouts'
+//! calculation, the steps, a stop), which between them take every part.
 
 use std::time::Instant;
 
-use vigil_ipc::RankMsg;
+use vigil_ipc::{AgentMsg, RankMsg};
 
 use super::events::{Action, Record};
-use super::monitor::{self, CalcRequest};
+use super::monitor::{self, CalcRequest, Timeouts};
+use super::state::{Asked, Attempt, Steps};
 use super::stopstep;
 use super::Supervisor;
 
 impl Supervisor {
+    /// A message from `local_rank`: its liveness, then its registration or "training finished"
+    /// the first time, then what it asks for or tells.
     pub(super) fn on_message(
         &mut self,
         now: Instant,
@@ -20,38 +30,20 @@ impl Supervisor {
         msg: RankMsg,
         out: &mut Vec<Action>,
     ) {
-        let Some(m) = self
-            .attempt
-            .ranks
-            .get_mut(local_rank as usize)
-            .filter(|r| r.running())
-            .and_then(|r| r.monitor.as_mut())
+        let at = (self.cycle, self.job.placement.rank_offset);
+        let in_force = &self.timeouts.in_force;
+        let rank = (local_rank, &msg);
+        let Some((registered, finished)) =
+            on_liveness(&mut self.attempt, at, in_force, now, rank, out)
         else {
             return;
         };
-        let (registered, finished, capped) = (m.registered(), m.finished(), m.names_capped());
-        let save = m.on_msg_keeping(now, &msg, &self.timeouts.in_force.sections);
-        if let Some(save) = save {
-            out.push(Action::Record(Record::Section {
-                cycle: self.cycle,
-                local_rank,
-                rank: self.job.placement.rank_offset + local_rank,
-                name: save.name,
-                duration_ms: save.took.as_millis().try_into().unwrap_or(u64::MAX),
-                last_recorded: save.last,
-            }));
-        }
-        if !capped && m.names_capped() {
-            out.push(Action::Record(Record::SectionNamesCapped {
-                cycle: self.cycle,
-                local_rank,
-                rank: self.job.placement.rank_offset + local_rank,
-                kept: monitor::MAX_SECTION_NAMES,
-            }));
-        }
         match &msg {
-            RankMsg::Register { .. } if !registered => self.on_registered(local_rank, out),
-            RankMsg::Finished if !finished => self.on_finished(local_rank, out),
+            RankMsg::Register { .. } if !registered => {
+                let stop = self.stop.agreed().then(|| self.stop.msg());
+                on_registered(in_force, stop, at, local_rank, out)
+            }
+            RankMsg::Finished if !finished => on_finished(&mut self.job.steps, at, local_rank, out),
             _ => {}
         }
         self.on_content(now, local_rank, msg, out);
@@ -90,7 +82,11 @@ impl Supervisor {
             RankMsg::WorkloadControl {
                 action,
                 description,
-            } => self.on_workload_control(local_rank, action, description, out),
+            } => {
+                let at = (self.cycle, self.job.placement.rank_offset);
+                let asked = &mut self.job.asked;
+                on_workload_control(asked, at, local_rank, (action, description), out)
+            }
             RankMsg::Progress { step } => {
                 if let Some(r) = self.attempt.ranks.get_mut(local_rank as usize) {
                     r.listens = true;
@@ -113,60 +109,111 @@ impl Supervisor {
             _ => {}
         }
     }
+}
 
-    /// A rank registered: it gets the timeouts in force, and the stop step if one was agreed
-    /// before it connected.
-    fn on_registered(&mut self, local_rank: u32, out: &mut Vec<Action>) {
-        out.push(Action::Record(Record::Registered {
-            cycle: self.cycle,
+/// A message `msg` from local rank `local_rank` of attempt `cycle` (global ranks from
+/// `rank_offset`) at `now`: the rank's liveness and sections (under the timeouts `in_force`), and
+/// the records of a closed checkpoint section or of section names no longer kept. Whether the rank
+/// had registered and had said "training finished" before it; `None` when the rank is not running
+/// (the message means nothing then).
+pub(super) fn on_liveness(
+    attempt: &mut Attempt,
+    (cycle, rank_offset): (u32, u32),
+    in_force: &Timeouts,
+    now: Instant,
+    (local_rank, msg): (u32, &RankMsg),
+    out: &mut Vec<Action>,
+) -> Option<(bool, bool)> {
+    let m = attempt
+        .ranks
+        .get_mut(local_rank as usize)
+        .filter(|r| r.running())
+        .and_then(|r| r.monitor.as_mut())?;
+    let (registered, finished, capped) = (m.registered(), m.finished(), m.names_capped());
+    let save = m.on_msg_keeping(now, msg, &in_force.sections);
+    if let Some(save) = save {
+        out.push(Action::Record(Record::Section {
+            cycle,
             local_rank,
-            rank: self.job.placement.rank_offset + local_rank,
+            rank: rank_offset + local_rank,
+            name: save.name,
+            duration_ms: save.took.as_millis().try_into().unwrap_or(u64::MAX),
+            last_recorded: save.last,
         }));
-        out.push(Action::SendToRank {
+    }
+    if !capped && m.names_capped() {
+        out.push(Action::Record(Record::SectionNamesCapped {
+            cycle,
             local_rank,
-            msg: self.timeouts.in_force.to_msg(),
-        });
-        if self.stop.agreed() {
-            out.push(Action::SendToRank {
-                local_rank,
-                msg: self.stop.msg(),
-            });
+            rank: rank_offset + local_rank,
+            kept: monitor::MAX_SECTION_NAMES,
+        }));
+    }
+    Some((registered, finished))
+}
+
+/// Local rank `local_rank` of attempt `cycle` registered: it gets the timeouts `in_force`, and the
+/// stop request (`stop`) if the stop step was agreed before it connected.
+pub(super) fn on_registered(
+    in_force: &Timeouts,
+    stop: Option<AgentMsg>,
+    (cycle, rank_offset): (u32, u32),
+    local_rank: u32,
+    out: &mut Vec<Action>,
+) {
+    out.push(Action::Record(Record::Registered {
+        cycle,
+        local_rank,
+        rank: rank_offset + local_rank,
+    }));
+    out.push(Action::SendToRank {
+        local_rank,
+        msg: in_force.to_msg(),
+    });
+    if let Some(msg) = stop {
+        out.push(Action::SendToRank { local_rank, msg });
+    }
+}
+
+/// Local rank `local_rank` of attempt `cycle` said "training finished": the job's `steps` keep it.
+pub(super) fn on_finished(
+    steps: &mut Steps,
+    (cycle, rank_offset): (u32, u32),
+    local_rank: u32,
+    out: &mut Vec<Action>,
+) {
+    steps.training_finished = true;
+    out.push(Action::Record(Record::TrainingFinished {
+        cycle,
+        local_rank,
+        rank: rank_offset + local_rank,
+    }));
+}
+
+/// NVRx's workload control from local rank `local_rank` of attempt `cycle`: no further attempt,
+/// or keep this node out of the job (kept in what the node was `asked`).
+pub(super) fn on_workload_control(
+    asked: &mut Asked,
+    (cycle, rank_offset): (u32, u32),
+    local_rank: u32,
+    (action, description): (u8, String),
+    out: &mut Vec<Action>,
+) {
+    let name = match action {
+        vigil_ipc::WORKLOAD_EXCLUDE_NODE => {
+            asked.exclude = true;
+            "exclude_this_node"
         }
-    }
-
-    fn on_finished(&mut self, local_rank: u32, out: &mut Vec<Action>) {
-        self.job.steps.training_finished = true;
-        out.push(Action::Record(Record::TrainingFinished {
-            cycle: self.cycle,
-            local_rank,
-            rank: self.job.placement.rank_offset + local_rank,
-        }));
-    }
-
-    /// NVRx's workload control: no further attempt, or keep this node out of the job.
-    fn on_workload_control(
-        &mut self,
-        local_rank: u32,
-        action: u8,
-        description: String,
-        out: &mut Vec<Action>,
-    ) {
-        let name = match action {
-            vigil_ipc::WORKLOAD_EXCLUDE_NODE => {
-                self.job.asked.exclude = true;
-                "exclude_this_node"
-            }
-            vigil_ipc::WORKLOAD_SHUTDOWN => {
-                self.job.asked.shutdown = true;
-                "shutdown_workload"
-            }
-            _ => return,
-        };
-        out.push(Action::Record(Record::WorkloadControl {
-            cycle: self.cycle,
-            rank: self.job.placement.rank_offset + local_rank,
-            action: name,
-            description,
-        }));
-    }
+        vigil_ipc::WORKLOAD_SHUTDOWN => {
+            asked.shutdown = true;
+            "shutdown_workload"
+        }
+        _ => return,
+    };
+    out.push(Action::Record(Record::WorkloadControl {
+        cycle,
+        rank: rank_offset + local_rank,
+        action: name,
+        description,
+    }));
 }

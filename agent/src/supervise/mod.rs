@@ -20,9 +20,13 @@
 //! `Pace`, `Requests`) are in `machines.rs`, so the attempt's state imports no concern.
 //!
 //! `handle` only dispatches; each decision lives with its concern. Where a concern needs only some
-//! of the supervisor's parts it is a free function of those parts (`hangs::earliest_hang`,
-//! `stopstep::on_step`, `stop::begin_stop`, `nodefault::note_fault`,
-//! `ranks::reaped`, the timeouts' `Calc`), not a method of the whole:
+//! of the supervisor's parts it is a free function of those parts, not a method of the whole; every
+//! concern below has them (`ranks::reaped`, `messages::on_liveness`, `hangs::earliest_hang`,
+//! `stopstep::on_step`, `stop::begin_stop`, `nodefault::note_fault`, `verdict::report`, the
+//! timeouts' `Calc`). What stays a method of `Supervisor` either only hands a free function its
+//! parts (the call sites other concerns use, such as `begin_stop`), or needs most of the parts and
+//! goes on to other concerns (a signal to the agent, what a rank's message asks for, acting on a
+//! node fault, the stop agreement's triggers, the job's verdict):
 //! - `ranks.rs`: starting an attempt's ranks; a rank started, failed to start, exited, disconnected.
 //! - `messages.rs`: what a rank's messages mean (registration, steps, workload control, signals).
 //! - `timeouts.rs`: timeouts in force, calculating them and adopting the job's.
