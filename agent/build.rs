@@ -17,15 +17,20 @@ fn main() {
         .or_else(|| git(&["rev-parse", "--short=12", "HEAD"]))
         .unwrap_or_else(|| "unknown commit".into());
     // A new commit changes HEAD (a detached checkout) or the branch it points to.
-    for path in ["HEAD", "refs/heads", "packed-refs"] {
+    // Only paths that exist: cargo reruns this script on every build for a watched path that is
+    // missing (a clone without `packed-refs`), and so rebuilds the agent each time.
+    let watch = |path: &str| {
         if let Some(p) = git(&["rev-parse", "--git-path", path]) {
-            println!("cargo:rerun-if-changed={p}");
+            if std::path::Path::new(&p).exists() {
+                println!("cargo:rerun-if-changed={p}");
+            }
         }
+    };
+    for path in ["HEAD", "refs/heads", "packed-refs"] {
+        watch(path);
     }
     if let Some(r) = git(&["symbolic-ref", "-q", "HEAD"]) {
-        if let Some(p) = git(&["rev-parse", "--git-path", &r]) {
-            println!("cargo:rerun-if-changed={p}");
-        }
+        watch(&r);
     }
     println!("cargo:rustc-env=VIGIL_COMMIT={commit}");
 }
