@@ -383,6 +383,44 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_send_ends_the_passs_sending() {
+        use std::io::{Read, Write};
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        l.set_nonblocking(true).unwrap();
+        let url = send::parse_url(&format!("http://127.0.0.1:{port}/h")).unwrap();
+        let server = std::thread::spawn(move || {
+            let mut conns = 0;
+            let until = std::time::Instant::now() + Duration::from_secs(5);
+            while std::time::Instant::now() < until {
+                match l.accept() {
+                    Ok((mut c, _)) => {
+                        conns += 1;
+                        c.set_nonblocking(false).unwrap();
+                        let mut buf = [0u8; 4096];
+                        let _ = c.read(&mut buf);
+                        let _ = c.write_all(b"HTTP/1.1 503 Busy\r\n\r\n");
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                }
+            }
+            conns
+        });
+        let mut out = Out {
+            webhook: Some(&url),
+            down: false,
+        };
+        assert!(!tell(&mut out, "{}", "first"));
+        assert!(out.down);
+        assert!(!tell(&mut out, "{}", "second"));
+        assert_eq!(
+            server.join().unwrap(),
+            1,
+            "the second message was not tried"
+        );
+    }
+
+    #[test]
     fn durations_are_seconds_or_humantime() {
         assert_eq!(duration("90"), Ok(Duration::from_secs(90)));
         assert_eq!(duration("15m"), Ok(Duration::from_secs(900)));
