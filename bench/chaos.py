@@ -225,13 +225,16 @@ srun {vigil_bin()} run --nproc-per-node {NPROC} --max-restarts {MAX_RESTARTS} --
             elif kind == "scontrol_requeue":
                 slurm_cmd("scontrol", "requeue", self.job)
             elif kind == "preempt":
-                sbatch("#!/bin/bash\n#SBATCH -N 1 -p high --exclusive\nsleep 1\n", self.d / "high")
+                # Every node, exclusive: it cannot run beside the job on a node the job leaves free.
+                sbatch(f"#!/bin/bash\n#SBATCH -N {self.args.nodes} -p high --exclusive\nsleep 1\n", self.d / "high")
             elif kind == "time_limit":
                 run_s = _secs(st.get("RunTime", "0"))
                 limit = run_s // 60 + 2
                 slurm_cmd("scontrol", "update", f"JobId={self.job}", f"TimeLimit={limit}")
                 self.restore_limit = int(st.get("Restarts", "0"))
-                rec["limit_min"] = limit
+                started = time.mktime(time.strptime(st["StartTime"], "%Y-%m-%dT%H:%M:%S"))
+                # vigil must stop the job once the end is within its --stop-lead (40 s).
+                rec.update(limit_min=limit, alloc=self.restore_limit, due_t=started + limit * 60 - 40)
             return rec
         if target == "store":
             addr = self.store_addr()
@@ -350,6 +353,11 @@ srun {vigil_bin()} run --nproc-per-node {NPROC} --max-restarts {MAX_RESTARTS} --
                 if not done:
                     continue
                 f = dict(f, t=done[0]["t"])
+            if "due_t" in f:
+                # A shortened time limit only counts once the allocation lived to its stop lead
+                # (another fault may have ended it first).
+                last = max((r["t"] for r in steps.get(0, []) if r.get("alloc") == f["alloc"]), default=0)
+                f = dict(f, superseded=last < f["due_t"] - 1)
             faults.append(f)
         gp = subprocess.run([vigil_bin(), "goodput", str(self.d), "--json"], capture_output=True, text=True)
         goodput = json.loads(gp.stdout) if gp.returncode == 0 and gp.stdout.strip() else None

@@ -167,6 +167,8 @@ def check_run(run: dict) -> list:
     v += check_goodput(run.get("goodput"), run["steps"], run.get("gp_tolerance", 0.10))
     nr = node_ranks_of(run["events"])
     for f in run["faults"]:
+        if f.get("superseded"):
+            continue  # the fault never came due: another one ended its allocation first
         if evidence(f, run["events"], nr) is None:
             v.append(("fault in the events", f"{f['kind']} at {f['t']:.1f} ({_target(f)}) not recorded"))
     return v

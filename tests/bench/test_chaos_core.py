@@ -157,3 +157,14 @@ def test_the_table_ends_with_the_summary_line():
     text = core.table(results)
     assert text.splitlines()[-1] == "chaos: 3 faults, 1 survived, 1 violations"
     assert "| 1 | 1 | 12 | the job ends | x |" in text
+
+
+def test_every_fault_that_came_due_must_be_in_the_events():
+    base = {"steps": {}, "ledger": [{"allocation": 1, "decision": "finished", "end": 10}], "ended": True,
+            "slurm": {"Restarts": "0"}, "max_requeues": 6, "leftovers": [], "events": [],
+            "goodput": {"breakdown": {"other": 10.0}, "wall_s": 10.0, "goodput_fraction": 0.0}}
+    fault = {"kind": "time_limit", "t": 5.0}
+    assert core.check_run(dict(base, faults=[])) == []
+    assert [inv for inv, _ in core.check_run(dict(base, faults=[fault]))] == ["fault in the events"]
+    assert core.check_run(dict(base, faults=[dict(fault, superseded=True)])) == []
+    assert core.check_run(dict(base, faults=[], leftovers=["7 python3"]))
