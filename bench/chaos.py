@@ -171,8 +171,9 @@ srun {vigil_bin()} run --nproc-per-node {NPROC} --max-restarts {MAX_RESTARTS} --
 
     def agents(self, procs):
         """(active {host: pid}, standby {host: pid}): agents with live ranks are active."""
-        agents = {pid: env.get("SLURMD_NODENAME") for pid, (comm, env, _) in procs.items() if comm == "vigil"}
-        busy = {ppid for pid, (comm, env, ppid) in procs.items() if "RANK" in env and comm != "vigil"}
+        agent = Path(vigil_bin()).name[:15]  # the kernel's comm keeps 15 characters
+        agents = {pid: env.get("SLURMD_NODENAME") for pid, (comm, env, _) in procs.items() if comm == agent}
+        busy = {ppid for pid, (comm, env, ppid) in procs.items() if "RANK" in env and comm != agent}
         active = {h: p for p, h in agents.items() if p in busy}
         standby = {h: p for p, h in agents.items() if p not in busy}
         return active, standby
@@ -315,7 +316,11 @@ srun {vigil_bin()} run --nproc-per-node {NPROC} --max-restarts {MAX_RESTARTS} --
                 self.restore_limit = None
             if pending_faults and time.time() >= t_first + pending_faults[0]["at"]:
                 f = pending_faults[0]
-                rec = self.inject(f)
+                try:
+                    rec = self.inject(f)
+                except (OSError, SlurmError, KeyError, ValueError) as e:
+                    log(f"run {self.plan['index']}: {f['kind']} could not be injected: {e}")
+                    rec, f = None, dict(f, at=-1e9)  # given up at once below
                 if rec is not None or time.time() > t_first + f["at"] + 20:
                     pending_faults.pop(0)
                     if rec is not None:
@@ -423,6 +428,13 @@ def main(argv=None):
                 ensure_cluster(cl)
                 try:
                     final = run.drive(args.run_timeout)
+                except (SlurmError, subprocess.TimeoutExpired) as e:
+                    # The harness's trouble with Slurm, not vigil's: say so and go on to the next run.
+                    log(f"run {index}: harness error, run not counted: {e}")
+                    run.leftovers()
+                    cluster("stop")
+                    index += 1
+                    continue
                 finally:
                     left = run.leftovers()
                     slurm_cmd("scancel", "-p", "high", check=False)

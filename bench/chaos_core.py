@@ -84,6 +84,9 @@ def evidence(fault: dict, events: list, node_ranks: dict, window_s: float = 150.
             return True
         if e["event"] == "promotion" and e.get("lost") == nr:
             return True
+        # Node rank 0 hosts the store: the others see its loss as the store's connection lost.
+        if nr == 0 and e["event"] in ("cycle_ended", "result") and "node rank 0's store" in str(e.get("reason", "")):
+            return True
         return e["event"] == "result" and e.get("outcome") == "lost" and e.get("node") == nr
 
     for e in near:

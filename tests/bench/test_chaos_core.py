@@ -168,3 +168,12 @@ def test_every_fault_that_came_due_must_be_in_the_events():
     assert [inv for inv, _ in core.check_run(dict(base, faults=[fault]))] == ["fault in the events"]
     assert core.check_run(dict(base, faults=[dict(fault, superseded=True)])) == []
     assert core.check_run(dict(base, faults=[], leftovers=["7 python3"]))
+
+
+def test_node_rank_0_lost_is_read_from_the_others_losing_its_store():
+    events = [ev("joined", 1, host="n1", node_rank=0), ev("joined", 1, host="n2", node_rank=1),
+              ev("cycle_ended", 110, host="n2", node_rank=1, end="lost",
+                 reason="lost the connection to node rank 0's store at 127.0.0.1:20004")]
+    nr = core.node_ranks_of(events)
+    assert core.evidence({"kind": "agent_sigkill", "t": 100, "host": "n1"}, events, nr)
+    assert core.evidence({"kind": "agent_sigkill", "t": 100, "host": "n2"}, events, nr) is None
