@@ -173,6 +173,11 @@ impl Supervisor {
 
     /// The lowest and highest step this attempt's ranks last reported (`None`: none reported).
     pub fn step_range(&self) -> Option<(u64, u64)> {
+        // From a restart to the next attempt's start, `cycle` names the next attempt while
+        // `attempt` still holds the last one's ranks: their steps are not the next attempt's.
+        if matches!(self.phase, Phase::Joining | Phase::BackingOff { .. }) {
+            return None;
+        }
         let steps = self
             .attempt
             .ranks

@@ -492,3 +492,34 @@ fn an_attempt_starts_with_the_assignment_the_rendezvous_gave() {
         })
     )));
 }
+
+#[test]
+fn no_steps_between_a_restart_and_the_next_attempts_ranks() {
+    // The `steps` record is tagged with `cycle()`: from the restart on that is the next attempt,
+    // which must not show the steps the last attempt's ranks reached (found by bench/chaos.py).
+    let t = Instant::now();
+    let (mut s, _) = Solo::new(SupervisorConfig {
+        backoff: B,
+        ..cfg(1, 10)
+    });
+    spawn_all(&mut s, t, 10);
+    fail_at(&mut s, t, 10);
+    spawn_all(&mut s, t, 20);
+    let reg = RankMsg::Register {
+        rank: 0,
+        local_rank: 0,
+        pid: 20,
+        cycle: 1,
+    };
+    send(&mut s, t, 0, reg);
+    send(&mut s, t, 0, RankMsg::Heartbeat { step: Some(229) });
+    assert_eq!(s.step_range(), Some((229, 229)));
+    let failed = t + Duration::from_secs(1);
+    let a = fail_at(&mut s, failed, 20);
+    assert_eq!((restart_waits(&a), s.cycle()), (vec![1000], 2));
+    assert_eq!(s.step_range(), None, "during the back-off");
+    let until = failed + Duration::from_secs(1);
+    assert_eq!(spawns(&s.handle(until, Event::Tick)), vec![2]);
+    spawn_all(&mut s, until, 30);
+    assert_eq!(s.step_range(), None, "the new ranks reported nothing yet");
+}

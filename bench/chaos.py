@@ -1,0 +1,474 @@
+"""Chaos soak on the real local Slurm cluster (tests/slurm/cluster.sh): real torch DDP jobs under
+`srun vigil run`, a seeded injector picking faults from bench/chaos_core.CATALOG at random times,
+invariants checked over what each job and vigil wrote, one table.
+
+    python3 bench/chaos.py --minutes M --seed S [--nodes N] [--out FILE] [--workdir DIR]
+
+Runs jobs one after another until M minutes have passed (a job started before then runs to its
+end). Each job is one run: its plan (spare or not, faults and their times) comes from the seed and
+the run's index alone (chaos_core.plan_run), so `--seed S --first-run I --runs 1` replays run I.
+The cluster is shared: each run holds /tmp/vigil-slurm.lock (flock) from the cluster check to the
+job's cleanup and lets it go between runs. A cluster that is down is started (and stopped at the
+end). The last line is exactly `chaos: F faults, S survived, V violations`; exit status 0 only
+when V is 0. The table also goes to --out (default <workdir>/chaos-<seed>.md).
+"""
+import argparse
+import fcntl
+import json
+import math
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(ROOT / "tests"))
+import chaos_core as core  # noqa: E402
+from slurm.slurmlib import (TERMINAL_STATES, cluster, sbatch, show_job, slurm_cmd,  # noqa: E402
+                            SlurmError)
+
+SHIM = str(ROOT / "python-shim")
+NPROC = 2
+NODE_TIMEOUT = 10
+MAX_REQUEUES = 6
+MAX_RESTARTS = 12
+
+
+def log(msg):
+    print(f"[chaos {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def vigil_bin():
+    return os.environ.get("VIGIL_BIN") or str(ROOT / "target" / "debug" / "vigil")
+
+
+class Lock:
+    """flock on the shared cluster's lock file, held for one run."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __enter__(self):
+        self.f = open(self.path, "a")
+        fcntl.flock(self.f, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        fcntl.flock(self.f, fcntl.LOCK_UN)
+        self.f.close()
+
+
+def ensure_cluster(state):
+    if cluster("status").returncode == 0:
+        return
+    log("cluster down: starting it")
+    cluster("stop")
+    p = cluster("start")
+    if p.returncode != 0:
+        raise SystemExit(f"chaos: cannot start the Slurm cluster:\n{p.stdout}")
+    state["started"] = True
+
+
+def procs_of(run_id):
+    """{pid: (comm, environ dict)} of every process carrying this run's CHAOS_RUN."""
+    want = f"CHAOS_RUN={run_id}".encode()
+    out = {}
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            env = (p / "environ").read_bytes().split(b"\0")
+            if want not in env:
+                continue
+            stat = (p / "stat").read_text()
+            if stat.rsplit(")", 1)[1].split()[0] == "Z":
+                continue
+            comm = (p / "comm").read_text().strip()
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        d = dict(kv.decode(errors="replace").partition("=")[::2] for kv in env if b"=" in kv)
+        out[int(p.name)] = (comm, d, ppid)
+    return out
+
+
+def read_jsonl(path):
+    out = []
+    try:
+        text = Path(path).read_text()
+    except OSError:
+        return out
+    for line in text.splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            pass  # a line cut by a SIGKILL mid-write
+    return out
+
+
+def steps_of(d):
+    return {int(f.stem[4:]): read_jsonl(f) for f in (d / "steps").glob("rank*.jsonl")}
+
+
+def events_of(d):
+    ev = []
+    for f in (d / "logs").glob("*/events.jsonl"):
+        ev += read_jsonl(f)
+    return sorted(ev, key=lambda e: e.get("ts", 0))
+
+
+class Run:
+    def __init__(self, args, plan, root, t_soak):
+        self.args, self.plan, self.t_soak = args, plan, t_soak
+        self.id = f"{args.seed}-{plan['index']}-{os.getpid()}"
+        self.d = root / f"run-{plan['index']}"
+        self.applied, self.timers, self.restore_limit = [], [], None
+        self.nodes = args.nodes if plan["spare"] else args.nodes - 1
+
+    def submit(self):
+        d = self.d
+        for sub in ("steps", "ctl", "ckpt", "logs", "state"):
+            (d / sub).mkdir(parents=True, exist_ok=True)
+        env = {"CHAOS_RUN": self.id, "CHAOS_DIR": d, "CHAOS_STEPS": self.args.steps, "PYTHONPATH": SHIM,
+               "PYTHON_EXEC": sys.executable}
+        exports = " ".join(f"{k}={v}" for k, v in env.items())
+        spare = "--spare-nodes 1" if self.plan["spare"] else ""
+        self.job = sbatch(
+            f"""#!/bin/bash
+#SBATCH -N {self.nodes} --ntasks-per-node=1 --open-mode=append -p low --time=30
+export {exports}
+srun {vigil_bin()} run --nproc-per-node {NPROC} --max-restarts {MAX_RESTARTS} --max-requeues {MAX_REQUEUES} \\
+    --workers-stop-timeout 5 --heartbeat-timeout 15 --initial-heartbeat-timeout 240 \\
+    --section-timeouts step=15 --node-timeout {NODE_TIMEOUT} --stop-lead 40 {spare} \\
+    --log-dir {d}/logs --state-dir {d}/state {HERE}/chaos_train.py
+""", d)
+        log(f"run {self.plan['index']}: job {self.job} on {self.nodes} nodes, spare={self.plan['spare']}, "
+            f"faults {[(f['at'], f['kind']) for f in self.plan['faults']]}")
+
+    def state(self):
+        try:
+            return show_job(self.job)
+        except (SlurmError, IndexError):
+            return {"JobState": "UNKNOWN"}
+
+    def live_ranks(self):
+        """{rank: pid} of ranks alive now (latest start record per rank whose pid lives)."""
+        procs = procs_of(self.id)
+        out = {}
+        for rank, recs in steps_of(self.d).items():
+            starts = [r for r in recs if r["ev"] == "start"]
+            if starts and starts[-1]["pid"] in procs:
+                out[rank] = starts[-1]["pid"]
+        return out, procs
+
+    def agents(self, procs):
+        """(active {host: pid}, standby {host: pid}): agents with live ranks are active."""
+        agent = Path(vigil_bin()).name[:15]  # the kernel's comm keeps 15 characters
+        agents = {pid: env.get("SLURMD_NODENAME") for pid, (comm, env, _) in procs.items() if comm == agent}
+        busy = {ppid for pid, (comm, env, ppid) in procs.items() if "RANK" in env and comm != agent}
+        active = {h: p for p, h in agents.items() if p in busy}
+        standby = {h: p for p, h in agents.items() if p not in busy}
+        return active, standby
+
+    def at(self, t_first, fault):
+        return t_first + fault["at"]
+
+    def inject(self, fault):
+        kind, pick = fault["kind"], fault["pick"]
+        target, _ = core.CATALOG[kind]
+        now = time.time()
+        rec = {"kind": kind, "t": now, "at_s": now - self.t_soak}
+        if target == "rank":
+            ranks, procs = self.live_ranks()
+            if not ranks:
+                return None
+            rank = sorted(ranks)[int(pick * len(ranks))]
+            pid = ranks[rank]
+            rec.update(rank=rank, pid=pid)
+            if kind in ("rank_exit1", "rank_exit0_early", "rank_section_hang"):
+                (self.d / "ctl" / f"rank{rank}").write_text(json.dumps({"kind": kind, "pid": pid}))
+                rec["via_ctl"] = True
+            else:
+                sig = {"rank_sigkill": signal.SIGKILL, "rank_sigsegv": signal.SIGSEGV,
+                       "rank_sigstop": signal.SIGSTOP}[kind]
+                os.kill(pid, sig)
+            return rec
+        if target in ("active", "standby"):
+            _, procs = self.live_ranks()
+            active, standby = self.agents(procs)
+            pool = active if target == "active" else standby
+            if not pool or (target == "active" and not active):
+                return None
+            host = sorted(pool)[int(pick * len(pool))]
+            pid = pool[host]
+            rec.update(host=host, agent_pid=pid)
+            sig = {"sigkill": signal.SIGKILL, "sigstop": signal.SIGSTOP, "sigterm": signal.SIGTERM}[kind.split("_")[1]]
+            os.kill(pid, sig)
+            if sig == signal.SIGSTOP:
+                t = threading.Timer(NODE_TIMEOUT + 8, lambda: _cont(pid))
+                t.start()
+                self.timers.append(t)
+            return rec
+        if target == "job":
+            st = self.state()
+            if st.get("JobState") != "RUNNING":
+                return None
+            if kind == "scancel_usr1":
+                slurm_cmd("scancel", "--signal=USR1", self.job)
+            elif kind == "scontrol_requeue":
+                slurm_cmd("scontrol", "requeue", self.job)
+            elif kind == "preempt":
+                # Every node, exclusive: it cannot run beside the job on a node the job leaves free.
+                sbatch(f"#!/bin/bash\n#SBATCH -N {self.args.nodes} -p high --exclusive\nsleep 1\n", self.d / "high")
+            elif kind == "time_limit":
+                run_s = _secs(st.get("RunTime", "0"))
+                limit = run_s // 60 + 2
+                slurm_cmd("scontrol", "update", f"JobId={self.job}", f"TimeLimit={limit}")
+                self.restore_limit = int(st.get("Restarts", "0"))
+                started = time.mktime(time.strptime(st["StartTime"], "%Y-%m-%dT%H:%M:%S"))
+                # vigil must stop the job once the end is within its --stop-lead (40 s).
+                rec.update(limit_min=limit, alloc=self.restore_limit, due_t=started + limit * 60 - 40)
+            return rec
+        if target == "store":
+            addr = self.store_addr()
+            if addr is None:
+                return None
+            host, port = addr
+            if kind == "store_junk":
+                with socket.create_connection((host, port), timeout=5) as s:
+                    s.sendall(random.Random(pick).randbytes(512))
+                    s.settimeout(3)
+                    try:
+                        while s.recv(4096):
+                            pass
+                    except OSError:
+                        pass
+            else:
+                socks = []
+                for _ in range(300):
+                    try:
+                        socks.append(socket.create_connection((host, port), timeout=2))
+                    except OSError:
+                        break
+                time.sleep(1)
+                for s in socks:
+                    s.close()
+                rec["connections"] = len(socks)
+            rec["store"] = f"{host}:{port}"
+            return rec
+        return None
+
+    def store_addr(self):
+        for e in reversed(events_of(self.d)):
+            if e["event"] == "nodes" and e.get("node_rank") == 0 and e.get("store"):
+                h, _, p = e["store"].rpartition(":")
+                return h, int(p)
+        return None
+
+    def first_step(self, timeout):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            for recs in steps_of(self.d).values():
+                for r in recs:
+                    if r["ev"] == "step":
+                        return r["t"]
+            if self.state().get("JobState") in TERMINAL_STATES:
+                return None
+            time.sleep(1)
+        return None
+
+    def drive(self, run_timeout):
+        self.submit()
+        t_end = time.time() + run_timeout
+        t_first = self.first_step(300)
+        pending_faults = list(self.plan["faults"]) if t_first else []
+        pending_since = None
+        while True:
+            st = self.state()
+            js = st.get("JobState")
+            if js in TERMINAL_STATES:
+                break
+            if time.time() > t_end:
+                log(f"run {self.plan['index']}: job {self.job} still {js} after {run_timeout}s: cancelling")
+                slurm_cmd("scancel", self.job, check=False)
+                self.ended = False
+                break
+            if js == "PENDING":
+                pending_since = pending_since or time.time()
+                if time.time() - pending_since > 240:
+                    log(f"run {self.plan['index']}: job {self.job} pending 240s ({st.get('Reason')}): cancelling")
+                    slurm_cmd("scancel", self.job, check=False)
+                    self.ended = False
+                    self.pending_reason = st.get("Reason")
+                    break
+            else:
+                pending_since = None
+            if self.restore_limit is not None and int(st.get("Restarts", "0")) > self.restore_limit:
+                slurm_cmd("scontrol", "update", f"JobId={self.job}", "TimeLimit=30", check=False)
+                self.restore_limit = None
+            if pending_faults and time.time() >= t_first + pending_faults[0]["at"]:
+                f = pending_faults[0]
+                try:
+                    rec = self.inject(f)
+                except (OSError, SlurmError, KeyError, ValueError) as e:
+                    log(f"run {self.plan['index']}: {f['kind']} could not be injected: {e}")
+                    rec, f = None, dict(f, at=-1e9)  # given up at once below
+                if rec is not None or time.time() > t_first + f["at"] + 20:
+                    pending_faults.pop(0)
+                    if rec is not None:
+                        log(f"run {self.plan['index']}: injected {rec}")
+                        self.applied.append(rec)
+                    else:
+                        log(f"run {self.plan['index']}: {f['kind']} had no target: skipped")
+            time.sleep(0.5)
+        self.final = self.state()
+        for t in self.timers:
+            t.cancel()
+        for pid in [r["agent_pid"] for r in self.applied if r["kind"].endswith("sigstop") and "agent_pid" in r]:
+            _cont(pid)
+        return self.final
+
+    def leftovers(self):
+        deadline = time.time() + 20  # Slurm's KillWait is 5 s; generous on a shared machine
+        while time.time() < deadline:
+            left = procs_of(self.id)
+            if not left:
+                return []
+            time.sleep(0.5)
+        left = procs_of(self.id)
+        for pid in left:
+            _kill(pid)
+        return [f"{pid} {comm} on {env.get('SLURMD_NODENAME')}" for pid, (comm, env, _) in left.items()]
+
+    def collect(self):
+        steps = steps_of(self.d)
+        # Faults asked of a rank count only once the rank did them (its own `fault` record).
+        faults = []
+        for f in self.applied:
+            if f.get("via_ctl"):
+                done = [r for r in steps.get(f["rank"], []) if r["ev"] == "fault" and r["pid"] == f["pid"]]
+                if not done:
+                    continue
+                f = dict(f, t=done[0]["t"])
+            if "due_t" in f:
+                # A shortened time limit only counts once the allocation lived to its stop lead
+                # (another fault may have ended it first).
+                last = max((r["t"] for r in steps.get(0, []) if r.get("alloc") == f["alloc"]), default=0)
+                f = dict(f, superseded=last < f["due_t"] - 1)
+            faults.append(f)
+        gp = subprocess.run([vigil_bin(), "goodput", str(self.d), "--json"], capture_output=True, text=True)
+        goodput = json.loads(gp.stdout) if gp.returncode == 0 and gp.stdout.strip() else None
+        return {
+            "steps": steps, "events": events_of(self.d), "ledger": read_jsonl(self.d / "state" / "ledger.jsonl"),
+            "goodput": goodput, "slurm": self.final, "faults": faults, "max_requeues": MAX_REQUEUES,
+            "ended": getattr(self, "ended", True) and self.final.get("JobState") in TERMINAL_STATES,
+        }
+
+
+def _secs(s):
+    days, _, hms = s.rpartition("-")
+    parts = [int(x) for x in hms.split(":")]
+    while len(parts) < 3:
+        parts.insert(0, 0)
+    return (int(days) if days else 0) * 86400 + parts[0] * 3600 + parts[1] * 60 + parts[2]
+
+
+def _cont(pid):
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except ProcessLookupError:
+        pass
+
+
+def _kill(pid):
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--minutes", type=float, required=True)
+    ap.add_argument("--seed", type=int, required=True)
+    ap.add_argument("--nodes", type=int, default=int(os.environ.get("VIGIL_SLURM_NODES", "3")))
+    ap.add_argument("--steps", type=int, default=900, help="steps of each job (0.1 s each at least)")
+    ap.add_argument("--first-run", type=int, default=0, help="index of the first run (replay)")
+    ap.add_argument("--runs", type=int, default=0, help="stop after this many runs (0: minutes only)")
+    ap.add_argument("--run-timeout", type=float, default=900)
+    ap.add_argument("--workdir", type=Path)
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--lock", default="/tmp/vigil-slurm.lock")
+    ap.add_argument("--gp-tolerance", type=float, default=0.10)
+    args = ap.parse_args(argv)
+    if args.nodes < 2:
+        ap.error("--nodes must be at least 2 (a job without a spare runs on nodes - 1)")
+    if not Path(vigil_bin()).exists():
+        ap.error(f"no vigil binary at {vigil_bin()}: run `cargo build` or set VIGIL_BIN")
+    root = args.workdir or Path(tempfile.mkdtemp(prefix=f"vigil-chaos-{args.seed}-"))
+    root.mkdir(parents=True, exist_ok=True)
+    out = args.out or root / f"chaos-{args.seed}.md"
+    t_soak = time.time()
+    deadline = t_soak + args.minutes * 60
+    cl, results, index = {"started": False}, [], args.first_run
+    log(f"seed {args.seed}, {args.minutes} min, work dir {root}")
+    try:
+        while time.time() < deadline and (not args.runs or index - args.first_run < args.runs):
+            plan = core.plan_run(args.seed, index)
+            run = Run(args, plan, root, t_soak)
+            with Lock(args.lock):
+                ensure_cluster(cl)
+                try:
+                    final = run.drive(args.run_timeout)
+                except (SlurmError, subprocess.TimeoutExpired) as e:
+                    # The harness's trouble with Slurm, not vigil's: say so and go on to the next run.
+                    log(f"run {index}: harness error, run not counted: {e}")
+                    run.leftovers()
+                    cluster("stop")
+                    index += 1
+                    continue
+                finally:
+                    left = run.leftovers()
+                    slurm_cmd("scancel", "-p", "high", check=False)
+            data = run.collect()
+            data["leftovers"] = left
+            data["gp_tolerance"] = args.gp_tolerance
+            viol = core.check_run(data)
+            if getattr(run, "pending_reason", None):
+                viol.append(("the job ends", f"requeued job pending for ever: {run.pending_reason}"))
+            at = time.time() - t_soak
+            led = data["ledger"]
+            res = {
+                "seed": args.seed, "index": index, "faults": data["faults"],
+                "survived": bool(led) and led[-1].get("decision") == "finished" and data["ended"],
+                "violations": [(a, b, at) for a, b in viol],
+                "requeues": int(final.get("Restarts", "0") or 0),
+                "goodput": data["goodput"]["goodput_fraction"] if data["goodput"] else None,
+                "end": (led[-1].get("decision") if led else "-") + f"/{final.get('JobState')}",
+            }
+            results.append(res)
+            log(f"run {index}: {res['end']}, {len(data['faults'])} faults, violations {viol}")
+            (root / f"run-{index}" / "result.json").write_text(json.dumps(res, default=str, indent=1))
+            index += 1
+            out.write_text(core.table(results) + "\n")
+    finally:
+        if cl["started"]:
+            with Lock(args.lock):
+                cluster("stop")
+    text = core.table(results)
+    out.write_text(text + "\n")
+    print(f"runs in {root}; table in {out}; {math.ceil((time.time() - t_soak) / 60)} min")
+    print(text)
+    return 0 if not any(r["violations"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

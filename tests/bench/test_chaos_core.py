@@ -1,0 +1,179 @@
+"""The chaos soak's pure parts (bench/chaos_core.py): the seeded schedule and each invariant, fed
+histories that keep it and histories that break it."""
+import importlib.util
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SPEC = importlib.util.spec_from_file_location("chaos_core", ROOT / "bench" / "chaos_core.py")
+core = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(core)
+
+
+def test_a_plan_depends_on_the_seed_and_run_alone():
+    assert core.plan_run(7, 3) == core.plan_run(7, 3)
+    assert core.plan_run(7, 3) != core.plan_run(8, 3)
+    assert core.plan_run(7, 3) != core.plan_run(7, 4)
+
+
+def test_plans_keep_their_rules_over_many_seeds():
+    seen = set()
+    for seed in range(200):
+        p = core.plan_run(seed, 0)
+        ats = [f["at"] for f in p["faults"]]
+        assert 2 <= len(ats) <= 4 and ats == sorted(ats) and ats[0] >= 20
+        assert all(b - a >= 12 for a, b in zip(ats, ats[1:])), ats
+        kinds = [f["kind"] for f in p["faults"]]
+        assert sum(k in core.NODE_LOSS for k in kinds) <= 1, kinds
+        if not p["spare"]:
+            assert not set(kinds) & core.SPARE_ONLY, p
+        assert all(0 <= f["pick"] < 1 for f in p["faults"])
+        seen |= set(kinds)
+    assert seen == set(core.CATALOG), set(core.CATALOG) - seen
+
+
+def test_a_plan_draws_only_from_the_kinds_given():
+    for seed in range(50):
+        p = core.plan_run(seed, 1, kinds=["rank_sigkill", "scancel_usr1"])
+        assert {f["kind"] for f in p["faults"]} <= {"rank_sigkill", "scancel_usr1"}
+
+
+def ev(event, ts, **kw):
+    return {"event": event, "ts": ts, "host": kw.pop("host", "n1"), "node_rank": kw.pop("node_rank", 0), **kw}
+
+
+def test_rank_faults_need_their_own_pid_and_kind_in_the_events():
+    events = [ev("rank_exited", 101, pid=5, exit_code=1), ev("rank_exited", 102, pid=6, signal=9),
+              ev("hang", 120, pid=7, stopped=True), ev("hang", 130, pid=8, timeout={"section": "step"})]
+    nr = core.node_ranks_of(events)
+    assert core.evidence({"kind": "rank_exit1", "t": 100, "pid": 5}, events, nr)
+    assert core.evidence({"kind": "rank_exit1", "t": 100, "pid": 6}, events, nr) is None
+    assert core.evidence({"kind": "rank_sigkill", "t": 100, "pid": 6}, events, nr)
+    assert core.evidence({"kind": "rank_sigsegv", "t": 100, "pid": 6}, events, nr) is None
+    assert core.evidence({"kind": "rank_sigstop", "t": 100, "pid": 7}, events, nr)
+    assert core.evidence({"kind": "rank_section_hang", "t": 100, "pid": 7}, events, nr) is None
+    assert core.evidence({"kind": "rank_section_hang", "t": 100, "pid": 8}, events, nr)
+    # An event long before the fault is not its record.
+    assert core.evidence({"kind": "rank_exit1", "t": 500, "pid": 5}, events, nr) is None
+
+
+def test_agent_faults_need_the_node_named_lost_or_its_own_signal():
+    events = [ev("joined", 1, host="n1", node_rank=0), ev("joined", 1, host="n2", node_rank=1),
+              ev("promotion", 110, slot=1, lost=1, standby=2),
+              ev("stop_triggered", 120, host="n2", node_rank=1, trigger="SIGTERM")]
+    nr = core.node_ranks_of(events)
+    assert core.evidence({"kind": "agent_sigkill", "t": 100, "host": "n2"}, events, nr)
+    assert core.evidence({"kind": "agent_sigkill", "t": 100, "host": "n1"}, events, nr) is None
+    assert core.evidence({"kind": "agent_sigterm", "t": 100, "host": "n2"}, events, nr)
+    assert core.evidence({"kind": "agent_sigterm", "t": 100, "host": "n1"}, events, nr) is None
+    assert core.evidence({"kind": "store_junk", "t": 100}, events, nr) is None
+
+
+def steps_history(resume_from=26):
+    """Rank 0 saves 25, is killed at 30; both ranks resume from `resume_from`."""
+    r0 = [{"ev": "start", "t": 1, "alloc": 0, "attempt": 0, "pid": 1, "resumed_from": 0}]
+    r0 += [{"ev": "step", "t": 1 + s * 0.1, "alloc": 0, "attempt": 0, "pid": 1, "step": s} for s in range(31)]
+    r0 += [{"ev": "saving", "t": 3.55, "alloc": 0, "attempt": 0, "pid": 1, "step": 25},
+           {"ev": "saved", "t": 3.56, "alloc": 0, "attempt": 0, "pid": 1, "step": 25}]
+    r0.sort(key=lambda r: r["t"])
+    r0 += [{"ev": "start", "t": 10, "alloc": 0, "attempt": 1, "pid": 2, "resumed_from": resume_from}]
+    r0 += [{"ev": "step", "t": 10 + i * 0.1, "alloc": 0, "attempt": 1, "pid": 2, "step": resume_from + i}
+           for i in range(10)]
+    r1 = [dict(r, pid=r["pid"] + 100) for r in r0 if r["ev"] in ("start", "step")]
+    return {0: r0, 1: r1}
+
+
+def test_steps_resume_from_the_last_checkpoint_only():
+    assert core.check_steps(steps_history(26)) == []
+    bad = core.check_steps(steps_history(31))  # past the checkpoint
+    assert bad and all(inv == "steps go back only to a checkpoint" for inv, _ in bad), bad
+    assert core.check_steps(steps_history(0))  # back further than the checkpoint
+
+
+def test_steps_skipped_within_an_attempt_are_a_violation():
+    h = steps_history()
+    h[1] = [r for r in h[1] if r.get("step") != 5]
+    assert any("within one attempt" in d for _, d in core.check_steps(h))
+
+
+def test_a_stop_must_save_one_step_on_every_rank():
+    ledger = [{"allocation": 1, "outcome": "stopped", "stop_step": 40, "end": 100}]
+    steps = {r: [{"ev": "step", "t": 1, "alloc": 0, "step": 40},
+                 {"ev": "stopped", "t": 2, "alloc": 0, "step": 40}] for r in (0, 1)}
+    steps[0].append({"ev": "saved", "t": 3, "alloc": 0, "step": 40})
+    assert core.check_stops(ledger, steps) == []
+    steps[1][-1]["step"] = 41
+    assert core.check_stops(ledger, steps)
+    steps[1][-1]["step"] = 40
+    steps[0] = [r for r in steps[0] if r["ev"] != "saved"]
+    assert core.check_stops(ledger, steps)
+
+
+def test_no_rank_steps_after_its_allocation_ended():
+    ledger = [{"allocation": 1, "end": 100.0}]
+    ok = {0: [{"ev": "step", "t": 99.0, "alloc": 0, "step": 1}]}
+    late = {0: [{"ev": "step", "t": 105.0, "alloc": 0, "step": 1}]}
+    assert core.check_no_rank_after_end(ledger, ok) == []
+    assert core.check_no_rank_after_end(ledger, late)
+
+
+def test_the_ledger_has_each_allocation_once_and_does_not_loop():
+    led = [{"allocation": 1}, {"allocation": 2}]
+    assert core.check_ledger(led, {"Restarts": "1"}, 6) == []
+    assert core.check_ledger(led, {"Restarts": "2"}, 6)  # an allocation Slurm ran is missing
+    assert core.check_ledger([{"allocation": 1}, {"allocation": 1}], {"Restarts": "1"}, 6)
+    assert core.check_ledger(led, {"Restarts": "1"}, 0)
+
+
+def test_the_job_ends_finished_or_for_a_stated_reason():
+    base = {"ended": True, "slurm": {}}
+    assert core.check_ended(dict(base, ledger=[{"decision": "finished"}])) == []
+    assert core.check_ended(dict(base, ledger=[{"decision": "stop", "why": "max-requeues"}])) == []
+    assert core.check_ended(dict(base, ledger=[{"decision": "requeue"}]))
+    assert core.check_ended(dict(base, ledger=[]))
+    assert core.check_ended(dict(base, ended=False, ledger=[{"decision": "finished"}]))
+
+
+def test_kept_step_time_leaves_out_steps_done_again():
+    h = steps_history(26)
+    # Attempt 0: steps 0..30 at 0.1 s, the steps up to 25 kept (25 intervals); attempt 1: 9 intervals.
+    assert abs(core.kept_step_time(h[0]) - (25 * 0.1 + 9 * 0.1)) < 1e-6
+
+
+def test_goodput_must_add_up_and_agree_with_the_step_log():
+    h = steps_history(26)
+    own = core.kept_step_time(h[0])
+    gp = {"breakdown": {"goodput": own, "other": 20 - own}, "wall_s": 20.0, "goodput_fraction": own / 20}
+    assert core.check_goodput(gp, h, 0.05) == []
+    assert core.check_goodput(dict(gp, goodput_fraction=own / 20 + 0.2), h, 0.05)
+    assert core.check_goodput(dict(gp, breakdown={"goodput": own, "other": 5.0}), h, 0.05)
+    assert core.check_goodput(None, h, 0.05)
+
+
+def test_the_table_ends_with_the_summary_line():
+    results = [{"seed": 1, "index": 0, "faults": [{"kind": "rank_sigkill"}], "survived": True,
+                "violations": [], "requeues": 0, "goodput": 0.5},
+               {"seed": 1, "index": 1, "faults": [{"kind": "preempt"}, {"kind": "rank_exit1"}],
+                "survived": False, "violations": [("the job ends", "x", 12.0)], "requeues": 1, "goodput": None}]
+    text = core.table(results)
+    assert text.splitlines()[-1] == "chaos: 3 faults, 1 survived, 1 violations"
+    assert "| 1 | 1 | 12 | the job ends | x |" in text
+
+
+def test_every_fault_that_came_due_must_be_in_the_events():
+    base = {"steps": {}, "ledger": [{"allocation": 1, "decision": "finished", "end": 10}], "ended": True,
+            "slurm": {"Restarts": "0"}, "max_requeues": 6, "leftovers": [], "events": [],
+            "goodput": {"breakdown": {"other": 10.0}, "wall_s": 10.0, "goodput_fraction": 0.0}}
+    fault = {"kind": "time_limit", "t": 5.0}
+    assert core.check_run(dict(base, faults=[])) == []
+    assert [inv for inv, _ in core.check_run(dict(base, faults=[fault]))] == ["fault in the events"]
+    assert core.check_run(dict(base, faults=[dict(fault, superseded=True)])) == []
+    assert core.check_run(dict(base, faults=[], leftovers=["7 python3"]))
+
+
+def test_node_rank_0_lost_is_read_from_the_others_losing_its_store():
+    events = [ev("joined", 1, host="n1", node_rank=0), ev("joined", 1, host="n2", node_rank=1),
+              ev("cycle_ended", 110, host="n2", node_rank=1, end="lost",
+                 reason="lost the connection to node rank 0's store at 127.0.0.1:20004")]
+    nr = core.node_ranks_of(events)
+    assert core.evidence({"kind": "agent_sigkill", "t": 100, "host": "n1"}, events, nr)
+    assert core.evidence({"kind": "agent_sigkill", "t": 100, "host": "n2"}, events, nr) is None
