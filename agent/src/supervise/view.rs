@@ -15,7 +15,8 @@ pub struct AttemptSteps {
     /// The lowest and highest step its ranks last reported.
     pub min: u64,
     pub max: u64,
-    /// When a rank's step last moved, in the job's time.
+    /// When the lowest step was reached (by the last rank to reach it), in the job's time: the
+    /// `steps` record is read as the job's progress at `min` (docs/goodput.md).
     pub at: Instant,
     /// Its ranks still run (the attempt has not ended on this node).
     pub running: bool,
@@ -38,11 +39,12 @@ impl Supervisor {
     /// The steps of the attempt whose ranks this node holds (`None`: none reported).
     pub fn attempt_steps(&self) -> Option<AttemptSteps> {
         let paces = || self.attempt.ranks.iter().filter_map(|r| r.pace);
+        let min = paces().map(|p| p.step).min()?;
         Some(AttemptSteps {
             cycle: self.attempt.cycle,
-            min: paces().map(|p| p.step).min()?,
+            min,
             max: paces().map(|p| p.step).max()?,
-            at: paces().map(|p| p.at).max()?,
+            at: paces().filter(|p| p.step == min).map(|p| p.at).max()?,
             running: self.phase == Phase::Running && self.attempt.cycle == self.cycle,
         })
     }

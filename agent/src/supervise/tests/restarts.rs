@@ -559,3 +559,40 @@ fn an_attempt_starts_with_the_assignment_the_rendezvous_gave() {
         })
     )));
 }
+
+#[test]
+fn during_a_back_off_the_steps_are_the_dead_attempts_under_its_own_number() {
+    let t = Instant::now();
+    let (mut s, _) = Solo::new(SupervisorConfig {
+        backoff: B,
+        ..cfg(2, 10)
+    });
+    // Attempt 0 reaches step 9; attempt 1 gets no further, so its failure backs off.
+    spawn_all(&mut s, t, 10);
+    send(&mut s, t, 0, RankMsg::Heartbeat { step: Some(9) });
+    fail_at(&mut s, t, 10);
+    fail_at(&mut s, t, 11);
+    assert_eq!(s.cycle(), 1);
+    spawn_all(&mut s, t, 20);
+    let a = t + Duration::from_secs(1);
+    let b = t + Duration::from_secs(2);
+    send(&mut s, a, 0, RankMsg::Heartbeat { step: Some(7) });
+    send(&mut s, a, 1, RankMsg::Heartbeat { step: Some(7) });
+    // Rank 1 goes on alone (rank 0 hangs): the lowest step, 7, was reached at `a`.
+    send(&mut s, b, 1, RankMsg::Heartbeat { step: Some(9) });
+    let running = s.attempt_steps().unwrap();
+    assert_eq!((running.cycle, running.min, running.max), (1, 7, 9));
+    assert_eq!(running.at, a);
+    assert!(running.running);
+    let f = t + Duration::from_secs(3);
+    fail_at(&mut s, f, 21);
+    fail_at(&mut s, f, 20);
+    // Backing off, the supervisor's cycle is already 2; the ranks' steps stay attempt 1's.
+    assert_eq!(s.cycle(), 2);
+    assert!(s.next_deadline().is_some());
+    let dead = s.attempt_steps().unwrap();
+    assert_eq!(
+        (dead.cycle, dead.min, dead.max, dead.running),
+        (1, 7, 9, false)
+    );
+}
