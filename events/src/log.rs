@@ -701,6 +701,10 @@ pub enum Record {
         step: u64,
         #[serde(default)]
         min_step: Option<u64>,
+        /// The median step time (seconds) of the node's slowest rank, as the ranks measure it
+        /// (`step_timing`, `step` sections, else the time between steps), when known.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        step_s: Option<f64>,
     },
     /// Node rank 0's straggler report (docs/stragglers.md): every scored rank, the stragglers,
     /// the threshold and how many ranks had no median yet.
@@ -1146,6 +1150,7 @@ mod tests {
                 cycle: 1,
                 step: 7,
                 min_step: Some(5),
+                step_s: None,
             },
             Record::StragglerReport {
                 ranks: vec![RankScore {
@@ -1245,7 +1250,8 @@ mod tests {
             line(Record::Steps {
                 cycle: 1,
                 step: 7,
-                min_step: Some(5)
+                min_step: Some(5),
+                step_s: None,
             }),
             r#"{"cycle":1,"event":"steps","min_step":5,"step":7}"#
         );

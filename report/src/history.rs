@@ -101,11 +101,13 @@ impl RunBuilder {
                 cycle,
                 step,
                 min_step,
+                step_s,
             } => run.steps.push(StepPoint {
                 ts,
                 cycle: *cycle,
                 step: *step,
                 min_step: *min_step,
+                step_s: *step_s,
             }),
             Record::Section {
                 cycle,
@@ -868,7 +870,8 @@ mod tests {
                 ts: 104.0,
                 cycle: 1,
                 step: 7,
-                min_step: Some(5)
+                min_step: Some(5),
+                step_s: None,
             }]
         );
         assert_eq!(run.result.as_ref().unwrap().outcome, "succeeded");

@@ -336,6 +336,8 @@ pub struct StepPoint {
     pub cycle: u32,
     pub step: u64,
     pub min_step: Option<u64>,
+    /// The ranks' median step time, as they measured it (seconds), when the record has it.
+    pub step_s: Option<f64>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]

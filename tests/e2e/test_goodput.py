@@ -181,3 +181,37 @@ def test_help_names_the_command_and_its_doc():
     assert "docs/goodput.md" in line, line
     h = run_vigil(["goodput", "--help"], cwd=".", env=base_env())
     assert h.returncode == 0 and "--json" in h.stdout and "vigil report" in h.stdout, h.stdout
+
+
+# 200 steps of 0.02 s, each reported, then done: a job far shorter than the 10 s between `steps`
+# records while an attempt runs.
+SHORT = r"""
+import sys, time
+import vigil
+for step in range(1, 201):
+    time.sleep(0.02)
+    vigil.heartbeat(step=step)
+sys.exit(0)
+"""
+
+
+def test_a_job_of_a_few_seconds_has_its_last_steps_recorded_and_its_step_time_counted(job):
+    write(job / "short.py", SHORT)
+    r = run_vigil(["run", "--nproc-per-node", "2", "--log-dir", str(job / "logs"), "short.py"],
+                  cwd=job, env=base_env(), timeout=120)
+    assert r.returncode == 0, r.stderr
+    events = [json.loads(l) for d in (job / "logs").glob("vigil_*")
+              for l in (d / "events.jsonl").read_text().splitlines()]
+    steps = [e for e in events if e["event"] == "steps"]
+    # The first record at once, the last when the attempt ended: step 200, stamped no later than
+    # the ranks' exits, with the ranks' own step time.
+    assert steps[-1]["min_step"] == 200, steps
+    exits = [e["ts"] for e in events if e["event"] == "rank_exited"]
+    assert steps[-1]["ts"] <= max(exits), (steps, exits)
+    assert 0.015 < steps[-1]["step_s"] < 1.0, steps[-1]
+    g = json.loads(run_vigil(["goodput", str(job), "--json"], cwd=job, env=base_env()).stdout)
+    b = g["breakdown"]
+    assert abs(sum(b.values()) - g["wall_s"]) < 1e-6, g
+    # 200 steps of at least 0.02 s: nearly all of it between the first and the last record.
+    assert b["goodput"] >= 3.0, b
+    assert g["steps"]["median_step_time_s"] >= 0.015, g["steps"]

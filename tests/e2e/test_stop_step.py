@@ -247,6 +247,6 @@ def test_attempts_without_progress_are_not_restarted_and_the_ledger_says_so(job)
     # Attempt 0 made progress (the first step ever reported); attempts 1 and 2 did not.
     assert len(of(ev, "cycle_start")) == 3
     assert one(ev, "result")["outcome"] == "no_progress"
-    assert "the last 2 in a row did not get 1 step(s) past step 5" in r.stderr
+    assert "the last 2 in a row did not get 10 step(s) past step 5" in r.stderr
     (rec,) = [json.loads(l) for l in (job / "state" / "ledger.jsonl").read_text().splitlines()]
     assert (rec["outcome"], rec["decision"], rec["restarts"]) == ("no_progress", "stop", 2), rec

@@ -40,6 +40,7 @@
 
 use super::ledger::{DecisionKind, Outcome, Record};
 pub use crate::supervise::progress::attempt_no_progress;
+pub use crate::supervise::progress::DEFAULT_MIN_PROGRESS_STEPS;
 use crate::supervise::progress::{progress, Progress};
 
 /// The limits, from `vigil run`'s flags.
@@ -61,7 +62,7 @@ impl Default for Limits {
         Limits {
             max_requeues: 2,
             max_no_progress: 3,
-            min_progress_steps: 1,
+            min_progress_steps: DEFAULT_MIN_PROGRESS_STEPS,
             no_restart_exit_code: None,
         }
     }
@@ -529,9 +530,16 @@ mod tests {
         assert!(p(3, None, None)
             .stop_why(&limits)
             .starts_with("no progress: no rank reported a step"));
+        let one = Limits {
+            min_progress_steps: 1,
+            ..Limits::default()
+        };
         assert!(p(3, Some(5), Some(5))
-            .stop_why(&limits)
+            .stop_why(&one)
             .contains("the highest step stayed at 5 over the last 3 allocations"));
+        assert!(p(3, Some(5), Some(5)).stop_why(&limits).contains(
+            "the highest step (5) grew by less than 10 in each of the last 3 allocations"
+        ));
     }
 
     #[test]
@@ -724,7 +732,7 @@ mod tests {
         assert_eq!(decisions(&ledger), [(R, 75), (R, 75), (R, 75), (S, 1)]);
         assert_eq!(
             ledger[3].why,
-            "no progress: the highest step stayed at 500 over the last 3 allocations (--max-no-progress 3, --min-progress-steps 1)"
+            "no progress: the highest step (500) grew by less than 10 in each of the last 3 allocations (--max-no-progress 3, --min-progress-steps 10)"
         );
         assert_eq!(
             ledger[1].why,
@@ -752,6 +760,24 @@ mod tests {
     }
 
     #[test]
+    fn a_step_or_two_of_jitter_is_not_progress_by_default() {
+        // Field finding 40: a job that never resumes from its checkpoint is stopped for its time
+        // limit at about the same step each time; a one-step gain must not reset the count.
+        let allocs: Vec<Facts> = [158, 159, 160, 159]
+            .iter()
+            .map(|&s| facts(Outcome::Stopped, Some(s)))
+            .collect();
+        let ledger = run(&allocs, &Limits::default());
+        assert_eq!(decisions(&ledger), [(R, 75), (R, 75), (R, 75), (S, 1)]);
+        // 10 steps more is progress.
+        let growing: Vec<Facts> = (0..5)
+            .map(|i| facts(Outcome::Stopped, Some(158 + 10 * i)))
+            .collect();
+        let ledger = run(&growing, &Limits::default());
+        assert!(decisions(&ledger).iter().all(|d| *d == (R, 75)));
+    }
+
+    #[test]
     fn allocations_stopped_before_any_step_made_no_progress() {
         let l = Limits::default();
         // Stopped before a first step, again and again (a lead as long as the allocation).
@@ -763,7 +789,7 @@ mod tests {
         );
         assert_eq!(
             ledger[2].why,
-            "no progress: no rank reported a step to vigil.should_stop(step) in the last 3 allocations (--max-no-progress 3, --min-progress-steps 1)"
+            "no progress: no rank reported a step to vigil.should_stop(step) in the last 3 allocations (--max-no-progress 3, --min-progress-steps 10)"
         );
         // Once steps were reported, an allocation without any made none either.
         let mut allocs = vec![facts(Outcome::Stopped, Some(7))];

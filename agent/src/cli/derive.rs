@@ -49,6 +49,7 @@ impl LaunchConfig {
             no_progress: (self.nnodes == 1 && limits.max_no_progress > 0)
                 .then_some((limits.max_no_progress, limits.min_progress_steps)),
             progress_from_file: self.nvrx.progress_file.is_some(),
+            min_progress_steps: limits.min_progress_steps,
             stop_if_straggler: self.straggler.stop,
         }
     }

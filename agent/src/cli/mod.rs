@@ -662,9 +662,10 @@ pub struct RunArgs {
     #[arg(help_heading = "Across allocations: stop at one step, requeue (vigil)", long = "max-no-progress", alias = "max_no_progress", default_value_t = 3, value_parser = count)]
     pub max_no_progress: u32,
 
-    /// Steps the highest step must grow by to count as progress (ft_launcher's
-    /// min_progress_iterations).
-    #[arg(help_heading = "Across allocations: stop at one step, requeue (vigil)", long = "min-progress-steps", alias = "min_progress_steps", default_value_t = 1, value_parser = count)]
+    /// Steps the highest step must grow by to count as progress, so that a step or two of jitter
+    /// is not (ft_launcher's min_progress_iterations); a restart back-off grows only for
+    /// attempts without progress (docs/usage.md#progress).
+    #[arg(help_heading = "Across allocations: stop at one step, requeue (vigil)", long = "min-progress-steps", alias = "min_progress_steps", default_value_t = crate::allocation::policy::DEFAULT_MIN_PROGRESS_STEPS as u32, value_parser = count)]
     pub min_progress_steps: u32,
 
     /// The exit status for "do not requeue" (ft_launcher's no_restart_exit_code); default: the

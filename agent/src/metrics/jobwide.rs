@@ -31,7 +31,8 @@ pub struct DecisionCount {
 
 /// The job-wide numbers of a job's history (its ledger and event logs).
 pub fn job_wide(h: &History, now_unix: f64) -> JobWide {
-    let g = goodput::of_history(h);
+    // The allocation under way lasts until now, not until its last record.
+    let g = goodput::of_history_at(h, now_unix);
     let mut counts: BTreeMap<(String, String), u64> = BTreeMap::new();
     for a in &h.allocations {
         let Some(d) = a.decision else { continue };

@@ -183,6 +183,29 @@ impl Dispatcher {
             }
             self.agent.execute(actions, &mut self.queue);
         }
+        // An attempt that just ended here gets its last `steps` record at once.
+        self.log_steps(now);
+    }
+
+    /// The `steps` record due, if any ([`perf::StepsLog::due`]).
+    pub(super) fn log_steps(&mut self, now: Instant) {
+        let agent = &mut self.agent;
+        let step_s = agent.stragglers.step_s();
+        let Some(due) = agent.steps_log.due(now, self.sup.attempt_steps(), step_s) else {
+            return;
+        };
+        match due.at {
+            Some(at) => {
+                // The time the steps were reached: that long before now on the wall clock.
+                let ago = now.saturating_duration_since(at);
+                let ts = SystemTime::now()
+                    .checked_sub(ago)
+                    .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                    .map(|d| d.as_secs_f64());
+                agent.out.events.write_value_at(due.record, ts);
+            }
+            None => agent.out.events.write_value(due.record),
+        }
     }
 
     /// What one thing that happened means: events for the supervisor (queued for `feed`), and
@@ -341,13 +364,8 @@ impl Dispatcher {
             note_refused(n);
         }
         self.endw.maybe_reread();
+        self.log_steps(now);
         let agent = &mut self.agent;
-        if let Some(v) = agent
-            .steps_log
-            .due(now, self.sup.cycle(), self.sup.step_range())
-        {
-            agent.out.events.write_value(v);
-        }
         let gpus = &agent.links.gpus;
         let gpu_of = |lr: u32| gpus.explain(lr);
         if let Some(s) = agent.stragglers.share_due(

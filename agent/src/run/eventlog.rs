@@ -36,6 +36,15 @@ impl EventLog {
         self.write_line(v.to_string());
     }
 
+    /// A record that stands for an earlier time `ts` (seconds since the epoch; now when `None`).
+    pub(super) fn write_value_at(&mut self, mut v: serde_json::Value, ts: Option<f64>) {
+        stamp(&mut v, &self.host, self.node_rank);
+        if let (Some(o), Some(ts)) = (v.as_object_mut(), ts) {
+            o.insert("ts".into(), ts.into());
+        }
+        self.write_line(v.to_string());
+    }
+
     /// A record already stamped ([`stamp`]) and serialised, off the event loop when it is large.
     pub(super) fn write_line(&mut self, mut line: String) {
         if let Some(f) = &mut self.file {

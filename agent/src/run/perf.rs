@@ -6,10 +6,10 @@ use std::time::{Duration, Instant};
 
 use crate::cli::config::StragglerPlan;
 use crate::perf::straggler::{self, NodeSummary, RankTimes};
-use crate::supervise::Record;
+use crate::supervise::{AttemptSteps, Record};
 use vigil_ipc::RankMsg;
 
-/// `steps` records come at most this often, and only when the steps moved.
+/// `steps` records come at most this often while the attempt runs, and only when the steps moved.
 const STEPS_EVERY: Duration = Duration::from_secs(10);
 
 #[derive(Default)]
@@ -18,31 +18,50 @@ pub(super) struct StepsLog {
     at: Option<Instant>,
 }
 
+/// A `steps` record due, and the time it stands for when that is not now (an attempt's last
+/// record: when its step last moved).
+pub(super) struct DueSteps {
+    pub record: serde_json::Value,
+    pub at: Option<Instant>,
+}
+
 impl StepsLog {
-    /// The `steps` record due now, if any: this node's ranks' lowest and highest step.
+    /// The `steps` record due now, if any: this node's ranks' lowest and highest step in their
+    /// attempt, and `step_s`, the ranks' median step time as they measure it (`step_timing`,
+    /// `step` sections, else the time between steps). While the attempt runs, a record when the
+    /// steps moved, at most every [`STEPS_EVERY`] (an attempt's first at once); once it ended
+    /// here, its last steps at once, stamped with the time they were reached, so an attempt of
+    /// any length has its first and last step.
     pub(super) fn due(
         &mut self,
         now: Instant,
-        cycle: u32,
-        range: Option<(u64, u64)>,
-    ) -> Option<serde_json::Value> {
-        let (lo, hi) = range?;
+        steps: Option<AttemptSteps>,
+        step_s: Option<f64>,
+    ) -> Option<DueSteps> {
+        let st = steps?;
+        let key = (st.cycle, st.min, st.max);
         // An attempt's first record comes at once, whatever the last one's time: it shows the
         // step the attempt resumed from.
-        let same_attempt = self.last.is_some_and(|(c, _, _)| c == cycle);
-        if self.last == Some((cycle, lo, hi))
-            || (same_attempt && self.at.is_some_and(|t| now.duration_since(t) < STEPS_EVERY))
-        {
+        let same_attempt = self.last.is_some_and(|(c, _, _)| c == st.cycle);
+        let throttled = st.running
+            && same_attempt
+            && self.at.is_some_and(|t| now.duration_since(t) < STEPS_EVERY);
+        if self.last == Some(key) || throttled {
             return None;
         }
-        self.last = Some((cycle, lo, hi));
+        self.last = Some(key);
         self.at = Some(now);
-        serde_json::to_value(Record::Steps {
-            cycle,
-            step: hi,
-            min_step: Some(lo),
+        let record = serde_json::to_value(Record::Steps {
+            cycle: st.cycle,
+            step: st.max,
+            min_step: Some(st.min),
+            step_s: step_s.filter(|s| s.is_finite() && *s > 0.0),
         })
-        .ok()
+        .ok()?;
+        Some(DueSteps {
+            record,
+            at: (!st.running).then_some(st.at),
+        })
     }
 }
 
@@ -159,6 +178,15 @@ impl Stragglers {
         serde_json::to_vec(&shared).ok()
     }
 
+    /// The median step time of this node's slowest rank, as its ranks measure it (`None` before
+    /// any sample).
+    pub(super) fn step_s(&self) -> Option<f64> {
+        self.ranks
+            .iter()
+            .filter_map(|r| r.times.median())
+            .max_by(f64::total_cmp)
+    }
+
     /// The threshold below which a rank is a straggler.
     pub(super) fn threshold(&self) -> f64 {
         self.plan.threshold
@@ -218,19 +246,68 @@ pub(super) fn report(threshold: f64, collected: &[(u32, Vec<u8>)]) -> Option<Rep
 mod tests {
     use super::*;
 
+    fn at(cycle: u32, min: u64, max: u64, at: Instant, running: bool) -> Option<AttemptSteps> {
+        Some(AttemptSteps {
+            cycle,
+            min,
+            max,
+            at,
+            running,
+        })
+    }
+
     #[test]
     fn steps_are_logged_when_they_move_at_most_every_ten_seconds() {
         let t = Instant::now();
         let mut l = StepsLog::default();
-        assert!(l.due(t, 0, None).is_none());
-        let first = l.due(t, 0, Some((3, 5))).unwrap();
-        assert_eq!(first["step"], 5);
-        assert_eq!(first["min_step"], 3);
-        assert!(l.due(t + Duration::from_secs(1), 0, Some((4, 6))).is_none());
+        assert!(l.due(t, None, None).is_none());
+        let first = l.due(t, at(0, 3, 5, t, true), Some(0.05)).unwrap();
+        assert_eq!(first.record["step"], 5);
+        assert_eq!(first.record["min_step"], 3);
+        assert_eq!(first.record["step_s"], 0.05);
+        assert!(first.at.is_none(), "stamped now");
+        assert!(l
+            .due(t + Duration::from_secs(1), at(0, 4, 6, t, true), None)
+            .is_none());
+        let later = t + STEPS_EVERY * 2;
         assert!(
-            l.due(t + STEPS_EVERY * 2, 0, Some((3, 5))).is_none(),
+            l.due(later, at(0, 3, 5, t, true), None).is_none(),
             "unchanged"
         );
-        assert!(l.due(t + STEPS_EVERY * 2, 0, Some((4, 6))).is_some());
+        assert!(l.due(later, at(0, 4, 6, t, true), None).is_some());
+    }
+
+    #[test]
+    fn an_attempt_that_ended_gets_its_last_steps_at_once_under_its_own_number() {
+        let t = Instant::now();
+        let mut l = StepsLog::default();
+        l.due(t, at(0, 0, 1, t, true), None).unwrap();
+        // 3 s later the attempt has stepped to 60 (throttled), and at 4 s it ended: its last
+        // steps come at once, stamped when they were reached.
+        let reached = t + Duration::from_secs(3);
+        assert!(l.due(reached, at(0, 59, 60, reached, true), None).is_none());
+        let end = t + Duration::from_secs(4);
+        let last = l.due(end, at(0, 59, 60, reached, false), None).unwrap();
+        assert_eq!(
+            (
+                last.record["cycle"].as_u64(),
+                last.record["min_step"].as_u64()
+            ),
+            (Some(0), Some(59))
+        );
+        assert_eq!(last.at, Some(reached));
+        // Only once: the back-off and the next rendezvous add nothing.
+        assert!(l
+            .due(
+                end + Duration::from_secs(1),
+                at(0, 59, 60, reached, false),
+                None
+            )
+            .is_none());
+        // The next attempt's first record is its own.
+        let next = l
+            .due(end + Duration::from_secs(2), at(1, 0, 0, end, true), None)
+            .unwrap();
+        assert_eq!(next.record["cycle"], 1);
     }
 }

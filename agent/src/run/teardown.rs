@@ -34,6 +34,9 @@ pub(super) async fn finish(mut d: Dispatcher, mut src: Sources, closing: Closing
     })
     .await;
     count_late_steps(&mut src.ipc, &mut d.sup);
+    // The last steps, late ones included, under the attempt they were reached in.
+    let (now, _) = d.clock.wake();
+    d.log_steps(now);
     leave(&mut d, closing.coordinator).await;
     // Nothing the ranks started outlives the agent, whichever way the job ended.
     d.agent.sweep(d.sup.cycle());

@@ -90,6 +90,9 @@ pub struct SupervisorConfig {
     /// file's value after it ([`Event::CheckpointIteration`]), over the value when the job
     /// started, not the ranks' steps.
     pub progress_from_file: bool,
+    /// `--min-progress-steps`: the steps past the best before that make an attempt's progress
+    /// where no checkpoint is known (the back-off grows only for attempts without progress).
+    pub min_progress_steps: u64,
     /// `--stop-if-straggler`: a straggler report stops the job at a step and blames the nodes.
     pub stop_if_straggler: bool,
 }
@@ -115,6 +118,7 @@ impl SupervisorConfig {
             backoff: Backoff::OFF,
             no_progress: None,
             progress_from_file: false,
+            min_progress_steps: super::progress::DEFAULT_MIN_PROGRESS_STEPS,
             stop_if_straggler: false,
         }
     }

@@ -124,14 +124,17 @@ pub(super) fn on_liveness(
     (local_rank, msg): (u32, &RankMsg),
     out: &mut Vec<Action>,
 ) -> Option<(bool, bool)> {
-    let m = attempt
+    let rank = attempt
         .ranks
         .get_mut(local_rank as usize)
-        .filter(|r| r.running())
-        .and_then(|r| r.monitor.as_mut())?;
+        .filter(|r| r.running())?;
+    let step = rank.pace.map(|p| p.step);
+    let m = rank.monitor.as_mut()?;
     let (registered, finished, capped) = (m.registered(), m.finished(), m.names_capped());
     let save = m.on_msg_keeping(now, msg, &in_force.sections);
     if let Some(save) = save {
+        // The checkpoint holds the steps the rank had done (for the back-off's progress).
+        attempt.saved = attempt.saved.max(step);
         out.push(Action::Record(Record::Section {
             cycle,
             local_rank,

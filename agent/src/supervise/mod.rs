@@ -61,7 +61,7 @@ mod view;
 pub use backoff::Backoff;
 pub use events::*;
 pub use stopstep::{choose_stop_step, is_stop_signal, StepReport, AGREEMENT_BUDGET};
-pub use view::RankView;
+pub use view::{AttemptSteps, RankView};
 
 use std::time::Instant;
 
@@ -169,24 +169,6 @@ impl Supervisor {
     /// The highest step any local rank reported in this allocation.
     pub fn highest_step(&self) -> Option<u64> {
         self.job.steps.highest
-    }
-
-    /// The lowest and highest step this attempt's ranks last reported (`None`: none reported).
-    pub fn step_range(&self) -> Option<(u64, u64)> {
-        // From a restart to the next attempt's start, `cycle` names the next attempt while
-        // `attempt` still holds the last one's ranks: their steps are not the next attempt's.
-        if matches!(self.phase, Phase::Joining | Phase::BackingOff { .. }) {
-            return None;
-        }
-        let steps = self
-            .attempt
-            .ranks
-            .iter()
-            .filter_map(|r| r.pace.map(|p| p.step));
-        let (lo, hi) = steps.fold((u64::MAX, None), |(lo, hi): (u64, Option<u64>), s| {
-            (lo.min(s), Some(hi.map_or(s, |h| h.max(s))))
-        });
-        hi.map(|h| (lo, h))
     }
 
     /// The trigger and agreed step of the stop under way, if one was asked for.

@@ -3,6 +3,11 @@
 //! With `--checkpoint-iteration-file` (NVRx's `TrainingProgressTracker`) an attempt reached the
 //! file's value after it, measured from the value when the job started ([`FileReads`]).
 
+/// `--min-progress-steps`'s default: a step or two of jitter around the same point (a job stopped
+/// by its time limit at about the same step each time, because it never resumes from its
+/// checkpoint) is not progress.
+pub const DEFAULT_MIN_PROGRESS_STEPS: u64 = 10;
+
 /// Whether each entry of `highest` (in order) made progress over the best before it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Progress {
@@ -49,6 +54,42 @@ pub fn trailing_no_progress(highest: &[Option<u64>], min: u64, window: usize) ->
 /// step, in order) made no progress of `min` steps over the best before them. `n == 0`: never.
 pub fn attempt_no_progress(highest: &[Option<u64>], n: u32, min: u64) -> bool {
     n > 0 && trailing_no_progress(highest, min, highest.len()) >= n as usize
+}
+
+/// What an attempt reached (or the best of several): its highest step, and the step of its last
+/// checkpoint where one is known (a rank closed a checkpoint section at that step, or
+/// `--checkpoint-iteration-file` held it after the attempt).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Reached {
+    pub step: Option<u64>,
+    pub saved: Option<u64>,
+}
+
+impl Reached {
+    /// The best of both, field by field.
+    pub fn max(self, other: Reached) -> Reached {
+        Reached {
+            step: self.step.max(other.step),
+            saved: self.saved.max(other.saved),
+        }
+    }
+}
+
+/// Whether an attempt that reached `now` made progress over the best of the attempts before it
+/// (`before`), for the restart back-off: where a checkpoint is known (now or before), it saved one
+/// past the best saved before (steps redone after a restart are no progress until they are
+/// saved); otherwise its highest step is at least `min` steps past the best before (the first
+/// step ever reported is progress). `min` is `--min-progress-steps`, so a step or two of jitter
+/// around the same point is not progress.
+pub fn made_progress(before: Reached, now: Reached, min: u64) -> bool {
+    if before.saved.is_some() || now.saved.is_some() {
+        return now.saved > before.saved;
+    }
+    match (before.step, now.step) {
+        (_, None) => false,
+        (None, Some(_)) => true,
+        (Some(b), Some(h)) => h >= b.saturating_add(min.max(1)),
+    }
 }
 
 /// The checkpoint iteration file, as NVRx's tracker reads it: once as the job starts (the
@@ -112,6 +153,48 @@ mod tests {
         // The first checkpoint is progress.
         assert!(!r.no_progress(&[None, Some(10)], 1, 1));
         assert!(r.no_progress(&[None, Some(10), Some(10)], 1, 1));
+    }
+
+    fn r(step: Option<u64>, saved: Option<u64>) -> Reached {
+        Reached { step, saved }
+    }
+
+    #[test]
+    fn progress_for_the_backoff_is_a_checkpoint_past_the_last_where_one_is_known() {
+        // Steps past the best, but no checkpoint past the last one saved: no progress.
+        assert!(!made_progress(
+            r(Some(250), Some(200)),
+            r(Some(290), Some(200)),
+            10
+        ));
+        assert!(made_progress(
+            r(Some(250), Some(200)),
+            r(Some(260), Some(300)),
+            10
+        ));
+        // The first checkpoint ever is progress; an attempt that saved none after one was is not.
+        assert!(made_progress(
+            r(Some(50), None),
+            r(Some(120), Some(100)),
+            10
+        ));
+        assert!(!made_progress(
+            r(Some(250), Some(200)),
+            r(Some(400), None),
+            10
+        ));
+    }
+
+    #[test]
+    fn without_checkpoints_progress_is_min_steps_past_the_best() {
+        assert!(made_progress(r(None, None), r(Some(3), None), 10));
+        assert!(!made_progress(r(None, None), r(None, None), 10));
+        // A step or two of jitter is not progress (field finding 40: 158..159, 159..160).
+        assert!(!made_progress(r(Some(158), None), r(Some(159), None), 10));
+        assert!(made_progress(r(Some(158), None), r(Some(168), None), 10));
+        // min 0 or 1: any new step.
+        assert!(made_progress(r(Some(158), None), r(Some(159), None), 0));
+        assert!(!made_progress(r(Some(158), None), r(Some(158), None), 0));
     }
 
     #[test]

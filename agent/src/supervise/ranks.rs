@@ -174,7 +174,11 @@ pub(super) fn start_cycle(
             placement: job.placement,
         },
     ];
-    (Attempt::start(now, nproc), actions)
+    let attempt = Attempt {
+        cycle,
+        ..Attempt::start(now, nproc)
+    };
+    (attempt, actions)
 }
 
 /// The rank leader `pid` of attempt `cycle` (global ranks from `rank_offset`) was reaped at `now`,

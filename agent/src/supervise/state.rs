@@ -53,6 +53,9 @@ impl Rank {
 /// start drops it.
 #[derive(Debug, Clone)]
 pub(super) struct Attempt {
+    /// The attempt's number: during a back-off and the next rendezvous the supervisor's cycle is
+    /// already the next one while this is still the last attempt.
+    pub cycle: u32,
     pub ranks: Vec<Rank>,
     /// Failures in the order observed; the first is the root cause.
     pub failures: Vec<Failure>,
@@ -72,12 +75,15 @@ pub(super) struct Attempt {
     pub hangs: HangWatch,
     /// Timeout calculations asked for (or done by vigil) in this attempt.
     pub requests: Requests,
+    /// The highest step a rank had reached when it closed a checkpoint section in this attempt.
+    pub saved: Option<u64>,
 }
 
 impl Attempt {
     /// Before the first attempt: no ranks, nothing observed.
     pub fn none() -> Self {
         Attempt {
+            cycle: 0,
             ranks: Vec::new(),
             failures: Vec::new(),
             end: None,
@@ -88,6 +94,7 @@ impl Attempt {
             kill_holders: false,
             hangs: HangWatch::default(),
             requests: Requests::default(),
+            saved: None,
         }
     }
 
@@ -208,6 +215,8 @@ pub(super) struct Steps {
     pub training_finished: bool,
     /// The checkpoint iteration file's reads (`--checkpoint-iteration-file`).
     pub checkpoint: super::progress::FileReads,
+    /// The best every failed attempt before the current one reached (for the back-off).
+    pub best: super::progress::Reached,
 }
 
 /// How this node ends the job, once it must.

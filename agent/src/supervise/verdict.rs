@@ -8,7 +8,7 @@ use std::time::Instant;
 use super::events::{Action, JobEnd, JobRequest, Outcome, Record, StopReason, EXIT_LOST, SIGTERM};
 use super::events::{Placement, SupervisorConfig};
 use super::monitor::Timeouts;
-use super::progress::attempt_no_progress;
+use super::progress::{attempt_no_progress, made_progress, Reached};
 use super::state::{Asked, Attempt, Phase, RankState, Steps};
 use super::Supervisor;
 
@@ -54,7 +54,10 @@ impl Supervisor {
             return;
         }
         out.push(Action::Record(Record::Standby { cycle }));
-        self.attempt = Attempt::standby(now);
+        self.attempt = Attempt {
+            cycle,
+            ..Attempt::standby(now)
+        };
         self.phase = Phase::Waiting;
     }
 
@@ -239,7 +242,8 @@ impl Supervisor {
     fn restart(&mut self, out: &mut Vec<Action>) {
         let next = self.cycle + 1;
         let ran = self.attempt.ran();
-        let (wait, streak) = self.cfg.backoff.next(self.job.streak, ran);
+        let progressed = self.progressed();
+        let (wait, streak) = self.cfg.backoff.next(self.job.streak, ran, progressed);
         self.job.streak = streak;
         out.push(Action::Record(Record::Restart {
             from_cycle: self.cycle,
@@ -255,6 +259,34 @@ impl Supervisor {
             }
             _ => self.join_next(out),
         }
+    }
+
+    /// Whether the attempt that just failed made progress over those before it (for the
+    /// back-off), and keeps what it reached as the best for the next one.
+    fn progressed(&mut self) -> bool {
+        let steps = &mut self.job.steps;
+        let (saved, before_saved) = match self.cfg.progress_from_file {
+            // The file's value after the attempt, over the best after earlier ones (or at the
+            // job's start).
+            true => (
+                steps.checkpoint.latest.filter(|&i| i > 0),
+                steps
+                    .best
+                    .saved
+                    .or(steps.checkpoint.baseline.filter(|&i| i > 0)),
+            ),
+            false => (self.attempt.saved, steps.best.saved),
+        };
+        let before = Reached {
+            step: steps.best.step,
+            saved: before_saved,
+        };
+        let now = Reached {
+            step: self.attempt.highest_step(),
+            saved,
+        };
+        steps.best = before.max(now);
+        made_progress(before, now, self.cfg.min_progress_steps)
     }
 
     /// This node ends with `outcome`: leave the job and tell the runtime.

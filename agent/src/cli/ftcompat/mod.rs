@@ -359,9 +359,15 @@ fn vigil_flags(
     }
     // NVRx's tracker stops after 2 cycles without progress unless told otherwise; vigil's own
     // default (3) is for its step-based check.
-    let given = |t: &str| mapped.iter().any(|m| m == t) || explicit.contains(&t[2..]);
-    if mapped.iter().any(|m| m == "--checkpoint-iteration-file") && !given("--max-no-progress") {
+    let given = |m: &[String], t: &str| m.iter().any(|m| m == t) || explicit.contains(&t[2..]);
+    let from_file = mapped.iter().any(|m| m == "--checkpoint-iteration-file");
+    if from_file && !given(&mapped, "--max-no-progress") {
         mapped.extend(["--max-no-progress".to_string(), "2".to_string()]);
+    }
+    // And any growth of the checkpointed iteration is progress (NVRx's min_progress_iterations
+    // as vigil documents it); vigil's own default (10) is for steps, where a step or two is jitter.
+    if from_file && !given(&mapped, "--min-progress-steps") {
+        mapped.extend(["--min-progress-steps".to_string(), "1".to_string()]);
     }
     mapped
 }
@@ -902,6 +908,8 @@ mod tests {
                 "it.txt",
                 "--max-no-progress",
                 "2",
+                "--min-progress-steps",
+                "1",
                 "t.py"
             ])
         );
@@ -948,8 +956,8 @@ mod tests {
                 .unwrap_or_else(|e| panic!("{flag}: {e}"));
             let want = match opt.effect {
                 Effect::Map(_) if matches!(opt.kind, Kind::Bool) => (2, 0),
-                // With NVRx's default count (2) for its tracker.
-                Effect::Map("--checkpoint-iteration-file") => (5, 0),
+                // With NVRx's default count (2) and any growth as progress for its tracker.
+                Effect::Map("--checkpoint-iteration-file") => (7, 0),
                 Effect::Map(_) => (3, 0),
                 Effect::Note(_) => (1, 1),
             };

@@ -204,16 +204,83 @@ fn backoff_is_immediate_first_then_doubles_to_the_cap() {
     let mut streak = 0;
     let mut waits = Vec::new();
     for _ in 0..8 {
-        let (w, s) = B.next(streak, quick);
+        let (w, s) = B.next(streak, quick, false);
         waits.push(w.as_secs());
         streak = s;
     }
     assert_eq!(waits, vec![0, 1, 2, 4, 8, 16, 30, 30]);
     // A long attempt starts a new streak: immediate again, then the base.
-    let (w, s) = B.next(streak, Duration::from_secs(300));
+    let (w, s) = B.next(streak, Duration::from_secs(300), false);
     assert_eq!((w, s), (Duration::ZERO, 1));
-    assert_eq!(B.next(s, quick).0, Duration::from_secs(1));
-    assert_eq!(Backoff::OFF.next(7, quick).0, Duration::ZERO);
+    assert_eq!(B.next(s, quick, false).0, Duration::from_secs(1));
+    assert_eq!(Backoff::OFF.next(7, quick, false).0, Duration::ZERO);
+    // An attempt that made progress starts a new streak too, however short it was.
+    let (w, s) = B.next(5, quick, true);
+    assert_eq!((w, s), (Duration::ZERO, 1));
+    assert_eq!(B.next(s, quick, false).0, Duration::from_secs(1));
+}
+
+/// Attempt `cycle` (pids from `base`) steps from `from` to `to` and, when `save` is given, saves a
+/// checkpoint at that step; then its rank fails. The restart's back-off.
+fn attempt_with(s: &mut Solo, base: i32, steps: (u64, u64), save: Option<u64>) -> u64 {
+    // After the last back-off, if any.
+    let t = s.next_deadline().unwrap_or_else(Instant::now);
+    s.handle(t, Event::Tick);
+    spawn_all(s, t, base);
+    for step in steps.0..=steps.1 {
+        send(s, t, 0, RankMsg::Heartbeat { step: Some(step) });
+        if save == Some(step) {
+            let name = "checkpointing".to_string();
+            send(s, t, 0, RankMsg::SectionStart { name: name.clone() });
+            send(s, t, 0, RankMsg::SectionEnd { name });
+        }
+    }
+    let a = fail_at(s, t + Duration::from_millis(1), base);
+    restart_waits(&a)[0]
+}
+
+#[test]
+fn the_backoff_grows_only_for_attempts_that_failed_without_progress() {
+    let (mut s, _) = Solo::new(SupervisorConfig {
+        backoff: B,
+        ..cfg(1, 10)
+    });
+    // Without checkpoints: every attempt gets 50 steps past the best, so never a wait (before:
+    // 0, 1, 2, 4 s).
+    let waits: Vec<u64> = (0..4)
+        .map(|i| {
+            attempt_with(
+                &mut s,
+                10 * (i + 1),
+                (i as u64 * 40, i as u64 * 40 + 90),
+                None,
+            )
+        })
+        .collect();
+    assert_eq!(waits, vec![0, 0, 0, 0]);
+    // An attempt that dies before a new step: the streak grows (the first restart after progress
+    // waits the base); a step of jitter is not progress either (--min-progress-steps, 10 by
+    // default); 20 steps past the best are.
+    let best = 3 * 40 + 90;
+    assert_eq!(attempt_with(&mut s, 50, (0, 0), None), 1000);
+    assert_eq!(attempt_with(&mut s, 60, (best - 5, best + 1), None), 2000);
+    assert_eq!(attempt_with(&mut s, 70, (best, best + 20), None), 0);
+    assert_eq!(s.cycle(), 7);
+}
+
+#[test]
+fn with_checkpoints_progress_is_a_checkpoint_past_the_last() {
+    let (mut s, _) = Solo::new(SupervisorConfig {
+        backoff: B,
+        ..cfg(1, 10)
+    });
+    // Saves at 100, 200: progress each time.
+    assert_eq!(attempt_with(&mut s, 10, (0, 150), Some(100)), 0);
+    assert_eq!(attempt_with(&mut s, 20, (101, 250), Some(200)), 0);
+    // New steps but no checkpoint past 200: redone work, the streak grows.
+    assert_eq!(attempt_with(&mut s, 30, (201, 290), None), 1000);
+    assert_eq!(attempt_with(&mut s, 40, (201, 295), None), 2000);
+    assert_eq!(attempt_with(&mut s, 50, (201, 350), Some(300)), 0);
 }
 
 /// Fails the one rank of the current cycle at `t` (the verdict comes back at once).
@@ -306,7 +373,7 @@ proptest::proptest! {
         base_ms in 0u64..5_000,
         cap_ms in 0u64..60_000,
         reset_ms in 0u64..600_000,
-        rans in proptest::collection::vec(0u64..700_000, 1..40),
+        rans in proptest::collection::vec((0u64..700_000, proptest::bool::ANY), 1..40),
     ) {
         let b = Backoff {
             base: Duration::from_millis(base_ms),
@@ -315,11 +382,11 @@ proptest::proptest! {
         };
         let mut streak = 0;
         let mut last = Duration::ZERO;
-        for ran in rans {
+        for (ran, progressed) in rans {
             let ran = Duration::from_millis(ran);
-            let (w, next) = b.next(streak, ran);
+            let (w, next) = b.next(streak, ran, progressed);
             proptest::prop_assert!(w <= b.cap);
-            if streak == 0 || ran >= b.reset_after {
+            if streak == 0 || ran >= b.reset_after || progressed {
                 proptest::prop_assert_eq!(w, Duration::ZERO);
                 proptest::prop_assert_eq!(next, 1);
             } else {
@@ -495,14 +562,16 @@ fn an_attempt_starts_with_the_assignment_the_rendezvous_gave() {
 
 #[test]
 fn no_steps_between_a_restart_and_the_next_attempts_ranks() {
-    // The `steps` record is tagged with `cycle()`: from the restart on that is the next attempt,
-    // which must not show the steps the last attempt's ranks reached (found by bench/chaos.py).
+    // From the restart on, `cycle()` is the next attempt, which must not show the steps the last
+    // attempt's ranks reached (found by bench/chaos.py): the steps carry their own attempt.
     let t = Instant::now();
     let (mut s, _) = Solo::new(SupervisorConfig {
         backoff: B,
         ..cfg(1, 10)
     });
     spawn_all(&mut s, t, 10);
+    // Attempt 0 reached step 229 too: attempt 1 makes no progress, so its failure backs off.
+    send(&mut s, t, 0, RankMsg::Heartbeat { step: Some(229) });
     fail_at(&mut s, t, 10);
     spawn_all(&mut s, t, 20);
     let reg = RankMsg::Register {
@@ -513,13 +582,54 @@ fn no_steps_between_a_restart_and_the_next_attempts_ranks() {
     };
     send(&mut s, t, 0, reg);
     send(&mut s, t, 0, RankMsg::Heartbeat { step: Some(229) });
-    assert_eq!(s.step_range(), Some((229, 229)));
+    let steps = |s: &Solo| {
+        s.attempt_steps()
+            .map(|a| (a.cycle, a.min, a.max, a.running))
+    };
+    assert_eq!(steps(&s), Some((1, 229, 229, true)));
     let failed = t + Duration::from_secs(1);
     let a = fail_at(&mut s, failed, 20);
     assert_eq!((restart_waits(&a), s.cycle()), (vec![1000], 2));
-    assert_eq!(s.step_range(), None, "during the back-off");
+    assert_eq!(steps(&s), Some((1, 229, 229, false)), "during the back-off");
     let until = failed + Duration::from_secs(1);
     assert_eq!(spawns(&s.handle(until, Event::Tick)), vec![2]);
     spawn_all(&mut s, until, 30);
-    assert_eq!(s.step_range(), None, "the new ranks reported nothing yet");
+    assert_eq!(steps(&s), None, "the new ranks reported nothing yet");
+}
+
+#[test]
+fn during_a_back_off_the_steps_are_the_dead_attempts_under_its_own_number() {
+    let t = Instant::now();
+    let (mut s, _) = Solo::new(SupervisorConfig {
+        backoff: B,
+        ..cfg(2, 10)
+    });
+    // Attempt 0 reaches step 9; attempt 1 gets no further, so its failure backs off.
+    spawn_all(&mut s, t, 10);
+    send(&mut s, t, 0, RankMsg::Heartbeat { step: Some(9) });
+    fail_at(&mut s, t, 10);
+    fail_at(&mut s, t, 11);
+    assert_eq!(s.cycle(), 1);
+    spawn_all(&mut s, t, 20);
+    let a = t + Duration::from_secs(1);
+    let b = t + Duration::from_secs(2);
+    send(&mut s, a, 0, RankMsg::Heartbeat { step: Some(7) });
+    send(&mut s, a, 1, RankMsg::Heartbeat { step: Some(7) });
+    // Rank 1 goes on alone (rank 0 hangs): the lowest step, 7, was reached at `a`.
+    send(&mut s, b, 1, RankMsg::Heartbeat { step: Some(9) });
+    let running = s.attempt_steps().unwrap();
+    assert_eq!((running.cycle, running.min, running.max), (1, 7, 9));
+    assert_eq!(running.at, a);
+    assert!(running.running);
+    let f = t + Duration::from_secs(3);
+    fail_at(&mut s, f, 21);
+    fail_at(&mut s, f, 20);
+    // Backing off, the supervisor's cycle is already 2; the ranks' steps stay attempt 1's.
+    assert_eq!(s.cycle(), 2);
+    assert!(s.next_deadline().is_some());
+    let dead = s.attempt_steps().unwrap();
+    assert_eq!(
+        (dead.cycle, dead.min, dead.max, dead.running),
+        (1, 7, 9, false)
+    );
 }
