@@ -72,6 +72,8 @@ pub(super) struct Attempt {
     pub hangs: HangWatch,
     /// Timeout calculations asked for (or done by vigil) in this attempt.
     pub requests: Requests,
+    /// This node stands by in the attempt (hot spares): no ranks, no slot.
+    pub standby: bool,
 }
 
 impl Attempt {
@@ -88,6 +90,7 @@ impl Attempt {
             kill_holders: false,
             hangs: HangWatch::default(),
             requests: Requests::default(),
+            standby: false,
         }
     }
 
@@ -104,6 +107,7 @@ impl Attempt {
     pub fn standby(now: Instant) -> Self {
         Attempt {
             reported: true,
+            standby: true,
             ..Attempt::start(now, 0)
         }
     }

@@ -198,6 +198,9 @@ impl Coordinator {
         }
         if matches!(m, FromCoord::Event(Event::CoordinationLost { .. })) {
             self.ended = true;
+            if !self.deposed && self.rdzv.hosted_by_head() {
+                let _ = self.tx.send(FromCoord::HeadLost);
+            }
         }
         let _ = self.tx.send(m);
     }
@@ -327,6 +330,11 @@ impl Coordinator {
                     .await?;
             }
             JobRequest::StopSteps { cycle, report } => self.share_steps(cycle, &report).await?,
+            JobRequest::Depart { reason } => {
+                self.ctl
+                    .set(&key::left(self.cfg.node_rank), reason.as_bytes())
+                    .await?;
+            }
             JobRequest::Leave { .. } => unreachable!("handled by serve"),
         }
         Ok(())
@@ -589,8 +597,9 @@ impl Coordinator {
     }
 
     async fn lease_event(&mut self, ev: LeaseEvent) -> Result<(), vigil_store::StoreError> {
-        let LeaseEvent::Lost { key, value } = ev else {
-            return Ok(());
+        let (key, value) = match ev {
+            LeaseEvent::Lost { key, value } => (key, value),
+            LeaseEvent::Released { key } => return self.released(key).await,
         };
         let reason = format!(
             "node {key} ({}) was lost: its agent's connection to the store closed or went silent for --node-timeout",
@@ -598,6 +607,24 @@ impl Coordinator {
         );
         let node: Option<u32> = key.rsplit('/').next().and_then(|n| n.parse().ok());
         self.decide(Fact::LeaseLost { node, reason }).await
+    }
+
+    /// A lease given back (its agent left): a standby that left the job on a signal wrote why
+    /// first ([`key::left`]), and is lost to the job as any node, with that reason. Any other
+    /// agent leaving (the job's end) wrote none and loses nobody.
+    async fn released(&mut self, lease: String) -> Result<(), vigil_store::StoreError> {
+        let Some(node) = lease.rsplit('/').next().and_then(|n| n.parse::<u32>().ok()) else {
+            return Ok(());
+        };
+        let left = self.ctl.multi_get_now(&[key::left(node).as_str()]).await?;
+        match left.first().filter(|v| !v.is_empty()) {
+            Some(why) => {
+                let reason = String::from_utf8_lossy(why).into_owned();
+                let node = Some(node);
+                self.decide(Fact::LeaseLost { node, reason }).await
+            }
+            None => Ok(()),
+        }
     }
 
     /// Hands `fact` to the state machine and carries out what it answers.
