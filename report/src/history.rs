@@ -128,16 +128,13 @@ impl RunBuilder {
                 cycle: *cycle,
                 reason: reason.clone(),
             }),
-            Record::Spares { ready, .. } => {
-                // One moment per change: every attempt's verdict says it.
-                if run.spares.last().map(|s| s.ready) != Some(*ready) {
-                    let gone = None;
-                    run.spares.push(SparesChange {
-                        ts,
-                        ready: *ready,
-                        gone,
-                    });
-                }
+            // One moment per change: every attempt's verdict says it.
+            Record::Spares { ready, .. } if run.spares.last().map(|s| s.ready) != Some(*ready) => {
+                run.spares.push(SparesChange {
+                    ts,
+                    ready: *ready,
+                    gone: None,
+                })
             }
             Record::StandbyGone {
                 node,
