@@ -201,3 +201,32 @@ def test_an_allocation_whose_node_rank_0_was_killed_is_recorded_by_a_survivor(jo
     # The survivor that recorded it ends as the ledger decided; the other with 75.
     assert sorted(codes) == [1, 75], \
         (codes, [r[1][-1500:] for r in res.values()])
+
+
+def test_with_the_store_outside_the_job_a_sigterm_to_the_standby_takes_it_out(job):
+    """The same departure with `vigil store`: the coordinator hears of it through the store's
+    lease queue, not a store of its own."""
+    from test_store_service import Service, SECRET
+    from test_store_takeover import TRAIN as RELEASED, finish as finish_all, start_agents as agents
+    from test_store_takeover import wait_attempt
+    write(job / "train.py", RELEASED)
+    store = Service(job, env={"VIGIL_STORE_SECRET": SECRET})
+    procs = agents(job, store.port, 3, "2:3")
+    try:
+        wait_attempt(job, 0, 2, timeout=60)
+        wait_for(lambda: of(events(job / "node2"), "standby"), timeout=60, what="the standby")
+        procs[2].send_signal(signal.SIGTERM)
+        procs[2].communicate(timeout=60)
+        wait_for(lambda: of(events(job / "node0"), "standby_gone"), timeout=60,
+                 what="node rank 0 taking the standby out")
+        write(job / "release", "")
+        out = finish_all(procs)
+        assert [procs[0].returncode, procs[1].returncode] == [0, 0], \
+            {i: o[1][-2000:] for i, o in out.items()}
+        (gone,) = of(events(job / "node0"), "standby_gone")
+        assert gone["node"] == 2 and "received SIGTERM" in gone["reason"], gone
+        # The training ran on: one attempt, never restarted.
+        assert not (job / "seen_1_0.json").exists()
+    finally:
+        finish_all(procs, timeout=5)
+        store.stop()
