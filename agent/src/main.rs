@@ -15,12 +15,7 @@ fn args() -> Result<Vec<String>, ConfigError> {
     let mut args: Vec<String> = std::env::args_os()
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
-    let invoked_as = args.first().and_then(|a| {
-        std::path::Path::new(a)
-            .file_name()
-            .map(|f| f.to_string_lossy().into_owned())
-    });
-    if invoked_as.as_deref() == Some("ft_launcher") {
+    if invoked_as_ft_launcher() {
         args.insert(1, "run".into());
         // As ft_launcher, vigil prints NVRx's restarter state lines (docs/ft_launcher.md).
         args.insert(2, "--nvrx-restarter-log".into());
@@ -36,6 +31,35 @@ fn args() -> Result<Vec<String>, ConfigError> {
     args.truncate(2);
     args.extend(words);
     Ok(args)
+}
+
+/// Whether the binary runs under the name `ft_launcher` (a symlink, or the `ft_launcher` binary).
+fn invoked_as_ft_launcher() -> bool {
+    std::env::args_os().next().is_some_and(|a| {
+        std::path::Path::new(&a)
+            .file_name()
+            .is_some_and(|f| f == "ft_launcher")
+    })
+}
+
+/// As `ft_launcher`, `--help` and `--version` before the script answer in ft_launcher's names
+/// (its flags, the NVRx release vigil follows), not `vigil run`'s. `None` when not asked.
+fn ft_launcher_info(args: &[String]) -> Option<i32> {
+    use vigil::cli::ftcompat::help;
+    if !invoked_as_ft_launcher() {
+        return None;
+    }
+    let text = match help::asked(args.get(2..).unwrap_or_default())? {
+        help::Asked::Version => help::version_text(vigil::cli::version_text()),
+        help::Asked::Help => {
+            let mut cmd = Cli::command();
+            let run = cmd.find_subcommand_mut("run")?;
+            help::help_text(&run.render_long_help().to_string())
+        }
+    };
+    // A closed stdout (`| head`) is the reader's choice, not an error.
+    let _ = std::io::Write::write_all(&mut std::io::stdout(), text.as_bytes());
+    Some(exit::SUCCESS)
 }
 
 /// torchrun's `--print-completion SHELL` (shtab's): like torchrun, it prints the completion
@@ -80,8 +104,8 @@ fn one_line(e: &clap::Error, help: &str) -> String {
         })
         .map(|l| l.strip_prefix("error: ").unwrap_or(l))
         .collect();
-    let hint = if e.kind() == clap::error::ErrorKind::UnknownArgument && help == "vigil run --help"
-    {
+    let run_help = help == "vigil run --help" || help == "ft_launcher --help";
+    let hint = if e.kind() == clap::error::ErrorKind::UnknownArgument && run_help {
         "; the script's own flags go after the script"
     } else {
         ""
@@ -143,6 +167,9 @@ fn run(a: RunArgs) -> i32 {
     if let Err(e) = run::prepare_state(&cfg) {
         return fail(&e);
     }
+    if let Err(e) = run::check_cycle_info_dir(&cfg) {
+        return fail(&e);
+    }
     let run_dir = match run::make_run_dir(&cfg) {
         Ok(d) => d,
         Err(e) => return fail(&e),
@@ -180,11 +207,15 @@ fn parse_cli() -> Result<Cli, ExitCode> {
     let mut help = "vigil --help";
     let parsed = match args() {
         Ok(a) => {
-            if let Some(code) = print_completion(&a) {
+            if let Some(code) = print_completion(&a).or_else(|| ft_launcher_info(&a)) {
                 return Err(exit::code(code));
             }
             if a.get(1).is_some_and(|s| s == "run") {
-                help = "vigil run --help";
+                help = if invoked_as_ft_launcher() {
+                    "ft_launcher --help"
+                } else {
+                    "vigil run --help"
+                };
             }
             if a.get(1).is_some_and(|s| s == "launch") {
                 help = "vigil launch --help";

@@ -133,10 +133,14 @@ pub struct Promotion {
 
 /// The records of a ledger file's text (`path` names it in the notes), and notes on what was
 /// skipped: a last line cut short by a crash, a line that is not JSON, a record of another
-/// format or one without the fields a record needs.
+/// format or one without the fields a record needs. However many lines are skipped, the notes
+/// are at most two lines: the cut-short last line, and the others as one note with their count
+/// (by kind) and the first one's number and reason (a corrupt ledger of 10,000 lines is one
+/// line at every `vigil run`, not 10,000).
 pub fn decode(text: &str, path: &Path) -> (Vec<Record>, Vec<String>) {
     let mut records = Vec::new();
     let mut notes = Vec::new();
+    let mut skipped = Skipped::default();
     let lines: Vec<&str> = text.split('\n').collect();
     let unterminated = !text.is_empty() && !text.ends_with('\n');
     for (i, line) in lines.iter().enumerate() {
@@ -156,10 +160,7 @@ pub fn decode(text: &str, path: &Path) -> (Vec<Record>, Vec<String>) {
                 continue;
             }
             Err(e) => {
-                notes.push(format!(
-                    "{}: line {n} is not JSON ({e}); ignored",
-                    path.display()
-                ));
+                skipped.add(n, "not JSON", format!("is not JSON ({e})"));
                 continue;
             }
         };
@@ -167,22 +168,54 @@ pub fn decode(text: &str, path: &Path) -> (Vec<Record>, Vec<String>) {
             Some(f) if f == u64::from(FORMAT) => {}
             other => {
                 let what = other.map_or("no format".to_string(), |f| format!("format {f}"));
-                notes.push(format!(
-                    "{}: line {n} has {what}; this vigil reads format {FORMAT}; skipped",
-                    path.display()
-                ));
+                skipped.add(
+                    n,
+                    "of another format",
+                    format!("has {what}; this vigil reads format {FORMAT}"),
+                );
                 continue;
             }
         }
         match serde_json::from_value::<Record>(v) {
             Ok(r) => records.push(r),
-            Err(e) => notes.push(format!(
-                "{}: line {n} is not a ledger record ({e}); ignored",
-                path.display()
-            )),
+            Err(e) => skipped.add(n, "not a record", format!("is not a ledger record ({e})")),
         }
     }
+    notes.splice(0..0, skipped.note(path));
     (records, notes)
+}
+
+/// The lines [`decode`] skipped: how many of each kind, and the first one.
+#[derive(Default)]
+struct Skipped {
+    kinds: Vec<(&'static str, usize)>,
+    first: Option<(usize, String)>,
+    count: usize,
+}
+
+impl Skipped {
+    fn add(&mut self, line: usize, kind: &'static str, why: String) {
+        self.count += 1;
+        match self.kinds.iter_mut().find(|(k, _)| *k == kind) {
+            Some((_, n)) => *n += 1,
+            None => self.kinds.push((kind, 1)),
+        }
+        self.first.get_or_insert((line, why));
+    }
+
+    fn note(self, path: &Path) -> Option<String> {
+        let (line, why) = self.first?;
+        if self.count == 1 {
+            return Some(format!("{}: line {line} {why}; skipped", path.display()));
+        }
+        let kinds: Vec<String> = self.kinds.iter().map(|(k, n)| format!("{n} {k}")).collect();
+        Some(format!(
+            "{}: {} lines skipped ({}); the first, line {line}, {why}",
+            path.display(),
+            self.count,
+            kinds.join(", ")
+        ))
+    }
 }
 
 impl Record {

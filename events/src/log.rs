@@ -165,20 +165,56 @@ pub struct Hang {
 }
 
 impl Hang {
-    /// `heartbeat timeout of 1.0s passed`: the timeout the rank ran past and its limit, as every
-    /// message about a hang puts it.
-    pub fn passed(&self) -> String {
-        format!(
-            "{} of {:.1}s passed",
-            self.timeout,
-            self.limit_ms as f64 / 1000.0
-        )
+    /// What the agent measured, in the words of the timeout: `no heartbeat for 1.2s`, `in
+    /// section "step" for 1.2s`, `out of any section for 1.2s` (heartbeats may have come:
+    /// out-of-section time is counted from the end of the rank's last section).
+    pub fn measured(&self) -> String {
+        let s = self.silent_ms as f64 / 1000.0;
+        match &self.timeout {
+            HangKind::Initial => format!("no first heartbeat {s:.1}s after it started"),
+            HangKind::Heartbeat => format!("no heartbeat for {s:.1}s"),
+            HangKind::Section(name) => format!("in section {name:?} for {s:.1}s"),
+            HangKind::OutOfSection => format!("out of any section for {s:.1}s"),
+        }
     }
 
-    /// `rank 3 hung: heartbeat timeout of 1.0s passed`: why the attempt failed, as the
-    /// `cycle_ended` record's reason carries it to the console and the report.
+    /// `no heartbeat for 1.2s, past its heartbeat timeout of 1.0s`: what was measured and the
+    /// timeout it is measured against, as every message about a hang puts it. A stopped rank is
+    /// declared when another rank's timeout runs out while it waits on it, often before its own
+    /// has: then its timeout is named as not yet run out.
+    pub fn passed(&self) -> String {
+        let limit = self.limit_ms as f64 / 1000.0;
+        if self.silent_ms >= self.limit_ms {
+            format!(
+                "{}, past its {} of {limit:.1}s",
+                self.measured(),
+                self.timeout
+            )
+        } else {
+            format!(
+                "{} (its {} of {limit:.1}s had not run out)",
+                self.measured(),
+                self.timeout
+            )
+        }
+    }
+
+    /// [`Hang::passed`], led by `its process is stopped (SIGSTOP or a debugger)` when it was.
+    pub fn why(&self) -> String {
+        if self.stopped {
+            format!(
+                "its process is stopped (SIGSTOP or a debugger); {}",
+                self.passed()
+            )
+        } else {
+            self.passed()
+        }
+    }
+
+    /// `rank 3 hung: no heartbeat for 1.2s, past its heartbeat timeout of 1.0s`: why the attempt
+    /// failed, as the `cycle_ended` record's reason carries it to the console and the report.
     pub fn reason(&self, rank: u32) -> String {
-        format!("rank {rank} hung: {}", self.passed())
+        format!("rank {rank} hung: {}", self.why())
     }
 }
 
@@ -1287,11 +1323,36 @@ mod tests {
             silent_ms: 1500,
             stopped: false,
         };
-        assert_eq!(h.passed(), "section \"step\" timeout of 1.0s passed");
+        assert_eq!(
+            h.passed(),
+            "in section \"step\" for 1.5s, past its section \"step\" timeout of 1.0s"
+        );
         assert_eq!(
             h.reason(3),
-            "rank 3 hung: section \"step\" timeout of 1.0s passed"
+            "rank 3 hung: in section \"step\" for 1.5s, past its section \"step\" timeout of 1.0s"
         );
+        // Field finding 45: a stopped rank is declared before its own timeout ran out, and
+        // out-of-section time is not silence.
+        let h = Hang {
+            timeout: HangKind::OutOfSection,
+            limit_ms: 30_000,
+            silent_ms: 1000,
+            stopped: true,
+        };
+        assert_eq!(
+            h.reason(1),
+            "rank 1 hung: its process is stopped (SIGSTOP or a debugger); out of any section for 1.0s (its out-of-section timeout of 30.0s had not run out)"
+        );
+        let h = Hang {
+            timeout: HangKind::Heartbeat,
+            limit_ms: 3000,
+            silent_ms: 2000,
+            stopped: true,
+        };
+        assert!(!h.passed().contains("passed"), "{}", h.passed());
+        assert!(h
+            .passed()
+            .starts_with("no heartbeat for 2.0s (its heartbeat timeout of 3.0s had not run out)"));
     }
 
     #[test]

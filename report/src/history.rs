@@ -300,6 +300,7 @@ fn hang_record(run: &mut NodeRun, ts: f64, record: &Record) {
             rank: Some(*rank),
             timeout: timeout_name(&hang.timeout),
             silent_ms: Some(hang.silent_ms),
+            measured: Some(hang.why()),
             frames: Vec::new(),
             local_rank: Some(*local_rank),
             stacks_files: Vec::new(),
@@ -418,17 +419,59 @@ pub fn ledger_allocation(r: &Value) -> Option<Allocation> {
     })
 }
 
+/// One ledger's records as allocations, and how many records it held of another format.
+#[derive(Debug, Default)]
+pub struct LedgerAllocations {
+    pub path: PathBuf,
+    pub allocations: Vec<Allocation>,
+    pub other_format: usize,
+}
+
+impl LedgerAllocations {
+    pub fn new(path: PathBuf) -> Self {
+        LedgerAllocations {
+            path,
+            ..Default::default()
+        }
+    }
+
+    /// Takes one record: kept as an allocation, or counted as of another format. A ledger is
+    /// read one record at a time into this, never held whole as JSON.
+    pub fn push(&mut self, r: &Value) {
+        match ledger_allocation(r) {
+            Some(a) => self.allocations.push(a),
+            None => self.other_format += 1,
+        }
+    }
+
+    fn from_records(f: &RecordFile) -> Self {
+        let mut l = LedgerAllocations::new(f.path.clone());
+        for r in &f.records {
+            l.push(r);
+        }
+        l
+    }
+}
+
 /// The history from event logs and ledgers read whole (tests; `History::load` streams).
 pub fn build(root: PathBuf, events: &[RecordFile], ledgers: &[RecordFile]) -> History {
     let runs = events
         .iter()
         .map(|f| node_run(f.path.clone(), &f.records))
         .collect();
+    let ledgers = ledgers
+        .iter()
+        .map(LedgerAllocations::from_records)
+        .collect();
     build_from_runs(root, runs, ledgers)
 }
 
 /// The history from every node run and ledger found.
-pub fn build_from_runs(root: PathBuf, runs: Vec<NodeRun>, ledgers: &[RecordFile]) -> History {
+pub fn build_from_runs(
+    root: PathBuf,
+    runs: Vec<NodeRun>,
+    ledgers: Vec<LedgerAllocations>,
+) -> History {
     let mut notes = Vec::new();
     // A log with no timed record holds nothing to show.
     let mut runs: Vec<NodeRun> = runs.into_iter().filter(|r| r.end > 0.0).collect();
@@ -439,23 +482,21 @@ pub fn build_from_runs(root: PathBuf, runs: Vec<NodeRun>, ledgers: &[RecordFile]
     });
 
     let mut allocations: Vec<Allocation> = Vec::new();
+    // The same record seen twice (a ledger copied into the experiment) counts once.
+    let mut seen = std::collections::HashSet::new();
     for f in ledgers {
-        for r in &f.records {
-            match ledger_allocation(r) {
-                Some(a) => {
-                    // The same record seen twice (a ledger copied into the experiment) counts once.
-                    if !allocations
-                        .iter()
-                        .any(|b| b.start == a.start && b.job_id == a.job_id)
-                    {
-                        allocations.push(a)
-                    }
-                }
-                None => notes.push(format!(
-                    "{}: skipped a ledger record of another format",
-                    f.path.display()
-                )),
+        for a in f.allocations {
+            if seen.insert((a.start.to_bits(), a.job_id.clone())) {
+                allocations.push(a);
             }
+        }
+        if f.other_format > 0 {
+            notes.push(format!(
+                "{}: skipped {} ledger record{} of another format",
+                f.path.display(),
+                f.other_format,
+                if f.other_format == 1 { "" } else { "s" }
+            ));
         }
     }
     allocations.sort_by(|a, b| a.start.total_cmp(&b.start));
@@ -483,9 +524,11 @@ pub fn build_from_runs(root: PathBuf, runs: Vec<NodeRun>, ledgers: &[RecordFile]
         allocations.push(inferred_allocation(&runs, group));
     }
     allocations.sort_by(|a, b| a.start.total_cmp(&b.start));
+    // A ledger's number is kept as written, 0 too (as `vigil ledger` shows it); an allocation
+    // inferred from event logs takes the number after the one before it.
     let mut next = 1;
     for a in allocations.iter_mut() {
-        if a.from_ledger && a.number > 0 {
+        if a.from_ledger {
             next = a.number + 1;
         } else {
             a.number = next;
@@ -731,8 +774,8 @@ fn run_moments(r: &NodeRun, node: &str) -> Vec<Moment> {
     }
     for h in &r.hangs {
         let mut text = format!("attempt {}: {}", h.cycle, h.describe());
-        if let Some(ms) = h.silent_ms {
-            text.push_str(&format!(", silent {:.1}s", ms as f64 / 1000.0));
+        if let Some(m) = &h.measured {
+            text.push_str(&format!(": {m}"));
         }
         push(h.ts, "hang", text);
     }

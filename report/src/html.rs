@@ -106,8 +106,11 @@ fn figure(out: &mut String, id: &str, plot: Option<Result<String, PlotError>>, e
 
 /// The whole report page for `h`.
 pub fn render_html(h: &History) -> String {
+    let full = h;
+    let (view, summarised) = recent(full);
+    let h: &History = &view;
     let mut out = String::new();
-    let title = format!("vigil report: {}", job_name(h));
+    let title = format!("vigil report: {}", job_name(full));
     let _ = write!(
         out,
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>{}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n<h1>{}</h1>\n<p class=\"meta\" id=\"source\">From the records in {}.</p>\n",
@@ -115,22 +118,26 @@ pub fn render_html(h: &History) -> String {
         esc(&title),
         esc(&h.root.display().to_string())
     );
-    let span = h.span();
-    if let Some((t0, t1)) = span {
+    if let Some((t0, t1)) = full.span() {
         let _ = writeln!(
             out,
             "<p class=\"meta\">{} to {} ({}); {} event log{}, {} allocation{}.</p>",
             utc(t0),
             utc(t1),
             duration(t1 - t0),
-            h.runs.len(),
-            if h.runs.len() == 1 { "" } else { "s" },
-            h.allocations.len(),
-            if h.allocations.len() == 1 { "" } else { "s" },
+            full.runs.len(),
+            if full.runs.len() == 1 { "" } else { "s" },
+            full.allocations.len(),
+            if full.allocations.len() == 1 { "" } else { "s" },
         );
     }
+    // The plots and tables cover what the page shows one by one.
+    let span = h.span();
+    if let Some(p) = &summarised {
+        let _ = writeln!(out, "<p class=\"meta\" id=\"summarised\">{}</p>", esc(p));
+    }
     out.push_str("<section id=\"summary\">\n<h2>Summary</h2>\n<pre class=\"status\">");
-    out.push_str(&esc(&h.status_lines().join("\n")));
+    out.push_str(&esc(&full.status_lines().join("\n")));
     out.push_str("</pre>\n");
     command_lines(&mut out, h);
     out.push_str("</section>\n");
@@ -149,7 +156,7 @@ pub fn render_html(h: &History) -> String {
     );
     out.push_str("</section>\n");
 
-    out.push_str(&goodput_section(h));
+    out.push_str(&goodput_section(full));
 
     out.push_str("<section id=\"stragglers\">\n<h2>Straggler scores</h2>\n");
     let worst = plot::worst_ranks(h, plot::WORST_RANKS);
@@ -172,15 +179,67 @@ pub fn render_html(h: &History) -> String {
     allocations_table(&mut out, h);
     events_table(&mut out, h, span.map_or(0.0, |s| s.0));
 
-    if !h.notes.is_empty() {
+    if !full.notes.is_empty() {
         out.push_str("<section id=\"notes\">\n<h2>Notes</h2>\n<ul>\n");
-        for n in &h.notes {
+        for n in &full.notes {
             let _ = writeln!(out, "<li>{}</li>", esc(n));
         }
         out.push_str("</ul>\n</section>\n");
     }
     out.push_str("</body>\n</html>\n");
     out
+}
+
+/// The most allocations the page draws and lists one by one: the latest ones. The earlier ones
+/// are summarised in one paragraph, so a job of 100,000 allocations makes a page of the size of
+/// one of a few hundred (`vigil ledger` lists every one).
+pub const PAGE_ALLOCATIONS: usize = 300;
+
+/// The page's view of `h`: its last [`PAGE_ALLOCATIONS`] allocations and their node runs, and
+/// the paragraph that summarises the earlier ones (`None` when every one is shown).
+fn recent(h: &History) -> (std::borrow::Cow<'_, History>, Option<String>) {
+    let skip = h.allocations.len().saturating_sub(PAGE_ALLOCATIONS);
+    if skip == 0 {
+        return (std::borrow::Cow::Borrowed(h), None);
+    }
+    let (earlier, kept) = h.allocations.split_at(skip);
+    let mut runs = Vec::new();
+    let mut allocations = Vec::with_capacity(kept.len());
+    for a in kept {
+        let mut a = a.clone();
+        for i in a.runs.iter_mut() {
+            runs.push(h.runs[*i].clone());
+            *i = runs.len() - 1;
+        }
+        allocations.push(a);
+    }
+    let mut outcomes = std::collections::BTreeMap::new();
+    for a in earlier {
+        *outcomes
+            .entry(a.outcome.as_deref().unwrap_or("running"))
+            .or_insert(0usize) += 1;
+    }
+    let outcomes: Vec<String> = outcomes.iter().map(|(o, n)| format!("{n} {o}")).collect();
+    let restarts: u64 = earlier.iter().map(|a| u64::from(a.restarts)).sum();
+    let (first, last) = (&earlier[0], &earlier[earlier.len() - 1]);
+    let text = format!(
+        "This page shows the last {} of {} allocations one by one; the {skip} before them (allocations {} to {}, {} to {}) are summarised: {}; {restarts} in-job restart{}. `vigil ledger` lists every one.",
+        kept.len(),
+        h.allocations.len(),
+        first.number,
+        last.number,
+        utc(first.start),
+        utc(last.end.unwrap_or(last.start)),
+        outcomes.join(", "),
+        if restarts == 1 { "" } else { "s" },
+    );
+    let view = History {
+        root: h.root.clone(),
+        allocations,
+        runs,
+        notes: Vec::new(),
+    };
+    (std::borrow::Cow::Owned(view), Some(text))
 }
 
 /// The timeline section: its legend, the plot, and a note when it shows only some node ranks.
@@ -477,19 +536,27 @@ fn goodput_section(h: &History) -> String {
     }
     out.push_str("</p>\n");
     let (width, left, row) = (900.0, 110.0, 26.0);
-    let height = row * g.allocations.len() as f64 + 8.0;
+    // A bar for each of the latest allocations the page shows; the figures above count all.
+    let bars = &g.allocations[g.allocations.len().saturating_sub(PAGE_ALLOCATIONS)..];
+    if bars.len() < g.allocations.len() {
+        out.push_str(&format!(
+            "<p class=\"meta\">Bars for the last {} of {} allocations.</p>\n",
+            bars.len(),
+            g.allocations.len()
+        ));
+    }
+    let height = row * bars.len() as f64 + 8.0;
     out.push_str(&format!(
         "<figure id=\"goodput-plot\"><svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" viewBox=\"0 0 {width} {height}\">\n"
     ));
-    let longest = g
-        .allocations
+    let longest = bars
         .iter()
         .map(|a| a.breakdown.total())
         .fold(0.0, f64::max)
         .max(f64::MIN_POSITIVE);
     // Room on the right for each bar's label.
     let scale = (width - left - 170.0) / longest;
-    for (i, a) in g.allocations.iter().enumerate() {
+    for (i, a) in bars.iter().enumerate() {
         let y = 4.0 + row * i as f64;
         out.push_str(&format!(
             "<text x=\"0\" y=\"{:.1}\" font-size=\"12\">allocation {}</text>\n",

@@ -94,17 +94,16 @@ impl History {
         }
         let mut ledgers = Vec::new();
         for path in &found.ledgers {
-            let mut file = records::RecordFile {
-                path: path.clone(),
-                records: Vec::new(),
-            };
-            match records::read_jsonl(path, &mut |v| file.records.push(v.clone())) {
+            // Each record becomes an allocation as it is read: a ledger of 100,000 allocations
+            // is never held as JSON.
+            let mut file = history::LedgerAllocations::new(path.clone());
+            match records::read_jsonl(path, &mut |v| file.push(v)) {
                 Ok(n) => notes.extend(n),
                 Err(e) => notes.push(format!("skipped {}: {e}", path.display())),
             }
             ledgers.push(file);
         }
-        let mut h = history::build_from_runs(dir.to_path_buf(), runs, &ledgers);
+        let mut h = history::build_from_runs(dir.to_path_buf(), runs, ledgers);
         notes.append(&mut h.notes);
         h.notes = notes;
         if h.runs.is_empty() && h.allocations.is_empty() {

@@ -260,6 +260,9 @@ pub struct Hang {
     /// `initial`, `heartbeat`, `out_of_section` or `section NAME`.
     pub timeout: String,
     pub silent_ms: Option<u64>,
+    /// What the agent measured against which timeout (`no heartbeat for 1.2s, past its
+    /// heartbeat timeout of 1.0s`), as the agent's console said it.
+    pub measured: Option<String>,
     /// The innermost frames from the `stacks` event that followed, innermost first.
     pub frames: Vec<String>,
     pub local_rank: Option<u32>,

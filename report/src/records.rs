@@ -86,20 +86,31 @@ pub fn find(dir: &Path) -> Found {
 
 /// Calls `visit` with each JSON object in the file at `path`, one line at a time, so a large
 /// event log is never held whole; a line longer than [`vigil_bounded::LINE_LIMIT`] (no record of
-/// vigil's is) ends the reading with an error. Returns the notes on skipped lines (see
-/// [`parse_jsonl`]).
+/// vigil's is) ends the reading with an error. Returns at most one note on skipped lines: the
+/// first one's (see [`parse_jsonl`]), with the count of the others, so a corrupt log of many
+/// lines is one note on the page.
 pub fn read_jsonl(
     path: &Path,
     visit: &mut dyn FnMut(&Value),
 ) -> Result<Vec<String>, vigil_bounded::ReadError> {
-    let mut notes = Vec::new();
+    let mut first = None;
+    let mut skipped = 0usize;
     for line in vigil_bounded::lines(path, vigil_bounded::LINE_LIMIT)? {
         let line = line?;
         if let Some(note) = parse_line(&line.text, line.complete, line.number, path, visit) {
-            notes.push(note);
+            skipped += 1;
+            first.get_or_insert(note);
         }
     }
-    Ok(notes)
+    // However many lines were skipped, one note: the first, and the count of the others.
+    Ok(first
+        .map(|n| match skipped {
+            1 => n,
+            2 => format!("{n} (and 1 more line skipped in this file)"),
+            _ => format!("{n} (and {} more lines skipped in this file)", skipped - 1),
+        })
+        .into_iter()
+        .collect())
 }
 
 /// One line: its object to `visit`, or the note saying why it was skipped. A line without its
@@ -240,10 +251,17 @@ mod tests {
         fs::remove_file(&path).unwrap();
         let (recs, expected) = parse_jsonl(text, &path);
         assert_eq!(seen, recs);
-        assert_eq!(notes, expected);
-        assert_eq!(notes.len(), 2, "{notes:?}");
+        assert_eq!(expected.len(), 2, "{expected:?}");
+        // Read from a file, the skipped lines are one note: the first, and the count of the rest.
+        assert_eq!(
+            notes,
+            vec![format!(
+                "{} (and 1 more line skipped in this file)",
+                expected[0]
+            )]
+        );
         assert!(
-            notes[0].ends_with(":3: skipped a line that is not a JSON object"),
+            expected[0].ends_with(":3: skipped a line that is not a JSON object"),
             "{notes:?}"
         );
     }

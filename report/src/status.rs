@@ -256,6 +256,37 @@ mod tests {
     }
 
     #[test]
+    fn an_allocation_is_numbered_as_its_ledger_numbers_it_zero_too() {
+        // Field finding 45: the ledger's allocation 0 was shown as "allocation 1".
+        let ledger = file(
+            "state/ledger.jsonl",
+            concat!(
+                r#"{"format":1,"allocation":0,"job_id":"42","nodes":["a"],"start":1767225600.0,"end":1767229200.0,"outcome":"stopped","highest_step":10,"restarts":0,"decision":"requeue","why":"time-limit","excluded":[],"exit_status":75}"#,
+                "\n"
+            ),
+        );
+        let run = file(
+            "runs/vigil_2/events.jsonl",
+            concat!(
+                r#"{"event":"cycle_start","cycle":0,"host":"a","node_rank":0,"ts":1767230000.0}"#,
+                "\n"
+            ),
+        );
+        let h = build("d".into(), &[run], &[ledger]);
+        let numbers: Vec<u32> = h.allocations.iter().map(|a| a.number).collect();
+        assert_eq!(numbers, vec![0, 1]);
+        let lines = h.status_lines();
+        assert!(
+            lines[1].starts_with("  allocation 0 (job 42): "),
+            "{lines:?}"
+        );
+        assert!(
+            lines[2].starts_with("  allocation 1: running since"),
+            "{lines:?}"
+        );
+    }
+
+    #[test]
     fn the_step_is_the_ledgers_when_its_record_is_later_than_the_last_steps_record() {
         let ledger = file(
             "state/ledger.jsonl",

@@ -82,3 +82,31 @@ def test_the_ft_launcher_program_prints_nvrx_restarter_lines(job):
     assert states == ["initialize", "handling stage=starting", "aborted"], r.stdout
     r = run_vigil(["run", "t.py"], cwd=job)
     assert r.returncode == 0 and "NestedRestarter" not in r.stdout + r.stderr
+
+
+def test_ft_launcher_help_and_version_speak_ft_launchers_names(job, tmp_path):
+    """Field finding 45: `ft_launcher --help` described `ft_launcher run` and vigil's names, and
+    `--version` was an error. Through a symlink and through the `ft_launcher` binary."""
+    link = tmp_path / "ft_launcher"
+    link.symlink_to(vigil_bin())
+    for ft in (link, Path(vigil_bin()).with_name("ft_launcher")):
+        r = subprocess.run([str(ft), "--version"], cwd=job, env=base_env(), capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.startswith("ft_launcher (vigil "), r.stdout
+        assert "compatible with ft_launcher of NVIDIA Resiliency Extension (NVRx) 0.7" in r.stdout, r.stdout
+        r = subprocess.run([str(ft), "--nnodes", "1", "--help"], cwd=job, env=base_env(), capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert "Usage: ft_launcher [OPTIONS] <TRAINING_SCRIPT> [ARGS]..." in r.stdout, r.stdout[:2000]
+        assert "ft_launcher run" not in r.stdout and "NVRx) 0.7" in r.stdout
+        # The ft_launcher spelling of its flags, and what each becomes.
+        assert "--ft-rank-heartbeat-timeout <VALUE>\n          vigil run's --heartbeat-timeout" in r.stdout
+        assert "--ft-cfg-path <FILE>" in r.stdout
+        assert "--nproc-per-node" in r.stdout, "torchrun's flags, which ft_launcher takes too"
+        # After the script, --help is the script's.
+        write(job / "t.py", "import sys\nprint('script got', sys.argv[1:])\n")
+        r = subprocess.run([str(ft), "t.py", "--help"], cwd=job, env=base_env(), capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert "Usage: ft_launcher" not in r.stdout

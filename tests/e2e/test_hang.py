@@ -116,14 +116,43 @@ def test_rank_that_stops_heartbeating_is_reported_with_its_stack(job):
     assert result["event"] == "result" and result["outcome"] == "failed"
     in_order(ev, reg, hang, st, stop, exited, result)
     # Console: the hang, then the innermost frame.
-    assert "is hung: heartbeat timeout of 1.0s passed" in r.stderr
+    assert "is hung: no heartbeat for " in r.stderr and ", past its heartbeat timeout of 1.0s" in r.stderr
     assert "innermost frames:" in r.stderr
     assert r.stderr.index("is hung") < r.stderr.index("in wait_forever_in_this_function")
     # The failure summary names the rank, the hang and where it was.
     summary = r.stderr.split("Root Cause")[1]
     assert "rank      : 0 (local_rank: 0)" in summary
-    assert "hang      : heartbeat timeout of 1.0s passed" in summary
+    assert "hang      : no heartbeat for " in summary
+    assert ", past its heartbeat timeout of 1.0s" in summary
     assert "in wait_forever_in_this_function" in summary
+
+
+def test_the_hang_excerpt_leads_with_the_users_frame_not_library_internals(job):
+    """Field finding 46: the excerpt showed the main thread's three innermost frames, all of them
+    library code (here four frames of threading.py, as a collective shows torch's); it must show
+    the user's innermost frame first, the library frames inside it counted."""
+    write(job / "t.py", """
+import threading
+import vigil
+
+def wait_in_a_barrier_that_never_fills():
+    threading.Barrier(2).wait()
+
+for i in range(3):
+    vigil.heartbeat(i)
+wait_in_a_barrier_that_never_fills()
+""")
+    r = run_vigil(["run", "--max-restarts", "0", "--heartbeat-timeout", "1", "--log-dir", "logs", "t.py"],
+                  cwd=job, timeout=60)
+    assert r.returncode == 1, r.stderr
+    st = one(events(job / "logs"), "stacks", cycle=0)
+    first = st["innermost"][0]
+    assert "(main)" in first, st["innermost"]
+    assert "in wait_in_a_barrier_that_never_fills" in first, st["innermost"]
+    assert "library frames, innermost: threading.py:" in first, st["innermost"]
+    assert not any("threading.py" in f.split("[+")[0] for f in st["innermost"] if "(main)" in f), st["innermost"]
+    summary = r.stderr.split("Root Cause")[1]
+    assert "in wait_in_a_barrier_that_never_fills" in summary
 
 
 def test_rank_stuck_in_a_section(job):
@@ -145,7 +174,57 @@ with vigil.section("step"):
     assert hang["timeout"] == {"section": "step"}, hang
     assert hang["limit_ms"] == 1000 and hang["silent_ms"] >= 1000
     in_order(ev, one(ev, "registered"), hang, one(ev, "stacks"), one(ev, "stop"), ev[-1])
-    assert 'section "step" timeout of 1.0s passed' in r.stderr
+    assert 'in section "step" for ' in r.stderr and 'past its section "step" timeout of 1.0s' in r.stderr
+
+
+def test_a_stopped_rank_blamed_before_its_own_timeout_is_worded_with_what_was_measured(job):
+    """Field finding 45: rank 1 is stopped, rank 0 runs past its section timeout first, and rank 1
+    is named the root cause while its own heartbeat timeout (300 s) is far from run out. The
+    console said "heartbeat timeout of 300.0s passed (silent for 0.5s)"; it must say what was
+    measured, and that this timeout had not run out."""
+    write(job / "t.py", """
+import os, time
+import vigil
+out = os.environ["OUT_DIR"]
+for i in range(3):
+    vigil.heartbeat(i)
+if os.environ["RANK"] == "1":
+    open(os.path.join(out, "ready.tmp"), "w").write(str(os.getpid()))
+    os.rename(os.path.join(out, "ready.tmp"), os.path.join(out, "ready"))
+    while True:
+        vigil.heartbeat()
+        time.sleep(0.05)
+deadline = time.time() + 120
+while not os.path.exists(os.path.join(out, "go")) and time.time() < deadline:
+    vigil.heartbeat()
+    time.sleep(0.02)
+with vigil.section("step"):
+    time.sleep(600)
+""")
+    p = start_vigil(["run", "--nproc-per-node", "2", "--max-restarts", "0", "--heartbeat-timeout", "300",
+                     "--section-timeouts", "step=1", "--log-dir", "logs", "t.py"],
+                    cwd=job, env=base_env(OUT_DIR=job))
+    pid = None
+    try:
+        wait_for(lambda: (job / "ready").exists(), what="rank 1 heartbeating")
+        pid = int((job / "ready").read_text())
+        os.kill(pid, signal.SIGSTOP)
+        (job / "go").touch()
+        out, err = p.communicate(timeout=90)
+    finally:
+        if pid is not None and pid_alive(pid):
+            os.kill(pid, signal.SIGCONT)
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 1, err
+    hang = one(events(job / "logs"), "hang", cycle=0)
+    assert hang["rank"] == 1 and hang["stopped"] and hang["timeout"] == "heartbeat", hang
+    assert hang["silent_ms"] < hang["limit_ms"], hang
+    line = next(l for l in err.splitlines() if "is hung:" in l)
+    assert "rank 1 (pid" in line, line
+    assert "its process is stopped (SIGSTOP or a debugger); no heartbeat for " in line, line
+    assert "(its heartbeat timeout of 300.0s had not run out)" in line, line
+    assert "passed" not in line, line
 
 
 def test_sigstopped_rank_is_hung_and_job_restarts(job):

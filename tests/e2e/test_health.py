@@ -147,3 +147,29 @@ def test_require_ib_and_usage_errors(job):
     assert r.returncode == 2
     assert len(r.stderr.strip().splitlines()) == 1 and "--gpus" in r.stderr
     assert fake_nvml_lib().endswith("libfake_nvml.so")
+
+
+def test_a_counter_that_cannot_vouch_for_its_port_fails_named(job):
+    """A counter that is missing, a directory, a FIFO (nothing writing to it: must not block) or
+    longer than a sysfs page is not "at most 0": each port fails, named with its reason."""
+    import os
+    nvml = write_nvml(job / "nvml.json", [gpu(0)])
+    ib = ib_tree(job / "ib", [{"device": f"mlx5_{i}"} for i in range(5)])
+    c = lambda dev, name: ib / dev / "ports" / "1" / "counters" / name
+    c("mlx5_0", "link_downed").unlink()
+    c("mlx5_1", "symbol_error").unlink()
+    c("mlx5_1", "symbol_error").mkdir()
+    c("mlx5_2", "link_downed").unlink()
+    os.mkfifo(c("mlx5_2", "link_downed"))
+    c("mlx5_3", "symbol_error").write_text("0" * 5000)
+    r = run_vigil(["health", "--ib-root", str(ib), "--storage-path", str(job), "--min-free-gib", "0"],
+                  cwd=job, env=nvml_env(base_env(), nvml), timeout=60)
+    assert r.returncode == 1, r.stdout + r.stderr
+    line = lines(r.stdout)["ib_ports"]
+    assert line.startswith("FAIL"), r.stdout
+    assert "mlx5_0 port 1: link_downed missing" in line
+    assert "mlx5_1 port 1: symbol_error unreadable (it is a directory" in line
+    assert "mlx5_2 port 1: link_downed unreadable (it is a FIFO" in line
+    assert "mlx5_3 port 1: symbol_error unreadable (it is larger than 4096 bytes)" in line
+    assert "mlx5_4" not in line
+    assert r.stdout.splitlines()[-1] == "unhealthy: ib_ports"

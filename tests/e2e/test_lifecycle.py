@@ -106,6 +106,19 @@ def test_a_read_only_state_dir_is_refused_before_any_rank_starts(job):
             "give --state-dir")
 
 
+def test_a_read_only_cycle_info_dir_is_refused_before_any_rank_starts(job):
+    """Field finding 47: a read-only --cycle-info-dir got a note and exit 0; it is refused up
+    front, as the state directory is."""
+    write(job / "starts.py", STARTS)
+    mnt, prefix = in_a_private_mount(job, "ro,size=1m")
+    r = run_in(prefix, job, "--cycle-info-dir", str(mnt / "ci"))
+    refused(job, r, f"--cycle-info-dir {mnt / 'ci'} cannot be created", "Read-only file system",
+            "give a writable directory or leave the flag out")
+    ro = mnt
+    r = run_in(prefix, job, "--cycle-info-dir", str(ro))
+    refused(job, r, f"--cycle-info-dir {ro} cannot be written", "Read-only file system")
+
+
 def test_a_full_state_dir_is_refused_before_any_rank_starts(job):
     write(job / "starts.py", STARTS)
     fill = 'mkdir "$0/state" && { head -c 1048576 /dev/zero > "$0/fill" 2>/dev/null; true; } &&'

@@ -236,6 +236,75 @@ def test_the_textfile_is_always_whole_and_says_how_the_job_ended(job):
     assert [f.name for f in out.iterdir()] == ["vigil_tf_1_0.prom"]
 
 
+# Heartbeats until the test says it is done.
+WAITS = """
+import os, sys, time, vigil
+for step in range(100000):
+    vigil.heartbeat(step)
+    if os.path.exists({done!r}):
+        break
+    time.sleep(0.1)
+"""
+
+
+def test_idle_connections_do_not_keep_scrapes_out(job):
+    done = job / "done"
+    script = write(job / "train.py", WAITS.format(done=str(done)))
+    p = start_vigil(["run", "--log-dir", str(job / "logs"), "--nproc-per-node", "1", "--metrics-port", "0",
+                     str(script)], cwd=job)
+    err = Stderr(p)
+    idle = []
+    try:
+        port = wait_for(lambda: scrape_port(err), 60, "the metrics port on the console")
+        assert http_get(f"http://127.0.0.1:{port}/metrics")[0] == 200
+        # 40 clients connect and send nothing (more than the agent serves at once), and stay.
+        for _ in range(40):
+            idle.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+        time.sleep(0.5)
+        results = []
+        for _ in range(10):
+            try:
+                status, _, page = http_get(f"http://127.0.0.1:{port}/metrics", timeout=10)
+                results.append(status if "vigil_agent_running" in page else "no page")
+            except OSError as e:
+                results.append(repr(e))
+        assert results == [200] * 10, results
+    finally:
+        for s in idle:
+            s.close()
+        done.touch()
+        try:
+            p.wait(timeout=60)
+        finally:
+            if p.poll() is None:
+                p.kill()
+    assert p.returncode == 0, err.text[-3000:]
+
+
+def test_the_textfile_never_writes_through_links_planted_in_its_directory(job):
+    # node_exporter's directory is often writable by others. Another user plants links to a file
+    # of this user's under every temp name a writer could guess: the names an agent started next
+    # would get from its pid (the next few thousand pids), for the page and for the start-up
+    # check, and under the page's own name.
+    out = job / "textfile"
+    out.mkdir()
+    victim = write(job / "precious", "mine\n")
+    with open("/proc/sys/kernel/ns_last_pid") as f:
+        last = int(f.read())
+    for pid in range(last + 1, last + 3000):
+        for name in (f".vigil_tl_0.prom.{pid}.tmp", f".vigil-probe.{pid}.tmp"):
+            os.symlink(victim, out / name)
+    os.symlink(victim, out / "vigil_tl_0.prom")
+    script = write(job / "t.py", "pass\n")
+    r = run_vigil(["run", "--log-dir", str(job / "logs"), "--metrics-textfile", str(out), "--rdzv-id", "tl",
+                   str(script)], cwd=job)
+    assert r.returncode == 0, r.stderr
+    assert victim.read_text() == "mine\n"
+    page = out / "vigil_tl_0.prom"
+    assert not page.is_symlink() and "vigil_agent_running" in page.read_text()
+    assert not [f for f in out.iterdir() if not f.is_symlink() and f.name != page.name]
+
+
 def test_a_port_in_use_is_one_line_and_exit_2_before_any_rank_starts(job):
     marker = job / "ran"
     script = write(job / "t.py", f"open({str(marker)!r}, 'w').close()\n")

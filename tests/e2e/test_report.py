@@ -363,3 +363,34 @@ def test_a_state_directory_alone_finds_the_run_directories_of_its_job(job):
     assert "<title>vigil report: job j42</title>" in (job / "r.html").read_text()
     logs = run_vigil(["logs", "--rank", "1", str(job / "state")], cwd=job, env=env)
     assert logs.returncode == 0 and logs.stderr == "rank 1\n", (logs.stdout, logs.stderr)
+
+
+def test_a_ledger_of_thousands_of_allocations_makes_a_page_of_a_few_hundred(job):
+    """Field finding 44: `vigil report` on 100,000 allocations wrote a 290 MB page (and held the
+    ledger whole). The page lists and draws the latest few hundred allocations and says how many
+    earlier ones it summarised. Bounds are on what is written, not on time."""
+    state = job / "state"
+    state.mkdir()
+    n = 3000
+    with open(state / "ledger.jsonl", "w") as f:
+        for i in range(1, n + 1):
+            start = 1767225600.0 + i * 100
+            f.write(json.dumps({
+                "format": 1, "allocation": i, "job_id": "42", "nodes": ["a", "b"], "start": start,
+                "end": start + 90, "outcome": "stopped", "highest_step": i * 10, "restarts": 1,
+                "stop_step": i * 10, "stop_trigger": "time-limit", "decision": "requeue",
+                "why": f"time-limit, reached step {i * 10}", "excluded": [], "exit_status": 75}) + "\n")
+    out = job / "r.html"
+    r = run_vigil(["report", str(state), "-o", str(out)], cwd=job, timeout=600)
+    assert r.returncode == 0, r.stderr
+    html = out.read_text()
+    assert len(html) < 1_000_000, f"{len(html)} bytes for {n} allocations"
+    page = parse(out)  # still well-formed
+    section = html.split('<section id="allocations">')[1].split("</section>")[0]
+    rows = section.count("<tr><td>")
+    assert rows == 300, rows
+    # The latest are the ones listed; the page says how many earlier ones it summarised.
+    assert f"<tr><td>{n}</td>" in section and "<tr><td>2700</td>" not in section
+    assert "This page shows the last 300 of 3000 allocations one by one; the 2700 before them" in html
+    assert "2700 stopped" in html
+    assert page is not None

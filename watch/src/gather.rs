@@ -16,8 +16,9 @@ use crate::rules::{Facts, SlurmJob, Spares};
 /// How long `scontrol show job` may take.
 const SCONTROL_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// The facts of the job whose records are below `dir`.
-pub fn facts(dir: &Path, path_var: Option<&str>) -> Result<Facts, ReportError> {
+/// The facts of the job whose records are below `dir`, and what is wrong with its job id when
+/// `experiment.json` names one that is no Slurm job id (Slurm is then not asked).
+pub fn facts(dir: &Path, path_var: Option<&str>) -> Result<(Facts, Option<String>), ReportError> {
     let history = History::load(dir)?;
     let logs = latest_logs(&history);
     let spares = spares(&logs);
@@ -27,15 +28,20 @@ pub fn facts(dir: &Path, path_var: Option<&str>) -> Result<Facts, ReportError> {
         .filter_map(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
         .map(|d| d.as_secs_f64())
         .reduce(f64::max);
-    let slurm = job_id(dir, &history)
+    let (id, bad) = match job_id(dir, &history) {
+        Ok(id) => (id, None),
+        Err(why) => (None, Some(why)),
+    };
+    let slurm = id
         .filter(|_| on_path("scontrol", path_var))
         .and_then(|id| slurm_job(&id));
-    Ok(Facts {
+    let facts = Facts {
         history,
         spares,
         last_write,
         slurm,
-    })
+    };
+    Ok((facts, bad))
 }
 
 /// The event logs of the latest allocation (all of them when no allocation names its runs).
@@ -83,10 +89,36 @@ fn spares(logs: &[PathBuf]) -> Spares {
     s
 }
 
-/// The Slurm job id: `experiment.json`'s (`vigil launch`), else the ledger's latest.
-fn job_id(dir: &Path, h: &History) -> Option<String> {
-    let from_meta = records::read_experiment(dir).ok().and_then(|m| m.job_id);
-    from_meta.or_else(|| h.allocations.iter().rev().find_map(|a| a.job_id.clone()))
+/// The Slurm job id: `experiment.json`'s (`vigil launch`), else the ledger's latest. Only a Slurm
+/// job id ([`slurm_job_id`]) is ever handed to `scontrol`: a bad one in `experiment.json` is an
+/// error naming it; a ledger's that is none is a job run outside Slurm, and has no Slurm state.
+fn job_id(dir: &Path, h: &History) -> Result<Option<String>, String> {
+    if let Some(id) = records::read_experiment(dir).ok().and_then(|m| m.job_id) {
+        return if slurm_job_id(&id) {
+            Ok(Some(id))
+        } else {
+            Err(format!(
+                "{}: job_id {} is not a Slurm job id (digits, as 1234, 1234_7 for an array task or 1234+1 for a heterogeneous component); Slurm is not asked about it: correct the file",
+                dir.join("experiment.json").display(),
+                crate::send::excerpt(id.as_bytes(), 64)
+            ))
+        };
+    }
+    Ok(h.allocations
+        .iter()
+        .rev()
+        .find_map(|a| a.job_id.clone())
+        .filter(|id| slurm_job_id(id)))
+}
+
+/// Whether `id` is a Slurm job id: digits, optionally an array task (`1234_7`) or a
+/// heterogeneous job's component (`1234+1`).
+pub fn slurm_job_id(id: &str) -> bool {
+    let digits = |s: &str| !s.is_empty() && s.len() <= 20 && s.bytes().all(|b| b.is_ascii_digit());
+    match id.split_once(['_', '+']) {
+        Some((job, sub)) => digits(job) && digits(sub),
+        None => digits(id),
+    }
 }
 
 fn on_path(program: &str, path_var: Option<&str>) -> bool {
@@ -134,6 +166,29 @@ pub fn slurm_fields(id: &str, f: &show_job::Fields) -> SlurmJob {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_slurm_job_ids_are_taken() {
+        for ok in ["4242", "1234_7", "1234+1", "0"] {
+            assert!(slurm_job_id(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "-1",
+            "--help",
+            "12 3",
+            "4242;rm -rf ~",
+            "1_2_3",
+            "1+",
+            "_1",
+            "12a",
+            "1234_[1-3]",
+            "\u{661}",
+            "123456789012345678901",
+        ] {
+            assert!(!slurm_job_id(bad), "{bad}");
+        }
+    }
 
     #[test]
     fn slurm_fields_expand_the_wanted_and_the_excluded_nodes() {

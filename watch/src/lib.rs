@@ -6,11 +6,12 @@
 //! a dead-man heartbeat URL after a healthy pass. See docs/watch.md.
 //!
 //! Parts: `rules.rs` (the problems, pure), `gather.rs` (reading the facts), `state.rs` (the open
-//! alerts), `send.rs` (HTTP).
+//! alerts), `sinks.rs` (the webhook's and the heartbeat's URLs), `send.rs` (HTTP).
 
 mod gather;
 pub mod rules;
 pub mod send;
+pub mod sinks;
 pub mod state;
 
 use std::collections::BTreeMap;
@@ -30,8 +31,14 @@ pub struct WatchArgs {
     /// (default: every experiment under $VIGIL_HOME/experiments, its newest launch).
     #[arg(value_name = "EXPERIMENT|STATE_DIR")]
     pub targets: Vec<String>,
-    /// Where alerts are POSTed as JSON with a Slack-compatible `text` (default: printed only).
-    #[arg(long)]
+    /// A file holding the URL alerts are POSTed to as JSON with a Slack-compatible `text` (one
+    /// line; keep it 0600). Without it, $VIGIL_WEBHOOK_URL; without either, alerts are printed
+    /// only.
+    #[arg(long = "webhook-file", value_name = "FILE")]
+    pub webhook_file: Option<PathBuf>,
+    /// The webhook URL itself: deprecated, `ps` shows it (its secret) to every user of the
+    /// machine; use --webhook-file or $VIGIL_WEBHOOK_URL.
+    #[arg(long, value_name = "URL")]
     pub webhook: Option<String>,
     /// A dead-man switch: GET after every pass that found no open problem.
     #[arg(long = "heartbeat-url")]
@@ -159,18 +166,31 @@ fn jobs(
         })
 }
 
-/// Sends (or, without --webhook, only prints) one message; whether it went.
-fn tell(args: &WatchArgs, body: &str, text: &str) -> bool {
+/// Where one pass's messages go, and whether one of them already failed: the rest of the pass's
+/// messages then wait for the next pass, so a dead webhook costs one [`send::TIMEOUT`] a pass,
+/// not one per message.
+struct Out<'a> {
+    webhook: Option<&'a send::Url>,
+    down: bool,
+}
+
+/// Sends (or, without a webhook, only prints) one message; whether it went.
+fn tell(out: &mut Out, body: &str, text: &str) -> bool {
     println!("{}", vigil_report::term_safe_line(text));
-    match &args.webhook {
-        None => true,
-        Some(url) => match send::post_json(url, body) {
-            Ok(()) => true,
-            Err(e) => {
-                eprintln!("vigil watch: cannot send an alert: {e}");
-                false
-            }
-        },
+    let Some(url) = out.webhook else {
+        return true;
+    };
+    if out.down {
+        return false;
+    }
+    match send::post_json(url, body) {
+        Ok(()) => true,
+        Err(e) => {
+            let e = vigil_report::term_safe_line(&e.to_string());
+            eprintln!("vigil watch: cannot send an alert: {e}; the rest of this pass's alerts wait for the next pass");
+            out.down = true;
+            false
+        }
     }
 }
 
@@ -184,12 +204,21 @@ struct Pass {
 }
 
 /// One pass over every job.
-fn pass(args: &WatchArgs, jobs: &[(String, PathBuf)], alerts: &mut Alerts) -> Pass {
+fn pass(args: &WatchArgs, out: &mut Out, jobs: &[(String, PathBuf)], alerts: &mut Alerts) -> Pass {
     let path_var = std::env::var("PATH").ok();
     let mut done = Pass::default();
     for (label, dir) in jobs {
         let facts = match gather::facts(dir, path_var.as_deref()) {
-            Ok(f) => f,
+            Ok((f, None)) => f,
+            // The job's other rules still run; the pass is not healthy.
+            Ok((f, Some(why))) => {
+                eprintln!(
+                    "vigil watch: {label}: {}",
+                    vigil_report::term_safe_line(&why)
+                );
+                done.failed = true;
+                f
+            }
             // A job that has not written yet has nothing to watch.
             Err(ReportError::NoRecords { .. }) => continue,
             Err(e) => {
@@ -199,7 +228,7 @@ fn pass(args: &WatchArgs, jobs: &[(String, PathBuf)], alerts: &mut Alerts) -> Pa
             }
         };
         let open = alerts.jobs.entry(dir.display().to_string()).or_default();
-        done.failed |= !pass_job(args, label, dir, &facts, open);
+        done.failed |= !pass_job(args, out, label, dir, &facts, open);
         done.open |= !open.is_empty();
     }
     alerts.jobs.retain(|_, open| !open.is_empty());
@@ -210,6 +239,7 @@ fn pass(args: &WatchArgs, jobs: &[(String, PathBuf)], alerts: &mut Alerts) -> Pa
 /// went.
 fn pass_job(
     args: &WatchArgs,
+    out: &mut Out,
     label: &str,
     dir: &Path,
     facts: &rules::Facts,
@@ -220,7 +250,7 @@ fn pass_job(
     let mut sent = true;
     for p in c.opened {
         let body = message(label, dir, &p.key, &p.text, false);
-        if tell(args, &body, &format!("{label}: {}", p.text)) {
+        if tell(out, &body, &format!("{label}: {}", p.text)) {
             open.insert(
                 p.key,
                 Open {
@@ -234,7 +264,7 @@ fn pass_job(
     }
     for (k, o) in c.resolved {
         let body = message(label, dir, &k, &o.text, true);
-        if tell(args, &body, &format!("{label}: resolved: {}", o.text)) {
+        if tell(out, &body, &format!("{label}: resolved: {}", o.text)) {
             open.remove(&k);
         } else {
             sent = false;
@@ -244,13 +274,24 @@ fn pass_job(
 }
 
 /// `vigil watch`: the exit status (0: the pass ran; 1: an alert or the heartbeat could not be
-/// sent, a job not read, or the alerts file not written, on the --once pass; 2: a target names
-/// no job at the first pass). Without --once it runs until it is stopped.
+/// sent, a job not read (its records, or a job id that is none), or the alerts file not written,
+/// on the --once pass; 2: a target names no job at the first pass, or a URL is refused). Without
+/// --once it runs until it is stopped.
 pub fn watch_command(args: &WatchArgs, env: &dyn Fn(&str) -> Option<String>) -> i32 {
     let Some(file) = args.state_file.clone().or_else(|| state::default_path(env)) else {
         eprintln!("vigil watch: error: $VIGIL_HOME and $HOME are unset; give --state-file FILE");
         return 2;
     };
+    let sinks = match sinks::sinks(args, env, &sinks::read_webhook_file) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("vigil watch: error: {}", vigil_report::term_safe_line(&e));
+            return 2;
+        }
+    };
+    for w in &sinks.warnings {
+        eprintln!("{w}");
+    }
     let mut first = true;
     loop {
         // Resolved again at each pass: an experiment's name means its newest launch.
@@ -268,14 +309,19 @@ pub fn watch_command(args: &WatchArgs, env: &dyn Fn(&str) -> Option<String>) -> 
         };
         first = false;
         let mut alerts = Alerts::load(&file);
-        let done = pass(args, &jobs, &mut alerts);
+        let mut out = Out {
+            webhook: sinks.webhook.as_ref(),
+            down: false,
+        };
+        let done = pass(args, &mut out, &jobs, &mut alerts);
         let mut ok = !done.failed;
         if let Err(e) = alerts.save(&file) {
             eprintln!("vigil watch: cannot write {}: {e}", file.display());
             ok = false;
         }
-        if let Some(url) = args.heartbeat_url.as_deref().filter(|_| ok && !done.open) {
+        if let Some(url) = sinks.heartbeat.as_ref().filter(|_| ok && !done.open) {
             if let Err(e) = send::get(url) {
+                let e = vigil_report::term_safe_line(&e.to_string());
                 eprintln!("vigil watch: heartbeat: {e}");
                 ok = false;
             }
@@ -334,6 +380,44 @@ mod tests {
         assert_eq!(m["text"], "[vigil] demo: resolved: requeue loop");
         assert_eq!(m["vigil"]["status"], "resolved");
         assert_eq!(m["vigil"]["problem"], "requeue_loop");
+    }
+
+    #[test]
+    fn a_failed_send_ends_the_passs_sending() {
+        use std::io::{Read, Write};
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        l.set_nonblocking(true).unwrap();
+        let url = send::parse_url(&format!("http://127.0.0.1:{port}/h")).unwrap();
+        let server = std::thread::spawn(move || {
+            let mut conns = 0;
+            let until = std::time::Instant::now() + Duration::from_secs(5);
+            while std::time::Instant::now() < until {
+                match l.accept() {
+                    Ok((mut c, _)) => {
+                        conns += 1;
+                        c.set_nonblocking(false).unwrap();
+                        let mut buf = [0u8; 4096];
+                        let _ = c.read(&mut buf);
+                        let _ = c.write_all(b"HTTP/1.1 503 Busy\r\n\r\n");
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                }
+            }
+            conns
+        });
+        let mut out = Out {
+            webhook: Some(&url),
+            down: false,
+        };
+        assert!(!tell(&mut out, "{}", "first"));
+        assert!(out.down);
+        assert!(!tell(&mut out, "{}", "second"));
+        assert_eq!(
+            server.join().unwrap(),
+            1,
+            "the second message was not tried"
+        );
     }
 
     #[test]

@@ -32,15 +32,25 @@ impl Alerts {
             .unwrap_or_default()
     }
 
-    /// Writes the file whole (a temporary file renamed over it).
+    /// Writes the file whole: a new temporary file beside it (a random name, created
+    /// exclusively, so a link planted in a shared directory is never written through), renamed
+    /// over it.
     pub fn save(&self, path: &Path) -> std::io::Result<()> {
-        if let Some(d) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(d)?;
-        }
-        let tmp = path.with_extension("json.tmp");
+        use std::io::Write;
+        let dir = match path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            Some(d) => {
+                std::fs::create_dir_all(d)?;
+                d
+            }
+            None => Path::new("."),
+        };
         let text = serde_json::to_string_pretty(self).map_err(std::io::Error::other)?;
-        std::fs::write(&tmp, text + "\n")?;
-        std::fs::rename(&tmp, path)
+        let mut tmp = tempfile::Builder::new()
+            .prefix(".alerts.")
+            .suffix(".tmp")
+            .tempfile_in(dir)?;
+        tmp.write_all((text + "\n").as_bytes())?;
+        tmp.persist(path).map(|_| ()).map_err(|e| e.error)
     }
 }
 
@@ -72,6 +82,21 @@ mod tests {
         );
         a.save(&p).unwrap();
         assert_eq!(Alerts::load(&p), a);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn saving_never_writes_through_a_planted_link() {
+        let d = std::env::temp_dir().join(format!("vigil-watch-link-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        let victim = d.join("victim");
+        std::fs::write(&victim, "mine").unwrap();
+        std::os::unix::fs::symlink(&victim, d.join("alerts.json.tmp")).unwrap();
+        let p = d.join("alerts.json");
+        Alerts::default().save(&p).unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "mine");
+        assert_eq!(Alerts::load(&p), Alerts::default());
         let _ = std::fs::remove_dir_all(&d);
     }
 

@@ -93,11 +93,14 @@ pub fn of_job(
         r.job_id.as_deref() == job_id && (r.cluster.is_none() || r.cluster.as_deref() == cluster)
     });
     let mut mine: Vec<Record> = Vec::with_capacity(all.len());
+    let mut at = std::collections::HashMap::new();
     for r in all {
-        let same = |m: &Record| m.allocation == r.allocation && m.restart_count == r.restart_count;
-        match mine.iter_mut().find(|m| same(m)) {
-            Some(m) => *m = r,
-            None => mine.push(r),
+        match at.get(&(r.allocation, r.restart_count)) {
+            Some(&i) => mine[i] = r,
+            None => {
+                at.insert((r.allocation, r.restart_count), mine.len());
+                mine.push(r);
+            }
         }
     }
     (mine, others.len())
@@ -602,15 +605,36 @@ mod tests {
         );
         let (records, notes) = decode(&text, Path::new("/s/ledger.jsonl"));
         assert_eq!(records, vec![rec(1)]);
-        let all = notes.join("\n");
-        assert!(
-            all.contains("line 2 has format 2; this vigil reads format 1"),
-            "{all}"
+        // Four skipped lines are one note: their count by kind, and the first.
+        assert_eq!(
+            notes,
+            vec!["/s/ledger.jsonl: 4 lines skipped (3 of another format, 1 not a record); the first, line 2, has format 2; this vigil reads format 1"]
         );
-        assert!(all.contains("line 3 has no format"), "{all}");
-        assert!(all.contains("line 4 has no format"), "{all}");
-        assert!(all.contains("line 5 is not a ledger record"), "{all}");
-        assert!(notes.iter().all(|n| n.starts_with("/s/ledger.jsonl: ")));
+        let (_, notes) = decode(&format!("{good}\n{{\"allocation\": 3}}\n"), Path::new("/l"));
+        assert_eq!(
+            notes,
+            vec!["/l: line 2 has no format; this vigil reads format 1; skipped"]
+        );
+    }
+
+    #[test]
+    fn a_corrupt_ledger_is_one_note_with_the_count() {
+        let good = serde_json::to_string(&rec(1)).unwrap();
+        let mut text = format!("{good}\n");
+        for _ in 0..11_548 {
+            text.push_str("garbage\n");
+        }
+        text.push_str("{\"cut");
+        let (records, notes) = decode(&text, Path::new("/s/ledger.jsonl"));
+        assert_eq!(records, vec![rec(1)]);
+        assert_eq!(notes.len(), 2, "{notes:?}");
+        assert!(
+            notes[0].starts_with(
+                "/s/ledger.jsonl: 11548 lines skipped (11548 not JSON); the first, line 2, is not JSON ("
+            ),
+            "{notes:?}"
+        );
+        assert!(notes[1].contains("line 11550 is cut short"), "{notes:?}");
     }
 
     #[test]

@@ -1,7 +1,13 @@
 //! The metrics page at the edge (docs/metrics.md): `--metrics-port` serves it over HTTP (a minimal
 //! GET /metrics server on the agent's own event loop), `--metrics-textfile` writes it for
-//! node_exporter's textfile collector (temp file in the same directory, then rename) every
+//! node_exporter's textfile collector (a temp file of a name no one can guess, created
+//! exclusively without following links, in the same directory, then renamed) every
 //! [`TEXTFILE_EVERY`] and at exit. What the page says is `crate::metrics`' (pure).
+//!
+//! Connections are served concurrently, at most [`MAX_CONNECTIONS`] at once ([`Slots`]); each has
+//! [`REQUEST_READ_TIMEOUT`] to send its request. When all are taken, the oldest connection still
+//! waiting for its request is closed for the new one, so clients that connect and send nothing
+//! cannot keep a scrape out: a scrape sends its request at once and is answered.
 //!
 //! A page is built only when one is asked for: a connection hands the loop a [`PageRequest`], the
 //! loop answers it between events from what it holds (the supervisor's ranks, the counters it
@@ -33,10 +39,12 @@ const JOB_WIDE_EVERY: Duration = Duration::from_secs(30);
 /// How long a connection waits for the loop's page before serving the last one.
 const LOOP_ANSWER: Duration = Duration::from_secs(2);
 /// How long a client has to send its request.
+const REQUEST_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long one connection is served in all, its request and the answer.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// The most of a request read (its line and headers).
 const MAX_REQUEST: usize = 8 * 1024;
-/// Connections served at once; more are closed at once.
+/// Connections served at once; past this the oldest still waiting for its request is closed.
 const MAX_CONNECTIONS: usize = 32;
 /// Page requests waiting for the loop.
 const QUEUE: usize = 16;
@@ -102,11 +110,51 @@ fn textfile_name(job_id: &str, node_rank: u32) -> String {
     )
 }
 
-/// Writes `page` to `dir/name` atomically: a temp file (not `*.prom`, so never read) beside
-/// it, then a rename over the old one.
+/// A number no one outside this process can guess: std's hasher keys come from the OS's
+/// randomness.
+fn unguessable() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish()
+}
+
+/// Creates a new file `.{stem}.{random}.tmp` in `dir` (not `*.prom`, so never read), exclusively
+/// (`O_EXCL`) and without following a link (`O_NOFOLLOW`): a file or link planted under any name
+/// is never written through. Its mode is 0666 less the umask, as node_exporter, another user,
+/// reads the page.
+fn create_temp(dir: &Path, stem: &str) -> std::io::Result<(PathBuf, std::fs::File)> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut last = None;
+    for _ in 0..8 {
+        let path = dir.join(format!(".{stem}.{:016x}.tmp", unguessable()));
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o666)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&path)
+        {
+            Ok(f) => return Ok((path, f)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("no free temp name")))
+}
+
+/// Writes `page` to `dir/name` atomically: a new temp file beside it ([`create_temp`]), then a
+/// rename over the old one (a rename replaces a link, never writes through it).
 fn write_textfile(dir: &Path, name: &str, page: &str) -> std::io::Result<()> {
-    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-    let done = std::fs::write(&tmp, page).and_then(|_| std::fs::rename(&tmp, dir.join(name)));
+    use std::io::Write;
+    let (tmp, mut f) = create_temp(dir, name)?;
+    let done = f
+        .write_all(page.as_bytes())
+        .and_then(|_| std::fs::rename(&tmp, dir.join(name)));
     if done.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
@@ -129,9 +177,8 @@ pub(super) fn prepare(cfg: &LaunchConfig) -> Result<Prepared, i32> {
         None => None,
     };
     if let Some(dir) = &cfg.metrics_textfile {
-        let probe = dir.join(format!(".vigil-probe.{}.tmp", std::process::id()));
-        std::fs::write(&probe, b"")
-            .and_then(|_| std::fs::remove_file(&probe))
+        create_temp(dir, "vigil-probe")
+            .and_then(|(probe, _)| std::fs::remove_file(probe))
             .map_err(|source| {
                 fail(MetricsError::Textfile {
                     dir: dir.clone(),
@@ -330,21 +377,115 @@ impl Metrics {
     }
 }
 
+/// How a new connection is taken.
+#[derive(Debug, PartialEq, Eq)]
+enum Admit<T> {
+    Take(u64),
+    /// Taken in the place of the oldest connection still waiting for its request, whose handle
+    /// is given back to be closed.
+    TakeEvicting(u64, Option<T>),
+    /// Every connection is being answered: the new one is closed.
+    Refuse,
+}
+
+/// The connections served, at most `max`: those waiting for their request, oldest first, with a
+/// handle to close them, and those being answered.
+struct Slots<T> {
+    max: usize,
+    next: u64,
+    waiting: std::collections::BTreeMap<u64, Option<T>>,
+    answering: std::collections::BTreeSet<u64>,
+}
+
+impl<T> Slots<T> {
+    fn new(max: usize) -> Self {
+        Slots {
+            max,
+            next: 0,
+            waiting: Default::default(),
+            answering: Default::default(),
+        }
+    }
+
+    fn accept(&mut self) -> Admit<T> {
+        let evicted = if self.waiting.len() + self.answering.len() < self.max {
+            None
+        } else if let Some((_, h)) = self.waiting.pop_first() {
+            Some(h)
+        } else {
+            return Admit::Refuse;
+        };
+        let id = self.next;
+        self.next += 1;
+        self.waiting.insert(id, None);
+        match evicted {
+            None => Admit::Take(id),
+            Some(h) => Admit::TakeEvicting(id, h),
+        }
+    }
+
+    /// The handle that closes connection `id` while it waits.
+    fn set_handle(&mut self, id: u64, h: T) {
+        if let Some(slot) = self.waiting.get_mut(&id) {
+            *slot = Some(h);
+        }
+    }
+
+    /// Connection `id`'s request came: it is no longer closed for a newer one. False when it was
+    /// already closed.
+    fn answering(&mut self, id: u64) -> bool {
+        let was = self.waiting.remove(&id).is_some();
+        if was {
+            self.answering.insert(id);
+        }
+        was
+    }
+
+    fn done(&mut self, id: u64) {
+        self.waiting.remove(&id);
+        self.answering.remove(&id);
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.waiting.len() + self.answering.len()
+    }
+}
+
+type Conns = Rc<RefCell<Slots<tokio::task::AbortHandle>>>;
+
+/// Frees a connection's slot however its task ends: answered, timed out or aborted.
+struct Release(Conns, u64);
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        self.0.borrow_mut().done(self.1);
+    }
+}
+
 /// Accepts connections until the agent ends; errors (EMFILE) back off instead of spinning.
 async fn serve(l: TcpListener, tx: mpsc::Sender<PageRequest>, last: Rc<RefCell<String>>) {
-    let open = Rc::new(Cell::new(0usize));
+    let conns: Conns = Rc::new(RefCell::new(Slots::new(MAX_CONNECTIONS)));
     loop {
         match l.accept().await {
             Ok((sock, _)) => {
-                if open.get() >= MAX_CONNECTIONS {
-                    continue;
-                }
-                open.set(open.get() + 1);
-                let (tx, last, open) = (tx.clone(), last.clone(), open.clone());
-                tokio::task::spawn_local(async move {
-                    let _ = tokio::time::timeout(REQUEST_TIMEOUT, answer(sock, tx, last)).await;
-                    open.set(open.get() - 1);
+                let id = match conns.borrow_mut().accept() {
+                    Admit::Refuse => continue,
+                    Admit::Take(id) => id,
+                    Admit::TakeEvicting(id, old) => {
+                        if let Some(h) = old {
+                            h.abort();
+                        }
+                        id
+                    }
+                };
+                let (tx, last, c) = (tx.clone(), last.clone(), conns.clone());
+                let task = tokio::task::spawn_local(async move {
+                    let _release = Release(c.clone(), id);
+                    let _ =
+                        tokio::time::timeout(REQUEST_TIMEOUT, answer(sock, tx, last, c, id)).await;
                 });
+                conns.borrow_mut().set_handle(id, task.abort_handle());
             }
             Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
         }
@@ -397,14 +538,22 @@ fn response(status: &str, content_type: &str, body: &str, head: bool) -> Vec<u8>
     r
 }
 
-/// Reads one request and answers it; the connection closes after.
-async fn answer(mut sock: TcpStream, tx: mpsc::Sender<PageRequest>, last: Rc<RefCell<String>>) {
+/// Reads one request (within [`REQUEST_READ_TIMEOUT`]) and answers it; the connection closes
+/// after.
+async fn answer(
+    mut sock: TcpStream,
+    tx: mpsc::Sender<PageRequest>,
+    last: Rc<RefCell<String>>,
+    conns: Conns,
+    id: u64,
+) {
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 1024];
+    let by = tokio::time::Instant::now() + REQUEST_READ_TIMEOUT;
     while !buf.windows(4).any(|w| w == b"\r\n\r\n") && !buf.windows(2).any(|w| w == b"\n\n") {
-        match sock.read(&mut chunk).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        match tokio::time::timeout_at(by, sock.read(&mut chunk)).await {
+            Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return,
+            Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
         }
         if buf.len() > MAX_REQUEST {
             let _ = sock
@@ -417,6 +566,9 @@ async fn answer(mut sock: TcpStream, tx: mpsc::Sender<PageRequest>, last: Rc<Ref
                 .await;
             return;
         }
+    }
+    if !conns.borrow_mut().answering(id) {
+        return;
     }
     let text_plain = "text/plain; charset=utf-8";
     let out = match asked(&buf) {
@@ -488,6 +640,62 @@ mod tests {
         assert!(r.ends_with("\r\n\r\nabc\n"));
         let h = String::from_utf8(response("200 OK", CONTENT_TYPE, "abc\n", true)).unwrap();
         assert!(h.ends_with("Content-Length: 4\r\nConnection: close\r\n\r\n"));
+    }
+
+    #[test]
+    fn idle_connections_make_room_for_new_ones_oldest_first() {
+        let mut s: Slots<&str> = Slots::new(2);
+        assert_eq!(s.accept(), Admit::Take(0));
+        s.set_handle(0, "a");
+        assert_eq!(s.accept(), Admit::Take(1));
+        s.set_handle(1, "b");
+        // Full: the oldest still waiting for its request goes.
+        assert_eq!(s.accept(), Admit::TakeEvicting(2, Some("a")));
+        assert!(!s.answering(0), "an evicted connection is not answered");
+        assert!(s.answering(1));
+        // 1 is being answered: only 2 may go.
+        assert_eq!(s.accept(), Admit::TakeEvicting(3, None));
+        assert!(s.answering(3));
+        // Both are being answered: a new one is refused until one is done.
+        assert_eq!(s.accept(), Admit::Refuse);
+        s.done(1);
+        s.done(2);
+        assert_eq!(s.len(), 1);
+        assert_eq!(s.accept(), Admit::Take(4));
+    }
+
+    #[test]
+    fn the_textfile_never_writes_through_a_planted_link() {
+        use std::os::unix::fs::symlink;
+        let dir = std::env::temp_dir().join(format!("vigil-textfile-link-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let victim = dir.join("victim");
+        std::fs::write(&victim, "mine\n").unwrap();
+        let name = textfile_name("j", 0);
+        // Links planted under the temp names a writer could guess (this process's id), and under
+        // the textfile's own name.
+        symlink(
+            &victim,
+            dir.join(format!(".{name}.{}.tmp", std::process::id())),
+        )
+        .unwrap();
+        symlink(
+            &victim,
+            dir.join(format!(".vigil-probe.{}.tmp", std::process::id())),
+        )
+        .unwrap();
+        symlink(&victim, dir.join(&name)).unwrap();
+        write_textfile(&dir, &name, "a 1\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "mine\n");
+        // The link at the textfile's name is replaced, not written through.
+        let meta = std::fs::symlink_metadata(dir.join(&name)).unwrap();
+        assert!(meta.file_type().is_file());
+        assert_eq!(std::fs::read_to_string(dir.join(&name)).unwrap(), "a 1\n");
+        // A temp file is created exclusively, never opened through a link.
+        let (p, _) = create_temp(&dir, "x").unwrap();
+        assert!(std::fs::symlink_metadata(&p).unwrap().file_type().is_file());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

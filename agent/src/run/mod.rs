@@ -52,7 +52,7 @@ pub mod summary;
 mod teardown;
 
 pub use allocation::prepare_state;
-pub use prelaunch::{check_command, make_run_dir, StartError};
+pub use prelaunch::{check_command, check_cycle_info_dir, make_run_dir, StartError};
 pub use store_host::{
     host_store, host_store_with_backlog, listen_backlog, raise_nofile, ranks_nofile,
     take_store_secret, HostedStore, SECRET_ENV,

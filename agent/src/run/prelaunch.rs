@@ -107,6 +107,23 @@ pub fn check_command(
     Ok(())
 }
 
+/// Checks that `--cycle-info-dir` can take NVRx's cycle info files, as the state directory is
+/// checked: created if needed and a probe written there, on every node (node rank 0 writes the
+/// files, and which node that is may be decided only at the rendezvous).
+pub fn check_cycle_info_dir(cfg: &LaunchConfig) -> Result<(), StartError> {
+    let Some(plan) = &cfg.nvrx.cycle_info else {
+        return Ok(());
+    };
+    let tag = format!("cycle-info-{}", std::process::id());
+    crate::job::state::check_writable(&plan.dir, &tag).map_err(|e| {
+        StartError(format!(
+            "--cycle-info-dir {} {}: vigil writes NVRx's cycle_info files there for the ranks' NVRX_CURRENT_CYCLE_INFO; give a writable directory or leave the flag out",
+            e.dir.display(),
+            e.why
+        ))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

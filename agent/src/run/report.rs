@@ -231,14 +231,8 @@ impl Reporter {
 
     fn hang(&self, cycle: u32, local_rank: u32, rank: u32, pid: i32, hang: &Hang) -> String {
         format!(
-            "rank {rank} (pid {pid}) is hung: {} (silent for {:.1}s){}; capturing its stacks into {}",
-            hang.passed(),
-            hang.silent_ms as f64 / 1000.0,
-            if hang.stopped {
-                ", its process is stopped (SIGSTOP?)"
-            } else {
-                ""
-            },
+            "rank {rank} (pid {pid}) is hung: {}; capturing its stacks into {}",
+            hang.why(),
             self.log(cycle, local_rank, "stacks.txt")
         )
     }

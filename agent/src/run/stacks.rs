@@ -88,11 +88,70 @@ pub fn innermost_frames(
         )
     });
     for (name, frames) in blocks.into_iter().take(threads) {
-        for f in frames.into_iter().take(per_thread) {
+        for f in from_user_code(frames).into_iter().take(per_thread) {
             out.push(format!("{name}: {f}"));
         }
     }
     out
+}
+
+/// A thread's frames (innermost first) from the innermost one of the user's code: the library
+/// frames inside it (torch, site-packages, the standard library) are folded into a count on
+/// that frame, with the innermost of them named: `File "/x/train.py", line 9 in step [+3
+/// library frames, innermost: distributed_c10d.py:3421 in barrier]`. A thread with no frame of
+/// the user's keeps its frames as they are.
+fn from_user_code(frames: Vec<String>) -> Vec<String> {
+    let Some(first) = frames.iter().position(|f| !is_library_frame(f)) else {
+        return frames;
+    };
+    if first == 0 {
+        return frames;
+    }
+    let inner = short_frame(&frames[0]);
+    let mut rest: Vec<String> = frames.into_iter().skip(first).collect();
+    rest[0].push_str(&format!(
+        " [+{first} library frame{}, innermost: {inner}]",
+        if first == 1 { "" } else { "s" }
+    ));
+    rest
+}
+
+/// The file of a faulthandler frame (`File "/x/train.py", line 5 in f`).
+fn frame_file(frame: &str) -> Option<&str> {
+    let rest = frame.trim().strip_prefix("File \"")?;
+    rest.split_once('"').map(|(file, _)| file)
+}
+
+/// `distributed_c10d.py:3421 in barrier`.
+fn short_frame(frame: &str) -> String {
+    let file = frame_file(frame).unwrap_or("?");
+    let base = file.rsplit('/').next().unwrap_or(file);
+    match frame.split_once("\", line ") {
+        Some((_, tail)) => match tail.split_once(' ') {
+            Some((line, func)) => format!("{base}:{line} {}", func.trim()),
+            None => format!("{base}:{tail}"),
+        },
+        None => base.to_string(),
+    }
+}
+
+/// Code the user did not write: installed packages (torch among them), the standard library,
+/// frozen modules. A frame whose file cannot be read out of the line counts as the user's.
+fn is_library_frame(frame: &str) -> bool {
+    let Some(file) = frame_file(frame) else {
+        return false;
+    };
+    // `<frozen importlib._bootstrap>` is Python's; `<string>` (`python -c`) is the user's.
+    if file.starts_with("<frozen") {
+        return true;
+    }
+    let stdlib = file
+        .match_indices("/lib/python")
+        .any(|(i, m)| file[i + m.len()..].starts_with(|c: char| c.is_ascii_digit()));
+    stdlib
+        || ["/site-packages/", "/dist-packages/", "/torch/"]
+            .iter()
+            .any(|p| file.contains(p))
 }
 
 fn proc_snapshot(pid: i32) -> String {
@@ -252,6 +311,43 @@ mod tests {
         );
         // Without the line (a rank with an older shim): the signalled thread first, as before.
         assert!(innermost_frames(&dump[before..], None, 1, 3)[0].starts_with("Current thread"));
+    }
+
+    #[test]
+    fn the_users_innermost_frames_lead_and_library_frames_inside_them_are_counted() {
+        // Field finding 46: a rank hung in a collective showed three frames of torch.
+        let dump = "Current thread 0x00007f00 (most recent call first):\n  \
+File \"/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py\", line 3421 in barrier\n  \
+File \"/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py\", line 79 in wrapper\n  \
+File \"/usr/lib/python3.11/contextlib.py\", line 81 in inner\n  \
+File \"/home/u/train.py\", line 9 in step\n  \
+File \"/home/u/train.py\", line 20 in main\n  \
+File \"/home/u/train.py\", line 30 in <module>\n\n\
+Thread 0x00007f01 (most recent call first):\n  \
+File \"/usr/lib/python3.11/threading.py\", line 324 in wait\n  \
+File \"/usr/lib/python3.11/threading.py\", line 600 in run\n";
+        let f = innermost_frames(dump, Some(0x7f00), 2, 4);
+        assert_eq!(
+            f,
+            vec![
+                "Current thread 0x00007f00 (main): File \"/home/u/train.py\", line 9 in step [+3 library frames, innermost: distributed_c10d.py:3421 in barrier]",
+                "Current thread 0x00007f00 (main): File \"/home/u/train.py\", line 20 in main",
+                // No frame of the user's: as it is.
+                "Thread 0x00007f01: File \"/usr/lib/python3.11/threading.py\", line 324 in wait",
+                "Thread 0x00007f01: File \"/usr/lib/python3.11/threading.py\", line 600 in run",
+            ]
+        );
+        assert!(is_library_frame(
+            "File \"<frozen importlib._bootstrap>\", line 1 in f"
+        ));
+        assert!(is_library_frame(
+            "File \"/src/pytorch/torch/nn/modules/module.py\", line 1 in f"
+        ));
+        assert!(!is_library_frame(
+            "File \"/home/u/python3/lib/pythonic.py\", line 1 in f"
+        ));
+        assert!(!is_library_frame("File \"/home/u/train.py\", line 1 in f"));
+        assert!(!is_library_frame("File \"<string>\", line 5 in f"));
     }
 
     #[test]

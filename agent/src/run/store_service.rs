@@ -220,16 +220,9 @@ impl Jobs {
         let Some(cur) = self.current.clone() else {
             return out;
         };
-        let all = keys.keys_raw();
-        let leases = all
-            .iter()
-            .filter(|k| k.starts_with(vigil_store::LEASE_PREFIX))
-            .count();
+        let leases = keys.count_prefix(vigil_store::LEASE_PREFIX);
         // A lease held and lost between two looks leaves its record (the lease queue is on).
-        self.leased |= leases > 0
-            || all
-                .iter()
-                .any(|k| k.starts_with(vigil_store::LEASE_LOST_PREFIX));
+        self.leased |= leases > 0 || keys.count_prefix(vigil_store::LEASE_LOST_PREFIX) > 0;
         self.empty_since = match (leases, self.empty_since) {
             (0, Some(t)) => Some(t),
             (0, None) if self.leased => Some(now),

@@ -95,9 +95,8 @@ fn rank_block(out: &mut String, idx: usize, f: &FailedRank) {
     if let Some(h) = &f.hang {
         let _ = writeln!(
             out,
-            "  hang      : {} (silent for {:.1}s){}",
+            "  hang      : {}{}",
             h.passed(),
-            h.silent_ms as f64 / 1000.0,
             if h.stopped {
                 "; the process was stopped (SIGSTOP or a debugger), so it is the root cause"
             } else {
@@ -247,8 +246,13 @@ mod tests {
             stderr_tail: Vec::new(),
         };
         let text = render("train.py", 0, &[f(true)], None);
-        assert!(text.contains("(silent for 2.5s); the process was stopped (SIGSTOP"));
+        assert!(text.contains(
+            "hang      : no heartbeat for 2.5s, past its heartbeat timeout of 2.0s; the process was stopped (SIGSTOP"
+        ));
         let text = render("train.py", 0, &[f(false)], None);
-        assert!(text.contains("(silent for 2.5s)\n"), "{text}");
+        assert!(
+            text.contains("no heartbeat for 2.5s, past its heartbeat timeout of 2.0s\n"),
+            "{text}"
+        );
     }
 }

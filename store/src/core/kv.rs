@@ -71,6 +71,21 @@ impl Core {
         fx
     }
 
+    /// How many keys start with `prefix`, without copying any.
+    pub fn count_prefix(&self, prefix: &[u8]) -> usize {
+        self.kv.keys().filter(|k| k.starts_with(prefix)).count()
+    }
+
+    /// The keys starting with `prefix` and their values, sorted by key.
+    pub fn entries_prefix(&self, prefix: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let mut out: Vec<(Vec<u8>, Vec<u8>)> = (self.kv.iter())
+            .filter(|(k, _)| k.starts_with(prefix))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        out.sort();
+        out
+    }
+
     /// All raw key names, sorted.
     pub fn keys_raw(&self) -> Vec<Vec<u8>> {
         let mut keys: Vec<Vec<u8>> = self.kv.keys().cloned().collect();

@@ -618,3 +618,26 @@ proptest! {
         prop_assert_eq!((u.waits, u.parked_bytes, u.buffered_bytes, u.in_handshake), (0, 0, 0, 0));
     }
 }
+
+#[test]
+fn prefix_counts_and_entries_see_only_their_prefix() {
+    let mut c = Core::default();
+    for (k, v) in [
+        (&b"/vigil/lease/1"[..], &b"a"[..]),
+        (b"/vigil/lease/0", b"b"),
+        (b"/vigil/lease_lost/2", b"c"),
+        (b"/init/x", b"d"),
+    ] {
+        c.set_raw(k, v);
+    }
+    assert_eq!(c.count_prefix(b"/vigil/lease/"), 2);
+    assert_eq!(c.count_prefix(b"/vigil/lease"), 3);
+    assert_eq!(c.count_prefix(b"/nothing/"), 0);
+    assert_eq!(
+        c.entries_prefix(b"/vigil/lease/"),
+        vec![
+            (b"/vigil/lease/0".to_vec(), b"b".to_vec()),
+            (b"/vigil/lease/1".to_vec(), b"a".to_vec())
+        ]
+    );
+}

@@ -173,6 +173,16 @@ impl KeySpace {
         hub.carry_out(fx);
     }
 
+    /// How many raw keys start with `prefix` (nothing is copied: cheap to ask often).
+    pub fn count_prefix(&self, prefix: &[u8]) -> usize {
+        self.shared.lock().core.count_prefix(prefix)
+    }
+
+    /// The raw keys starting with `prefix` and their values, sorted by key.
+    pub fn entries_prefix(&self, prefix: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
+        self.shared.lock().core.entries_prefix(prefix)
+    }
+
     /// All raw key names, sorted.
     pub fn keys_raw(&self) -> Vec<Vec<u8>> {
         self.shared.lock().core.keys_raw()

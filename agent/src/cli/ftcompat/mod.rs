@@ -10,6 +10,7 @@
 //! the YAML file, ft flags on the command line, vigil's own flags given explicitly.
 //! The table of every flag and key is in docs/ft_launcher.md.
 
+pub mod help;
 mod table;
 mod yaml;
 

@@ -48,7 +48,15 @@ pub(super) fn store_lost(store: SocketAddr, e: impl std::fmt::Display) -> String
 /// lease: it ends with the agent. Clones share it.
 #[derive(Clone, Default)]
 pub struct StoreLink {
-    cell: Arc<tokio::sync::OnceCell<MuxClient>>,
+    cell: Arc<tokio::sync::OnceCell<Opened>>,
+}
+
+/// An open connection, and whether the store said, as it opened, that it runs outside the job
+/// ([`key::SERVICE`]; read only for an agent without a node rank).
+#[derive(Clone)]
+struct Opened {
+    client: MuxClient,
+    outside: bool,
 }
 
 impl std::fmt::Debug for StoreLink {
@@ -67,18 +75,22 @@ impl StoreLink {
     /// The connection, opened (to `cfg.store`, with `cfg.secret`) by the first caller; a failed
     /// open is tried again by the next. A connection that died stays dead: its calls fail.
     pub(crate) async fn client(&self, cfg: &CoordConfig) -> Result<MuxClient, Fatal> {
-        self.cell
+        let opened = (self.cell)
             .get_or_try_init(|| connect_client(cfg, Some(cfg.node_rank)))
-            .await
-            .cloned()
+            .await?;
+        Ok(opened.client.clone())
     }
 
-    /// [`StoreLink::client`] for an agent that has no node rank yet (c10d hands them out).
-    pub(crate) async fn client_unranked(&self, cfg: &CoordConfig) -> Result<MuxClient, Fatal> {
-        self.cell
+    /// [`StoreLink::client`] for an agent that has no node rank yet (c10d hands them out), and
+    /// whether the store runs outside the job, as the connection found when it opened.
+    pub(crate) async fn client_unranked(
+        &self,
+        cfg: &CoordConfig,
+    ) -> Result<(MuxClient, bool), Fatal> {
+        let opened = (self.cell)
             .get_or_try_init(|| connect_client(cfg, None))
-            .await
-            .cloned()
+            .await?;
+        Ok((opened.client.clone(), opened.outside))
     }
 }
 
@@ -97,7 +109,7 @@ async fn stagger(cfg: &CoordConfig, node_rank: Option<u32>) {
     }
 }
 
-async fn connect_client(cfg: &CoordConfig, node_rank: Option<u32>) -> Result<MuxClient, Fatal> {
+async fn connect_client(cfg: &CoordConfig, node_rank: Option<u32>) -> Result<Opened, Fatal> {
     stagger(cfg, node_rank).await;
     let mut c = StoreClient::connect(cfg.store, cfg.join_timeout)
         .await
@@ -116,10 +128,12 @@ async fn connect_client(cfg: &CoordConfig, node_rank: Option<u32>) -> Result<Mux
             }
             e => Fatal::lost(store_lost(cfg.store, e)),
         })?;
-    if node_rank != Some(0) {
-        admitted(&mut c, cfg, node_rank).await?;
-    }
-    MuxClient::from_client(c).map_err(|e| Fatal::lost(store_lost(cfg.store, e)))
+    let outside = match node_rank {
+        Some(0) => false,
+        _ => admitted(&mut c, cfg, node_rank).await?,
+    };
+    let client = MuxClient::from_client(c).map_err(|e| Fatal::lost(store_lost(cfg.store, e)))?;
+    Ok(Opened { client, outside })
 }
 
 /// Waits (up to `--join-timeout`) for node rank 0's [`JobShape`] and compares this agent's with
@@ -127,14 +141,16 @@ async fn connect_client(cfg: &CoordConfig, node_rank: Option<u32>) -> Result<Mux
 /// and before it turns tagged, in torch's plain requests: a node rank 0 of an older vigil
 /// (PROTOCOL 2 and before) knows no tagged request and would drop the connection, which would
 /// read as a lost store (exit 75, requeued) instead of the one-line refusal of another version.
-/// `node_rank`: `None` while the rendezvous has not handed this agent one.
+/// `node_rank`: `None` while the rendezvous has not handed this agent one; only then is the
+/// store asked whether it runs outside the job (the answer, false otherwise).
 async fn admitted(
     c: &mut StoreClient,
     cfg: &CoordConfig,
     node_rank: Option<u32>,
-) -> Result<(), Fatal> {
+) -> Result<bool, Fatal> {
     let lost = |e| Fatal::lost(store_lost(cfg.store, e));
-    if node_rank.is_none() && c.check(&[key::SERVICE]).await.map_err(lost)? {
+    let outside = node_rank.is_none() && c.check(&[key::SERVICE]).await.map_err(lost)?;
+    if outside {
         // No agent hosts the store (`vigil store`): the first agent to reach it says what the
         // job is, and every later one is compared with it.
         c.compare_set(key::JOB, b"", &to_json(&cfg.shape()))
@@ -164,7 +180,7 @@ async fn admitted(
     })?;
     match theirs.refusal(&cfg.shape(), node_rank) {
         Some(why) => Err(Fatal::refused(why)),
-        None => Ok(()),
+        None => Ok(outside),
     }
 }
 

@@ -13,7 +13,8 @@ pub struct IbPort {
     pub state: Option<String>,
     pub link_downed: Option<u64>,
     pub symbol_error: Option<u64>,
-    /// Counters whose file is there but does not hold a number: `link_downed "abc"`.
+    /// Counters that cannot be read as a count, each with why: `link_downed "abc" is not a
+    /// count`, `symbol_error missing`, `link_downed unreadable (it is a directory, ...)`.
     pub garbled: Vec<String>,
 }
 
@@ -27,12 +28,9 @@ pub struct NotACount {
     pub cut: bool,
 }
 
-/// A counter file's text (`None`: no such file) as a count, or what it held instead.
-pub fn parse_counter(name: &str, text: Option<String>) -> Result<Option<u64>, NotACount> {
-    let Some(text) = text else {
-        return Ok(None);
-    };
-    text.parse::<u64>().map(Some).map_err(|_| {
+/// A counter file's text as a count, or what it held instead.
+pub fn parse_counter(name: &str, text: String) -> Result<u64, NotACount> {
+    text.parse::<u64>().map_err(|_| {
         let shown: String = text.chars().take(24).collect();
         NotACount {
             name: name.to_string(),
@@ -40,6 +38,17 @@ pub fn parse_counter(name: &str, text: Option<String>) -> Result<Option<u64>, No
             shown,
         }
     })
+}
+
+/// A counter as read from its file (at most a sysfs page, trimmed), or why it cannot vouch for
+/// the port: missing, not a regular file (a directory, a FIFO: opened without blocking, a
+/// device), longer than a page, or not a count.
+pub fn read_counter(path: &Path, name: &str) -> Result<u64, String> {
+    match vigil_bounded::read_string(path, vigil_bounded::SYSFS_LIMIT) {
+        Ok(text) => parse_counter(name, text.trim().to_string()).map_err(|e| e.to_string()),
+        Err(e) if e.is_not_found() => Err(format!("{name} missing")),
+        Err(e) => Err(format!("{name} unreadable ({})", e.reason())),
+    }
 }
 
 fn read_trim(p: &Path) -> Option<String> {
@@ -61,11 +70,9 @@ pub fn read_ib(root: &Path) -> Vec<IbPort> {
             let p = port.path();
             let mut garbled = Vec::new();
             let mut counter = |name: &str| {
-                let text = read_trim(&p.join("counters").join(name));
-                parse_counter(name, text).unwrap_or_else(|why| {
-                    garbled.push(why.to_string());
-                    None
-                })
+                read_counter(&p.join("counters").join(name), name)
+                    .map_err(|why| garbled.push(why))
+                    .ok()
             };
             let link_downed = counter("link_downed");
             let symbol_error = counter("symbol_error");
@@ -166,7 +173,7 @@ mod tests {
             Status::Pass
         );
         let mut g = port("ACTIVE", 0, 0);
-        g.garbled = vec![parse_counter("symbol_error", Some("12abc".into()))
+        g.garbled = vec![parse_counter("symbol_error", "12abc".into())
             .unwrap_err()
             .to_string()];
         let c = ib_check(root, vec![g], false, 0);
@@ -179,15 +186,14 @@ mod tests {
 
     #[test]
     fn counters_parse_or_say_what_they_held() {
-        assert_eq!(parse_counter("link_downed", None), Ok(None));
-        assert_eq!(parse_counter("link_downed", Some("7".into())), Ok(Some(7)));
-        let e = parse_counter("link_downed", Some("x".repeat(100)))
+        assert_eq!(parse_counter("link_downed", "7".into()), Ok(7));
+        let e = parse_counter("link_downed", "x".repeat(100))
             .unwrap_err()
             .to_string();
         assert!(e.ends_with("\"... is not a count"), "{e}");
         assert!(e.len() < 80, "{e}");
-        assert!(parse_counter("link_downed", Some("-1".into())).is_err());
-        assert!(parse_counter("link_downed", Some("\u{1b}[2J".into()))
+        assert!(parse_counter("link_downed", "-1".into()).is_err());
+        assert!(parse_counter("link_downed", "\u{1b}[2J".into())
             .unwrap_err()
             .to_string()
             .contains("\\u{1b}"));
@@ -210,8 +216,34 @@ mod tests {
                 state: Some("ACTIVE".into()),
                 link_downed: Some(7),
                 symbol_error: None,
-                garbled: vec![],
+                garbled: vec!["symbol_error missing".into()],
             }]
         );
+    }
+
+    #[test]
+    fn a_counter_that_is_not_a_small_regular_file_is_named() {
+        let dir = std::env::temp_dir().join(format!("vigil-ib-odd-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("a_dir")).unwrap();
+        std::fs::write(dir.join("big"), "0".repeat(5000)).unwrap();
+        let fifo = dir.join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let got = |n: &str| read_counter(&dir.join(n), "link_downed").unwrap_err();
+        assert_eq!(got("none"), "link_downed missing");
+        assert!(
+            got("a_dir").contains("it is a directory"),
+            "{}",
+            got("a_dir")
+        );
+        // Opened without blocking though nothing writes to it.
+        assert!(got("fifo").contains("a FIFO"), "{}", got("fifo"));
+        assert!(
+            got("big").contains("larger than 4096 bytes"),
+            "{}",
+            got("big")
+        );
+        let e = read_counter(Path::new("/dev/zero"), "symbol_error").unwrap_err();
+        assert!(e.contains("character device"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -757,12 +757,7 @@ impl Coordinator {
                 // The other agents may still read this cycle's verdict from our store: keep it
                 // up until each has left (or was lost), for at most one peer timeout.
                 let deadline = tokio::time::Instant::now() + self.cfg.peer_timeout;
-                let holders = || {
-                    keys.keys_raw()
-                        .iter()
-                        .filter(|k| k.starts_with(key::LEASE_PREFIX_RAW))
-                        .count()
-                };
+                let holders = || keys.count_prefix(key::LEASE_PREFIX_RAW);
                 let mut open = holders();
                 while open > 0 {
                     let Some(leases) = h.leases.as_mut() else {

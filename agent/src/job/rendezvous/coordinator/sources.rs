@@ -123,11 +123,10 @@ impl Coordinator {
         // c10d: an agent writes its ticket before its owner record. The scan is over every key,
         // so it is done only when some missing node has no owner record.
         let tickets: Vec<(String, Vec<u8>)> = if owners.len() < missing.len() {
-            (keys.keys_raw().into_iter())
-                .filter_map(|k| {
-                    let id = k.strip_prefix(key::NODE_OF_PREFIX_RAW)?;
-                    let id = String::from_utf8_lossy(id).into_owned();
-                    Some((id, keys.get_raw(&k)?))
+            (keys.entries_prefix(key::NODE_OF_PREFIX_RAW).into_iter())
+                .map(|(k, v)| {
+                    let id = &k[key::NODE_OF_PREFIX_RAW.len()..];
+                    (String::from_utf8_lossy(id).into_owned(), v)
                 })
                 .collect()
         } else {
