@@ -636,6 +636,19 @@ pub enum Record {
         lost: u32,
         standby: u32,
     },
+    /// The coordinator, hot spares: `ready` standbys could take a lost node's place as of
+    /// attempt `cycle`'s verdict.
+    Spares {
+        cycle: u32,
+        ready: u32,
+    },
+    /// The coordinator, hot spares: standby `node` is out of the job (it left on a signal, was
+    /// lost, or was silent for the node timeout), for `reason`; `ready` standbys are left.
+    StandbyGone {
+        node: u32,
+        reason: String,
+        ready: u32,
+    },
     /// Processes the ranks of attempt `cycle` left running outside their process groups, killed.
     LeftoversKilled {
         cycle: u32,
@@ -895,6 +908,8 @@ mod tests {
             Record::Steps { .. } => 34,
             Record::StragglerReport { .. } => 35,
             Record::Section { .. } => 36,
+            Record::Spares { .. } => 38,
+            Record::StandbyGone { .. } => 39,
             Record::Unknown => 37,
         }
     }
@@ -1099,6 +1114,12 @@ mod tests {
                 lost: 0,
                 standby: 2,
             },
+            Record::Spares { cycle: 1, ready: 1 },
+            Record::StandbyGone {
+                node: 3,
+                reason: "standby node 3 left the job".into(),
+                ready: 0,
+            },
             Record::LeftoversKilled { cycle: 0, count: 3 },
             Record::Stacks {
                 cycle: 0,
@@ -1182,7 +1203,7 @@ mod tests {
     fn every_record_round_trips() {
         let all = samples();
         let places: BTreeSet<usize> = all.iter().map(place).collect();
-        assert_eq!(places, (0..=37).collect(), "a record without a sample");
+        assert_eq!(places, (0..=39).collect(), "a record without a sample");
         for r in all {
             let text = serde_json::to_string(&r).unwrap();
             let back: Record =

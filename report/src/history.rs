@@ -130,6 +130,23 @@ impl RunBuilder {
                 cycle: *cycle,
                 reason: reason.clone(),
             }),
+            // One moment per change: every attempt's verdict says it.
+            Record::Spares { ready, .. } if run.spares.last().map(|s| s.ready) != Some(*ready) => {
+                run.spares.push(SparesChange {
+                    ts,
+                    ready: *ready,
+                    gone: None,
+                })
+            }
+            Record::StandbyGone {
+                node,
+                reason,
+                ready,
+            } => run.spares.push(SparesChange {
+                ts,
+                ready: *ready,
+                gone: Some((*node, reason.clone())),
+            }),
             Record::Result { outcome, exit_code } => {
                 run.result = Some(run_result(ts, outcome, *exit_code))
             }
@@ -791,6 +808,16 @@ fn run_moments(r: &NodeRun, node: &str) -> Vec<Moment> {
         let text = format!("attempt {}: node fault: {}", f.cycle, f.reason);
         push(f.ts, "node_fault", text);
     }
+    for s in &r.spares {
+        let text = match &s.gone {
+            Some((node, why)) => format!(
+                "standby node {node} out of the job ({why}); standbys ready: {}",
+                s.ready
+            ),
+            None => format!("standbys ready: {}", s.ready),
+        };
+        push(s.ts, "spares", text);
+    }
     // A straggler report is an event when its stragglers differ from the last one's.
     let mut last: Vec<u32> = Vec::new();
     for rep in &r.straggler_reports {
@@ -1060,6 +1087,37 @@ mod tests {
                 (1.0, "straggler", "stragglers below 0.70: rank 3 on b (relative 0.31, individual 0.95, GPU: SM clock 1,110 of 1,980 MHz)".to_string()),
                 (3.0, "straggler", "no stragglers below 0.70 any more".to_string()),
                 (4.0, "node_fault", "attempt 0: node fault: XID 79 on GPU 2".to_string()),
+            ]
+        );
+    }
+
+    #[test]
+    fn the_standbys_ready_are_events_when_they_change() {
+        let run = node_run(
+            "e".into(),
+            &recs(concat!(
+                r#"{"event":"spares","ts":1,"cycle":0,"ready":1,"host":"a","node_rank":0}"#,
+                "\n",
+                r#"{"event":"spares","ts":2,"cycle":1,"ready":1,"host":"a","node_rank":0}"#,
+                "\n",
+                r#"{"event":"standby_gone","ts":3,"node":2,"reason":"standby node 2 left the job: its agent received SIGTERM","ready":0,"host":"a","node_rank":0}"#,
+                "\n"
+            )),
+        );
+        let h = History {
+            runs: vec![run],
+            ..History::default()
+        };
+        let m: Vec<(f64, &str, String)> = h
+            .moments()
+            .into_iter()
+            .map(|m| (m.ts, m.kind, m.text))
+            .collect();
+        assert_eq!(
+            m,
+            vec![
+                (1.0, "spares", "standbys ready: 1".to_string()),
+                (3.0, "spares", "standby node 2 out of the job (standby node 2 left the job: its agent received SIGTERM); standbys ready: 0".to_string()),
             ]
         );
     }

@@ -86,7 +86,19 @@ pub struct NodeRun {
     /// `node_fault`: this node could not run ranks any more (a critical XID, an uncorrectable
     /// ECC error, a failed health check).
     pub node_faults: Vec<NodeFault>,
+    /// Node rank 0 with standbys (`spares`, `standby_gone`): when the standbys ready changed,
+    /// how many, and why (a standby out of the job; `None`: an attempt's verdict).
+    pub spares: Vec<SparesChange>,
     pub result: Option<RunResult>,
+}
+
+/// The standbys ready changed (docs/spares.md).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SparesChange {
+    pub ts: f64,
+    pub ready: u32,
+    /// Standby `node` out of the job, for this reason.
+    pub gone: Option<(u32, String)>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -377,3 +377,21 @@ def test_a_spare_node_takes_a_lost_nodes_place_without_a_requeue(slurm_cluster, 
     (record,) = ledger(tmp_path, job_id)
     assert record["decision"] == "finished" and record["restarts"] == 1, record
     assert record["promotions"] == [{"cycle": 1, "slot": 1, "lost": 1, "standby": 2}], record
+
+
+def test_an_allocation_whose_node_rank_0_was_lost_is_recorded_and_counted(slurm_cluster, tmp_path):
+    # Issue 36: node rank 0 hosts the job's store and writes the ledger. Its agent (on n1) dies:
+    # the survivor records the allocation as lost in its place, excludes n1 and requeues, so the
+    # requeue is counted; the next allocation runs on n[2-3] and finishes.
+    total, world = 300, 2 * NPROC
+    job_id = submit(tmp_path, 2, {"TOTAL_STEPS": total, "CKPT_EVERY": 10})
+    wait_progress(tmp_path, job_id, world, 30)
+    assert show_job(job_id)["NodeList"] == "n[1-2]"
+    os.kill(agent_pid(job_id, "n1"), signal.SIGKILL)
+    info = finished(tmp_path, job_id, timeout=300)
+    assert info["Restarts"] == "1" and info["ExcNodeList"] == "n1", f"{info}\n{output(tmp_path, job_id)}"
+    records = ledger(tmp_path, job_id)
+    assert [(r["allocation"], r["outcome"], r["decision"]) for r in records] == \
+        [(1, "lost", "requeue"), (2, "finished", "finished")], records
+    assert records[0]["excluded"] == ["n1"] and records[0]["restart_count"] == 0, records[0]
+    assert records[1]["restart_count"] == 1, records[1]

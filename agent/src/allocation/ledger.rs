@@ -45,6 +45,19 @@ pub fn append(dir: &Path, rec: &Record) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Holds `<dir>/ledger.lock` exclusively while the value lives: agents that may record the same
+/// allocation (node rank 0, or the survivors of its loss) read and append one at a time.
+pub fn lock(dir: &Path) -> std::io::Result<nix::fcntl::Flock<std::fs::File>> {
+    std::fs::create_dir_all(dir)?;
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join("ledger.lock"))?;
+    nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| std::io::Error::from(e))
+}
+
 /// The records of `<dir>/ledger.jsonl` in file order, and notes on what was skipped. A missing
 /// file is an empty ledger.
 pub fn read(dir: &Path) -> std::io::Result<(Vec<Record>, Vec<String>)> {
@@ -68,15 +81,28 @@ pub fn read(dir: &Path) -> std::io::Result<(Vec<Record>, Vec<String>)> {
 
 /// The records written by the job `job_id` of `cluster`, and how many others were left out
 /// (another job sharing a `--state-dir`). A record without a cluster (an older vigil) counts as
-/// any cluster's.
+/// any cluster's. Of two records of one allocation (the same number and `restart_count`: a
+/// survivor of node rank 0's loss recorded it, then node rank 0 did after all) the later one
+/// stands, in the earlier one's place.
 pub fn of_job(
     records: Vec<Record>,
     job_id: Option<&str>,
     cluster: Option<&str>,
 ) -> (Vec<Record>, usize) {
-    let (mine, others): (Vec<Record>, Vec<Record>) = records.into_iter().partition(|r| {
+    let (all, others): (Vec<Record>, Vec<Record>) = records.into_iter().partition(|r| {
         r.job_id.as_deref() == job_id && (r.cluster.is_none() || r.cluster.as_deref() == cluster)
     });
+    let mut mine: Vec<Record> = Vec::with_capacity(all.len());
+    let mut at = std::collections::HashMap::new();
+    for r in all {
+        match at.get(&(r.allocation, r.restart_count)) {
+            Some(&i) => mine[i] = r,
+            None => {
+                at.insert((r.allocation, r.restart_count), mine.len());
+                mine.push(r);
+            }
+        }
+    }
     (mine, others.len())
 }
 
@@ -871,6 +897,26 @@ mod tests {
             resolve_dir(Some(submit.to_str().unwrap()), &in_job, &d.0).unwrap(),
             b
         );
+    }
+
+    #[test]
+    fn a_later_record_of_one_allocation_supersedes_the_earlier() {
+        // A survivor recorded allocation 2 as lost; node rank 0 recorded it after all.
+        let survivor = Record {
+            why: "survivor".into(),
+            ..rec(2)
+        };
+        let head = Record {
+            why: "head".into(),
+            ..rec(2)
+        };
+        let (kept, _) = of_job(
+            vec![rec(1), survivor, rec(3), head.clone()],
+            Some("4242"),
+            None,
+        );
+        assert_eq!(kept, vec![rec(1), head, rec(3)]);
+        assert_eq!(next_index(&kept), 4);
     }
 
     #[test]

@@ -83,6 +83,16 @@ fn agent(p: &mut Page, s: &Snapshot) {
         "Ranks of this node running now.",
         s.ranks.iter().filter(|r| r.running).count() as f64,
     );
+    if let Some(ready) = s.tally.spares_ready {
+        one(
+            p,
+            s,
+            "vigil_spares_ready",
+            Kind::Gauge,
+            "The coordinator, with standbys: standbys ready to take a lost node's place.",
+            f64::from(ready),
+        );
+    }
 }
 
 /// This node's counters: attempts, restarts, failures, hangs, stops.

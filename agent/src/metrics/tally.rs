@@ -50,6 +50,9 @@ pub struct Tally {
     pub rank_stops: [u64; 5],
     /// `stop_agreed` records, by trigger (`time-limit`, `SIGTERM`, `straggler`, ...).
     pub stop_decisions: BTreeMap<String, u64>,
+    /// The coordinator with standbys: how many are ready to take a lost node's place, as the
+    /// last `spares` or `standby_gone` record said (`None`: no standbys, or not the coordinator).
+    pub spares_ready: Option<u32>,
 }
 
 impl Tally {
@@ -74,6 +77,9 @@ impl Tally {
                     .position(|k| *k == stop_reason(*reason))
                     .unwrap_or(0);
                 self.rank_stops[i] += 1;
+            }
+            Record::Spares { ready, .. } | Record::StandbyGone { ready, .. } => {
+                self.spares_ready = Some(*ready)
             }
             Record::StopAgreed { trigger, .. } => {
                 let key = if self.stop_decisions.contains_key(trigger)

@@ -42,6 +42,11 @@ pub(super) struct Trail {
     /// This agent took the coordinator's work over (the store outside the job): it concludes
     /// the allocation in node rank 0's place.
     pub(super) coordinates: bool,
+    /// The agent-hosted store: node rank 0 (the store's host) was lost, so no node rank 0 will
+    /// record the allocation; a survivor does, once ([`super::allocation::conclude`]).
+    pub(super) head_lost: bool,
+    /// The number this allocation's ledger record takes, read at the agent's start.
+    pub(super) allocation_index: u32,
 }
 
 /// The rank processes of this node: how they are started, found again and swept, their output,

@@ -238,6 +238,41 @@ pub(super) struct Ending<'a> {
     pub blame: Vec<String>,
     /// Standbys promoted during the allocation (hot spares).
     pub promotions: Vec<ledger::Promotion>,
+    /// The number this allocation's record takes, as the ledger stood at the agent's start.
+    pub index: u32,
+    /// A survivor of node rank 0's loss (the store in the job) records the allocation in its
+    /// place: unless a record of it is there already. Node rank 0's own record always goes in,
+    /// under the same number, and supersedes a survivor's ([`ledger::of_job`]).
+    pub survivor: bool,
+}
+
+/// The number the ledger's next record takes for this job, as it stands now.
+pub(super) fn next_index(cfg: &LaunchConfig, run_dir: &Path) -> u32 {
+    ledger::next_index(&history(cfg, run_dir).0)
+}
+
+/// Whether the job's ledger in `dir` already holds allocation `index` of this run (same
+/// `SLURM_RESTART_COUNT`): another node concluded it.
+fn recorded(cfg: &LaunchConfig, dir: &Path, index: u32) -> bool {
+    let Ok((records, _)) = ledger::read(dir) else {
+        return false;
+    };
+    let id = cfg.allocation.identity.as_ref();
+    let (mine, _) = ledger::of_job(
+        records,
+        id.map(|i| i.job_id.as_str()),
+        id.and_then(|i| i.cluster.as_deref()),
+    );
+    let restart_count = restart_count();
+    mine.iter()
+        .any(|r| r.allocation == index && r.restart_count == restart_count)
+}
+
+fn restart_count() -> u32 {
+    std::env::var("SLURM_RESTART_COUNT")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 /// The ledger's directory for this job.
@@ -359,6 +394,18 @@ fn ledger_outcome(o: &Outcome) -> ledger::Outcome {
 pub(super) fn conclude(e: Ending) -> i32 {
     let cfg = e.cfg;
     let dir = state_dir(cfg, e.run_dir);
+    // Node rank 0 and the survivors of its loss may conclude the same allocation: one at a time,
+    // and the first records it (a lock that cannot be taken leaves the old behaviour).
+    let _lock = ledger::lock(&dir).ok();
+    let already = recorded(cfg, &dir, e.index);
+    if already && e.survivor {
+        console_note(&format!(
+            "allocation {} is already in the job's ledger ({}): another node recorded it",
+            e.index,
+            dir.display()
+        ));
+        return e.outcome.exit_code();
+    }
     let (history, notes) = history(cfg, e.run_dir);
     for n in notes {
         console_note(&n);
@@ -374,7 +421,12 @@ pub(super) fn conclude(e: Ending) -> i32 {
         });
     let facts = facts(&e, info.as_ref());
     let verdict = policy::decide(&facts, &history, &cfg.allocation.limits);
-    let rec = ledger_record(&e, &facts, &verdict, &history, info.as_ref());
+    let mut rec = ledger_record(&e, &facts, &verdict, &history, info.as_ref());
+    if already {
+        // A survivor recorded this allocation as lost with node rank 0: this record is the
+        // true one, and supersedes it.
+        rec.allocation = e.index;
+    }
     let mut verdict = verdict;
     if let Err(err) = std::fs::create_dir_all(&dir).and_then(|_| ledger::append(&dir, &rec)) {
         console_note(&format!(
@@ -453,10 +505,7 @@ fn ledger_record(
         allocation: ledger::next_index(history),
         job_id: cfg.job_id.clone(),
         cluster: identity.and_then(|i| i.cluster.clone()),
-        restart_count: std::env::var("SLURM_RESTART_COUNT")
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0),
+        restart_count: restart_count(),
         nodes,
         start: unix(e.started),
         end: unix(SystemTime::now()),

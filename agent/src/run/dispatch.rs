@@ -27,7 +27,7 @@ use super::slurm_job::SignalWindow;
 use super::stacks::StackReport;
 use crate::job::exchange::FromExchange;
 use crate::job::rendezvous::FromCoord;
-use crate::supervise::{Event, ExitKind, JobEnd, Record, Supervisor};
+use crate::supervise::{Action, Event, ExitKind, JobEnd, Record, Supervisor};
 
 /// A straggler report with its event-log line, serialised off the loop.
 pub(super) type ReadyReport = (perf::Report, String);
@@ -125,6 +125,9 @@ pub(super) fn event_of(m: FromCoord) -> Option<Event> {
     match m {
         FromCoord::Event(ev) => Some(ev),
         FromCoord::Promoted { .. }
+        | FromCoord::SparesReady { .. }
+        | FromCoord::StandbyGone { .. }
+        | FromCoord::HeadLost
         | FromCoord::Note(_)
         | FromCoord::Coordinating { .. }
         | FromCoord::Hosts { .. } => None,
@@ -318,6 +321,27 @@ impl Dispatcher {
                 }
             }
             FromCoord::Promoted { cycle, promotions } => agent.on_promoted(*cycle, promotions),
+            FromCoord::HeadLost => agent.trail.head_lost = true,
+            FromCoord::SparesReady { cycle, ready } => {
+                let r = Record::Spares {
+                    cycle: *cycle,
+                    ready: *ready,
+                };
+                self.runtime_record(r);
+            }
+            FromCoord::StandbyGone {
+                node,
+                reason,
+                ready,
+            } => {
+                console_note(&format!("{reason}; standbys ready now: {ready}"));
+                let r = Record::StandbyGone {
+                    node: *node,
+                    reason: reason.clone(),
+                    ready: *ready,
+                };
+                self.runtime_record(r);
+            }
             FromCoord::Note(note) => console_note(note),
             FromCoord::Coordinating { lost } => {
                 console_note(&format!(
@@ -333,6 +357,14 @@ impl Dispatcher {
         }
         if let Some(ev) = event_of(m) {
             self.queue.push_back(ev);
+        }
+    }
+
+    /// A record of what only the runtime sees, written and counted for the metrics.
+    fn runtime_record(&mut self, r: Record) {
+        self.agent.out.events.write(&r);
+        if let Some(m) = &mut self.metrics {
+            m.count(&[Action::Record(r)]);
         }
     }
 

@@ -299,6 +299,9 @@ pub(super) async fn start(
     let (gate_tx, gate) = mpsc::unbounded_channel();
     let co = start_coordination(&mut cfg, secret, &host).await?;
     let job_dirs = vec![allocation::state_dir(&cfg, &run_dir), run_dir.clone()];
+    // The number this allocation's ledger record takes, as the ledger stands now: whichever
+    // agent concludes the allocation (node rank 0, or a survivor of its loss) records it once.
+    let allocation_index = allocation::next_index(&cfg, &run_dir);
     let (metrics, pages) = match Metrics::start(metrics_flags, &cfg, &host, job_dirs) {
         Some((m, pages)) => (Some(m), pages),
         None => (None, mpsc::channel(1).1),
@@ -324,7 +327,10 @@ pub(super) async fn start(
         store_for_ranks: co.for_ranks,
         store_at: co.store_at,
         leave: None,
-        trail: Trail::default(),
+        trail: Trail {
+            allocation_index,
+            ..Trail::default()
+        },
         steps_log: Default::default(),
         stragglers: perf::Stragglers::new(cfg.straggler.clone(), cfg.nproc),
         cfg,

@@ -50,7 +50,10 @@ pub(super) async fn finish(mut d: Dispatcher, mut src: Sources, closing: Closing
     if let Some(text) = report::ending(&outcome, &d.agent.cfg) {
         output::console_text(ConsoleStream::Stderr, &text);
     }
-    let status = if d.agent.cfg.node_rank == 0 || d.agent.trail.coordinates {
+    // With node rank 0's store, a survivor of node rank 0's loss records the allocation in its
+    // place (the first to take the ledger's lock).
+    let survivor = d.agent.trail.head_lost && matches!(outcome, Outcome::Lost { .. });
+    let status = if d.agent.cfg.node_rank == 0 || d.agent.trail.coordinates || survivor {
         let keys = closing.head_keys.as_ref();
         allocation::conclude(Ending {
             cfg: &d.agent.cfg,
@@ -62,6 +65,8 @@ pub(super) async fn finish(mut d: Dispatcher, mut src: Sources, closing: Closing
             lead: d.endw.lead(&d.sup),
             promotions: d.agent.trail.promotions.clone(),
             blame: blame_nodes(&d.agent, &d.sup, keys),
+            index: d.agent.trail.allocation_index,
+            survivor,
         })
     } else {
         outcome.exit_code()
@@ -141,6 +146,10 @@ fn blame_nodes(
     });
     if sup.exclude_asked() {
         ranks.push(agent.cfg.node_rank);
+    }
+    // A survivor of node rank 0's loss: node rank 0's agent or machine is what was lost.
+    if agent.trail.head_lost && !ranks.contains(&0) {
+        ranks.push(0);
     }
     for n in sup.blamed_nodes() {
         if !ranks.contains(n) {

@@ -241,6 +241,9 @@ pub enum JobRequest {
         poison: Option<(u32, JobEnd)>,
         highest_step: Option<u64>,
     },
+    /// A standby leaves the job on a signal, for `reason` (before `Leave`): the coordinator
+    /// takes it out of the job and the attempts run on without it.
+    Depart { reason: String },
     /// Record a stop trigger for the job (the first one recorded wins); every node then gets
     /// `StopAsked`.
     StopTrigger { cycle: u32, trigger: String },

@@ -77,6 +77,8 @@ pub(super) struct Attempt {
     pub requests: Requests,
     /// The highest step a rank had reached when it closed a checkpoint section in this attempt.
     pub saved: Option<u64>,
+    /// This node stands by in the attempt (hot spares): no ranks, no slot.
+    pub standby: bool,
 }
 
 impl Attempt {
@@ -95,6 +97,7 @@ impl Attempt {
             hangs: HangWatch::default(),
             requests: Requests::default(),
             saved: None,
+            standby: false,
         }
     }
 
@@ -111,6 +114,7 @@ impl Attempt {
     pub fn standby(now: Instant) -> Self {
         Attempt {
             reported: true,
+            standby: true,
             ..Attempt::start(now, 0)
         }
     }

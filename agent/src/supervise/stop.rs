@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 
 use vigil_ipc::AgentMsg;
 
-use super::events::{Action, JobEnd, Record, StopReason, SIGINT, SIGKILL, SIGTERM};
+use super::events::{
+    Action, JobEnd, JobRequest, Outcome, Record, StopReason, SIGINT, SIGKILL, SIGTERM,
+};
 use super::phase::Phase;
 use super::state::Attempt;
 use super::stopstep::is_stop_signal;
@@ -21,6 +23,9 @@ use super::{verdict, Supervisor};
 
 impl Supervisor {
     pub(super) fn on_signal(&mut self, now: Instant, sig: i32, out: &mut Vec<Action>) {
+        if self.standing_by() {
+            return self.leave_as_standby(sig, out);
+        }
         // SIGTERM/SIGUSR1/SIGUSR2 while ranks that call `should_stop(step)` run: checkpoint at one
         // agreed step instead of being signalled. Only this agent's own second signal is obeyed at
         // once (below): under Slurm every node gets the signal, and one that learned of the stop
@@ -83,6 +88,28 @@ impl Supervisor {
                 }
             }
         }
+    }
+
+    /// This node is a standby between verdicts (hot spares): it runs no ranks, and no stop of
+    /// the job's is under way that it must take part in.
+    fn standing_by(&self) -> bool {
+        self.attempt.standby
+            && self.attempt.end.is_none()
+            && !self.stop.under_way()
+            && matches!(self.phase, Phase::Waiting | Phase::Joining)
+    }
+
+    /// A signal to a standby's agent (a node drained, a spare preempted): the standby leaves
+    /// the job, which runs on without it; the coordinator records it. The agent ends as
+    /// signalled, poisoning nothing.
+    fn leave_as_standby(&mut self, sig: i32, out: &mut Vec<Action>) {
+        let node = self.cfg.node_rank;
+        let reason = format!(
+            "standby node {node} left the job: its agent received {}",
+            crate::values::signal_name(sig)
+        );
+        out.push(Action::Job(JobRequest::Depart { reason }));
+        self.finish(Outcome::Signaled { signal: sig }, out);
     }
 
     /// Signal every live rank and arm the escalation deadline. A stop already under way keeps its

@@ -290,7 +290,7 @@ impl Supervisor {
     }
 
     /// This node ends with `outcome`: leave the job and tell the runtime.
-    fn finish(&mut self, outcome: Outcome, out: &mut Vec<Action>) {
+    pub(super) fn finish(&mut self, outcome: Outcome, out: &mut Vec<Action>) {
         // Nodes still heading for another attempt must not wait for this one.
         let poison = match &outcome {
             Outcome::Signaled { .. } | Outcome::SpawnFailed { .. } => {

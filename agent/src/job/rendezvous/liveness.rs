@@ -134,8 +134,9 @@ pub(super) enum Alarm {
     /// connection ended). Said every period until some agent holds it again.
     CoordGone(u32),
     /// The store outside the job: this agent coordinated, but the coordinator's lease names
-    /// another node now (this one was frozen past the node timeout). It leaves, writing nothing
-    /// of the job's: its node was lost, and another coordinates.
+    /// another node now (this one was frozen past the node timeout); or node rank 0 dropped
+    /// this node from the job (`vigil/dropped/<node>`, frozen past the node timeout). It leaves,
+    /// writing nothing of the job's: its node was lost, and the job goes on without it.
     Deposed(String),
 }
 
@@ -155,7 +156,7 @@ pub(super) async fn liveness(
     let how = match (head, cfg.outside) {
         (true, true) => Watch::Fenced(cfg.node_rank),
         (true, false) => Watch::Sweep,
-        (false, false) => Watch::Node0,
+        (false, false) => Watch::Node0(cfg.node_rank),
         (false, true) => Watch::Coordinator,
     };
     let mut w = Watcher {
@@ -270,6 +271,14 @@ impl Watcher {
                 let _ = self.alarm(Alarm::Deposed(why));
                 return false;
             }
+            Reading::Dropped(why) => {
+                let why = format!(
+                    "node {} was dropped from the job: {why}; it woke since and leaves the job, to be requeued",
+                    self.cfg.node_rank
+                );
+                let _ = self.alarm(Alarm::Deposed(why));
+                return false;
+            }
             Reading::Counters(values) => self.live.answered(values),
             Reading::Stale(stale) => self.live.swept(&self.watched, &stale),
             Reading::Coordinator(now, values) => {
@@ -303,8 +312,8 @@ enum Watch {
     /// coordinator's lease still names this node (another agent takes it over from one frozen
     /// for the node timeout).
     Fenced(u32),
-    /// Node rank 0's counter.
-    Node0,
+    /// Node rank 0's counter, and whether node rank 0 dropped this node from the job.
+    Node0(u32),
     /// The store outside the job: who holds the coordinator's lease, and its counter.
     Coordinator,
 }
@@ -319,6 +328,9 @@ enum Reading {
     Stale(BTreeSet<u32>),
     /// The coordinator's lease names this other node: this agent coordinates no more.
     Deposed(u32),
+    /// Node rank 0 lost this node for good, for this reason (it was frozen past the node
+    /// timeout, or silent): it is no member of the job any more.
+    Dropped(String),
 }
 
 /// One period: renews this node's counter (one-way) and reads what it watches, in one round
@@ -338,7 +350,12 @@ async fn renew_and_read(c: MuxClient, me: String, how: Watch) -> Option<Reading>
         let values = vec![(k, (v > 0).then(|| v.to_string().into_bytes()))];
         return Some(Reading::Coordinator(Some(k), values));
     }
-    if let Watch::Node0 = how {
+    if let Watch::Node0(me) = how {
+        // Lost for good while frozen past the node timeout: node rank 0 said so (and why).
+        let dropped = c.multi_get_now(&[key::dropped(me).as_str()]).await.ok()?;
+        if let Some(why) = dropped.into_iter().next().filter(|v| !v.is_empty()) {
+            return Some(Reading::Dropped(String::from_utf8_lossy(&why).into_owned()));
+        }
         // ADD 0 reads without waiting; 0 or less: not started, or left.
         let v = c.add(&key::alive(0), 0).await.ok()?;
         let values = vec![(0, (v > 0).then(|| v.to_string().into_bytes()))];

@@ -90,6 +90,19 @@ pub enum FromCoord {
     /// The store outside the job: this agent took the coordinator's work over from node rank
     /// `lost`'s agent; it concludes the allocation (the ledger) as node rank 0 would have.
     Coordinating { lost: u32 },
+    /// The store hosted by node rank 0: node rank 0 is lost to this agent (its store is gone or
+    /// silent), and with it whoever records the allocation; said before the `CoordinationLost`.
+    HeadLost,
+    /// The coordinator (hot spares): the standbys ready to take a lost node's place as of
+    /// `cycle`'s verdict (healthy, never benched).
+    SparesReady { cycle: u32, ready: u32 },
+    /// The coordinator (hot spares): standby `node` is out of the job (it left on a signal, was
+    /// lost, or was silent for the node timeout), for `reason`; `ready` standbys are left.
+    StandbyGone {
+        node: u32,
+        reason: String,
+        ready: u32,
+    },
     /// Node rank 0: the hosts of cycle `cycle`'s nodes, before its verdict (NVRx's cycle info).
     Hosts { cycle: u32, hosts: NodeHosts },
 }

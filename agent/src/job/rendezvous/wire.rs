@@ -436,6 +436,17 @@ pub mod key {
     pub fn lease(node: u32) -> String {
         format!("vigil/lease/{node}")
     }
+    /// Written by a standby's agent as it leaves the job on a signal (its reason), before it
+    /// gives its lease back: the coordinator, told the lease was released, reads it and takes
+    /// the standby out of the job (docs/spares.md).
+    pub fn left(node: u32) -> String {
+        format!("vigil/left/{node}")
+    }
+    /// Written by the coordinator when it loses a node for good (why): the node, if its agent
+    /// still runs (it was frozen past the node timeout), reads it and leaves the job with 75.
+    pub fn dropped(node: u32) -> String {
+        format!("vigil/dropped/{node}")
+    }
     /// A counter the node renews (adds 1 to) while its agent runs.
     pub fn alive(node: u32) -> String {
         format!("{ALIVE_PREFIX}{node}")

@@ -114,6 +114,10 @@ pub(super) struct Coordinator {
     /// This agent coordinated until another took the coordinator's lease over
     /// ([`Alarm::Deposed`]): it leaves without deciding anything for the job.
     deposed: bool,
+    /// A standby that leaves the job on a signal (`JobRequest::Depart`): it keeps its lease
+    /// until its connection closes, so the coordinator, in the job or through a store outside
+    /// it, hears of it as a lost lease and reads why ([`key::left`]).
+    departed: bool,
     /// Node rank 0: the rendezvous under way, while it waits for nodes to join.
     join_wait: Option<JoinWait>,
 }
@@ -188,6 +192,7 @@ impl Coordinator {
             last_call: None,
             ended: false,
             deposed: false,
+            departed: false,
             join_wait: None,
         })
     }
@@ -198,6 +203,9 @@ impl Coordinator {
         }
         if matches!(m, FromCoord::Event(Event::CoordinationLost { .. })) {
             self.ended = true;
+            if !self.deposed && self.rdzv.hosted_by_head() {
+                let _ = self.tx.send(FromCoord::HeadLost);
+            }
         }
         let _ = self.tx.send(m);
     }
@@ -327,6 +335,12 @@ impl Coordinator {
                     .await?;
             }
             JobRequest::StopSteps { cycle, report } => self.share_steps(cycle, &report).await?,
+            JobRequest::Depart { reason } => {
+                self.departed = true;
+                self.ctl
+                    .set(&key::left(self.cfg.node_rank), reason.as_bytes())
+                    .await?;
+            }
             JobRequest::Leave { .. } => unreachable!("handled by serve"),
         }
         Ok(())
@@ -589,15 +603,47 @@ impl Coordinator {
     }
 
     async fn lease_event(&mut self, ev: LeaseEvent) -> Result<(), vigil_store::StoreError> {
-        let LeaseEvent::Lost { key, value } = ev else {
-            return Ok(());
+        let (key, value) = match ev {
+            LeaseEvent::Lost { key, value } => (key, value),
+            LeaseEvent::Released { key } => return self.released(key).await,
         };
-        let reason = format!(
+        let node: Option<u32> = key.rsplit('/').next().and_then(|n| n.parse().ok());
+        // A standby that left on a signal said why before its connection closed.
+        let left = match node {
+            Some(n) => self.left(n).await?,
+            None => None,
+        };
+        let reason = left.unwrap_or_else(|| format!(
             "node {key} ({}) was lost: its agent's connection to the store closed or went silent for --node-timeout",
             String::from_utf8_lossy(&value)
-        );
-        let node: Option<u32> = key.rsplit('/').next().and_then(|n| n.parse().ok());
+        ));
         self.decide(Fact::LeaseLost { node, reason }).await
+    }
+
+    /// A lease given back (its agent left): a standby that left the job on a signal wrote why
+    /// first ([`key::left`]), and is lost to the job as any node, with that reason. Any other
+    /// agent leaving (the job's end) wrote none and loses nobody.
+    async fn released(&mut self, lease: String) -> Result<(), vigil_store::StoreError> {
+        let Some(node) = lease.rsplit('/').next().and_then(|n| n.parse::<u32>().ok()) else {
+            return Ok(());
+        };
+        match self.left(node).await? {
+            Some(reason) => {
+                let node = Some(node);
+                self.decide(Fact::LeaseLost { node, reason }).await
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Why standby `node` left the job on a signal, if it did ([`key::left`]).
+    async fn left(&mut self, node: u32) -> Result<Option<String>, vigil_store::StoreError> {
+        let left = self.ctl.multi_get_now(&[key::left(node).as_str()]).await?;
+        Ok(left
+            .into_iter()
+            .next()
+            .filter(|v| !v.is_empty())
+            .map(|v| String::from_utf8_lossy(&v).into_owned()))
     }
 
     /// Hands `fact` to the state machine and carries out what it answers.
@@ -679,6 +725,8 @@ impl Coordinator {
             let _ = tokio::time::timeout(self.cfg.peer_timeout, self.carry_out(steps)).await;
         }
         match self.head.as_mut() {
+            // Its lease ends with its connection: a lost lease, which every coordinator hears of.
+            None if self.departed => {}
             None => {
                 let lease = key::lease(self.cfg.node_rank);
                 let alive = key::alive(self.cfg.node_rank);

@@ -148,6 +148,11 @@ pub enum Loss {
         members: usize,
         cycles: [u32; 2],
         then: AfterLoss,
+        /// The node lost and why: it is told so, should its agent still run (it was frozen).
+        node: u32,
+        reason: String,
+        /// It was a standby: the standbys ready now.
+        standby_gone: Option<u32>,
     },
     /// The job is lost: end `cycle` and the next with `end` for every node.
     Job { cycle: u32, end: JobEnd },
@@ -473,6 +478,13 @@ impl Rendezvous {
         self.node_lost(Some(old), reason)
     }
 
+    /// Whether this agent's job ends with node rank 0 when it cannot go on: node rank 0 hosts
+    /// the store it reaches everything through (the store in the job), and this is not it. Its
+    /// allocation is then recorded by the survivors of node rank 0 (docs/allocations.md).
+    pub fn hosted_by_head(&self) -> bool {
+        !self.setup.head && !self.setup.outside
+    }
+
     /// Whether this agent coordinates the job.
     pub fn is_head(&self) -> bool {
         self.setup.head
@@ -545,15 +557,32 @@ impl Rendezvous {
             Stage::WaitAll(c) => AfterLoss::CompleteJoin(c),
             Stage::Running(c) if self.slots.contains(&k) => AfterLoss::EndCycle {
                 cycle: c,
-                end: JobEnd::Failed { node: k, reason },
+                end: JobEnd::Failed {
+                    node: k,
+                    reason: reason.clone(),
+                },
             },
             _ => AfterLoss::Nothing,
         };
+        let standby_gone = (!self.slots.contains(&k)).then(|| self.spares_ready(&self.slots));
         Loss::ToStandby {
             members: self.members().len(),
             cycles: [self.cycle, self.cycle + 1],
             then,
+            node: k,
+            reason,
+            standby_gone,
         }
+    }
+
+    /// The standbys ready to take a lost node's place while `slots` run ranks: members of no
+    /// slot, never benched, and healthy by their last join record.
+    pub fn spares_ready(&self, slots: &[u32]) -> u32 {
+        self.members()
+            .into_iter()
+            .filter(|n| !slots.contains(n) && !self.benched.contains(n))
+            .filter(|n| self.infos.get(n).and_then(|i| i.healthy) != Some(false))
+            .count() as u32
     }
 
     /// Whether cycle `c`'s rendezvous has a last call: the job's first, with standbys. Later

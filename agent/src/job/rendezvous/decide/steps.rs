@@ -140,6 +140,10 @@ impl Rendezvous {
                 if !promotions.is_empty() {
                     steps.push(Step::Tell(FromCoord::Promoted { cycle, promotions }));
                 }
+                if self.spares() {
+                    let ready = self.spares_ready(&go.slots);
+                    steps.push(Step::Tell(FromCoord::SparesReady { cycle, ready }));
+                }
                 steps.push(Step::Propose(cycle, to_json(&Verdict::Go(go))));
             }
             Err(why) => steps.push(self.lost(why.to_string())),
@@ -160,7 +164,7 @@ impl Rendezvous {
     /// What losing a node takes ([`Loss`]): the members from now on and the cycle under way
     /// completed or ended, the job ended for every node, or this agent's end.
     pub fn carry(&mut self, loss: Loss) -> Vec<Step> {
-        let (members, cycles, then) = match loss {
+        let (mut steps, then) = match loss {
             Loss::Nothing => return Vec::new(),
             Loss::Fail(why) => return vec![self.lost(why)],
             Loss::Job { cycle, end } => return poison(cycle, &end),
@@ -168,9 +172,25 @@ impl Rendezvous {
                 members,
                 cycles,
                 then,
-            } => (members, cycles, then),
+                node,
+                reason,
+                standby_gone,
+            } => {
+                let mut steps: Vec<Step> = members_of(members, cycles).collect();
+                // A node lost for good whose agent still runs (frozen past the node timeout)
+                // reads this when it wakes and leaves the job.
+                steps.push(Step::Set(key::dropped(node), reason.clone().into_bytes()));
+                if let Some(ready) = standby_gone {
+                    let gone = FromCoord::StandbyGone {
+                        node,
+                        reason,
+                        ready,
+                    };
+                    steps.push(Step::Tell(gone));
+                }
+                (steps, then)
+            }
         };
-        let mut steps: Vec<Step> = members_of(members, cycles).collect();
         match then {
             AfterLoss::Nothing => {}
             AfterLoss::CompleteJoin(c) => steps.push(Step::CountJoins(c)),

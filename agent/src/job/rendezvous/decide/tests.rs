@@ -452,6 +452,9 @@ proptest! {
                 members: nnodes - 1,
                 cycles: [0, 1],
                 then: AfterLoss::EndCycle { cycle: 0, end: failed.clone() },
+                node: lost,
+                reason: "gone".into(),
+                standby_gone: None,
             }
         );
         job.gone.push(lost);
@@ -505,9 +508,11 @@ proptest! {
         let cy = job.cycle(0, &vec![None; nnodes]);
         check_one_verdict(&job, 0, &cy)?;
         // Standbys go first: each is lost to nobody's slot.
-        for s in (active..nnodes as u32).take(standbys_lost as usize) {
+        for (i, s) in (active..nnodes as u32).take(standbys_lost as usize).enumerate() {
             let loss = job.agents[0].lease_lost(Some(s), "gone".into());
-            prop_assert!(matches!(loss, Loss::ToStandby { then: AfterLoss::Nothing, .. }), "{:?}", loss);
+            // Each one lost is said, with the standbys left ready.
+            let ready = spares - 1 - i as u32;
+            prop_assert!(matches!(loss, Loss::ToStandby { then: AfterLoss::Nothing, standby_gone: Some(r), .. } if r == ready), "{:?}", loss);
             job.gone.push(s);
         }
         let left = spares.saturating_sub(standbys_lost);
@@ -609,6 +614,9 @@ fn a_node_that_takes_over_the_coordinator_loses_node_rank_0_to_a_standby() {
                 cycle: 0,
                 end: end.clone()
             },
+            node: 0,
+            reason: "gone".into(),
+            standby_gone: None,
         }
     );
     // Its lease and its silent counter, reported later, change nothing more.
@@ -674,7 +682,10 @@ fn taking_over_without_a_standby_loses_the_job_and_completes_a_pending_rendezvou
         Loss::ToStandby {
             members: 2,
             cycles: [0, 1],
-            then: AfterLoss::CompleteJoin(0)
+            then: AfterLoss::CompleteJoin(0),
+            node: 0,
+            reason: "gone".into(),
+            standby_gone: None,
         }
     );
     // A member whose lease is gone too is lost for good.
@@ -789,6 +800,12 @@ fn a_proposal_writes_the_members_left_and_tells_hosts_before_the_verdict() {
         vec![
             set(key::members(0), "2"),
             set(key::members(1), "2"),
+            set(key::dropped(2), "gone"),
+            Step::Tell(FromCoord::StandbyGone {
+                node: 2,
+                reason: "gone".into(),
+                ready: 0
+            }),
             Step::CountJoins(0)
         ]
     );
@@ -800,7 +817,12 @@ fn a_proposal_writes_the_members_left_and_tells_hosts_before_the_verdict() {
     assert!(
         matches!(&steps[1], Step::Tell(FromCoord::Hosts { cycle: 0, hosts }) if hosts.active.len() == 2)
     );
-    let Step::Propose(0, go) = &steps[2] else {
+    // With standbys, how many are ready (none: the only one was lost) goes with the verdict.
+    assert_eq!(
+        steps[2],
+        Step::Tell(FromCoord::SparesReady { cycle: 0, ready: 0 })
+    );
+    let Step::Propose(0, go) = &steps[3] else {
         panic!("{steps:?}")
     };
     // Every node, the proposer included, runs what won.
@@ -839,10 +861,14 @@ fn a_lost_node_ends_the_cycle_it_played_or_the_job() {
     let loss = h.lease_lost(Some(1), "gone".into());
     let steps = h.carry(loss);
     assert_eq!(
-        steps[..2],
-        [set(key::members(0), "2"), set(key::members(1), "2")]
+        steps[..3],
+        [
+            set(key::members(0), "2"),
+            set(key::members(1), "2"),
+            set(key::dropped(1), "gone")
+        ]
     );
-    assert!(matches!(&steps[2], Step::SetFirst(k, _) if *k == key::end(0)));
+    assert!(matches!(&steps[3], Step::SetFirst(k, _) if *k == key::end(0)));
     // Without a standby the job ends for every node, this cycle and the next.
     let mut h = head(2, 2);
     h.join(0, None);
@@ -997,4 +1023,59 @@ fn a_cycle_runs_through_step_alone() {
         }),
         vec![Step::Tell(FromCoord::cycle_ended(0, JobEnd::Done))]
     );
+}
+
+#[test]
+fn a_standby_lost_is_told_with_the_spares_left_and_is_dropped_for_good() {
+    // 2 active + 2 standbys; node rank 0 assigns cycle 0 and tells how many standbys are ready.
+    let mut job = Job::new(vec![1; 4], 2, vec![None; 4]);
+    let records: Vec<(u32, Vec<u8>)> = (0..4).map(|n| (n, to_json(&info(1)))).collect();
+    let head = &mut job.agents[0];
+    head.join(0, None);
+    let steps = head.step(Fact::Records {
+        cycle: 0,
+        records: &records,
+    });
+    assert!(
+        steps.contains(&Step::Tell(FromCoord::SparesReady { cycle: 0, ready: 2 })),
+        "{steps:?}"
+    );
+    let go = steps.iter().find_map(|s| match s {
+        Step::Propose(0, v) => Some(v.clone()),
+        _ => None,
+    });
+    head.step(Fact::Verdict {
+        cycle: 0,
+        value: &go.unwrap(),
+    });
+    // Standby 3 is lost: the job runs on, it is said with one standby left, and it is told it
+    // is out should its agent wake.
+    let steps = head.step(Fact::LeaseLost {
+        node: Some(3),
+        reason: "node 3 was lost".into(),
+    });
+    assert!(
+        steps.contains(&Step::Tell(FromCoord::StandbyGone {
+            node: 3,
+            reason: "node 3 was lost".into(),
+            ready: 1
+        })),
+        "{steps:?}"
+    );
+    assert!(steps.contains(&Step::Set(key::dropped(3), b"node 3 was lost".to_vec())));
+    assert!(!steps
+        .iter()
+        .any(|s| matches!(s, Step::SetFirst(k, _) if k == &key::end(0))));
+    assert_eq!(head.members(), vec![0, 1, 2]);
+    // An active node lost to the last standby ends the attempt, and tells no standby gone.
+    let steps = head.step(Fact::LeaseLost {
+        node: Some(1),
+        reason: "node 1 was lost".into(),
+    });
+    assert!(!steps
+        .iter()
+        .any(|s| matches!(s, Step::Tell(FromCoord::StandbyGone { .. }))));
+    assert!(steps
+        .iter()
+        .any(|s| matches!(s, Step::SetFirst(k, _) if k == &key::end(0))));
 }
