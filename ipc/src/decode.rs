@@ -38,7 +38,7 @@ fn agent_payload_len_ok(k: u8, len: usize) -> Option<bool> {
     match k {
         kind::TIMEOUTS | kind::STOP_REQUEST => Some(true),
         kind::TIMEOUTS_CALCULATED => Some(len == 3),
-        kind::GENERATION => Some(len >= 10 && (len - 10) % 4 == 0),
+        kind::GENERATION => Some(len >= 10 && (len - 10).is_multiple_of(4)),
         _ => None,
     }
 }

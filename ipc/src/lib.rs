@@ -142,10 +142,7 @@ pub enum AgentMsg {
     /// Generation `generation` of the attempt begins: these global ranks are being replaced by
     /// new processes. A restartable rank leaves its training function, drops its process group
     /// and calls the function again (docs/inprocess.md).
-    Generation {
-        generation: u64,
-        replaced: Vec<u32>,
-    },
+    Generation { generation: u64, replaced: Vec<u32> },
 }
 
 impl RankMsg {

@@ -288,7 +288,12 @@ fn every_vector_decodes_to_its_meaning_and_reencodes_identically() {
     );
     assert_eq!(
         c.agent_types,
-        all(&["Generation", "StopRequest", "Timeouts", "TimeoutsCalculated"])
+        all(&[
+            "Generation",
+            "StopRequest",
+            "Timeouts",
+            "TimeoutsCalculated"
+        ])
     );
     assert_eq!(
         c.error_kinds,

@@ -50,6 +50,7 @@ impl LaunchConfig {
                 .then_some((limits.max_no_progress, limits.min_progress_steps)),
             progress_from_file: self.nvrx.progress_file.is_some(),
             stop_if_straggler: self.straggler.stop,
+            in_process: self.in_process,
         }
     }
 

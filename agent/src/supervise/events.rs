@@ -92,6 +92,8 @@ pub struct SupervisorConfig {
     pub progress_from_file: bool,
     /// `--stop-if-straggler`: a straggler report stops the job at a step and blames the nodes.
     pub stop_if_straggler: bool,
+    /// `--in-process-restarts`, `--abort-timeout` (docs/inprocess.md).
+    pub in_process: super::generation::InProcessConfig,
 }
 
 impl SupervisorConfig {
@@ -116,6 +118,7 @@ impl SupervisorConfig {
             no_progress: None,
             progress_from_file: false,
             stop_if_straggler: false,
+            in_process: super::generation::InProcessConfig::OFF,
         }
     }
 }
@@ -266,6 +269,15 @@ pub enum Action {
     SpawnCycle {
         cycle: u32,
         placement: Placement,
+    },
+    /// Start one rank of the attempt again, in its place (an in-process restart): the same
+    /// rank numbers, at `generation`, told which ranks are `replaced`; report it with
+    /// `RankSpawned` or `SpawnFailed`.
+    SpawnRank {
+        cycle: u32,
+        local_rank: u32,
+        generation: u64,
+        replaced: Vec<u32>,
     },
     /// Send `signal` to each of these process groups.
     SignalGroups {

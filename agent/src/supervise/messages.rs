@@ -106,6 +106,9 @@ impl Supervisor {
                 self.kill_if_holding(local_rank, out);
             }
             RankMsg::Signalled { signal } => self.on_rank_signalled(now, local_rank, signal, out),
+            RankMsg::Restartable { generation } => {
+                self.on_restartable(now, local_rank, generation, out)
+            }
             _ => {}
         }
     }
