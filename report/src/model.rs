@@ -86,7 +86,18 @@ pub struct NodeRun {
     /// `node_fault`: this node could not run ranks any more (a critical XID, an uncorrectable
     /// ECC error, a failed health check).
     pub node_faults: Vec<NodeFault>,
+    /// In-process restarts (docs/inprocess.md): generations begun and recovered, and failures
+    /// that restarted the whole job instead.
+    pub generations: Vec<InProcess>,
     pub result: Option<RunResult>,
+}
+
+/// An in-process restart's moment, described.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct InProcess {
+    pub ts: f64,
+    pub cycle: u32,
+    pub text: String,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]

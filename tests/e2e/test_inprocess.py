@@ -35,9 +35,17 @@ def train(gen):
     log(event="generation", generation=gen.generation, step=state["step"], replaced=list(gen.replaced))
     while state["step"] < TOTAL:
         s = state["step"]
-        if rank == 2 and gen.generation == 0 and s == FAIL_AT:
+        first_attempt = os.environ["TORCHELASTIC_RESTART_COUNT"] == "0"
+        if first_attempt and rank == 2 and gen.generation == 0 and s == FAIL_AT:
             log(event="fail", step=s)
-            os.kill(os.getpid(), signal.SIGKILL if MODE == "kill" else signal.SIGSTOP)
+            os.kill(os.getpid(), signal.SIGSTOP if MODE == "stop" else signal.SIGKILL)
+        if first_attempt and MODE == "stuck" and rank == 0 and s == FAIL_AT:
+            log(event="stuck", step=s)
+            import ctypes
+            ctypes.CDLL(None).sleep(600)   # in C: no interrupt reaches it
+        if first_attempt and MODE == "twice" and rank == 1 and gen.generation == 1 and s == FAIL_AT + 10:
+            log(event="fail_again", step=s)
+            os.kill(os.getpid(), signal.SIGKILL)
         g = torch.full((8,), float(s % 7 + rank))
         dist.all_reduce(g)
         state["w"] += g * 0.01
@@ -131,3 +139,45 @@ def test_a_hung_rank_is_killed_and_replaced_alone(job):
     check_replaced_alone(job, r)
     ev = events(job / "logs")
     assert of(ev, "hang"), [e["event"] for e in ev]
+
+
+def whole_restart(job, r, why):
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
+    ev = events(job / "logs")
+    declined = of(ev, "in_process_declined")
+    assert len(declined) == 1 and why in declined[0]["reason"], declined
+    assert [e["to_cycle"] for e in of(ev, "restart")] == [1]
+    assert ev[-1]["outcome"] == "succeeded"
+    done = [l for lines in traces(job / "trace").values() for l in lines if l["event"] == "done"]
+    assert len(done) == 4 and {l["step"] for l in done} == {80}
+    return ev
+
+
+def test_a_survivor_stuck_in_c_past_the_abort_timeout_restarts_the_whole_job(job):
+    r = run_job(job, "stuck", "--abort-timeout", "5", "--max-restarts", "1", "--workers-stop-timeout", "3")
+    ev = whole_restart(job, r, "abort timeout")
+    assert [g["generation"] for g in of(ev, "generation")] == [1]
+    assert not of(ev, "generation_recovered")
+
+
+def test_no_in_process_restarts_left_restarts_the_whole_job(job):
+    r = run_job(job, "twice", "--in-process-restarts", "1", "--max-restarts", "1")
+    ev = whole_restart(job, r, "used up")
+    assert [g["generation"] for g in of(ev, "generation")] == [1]
+    assert [g["generation"] for g in of(ev, "generation_recovered")] == [1]
+
+
+PLAIN = TRAIN.replace("@vigil.restartable\n", "").replace("def train(gen):", "def train(gen=None):").replace(
+    "    state = gen.recover(state)\n", "").replace("gen.generation", "0").replace("list(gen.replaced)", "[]")
+
+
+def test_a_rank_not_under_restartable_makes_the_job_restart_whole(job):
+    assert "restartable" not in PLAIN.replace("vigil.mark_finished", "")
+    write(job / "train.py", PLAIN)
+    (job / "trace").mkdir()
+    env = base_env(TRACE_DIR=str(job / "trace"))
+    args = ["run", "--nproc-per-node", "4", "--in-process-restarts", "2", "--max-restarts", "1",
+            "--log-dir", "logs", "train.py", "kill"]
+    r = run_vigil(args, cwd=job, env=env, timeout=600)
+    ev = whole_restart(job, r, "vigil.restartable")
+    assert not of(ev, "generation")
