@@ -17,7 +17,7 @@ agree to finish. Each mode runs the same script:
 Per mode: failures, failure -> every rank stepping again (median and max; each rank writes the
 wall time of every step; one machine, one clock), steps redone (the highest step before the kill
 minus the step training went on from), and goodput (the job's last step x the median failure-free
-step time / the job's wall time from the first step to the last).
+step time / the job's wall time from its first step to its exit).
 """
 import argparse
 import json
@@ -123,7 +123,7 @@ def live_pids(trace_dir, nproc):
     return alive if len(alive) == nproc else {}
 
 
-def analyse(trace, kills, nproc):
+def analyse(trace, kills, nproc, ended):
     rows = [(s, t, rank) for (rank, _), r in trace.items() for s, t in r]
     if not rows:
         return None
@@ -148,7 +148,9 @@ def analyse(trace, kills, nproc):
         r = sorted(r)
         gaps += [b[1] - a[1] for a, b in zip(r, r[1:]) if b[0] == a[0] + 1]
     step_t = statistics.median(gaps) if gaps else 0.05
-    goodput = min(1.0, last_step * step_t / (last_t - first_t)) if last_t > first_t else 0.0
+    # Up to the job's exit: a job that stalls after a failure loses that time too.
+    wall = max(last_t, ended) - first_t
+    goodput = min(1.0, last_step * step_t / wall) if wall > 0 else 0.0
     return {"recov": recov, "redone": redone, "goodput": goodput, "steps": last_step}
 
 
@@ -193,7 +195,7 @@ def run_mode(mode, nproc, args, work):
             p.kill()
             break
         time.sleep(0.1)
-    res = analyse(read_trace(trace), kills, nproc)
+    res = analyse(read_trace(trace), kills, nproc, time.time())
     if res is not None:
         res["kills"] = len(kills)
         res["rc"] = p.returncode

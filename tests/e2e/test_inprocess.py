@@ -141,11 +141,11 @@ def test_a_hung_rank_is_killed_and_replaced_alone(job):
     assert of(ev, "hang"), [e["event"] for e in ev]
 
 
-def whole_restart(job, r, why):
+def whole_restart(job, r, why, declined=1):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
     ev = events(job / "logs")
-    declined = of(ev, "in_process_declined")
-    assert len(declined) == 1 and why in declined[0]["reason"], declined
+    said = of(ev, "in_process_declined")
+    assert len(said) == declined and why in said[-1]["reason"], said
     assert [e["to_cycle"] for e in of(ev, "restart")] == [1]
     assert ev[-1]["outcome"] == "succeeded"
     done = [l for lines in traces(job / "trace").values() for l in lines if l["event"] == "done"]
@@ -179,5 +179,9 @@ def test_a_rank_not_under_restartable_makes_the_job_restart_whole(job):
     args = ["run", "--nproc-per-node", "4", "--in-process-restarts", "2", "--max-restarts", "1",
             "--log-dir", "logs", "train.py", "kill"]
     r = run_vigil(args, cwd=job, env=env, timeout=600)
-    ev = whole_restart(job, r, "vigil.restartable")
+    ev = whole_restart(job, r, "vigil.restartable", declined=2)
     assert not of(ev, "generation")
+    # Said once as the ranks step, before any failure, then at the failure.
+    first = of(ev, "in_process_declined")[0]
+    assert "does not run its training function under vigil.restartable" in first["reason"]
+    assert ev.index(first) < ev.index(of(ev, "rank_exited")[0])

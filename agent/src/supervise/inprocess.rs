@@ -104,6 +104,20 @@ impl Supervisor {
         });
     }
 
+    /// `local_rank` reported a step: a rank outside `vigil.restartable` is told of once, as the
+    /// job then restarts whole.
+    pub(super) fn on_step_reported(&mut self, local_rank: u32, out: &mut Vec<Action>) {
+        if self.gens.note_undeclared(local_rank) {
+            let rank = self.job.placement.rank_offset + local_rank;
+            out.push(Action::Record(Record::InProcessDeclined {
+                cycle: self.cycle,
+                reason: format!(
+                    "rank {rank} does not run its training function under vigil.restartable: a failure restarts the whole job"
+                ),
+            }));
+        }
+    }
+
     /// `local_rank` said it runs under `vigil.restartable` at `generation`.
     pub(super) fn on_restartable(
         &mut self,

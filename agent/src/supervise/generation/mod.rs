@@ -92,6 +92,9 @@ pub struct Generations {
     /// Per local rank: the generation it last said it is restartable at.
     at: Vec<Option<u64>>,
     pub recovery: Option<Recovery>,
+    /// A rank that steps without having said it is restartable was told of (once per
+    /// allocation).
+    noted: bool,
 }
 
 impl Generations {
@@ -102,6 +105,7 @@ impl Generations {
             generation: 0,
             at: Vec::new(),
             recovery: None,
+            noted: false,
         }
     }
 
@@ -114,6 +118,18 @@ impl Generations {
         self.generation = 0;
         self.at = vec![None; nproc as usize];
         self.recovery = None;
+    }
+
+    /// `local_rank` reported a step: whether to say, once, that it never entered
+    /// `vigil.restartable` (in-process restarts are on, so the job will restart whole instead).
+    pub fn note_undeclared(&mut self, local_rank: u32) -> bool {
+        let undeclared = self
+            .at
+            .get(local_rank as usize)
+            .is_some_and(Option::is_none);
+        let note = self.on() && !self.noted && undeclared && self.recovery.is_none();
+        self.noted |= note;
+        note
     }
 
     /// Whether the failure of a rank can be recovered by replacing it alone; `single_node`:
@@ -278,6 +294,20 @@ mod tests {
         assert_eq!(g.overdue(t0 + Duration::from_secs(10)), vec![2]);
         g.abandon();
         assert_eq!(g.deadline(), None);
+    }
+
+    #[test]
+    fn a_rank_stepping_outside_the_wrapper_is_noted_once() {
+        let t0 = Instant::now();
+        let mut g = Generations::new(cfg(1));
+        g.new_attempt(2);
+        g.on_restartable(t0, 0, 0);
+        assert!(!g.note_undeclared(0));
+        assert!(g.note_undeclared(1));
+        assert!(!g.note_undeclared(1), "once");
+        let mut off = Generations::new(cfg(0));
+        off.new_attempt(1);
+        assert!(!off.note_undeclared(0));
     }
 
     #[test]
