@@ -225,6 +225,12 @@ impl Agent {
         let Some(io) = self.ranks.io.take() else {
             return;
         };
+        // The failed rank's group is gone (the supervisor killed what was left of it): the
+        // watchdog no longer guards it, lest its number be another process's later.
+        let old = self.ranks.shared.rank_pids.borrow()[lr as usize];
+        if let (Some(w), Some(old)) = (&mut self.ranks.watchdog, old) {
+            w.release(old);
+        }
         self.ranks.tails[lr as usize] = Tail::default();
         self.spawn_rank(cycle, lr, &io, Some(generation), queue);
         self.ranks.io = Some(io);
