@@ -756,6 +756,36 @@ pub enum Record {
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         last_recorded: bool,
     },
+    /// In-process restart (docs/inprocess.md): generation `generation` of attempt `cycle`
+    /// began; `ranks` (global) are replaced by new processes and every other rank keeps its
+    /// process. `step`: the highest step the node's ranks had reported.
+    Generation {
+        #[serde(default)]
+        cycle: u32,
+        #[serde(default)]
+        generation: u64,
+        #[serde(default)]
+        ranks: Vec<u32>,
+        #[serde(default)]
+        step: Option<u64>,
+    },
+    /// Every rank of the node is back in its training function at `generation` (survivors
+    /// returned to the wrapper, the replacements registered), `seconds` after the failure.
+    GenerationRecovered {
+        #[serde(default)]
+        cycle: u32,
+        #[serde(default)]
+        generation: u64,
+        #[serde(default)]
+        seconds: f64,
+    },
+    /// In-process restarts were asked for but this failure restarts the whole job: `reason`.
+    InProcessDeclined {
+        #[serde(default)]
+        cycle: u32,
+        #[serde(default = "unknown")]
+        reason: String,
+    },
     /// An event this vigil does not know (written by a newer one): read, never written.
     #[serde(other)]
     Unknown,
@@ -910,6 +940,9 @@ mod tests {
             Record::Section { .. } => 36,
             Record::Spares { .. } => 38,
             Record::StandbyGone { .. } => 39,
+            Record::Generation { .. } => 40,
+            Record::GenerationRecovered { .. } => 41,
+            Record::InProcessDeclined { .. } => 42,
             Record::Unknown => 37,
         }
     }
@@ -1195,6 +1228,21 @@ mod tests {
                 duration_ms: 2500,
                 last_recorded: false,
             },
+            Record::Generation {
+                cycle: 0,
+                generation: 1,
+                ranks: vec![2],
+                step: Some(30),
+            },
+            Record::GenerationRecovered {
+                cycle: 0,
+                generation: 1,
+                seconds: 1.5,
+            },
+            Record::InProcessDeclined {
+                cycle: 0,
+                reason: "rank 1 is not restartable".into(),
+            },
             Record::Unknown,
         ]
     }
@@ -1203,7 +1251,7 @@ mod tests {
     fn every_record_round_trips() {
         let all = samples();
         let places: BTreeSet<usize> = all.iter().map(place).collect();
-        assert_eq!(places, (0..=39).collect(), "a record without a sample");
+        assert_eq!(places, (0..=42).collect(), "a record without a sample");
         for r in all {
             let text = serde_json::to_string(&r).unwrap();
             let back: Record =

@@ -23,7 +23,7 @@ fn rank_payload_len_ok(k: u8, len: usize) -> Option<bool> {
     Some(match k {
         kind::REGISTER | kind::STEP_TIMING => len == 16,
         kind::HEARTBEAT => len == 0 || len == 8,
-        kind::PROGRESS | kind::HOLDS_SIGNALS => len == 8,
+        kind::PROGRESS | kind::HOLDS_SIGNALS | kind::RESTARTABLE => len == 8,
         kind::SIGNALLED => len == 4,
         kind::END_ALL_SECTIONS | kind::FINISHED => len == 0,
         kind::SECTION_START
@@ -38,6 +38,7 @@ fn agent_payload_len_ok(k: u8, len: usize) -> Option<bool> {
     match k {
         kind::TIMEOUTS | kind::STOP_REQUEST => Some(true),
         kind::TIMEOUTS_CALCULATED => Some(len == 3),
+        kind::GENERATION => Some(len >= 10 && (len - 10).is_multiple_of(4)),
         _ => None,
     }
 }
@@ -113,6 +114,9 @@ fn rank_payload(k: u8, payload: &[u8]) -> Result<RankMsg, DecodeError> {
         kind::PROGRESS => RankMsg::Progress { step: r.u64()? },
         kind::HOLDS_SIGNALS => RankMsg::HoldsSignals { signals: r.u64()? },
         kind::SIGNALLED => RankMsg::Signalled { signal: r.u32()? },
+        kind::RESTARTABLE => RankMsg::Restartable {
+            generation: r.u64()?,
+        },
         kind::WORKLOAD_CONTROL => RankMsg::WorkloadControl {
             action: r.u8()?,
             description: r.string(MAX_REASON_LEN, DecodeError::ReasonTooLong)?,
@@ -174,6 +178,18 @@ fn agent_payload(k: u8, payload: &[u8]) -> Result<AgentMsg, DecodeError> {
             sections: r.bool()?,
             out_of_section: r.bool()?,
         },
+        kind::GENERATION => {
+            let generation = r.u64()?;
+            let n = r.u16()? as usize;
+            let mut replaced = Vec::with_capacity(n);
+            for _ in 0..n {
+                replaced.push(r.u32()?);
+            }
+            AgentMsg::Generation {
+                generation,
+                replaced,
+            }
+        }
         other => return Err(DecodeError::UnknownKind(other)),
     };
     r.finish()?;

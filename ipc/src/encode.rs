@@ -33,6 +33,7 @@ pub fn encode_rank(msg: &RankMsg, out: &mut Vec<u8>) {
         RankMsg::Progress { step } => out.extend_from_slice(&step.to_le_bytes()),
         RankMsg::HoldsSignals { signals } => out.extend_from_slice(&signals.to_le_bytes()),
         RankMsg::Signalled { signal } => out.extend_from_slice(&signal.to_le_bytes()),
+        RankMsg::Restartable { generation } => out.extend_from_slice(&generation.to_le_bytes()),
         RankMsg::WorkloadControl {
             action,
             description,
@@ -94,6 +95,18 @@ pub fn encode_agent(msg: &AgentMsg, out: &mut Vec<u8>) {
             sections,
             out_of_section,
         } => out.extend_from_slice(&[*heartbeat as u8, *sections as u8, *out_of_section as u8]),
+        AgentMsg::Generation {
+            generation,
+            replaced,
+        } => {
+            out.extend_from_slice(&generation.to_le_bytes());
+            // At most u16::MAX ranks fit; one node never replaces more.
+            let n = replaced.len().min(u16::MAX as usize);
+            out.extend_from_slice(&(n as u16).to_le_bytes());
+            for r in &replaced[..n] {
+                out.extend_from_slice(&r.to_le_bytes());
+            }
+        }
     }
     finish(out, start);
 }

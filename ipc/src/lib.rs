@@ -40,9 +40,11 @@ pub mod kind {
     pub const WORKLOAD_CONTROL: u8 = 0x0a;
     pub const HOLDS_SIGNALS: u8 = 0x0b;
     pub const SIGNALLED: u8 = 0x0c;
+    pub const RESTARTABLE: u8 = 0x0d;
     pub const TIMEOUTS: u8 = 0x81;
     pub const STOP_REQUEST: u8 = 0x82;
     pub const TIMEOUTS_CALCULATED: u8 = 0x83;
+    pub const GENERATION: u8 = 0x84;
 }
 
 /// A message sent by a training rank to its agent.
@@ -101,6 +103,13 @@ pub enum RankMsg {
     Signalled {
         signal: u32,
     },
+    /// This rank runs its training function under `vigil.restartable` and is in the wrapper at
+    /// `generation` (in-process restarts, docs/inprocess.md): at its start, and again once it
+    /// came back to the wrapper after the agent announced a generation. Ranks that never send it
+    /// are not restartable: their job uses whole restarts.
+    Restartable {
+        generation: u64,
+    },
 }
 
 /// `WorkloadControl` action: keep this node out of the job from the next attempt on.
@@ -130,6 +139,10 @@ pub enum AgentMsg {
         sections: bool,
         out_of_section: bool,
     },
+    /// Generation `generation` of the attempt begins: these global ranks are being replaced by
+    /// new processes. A restartable rank leaves its training function, drops its process group
+    /// and calls the function again (docs/inprocess.md).
+    Generation { generation: u64, replaced: Vec<u32> },
 }
 
 impl RankMsg {
@@ -148,6 +161,7 @@ impl RankMsg {
             RankMsg::WorkloadControl { .. } => kind::WORKLOAD_CONTROL,
             RankMsg::HoldsSignals { .. } => kind::HOLDS_SIGNALS,
             RankMsg::Signalled { .. } => kind::SIGNALLED,
+            RankMsg::Restartable { .. } => kind::RESTARTABLE,
         }
     }
 }
@@ -159,6 +173,7 @@ impl AgentMsg {
             AgentMsg::Timeouts { .. } => kind::TIMEOUTS,
             AgentMsg::StopRequest { .. } => kind::STOP_REQUEST,
             AgentMsg::TimeoutsCalculated { .. } => kind::TIMEOUTS_CALCULATED,
+            AgentMsg::Generation { .. } => kind::GENERATION,
         }
     }
 }

@@ -56,6 +56,9 @@ fn rank_to_json(m: &RankMsg) -> Value {
         RankMsg::Progress { step } => json!({"type": "Progress", "step": step}),
         RankMsg::HoldsSignals { signals } => json!({"type": "HoldsSignals", "signals": signals}),
         RankMsg::Signalled { signal } => json!({"type": "Signalled", "signal": signal}),
+        RankMsg::Restartable { generation } => {
+            json!({"type": "Restartable", "generation": generation})
+        }
         RankMsg::WorkloadControl {
             action,
             description,
@@ -102,6 +105,9 @@ fn rank_from_json(v: &Value) -> RankMsg {
         "Signalled" => RankMsg::Signalled {
             signal: u32_of(&v["signal"]),
         },
+        "Restartable" => RankMsg::Restartable {
+            generation: v["generation"].as_u64().expect("u64"),
+        },
         "WorkloadControl" => RankMsg::WorkloadControl {
             action: v["action"].as_u64().expect("u64") as u8,
             description: str_of(&v["description"]),
@@ -144,6 +150,10 @@ fn agent_to_json(m: &AgentMsg) -> Value {
             out_of_section,
         } => json!({"type": "TimeoutsCalculated", "heartbeat": heartbeat, "sections": sections,
             "out_of_section": out_of_section}),
+        AgentMsg::Generation {
+            generation,
+            replaced,
+        } => json!({"type": "Generation", "generation": generation, "replaced": replaced}),
     }
 }
 
@@ -168,6 +178,15 @@ fn agent_from_json(v: &Value) -> AgentMsg {
             heartbeat: v["heartbeat"].as_bool().expect("bool"),
             sections: v["sections"].as_bool().expect("bool"),
             out_of_section: v["out_of_section"].as_bool().expect("bool"),
+        },
+        "Generation" => AgentMsg::Generation {
+            generation: v["generation"].as_u64().expect("u64"),
+            replaced: v["replaced"]
+                .as_array()
+                .expect("array")
+                .iter()
+                .map(u32_of)
+                .collect(),
         },
         other => panic!("unknown agent message type {other}"),
     }
@@ -259,6 +278,7 @@ fn every_vector_decodes_to_its_meaning_and_reencodes_identically() {
             "HoldsSignals",
             "Progress",
             "Register",
+            "Restartable",
             "SectionEnd",
             "SectionStart",
             "Signalled",
@@ -268,7 +288,12 @@ fn every_vector_decodes_to_its_meaning_and_reencodes_identically() {
     );
     assert_eq!(
         c.agent_types,
-        all(&["StopRequest", "Timeouts", "TimeoutsCalculated"])
+        all(&[
+            "Generation",
+            "StopRequest",
+            "Timeouts",
+            "TimeoutsCalculated"
+        ])
     );
     assert_eq!(
         c.error_kinds,

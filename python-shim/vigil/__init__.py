@@ -23,7 +23,8 @@ import time as _time
 import warnings as _warnings
 from struct import error as _StructError
 
-from . import _protocol
+from . import _inprocess, _protocol
+from ._inprocess import Generation, GenerationInterrupt, restartable
 
 __version__ = "0.1.0"
 __all__ = [
@@ -42,6 +43,9 @@ __all__ = [
     "is_connected",
     "calculate_timeouts",
     "close",
+    "restartable",
+    "Generation",
+    "GenerationInterrupt",
 ]
 
 SOCKET_ENV = "VIGIL_SOCKET"
@@ -378,8 +382,12 @@ def _poll():
     p = _poller
     # poll(0) costs a third of a recv that raises BlockingIOError, and nothing is waiting almost
     # every time. A closed or replaced descriptor reports POLLNVAL and takes the recv path.
-    if p is not None and not p.poll(0):
-        return
+    if p is not None:
+        try:
+            if not p.poll(0):
+                return
+        except RuntimeError:
+            pass  # polled by vigil.restartable's watcher thread at the same time: read anyway
     with _lock:
         while True:
             try:
@@ -405,6 +413,8 @@ def _poll():
                     _stop_step = m["at_step"]
                 elif m["type"] == "TimeoutsCalculated":
                     _calc_answers.append(m)
+                elif m["type"] == "Generation":
+                    _inprocess.on_generation(m)
                 else:
                     _timeouts = {
                         "initial_ms": m["initial_ms"],
@@ -446,7 +456,11 @@ def should_stop(step=None):
         now = _monotonic()
         if now >= _poll_due:
             _poll_due = now + POLL_EVERY
-            if p.poll(0):
+            try:
+                ready = p.poll(0)
+            except RuntimeError:
+                ready = True  # vigil.restartable's watcher thread polls at the same time
+            if ready:
                 _poll()
     if _signal_received is not None:
         _report_signal()

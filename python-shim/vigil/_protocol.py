@@ -26,12 +26,14 @@ PROGRESS = 0x09
 WORKLOAD_CONTROL = 0x0A
 HOLDS_SIGNALS = 0x0B
 SIGNALLED = 0x0C
+RESTARTABLE = 0x0D
 TIMEOUTS = 0x81
 STOP_REQUEST = 0x82
 TIMEOUTS_CALCULATED = 0x83
+GENERATION = 0x84
 
-RANK_KINDS = frozenset(range(REGISTER, SIGNALLED + 1))
-AGENT_KINDS = frozenset((TIMEOUTS, STOP_REQUEST, TIMEOUTS_CALCULATED))
+RANK_KINDS = frozenset(range(REGISTER, RESTARTABLE + 1))
+AGENT_KINDS = frozenset((TIMEOUTS, STOP_REQUEST, TIMEOUTS_CALCULATED, GENERATION))
 
 _HEADER = struct.Struct("<BBBBI")
 _U16 = struct.Struct("<H")
@@ -166,6 +168,17 @@ def encode_timeouts_calculated(heartbeat, sections, out_of_section):
     return _frame(TIMEOUTS_CALCULATED, bytes((bool(heartbeat), bool(sections), bool(out_of_section))))
 
 
+def encode_restartable(generation):
+    """Frame of ``Restartable``: this rank runs under ``vigil.restartable``, at ``generation``."""
+    return _FRAME_U64.pack(_header(RESTARTABLE, 8), generation)
+
+
+def encode_generation(generation, replaced):
+    payload = _U64.pack(generation) + _U16.pack(len(replaced))
+    payload += b"".join(struct.pack("<I", r) for r in replaced)
+    return _frame(GENERATION, payload)
+
+
 def encode(msg):
     """Frame of a message dict (either direction)."""
     t = msg["type"]
@@ -189,6 +202,10 @@ def encode(msg):
         return encode_holds_signals(msg["signals"])
     if t == "Signalled":
         return encode_signalled(msg["signal"])
+    if t == "Restartable":
+        return encode_restartable(msg["generation"])
+    if t == "Generation":
+        return encode_generation(msg["generation"], msg["replaced"])
     if t == "WorkloadControl":
         return encode_workload_control(msg["action"], msg["description"])
     if t == "Timeouts":
@@ -215,6 +232,7 @@ _FIXED_LENGTHS = {
     PROGRESS: (8,),
     HOLDS_SIGNALS: (8,),
     SIGNALLED: (4,),
+    RESTARTABLE: (8,),
 }
 _AGENT_FIXED_LENGTHS = {TIMEOUTS_CALCULATED: (3,)}
 
@@ -339,6 +357,8 @@ def decode_rank_frame(buf):
         msg = {"type": "HoldsSignals", "signals": r.u64()}
     elif kind == SIGNALLED:
         msg = {"type": "Signalled", "signal": struct.unpack("<I", r.take(4))[0]}
+    elif kind == RESTARTABLE:
+        msg = {"type": "Restartable", "generation": r.u64()}
     elif kind == WORKLOAD_CONTROL:
         msg = {"type": "WorkloadControl", "action": r.take(1)[0],
                "description": r.string(MAX_REASON_LEN, "reason_too_long")}
@@ -379,6 +399,14 @@ def decode_agent_frame(buf):
             "heartbeat_ms": heartbeat,
             "out_of_section_ms": out_of_section,
             "sections": sections,
+        }
+    elif kind == GENERATION:
+        generation = r.u64()
+        count = _U16.unpack(r.take(2))[0]
+        msg = {
+            "type": "Generation",
+            "generation": generation,
+            "replaced": [struct.unpack("<I", r.take(4))[0] for _ in range(count)],
         }
     elif kind == TIMEOUTS_CALCULATED:
         msg = {

@@ -125,6 +125,11 @@ impl RunBuilder {
             Record::StragglerReport { .. } => run
                 .straggler_reports
                 .extend(straggler_report(ts, &line.record)),
+            Record::Generation { .. }
+            | Record::GenerationRecovered { .. }
+            | Record::InProcessDeclined { .. } => {
+                run.generations.extend(in_process(ts, &line.record))
+            }
             Record::NodeFault { cycle, reason } => run.node_faults.push(NodeFault {
                 ts,
                 cycle: *cycle,
@@ -755,6 +760,39 @@ fn allocation_moments(a: &Allocation) -> Vec<Moment> {
     m
 }
 
+/// An in-process restart's record, described for the report (docs/inprocess.md).
+fn in_process(ts: f64, rec: &Record) -> Option<InProcess> {
+    let (cycle, text) = match rec {
+        Record::Generation {
+            cycle,
+            generation,
+            ranks,
+            step,
+        } => {
+            let ranks: Vec<String> = ranks.iter().map(u32::to_string).collect();
+            let at = step.map(|s| format!(" at step {s}")).unwrap_or_default();
+            let text = format!(
+                "in-process restart: generation {generation}{at}, rank {} replaced, no step redone",
+                ranks.join(", ")
+            );
+            (*cycle, text)
+        }
+        Record::GenerationRecovered {
+            cycle,
+            generation,
+            seconds,
+        } => (
+            *cycle,
+            format!("generation {generation} recovered in {seconds:.2}s"),
+        ),
+        Record::InProcessDeclined { cycle, reason } => {
+            (*cycle, format!("no in-process restart: {reason}"))
+        }
+        _ => return None,
+    };
+    Some(InProcess { ts, cycle, text })
+}
+
 /// One node's failures, hangs, restarts, stops, node faults, changed straggler reports and
 /// result, in that order (ties in time keep it).
 fn run_moments(r: &NodeRun, node: &str) -> Vec<Moment> {
@@ -817,6 +855,13 @@ fn run_moments(r: &NodeRun, node: &str) -> Vec<Moment> {
             None => format!("standbys ready: {}", s.ready),
         };
         push(s.ts, "spares", text);
+    }
+    for g in &r.generations {
+        push(
+            g.ts,
+            "generation",
+            format!("attempt {}: {}", g.cycle, g.text),
+        );
     }
     // A straggler report is an event when its stragglers differ from the last one's.
     let mut last: Vec<u32> = Vec::new();
@@ -1051,6 +1096,41 @@ mod tests {
         assert_eq!(r.unscored, Some(1));
         let w = r.worst().unwrap();
         assert_eq!((w.rank, w.host.as_deref()), (3, Some("b")));
+    }
+
+    #[test]
+    fn in_process_restarts_are_events_of_the_report() {
+        let run = node_run(
+            "e".into(),
+            &recs(concat!(
+                r#"{"event":"generation","ts":5,"cycle":0,"generation":1,"ranks":[2],"step":30,"host":"a","node_rank":0}"#,
+                "\n",
+                r#"{"event":"generation_recovered","ts":6.5,"cycle":0,"generation":1,"seconds":1.5,"host":"a","node_rank":0}"#,
+                "\n",
+                r#"{"event":"in_process_declined","ts":9,"cycle":0,"reason":"rank 1 failed and the whole job restarts: the 1 in-process restarts are used up","host":"a","node_rank":0}"#,
+                "\n"
+            )),
+        );
+        let h = History {
+            runs: vec![run],
+            ..History::default()
+        };
+        let m: Vec<(f64, &str, String)> = h
+            .moments()
+            .into_iter()
+            .map(|m| (m.ts, m.kind, m.text))
+            .collect();
+        let texts: Vec<&str> = m.iter().map(|(_, _, t)| t.as_str()).collect();
+        assert!(texts.iter().any(|t| t.contains(
+            "attempt 0: in-process restart: generation 1 at step 30, rank 2 replaced, no step redone"
+        )), "{texts:?}");
+        assert!(texts
+            .iter()
+            .any(|t| t.contains("generation 1 recovered in 1.50s")));
+        assert!(texts
+            .iter()
+            .any(|t| t.contains("no in-process restart: rank 1 failed")));
+        assert!(m.iter().all(|(_, k, _)| *k == "generation"));
     }
 
     #[test]

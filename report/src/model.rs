@@ -89,6 +89,9 @@ pub struct NodeRun {
     /// Node rank 0 with standbys (`spares`, `standby_gone`): when the standbys ready changed,
     /// how many, and why (a standby out of the job; `None`: an attempt's verdict).
     pub spares: Vec<SparesChange>,
+    /// In-process restarts (docs/inprocess.md): generations begun and recovered, and failures
+    /// that restarted the whole job instead.
+    pub generations: Vec<InProcess>,
     pub result: Option<RunResult>,
 }
 
@@ -99,6 +102,14 @@ pub struct SparesChange {
     pub ready: u32,
     /// Standby `node` out of the job, for this reason.
     pub gone: Option<(u32, String)>,
+}
+
+/// An in-process restart's moment, described.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct InProcess {
+    pub ts: f64,
+    pub cycle: u32,
+    pub text: String,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]

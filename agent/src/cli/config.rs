@@ -18,7 +18,7 @@ pub use flags::{
     check_nproc, parse_filters, parse_nproc, parse_ranks_filter, parse_rdzv_conf,
     parse_signal_list, parse_std_spec, FDS_PER_RANK, FDS_RESERVED, RANKS_PER_CPU,
 };
-pub use rank_env::{render_prefix, virtual_device, worker_env, RankSlot};
+pub use rank_env::{generation_env, render_prefix, virtual_device, worker_env, RankSlot};
 
 /// Which of a rank's streams reach the console.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,6 +69,8 @@ pub struct LaunchConfig {
     /// How long a silent peer agent has before it counts as lost.
     pub node_timeout: Duration,
     pub max_restarts: u32,
+    /// `--in-process-restarts`, `--abort-timeout` (docs/inprocess.md).
+    pub in_process: crate::supervise::generation::InProcessConfig,
     pub workers_stop_timeout: Duration,
     /// Grace between a forwarded signal and SIGKILL (torchrun's --shutdown-timeout).
     pub term_timeout: Duration,
@@ -384,6 +386,10 @@ pub fn resolve(a: &RunArgs, host: &Host) -> Result<LaunchConfig, ConfigError> {
         ),
         node_timeout: opt_secs("--node-timeout", Some(a.node_timeout))?.unwrap_or_default(),
         max_restarts: a.max_restarts,
+        in_process: crate::supervise::generation::InProcessConfig {
+            restarts: a.in_process_restarts,
+            abort_timeout: secs("--abort-timeout", a.abort_timeout)?,
+        },
         workers_stop_timeout: secs("--workers-stop-timeout", a.workers_stop_timeout)?,
         term_timeout: term_timeout(a, host.env)?,
         signals: parse_signal_list(&a.signals_to_handle)?,

@@ -51,6 +51,7 @@ impl LaunchConfig {
             progress_from_file: self.nvrx.progress_file.is_some(),
             min_progress_steps: limits.min_progress_steps,
             stop_if_straggler: self.straggler.stop,
+            in_process: self.in_process,
         }
     }
 

@@ -384,6 +384,17 @@ pub struct RunArgs {
     #[arg(help_heading = "Nodes and hot spares (vigil)", long = "node-timeout", alias = "node_timeout", default_value_t = 30.0, value_parser = seconds)]
     pub node_timeout: f64,
 
+    /// In-process restarts: a failed or hung rank is replaced alone and the other ranks keep their
+    /// processes and memory, when every rank runs under vigil.restartable (docs/inprocess.md).
+    /// Beyond this many, or when recovery fails, the whole job restarts (--max-restarts).
+    #[arg(help_heading = "Supervision and restarts (vigil)", long = "in-process-restarts", alias = "in_process_restarts", default_value_t = 0, value_parser = count)]
+    pub in_process_restarts: u32,
+
+    /// Seconds a surviving rank has to leave its training function and come back to
+    /// vigil.restartable once a generation began; past it the whole job restarts.
+    #[arg(help_heading = "Supervision and restarts (vigil)", long = "abort-timeout", alias = "abort_timeout", default_value_t = 60.0, value_parser = seconds)]
+    pub abort_timeout: f64,
+
     /// Seconds between SIGTERM and SIGKILL when stopping ranks after a failure.
     #[arg(help_heading = "Supervision and restarts (vigil)", 
         long = "workers-stop-timeout",

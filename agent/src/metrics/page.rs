@@ -119,6 +119,22 @@ fn counters(p: &mut Page, s: &Snapshot) {
     one(
         p,
         s,
+        "vigil_in_process_restarts_total",
+        Kind::Counter,
+        "In-process restarts: a failed or hung rank replaced alone, the others kept (docs/inprocess.md).",
+        t.in_process_restarts as f64,
+    );
+    one(
+        p,
+        s,
+        "vigil_in_process_recovery_seconds_total",
+        Kind::Counter,
+        "Seconds from a failure to every rank back in its training function, over in-process restarts.",
+        t.in_process_recovery_s,
+    );
+    one(
+        p,
+        s,
         "vigil_rank_failures_total",
         Kind::Counter,
         "Ranks of this node that exited on their own with a failure.",
@@ -350,6 +366,8 @@ mod tests {
         let id = id();
         let mut tally = Tally {
             restarts: 1,
+            in_process_restarts: 2,
+            in_process_recovery_s: 1.5,
             attempts: 2,
             ..Default::default()
         };
@@ -385,6 +403,14 @@ mod tests {
         let (samples, types) = parse(&render(&s));
         let l = r#"job_id="job \"7\"",node="gpu-a\\01""#;
         assert_eq!(samples[&format!("vigil_restarts_total{{{l}}}")], 1.0);
+        assert_eq!(
+            samples[&format!("vigil_in_process_restarts_total{{{l}}}")],
+            2.0
+        );
+        assert_eq!(
+            samples[&format!("vigil_in_process_recovery_seconds_total{{{l}}}")],
+            1.5
+        );
         assert_eq!(samples[&format!("vigil_attempts_total{{{l}}}")], 2.0);
         assert_eq!(samples[&format!("vigil_ranks_running{{{l}}}")], 1.0);
         assert_eq!(

@@ -42,6 +42,10 @@ pub struct Tally {
     pub attempts: u64,
     /// `restart` records.
     pub restarts: u64,
+    /// `generation` records: in-process restarts (a rank replaced alone, docs/inprocess.md).
+    pub in_process_restarts: u64,
+    /// `generation_recovered` records: their recovery times, summed, in seconds.
+    pub in_process_recovery_s: f64,
     /// `rank_exited` records of a rank that failed (not expected, not 0).
     pub rank_failures: u64,
     /// `hang` records, by [`HANG_KINDS`].
@@ -61,6 +65,8 @@ impl Tally {
         match r {
             Record::CycleStart { .. } => self.attempts += 1,
             Record::Restart { .. } => self.restarts += 1,
+            Record::Generation { .. } => self.in_process_restarts += 1,
+            Record::GenerationRecovered { seconds, .. } => self.in_process_recovery_s += seconds,
             Record::RankExited {
                 expected: false, ..
             } => self.rank_failures += 1,

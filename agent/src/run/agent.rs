@@ -68,6 +68,9 @@ pub(super) struct Ranks {
     pub(super) stack_reports: Vec<(u32, u32, StackReport)>,
     /// Rank log files could not be created once already (said once).
     pub(super) log_create_failed: bool,
+    /// What the current attempt's ranks were started with, for a rank started again in its
+    /// place (an in-process restart).
+    io: Option<AttemptIo>,
 }
 
 impl Ranks {
@@ -90,6 +93,7 @@ impl Ranks {
             stacks_tx,
             stack_reports: Vec::new(),
             log_create_failed: false,
+            io: None,
         }
     }
 }
@@ -206,10 +210,35 @@ impl Agent {
                 .unwrap_or_default(),
         };
         for lr in 0..self.cfg.nproc {
-            if !self.spawn_rank(cycle, lr, &io, queue) {
-                return;
+            if !self.spawn_rank(cycle, lr, &io, None, queue) {
+                break;
             }
         }
+        self.ranks.io = Some(io);
+    }
+
+    /// Starts local rank `lr` of attempt `cycle` again, in its place, at `generation`
+    /// (an in-process restart): the attempt's placement and outputs; its logs go to a folder of
+    /// the generation's in the rank's attempt folder.
+    pub(super) fn respawn_rank(
+        &mut self,
+        cycle: u32,
+        lr: u32,
+        generation: (u64, &[u32]),
+        queue: &mut VecDeque<Event>,
+    ) {
+        let Some(io) = self.ranks.io.take() else {
+            return;
+        };
+        // The failed rank's group is gone (the supervisor killed what was left of it): the
+        // watchdog no longer guards it, lest its number be another process's later.
+        let old = self.ranks.shared.rank_pids.borrow()[lr as usize];
+        if let (Some(w), Some(old)) = (&mut self.ranks.watchdog, old) {
+            w.release(old);
+        }
+        self.ranks.tails[lr as usize] = Tail::default();
+        self.spawn_rank(cycle, lr, &io, Some(generation), queue);
+        self.ranks.io = Some(io);
     }
 
     /// The attempt's filtered copies of the ranks' output, when asked for.
@@ -257,9 +286,13 @@ impl Agent {
         cycle: u32,
         lr: u32,
         io: &AttemptIo,
+        generation: Option<(u64, &[u32])>,
         queue: &mut VecDeque<Event>,
     ) -> bool {
-        let dir = self.attempt_dir(cycle, lr);
+        let mut dir = self.attempt_dir(cycle, lr);
+        if let Some((g, _)) = generation {
+            dir = dir.join(format!("generation_{g}"));
+        }
         let logs = match open_logs(&dir) {
             Ok((o, e)) => Some((o, e)),
             Err(e) => {
@@ -274,7 +307,10 @@ impl Agent {
                 None
             }
         };
-        let env = self.rank_env(cycle, lr, io.placement, &dir);
+        let mut env = self.rank_env(cycle, lr, io.placement, &dir);
+        if let Some((g, replaced)) = generation {
+            env.extend(crate::cli::config::generation_env(g, replaced));
+        }
         let numa = io.numa.as_ref().and_then(|n| n[lr as usize].as_ref());
         match proc::spawn_rank(
             &self.cfg.command,
@@ -382,6 +418,12 @@ impl Agent {
                 Action::SpawnCycle { cycle, placement } => {
                     self.spawn_cycle(cycle, placement, queue)
                 }
+                Action::SpawnRank {
+                    cycle,
+                    local_rank,
+                    generation,
+                    replaced,
+                } => self.respawn_rank(cycle, local_rank, (generation, &replaced), queue),
                 Action::SignalGroups { pgids, signal } => {
                     for p in pgids {
                         proc::signal_group(p, signal);

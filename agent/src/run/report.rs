@@ -178,7 +178,7 @@ impl Reporter {
                 *ran_ms as f64 / 1000.0,
                 *backoff_ms as f64 / 1000.0
             )),
-            _ => stop_and_control_note(rec),
+            _ => generation_note(rec).or_else(|| stop_and_control_note(rec)),
         }
     }
 
@@ -387,6 +387,34 @@ pub(super) fn suspended(away: Duration) -> String {
         "the agent was suspended for {:.1}s; that time does not count against any timeout",
         away.as_secs_f64()
     )
+}
+
+/// The console's lines for in-process restarts (docs/inprocess.md).
+fn generation_note(rec: &Record) -> Option<String> {
+    match rec {
+        Record::Generation {
+            generation,
+            ranks,
+            step,
+            ..
+        } => {
+            let ranks: Vec<String> = ranks.iter().map(u32::to_string).collect();
+            let at = step.map(|s| format!(" at step {s}")).unwrap_or_default();
+            Some(format!(
+                "in-process restart: generation {generation} begins{at}; rank {} is replaced by a new process, the other ranks keep theirs",
+                ranks.join(", ")
+            ))
+        }
+        Record::GenerationRecovered {
+            generation,
+            seconds,
+            ..
+        } => Some(format!(
+            "generation {generation}: every rank is back in its training function {seconds:.2}s after the failure"
+        )),
+        Record::InProcessDeclined { reason, .. } => Some(format!("no in-process restart: {reason}")),
+        _ => None,
+    }
 }
 
 #[cfg(test)]

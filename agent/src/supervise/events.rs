@@ -95,6 +95,8 @@ pub struct SupervisorConfig {
     pub min_progress_steps: u64,
     /// `--stop-if-straggler`: a straggler report stops the job at a step and blames the nodes.
     pub stop_if_straggler: bool,
+    /// `--in-process-restarts`, `--abort-timeout` (docs/inprocess.md).
+    pub in_process: super::generation::InProcessConfig,
 }
 
 impl SupervisorConfig {
@@ -120,6 +122,7 @@ impl SupervisorConfig {
             progress_from_file: false,
             min_progress_steps: super::progress::DEFAULT_MIN_PROGRESS_STEPS,
             stop_if_straggler: false,
+            in_process: super::generation::InProcessConfig::OFF,
         }
     }
 }
@@ -273,6 +276,15 @@ pub enum Action {
     SpawnCycle {
         cycle: u32,
         placement: Placement,
+    },
+    /// Start one rank of the attempt again, in its place (an in-process restart): the same
+    /// rank numbers, at `generation`, told which ranks are `replaced`; report it with
+    /// `RankSpawned` or `SpawnFailed`.
+    SpawnRank {
+        cycle: u32,
+        local_rank: u32,
+        generation: u64,
+        replaced: Vec<u32>,
     },
     /// Send `signal` to each of these process groups.
     SignalGroups {

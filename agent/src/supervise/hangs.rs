@@ -171,6 +171,10 @@ impl Supervisor {
         let (Some(pid), RankState::Running) = (r.pid, r.state) else {
             return;
         };
+        if self.may_replace(local_rank, out) {
+            // Its exit replaces it (`replace`).
+            return self.kill_for_replacement(pid, out);
+        }
         let rank = self.job.placement.rank_offset + local_rank;
         self.attempt.failures.push(Failure {
             cycle: self.cycle,

@@ -43,7 +43,9 @@
 
 mod backoff;
 mod events;
+pub mod generation;
 mod hangs;
+mod inprocess;
 mod machines;
 mod messages;
 pub mod monitor;
@@ -86,6 +88,8 @@ pub struct Supervisor {
     timeouts: TimeoutState,
     /// A stop at an agreed step, once asked for (by any node); it ends the allocation.
     stop: StopAgreement,
+    /// In-process restarts: the budget and the attempt's generations.
+    gens: generation::Generations,
 }
 
 impl Supervisor {
@@ -98,6 +102,7 @@ impl Supervisor {
             attempt: Attempt::none(),
             timeouts: TimeoutState::new(&cfg.timeouts),
             stop: StopAgreement::default(),
+            gens: generation::Generations::new(cfg.in_process),
             cfg,
         };
         let mut actions = Vec::new();
@@ -116,6 +121,11 @@ impl Supervisor {
 
     pub fn cycle(&self) -> u32 {
         self.cycle
+    }
+
+    /// The attempt's generation (in-process restarts; 0 until a rank was replaced).
+    pub fn generation(&self) -> u64 {
+        self.gens.generation
     }
 
     /// Where this node's ranks stand in the job, as the last join placed them.
@@ -207,10 +217,13 @@ impl Supervisor {
                 killed: false,
                 ..
             } => Some(kill_at),
-            Phase::Running => self
-                .attempt
-                .hangs
-                .deadline(|| self.earliest_hang().map(|(_, due)| due.at)),
+            Phase::Running => {
+                let hang = self
+                    .attempt
+                    .hangs
+                    .deadline(|| self.earliest_hang().map(|(_, due)| due.at));
+                [hang, self.gens.deadline()].into_iter().flatten().min()
+            }
             Phase::BackingOff { until } => Some(until),
             _ => None,
         };
@@ -254,6 +267,9 @@ impl Supervisor {
             Event::Tick if self.phase == Phase::Running => {
                 self.stop_at_tick(now, &mut out);
                 self.stop_window_tick(now, &mut out);
+                if self.phase == Phase::Running {
+                    self.generation_tick(now, &mut out);
+                }
                 if self.phase == Phase::Running {
                     self.hang_tick(now, &mut out);
                 }

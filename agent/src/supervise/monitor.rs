@@ -371,6 +371,17 @@ impl RankMonitor {
         self.registered && !self.disconnected
     }
 
+    /// A new generation of its attempt began (an in-process restart, docs/inprocess.md): the
+    /// rank starts over as at its start (the initial timeout runs again from `now`) on the same
+    /// connection, so it stays registered; what it was seen to need is kept.
+    pub fn new_generation(&mut self, now: Instant) {
+        self.started = now;
+        self.last_heartbeat = None;
+        self.section = None;
+        self.out_since = None;
+        self.sections_only = false;
+    }
+
     /// Stops learning from this rank: a hang's gap, or the time the attempt spent being stopped
     /// after it, says nothing about what the job needs.
     pub fn freeze(&mut self) {
@@ -473,6 +484,7 @@ impl RankMonitor {
             | RankMsg::Progress { .. }
             | RankMsg::HoldsSignals { .. }
             | RankMsg::Signalled { .. }
+            | RankMsg::Restartable { .. }
             | RankMsg::WorkloadControl { .. } => {}
         }
         closed

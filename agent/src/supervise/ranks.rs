@@ -46,6 +46,7 @@ impl Supervisor {
         self.cycle = cycle;
         self.phase = Phase::Running;
         self.attempt = attempt;
+        self.gens.new_attempt(self.cfg.nproc);
         actions
     }
 
@@ -62,6 +63,10 @@ impl Supervisor {
         let Some(rank) = reaped(&mut self.attempt, &self.phase, at, now, (pid, how), out) else {
             return;
         };
+        let local_rank = rank - self.job.placement.rank_offset;
+        if self.may_replace(local_rank, out) {
+            return self.replace(now, local_rank, pid, out);
+        }
         self.begin_stop(now, StopReason::RankFailed, SIGTERM, out);
         self.report_failure(format!("rank {rank} {}", exit_phrase(how)), out);
     }

@@ -5,6 +5,17 @@ use crate::values::ConfigError;
 
 use super::LaunchConfig;
 
+/// What a rank started in a failed rank's place learns of its generation (in-process restarts,
+/// docs/inprocess.md): `VIGIL_GENERATION` and the global ranks replaced in it,
+/// `VIGIL_REPLACED` (comma-separated).
+pub fn generation_env(generation: u64, replaced: &[u32]) -> Vec<(String, String)> {
+    let replaced: Vec<String> = replaced.iter().map(u32::to_string).collect();
+    vec![
+        ("VIGIL_GENERATION".into(), generation.to_string()),
+        ("VIGIL_REPLACED".into(), replaced.join(",")),
+    ]
+}
+
 /// A rank's console prefix from torchrun's `--log-line-prefix-template`, substituted like
 /// Python's `string.Template.safe_substitute`: `$name` and `${name}` for `role_name`, `rank`,
 /// `local_rank` and `hostname`; `$$` is `$`; anything else stays as written.

@@ -9,6 +9,7 @@ use vigil_ipc::AgentMsg;
 mod faults;
 mod hangs;
 mod holds;
+mod inprocess;
 mod multinode;
 mod restarts;
 mod signals;

@@ -1,0 +1,71 @@
+"""vigil.restartable's pure parts: the generation a process starts at, the state a replaced rank
+receives, interrupting the main thread. (The whole path, with vigil and real torch ranks, is
+tests/e2e/test_inprocess.py.)"""
+import threading
+import time
+
+import pytest
+
+import vigil
+from vigil import _inprocess as ip
+
+
+def test_a_state_is_sent_as_a_skeleton_and_its_tensors_and_rebuilt_the_same():
+    torch = pytest.importorskip("torch")
+    state = {"step": 7, "w": torch.arange(6.0).reshape(2, 3), "opt": [torch.ones(2), ("adam", 0.9)],
+             "note": "plain"}
+    tensors = []
+    skeleton = ip._strip(state, tensors)
+    assert len(tensors) == 2 and skeleton["step"] == 7 and skeleton["opt"][1] == ("adam", 0.9)
+    slots = list(ip._slots(skeleton))
+    assert [s.index for s in slots] == [0, 1]
+    got = [t.clone() for t in tensors]
+    back = ip._fill(skeleton, got)
+    assert back["step"] == 7 and back["note"] == "plain"
+    assert torch.equal(back["w"], state["w"]) and torch.equal(back["opt"][0], state["opt"][0])
+
+
+def test_generation_zero_and_a_state_no_peer_holds():
+    g0 = ip.Generation(0, [])
+    s = {"step": 1}
+    assert g0.recover(s) is s, "nothing was replaced: every rank keeps its state"
+    g1 = ip.Generation(1, [2])
+    assert g1.recover(s, from_peer=False) is None, "every rank reloads its checkpoint"
+    assert g1.replaced == (2,) and "generation=1" in repr(g1)
+
+
+def test_a_generation_interrupts_the_function_in_the_main_thread_and_it_runs_again(monkeypatch):
+    """The agent's message (here handed over as the reader would) interrupts the function and
+    the wrapper calls it again with the next generation; no agent: vigil calls are no-ops."""
+    monkeypatch.setattr(ip, "_announce", lambda g: None)
+    monkeypatch.setattr(ip, "_install_prefix", lambda g: None)
+    monkeypatch.setattr(ip, "_start_watcher", lambda: None)
+    monkeypatch.setattr(ip, "_teardown", lambda: None)
+    calls = []
+
+    @vigil.restartable
+    def train(gen):
+        calls.append((gen.generation, gen.replaced))
+        if gen.generation == 0:
+            threading.Timer(0.2, ip.on_generation, [{"generation": 1, "replaced": [3]}]).start()
+            while True:  # Python code: the interrupt is delivered here
+                time.sleep(0.01)
+        return "done"
+
+    assert train() == "done"
+    assert calls == [(0, ()), (1, (3,))]
+
+
+def test_an_error_of_the_rank_itself_is_raised_when_no_generation_comes(monkeypatch):
+    monkeypatch.setattr(ip, "_announce", lambda g: None)
+    monkeypatch.setattr(ip, "_start_watcher", lambda: None)
+    monkeypatch.setattr(ip, "FAILURE_WAIT_S", 0.1)
+
+    @vigil.restartable
+    def train(gen):
+        raise RuntimeError("a bug of the rank's own")
+
+    with pytest.raises(RuntimeError, match="own"):
+        train()
+    with pytest.raises(ValueError):
+        vigil.restartable(lambda gen: (_ for _ in ()).throw(ValueError("not waited for")))()

@@ -1,0 +1,338 @@
+"""In-process restarts (``vigil run --in-process-restarts N``; docs/inprocess.md).
+
+``vigil.restartable`` wraps the training function. When the agent announces a new generation
+(another rank failed and is being replaced by a new process), a watcher thread interrupts the
+function in the main thread (an exception raised there), the wrapper drops the default process
+group and calls the function again with the new :class:`Generation`; the next
+``init_process_group()`` uses a fresh store prefix. ``gen.recover(state)`` then hands a
+survivor's state to the replaced ranks.
+"""
+
+import ctypes as _ctypes
+import functools as _functools
+import gc as _gc
+import os as _os
+import threading as _threading
+import time as _time
+
+#: How often the watcher thread looks for the agent's messages.
+WATCH_EVERY = 0.02
+#: How long a rank whose function failed with a ``RuntimeError`` (what a collective raises when a
+#: peer died) waits for the agent's word that a new generation begins before it fails for good.
+FAILURE_WAIT_S = 10.0
+
+
+class GenerationInterrupt(BaseException):
+    """Raised in the main thread when a new generation begins; ``vigil.restartable`` catches it.
+
+    A ``BaseException`` so that ``except Exception`` in the training loop does not swallow it."""
+
+
+class Generation:
+    """What the training function is called with: ``generation`` (0 in a fresh process, then
+    1, 2, ... after each in-process restart of the attempt) and ``replaced`` (the global ranks
+    that are new processes in this generation; empty in generation 0)."""
+
+    def __init__(self, generation, replaced):
+        self.generation = generation
+        self.replaced = tuple(replaced)
+
+    def __repr__(self):
+        return "Generation(generation=%d, replaced=%r)" % (self.generation, self.replaced)
+
+    @property
+    def is_replaced(self):
+        """This process was started in this generation, in a failed rank's place."""
+        return _rank() in self.replaced
+
+    def recover(self, state, from_peer=True):
+        """The state to go on with in this generation. Call it on every rank, after
+        ``init_process_group()``.
+
+        Survivors get ``state`` back unchanged. A replaced rank gets the state of the lowest
+        surviving rank: plain Python values and tensors (in dicts, lists, tuples), sent over
+        the new default process group. Nothing is read from a checkpoint.
+
+        ``from_peer=False`` says that no peer holds this rank's state (sharded state without a
+        replica): after a replacement every rank gets ``None`` and must reload its checkpoint.
+        In generation 0 every rank gets ``state`` back."""
+        if not self.replaced:
+            return state
+        if not from_peer:
+            return None
+        import torch
+        import torch.distributed as dist
+
+        world = dist.get_world_size()
+        me = dist.get_rank()
+        survivors = [r for r in range(world) if r not in self.replaced]
+        if not survivors:
+            return None
+        src = survivors[0]
+        tensors = []
+        skeleton = _strip(state, tensors) if me == src else None
+        device = _device(dist)
+        skeleton = _broadcast_object(dist, skeleton, src, me, device)
+        got = []
+        for slot in _slots(skeleton):
+            if me == src:
+                t = tensors[slot.index].detach().to(device).contiguous()
+            else:
+                t = torch.empty(slot.shape, dtype=slot.dtype, device=device)
+            dist.broadcast(t, src=src)
+            got.append(t)
+        if me in self.replaced:
+            return _fill(skeleton, got)
+        return state
+
+
+def _broadcast_object(dist, obj, src, me, device):
+    """``obj`` of rank ``src`` on every rank (pickled; torch's own needs numpy)."""
+    import pickle
+
+    import torch
+
+    if me == src:
+        data = pickle.dumps(obj)
+        size = torch.tensor([len(data)], dtype=torch.int64, device=device)
+    else:
+        size = torch.zeros(1, dtype=torch.int64, device=device)
+    dist.broadcast(size, src=src)
+    if me == src:
+        buf = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+    else:
+        buf = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
+    dist.broadcast(buf, src=src)
+    if me == src:
+        return obj
+    return pickle.loads(bytes(buf.cpu().tolist()))
+
+
+class _Slot:
+    """A tensor's place in a state sent to replaced ranks."""
+
+    def __init__(self, index, shape, dtype, device, requires_grad):
+        self.index = index
+        self.shape = shape
+        self.dtype = dtype
+        self.device = device
+        self.requires_grad = requires_grad
+
+
+def _strip(x, tensors):
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        tensors.append(x)
+        return _Slot(len(tensors) - 1, tuple(x.shape), x.dtype, str(x.device), x.requires_grad)
+    if isinstance(x, dict):
+        return type(x)((k, _strip(v, tensors)) for k, v in x.items())
+    if isinstance(x, list):
+        return [_strip(v, tensors) for v in x]
+    if isinstance(x, tuple) and not hasattr(x, "_fields"):
+        return tuple(_strip(v, tensors) for v in x)
+    return x
+
+
+def _slots(x):
+    if isinstance(x, _Slot):
+        yield x
+    elif isinstance(x, dict):
+        for v in x.values():
+            yield from _slots(v)
+    elif isinstance(x, (list, tuple)):
+        for v in x:
+            yield from _slots(v)
+
+
+def _fill(x, got):
+    if isinstance(x, _Slot):
+        t = got[x.index].to(x.device)
+        return t.requires_grad_(x.requires_grad) if x.requires_grad else t
+    if isinstance(x, dict):
+        return type(x)((k, _fill(v, got)) for k, v in x.items())
+    if isinstance(x, list):
+        return [_fill(v, got) for v in x]
+    if isinstance(x, tuple) and not hasattr(x, "_fields"):
+        return tuple(_fill(v, got) for v in x)
+    return x
+
+
+def _device(dist):
+    if dist.get_backend() == "nccl":
+        import torch
+
+        return torch.device("cuda", torch.cuda.current_device())
+    return "cpu"
+
+
+def _rank():
+    try:
+        return int(_os.environ.get("RANK") or 0)
+    except ValueError:
+        return 0
+
+
+# The wrapper's state, shared with the watcher thread.
+_lock = _threading.Lock()
+_pending = None  # (generation, replaced) the agent announced, not yet begun
+_in_fn = False  # the main thread runs the training function (an interrupt may be raised)
+_main_tid = _threading.main_thread().ident
+_watcher = None
+_prefix_installed = False
+
+
+def on_generation(msg):
+    """The agent's ``Generation`` message (from the shim's reader, in any thread)."""
+    global _pending
+    with _lock:
+        _pending = (msg["generation"], tuple(msg["replaced"]))
+        interrupt = _in_fn
+    _abort_if_nccl()
+    if interrupt:
+        _ctypes.pythonapi.PyThreadState_SetAsyncExc(
+            _ctypes.c_ulong(_main_tid), _ctypes.py_object(GenerationInterrupt)
+        )
+
+
+def _abort_if_nccl():
+    """A collective blocked on a dead peer must return. Gloo returns on its own (the peer's
+    connections close: vigil SIGKILLs a hung rank too); NCCL's communicators are aborted here,
+    from the watcher thread, as torch's process-group abort does (not tested here: no GPU)."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
+            from torch.distributed.distributed_c10d import _abort_process_group
+
+            _abort_process_group()
+    except Exception:  # noqa: BLE001 - the wrapper's teardown tries again
+        pass
+
+
+def _watch():
+    import vigil
+
+    while True:
+        _time.sleep(WATCH_EVERY)
+        try:
+            vigil._poll()
+        except GenerationInterrupt:
+            pass
+        if vigil._disabled is not None:
+            return
+
+
+def _start_watcher():
+    global _watcher
+    if _watcher is None or not _watcher.is_alive():
+        _watcher = _threading.Thread(target=_watch, name="vigil-generation-watch", daemon=True)
+        _watcher.start()
+
+
+def _teardown():
+    """Drops the default process group, so that the next ``init_process_group()`` builds a
+    fresh one and peers blocked on this rank see its connections close."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 - a broken group is what is being dropped
+        pass
+    _gc.collect()
+
+
+def _install_prefix(generation):
+    """From generation 1 on, ``init_process_group()`` with ``env://`` under vigil's store gets
+    keys of its own: ``/vigil/attempt_<restart count>/generation_<g>/``; the last
+    generation's keys would otherwise meet the new group's."""
+    global _prefix_installed
+    import importlib
+
+    from torch.distributed import PrefixStore
+
+    # `torch.distributed.rendezvous` the attribute is a function; the module holds the handlers.
+    rdzv = importlib.import_module("torch.distributed.rendezvous")
+
+    _os.environ["VIGIL_GENERATION"] = str(generation)
+    if _prefix_installed:
+        return
+    original = rdzv._rendezvous_handlers["env"]
+
+    def env_handler(url, **kwargs):
+        g = _os.environ.get("VIGIL_GENERATION", "0")
+        for store, rank, world in original(url, **kwargs):
+            if g != "0":
+                attempt = _os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+                store = PrefixStore("/vigil/attempt_%s/generation_%s/" % (attempt, g), store)
+            yield store, rank, world
+
+    rdzv._rendezvous_handlers["env"] = env_handler
+    _prefix_installed = True
+
+
+def _announce(generation):
+    import vigil
+
+    from . import _protocol
+
+    vigil._send(_protocol.encode_restartable(generation))
+
+
+def _wait_for_generation(seconds):
+    # The watcher thread reads the agent's messages.
+    until = _time.monotonic() + seconds
+    while _time.monotonic() < until:
+        with _lock:
+            if _pending is not None:
+                return True
+        _time.sleep(WATCH_EVERY)
+    with _lock:
+        return _pending is not None
+
+
+def restartable(fn):
+    """Runs ``fn(gen, *args, **kwargs)`` and, after a failure elsewhere in the job, again in this
+    process with the next :class:`Generation` (docs/inprocess.md). Returns what ``fn`` returns."""
+
+    @_functools.wraps(fn)
+    def run(*args, **kwargs):
+        global _pending, _in_fn
+        env_g = _os.environ.get("VIGIL_GENERATION") or "0"
+        replaced = [int(r) for r in (_os.environ.get("VIGIL_REPLACED") or "").split(",") if r]
+        gen = Generation(int(env_g), replaced)
+        if gen.generation:
+            _install_prefix(gen.generation)
+        _start_watcher()
+        while True:
+            _announce(gen.generation)
+            failure = None
+            try:
+                with _lock:
+                    _in_fn = _pending is None
+                    if not _in_fn:
+                        raise GenerationInterrupt
+                try:
+                    return fn(gen, *args, **kwargs)
+                finally:
+                    with _lock:
+                        _in_fn = False
+                    # An interrupt that was on its way is not for the wrapper.
+                    _ctypes.pythonapi.PyThreadState_SetAsyncExc(_ctypes.c_ulong(_main_tid), None)
+            except GenerationInterrupt:
+                pass
+            except RuntimeError as e:
+                # A collective whose peer died raises before the agent's word may have come.
+                if not _wait_for_generation(FAILURE_WAIT_S):
+                    raise
+                failure = e
+            del failure
+            _teardown()
+            with _lock:
+                g, replaced = _pending
+                _pending = None
+            gen = Generation(g, replaced)
+            _install_prefix(g)
+
+    return run
