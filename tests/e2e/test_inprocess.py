@@ -19,6 +19,13 @@ rank = int(os.environ["RANK"])
 state = None                # lives across generations in the surviving processes
 
 
+def started():   # when this process started (wall time), from /proc
+    with open("/proc/self/stat") as f:
+        ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    return time.time() - age
+
+
 def log(**kw):
     kw.update(pid=os.getpid(), rank=rank, t=time.time())
     with open(os.path.join(TRACE, "%d_%d.jsonl" % (rank, os.getpid())), "a") as f:
@@ -32,7 +39,9 @@ def train(gen):
     if state is None and gen.generation == 0:
         state = {"step": 0, "w": torch.zeros(8), "note": "plain values travel too"}
     state = gen.recover(state)
-    log(event="generation", generation=gen.generation, step=state["step"], replaced=list(gen.replaced))
+    log(event="generation", generation=gen.generation, step=state["step"], replaced=list(gen.replaced),
+        started=started())
+    print("rank %d in generation %d" % (rank, gen.generation), flush=True)
     while state["step"] < TOTAL:
         s = state["step"]
         first_attempt = os.environ["TORCHELASTIC_RESTART_COUNT"] == "0"
@@ -93,6 +102,9 @@ def check_replaced_alone(job, r, failed_rank=2, nproc=4):
         assert l["replaced"] == [failed_rank]
         if rank == failed_rank:
             assert pid == pids[failed_rank][1] and pid != fail["pid"]
+            # A warm process took its place: it was started (and imported torch) before the
+            # kill, not after it.
+            assert l["started"] < fail["t"], (l["started"], fail["t"])
         else:
             assert pid == pids[rank][0]
     starts = {l["step"] for _, l in gen1.values()}
@@ -115,6 +127,9 @@ def check_replaced_alone(job, r, failed_rank=2, nproc=4):
     assert not of(ev, "restart"), "no whole restart"
     (g,) = of(ev, "generation")
     assert g["generation"] == 1 and g["ranks"] == [failed_rank]
+    # The warm process's output is the replaced rank's, in its generation's folder.
+    (log,) = list((job / "logs").glob(f"**/attempt_0/{failed_rank}/generation_1/stdout.log"))
+    assert f"rank {failed_rank} in generation 1" in log.read_text()
     (rec,) = of(ev, "generation_recovered")
     assert rec["generation"] == 1 and rec["seconds"] > 0
     assert ev[-1]["outcome"] == "succeeded"

@@ -23,6 +23,7 @@ use super::prelaunch::provenance;
 use super::proc::{self, Watchdog};
 use super::report::{self, attempt_dir, console_note, Reporter};
 use super::stacks::{self, StackReport};
+use super::warm::{self, Warm};
 use super::{gate, gpuwatch, perf};
 use crate::allocation::ledger::Promotion;
 use crate::cli::config::{render_prefix, worker_env, LaunchConfig, RankSlot};
@@ -71,6 +72,8 @@ pub(super) struct Ranks {
     /// What the current attempt's ranks were started with, for a rank started again in its
     /// place (an in-process restart).
     io: Option<AttemptIo>,
+    /// With in-process restarts: a process ready to take a replaced rank's place (`warm/`).
+    warm: Option<Warm>,
 }
 
 impl Ranks {
@@ -94,6 +97,7 @@ impl Ranks {
             stack_reports: Vec::new(),
             log_create_failed: false,
             io: None,
+            warm: None,
         }
     }
 }
@@ -215,6 +219,48 @@ impl Agent {
             }
         }
         self.ranks.io = Some(io);
+        self.start_warm(cycle);
+    }
+
+    /// With in-process restarts, and a rank command that a Python interpreter runs: starts the
+    /// process that the next replaced rank becomes, unless one is ready. Its failure to start
+    /// costs only speed: a replacement is then started cold.
+    fn start_warm(&mut self, cycle: u32) {
+        let Some(io) = &self.ranks.io else { return };
+        let wanted = self.cfg.in_process.restarts > 0 && io.numa.is_none();
+        if !wanted || self.ranks.warm.is_some() {
+            return;
+        }
+        let Some(plan) = warm::plan(&self.cfg.command) else {
+            return;
+        };
+        let Some(imports) = warm::imports(std::env::var(warm::IMPORTS_VAR).ok().as_deref()) else {
+            return;
+        };
+        let dir = self.attempt_dir(cycle, 0);
+        let env = warm::warm_env(&self.rank_env(cycle, 0, io.placement, &dir), &imports);
+        match Warm::start(&plan, &env, self.ranks.containment.cgroup()) {
+            Ok(w) => {
+                if let Some(wd) = &mut self.ranks.watchdog {
+                    wd.guard(w.pid());
+                }
+                self.ranks.warm = Some(w);
+            }
+            Err(e) => console_note(&format!(
+                "cannot start a warm process for in-process restarts ({e}); a replaced rank starts cold"
+            )),
+        }
+    }
+
+    /// Ends the warm process, if any, before the ranks' leftovers are swept.
+    fn discard_warm(&mut self) {
+        if let Some(w) = self.ranks.warm.take() {
+            let pid = w.pid();
+            w.discard();
+            if let Some(wd) = &mut self.ranks.watchdog {
+                wd.release(pid);
+            }
+        }
     }
 
     /// Starts local rank `lr` of attempt `cycle` again, in its place, at `generation`
@@ -312,14 +358,22 @@ impl Agent {
             env.extend(crate::cli::config::generation_env(g, replaced));
         }
         let numa = io.numa.as_ref().and_then(|n| n[lr as usize].as_ref());
-        match proc::spawn_rank(
-            &self.cfg.command,
-            &env,
-            self.ranks.containment.cgroup(),
-            numa,
-        ) {
+        let warm = generation
+            .and_then(|_| self.ranks.warm.take())
+            .and_then(|w| w.hand_off(&env).ok());
+        let was_warm = warm.is_some();
+        let started = warm.map(Ok).unwrap_or_else(|| {
+            proc::spawn_rank(
+                &self.cfg.command,
+                &env,
+                self.ranks.containment.cgroup(),
+                numa,
+            )
+        });
+        match started {
             Ok(sp) => {
-                if let Some(w) = &mut self.ranks.watchdog {
+                // A warm process is guarded since it started.
+                if let (Some(w), false) = (&mut self.ranks.watchdog, was_warm) {
                     w.guard(sp.pid);
                 }
                 self.ranks.shared.rank_pids.borrow_mut()[lr as usize] = Some(sp.pid);
@@ -431,6 +485,11 @@ impl Agent {
                 }
                 Action::ReapGroups { pgids } => self.reap_groups(pgids),
                 Action::Record(rec) => {
+                    // The next warm process starts once the ranks are back: its imports do not
+                    // compete with the recovery.
+                    if let Record::GenerationRecovered { cycle, .. } = &rec {
+                        self.start_warm(*cycle);
+                    }
                     if let Some(text) = self.out.report.line(&rec) {
                         output::console_text(ConsoleStream::Stderr, &text);
                     }
@@ -529,6 +588,7 @@ impl Agent {
     /// setsid, double forks) and says so. Called once no rank of the attempt runs, so every child
     /// of the agent but the watchdog is such a leftover.
     pub(super) fn sweep(&mut self, cycle: u32) {
+        self.discard_warm();
         let mut spare: Vec<i32> = self.ranks.watchdog.iter().map(Watchdog::pid).collect();
         spare.extend(
             self.ranks

@@ -24,6 +24,7 @@
 //! - `perf.rs`: `steps` records, step times for straggler scores, the job's straggler report.
 //! - `metrics_server.rs`: `--metrics-port` (a minimal HTTP server) and `--metrics-textfile`; the
 //!   page is `crate::metrics`' and built when asked for.
+//! - `warm/`: the warm process that a rank replaced in process becomes (docs/inprocess.md).
 //! - `proc.rs`: process groups, containment, the watchdog. `output.rs`: rank output to logs and
 //!   console. `ipc_server.rs`: the ranks' socket. `stacks.rs`: capturing a hung rank's stacks.
 
@@ -35,6 +36,7 @@ mod effect;
 mod eventlog;
 mod gate;
 mod gpuwatch;
+mod warm;
 pub mod ipc_server;
 mod metrics_server;
 pub mod output;

@@ -248,6 +248,27 @@ pub fn spawn_rank(
     cgroup: Option<&Path>,
     numa: Option<&crate::perf::numa::Prepared>,
 ) -> io::Result<Spawned> {
+    spawn(argv, env, cgroup, numa, false).map(|(sp, _)| sp)
+}
+
+/// Starts a process as a rank is started ([`spawn_rank`]), with a pipe to its stdin: a warm
+/// process (`super::warm`) that is told there which rank it becomes.
+pub fn spawn_with_stdin(
+    argv: &[String],
+    env: &[(String, String)],
+    cgroup: Option<&Path>,
+) -> io::Result<(Spawned, OwnedFd)> {
+    let (sp, stdin) = spawn(argv, env, cgroup, None, true)?;
+    Ok((sp, stdin.expect("piped")))
+}
+
+fn spawn(
+    argv: &[String],
+    env: &[(String, String)],
+    cgroup: Option<&Path>,
+    numa: Option<&crate::perf::numa::Prepared>,
+    stdin_pipe: bool,
+) -> io::Result<(Spawned, Option<OwnedFd>)> {
     let parent = std::process::id() as i32;
     let procs =
         cgroup.and_then(|c| CString::new(c.join("cgroup.procs").as_os_str().as_bytes()).ok());
@@ -256,7 +277,11 @@ pub fn spawn_rank(
     let mut cmd = Command::new(&argv[0]);
     cmd.args(&argv[1..])
         .envs(env.iter().map(|(k, v)| (k, v)))
-        .stdin(Stdio::null())
+        .stdin(if stdin_pipe {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     // SAFETY: the closure only makes async-signal-safe system calls between fork and exec.
@@ -294,12 +319,16 @@ pub fn spawn_rank(
     let mut child = cmd.spawn()?;
     let stdout = child.stdout.take().expect("piped").into();
     let stderr = child.stderr.take().expect("piped").into();
+    let stdin = child.stdin.take().map(OwnedFd::from);
     // The child is reaped by `reap_all`, never through this handle.
-    Ok(Spawned {
-        pid: child.id() as i32,
-        stdout,
-        stderr,
-    })
+    Ok((
+        Spawned {
+            pid: child.id() as i32,
+            stdout,
+            stderr,
+        },
+        stdin,
+    ))
 }
 
 /// Sends `sig` to a process group; a group that no longer exists is not an error. A stopped group
