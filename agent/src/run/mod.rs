@@ -36,7 +36,6 @@ mod effect;
 mod eventlog;
 mod gate;
 mod gpuwatch;
-mod warm;
 pub mod ipc_server;
 mod metrics_server;
 pub mod output;
@@ -52,6 +51,7 @@ mod store_host;
 pub mod store_service;
 pub mod summary;
 mod teardown;
+mod warm;
 
 pub use allocation::prepare_state;
 pub use prelaunch::{check_command, check_cycle_info_dir, make_run_dir, StartError};

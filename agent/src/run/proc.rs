@@ -252,7 +252,7 @@ pub fn spawn_rank(
 }
 
 /// Starts a process as a rank is started ([`spawn_rank`]), with a pipe to its stdin: a warm
-/// process (`super::warm`) that is told there which rank it becomes.
+/// process (`warm/`) that is told there which rank it becomes.
 pub fn spawn_with_stdin(
     argv: &[String],
     env: &[(String, String)],

@@ -194,7 +194,16 @@ mod tests {
 
     #[test]
     fn a_script_and_its_arguments() {
-        let p = plan(&v(&["/usr/bin/python3", "-u", "-X", "dev", "train.py", "-m", "x"])).unwrap();
+        let p = plan(&v(&[
+            "/usr/bin/python3",
+            "-u",
+            "-X",
+            "dev",
+            "train.py",
+            "-m",
+            "x",
+        ]))
+        .unwrap();
         assert_eq!(p.interpreter, v(&["/usr/bin/python3", "-u", "-X", "dev"]));
         assert_eq!(p.target, v(&["script", "train.py", "-m", "x"]));
         let argv = p.argv();
