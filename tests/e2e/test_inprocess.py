@@ -158,6 +158,16 @@ def test_a_hung_rank_is_killed_and_replaced_alone(job):
     assert of(ev, "hang"), [e["event"] for e in ev]
 
 
+def test_a_module_run_with_dash_m_is_replaced_by_a_warm_process_too(job):
+    (job / "trainmod").mkdir()
+    write(job / "trainmod" / "__main__.py", TRAIN)
+    (job / "trace").mkdir()
+    env = base_env(TRACE_DIR=str(job / "trace"))
+    args = ["run", "--nproc-per-node", "4", "--in-process-restarts", "2", "--max-restarts", "0",
+            "--log-dir", "logs", "-m", "trainmod", "kill"]
+    check_replaced_alone(job, run_vigil(args, cwd=job, env=env, timeout=600))
+
+
 def whole_restart(job, r, why, declined=1):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
     ev = events(job / "logs")
