@@ -178,6 +178,22 @@ impl Coordinator {
         }));
     }
 
+    /// Parked on in-process generation `generation` of `cycle`; aborted at the next join.
+    pub(super) fn spawn_generation_waiter(&mut self, cycle: u32, generation: u64) {
+        let c = self.ctl.clone();
+        let tx = self.inbox_tx.clone();
+        self.generation_task = Some(self.tasks.spawn_local(async move {
+            let k = key::generation(cycle, generation);
+            if let Ok(value) = c.wait_get(&k, Duration::MAX).await {
+                let _ = tx.send(Input::Generation {
+                    cycle,
+                    generation,
+                    value,
+                });
+            }
+        }));
+    }
+
     /// Parked until every node has shared its timeouts for `cycle`; aborted (and with it the
     /// wait, cancelled on the store) when the cycle ends first.
     pub(super) fn spawn_timeouts_waiter(&mut self, cycle: u32, round: u32) {
