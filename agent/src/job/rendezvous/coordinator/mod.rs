@@ -305,15 +305,7 @@ impl Coordinator {
                 cycle,
                 generation,
                 value,
-            } => {
-                let value = &value;
-                self.decide(Fact::GenerationRead {
-                    cycle,
-                    generation,
-                    value,
-                })
-                .await
-            }
+            } => self.generation_read(cycle, generation, &value).await,
             Input::LastCall(c) => self.last_call_out(c).await,
             Input::Lease(ev) => self.lease_event(ev).await,
             Input::Alarm(Alarm::Silent(why, node)) => {
@@ -367,15 +359,7 @@ impl Coordinator {
                 cycle,
                 generation,
                 replaced,
-            } => {
-                let replaced = &replaced;
-                self.decide(Fact::GenerationBegun {
-                    cycle,
-                    generation,
-                    replaced,
-                })
-                .await?;
-            }
+            } => self.generation_begun(cycle, generation, &replaced).await?,
             JobRequest::Leave { .. } => unreachable!("handled by serve"),
         }
         Ok(())
