@@ -3,7 +3,13 @@ others keep their processes and memory. Real torch.distributed (gloo), real proc
 import json
 import os
 
+import sys
+from pathlib import Path
+
 from harness import base_env, events, of, require_torch, run_vigil, write
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_multinode import Nodes  # noqa: E402
 
 require_torch()
 
@@ -84,6 +90,28 @@ def traces(trace_dir):
 
 def check_replaced_alone(job, r, failed_rank=2, nproc=4):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
+    seconds = check_traces(job, failed_rank, nproc)
+    check_generation_events(events(job / "logs"), failed_rank)
+    # The warm process's output is the replaced rank's, in its generation's folder.
+    (log,) = list((job / "logs").glob(f"**/attempt_0/{failed_rank}/generation_1/stdout.log"))
+    assert f"rank {failed_rank} in generation 1" in log.read_text()
+    return seconds
+
+
+def check_generation_events(ev, failed_rank):
+    assert not of(ev, "restart"), "no whole restart"
+    # The warm process left at the end is vigil's own, ended as such, not a rank's leftover.
+    assert not of(ev, "leftovers_killed"), of(ev, "leftovers_killed")
+    (g,) = of(ev, "generation")
+    assert g["generation"] == 1 and g["ranks"] == [failed_rank]
+    (rec,) = of(ev, "generation_recovered")
+    assert rec["generation"] == 1 and rec["seconds"] > 0
+    assert ev[-1]["outcome"] == "succeeded"
+
+
+def check_traces(job, failed_rank, nproc):
+    """Every survivor kept its process, the failed rank is a new one, generation 1 started at
+    one step on every rank, and every rank ended with the same state."""
     t = traces(job / "trace")
     pids = {rank: sorted(pid for (rk, pid) in t if rk == rank) for rank in range(nproc)}
     for rank in range(nproc):
@@ -123,18 +151,6 @@ def check_replaced_alone(job, r, failed_rank=2, nproc=4):
     print(f"failure -> every rank stepping again: {seconds:.2f} s")
     # A loaded machine: a generous bound; the figure itself is the benchmark's.
     assert seconds < 90
-    ev = events(job / "logs")
-    assert not of(ev, "restart"), "no whole restart"
-    # The warm process left at the end is vigil's own, ended as such, not a rank's leftover.
-    assert not of(ev, "leftovers_killed"), of(ev, "leftovers_killed")
-    (g,) = of(ev, "generation")
-    assert g["generation"] == 1 and g["ranks"] == [failed_rank]
-    # The warm process's output is the replaced rank's, in its generation's folder.
-    (log,) = list((job / "logs").glob(f"**/attempt_0/{failed_rank}/generation_1/stdout.log"))
-    assert f"rank {failed_rank} in generation 1" in log.read_text()
-    (rec,) = of(ev, "generation_recovered")
-    assert rec["generation"] == 1 and rec["seconds"] > 0
-    assert ev[-1]["outcome"] == "succeeded"
     return seconds
 
 
@@ -149,6 +165,25 @@ def run_job(job, mode, *extra):
 
 def test_a_killed_rank_is_replaced_alone_and_the_others_keep_their_processes(job):
     check_replaced_alone(job, run_job(job, "kill"))
+
+
+def test_across_two_nodes_a_killed_rank_on_node1_is_replaced_alone(job):
+    """2 loopback nodes x 2 ranks: rank 2 (node 1) is SIGKILLed; the survivors on both nodes
+    keep their processes, node 1 starts the replacement, and no node restarts whole."""
+    write(job / "train.py", TRAIN)
+    (job / "trace").mkdir()
+    nodes = Nodes(job, 2, ["train.py", "kill"], nproc=2, env={"TRACE_DIR": str(job / "trace")},
+                  extra=["--in-process-restarts", "2", "--max-restarts", "0", "--rdzv-id", "ip2"])
+    res = nodes.wait(timeout=600)
+    assert [rc for rc, _, _ in res] == [0, 0], [e[-5000:] for _, _, e in res]
+    check_traces(job, failed_rank=2, nproc=4)
+    for i in range(2):
+        ev = nodes.events(i)
+        assert not of(ev, "in_process_declined"), of(ev, "in_process_declined")
+        check_generation_events(ev, failed_rank=2)
+    # Node 1 replaced its rank; node 0 only followed the generation.
+    assert [e["local_rank"] for e in of(nodes.events(1), "rank_started")] == [0, 1, 0]
+    assert len(of(nodes.events(0), "rank_started")) == 2
 
 
 def test_a_hung_rank_is_killed_and_replaced_alone(job):

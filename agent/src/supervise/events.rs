@@ -195,6 +195,13 @@ pub enum Event {
     /// This node has no slot in `cycle`: a standby (hot spares). It runs no ranks and waits for
     /// the cycle's verdict like a node whose ranks all finished.
     Standby { cycle: u32 },
+    /// In-process generation `generation` of `cycle` began somewhere in the job (maybe on this
+    /// node), replacing these global ranks (`None`: the store's record could not be read).
+    GenerationBegun {
+        cycle: u32,
+        generation: u64,
+        replaced: Option<Vec<u32>>,
+    },
     /// Node rank 0's straggler report found stragglers on these nodes.
     Stragglers { nodes: Vec<u32> },
 }
@@ -253,6 +260,14 @@ pub enum JobRequest {
     /// This node's steps, once a stop was asked; when every node reported, every node gets
     /// `StopStep`.
     StopSteps { cycle: u32, report: StepReport },
+    /// In-process generation `generation` of `cycle` begins here, replacing these global
+    /// ranks: tell every node (the first node to begin a generation wins); every node, this
+    /// one too, gets `GenerationBegun` with the winner.
+    BeginGeneration {
+        cycle: u32,
+        generation: u64,
+        replaced: Vec<u32>,
+    },
 }
 
 /// Where this node's ranks stand in an attempt, as the job's rendezvous placed them: what the

@@ -8,8 +8,9 @@ use std::time::Instant;
 use vigil_ipc::AgentMsg;
 
 use super::events::{Action, Record, SIGKILL, SIGTERM};
-use super::generation::Declined;
+use super::generation::{Declined, Heard};
 use super::state::{Phase, RankState};
+use super::JobRequest;
 use super::{StopReason, Supervisor};
 
 impl Supervisor {
@@ -24,7 +25,7 @@ impl Supervisor {
         if self.phase != Phase::Running {
             return false;
         }
-        match self.gens.decide(self.single_node()) {
+        match self.gens.decide() {
             Ok(()) => true,
             Err(Declined::Off) => false,
             Err(why) => {
@@ -60,11 +61,15 @@ impl Supervisor {
         let rank = self.job.placement.rank_offset + local_rank;
         // The failure is recovered: it is the generation's record, not the attempt's failure.
         self.attempt.failures.retain(|f| f.pid != pid);
-        let survivors: Vec<u32> = (0..self.cfg.nproc)
-            .filter(|lr| *lr != local_rank && self.attempt.ranks[*lr as usize].running())
-            .collect();
-        let generation = self.gens.begin(now, vec![local_rank], survivors.clone());
-        let step = self.attempt.highest_step();
+        let generation = self.begin_generation(now, Some(local_rank), vec![rank], out);
+        if !self.single_node() {
+            // Every other node's ranks are told through the job's coordination.
+            out.push(Action::Job(JobRequest::BeginGeneration {
+                cycle: self.cycle,
+                generation,
+                replaced: vec![rank],
+            }));
+        }
         let r = &mut self.attempt.ranks[local_rank as usize];
         r.state = RankState::NotStarted;
         r.pid = None;
@@ -73,6 +78,36 @@ impl Supervisor {
         r.listens = false;
         r.told_to_stop = false;
         r.holds = 0;
+        // What was left of its process group (data-loader workers) goes with it.
+        out.push(Action::SignalGroups {
+            pgids: vec![pid],
+            signal: SIGKILL,
+        });
+        out.push(Action::SpawnRank {
+            cycle: self.cycle,
+            local_rank,
+            generation,
+            replaced: vec![rank],
+        });
+    }
+
+    /// Generation G+1 begins on this node, replacing the global ranks `replaced` (`local`:
+    /// the one of them on this node, if any): every running rank of this node is a survivor
+    /// and is told. Returns the new generation.
+    fn begin_generation(
+        &mut self,
+        now: Instant,
+        local: Option<u32>,
+        replaced: Vec<u32>,
+        out: &mut Vec<Action>,
+    ) -> u64 {
+        let survivors: Vec<u32> = (0..self.cfg.nproc)
+            .filter(|lr| Some(*lr) != local && self.attempt.ranks[*lr as usize].running())
+            .collect();
+        let generation = self
+            .gens
+            .begin(now, local.into_iter().collect(), survivors.clone());
+        self.gens.ranks = replaced.clone();
         // A survivor waits for the replacement in its next rendezvous: its heartbeats stop for
         // that long, as at a start, so the initial timeout covers it again.
         for lr in &survivors {
@@ -84,24 +119,55 @@ impl Supervisor {
         out.push(Action::Record(Record::Generation {
             cycle: self.cycle,
             generation,
-            ranks: vec![rank],
-            step,
+            ranks: replaced.clone(),
+            step: self.attempt.highest_step(),
         }));
-        // What was left of its process group (data-loader workers) goes with it.
-        out.push(Action::SignalGroups {
-            pgids: vec![pid],
-            signal: SIGKILL,
-        });
         out.push(Action::SendToAll(AgentMsg::Generation {
             generation,
-            replaced: vec![rank],
+            replaced,
         }));
-        out.push(Action::SpawnRank {
+        generation
+    }
+
+    /// The job says generation `generation` of `cycle` began (maybe here), replacing the global
+    /// ranks `replaced`: this node's ranks join it, or the whole job restarts.
+    pub(super) fn on_generation_begun(
+        &mut self,
+        now: Instant,
+        cycle: u32,
+        generation: u64,
+        replaced: Option<Vec<u32>>,
+        out: &mut Vec<Action>,
+    ) {
+        if cycle != self.cycle || self.phase != Phase::Running {
+            return;
+        }
+        let why = match self.gens.heard(generation, replaced.as_deref()) {
+            Heard::Echo => return,
+            Heard::Begins => match self.gens.decide() {
+                Ok(()) => {
+                    let replaced = replaced.unwrap_or_default();
+                    self.begin_generation(now, None, replaced, out);
+                    return;
+                }
+                Err(why) => why.to_string(),
+            },
+            Heard::Conflict => match replaced {
+                Some(r) => format!(
+                    "generation {generation} replacing ranks {r:?} began on another node while this node was at generation {}",
+                    self.gens.generation
+                ),
+                None => format!("the record of generation {generation} cannot be read"),
+            },
+        };
+        self.gens.abandon();
+        let reason = format!("in-process generation {generation} cannot be followed here: {why}");
+        out.push(Action::Record(Record::InProcessDeclined {
             cycle: self.cycle,
-            local_rank,
-            generation,
-            replaced: vec![rank],
-        });
+            reason: format!("{reason}; the whole job restarts"),
+        }));
+        self.begin_stop(now, StopReason::RankFailed, SIGTERM, out);
+        self.report_failure(reason, out);
     }
 
     /// `local_rank` reported a step: a rank outside `vigil.restartable` is told of once, as the

@@ -283,6 +283,11 @@ impl Supervisor {
             Event::StopAsked { cycle, trigger } => {
                 self.on_stop_asked(now, cycle, trigger, &mut out)
             }
+            Event::GenerationBegun {
+                cycle,
+                generation,
+                replaced,
+            } => self.on_generation_begun(now, cycle, generation, replaced, &mut out),
             Event::StopStep { cycle, step } => {
                 let here = (self.cycle, &self.phase);
                 stopstep::on_stop_step(&mut self.stop, here, cycle, step, &mut out)

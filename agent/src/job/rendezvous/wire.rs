@@ -504,6 +504,11 @@ pub mod key {
     pub fn timeouts(c: u32, round: u32) -> String {
         format!("vigil/c{c}/r{round}/timeouts")
     }
+    /// In-process generation `g` of cycle `c` (docs/inprocess.md): the global ranks it
+    /// replaces (JSON list; compare-and-set, the first node to begin it wins).
+    pub fn generation(c: u32, g: u64) -> String {
+        format!("vigil/c{c}/gen/{g}")
+    }
     /// The job's stop trigger in cycle `c` (JSON string; compare-and-set, the first one wins).
     pub fn stop(c: u32) -> String {
         format!("vigil/c{c}/stop")

@@ -10,10 +10,11 @@
 //! replacement or falls back to a whole restart (`ranks.rs`, `hangs.rs`).
 //!
 //! Rules (pure, unit-tested below): a failure is recovered in process only when in-process
-//! restarts are on and left, the job runs on this node alone (a job of several nodes restarts
-//! whole; see docs/inprocess.md), no recovery is under way (a second failure during one restarts
-//! the whole job), and every rank of the attempt said it is restartable at the current
-//! generation.
+//! restarts are on and left, no recovery is under way (a second failure during one restarts
+//! the whole job), and every rank of the attempt on this node said it is restartable at the
+//! current generation. Across nodes ([`Generations::heard`]): a generation another node began is
+//! joined under the same rules; one that does not follow this node's (two nodes began one at
+//! once, or the record cannot be read) restarts the whole job.
 
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -41,8 +42,6 @@ pub enum Declined {
     Off,
     /// The budget is spent.
     NoneLeft(u32),
-    /// The job runs on several nodes.
-    MultiNode,
     /// This local rank never said it runs under `vigil.restartable` (at this generation).
     NotRestartable(u32),
     /// A recovery is under way: a second failure.
@@ -54,10 +53,6 @@ impl fmt::Display for Declined {
         match self {
             Declined::Off => write!(f, "in-process restarts are off"),
             Declined::NoneLeft(n) => write!(f, "the {n} in-process restarts are used up"),
-            Declined::MultiNode => write!(
-                f,
-                "in-process restarts cover one node only for now; a job of several nodes restarts whole"
-            ),
             Declined::NotRestartable(lr) => write!(
                 f,
                 "local rank {lr} does not run its training function under vigil.restartable"
@@ -67,6 +62,18 @@ impl fmt::Display for Declined {
             }
         }
     }
+}
+
+/// What a generation the job announced is to this node ([`Generations::heard`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Heard {
+    /// The one this node is at (it began it, or joined it) or an older one: nothing to do.
+    Echo,
+    /// The next one, begun on another node: join it (if [`Generations::decide`] allows).
+    Begins,
+    /// Another than the one this node began at the same time, one it skipped, or unreadable:
+    /// the whole job restarts.
+    Conflict,
 }
 
 /// A recovery under way: generation `generation` began at `began`.
@@ -92,6 +99,8 @@ pub struct Generations {
     /// Per local rank: the generation it last said it is restartable at.
     at: Vec<Option<u64>>,
     pub recovery: Option<Recovery>,
+    /// The global ranks the current generation replaced (empty at generation 0).
+    pub ranks: Vec<u32>,
     /// A rank that steps without having said it is restartable was told of (once per
     /// allocation).
     noted: bool,
@@ -105,6 +114,7 @@ impl Generations {
             generation: 0,
             at: Vec::new(),
             recovery: None,
+            ranks: Vec::new(),
             noted: false,
         }
     }
@@ -116,6 +126,7 @@ impl Generations {
     /// An attempt of `nproc` ranks starts: generation 0, nobody restartable yet.
     pub fn new_attempt(&mut self, nproc: u32) {
         self.generation = 0;
+        self.ranks.clear();
         self.at = vec![None; nproc as usize];
         self.recovery = None;
     }
@@ -132,9 +143,9 @@ impl Generations {
         note
     }
 
-    /// Whether the failure of a rank can be recovered by replacing it alone; `single_node`:
-    /// the job runs on this node alone.
-    pub fn decide(&self, single_node: bool) -> Result<(), Declined> {
+    /// Whether the failure of a rank can be recovered by replacing it alone (here, or on
+    /// another node of the job).
+    pub fn decide(&self) -> Result<(), Declined> {
         if !self.on() {
             return Err(Declined::Off);
         }
@@ -143,9 +154,6 @@ impl Generations {
         }
         if self.used >= self.cfg.restarts {
             return Err(Declined::NoneLeft(self.cfg.restarts));
-        }
-        if !single_node {
-            return Err(Declined::MultiNode);
         }
         match self.at.iter().position(|g| *g != Some(self.generation)) {
             Some(lr) => Err(Declined::NotRestartable(lr as u32)),
@@ -210,6 +218,23 @@ impl Generations {
         }
     }
 
+    /// The job says generation `generation` began, replacing the global ranks `replaced`
+    /// (`None`: unreadable): what it is to this node.
+    pub fn heard(&self, generation: u64, replaced: Option<&[u32]>) -> Heard {
+        let Some(replaced) = replaced else {
+            return Heard::Conflict;
+        };
+        if generation == self.generation + 1 {
+            Heard::Begins
+        } else if generation < self.generation
+            || (generation == self.generation && replaced == self.ranks.as_slice())
+        {
+            Heard::Echo
+        } else {
+            Heard::Conflict
+        }
+    }
+
     /// The recovery is abandoned (the whole job restarts).
     pub fn abandon(&mut self) {
         self.recovery = None;
@@ -238,19 +263,18 @@ mod tests {
         let now = Instant::now();
         let mut g = Generations::new(cfg(0));
         g.new_attempt(2);
-        assert_eq!(g.decide(true), Err(Declined::Off));
+        assert_eq!(g.decide(), Err(Declined::Off));
         let mut g = Generations::new(cfg(1));
         g.new_attempt(3);
         g.on_restartable(now, 0, 0);
         g.on_restartable(now, 2, 0);
-        assert_eq!(g.decide(true), Err(Declined::NotRestartable(1)));
+        assert_eq!(g.decide(), Err(Declined::NotRestartable(1)));
         g.on_restartable(now, 1, 0);
-        assert_eq!(g.decide(false), Err(Declined::MultiNode));
-        assert_eq!(g.decide(true), Ok(()));
+        assert_eq!(g.decide(), Ok(()));
         g.begin(now, vec![1], vec![0, 2]);
         all_restartable(&mut g, 3, now);
         assert!(g.recovery.is_none());
-        assert_eq!(g.decide(true), Err(Declined::NoneLeft(1)));
+        assert_eq!(g.decide(), Err(Declined::NoneLeft(1)));
     }
 
     #[test]
@@ -261,7 +285,7 @@ mod tests {
         all_restartable(&mut g, 4, t0);
         assert_eq!(g.begin(t0, vec![2], vec![0, 1, 3]), 1);
         // A second failure during the recovery restarts the whole job.
-        assert_eq!(g.decide(true), Err(Declined::Recovering(1)));
+        assert_eq!(g.decide(), Err(Declined::Recovering(1)));
         // A message of the last generation does not count.
         assert_eq!(g.on_restartable(t0, 0, 0), None);
         let t1 = t0 + Duration::from_secs(1);
@@ -278,7 +302,7 @@ mod tests {
             g.on_restartable(t2, 2, 1),
             Some((1, Duration::from_secs(3)))
         );
-        assert_eq!(g.decide(true), Ok(()));
+        assert_eq!(g.decide(), Ok(()));
     }
 
     #[test]
@@ -294,6 +318,25 @@ mod tests {
         assert_eq!(g.overdue(t0 + Duration::from_secs(10)), vec![2]);
         g.abandon();
         assert_eq!(g.deadline(), None);
+    }
+
+    #[test]
+    fn a_generation_from_another_node_is_joined_echoed_or_a_conflict() {
+        let t0 = Instant::now();
+        let mut g = Generations::new(cfg(5));
+        g.new_attempt(2);
+        all_restartable(&mut g, 2, t0);
+        assert_eq!(g.heard(1, Some(&[3])), Heard::Begins);
+        assert_eq!(g.heard(2, Some(&[3])), Heard::Conflict, "one skipped");
+        assert_eq!(g.heard(1, None), Heard::Conflict, "unreadable");
+        // This node began generation 1 replacing rank 1: its own record is an echo, another
+        // node's of the same generation a conflict.
+        g.begin(t0, vec![1], vec![0]);
+        g.ranks = vec![1];
+        assert_eq!(g.heard(1, Some(&[1])), Heard::Echo);
+        assert_eq!(g.heard(1, Some(&[3])), Heard::Conflict);
+        assert_eq!(g.heard(0, Some(&[])), Heard::Echo);
+        assert_eq!(g.heard(2, Some(&[2])), Heard::Begins);
     }
 
     #[test]
@@ -319,6 +362,6 @@ mod tests {
         g.begin(t0, vec![0], vec![]);
         g.new_attempt(1);
         assert_eq!((g.generation, g.used), (0, 1));
-        assert_eq!(g.decide(true), Err(Declined::NotRestartable(0)));
+        assert_eq!(g.decide(), Err(Declined::NotRestartable(0)));
     }
 }

@@ -183,3 +183,67 @@ fn a_hung_rank_is_killed_and_its_exit_replaces_it() {
     let out = kill_rank_1(&mut s, t2, 101);
     assert_eq!(spawned_again(&out), Some(1));
 }
+
+fn heard(s: &mut Solo, at: Instant, generation: u64, replaced: Option<Vec<u32>>) -> Vec<Action> {
+    let ev = Event::GenerationBegun {
+        cycle: 0,
+        generation,
+        replaced,
+    };
+    s.handle(at, ev)
+}
+
+fn told(out: &[Action]) -> Option<(u64, Vec<u32>)> {
+    out.iter().find_map(|a| match a {
+        Action::SendToAll(AgentMsg::Generation {
+            generation,
+            replaced,
+        }) => Some((*generation, replaced.clone())),
+        _ => None,
+    })
+}
+
+#[test]
+fn a_generation_begun_on_another_node_is_followed_by_every_rank_here() {
+    let (mut s, t0) = started(5);
+    let t1 = t0 + Duration::from_secs(1);
+    let out = heard(&mut s, t1, 1, Some(vec![7]));
+    assert_eq!(told(&out), Some((1, vec![7])), "{out:?}");
+    assert!(!whole_restart(&out), "{out:?}");
+    assert!(!out.iter().any(|a| matches!(a, Action::SpawnRank { .. })));
+    // Its own record comes back as an echo: nothing more.
+    assert!(heard(&mut s, t1, 1, Some(vec![7])).is_empty());
+    // Every rank here back in its wrapper completes the recovery on this node.
+    let mut out = Vec::new();
+    for lr in 0..3 {
+        out.extend(send(&mut s, t1, lr, RankMsg::Restartable { generation: 1 }));
+    }
+    assert!(
+        out.iter().any(|a| matches!(
+            a,
+            Action::Record(Record::GenerationRecovered { generation: 1, .. })
+        )),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn a_generation_this_node_cannot_follow_restarts_the_whole_job() {
+    // Two generations begun at once: the one that lost hears the other's.
+    let (mut s, t0) = started(5);
+    let out = kill_rank_1(&mut s, t0, 101);
+    assert_eq!(spawned_again(&out), Some(1));
+    let out = heard(&mut s, t0, 1, Some(vec![7]));
+    assert!(whole_restart(&out), "{out:?}");
+    // A record that cannot be read.
+    let (mut s, t0) = started(5);
+    assert!(whole_restart(&heard(&mut s, t0, 1, None)));
+    // A rank here that never said it is restartable.
+    let t0 = Instant::now();
+    let (mut s, _) = Solo::new(in_process(2, 5));
+    spawn_all(&mut s, t0, 100);
+    register(&mut s, t0, 0, 0);
+    let out = heard(&mut s, t0, 1, Some(vec![7]));
+    assert!(whole_restart(&out), "{out:?}");
+    assert_eq!(told(&out), None);
+}

@@ -66,6 +66,12 @@ pub(super) enum Input {
         round: u32,
         value: Vec<u8>,
     },
+    /// In-process generation `generation` of `cycle` was written.
+    Generation {
+        cycle: u32,
+        generation: u64,
+        value: Vec<u8>,
+    },
     /// A node asked the job to stop at a step (the first trigger written).
     StopAsked { cycle: u32, trigger: String },
     /// The job's stop step was chosen.
@@ -105,6 +111,8 @@ pub(super) struct Coordinator {
     timeouts_task: Option<AbortHandle>,
     /// Parked on this cycle's stop trigger, then on its stop step.
     stop_task: Option<AbortHandle>,
+    /// Parked on this cycle's next in-process generation (`Step::WaitGeneration`).
+    generation_task: Option<AbortHandle>,
     /// Renews this node's counter and watches the others' ([`liveness`]).
     liveness: AbortHandle,
     /// Node rank 0 with standbys: the last call of the rendezvous under way ([`lastcall`]).
@@ -188,6 +196,7 @@ impl Coordinator {
             wait: None,
             timeouts_task: None,
             stop_task: None,
+            generation_task: None,
             liveness,
             last_call: None,
             ended: false,
@@ -292,6 +301,11 @@ impl Coordinator {
                 self.send(FromCoord::Event(Event::StopStep { cycle, step }));
                 Ok(())
             }
+            Input::Generation {
+                cycle,
+                generation,
+                value,
+            } => self.generation_read(cycle, generation, &value).await,
             Input::LastCall(c) => self.last_call_out(c).await,
             Input::Lease(ev) => self.lease_event(ev).await,
             Input::Alarm(Alarm::Silent(why, node)) => {
@@ -341,6 +355,11 @@ impl Coordinator {
                     .set(&key::left(self.cfg.node_rank), reason.as_bytes())
                     .await?;
             }
+            JobRequest::BeginGeneration {
+                cycle,
+                generation,
+                replaced,
+            } => self.generation_begun(cycle, generation, &replaced).await?,
             JobRequest::Leave { .. } => unreachable!("handled by serve"),
         }
         Ok(())
@@ -353,6 +372,7 @@ impl Coordinator {
     ) -> Result<(), vigil_store::StoreError> {
         abort(&mut self.timeouts_task);
         abort(&mut self.stop_task);
+        abort(&mut self.generation_task);
         self.spawn_stop_waiter(cycle);
         let healthy = match self.rdzv.join(cycle, calculated) {
             Joining::Join { healthy } => healthy,
@@ -703,6 +723,11 @@ impl Coordinator {
                     let tx = self.inbox_tx.clone();
                     let t = lastcall::parked(self.ctl.clone(), self.cfg.clone(), c, tx);
                     self.last_call = Some(self.tasks.spawn_local(t));
+                    continue;
+                }
+                Step::WaitGeneration(cycle, generation) => {
+                    abort(&mut self.generation_task);
+                    self.spawn_generation_waiter(cycle, generation);
                     continue;
                 }
                 Step::Tell(m) => {

@@ -9,7 +9,7 @@ use tokio::sync::mpsc;
 use vigil_store::{LeaseEvent, MuxClient};
 
 use super::super::absent::{self, join_wait_note, Absent};
-use super::super::decide::Stage;
+use super::super::decide::{Fact, Stage};
 use super::super::liveness::Alarm;
 use super::super::wire::*;
 use super::super::FromCoord;
@@ -174,6 +174,52 @@ impl Coordinator {
             if let Ok(v) = c.wait_get(&k, Duration::MAX).await {
                 let step = serde_json::from_slice(&v).unwrap_or(None);
                 let _ = tx.send(Input::StopStep { cycle, step });
+            }
+        }));
+    }
+
+    /// This node began in-process generation `generation` of `cycle` (`JobRequest::BeginGeneration`).
+    pub(super) async fn generation_begun(
+        &mut self,
+        cycle: u32,
+        generation: u64,
+        replaced: &[u32],
+    ) -> Result<(), vigil_store::StoreError> {
+        self.decide(Fact::GenerationBegun {
+            cycle,
+            generation,
+            replaced,
+        })
+        .await
+    }
+
+    /// In-process generation `generation` of `cycle` was written (the waiter below).
+    pub(super) async fn generation_read(
+        &mut self,
+        cycle: u32,
+        generation: u64,
+        value: &[u8],
+    ) -> Result<(), vigil_store::StoreError> {
+        self.decide(Fact::GenerationRead {
+            cycle,
+            generation,
+            value,
+        })
+        .await
+    }
+
+    /// Parked on in-process generation `generation` of `cycle`; aborted at the next join.
+    pub(super) fn spawn_generation_waiter(&mut self, cycle: u32, generation: u64) {
+        let c = self.ctl.clone();
+        let tx = self.inbox_tx.clone();
+        self.generation_task = Some(self.tasks.spawn_local(async move {
+            let k = key::generation(cycle, generation);
+            if let Ok(value) = c.wait_get(&k, Duration::MAX).await {
+                let _ = tx.send(Input::Generation {
+                    cycle,
+                    generation,
+                    value,
+                });
             }
         }));
     }

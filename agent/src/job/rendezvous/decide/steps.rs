@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::supervise::monitor::Timeouts;
-use crate::supervise::{choose_stop_step, JobEnd, StepReport, AGREEMENT_BUDGET};
+use crate::supervise::{choose_stop_step, Event, JobEnd, StepReport, AGREEMENT_BUDGET};
 
 use super::super::wire::{key, to_json, Verdict, WireEnd, WireSteps, WireTimeouts};
 use super::super::FromCoord;
@@ -37,6 +37,9 @@ pub enum Step {
     MergeTimeouts { cycle: u32, round: u32 },
     /// Read every slot's stop steps for cycle N and hand them back ([`Rendezvous::steps_read`]).
     ChooseStopStep(u32),
+    /// Park on in-process generation `g` of cycle N (`c<N>/gen/<g>`) beside the rendezvous'
+    /// wait, and hand what is written there back ([`Fact::GenerationRead`]).
+    WaitGeneration(u32, u64),
     /// Tell this agent's runtime.
     Tell(FromCoord),
 }
@@ -81,7 +84,12 @@ impl Rendezvous {
     /// What a [`Decision`] takes: park on the cycle's end, tell the runtime, or end `Lost`.
     pub fn steps(&mut self, d: Decision) -> Vec<Step> {
         match d {
-            Decision::Run(c, m) => vec![Step::Wait(key::end(c), Patience::Forever), Step::Tell(m)],
+            // Beside the cycle's end, its in-process generations (docs/inprocess.md).
+            Decision::Run(c, m) => vec![
+                Step::Wait(key::end(c), Patience::Forever),
+                Step::Tell(m),
+                Step::WaitGeneration(c, 1),
+            ],
             Decision::Tell(m) => vec![Step::Tell(m)],
             Decision::Fail(why) => vec![self.lost(why)],
         }
@@ -350,6 +358,19 @@ pub enum Fact<'a> {
     StepsCounted { cycle: u32, count: i64 },
     /// Every slot's step report for `cycle`, as read.
     StepsRead { cycle: u32, all: Vec<WireSteps> },
+    /// This node's supervisor began in-process generation `generation` of `cycle`, replacing
+    /// these global ranks.
+    GenerationBegun {
+        cycle: u32,
+        generation: u64,
+        replaced: &'a [u32],
+    },
+    /// In-process generation `generation` of `cycle` as written (`c<N>/gen/<g>`).
+    GenerationRead {
+        cycle: u32,
+        generation: u64,
+        value: &'a [u8],
+    },
 }
 
 impl Rendezvous {
@@ -399,6 +420,44 @@ impl Rendezvous {
             Fact::TimeoutsRead { cycle, round, all } => self.timeouts_read(cycle, round, all),
             Fact::StepsCounted { cycle, count } => self.steps_counted(cycle, count),
             Fact::StepsRead { cycle, all } => self.steps_read(cycle, all),
+            Fact::GenerationBegun {
+                cycle,
+                generation,
+                replaced,
+            } => generation_begun(cycle, generation, replaced),
+            Fact::GenerationRead {
+                cycle,
+                generation,
+                value,
+            } => self.generation_read(cycle, generation, value),
         }
     }
+
+    /// Input: in-process generation `generation` of `cycle` as written. Every node, the one
+    /// that began it too, hears of the one that won (its supervisor escalates to a whole
+    /// restart when that is not the one it began) and parks on the next. A generation of a
+    /// cycle this node no longer runs is nobody's news.
+    pub fn generation_read(&self, cycle: u32, generation: u64, value: &[u8]) -> Vec<Step> {
+        if self.stage != Stage::Running(cycle) {
+            return Vec::new();
+        }
+        let replaced = serde_json::from_slice::<Vec<u32>>(value).ok();
+        vec![
+            Step::Tell(FromCoord::Event(Event::GenerationBegun {
+                cycle,
+                generation,
+                replaced,
+            })),
+            Step::WaitGeneration(cycle, generation + 1),
+        ]
+    }
+}
+
+/// Input: this node began in-process generation `generation` of `cycle`: propose it to the job
+/// (the first written wins; a node that loses hears of the winner and escalates).
+pub fn generation_begun(cycle: u32, generation: u64, replaced: &[u32]) -> Vec<Step> {
+    vec![Step::SetFirst(
+        key::generation(cycle, generation),
+        to_json(&replaced),
+    )]
 }

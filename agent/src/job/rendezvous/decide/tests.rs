@@ -1079,3 +1079,82 @@ fn a_standby_lost_is_told_with_the_spares_left_and_is_dropped_for_good() {
         .iter()
         .any(|s| matches!(s, Step::SetFirst(k, _) if k == &key::end(0))));
 }
+
+#[test]
+fn an_in_process_generation_is_proposed_once_and_every_running_node_hears_the_winner() {
+    let mut job = Job::new(vec![2, 2], 2, vec![None; 2]);
+    for (n, a) in job.agents.iter_mut().enumerate() {
+        a.join(0, None);
+        a.step(Fact::Counted {
+            cycle: 0,
+            nth: n as i64 + 1,
+            members: None,
+        });
+    }
+    let records: Vec<(u32, Vec<u8>)> = (0..2).map(|n| (n, to_json(&info(2)))).collect();
+    let records = &records;
+    let steps = job.agents[0].step(Fact::Records { cycle: 0, records });
+    let Some(Step::Propose(0, go)) = steps.last().cloned() else {
+        panic!("{steps:?}")
+    };
+    for a in job.agents.iter_mut() {
+        let steps = a.step(Fact::Verdict {
+            cycle: 0,
+            value: &go,
+        });
+        // Beside the cycle's end, every running node parks on its first generation.
+        assert_eq!(steps.last(), Some(&Step::WaitGeneration(0, 1)), "{steps:?}");
+    }
+    // The node that began it proposes it; the first written wins.
+    let a = &mut job.agents[1];
+    let replaced = [2u32];
+    assert_eq!(
+        a.step(Fact::GenerationBegun {
+            cycle: 0,
+            generation: 1,
+            replaced: &replaced,
+        }),
+        vec![Step::SetFirst(key::generation(0, 1), to_json(&replaced))]
+    );
+    // Every node hears the winner and parks on the next one.
+    let value = to_json(&replaced);
+    for a in job.agents.iter_mut() {
+        let steps = a.step(Fact::GenerationRead {
+            cycle: 0,
+            generation: 1,
+            value: &value,
+        });
+        assert_eq!(
+            steps,
+            vec![
+                Step::Tell(FromCoord::Event(Event::GenerationBegun {
+                    cycle: 0,
+                    generation: 1,
+                    replaced: Some(vec![2]),
+                })),
+                Step::WaitGeneration(0, 2),
+            ]
+        );
+    }
+    // An unreadable record is told as such (the supervisor restarts the whole job); one of a
+    // cycle this node no longer runs is nobody's news.
+    let a = &mut job.agents[0];
+    let steps = a.step(Fact::GenerationRead {
+        cycle: 0,
+        generation: 2,
+        value: b"{",
+    });
+    assert!(matches!(
+        &steps[0],
+        Step::Tell(FromCoord::Event(Event::GenerationBegun {
+            replaced: None,
+            ..
+        }))
+    ));
+    let stale = a.step(Fact::GenerationRead {
+        cycle: 7,
+        generation: 1,
+        value: &value,
+    });
+    assert_eq!(stale, vec![]);
+}
