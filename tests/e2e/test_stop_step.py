@@ -250,3 +250,45 @@ def test_attempts_without_progress_are_not_restarted_and_the_ledger_says_so(job)
     assert "the last 2 in a row did not get 10 step(s) past step 5" in r.stderr
     (rec,) = [json.loads(l) for l in (job / "state" / "ledger.jsonl").read_text().splitlines()]
     assert (rec["outcome"], rec["decision"], rec["restarts"]) == ("no_progress", "stop", 2), rec
+
+
+# Rank 1 leaves a child holding its output, so its agent drains that output for a while after the
+# rank stopped: the test freezes that agent then, before it leaves the job.
+HOLDING = """
+import os, subprocess, pathlib
+if os.environ["RANK"] == "1":
+    held = subprocess.Popen(["sleep", "90"])
+    (pathlib.Path(os.environ["OUT_DIR"]) / "held").write_text(str(held.pid))
+""" + TRAIN
+
+
+def test_a_stopped_allocation_is_in_the_ledger_before_node_rank_0_waits_for_its_peers(job):
+    # Slurm SIGKILLs the whole job KillWait (30 s by default) after its SIGTERM: node rank 0's
+    # record must not wait for the other nodes to leave (node rank 1 is frozen after its rank
+    # stopped; node rank 0 would wait for it up to the node timeout).  Found by the chaos soak,
+    # seed 2 run 1 and seed 3 run 1 (`scontrol requeue`, KillWait 5 s).
+    write(job / "train.py", HOLDING)
+    state = job / "state"
+    nodes = Nodes(job, 2, ["train.py"], nproc=1,
+                  extra=["--state-dir", str(state), "--node-timeout", "120"])
+    try:
+        wait_for(stepped(job, 2, 5), 60, "every rank stepping")
+        nodes.procs[0].send_signal(signal.SIGTERM)
+        wait_for(lambda: of(nodes.events(1), "rank_exited"), 30, "rank 1 stopped")
+        nodes.procs[1].send_signal(signal.SIGSTOP)
+        ledger = state / "ledger.jsonl"
+        wait_for(lambda: ledger.exists() and ledger.read_text().endswith("\n"), 40,
+                 "the allocation recorded while node rank 1 has not left")
+        assert nodes.procs[0].poll() is None  # still waiting for node rank 1
+        (rec,) = [json.loads(l) for l in ledger.read_text().splitlines()]
+        step = ckpts(job, [0])[0]["step"]
+        assert (rec["allocation"], rec["outcome"], rec["decision"]) == (1, "stopped", "requeue"), rec
+        assert rec["stop_trigger"] == "SIGTERM" and rec["stop_step"] == step, rec
+    finally:
+        nodes.procs[1].send_signal(signal.SIGCONT)
+        nodes.kill()
+        if (job / "held").exists():
+            try:
+                os.kill(int((job / "held").read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
