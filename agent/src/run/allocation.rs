@@ -389,6 +389,15 @@ fn ledger_outcome(o: &Outcome) -> ledger::Outcome {
     }
 }
 
+/// Whether the allocation is recorded as soon as the ranks are done, before the agent waits for
+/// their output and for the other nodes to leave: when it ended for a stop (a signal, the time
+/// limit). Slurm SIGKILLs every process of the job `KillWait` after its SIGTERM, and a record
+/// written after those waits is lost. After an agreed stop every rank is at the stop step, so
+/// the other nodes' highest step, which they leave in the store on leaving, adds nothing.
+pub(super) fn record_before_leaving(o: &Outcome) -> bool {
+    matches!(o, Outcome::Stopped { .. } | Outcome::Signaled { .. })
+}
+
 /// Node rank 0's last act: decide what happens after this allocation, record it in the ledger,
 /// requeue under Slurm. Returns the agent's exit status.
 pub(super) fn conclude(e: Ending) -> i32 {
@@ -544,4 +553,27 @@ fn unix(t: SystemTime) -> f64 {
     t.duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs_f64())
         .unwrap_or(0.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stop_is_recorded_before_the_wait_for_output_and_peers_other_ends_after() {
+        let stopped = Outcome::Stopped {
+            trigger: "SIGTERM".into(),
+            step: Some(562),
+        };
+        assert!(record_before_leaving(&stopped));
+        assert!(record_before_leaving(&Outcome::Signaled { signal: 15 }));
+        // These need what the others leave behind (their highest step, the failed ranks).
+        let lost = Outcome::Lost {
+            reason: "node 1".into(),
+            requeue: true,
+        };
+        for o in [Outcome::Succeeded, Outcome::Failed { restarts: 3 }, lost] {
+            assert!(!record_before_leaving(&o), "{o:?}");
+        }
+    }
 }

@@ -26,6 +26,14 @@ pub(super) async fn finish(mut d: Dispatcher, mut src: Sources, closing: Closing
     if let Some(n) = d.refused.due(Instant::now(), true) {
         note_refused(n);
     }
+    let outcome = d.agent.outcome.clone().unwrap_or(Outcome::Succeeded);
+    // Slurm SIGKILLs the whole job `KillWait` (30 s by default, 5 s on some clusters) after a
+    // SIGTERM: the record is written before the wait for output and peers, not after.
+    let mut status = None;
+    if allocation::record_before_leaving(&outcome) {
+        count_late_steps(&mut src.ipc, &mut d.sup);
+        status = conclude_here(&d, (closing.head_keys.as_ref(), closing.started), &outcome);
+    }
     let readers = std::mem::take(&mut d.agent.ranks.readers);
     let _ = tokio::time::timeout(DRAIN_TIMEOUT, async {
         for r in readers {
@@ -41,7 +49,6 @@ pub(super) async fn finish(mut d: Dispatcher, mut src: Sources, closing: Closing
     // Nothing the ranks started outlives the agent, whichever way the job ended.
     d.agent.sweep(d.sup.cycle());
     d.agent.ranks.containment.remove();
-    let outcome = d.agent.outcome.clone().unwrap_or(Outcome::Succeeded);
     let (job_now, _) = d.clock.wake();
     if matches!(outcome, Outcome::Failed { .. } | Outcome::NoProgress { .. }) {
         let text = failure_summary(&d.agent, &d.sup, job_now);
@@ -50,26 +57,10 @@ pub(super) async fn finish(mut d: Dispatcher, mut src: Sources, closing: Closing
     if let Some(text) = report::ending(&outcome, &d.agent.cfg) {
         output::console_text(ConsoleStream::Stderr, &text);
     }
-    // With node rank 0's store, a survivor of node rank 0's loss records the allocation in its
-    // place (the first to take the ledger's lock).
-    let survivor = d.agent.trail.head_lost && matches!(outcome, Outcome::Lost { .. });
-    let status = if d.agent.cfg.node_rank == 0 || d.agent.trail.coordinates || survivor {
-        let keys = closing.head_keys.as_ref();
-        allocation::conclude(Ending {
-            cfg: &d.agent.cfg,
-            run_dir: &d.agent.run_dir,
-            outcome: &outcome,
-            sup: &d.sup,
-            peers_highest: keys.and_then(peers_highest),
-            started: closing.started,
-            lead: d.endw.lead(&d.sup),
-            promotions: d.agent.trail.promotions.clone(),
-            blame: blame_nodes(&d.agent, &d.sup, keys),
-            index: d.agent.trail.allocation_index,
-            survivor,
-        })
-    } else {
-        outcome.exit_code()
+    let status = match status {
+        Some(s) => s,
+        None => conclude_here(&d, (closing.head_keys.as_ref(), closing.started), &outcome)
+            .unwrap_or_else(|| outcome.exit_code()),
     };
     // After the ledger: node rank 0's last page counts this allocation's decision.
     if let Some(m) = &mut d.metrics {
@@ -77,6 +68,34 @@ pub(super) async fn finish(mut d: Dispatcher, mut src: Sources, closing: Closing
     }
     drop(closing.server);
     status
+}
+
+/// Node rank 0 (or the coordinating node, or a survivor of node rank 0's loss) records the
+/// allocation and requeues it: its exit status. Other nodes: `None`.
+fn conclude_here(
+    d: &Dispatcher,
+    (keys, started): (Option<&vigil_store::KeySpace>, SystemTime),
+    outcome: &Outcome,
+) -> Option<i32> {
+    // With node rank 0's store, a survivor of node rank 0's loss records the allocation in its
+    // place (the first to take the ledger's lock).
+    let survivor = d.agent.trail.head_lost && matches!(outcome, Outcome::Lost { .. });
+    if d.agent.cfg.node_rank != 0 && !d.agent.trail.coordinates && !survivor {
+        return None;
+    }
+    Some(allocation::conclude(Ending {
+        cfg: &d.agent.cfg,
+        run_dir: &d.agent.run_dir,
+        outcome,
+        sup: &d.sup,
+        peers_highest: keys.and_then(peers_highest),
+        started,
+        lead: d.endw.lead(&d.sup),
+        promotions: d.agent.trail.promotions.clone(),
+        blame: blame_nodes(&d.agent, &d.sup, keys),
+        index: d.agent.trail.allocation_index,
+        survivor,
+    }))
 }
 
 /// A rank's last steps may still sit in its socket when its exit was reaped first: count them,
