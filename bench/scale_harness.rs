@@ -156,16 +156,16 @@ pub fn worker(nnodes: u32, first: u32, count: u32, store: SocketAddr, peer_timeo
             let _ = writeln!(o, "{s}");
             let _ = o.flush();
         };
-        // Agents still to hold their assignment for the cycle the head asked for.
+        // Agents still to hold their assignment for the attempt the head asked for.
         let mut waiting: BTreeMap<u32, usize> = BTreeMap::new();
         loop {
             tokio::select! {
                 c = cmds.recv() => {
                     let Some(c) = c else { return };
-                    if let Some(cycle) = c.strip_prefix("join ").and_then(|c| c.parse::<u32>().ok()) {
-                        *waiting.entry(cycle).or_default() += agents.len();
+                    if let Some(attempt) = c.strip_prefix("join ").and_then(|c| c.parse::<u32>().ok()) {
+                        *waiting.entry(attempt).or_default() += agents.len();
                         for (tx, _) in agents.values() {
-                            let _ = tx.send(JobRequest::Join { cycle, calculated: None });
+                            let _ = tx.send(JobRequest::Join { attempt, calculated: None });
                         }
                     } else if c == "leave" {
                         for (_, (tx, task)) in std::mem::take(&mut agents) {
@@ -177,22 +177,22 @@ pub fn worker(nnodes: u32, first: u32, count: u32, store: SocketAddr, peer_timeo
                     }
                 }
                 Some((node, m)) = said.recv() => match m {
-                    FromCoord::Event(Event::Joined { cycle, .. })
-                    | FromCoord::Event(Event::Standby { cycle }) => {
-                        if let Some(w) = waiting.get_mut(&cycle) {
+                    FromCoord::Event(Event::Joined { attempt, .. })
+                    | FromCoord::Event(Event::Standby { attempt }) => {
+                        if let Some(w) = waiting.get_mut(&attempt) {
                             *w -= 1;
                             if *w == 0 {
-                                waiting.remove(&cycle);
-                                out(format!("joined {cycle}"));
+                                waiting.remove(&attempt);
+                                out(format!("joined {attempt}"));
                             }
                         }
                     }
-                    FromCoord::Event(Event::CycleEnded { cycle, end }) => {
-                        out(format!("ended {node} {cycle} {}", one_line(&format!("{end:?}"))));
+                    FromCoord::Event(Event::AttemptEnded { attempt, end }) => {
+                        out(format!("ended {node} {attempt} {}", one_line(&format!("{end:?}"))));
                         // Every agent rejoins the next attempt on its own, as the supervisor does.
-                        *waiting.entry(cycle + 1).or_default() += 1;
+                        *waiting.entry(attempt + 1).or_default() += 1;
                         if let Some((tx, _)) = agents.get(&node) {
-                            let _ = tx.send(JobRequest::Join { cycle: cycle + 1, calculated: None });
+                            let _ = tx.send(JobRequest::Join { attempt: attempt + 1, calculated: None });
                         }
                     }
                     FromCoord::Event(Event::CoordinationLost { reason, .. }) => out(format!("lost {node} {}", one_line(&reason))),
@@ -387,16 +387,17 @@ pub async fn run(n: u32, workers: u32, hold: Duration, peer_timeout: Duration) -
         w.tell("join 0");
     }
     let _ = tx0.send(JobRequest::Join {
-        cycle: 0,
+        attempt: 0,
         calculated: None,
     });
-    let joined_all = |cycle: u32, nw: usize| {
+    let joined_all = |attempt: u32, nw: usize| {
         let (mut workers_done, mut head_done) = (0usize, false);
         move |l: Option<(usize, &str)>, m: Option<&FromCoord>| {
-            if l.is_some_and(|(_, l)| l == format!("joined {cycle}")) {
+            if l.is_some_and(|(_, l)| l == format!("joined {attempt}")) {
                 workers_done += 1;
             }
-            if matches!(m, Some(FromCoord::Event(Event::Joined { cycle: c, .. })) if *c == cycle) {
+            if matches!(m, Some(FromCoord::Event(Event::Joined { attempt: c, .. })) if *c == attempt)
+            {
                 head_done = true;
             }
             workers_done == nw && head_done
@@ -420,7 +421,7 @@ pub async fn run(n: u32, workers: u32, hold: Duration, peer_timeout: Duration) -
     let mut restart = Duration::ZERO;
     if ok {
         let _ = tx0.send(JobRequest::ReportEnd {
-            cycle: 0,
+            attempt: 0,
             end: JobEnd::Failed {
                 node: 0,
                 reason: "bench".into(),
@@ -433,9 +434,9 @@ pub async fn run(n: u32, workers: u32, hold: Duration, peer_timeout: Duration) -
             &mut said,
             limit,
             move |l, m| {
-                if let Some(FromCoord::Event(Event::CycleEnded { cycle: 0, .. })) = m {
+                if let Some(FromCoord::Event(Event::AttemptEnded { attempt: 0, .. })) = m {
                     let _ = tx0c.send(JobRequest::Join {
-                        cycle: 1,
+                        attempt: 1,
                         calculated: None,
                     });
                 }
@@ -460,7 +461,7 @@ pub async fn run(n: u32, workers: u32, hold: Duration, peer_timeout: Duration) -
                 if let Some((_, l)) = l.filter(|(_, l)| l.starts_with("ended ")) {
                     ended.push(l.to_string());
                 }
-                if let Some(FromCoord::Event(Event::CycleEnded { end, .. })) = m {
+                if let Some(FromCoord::Event(Event::AttemptEnded { end, .. })) = m {
                     ended.push(format!("ended 0 {end:?}"));
                 }
                 false

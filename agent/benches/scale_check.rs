@@ -95,7 +95,7 @@ async fn one_round(n: u32) -> [(f64, f64, f64); 2] {
     let m = Mark::now();
     for a in &agents {
         a.tx.send(JobRequest::Join {
-            cycle: 0,
+            attempt: 0,
             calculated: None,
         })
         .unwrap();
@@ -108,7 +108,7 @@ async fn one_round(n: u32) -> [(f64, f64, f64); 2] {
     agents[n as usize - 1]
         .tx
         .send(JobRequest::ReportEnd {
-            cycle: 0,
+            attempt: 0,
             end: JobEnd::Failed {
                 node: n - 1,
                 reason: "bench".into(),
@@ -117,11 +117,11 @@ async fn one_round(n: u32) -> [(f64, f64, f64); 2] {
         .unwrap();
     for a in agents.iter_mut() {
         match a.rx.recv().await {
-            Some(FromCoord::Event(Event::CycleEnded { cycle: 0, .. })) => {}
+            Some(FromCoord::Event(Event::AttemptEnded { attempt: 0, .. })) => {}
             other => panic!("expected CycleEnded(0), got {other:?}"),
         }
         a.tx.send(JobRequest::Join {
-            cycle: 1,
+            attempt: 1,
             calculated: None,
         })
         .unwrap();

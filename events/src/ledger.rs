@@ -122,10 +122,11 @@ pub struct Record {
     pub slurm_start: Option<f64>,
 }
 
-/// One promotion: in attempt `cycle`, node `standby` played group rank `slot` instead of `lost`.
+/// One promotion: in attempt `attempt`, node `standby` played group rank `slot` instead of `lost`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Promotion {
-    pub cycle: u32,
+    #[serde(rename = "cycle")]
+    pub attempt: u32,
     pub slot: u32,
     pub lost: u32,
     pub standby: u32,
@@ -256,7 +257,7 @@ mod tests {
             stop_lead_s: 120.0,
             exit_status: 75,
             promotions: vec![Promotion {
-                cycle: 1,
+                attempt: 1,
                 slot: 0,
                 lost: 0,
                 standby: 2,

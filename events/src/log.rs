@@ -212,13 +212,13 @@ impl Hang {
     }
 
     /// `rank 3 hung: no heartbeat for 1.2s, past its heartbeat timeout of 1.0s`: why the attempt
-    /// failed, as the `cycle_ended` record's reason carries it to the console and the report.
+    /// failed, as the `attempt_ended` record's reason carries it to the console and the report.
     pub fn reason(&self, rank: u32) -> String {
         format!("rank {rank} hung: {}", self.why())
     }
 }
 
-/// How a cycle ended for the whole job.
+/// How an attempt ended for the whole job.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "end", rename_all = "snake_case")]
 pub enum JobEnd {
@@ -263,7 +263,7 @@ impl JobEnd {
     }
 }
 
-/// Why the ranks of a cycle are being stopped.
+/// Why the ranks of an attempt are being stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StopReason {
@@ -284,7 +284,7 @@ pub enum StopReason {
 #[serde(tag = "outcome", rename_all = "snake_case")]
 pub enum Outcome {
     Succeeded,
-    /// The restart budget is spent; the first observed failure of the last cycle is the root cause.
+    /// The restart budget is spent; the first observed failure of the last attempt is the root cause.
     Failed {
         #[serde(default)]
         restarts: u32,
@@ -412,8 +412,10 @@ pub struct RankScore {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum Record {
-    CycleStart {
-        cycle: u32,
+    #[serde(rename = "cycle_start")]
+    AttemptStart {
+        #[serde(rename = "cycle")]
+        attempt: u32,
         #[serde(default)]
         restart_count: u32,
         #[serde(default)]
@@ -428,14 +430,16 @@ pub enum Record {
         restarts_left: u32,
     },
     RankStarted {
-        cycle: u32,
+        #[serde(rename = "cycle")]
+        attempt: u32,
         local_rank: u32,
         rank: u32,
         pid: i32,
     },
     RankSpawnFailed {
         #[serde(default)]
-        cycle: u32,
+        #[serde(rename = "cycle")]
+        attempt: u32,
         #[serde(default)]
         local_rank: u32,
         #[serde(default = "unknown")]
@@ -443,7 +447,8 @@ pub enum Record {
     },
     RankExited {
         #[serde(default)]
-        cycle: u32,
+        #[serde(rename = "cycle")]
+        attempt: u32,
         #[serde(default)]
         local_rank: u32,
         #[serde(default)]
@@ -458,7 +463,8 @@ pub enum Record {
         expected: bool,
     },
     Stop {
-        cycle: u32,
+        #[serde(rename = "cycle")]
+        attempt: u32,
         reason: StopReason,
         /// The signal sent to every live rank's process group.
         signal: i32,
@@ -473,26 +479,30 @@ pub enum Record {
         trigger: Option<String>,
     },
     Escalate {
-        cycle: u32,
+        #[serde(rename = "cycle")]
+        attempt: u32,
         signal: i32,
         pids: Vec<i32>,
     },
     Registered {
-        cycle: u32,
+        #[serde(rename = "cycle")]
+        attempt: u32,
         local_rank: u32,
         rank: u32,
     },
     /// The rank closed a section under a new name past `kept` distinct names: that name's
     /// durations, and those of every later new name, are not kept (once per rank and attempt).
     SectionNamesCapped {
-        cycle: u32,
+        #[serde(rename = "cycle")]
+        attempt: u32,
         local_rank: u32,
         rank: u32,
         kept: usize,
     },
     Hang {
         #[serde(default)]
-        cycle: u32,
+        #[serde(rename = "cycle")]
+        attempt: u32,
         #[serde(default)]
         local_rank: u32,
         #[serde(default)]
@@ -503,7 +513,8 @@ pub enum Record {
         hang: Hang,
     },
     TrainingFinished {
-        cycle: u32,
+        #[serde(rename = "cycle")]
+        attempt: u32,
         local_rank: u32,
         rank: u32,
     },
@@ -515,9 +526,11 @@ pub enum Record {
     },
     Restart {
         #[serde(default)]
-        from_cycle: u32,
+        #[serde(rename = "from_cycle")]
+        from_attempt: u32,
         #[serde(default)]
-        to_cycle: u32,
+        #[serde(rename = "to_cycle")]
+        to_attempt: u32,
         #[serde(default)]
         restarts_left: u32,
         /// How long the failed attempt ran, from its start to the job's verdict on it.
@@ -528,12 +541,15 @@ pub enum Record {
         backoff_ms: u64,
     },
     Joined {
-        cycle: u32,
+        #[serde(rename = "cycle")]
+        attempt: u32,
         rank_offset: u32,
     },
-    CycleEnded {
+    #[serde(rename = "cycle_ended")]
+    AttemptEnded {
         #[serde(default)]
-        cycle: u32,
+        #[serde(rename = "cycle")]
+        attempt: u32,
         #[serde(flatten)]
         end: JobEnd,
         /// When the job's coordination itself was lost: whether running the job again may help
@@ -550,27 +566,31 @@ pub enum Record {
     /// A rank asked, through NVRx's workload control, for `action` (`exclude_this_node`,
     /// `shutdown_workload`).
     WorkloadControl {
-        cycle: u32,
+        #[serde(rename = "cycle")]
+        attempt: u32,
         rank: u32,
         #[serde(deserialize_with = "workload_action")]
         action: FixedName,
         description: String,
     },
-    /// This node is a standby in `cycle` (hot spares): no ranks here.
+    /// This node is a standby in `attempt` (hot spares): no ranks here.
     Standby {
-        cycle: u32,
+        #[serde(rename = "cycle")]
+        attempt: u32,
     },
     /// This node cannot run ranks any more; it leaves the job.
     NodeFault {
         #[serde(default)]
-        cycle: u32,
+        #[serde(rename = "cycle")]
+        attempt: u32,
         #[serde(default = "unknown")]
         reason: String,
     },
     /// This node saw a stop trigger (a signal, the allocation's end within the lead).
     StopTriggered {
         #[serde(default)]
-        cycle: u32,
+        #[serde(rename = "cycle")]
+        attempt: u32,
         #[serde(default)]
         node: u32,
         #[serde(default = "unknown")]
@@ -581,7 +601,8 @@ pub enum Record {
     /// The job's stop step, told to every rank that speaks to the shim.
     StopAgreed {
         #[serde(default)]
-        cycle: u32,
+        #[serde(rename = "cycle")]
+        attempt: u32,
         #[serde(default)]
         step: Option<u64>,
         #[serde(default = "unknown")]
@@ -590,7 +611,8 @@ pub enum Record {
     /// A rank received a stop signal it holds for `vigil.should_stop`, sent to it rather than to
     /// the agent; the job stops at one step as for a signal to the agent.
     RankSignalled {
-        cycle: u32,
+        #[serde(rename = "cycle")]
+        attempt: u32,
         local_rank: u32,
         rank: u32,
         signal: i32,
@@ -598,16 +620,15 @@ pub enum Record {
     /// These ranks were still running when the stop window ended; they are stopped now.
     StopOverdue {
         #[serde(default)]
-        cycle: u32,
+        #[serde(rename = "cycle")]
+        attempt: u32,
         #[serde(default)]
         ranks: Vec<u32>,
         #[serde(default)]
         window_ms: u64,
     },
     /// The agent's first line: the cgroup its ranks run in, if it has one of its own.
-    Containment {
-        cgroup: Option<PathBuf>,
-    },
+    Containment { cgroup: Option<PathBuf> },
     /// The job's size, the store the ranks are told and the run id.
     Nodes {
         #[serde(default)]
@@ -621,25 +642,25 @@ pub enum Record {
         command: Option<Vec<String>>,
     },
     /// The agent's process was suspended this long (the clock jumped); not counted as silence.
-    Suspended {
-        seconds: f64,
-    },
+    Suspended { seconds: f64 },
     /// A connection on the ranks' socket was refused.
     IpcRejected {
         peer_pid: Option<i32>,
         reason: String,
     },
-    /// In attempt `cycle`, node `standby` plays group rank `slot` instead of node `lost`.
+    /// In attempt `attempt`, node `standby` plays group rank `slot` instead of node `lost`.
     Promotion {
-        cycle: u32,
+        #[serde(rename = "cycle")]
+        attempt: u32,
         slot: u32,
         lost: u32,
         standby: u32,
     },
     /// The coordinator, hot spares: `ready` standbys could take a lost node's place as of
-    /// attempt `cycle`'s verdict.
+    /// attempt `attempt`'s verdict.
     Spares {
-        cycle: u32,
+        #[serde(rename = "cycle")]
+        attempt: u32,
         ready: u32,
     },
     /// The coordinator, hot spares: standby `node` is out of the job (it left on a signal, was
@@ -649,15 +670,17 @@ pub enum Record {
         reason: String,
         ready: u32,
     },
-    /// Processes the ranks of attempt `cycle` left running outside their process groups, killed.
+    /// Processes the ranks of attempt `attempt` left running outside their process groups, killed.
     LeftoversKilled {
-        cycle: u32,
+        #[serde(rename = "cycle")]
+        attempt: u32,
         count: usize,
     },
     /// A hung rank's stacks: where they were written and the innermost frames, innermost first.
     Stacks {
         #[serde(default)]
-        cycle: u32,
+        #[serde(rename = "cycle")]
+        attempt: u32,
         #[serde(default)]
         local_rank: u32,
         #[serde(default)]
@@ -669,24 +692,27 @@ pub enum Record {
         #[serde(default)]
         innermost: Vec<String>,
     },
-    /// Before attempt `cycle`: these GPUs still hold memory; the agent waits for them.
+    /// Before attempt `attempt`: these GPUs still hold memory; the agent waits for them.
     GpuMemoryHeld {
-        cycle: u32,
+        #[serde(rename = "cycle")]
+        attempt: u32,
         gpus: Vec<u32>,
         holders: Vec<GpuHolder>,
     },
-    /// How the wait for GPU memory before attempt `cycle` ended.
+    /// How the wait for GPU memory before attempt `attempt` ended.
     GpuMemoryWait {
-        cycle: u32,
+        #[serde(rename = "cycle")]
+        attempt: u32,
         gpus: Vec<u32>,
         waited_ms: u64,
         released: bool,
         /// Who still held memory on a GPU over the tolerance when the wait ended.
         holders: Vec<GpuHolder>,
     },
-    /// The checks before attempt `cycle`.
+    /// The checks before attempt `attempt`.
     HealthCheck {
-        cycle: u32,
+        #[serde(rename = "cycle")]
+        attempt: u32,
         healthy: bool,
         /// The names of the checks that failed.
         failed: Vec<String>,
@@ -707,10 +733,11 @@ pub enum Record {
         critical: bool,
         text: String,
     },
-    /// The highest and lowest step this node's ranks reported in attempt `cycle`.
+    /// The highest and lowest step this node's ranks reported in attempt `attempt`.
     Steps {
         #[serde(default)]
-        cycle: u32,
+        #[serde(rename = "cycle")]
+        attempt: u32,
         step: u64,
         #[serde(default)]
         min_step: Option<u64>,
@@ -742,7 +769,8 @@ pub enum Record {
     /// line's `ts` is when it closed, so it ran from `ts - duration_ms` (docs/goodput.md).
     Section {
         #[serde(default)]
-        cycle: u32,
+        #[serde(rename = "cycle")]
+        attempt: u32,
         #[serde(default)]
         local_rank: u32,
         #[serde(default)]
@@ -756,12 +784,13 @@ pub enum Record {
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         last_recorded: bool,
     },
-    /// In-process restart (docs/inprocess.md): generation `generation` of attempt `cycle`
+    /// In-process restart (docs/inprocess.md): generation `generation` of attempt `attempt`
     /// began; `ranks` (global) are replaced by new processes and every other rank keeps its
     /// process. `step`: the highest step the node's ranks had reported.
     Generation {
         #[serde(default)]
-        cycle: u32,
+        #[serde(rename = "cycle")]
+        attempt: u32,
         #[serde(default)]
         generation: u64,
         #[serde(default)]
@@ -773,7 +802,8 @@ pub enum Record {
     /// returned to the wrapper, the replacements registered), `seconds` after the failure.
     GenerationRecovered {
         #[serde(default)]
-        cycle: u32,
+        #[serde(rename = "cycle")]
+        attempt: u32,
         #[serde(default)]
         generation: u64,
         #[serde(default)]
@@ -782,7 +812,8 @@ pub enum Record {
     /// In-process restarts were asked for but this failure restarts the whole job: `reason`.
     InProcessDeclined {
         #[serde(default)]
-        cycle: u32,
+        #[serde(rename = "cycle")]
+        attempt: u32,
         #[serde(default = "unknown")]
         reason: String,
     },
@@ -901,7 +932,7 @@ mod tests {
     /// has a place here, and the round trip below fails until it has a sample.
     fn place(r: &Record) -> usize {
         match r {
-            Record::CycleStart { .. } => 0,
+            Record::AttemptStart { .. } => 0,
             Record::RankStarted { .. } => 1,
             Record::RankSpawnFailed { .. } => 2,
             Record::RankExited { .. } => 3,
@@ -914,7 +945,7 @@ mod tests {
             Record::TimeoutsUpdated { .. } => 10,
             Record::Restart { .. } => 11,
             Record::Joined { .. } => 12,
-            Record::CycleEnded { .. } => 13,
+            Record::AttemptEnded { .. } => 13,
             Record::Result { .. } => 14,
             Record::WorkloadControl { .. } => 15,
             Record::Standby { .. } => 16,
@@ -974,8 +1005,8 @@ mod tests {
             stopped: false,
         };
         vec![
-            Record::CycleStart {
-                cycle: 1,
+            Record::AttemptStart {
+                attempt: 1,
                 restart_count: 1,
                 nproc: 8,
                 rank_offset: 8,
@@ -983,18 +1014,18 @@ mod tests {
                 restarts_left: 2,
             },
             Record::RankStarted {
-                cycle: 0,
+                attempt: 0,
                 local_rank: 1,
                 rank: 9,
                 pid: 4242,
             },
             Record::RankSpawnFailed {
-                cycle: 0,
+                attempt: 0,
                 local_rank: 0,
                 error: "No such file".into(),
             },
             Record::RankExited {
-                cycle: 0,
+                attempt: 0,
                 local_rank: 1,
                 rank: 1,
                 pid: 9,
@@ -1003,7 +1034,7 @@ mod tests {
                 expected: false,
             },
             Record::Stop {
-                cycle: 0,
+                attempt: 0,
                 reason: StopReason::RankFailed,
                 signal: 15,
                 grace_ms: 15000,
@@ -1012,37 +1043,37 @@ mod tests {
                 trigger: Some("time-limit".into()),
             },
             Record::Escalate {
-                cycle: 0,
+                attempt: 0,
                 signal: 9,
                 pids: vec![8],
             },
             Record::Registered {
-                cycle: 2,
+                attempt: 2,
                 local_rank: 0,
                 rank: 4,
             },
             Record::SectionNamesCapped {
-                cycle: 0,
+                attempt: 0,
                 local_rank: 0,
                 rank: 0,
                 kept: 64,
             },
             Record::Hang {
-                cycle: 0,
+                attempt: 0,
                 local_rank: 0,
                 rank: 0,
                 pid: 5,
                 hang: hang(HangKind::Section("checkpointing".into())),
             },
             Record::Hang {
-                cycle: 0,
+                attempt: 0,
                 local_rank: 0,
                 rank: 0,
                 pid: 5,
                 hang: hang(HangKind::OutOfSection),
             },
             Record::TrainingFinished {
-                cycle: 0,
+                attempt: 0,
                 local_rank: 0,
                 rank: 0,
             },
@@ -1051,23 +1082,23 @@ mod tests {
                 timeouts: timeouts(),
             },
             Record::Restart {
-                from_cycle: 0,
-                to_cycle: 1,
+                from_attempt: 0,
+                to_attempt: 1,
                 restarts_left: 2,
                 ran_ms: 2282,
                 backoff_ms: 500,
             },
             Record::Joined {
-                cycle: 0,
+                attempt: 0,
                 rank_offset: 8,
             },
-            Record::CycleEnded {
-                cycle: 0,
+            Record::AttemptEnded {
+                attempt: 0,
                 end: JobEnd::Done,
                 requeue: None,
             },
-            Record::CycleEnded {
-                cycle: 1,
+            Record::AttemptEnded {
+                attempt: 1,
                 end: JobEnd::Stopped {
                     node: 1,
                     reason: "SIGTERM".into(),
@@ -1075,8 +1106,8 @@ mod tests {
                 },
                 requeue: None,
             },
-            Record::CycleEnded {
-                cycle: 1,
+            Record::AttemptEnded {
+                attempt: 1,
                 end: JobEnd::Lost {
                     reason: "gone".into(),
                     node: None,
@@ -1095,35 +1126,35 @@ mod tests {
                 exit_code: 0,
             },
             Record::WorkloadControl {
-                cycle: 0,
+                attempt: 0,
                 rank: 3,
                 action: "exclude_this_node",
                 description: "bad GPU".into(),
             },
-            Record::Standby { cycle: 0 },
+            Record::Standby { attempt: 0 },
             Record::NodeFault {
-                cycle: 0,
+                attempt: 0,
                 reason: "GPU 0: critical XID 79".into(),
             },
             Record::StopTriggered {
-                cycle: 0,
+                attempt: 0,
                 node: 1,
                 trigger: "SIGUSR1".into(),
                 window_ms: 60000,
             },
             Record::StopAgreed {
-                cycle: 0,
+                attempt: 0,
                 step: Some(42),
                 trigger: "time-limit".into(),
             },
             Record::RankSignalled {
-                cycle: 0,
+                attempt: 0,
                 local_rank: 0,
                 rank: 0,
                 signal: 10,
             },
             Record::StopOverdue {
-                cycle: 0,
+                attempt: 0,
                 ranks: vec![1],
                 window_ms: 30000,
             },
@@ -1142,20 +1173,26 @@ mod tests {
                 reason: "not a rank".into(),
             },
             Record::Promotion {
-                cycle: 1,
+                attempt: 1,
                 slot: 0,
                 lost: 0,
                 standby: 2,
             },
-            Record::Spares { cycle: 1, ready: 1 },
+            Record::Spares {
+                attempt: 1,
+                ready: 1,
+            },
             Record::StandbyGone {
                 node: 3,
                 reason: "standby node 3 left the job".into(),
                 ready: 0,
             },
-            Record::LeftoversKilled { cycle: 0, count: 3 },
+            Record::LeftoversKilled {
+                attempt: 0,
+                count: 3,
+            },
             Record::Stacks {
-                cycle: 0,
+                attempt: 0,
                 local_rank: 0,
                 rank: 0,
                 python_stacks: Some("/tmp/s.py.txt".into()),
@@ -1163,19 +1200,19 @@ mod tests {
                 innermost: vec!["File \"t.py\", line 4 in f".into()],
             },
             Record::GpuMemoryHeld {
-                cycle: 1,
+                attempt: 1,
                 gpus: vec![1],
                 holders: vec![holder()],
             },
             Record::GpuMemoryWait {
-                cycle: 1,
+                attempt: 1,
                 gpus: vec![0, 1],
                 waited_ms: 1200,
                 released: false,
                 holders: vec![holder()],
             },
             Record::HealthCheck {
-                cycle: 0,
+                attempt: 0,
                 healthy: false,
                 failed: vec!["gpus".into()],
                 checks: vec![HealthCheck {
@@ -1201,7 +1238,7 @@ mod tests {
                 text: "fell off the bus".into(),
             },
             Record::Steps {
-                cycle: 1,
+                attempt: 1,
                 step: 7,
                 min_step: Some(5),
                 step_s: None,
@@ -1221,7 +1258,7 @@ mod tests {
                 gpus: [(3, "SM clock 300 MHz".to_string())].into(),
             },
             Record::Section {
-                cycle: 2,
+                attempt: 2,
                 local_rank: 1,
                 rank: 5,
                 name: "checkpointing".into(),
@@ -1229,18 +1266,18 @@ mod tests {
                 last_recorded: false,
             },
             Record::Generation {
-                cycle: 0,
+                attempt: 0,
                 generation: 1,
                 ranks: vec![2],
                 step: Some(30),
             },
             Record::GenerationRecovered {
-                cycle: 0,
+                attempt: 0,
                 generation: 1,
                 seconds: 1.5,
             },
             Record::InProcessDeclined {
-                cycle: 0,
+                attempt: 0,
                 reason: "rank 1 is not restartable".into(),
             },
             Record::Unknown,
@@ -1267,7 +1304,7 @@ mod tests {
     #[test]
     fn lines_are_written_as_before() {
         let v = serde_json::to_value(Record::Stop {
-            cycle: 0,
+            attempt: 0,
             reason: StopReason::RankFailed,
             signal: 15,
             grace_ms: 15000,
@@ -1280,8 +1317,8 @@ mod tests {
             v.to_string(),
             r#"{"cycle":0,"event":"stop","grace_ms":15000,"pids":[8],"reason":"rank_failed","signal":15}"#
         );
-        let v = serde_json::to_value(Record::CycleEnded {
-            cycle: 0,
+        let v = serde_json::to_value(Record::AttemptEnded {
+            attempt: 0,
             end: JobEnd::Failed {
                 node: 0,
                 reason: "rank 1 exited with code 1".into(),
@@ -1317,7 +1354,7 @@ mod tests {
         );
         assert_eq!(
             line(Record::Steps {
-                cycle: 1,
+                attempt: 1,
                 step: 7,
                 min_step: Some(5),
                 step_s: None,
@@ -1343,7 +1380,7 @@ mod tests {
     fn a_section_line_says_when_the_save_began_through_its_duration() {
         let line = |r: Record| serde_json::to_value(r).unwrap().to_string();
         let rec = |last_recorded| Record::Section {
-            cycle: 0,
+            attempt: 0,
             local_rank: 1,
             rank: 3,
             name: "checkpointing".into(),
@@ -1418,8 +1455,8 @@ mod tests {
         let l = parse(r#"{"cycle":1,"event":"cycle_start","nproc":2,"restart_count":1,"ts":1.0,"later":true}"#).unwrap();
         assert_eq!(
             l.record,
-            Record::CycleStart {
-                cycle: 1,
+            Record::AttemptStart {
+                attempt: 1,
                 restart_count: 1,
                 nproc: 2,
                 rank_offset: 0,

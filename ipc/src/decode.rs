@@ -94,7 +94,7 @@ fn rank_payload(k: u8, payload: &[u8]) -> Result<RankMsg, DecodeError> {
             rank: r.u32()?,
             local_rank: r.u32()?,
             pid: r.u32()?,
-            cycle: r.u32()?,
+            attempt: r.u32()?,
         },
         kind::HEARTBEAT => RankMsg::Heartbeat {
             step: if payload.is_empty() {

@@ -14,9 +14,9 @@ pub fn encode_rank(msg: &RankMsg, out: &mut Vec<u8>) {
             rank,
             local_rank,
             pid,
-            cycle,
+            attempt,
         } => {
-            for v in [rank, local_rank, pid, cycle] {
+            for v in [rank, local_rank, pid, attempt] {
                 out.extend_from_slice(&v.to_le_bytes());
             }
         }

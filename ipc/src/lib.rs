@@ -50,12 +50,12 @@ pub mod kind {
 /// A message sent by a training rank to its agent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RankMsg {
-    /// First message on every connection. `cycle` is `TORCHELASTIC_RESTART_COUNT`.
+    /// First message on every connection. `attempt` is `TORCHELASTIC_RESTART_COUNT`.
     Register {
         rank: u32,
         local_rank: u32,
         pid: u32,
-        cycle: u32,
+        attempt: u32,
     },
     Heartbeat {
         step: Option<u64>,

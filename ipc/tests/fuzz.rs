@@ -60,7 +60,7 @@ fn random_rank(r: &mut Rng) -> RankMsg {
             rank: r.next() as u32,
             local_rank: r.next() as u32,
             pid: r.next() as u32,
-            cycle: r.next() as u32,
+            attempt: r.next() as u32,
         },
         1 => RankMsg::Heartbeat { step: r.opt() },
         2 => RankMsg::SectionStart { name: r.string(70) },

@@ -39,7 +39,7 @@ fn register_roundtrip() {
         rank: 5,
         local_rank: 1,
         pid: 0xdead_beef,
-        cycle: 2,
+        attempt: 2,
     });
     assert_eq!(b.len(), HEADER_LEN + 16);
     assert_eq!(&b[HEADER_LEN..HEADER_LEN + 4], &5u32.to_le_bytes());
@@ -202,7 +202,7 @@ fn decoder_fed_one_byte_at_a_time() {
             rank: 1,
             local_rank: 1,
             pid: 7,
-            cycle: 0,
+            attempt: 0,
         },
         RankMsg::Heartbeat { step: None },
         RankMsg::SectionStart {
@@ -351,11 +351,11 @@ fn name() -> impl Strategy<Value = String> {
 fn rank_msg() -> impl Strategy<Value = RankMsg> {
     prop_oneof![
         (any::<u32>(), any::<u32>(), any::<u32>(), any::<u32>()).prop_map(
-            |(rank, local_rank, pid, cycle)| RankMsg::Register {
+            |(rank, local_rank, pid, attempt)| RankMsg::Register {
                 rank,
                 local_rank,
                 pid,
-                cycle
+                attempt
             }
         ),
         any::<Option<u64>>().prop_map(|step| RankMsg::Heartbeat { step }),

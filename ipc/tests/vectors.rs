@@ -41,9 +41,9 @@ fn rank_to_json(m: &RankMsg) -> Value {
             rank,
             local_rank,
             pid,
-            cycle,
+            attempt,
         } => {
-            json!({"type": "Register", "rank": rank, "local_rank": local_rank, "pid": pid, "cycle": cycle})
+            json!({"type": "Register", "rank": rank, "local_rank": local_rank, "pid": pid, "cycle": attempt})
         }
         RankMsg::Heartbeat { step } => json!({"type": "Heartbeat", "step": opt(*step)}),
         RankMsg::SectionStart { name } => json!({"type": "SectionStart", "name": name}),
@@ -79,7 +79,7 @@ fn rank_from_json(v: &Value) -> RankMsg {
             rank: u32_of(&v["rank"]),
             local_rank: u32_of(&v["local_rank"]),
             pid: u32_of(&v["pid"]),
-            cycle: u32_of(&v["cycle"]),
+            attempt: u32_of(&v["cycle"]),
         },
         "Heartbeat" => RankMsg::Heartbeat {
             step: json_opt(&v["step"]),

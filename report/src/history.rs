@@ -76,21 +76,21 @@ impl RunBuilder {
         let ts = line.ts;
         match &line.record {
             Record::Nodes { .. }
-            | Record::CycleStart { .. }
-            | Record::CycleEnded { .. }
+            | Record::AttemptStart { .. }
+            | Record::AttemptEnded { .. }
             | Record::RankExited { .. } => attempt_record(run, ts, &line.record),
             Record::RankSpawnFailed { .. } => run.failures.extend(failure(ts, &line.record)),
             Record::Hang { .. } | Record::Stacks { .. } => hang_record(run, ts, &line.record),
             Record::Restart {
-                from_cycle,
-                to_cycle,
+                from_attempt,
+                to_attempt,
                 restarts_left,
                 backoff_ms,
                 ..
             } => run.restarts.push(Restart {
                 ts,
-                from_cycle: *from_cycle,
-                to_cycle: *to_cycle,
+                from_attempt: *from_attempt,
+                to_attempt: *to_attempt,
                 restarts_left: Some(*restarts_left),
                 backoff_ms: Some(*backoff_ms),
             }),
@@ -98,26 +98,26 @@ impl RunBuilder {
             | Record::StopAgreed { .. }
             | Record::StopOverdue { .. } => run.stops.extend(stop(ts, &line.record)),
             Record::Steps {
-                cycle,
+                attempt,
                 step,
                 min_step,
                 step_s,
             } => run.steps.push(StepPoint {
                 ts,
-                cycle: *cycle,
+                attempt: *attempt,
                 step: *step,
                 min_step: *min_step,
                 step_s: *step_s,
             }),
             Record::Section {
-                cycle,
+                attempt,
                 rank,
                 duration_ms,
                 last_recorded,
                 ..
             } => run.saves.push(Save {
                 ts,
-                cycle: *cycle,
+                attempt: *attempt,
                 rank: *rank,
                 seconds: *duration_ms as f64 / 1000.0,
                 last_recorded: *last_recorded,
@@ -130,9 +130,9 @@ impl RunBuilder {
             | Record::InProcessDeclined { .. } => {
                 run.generations.extend(in_process(ts, &line.record))
             }
-            Record::NodeFault { cycle, reason } => run.node_faults.push(NodeFault {
+            Record::NodeFault { attempt, reason } => run.node_faults.push(NodeFault {
                 ts,
-                cycle: *cycle,
+                attempt: *attempt,
                 reason: reason.clone(),
             }),
             // One moment per change: every attempt's verdict says it.
@@ -178,7 +178,7 @@ impl RunBuilder {
 fn failure(ts: f64, r: &Record) -> Option<Failure> {
     match r {
         Record::RankExited {
-            cycle,
+            attempt,
             local_rank,
             rank,
             exit_code,
@@ -187,7 +187,7 @@ fn failure(ts: f64, r: &Record) -> Option<Failure> {
             ..
         } => Some(Failure {
             ts,
-            cycle: *cycle,
+            attempt: *attempt,
             rank: Some(*rank),
             local_rank: Some(*local_rank),
             exit_code: *exit_code,
@@ -195,12 +195,12 @@ fn failure(ts: f64, r: &Record) -> Option<Failure> {
             error: None,
         }),
         Record::RankSpawnFailed {
-            cycle,
+            attempt,
             local_rank,
             error,
         } => Some(Failure {
             ts,
-            cycle: *cycle,
+            attempt: *attempt,
             rank: None,
             local_rank: Some(*local_rank),
             error: Some(error.clone()),
@@ -218,26 +218,28 @@ fn stop(ts: f64, r: &Record) -> Option<Stop> {
         }
         _ => None,
     };
-    let (cycle, kind) = match r {
-        Record::StopTriggered { cycle, trigger, .. } => (
-            cycle,
+    let (attempt, kind) = match r {
+        Record::StopTriggered {
+            attempt, trigger, ..
+        } => (
+            attempt,
             StopKind::Triggered {
                 trigger: trigger.clone(),
             },
         ),
         Record::StopAgreed {
-            cycle,
+            attempt,
             step,
             trigger,
         } => (
-            cycle,
+            attempt,
             StopKind::Agreed {
                 step: *step,
                 trigger: Some(trigger.clone()),
             },
         ),
-        Record::StopOverdue { cycle, ranks, .. } => (
-            cycle,
+        Record::StopOverdue { attempt, ranks, .. } => (
+            attempt,
             StopKind::Overdue {
                 ranks: ranks.clone(),
             },
@@ -246,7 +248,7 @@ fn stop(ts: f64, r: &Record) -> Option<Stop> {
     };
     Some(Stop {
         ts,
-        cycle: *cycle,
+        attempt: *attempt,
         kind,
         window_s,
     })
@@ -266,8 +268,8 @@ fn attempt_record(run: &mut NodeRun, ts: f64, record: &Record) {
             run.command = command.clone();
             run.nnodes = *nnodes;
         }
-        Record::CycleStart { cycle, nproc, .. } => run.attempts.push(Attempt {
-            cycle: *cycle,
+        Record::AttemptStart { attempt, nproc, .. } => run.attempts.push(Attempt {
+            attempt: *attempt,
             start: ts,
             end: ts,
             end_kind: None,
@@ -275,15 +277,25 @@ fn attempt_record(run: &mut NodeRun, ts: f64, record: &Record) {
             nproc: Some(*nproc),
             ranks_gone: None,
         }),
-        Record::CycleEnded { cycle, end, .. } => {
-            if let Some(a) = run.attempts.iter_mut().rev().find(|a| a.cycle == *cycle) {
+        Record::AttemptEnded { attempt, end, .. } => {
+            if let Some(a) = run
+                .attempts
+                .iter_mut()
+                .rev()
+                .find(|a| a.attempt == *attempt)
+            {
                 a.end = ts;
                 a.end_kind = Some(end.name().to_string());
                 a.reason = end.reason().map(str::to_string);
             }
         }
-        Record::RankExited { cycle, .. } => {
-            if let Some(a) = run.attempts.iter_mut().rev().find(|a| a.cycle == *cycle) {
+        Record::RankExited { attempt, .. } => {
+            if let Some(a) = run
+                .attempts
+                .iter_mut()
+                .rev()
+                .find(|a| a.attempt == *attempt)
+            {
                 a.ranks_gone = Some(a.ranks_gone.map_or(ts, |g| g.max(ts)));
             }
             run.failures.extend(failure(ts, record))
@@ -296,14 +308,14 @@ fn attempt_record(run: &mut NodeRun, ts: f64, record: &Record) {
 fn hang_record(run: &mut NodeRun, ts: f64, record: &Record) {
     match record {
         Record::Hang {
-            cycle,
+            attempt,
             rank,
             local_rank,
             hang,
             ..
         } => run.hangs.push(Hang {
             ts,
-            cycle: *cycle,
+            attempt: *attempt,
             rank: Some(*rank),
             timeout: timeout_name(&hang.timeout),
             silent_ms: Some(hang.silent_ms),
@@ -313,7 +325,7 @@ fn hang_record(run: &mut NodeRun, ts: f64, record: &Record) {
             stacks_files: Vec::new(),
         }),
         Record::Stacks {
-            cycle,
+            attempt,
             rank,
             innermost,
             python_stacks,
@@ -324,7 +336,7 @@ fn hang_record(run: &mut NodeRun, ts: f64, record: &Record) {
                 .hangs
                 .iter_mut()
                 .rev()
-                .find(|h| h.cycle == *cycle && h.rank == Some(*rank) && h.frames.is_empty())
+                .find(|h| h.attempt == *attempt && h.rank == Some(*rank) && h.frames.is_empty())
             {
                 h.frames = innermost.clone();
                 h.stacks_files = python_stacks.iter().chain(proc_stacks).cloned().collect();
@@ -644,8 +656,8 @@ impl History {
             for c in r
                 .failures
                 .iter()
-                .map(|f| f.cycle)
-                .chain(r.hangs.iter().map(|h| h.cycle))
+                .map(|f| f.attempt)
+                .chain(r.hangs.iter().map(|h| h.attempt))
             {
                 explained.insert((alloc_of[i], c));
             }
@@ -657,13 +669,13 @@ impl History {
                 let Some(k) = a.end_kind.as_deref().filter(|k| *k != "done") else {
                     continue;
                 };
-                let key = (alloc_of[i], a.cycle);
+                let key = (alloc_of[i], a.attempt);
                 if (k == "failed" && explained.contains(&key))
                     || !ends_seen.insert((key, a.end_kind.clone(), a.reason.clone()))
                 {
                     continue;
                 }
-                let mut text = format!("attempt {} {k}", a.cycle);
+                let mut text = format!("attempt {} {k}", a.attempt);
                 if let Some(why) = &a.reason {
                     text.push_str(&format!(": {why}"));
                 }
@@ -762,9 +774,9 @@ fn allocation_moments(a: &Allocation) -> Vec<Moment> {
 
 /// An in-process restart's record, described for the report (docs/inprocess.md).
 fn in_process(ts: f64, rec: &Record) -> Option<InProcess> {
-    let (cycle, text) = match rec {
+    let (attempt, text) = match rec {
         Record::Generation {
-            cycle,
+            attempt,
             generation,
             ranks,
             step,
@@ -775,22 +787,22 @@ fn in_process(ts: f64, rec: &Record) -> Option<InProcess> {
                 "in-process restart: generation {generation}{at}, rank {} replaced, no step redone",
                 ranks.join(", ")
             );
-            (*cycle, text)
+            (*attempt, text)
         }
         Record::GenerationRecovered {
-            cycle,
+            attempt,
             generation,
             seconds,
         } => (
-            *cycle,
+            *attempt,
             format!("generation {generation} recovered in {seconds:.2}s"),
         ),
-        Record::InProcessDeclined { cycle, reason } => {
-            (*cycle, format!("no in-process restart: {reason}"))
+        Record::InProcessDeclined { attempt, reason } => {
+            (*attempt, format!("no in-process restart: {reason}"))
         }
         _ => return None,
     };
-    Some(InProcess { ts, cycle, text })
+    Some(InProcess { ts, attempt, text })
 }
 
 /// One node's failures, hangs, restarts, stops, node faults, changed straggler reports and
@@ -809,11 +821,11 @@ fn run_moments(r: &NodeRun, node: &str) -> Vec<Moment> {
         push(
             f.ts,
             "failure",
-            format!("attempt {}: {}", f.cycle, f.describe()),
+            format!("attempt {}: {}", f.attempt, f.describe()),
         );
     }
     for h in &r.hangs {
-        let mut text = format!("attempt {}: {}", h.cycle, h.describe());
+        let mut text = format!("attempt {}: {}", h.attempt, h.describe());
         if let Some(m) = &h.measured {
             text.push_str(&format!(": {m}"));
         }
@@ -821,11 +833,11 @@ fn run_moments(r: &NodeRun, node: &str) -> Vec<Moment> {
     }
     let waits = r.waits();
     for s in &r.restarts {
-        let mut text = format!("restart: attempt {} -> {}", s.from_cycle, s.to_cycle);
+        let mut text = format!("restart: attempt {} -> {}", s.from_attempt, s.to_attempt);
         if let Some(left) = s.restarts_left {
             text.push_str(&format!(", {left} left"));
         }
-        match waits.iter().find(|w| w.to_cycle == s.to_cycle) {
+        match waits.iter().find(|w| w.to_attempt == s.to_attempt) {
             Some(w) => text.push_str(&format!(", {}", w.describe())),
             None => {
                 if let Some(b) = s.backoff_ms.filter(|b| *b > 0) {
@@ -839,11 +851,11 @@ fn run_moments(r: &NodeRun, node: &str) -> Vec<Moment> {
         push(
             s.ts,
             "stop",
-            format!("attempt {}: {}", s.cycle, s.describe()),
+            format!("attempt {}: {}", s.attempt, s.describe()),
         );
     }
     for f in &r.node_faults {
-        let text = format!("attempt {}: node fault: {}", f.cycle, f.reason);
+        let text = format!("attempt {}: node fault: {}", f.attempt, f.reason);
         push(f.ts, "node_fault", text);
     }
     for s in &r.spares {
@@ -860,7 +872,7 @@ fn run_moments(r: &NodeRun, node: &str) -> Vec<Moment> {
         push(
             g.ts,
             "generation",
-            format!("attempt {}: {}", g.cycle, g.text),
+            format!("attempt {}: {}", g.attempt, g.text),
         );
     }
     // A straggler report is an event when its stragglers differ from the last one's.
@@ -933,14 +945,14 @@ mod tests {
         assert_eq!(run.failures[0].describe(), "rank 1 exited with code 1");
         assert_eq!(run.restarts.len(), 1);
         assert_eq!(
-            (run.restarts[0].from_cycle, run.restarts[0].to_cycle),
+            (run.restarts[0].from_attempt, run.restarts[0].to_attempt),
             (0, 1)
         );
         assert_eq!(
             run.steps,
             vec![StepPoint {
                 ts: 104.0,
-                cycle: 1,
+                attempt: 1,
                 step: 7,
                 min_step: Some(5),
                 step_s: None,
@@ -1229,7 +1241,7 @@ mod tests {
         assert_eq!(failures.len(), 1, "{m:?}");
         let w = h.runs[0].waits();
         assert_eq!(w.len(), 1);
-        assert_eq!((w[0].from, w[0].to, w[0].to_cycle), (102.5, 103.2, 1));
+        assert_eq!((w[0].from, w[0].to, w[0].to_attempt), (102.5, 103.2, 1));
         assert!((w[0].stopping_s - 0.6).abs() < 1e-9, "{w:?}");
         assert_eq!(w[0].describe(), "waited 0.7s (ranks stopping 0.6s)");
         let restart = m.iter().find(|m| m.kind == "restart").unwrap();

@@ -325,7 +325,7 @@ const MAX_FAILURE_ROWS: usize = 40;
 struct FailureRow<'a> {
     ts: f64,
     run: &'a crate::history::NodeRun,
-    cycle: u32,
+    attempt: u32,
     rank: Option<u32>,
     local_rank: Option<u32>,
     what: String,
@@ -341,7 +341,7 @@ fn failure_rows(h: &History) -> Vec<FailureRow<'_>> {
             rows.push(FailureRow {
                 ts: f.ts,
                 run: r,
-                cycle: f.cycle,
+                attempt: f.attempt,
                 rank: f.rank,
                 local_rank: f.local_rank,
                 what: f.describe(),
@@ -352,7 +352,7 @@ fn failure_rows(h: &History) -> Vec<FailureRow<'_>> {
             rows.push(FailureRow {
                 ts: hg.ts,
                 run: r,
-                cycle: hg.cycle,
+                attempt: hg.attempt,
                 rank: hg.rank,
                 local_rank: hg.local_rank,
                 what: hg.describe(),
@@ -391,7 +391,7 @@ fn failures_table(out: &mut String, h: &History, t0: f64) {
 fn failure_row(out: &mut String, row: &FailureRow, t0: f64) {
     let logs = row
         .local_rank
-        .and_then(|l| row.run.rank_dir(row.cycle, l))
+        .and_then(|l| row.run.rank_dir(row.attempt, l))
         .map(|d| crate::ranklogs::read(&d, &row.extra));
     let who = match (row.rank, row.local_rank) {
         (Some(r), Some(l)) => format!("rank {r} (local {l})"),
@@ -436,7 +436,7 @@ fn failure_row(out: &mut String, row: &FailureRow, t0: f64) {
         duration(row.ts - t0),
         esc(&row.run.label()),
         esc(&who),
-        row.cycle,
+        row.attempt,
         esc(&row.what),
     );
 }
@@ -863,14 +863,14 @@ mod props {
             0u32..3,
             prop_oneof![Just(json!(null)), Just(json!("x")), (-5i64..500).prop_map(|n| json!(n)), Just(json!(0.5))],
         )
-            .prop_map(|(k, ts, cycle, node, v)| {
+            .prop_map(|(k, ts, attempt, node, v)| {
                 json!({
-                    "event": KINDS[k], "ts": ts, "cycle": cycle, "node_rank": node, "host": format!("h{node}"),
+                    "event": KINDS[k], "ts": ts, "cycle": attempt, "node_rank": node, "host": format!("h{node}"),
                     "rank": v, "exit_code": v, "signal": v, "expected": false, "end": "failed",
                     "reason": v, "step": v, "min_step": v, "trigger": v, "timeout": v,
                     "innermost": [v.to_string()], "outcome": v,
                     "ranks": [{"rank": 1, "relative": v, "individual": v, "host": v}],
-                    "stragglers": [v], "threshold": v, "from_cycle": cycle, "to_cycle": cycle + 1,
+                    "stragglers": [v], "threshold": v, "from_cycle": attempt, "to_cycle": attempt + 1,
                 })
             })
     }

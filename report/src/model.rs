@@ -108,14 +108,14 @@ pub struct SparesChange {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct InProcess {
     pub ts: f64,
-    pub cycle: u32,
+    pub attempt: u32,
     pub text: String,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct NodeFault {
     pub ts: f64,
-    pub cycle: u32,
+    pub attempt: u32,
     pub reason: String,
 }
 
@@ -124,12 +124,12 @@ impl NodeRun {
         format!("node {} ({})", self.node_rank, self.host)
     }
 
-    /// A rank's attempt directory, `<run dir>/attempt_<cycle>/<local rank>/` (docs/usage.md,
+    /// A rank's attempt directory, `<run dir>/attempt_<attempt>/<local rank>/` (docs/usage.md,
     /// "The run directory"); the run directory is the event log's own.
-    pub fn rank_dir(&self, cycle: u32, local_rank: u32) -> Option<PathBuf> {
+    pub fn rank_dir(&self, attempt: u32, local_rank: u32) -> Option<PathBuf> {
         let run = self.source.parent()?;
         Some(
-            run.join(format!("attempt_{cycle}"))
+            run.join(format!("attempt_{attempt}"))
                 .join(local_rank.to_string()),
         )
     }
@@ -139,8 +139,12 @@ impl NodeRun {
     pub fn waits(&self) -> Vec<Wait> {
         let mut out = Vec::new();
         for r in &self.restarts {
-            let prev = self.attempts.iter().rev().find(|a| a.cycle == r.from_cycle);
-            let next = self.attempts.iter().find(|a| a.cycle == r.to_cycle);
+            let prev = self
+                .attempts
+                .iter()
+                .rev()
+                .find(|a| a.attempt == r.from_attempt);
+            let next = self.attempts.iter().find(|a| a.attempt == r.to_attempt);
             let (Some(prev), Some(next)) = (prev, next) else {
                 continue;
             };
@@ -154,7 +158,7 @@ impl NodeRun {
             out.push(Wait {
                 from: prev.end,
                 to: next.start,
-                to_cycle: r.to_cycle,
+                to_attempt: r.to_attempt,
                 stopping_s: gone - prev.end,
                 backoff_s: r.backoff_ms.unwrap_or(0) as f64 / 1000.0,
             });
@@ -168,7 +172,7 @@ impl NodeRun {
 pub struct Wait {
     pub from: f64,
     pub to: f64,
-    pub to_cycle: u32,
+    pub to_attempt: u32,
     /// Of it, the time the attempt's other ranks took to exit once it had ended.
     pub stopping_s: f64,
     /// Of it, the restart's back-off.
@@ -206,9 +210,9 @@ pub fn secs(s: f64) -> String {
 
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Attempt {
-    pub cycle: u32,
+    pub attempt: u32,
     pub start: f64,
-    /// `cycle_ended`'s time, else the run's last record.
+    /// `attempt_ended`'s time, else the run's last record.
     pub end: f64,
     /// `done`, `failed`, `stopped`, `lost`; None when the log ends inside the attempt.
     pub end_kind: Option<String>,
@@ -222,7 +226,7 @@ pub struct Attempt {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Failure {
     pub ts: f64,
-    pub cycle: u32,
+    pub attempt: u32,
     pub rank: Option<u32>,
     pub local_rank: Option<u32>,
     pub exit_code: Option<i32>,
@@ -266,7 +270,7 @@ impl Failure {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Hang {
     pub ts: f64,
-    pub cycle: u32,
+    pub attempt: u32,
     pub rank: Option<u32>,
     /// `initial`, `heartbeat`, `out_of_section` or `section NAME`.
     pub timeout: String,
@@ -302,8 +306,8 @@ impl Hang {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Restart {
     pub ts: f64,
-    pub from_cycle: u32,
-    pub to_cycle: u32,
+    pub from_attempt: u32,
+    pub to_attempt: u32,
     pub restarts_left: Option<u32>,
     pub backoff_ms: Option<u64>,
 }
@@ -324,7 +328,7 @@ pub enum StopKind {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Stop {
     pub ts: f64,
-    pub cycle: u32,
+    pub attempt: u32,
     pub kind: StopKind,
     /// The ranks' window (`window_ms`): for a time-limit stop, the time left to the allocation's
     /// end. None for an agreement.
@@ -346,7 +350,7 @@ impl Stop {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Save {
     pub ts: f64,
-    pub cycle: u32,
+    pub attempt: u32,
     pub rank: u32,
     pub seconds: f64,
     /// The rank's last recorded one in the attempt: later saves are not in the log.
@@ -356,7 +360,7 @@ pub struct Save {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct StepPoint {
     pub ts: f64,
-    pub cycle: u32,
+    pub attempt: u32,
     pub step: u64,
     pub min_step: Option<u64>,
     /// The ranks' median step time, as they measured it (seconds), when the record has it.

@@ -316,12 +316,12 @@ fn draw_node_run(
         let x = axis.x(r.ts);
         let wait = waits
             .iter()
-            .find(|w| w.to_cycle == r.to_cycle)
+            .find(|w| w.to_attempt == r.to_attempt)
             .map_or_else(String::new, |w| format!(", {}", w.describe()));
         chart
             .draw_series(std::iter::once(Circle::new((x, y), 5, RESTART.filled())))
             .map_err(err)?;
-        let label = format!("restart -> attempt {}{wait}", r.to_cycle);
+        let label = format!("restart -> attempt {}{wait}", r.to_attempt);
         let style = text_style(12, RESTART, axis.anchor(x, VPos::Bottom));
         draw_text(chart, label, (x, y + 0.28), style)?;
     }
@@ -377,7 +377,7 @@ fn draw_attempts(
             .map_err(err)?;
         draw_text(
             chart,
-            format!("attempt {}", a.cycle),
+            format!("attempt {}", a.attempt),
             (x0, y + 0.14),
             text_style(11, BLACK, Pos::new(HPos::Left, VPos::Bottom)),
         )?;
@@ -394,7 +394,7 @@ fn draw_failures_and_hangs(
 ) -> Result<(), PlotError> {
     // Ranks of one attempt often fail or hang together (a collective aborts): one label per
     // attempt, for the first, naming how many more.
-    for (f, more) in first_per_cycle(&run.failures, |f| (f.cycle, f.ts)) {
+    for (f, more) in first_per_attempt(&run.failures, |f| (f.attempt, f.ts)) {
         let x = axis.x(f.ts);
         chart
             .draw_series(std::iter::once(Cross::new(
@@ -411,7 +411,7 @@ fn draw_failures_and_hangs(
             text_style(12, FAILED, axis.anchor(x, VPos::Top)),
         )?;
     }
-    for (hang, more) in first_per_cycle(&run.hangs, |h| (h.cycle, h.ts)) {
+    for (hang, more) in first_per_attempt(&run.hangs, |h| (h.attempt, h.ts)) {
         let x = axis.x(hang.ts);
         chart
             .draw_series(std::iter::once(TriangleMarker::new(
@@ -431,19 +431,19 @@ fn draw_failures_and_hangs(
     Ok(())
 }
 
-/// The earliest item of each cycle, with how many more the cycle has, in cycle order.
-pub fn first_per_cycle<T>(items: &[T], key: impl Fn(&T) -> (u32, f64)) -> Vec<(&T, usize)> {
+/// The earliest item of each attempt, with how many more the attempt has, in attempt order.
+pub fn first_per_attempt<T>(items: &[T], key: impl Fn(&T) -> (u32, f64)) -> Vec<(&T, usize)> {
     let mut out: Vec<(&T, usize)> = Vec::new();
-    let mut by_cycle: BTreeMap<u32, (usize, usize)> = BTreeMap::new();
+    let mut by_attempt: BTreeMap<u32, (usize, usize)> = BTreeMap::new();
     for (i, it) in items.iter().enumerate() {
-        let (cycle, ts) = key(it);
-        let e = by_cycle.entry(cycle).or_insert((i, 0));
+        let (attempt, ts) = key(it);
+        let e = by_attempt.entry(attempt).or_insert((i, 0));
         e.1 += 1;
         if ts < key(&items[e.0]).1 {
             e.0 = i;
         }
     }
-    for (_, (i, n)) in by_cycle {
+    for (_, (i, n)) in by_attempt {
         out.push((&items[i], n - 1));
     }
     out
@@ -494,7 +494,7 @@ pub fn stop_labels(run: &NodeRun) -> Vec<(f64, String)> {
 /// One node's steps in one attempt, in time order: (x, step).
 struct StepLine {
     node: u32,
-    cycle: u32,
+    attempt: u32,
     /// The attempt's start on the axis.
     start: f64,
     pts: Vec<(f64, i64)>,
@@ -507,25 +507,25 @@ struct StepLine {
 pub fn steps(h: &History, axis: &TimeAxis) -> Option<Result<String, PlotError>> {
     let mut lines: Vec<StepLine> = Vec::new();
     for r in h.runs.iter().filter(|r| !r.steps.is_empty()) {
-        let mut cycles: Vec<u32> = r.steps.iter().map(|p| p.cycle).collect();
-        cycles.sort_unstable();
-        cycles.dedup();
-        for c in cycles {
+        let mut attempts: Vec<u32> = r.steps.iter().map(|p| p.attempt).collect();
+        attempts.sort_unstable();
+        attempts.dedup();
+        for c in attempts {
             let mut pts: Vec<(f64, i64)> = r
                 .steps
                 .iter()
-                .filter(|p| p.cycle == c)
+                .filter(|p| p.attempt == c)
                 .map(|p| (axis.x(p.ts), clamp_step(p.step)))
                 .collect();
             pts.sort_by(|a, b| a.0.total_cmp(&b.0));
             let start = r
                 .attempts
                 .iter()
-                .find(|a| a.cycle == c)
+                .find(|a| a.attempt == c)
                 .map_or(pts[0].0, |a| axis.x(a.start));
             lines.push(StepLine {
                 node: r.node_rank,
-                cycle: c,
+                attempt: c,
                 start,
                 pts,
             });
@@ -596,10 +596,10 @@ fn draw_resume(
     let text = if first.1 < last.1 {
         format!(
             "attempt {} resumed below step {} (first step seen {})",
-            l.cycle, last.1, first.1
+            l.attempt, last.1, first.1
         )
     } else {
-        format!("attempt {} (first step seen {})", l.cycle, first.1)
+        format!("attempt {} (first step seen {})", l.attempt, first.1)
     };
     chart
         .draw_series(std::iter::once(Text::new(
@@ -670,7 +670,7 @@ fn steps_svg(
             let prev = i
                 .checked_sub(1)
                 .map(|j| &lines[j])
-                .filter(|p| p.node == l.node && p.cycle < l.cycle);
+                .filter(|p| p.node == l.node && p.attempt < l.attempt);
             if let Some(prev) = prev {
                 draw_resume(&mut chart, prev, l, color, &y, axis)?;
             }
@@ -825,7 +825,7 @@ mod tests {
     fn stop(ts: f64, kind: StopKind) -> Stop {
         Stop {
             ts,
-            cycle: 0,
+            attempt: 0,
             kind,
             window_s: None,
         }
@@ -924,7 +924,7 @@ mod tests {
     #[test]
     fn failures_of_one_attempt_share_one_label() {
         let items = [(0u32, 5.0), (0, 4.0), (0, 6.0), (2, 9.0)];
-        let got: Vec<((u32, f64), usize)> = first_per_cycle(&items, |x| *x)
+        let got: Vec<((u32, f64), usize)> = first_per_attempt(&items, |x| *x)
             .into_iter()
             .map(|(x, n)| (*x, n))
             .collect();

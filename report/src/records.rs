@@ -156,7 +156,7 @@ fn parse_line(
 fn bad_time(v: &Value) -> Option<(&'static str, String)> {
     ["ts", "start", "end"].into_iter().find_map(|field| {
         let x = v.get(field)?;
-        // An event's `end` is a word (`cycle_ended`); a ledger's is a time or null.
+        // An event's `end` is a word (`attempt_ended`); a ledger's is a time or null.
         if field != "ts" && !x.is_number() {
             return None;
         }

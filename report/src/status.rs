@@ -107,7 +107,7 @@ impl History {
                     .runs
                     .iter()
                     .filter_map(|&i| self.runs[i].attempts.last())
-                    .map(|at| at.cycle)
+                    .map(|at| at.attempt)
                     .max();
                 s.push_str(&format!(": running since {}, {nodes}", utc(a.start)));
                 if let Some(c) = attempt {

@@ -161,7 +161,7 @@ pub fn rank_dir(dir: &Path, rank: u32) -> Option<PathBuf> {
             if ev["event"] != "rank_started" || ev["rank"].as_u64() != Some(rank.into()) {
                 continue;
             }
-            let (Some(ts), Some(cycle), Some(local)) = (
+            let (Some(ts), Some(attempt), Some(local)) = (
                 ev["ts"].as_f64(),
                 ev["cycle"].as_u64(),
                 ev["local_rank"].as_u64(),
@@ -171,7 +171,8 @@ pub fn rank_dir(dir: &Path, rank: u32) -> Option<PathBuf> {
             if best.as_ref().is_none_or(|(b, _)| ts > *b) {
                 best = Some((
                     ts,
-                    run.join(format!("attempt_{cycle}")).join(local.to_string()),
+                    run.join(format!("attempt_{attempt}"))
+                        .join(local.to_string()),
                 ));
             }
         }
@@ -191,9 +192,9 @@ mod tests {
         d
     }
 
-    fn started(ts: f64, rank: u32, cycle: u32, local: u32) -> String {
+    fn started(ts: f64, rank: u32, attempt: u32, local: u32) -> String {
         format!(
-            "{{\"event\":\"rank_started\",\"ts\":{ts},\"rank\":{rank},\"cycle\":{cycle},\"local_rank\":{local}}}\n"
+            "{{\"event\":\"rank_started\",\"ts\":{ts},\"rank\":{rank},\"cycle\":{attempt},\"local_rank\":{local}}}\n"
         )
     }
 

@@ -57,7 +57,7 @@ fn latest_logs(h: &History) -> Vec<PathBuf> {
     }
 }
 
-/// Who stood by, and who still does: a host's last `standby` or `cycle_start` record says which.
+/// Who stood by, and who still does: a host's last `standby` or `attempt_start` record says which.
 fn spares(logs: &[PathBuf]) -> Spares {
     let mut s = Spares::default();
     for path in logs {
@@ -70,7 +70,7 @@ fn spares(logs: &[PathBuf]) -> Spares {
             }
             match line.record {
                 Record::Standby { .. } => standing_by = Some(true),
-                Record::CycleStart { .. } => standing_by = standing_by.map(|_| false),
+                Record::AttemptStart { .. } => standing_by = standing_by.map(|_| false),
                 _ => {}
             }
         });

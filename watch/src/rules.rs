@@ -54,7 +54,7 @@ pub struct Spares {
     /// Hosts that waited as a standby at some time in the latest allocation.
     pub had: BTreeSet<String>,
     /// Of them, those still standing by (their last record of the two is `standby`, not a
-    /// `cycle_start`).
+    /// `attempt_start`).
     pub left: BTreeSet<String>,
 }
 
@@ -108,7 +108,7 @@ pub fn restart_storm(h: &History, l: &Limits, now: f64) -> Option<Problem> {
     let mut seen = BTreeSet::new();
     for (i, run) in h.runs.iter().enumerate() {
         // Every node of an allocation logs the same restart; a requeued job's next allocation
-        // counts its cycles from 0 again under the same run id.
+        // counts its attempts from 0 again under the same run id.
         let job = match h.allocations.iter().find(|a| a.runs.contains(&i)) {
             Some(a) => format!("allocation {}", a.number),
             None => run
@@ -117,7 +117,7 @@ pub fn restart_storm(h: &History, l: &Limits, now: f64) -> Option<Problem> {
                 .unwrap_or_else(|| run.source.display().to_string()),
         };
         for r in run.restarts.iter().filter(|r| r.ts >= since && r.ts <= now) {
-            seen.insert((job.clone(), r.to_cycle));
+            seen.insert((job.clone(), r.to_attempt));
         }
     }
     (seen.len() >= l.storm_restarts.max(1)).then(|| {
@@ -216,20 +216,22 @@ pub fn node_blamed_twice(h: &History) -> Vec<Problem> {
             let Some(run) = h.runs.get(i) else { continue };
             in_allocation.insert(i);
             for nf in &run.node_faults {
-                here.entry(run.host.as_str()).or_default().insert(nf.cycle);
+                here.entry(run.host.as_str())
+                    .or_default()
+                    .insert(nf.attempt);
             }
         }
         for x in &a.excluded {
             here.entry(x.as_str()).or_default();
         }
-        for (host, cycles) in here {
-            *count.entry(host).or_default() += cycles.len().max(1);
+        for (host, attempts) in here {
+            *count.entry(host).or_default() += attempts.len().max(1);
         }
     }
     for (i, run) in h.runs.iter().enumerate() {
         if !in_allocation.contains(&i) {
-            let cycles: BTreeSet<u32> = run.node_faults.iter().map(|n| n.cycle).collect();
-            *count.entry(run.host.as_str()).or_default() += cycles.len();
+            let attempts: BTreeSet<u32> = run.node_faults.iter().map(|n| n.attempt).collect();
+            *count.entry(run.host.as_str()).or_default() += attempts.len();
         }
     }
     count
@@ -345,8 +347,8 @@ mod tests {
     fn restart(ts: f64, to: u32) -> Restart {
         Restart {
             ts,
-            from_cycle: to - 1,
-            to_cycle: to,
+            from_attempt: to - 1,
+            to_attempt: to,
             ..Restart::default()
         }
     }
@@ -386,7 +388,7 @@ mod tests {
     }
 
     #[test]
-    fn requeued_allocations_restarting_from_cycle_0_under_one_run_id_count_each() {
+    fn requeued_allocations_restarting_from_attempt_0_under_one_run_id_count_each() {
         let runs: Vec<NodeRun> = (0..3)
             .map(|i| {
                 let mut r = run("n1");
@@ -480,7 +482,7 @@ mod tests {
         let mut faulty = run("n2");
         faulty.node_faults.push(vigil_report::history::NodeFault {
             ts: 1.0,
-            cycle: 0,
+            attempt: 0,
             reason: "xid 79".into(),
         });
         let mut a1 = alloc(1, "lost", DecisionKind::Requeue);

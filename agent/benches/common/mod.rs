@@ -73,20 +73,20 @@ impl Agent {
         Agent { tx, task, rx }
     }
 
-    /// Until the agent holds its assignment (or its standby place) for `cycle`; what node rank 0
+    /// Until the agent holds its assignment (or its standby place) for `attempt`; what node rank 0
     /// alone is told on the way (promotions, the hosts, console notes) is passed over.
-    pub async fn joined(&mut self, cycle: u32) {
+    pub async fn joined(&mut self, attempt: u32) {
         loop {
             match self.rx.recv().await {
-                Some(FromCoord::Event(Event::Joined { cycle: c, .. }))
-                | Some(FromCoord::Event(Event::Standby { cycle: c }))
-                    if c == cycle =>
+                Some(FromCoord::Event(Event::Joined { attempt: c, .. }))
+                | Some(FromCoord::Event(Event::Standby { attempt: c }))
+                    if c == attempt =>
                 {
                     return
                 }
                 Some(FromCoord::Promoted { .. } | FromCoord::Hosts { .. } | FromCoord::Note(_)) => {
                 }
-                other => panic!("expected Joined({cycle}), got {other:?}"),
+                other => panic!("expected Joined({attempt}), got {other:?}"),
             }
         }
     }

@@ -26,10 +26,10 @@
 //! neither counts nor resets (`--max-requeues` bounds those). `--max-no-progress 0` turns the
 //! check off.
 //!
-//! ft_launcher (NVRx `TrainingProgressTracker`) compared: it counts *in-job cycles* whose
+//! ft_launcher (NVRx `TrainingProgressTracker`) compared: it counts *in-job attempts* whose
 //! iteration, read from `--ft-checkpoint-iteration-file`, grew by less than
-//! `min_progress_iterations` since the cycle started; when `max_no_progress_cycles` consecutive
-//! cycles (cycle 0 included) made none, the launcher stops restarting and exits 1 (NVRx 0.7 has
+//! `min_progress_iterations` since the attempt started; when `max_no_progress_cycles` consecutive
+//! attempts (attempt 0 included) made none, the launcher stops restarting and exits 1 (NVRx 0.7 has
 //! no status of its own for it; vigil's `--ft-no-restart-exit-code` gives one); without the
 //! file it stays inactive; 0 disables it. Running out of
 //! `--max-restarts` exits 1, not 93. vigil keeps the same counting and the same meaning of 0,

@@ -1,7 +1,7 @@
 //! Hot spares (docs/design.md, "Hot spares"): the choice of a standby, used by the rendezvous'
-//! state machine (job/rendezvous/decide/) when node rank 0 assigns a cycle.
+//! state machine (job/rendezvous/decide/) when node rank 0 assigns an attempt.
 //!
-//! Pure: which node id plays each group rank ("slot") of a cycle, and which standby takes the slot
+//! Pure: which node id plays each group rank ("slot") of an attempt, and which standby takes the slot
 //! of a lost node. A slot keeps its global ranks, so a promotion changes no other rank's number.
 
 /// What node rank 0 knows of a standby when it must fill a slot.
@@ -56,7 +56,7 @@ pub fn pick(lost: (u32, Option<&str>), standbys: &[Standby], segment: Option<u32
         .map(|s| s.node)
 }
 
-/// The slots of the next cycle: each slot whose node was lost goes to a standby (`pick`), each
+/// The slots of the next attempt: each slot whose node was lost goes to a standby (`pick`), each
 /// standby at most once. `Err` names the slots no healthy standby is left for: the job then ends
 /// for a requeue, as without spares.
 pub fn refill(

@@ -38,7 +38,7 @@ const MAX_TRIGGERS: usize = 32;
 /// Counts since the agent started.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Tally {
-    /// `cycle_start` records: attempts this node's ranks started.
+    /// `attempt_start` records: attempts this node's ranks started.
     pub attempts: u64,
     /// `restart` records.
     pub restarts: u64,
@@ -63,7 +63,7 @@ impl Tally {
     /// Counts one record the agent wrote.
     pub fn on_record(&mut self, r: &Record) {
         match r {
-            Record::CycleStart { .. } => self.attempts += 1,
+            Record::AttemptStart { .. } => self.attempts += 1,
             Record::Restart { .. } => self.restarts += 1,
             Record::Generation { .. } => self.in_process_restarts += 1,
             Record::GenerationRecovered { seconds, .. } => self.in_process_recovery_s += seconds,
@@ -109,7 +109,7 @@ mod tests {
 
     fn hang(timeout: HangKind) -> Record {
         Record::Hang {
-            cycle: 0,
+            attempt: 0,
             local_rank: 0,
             rank: 0,
             pid: 1,
@@ -126,8 +126,8 @@ mod tests {
     fn records_count_under_their_kind() {
         let mut t = Tally::default();
         for r in [
-            Record::CycleStart {
-                cycle: 0,
+            Record::AttemptStart {
+                attempt: 0,
                 restart_count: 0,
                 nproc: 2,
                 rank_offset: 0,
@@ -135,7 +135,7 @@ mod tests {
                 restarts_left: 1,
             },
             Record::RankExited {
-                cycle: 0,
+                attempt: 0,
                 local_rank: 1,
                 rank: 1,
                 pid: 9,
@@ -144,7 +144,7 @@ mod tests {
                 expected: false,
             },
             Record::RankExited {
-                cycle: 0,
+                attempt: 0,
                 local_rank: 0,
                 rank: 0,
                 pid: 8,
@@ -156,7 +156,7 @@ mod tests {
             hang(HangKind::Heartbeat),
             hang(HangKind::Section("step".into())),
             Record::Stop {
-                cycle: 0,
+                attempt: 0,
                 reason: StopReason::RankFailed,
                 signal: 15,
                 grace_ms: 1,
@@ -165,14 +165,14 @@ mod tests {
                 trigger: None,
             },
             Record::Restart {
-                from_cycle: 0,
-                to_cycle: 1,
+                from_attempt: 0,
+                to_attempt: 1,
                 restarts_left: 0,
                 ran_ms: 5,
                 backoff_ms: 0,
             },
             Record::StopAgreed {
-                cycle: 1,
+                attempt: 1,
                 step: Some(9),
                 trigger: "time-limit".into(),
             },
@@ -191,13 +191,13 @@ mod tests {
         let mut t = Tally::default();
         for i in 0..(MAX_TRIGGERS + 5) {
             t.on_record(&Record::StopAgreed {
-                cycle: 0,
+                attempt: 0,
                 step: None,
                 trigger: format!("t{i}"),
             });
         }
         t.on_record(&Record::StopAgreed {
-            cycle: 0,
+            attempt: 0,
             step: None,
             trigger: "t0".into(),
         });

@@ -42,10 +42,10 @@ impl CycleInfoPlan {
         self.dir.join(format!("cycle_info.{}.current", self.job_id))
     }
 
-    fn file_name(&self, cycle: u32) -> String {
+    fn file_name(&self, attempt: u32) -> String {
         format!(
             "cycle_info.{}.{}.{}",
-            self.job_id, self.attempt_index, cycle
+            self.job_id, self.attempt_index, attempt
         )
     }
 }
@@ -220,12 +220,12 @@ impl CycleInfoWriter {
 
     /// Cycle `cycle` starts at `now`: ends the one before if it is still open, writes the new
     /// file and moves the `.current` link to it.
-    pub fn start(&mut self, cycle: u32, now: &str) -> std::io::Result<()> {
+    pub fn start(&mut self, attempt: u32, now: &str) -> std::io::Result<()> {
         let ended = self.end(now);
         let info = CycleInfo {
             job_id: self.plan.job_id.clone(),
             attempt_index: self.plan.attempt_index,
-            cycle_number: cycle,
+            cycle_number: attempt,
             cycle_start_time: now.to_string(),
             cycle_end_time: String::new(),
             cycle_log_file: String::new(),
@@ -236,7 +236,7 @@ impl CycleInfoWriter {
         };
         self.open = Some(info.clone());
         fs::create_dir_all(&self.plan.dir)?;
-        let name = self.plan.file_name(cycle);
+        let name = self.plan.file_name(attempt);
         write_replace(&self.plan.dir.join(&name), &info.render())?;
         let link = self.plan.current_link();
         let tmp = tmp_of(&link);
@@ -278,7 +278,7 @@ fn write_replace(path: &Path, text: &str) -> std::io::Result<()> {
 mod tests {
 
     #[test]
-    fn the_nodes_of_a_cycle_come_from_the_rendezvous_in_nvrxs_forms() {
+    fn the_nodes_of_a_attempt_come_from_the_rendezvous_in_nvrxs_forms() {
         let hosts: Vec<String> = ["node10.cluster", "node9", "node11"]
             .iter()
             .map(|s| s.to_string())

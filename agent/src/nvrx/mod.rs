@@ -94,7 +94,7 @@ impl Nvrx {
         }
         if let Some(path) = &self.progress_file {
             out.checkpoint = match rec {
-                Record::CycleStart { cycle: 0, .. } => Some((true, read_iteration(path))),
+                Record::AttemptStart { attempt: 0, .. } => Some((true, read_iteration(path))),
                 Record::RankExited { .. } => Some((false, read_iteration(path))),
                 _ => None,
             };
@@ -102,8 +102,8 @@ impl Nvrx {
         if let Some(w) = self.cycles.as_mut() {
             let at = cycle_info::utc_iso(now);
             let done = match rec {
-                Record::CycleStart { cycle, .. } => w.start(*cycle, &at),
-                Record::CycleEnded { .. } | Record::Result { .. } => w.end(&at),
+                Record::AttemptStart { attempt, .. } => w.start(*attempt, &at),
+                Record::AttemptEnded { .. } | Record::Result { .. } => w.end(&at),
                 _ => Ok(()),
             };
             if let Err(e) = done {
@@ -165,7 +165,7 @@ mod tests {
             ..NvrxPlan::default()
         };
         let reg = Record::Registered {
-            cycle: 0,
+            attempt: 0,
             local_rank: 0,
             rank: 0,
         };
@@ -195,7 +195,7 @@ mod tests {
     fn off_by_default() {
         let mut n = Nvrx::new(&NvrxPlan::default(), 0, &[], 1);
         let reg = Record::Registered {
-            cycle: 0,
+            attempt: 0,
             local_rank: 0,
             rank: 0,
         };

@@ -115,14 +115,14 @@ mod tests {
 
     fn reg(lr: u32) -> Record {
         Record::Registered {
-            cycle: 0,
+            attempt: 0,
             local_rank: lr,
             rank: lr,
         }
     }
     fn exited(lr: u32) -> Record {
         Record::RankExited {
-            cycle: 0,
+            attempt: 0,
             local_rank: lr,
             rank: lr,
             pid: 1,
@@ -133,8 +133,8 @@ mod tests {
     }
     fn restart() -> Record {
         Record::Restart {
-            from_cycle: 0,
-            to_cycle: 1,
+            from_attempt: 0,
+            to_attempt: 1,
             restarts_left: 1,
             ran_ms: 0,
             backoff_ms: 0,

@@ -35,7 +35,7 @@ use crate::supervise::{Action, Event, JobEnd, JobRequest, Outcome, Placement, Re
 #[derive(Default)]
 pub(super) struct Trail {
     /// How each attempt of the job ended (node rank 0 blames nodes from it).
-    pub(super) cycle_ends: Vec<(u32, JobEnd)>,
+    pub(super) attempt_ends: Vec<(u32, JobEnd)>,
     /// How the last attempt ended, when another node ended it.
     pub(super) peer_end: Option<JobEnd>,
     /// Standbys promoted so far (node rank 0), for the ledger.
@@ -58,14 +58,14 @@ pub(super) struct Ranks {
     pub(super) helper_pids: Arc<Mutex<Vec<i32>>>,
     /// How every process the ranks started is found again at the end of an attempt.
     pub(super) containment: proc::Containment,
-    /// stderr tails of the current cycle's ranks.
+    /// stderr tails of the current attempt's ranks.
     pub(super) tails: Vec<Tail>,
     pub(super) readers: Vec<JoinHandle<()>>,
     /// The ranks' socket: their pids and the connections to them.
     pub(super) shared: Rc<Shared>,
     pub(super) socket: PathBuf,
     pub(super) stacks_tx: mpsc::UnboundedSender<(u32, u32, StackReport)>,
-    /// Stack reports per (cycle, local rank), for the failure summary.
+    /// Stack reports per (attempt, local rank), for the failure summary.
     pub(super) stack_reports: Vec<(u32, u32, StackReport)>,
     /// Rank log files could not be created once already (said once).
     pub(super) log_create_failed: bool,
@@ -190,42 +190,42 @@ struct AttemptIo {
 }
 
 impl Agent {
-    pub(super) fn attempt_dir(&self, cycle: u32, local_rank: u32) -> PathBuf {
-        attempt_dir(&self.run_dir, cycle, local_rank)
+    pub(super) fn attempt_dir(&self, attempt: u32, local_rank: u32) -> PathBuf {
+        attempt_dir(&self.run_dir, attempt, local_rank)
     }
 
-    pub(super) fn spawn_cycle(
+    pub(super) fn spawn_attempt(
         &mut self,
-        cycle: u32,
+        attempt: u32,
         placement: Placement,
         queue: &mut VecDeque<Event>,
     ) {
         self.ranks.tails = (0..self.cfg.nproc).map(|_| Tail::default()).collect();
         // Pumps of earlier attempts that reached end-of-file need no waiting for at exit.
         self.ranks.readers.retain(|h| !h.is_finished());
-        self.ranks.shared.cycle.set(cycle);
+        self.ranks.shared.attempt.set(attempt);
         *self.ranks.shared.rank_pids.borrow_mut() = vec![None; self.cfg.nproc as usize];
         let io = AttemptIo {
             placement,
-            dups: self.dups(cycle),
-            numa: self.numa(cycle),
+            dups: self.dups(attempt),
+            numa: self.numa(attempt),
             hostname: nix::unistd::gethostname()
                 .map(|h| h.to_string_lossy().into_owned())
                 .unwrap_or_default(),
         };
         for lr in 0..self.cfg.nproc {
-            if !self.spawn_rank(cycle, lr, &io, None, queue) {
+            if !self.spawn_rank(attempt, lr, &io, None, queue) {
                 break;
             }
         }
         self.ranks.io = Some(io);
-        self.start_warm(cycle);
+        self.start_warm(attempt);
     }
 
     /// With in-process restarts, and a rank command that a Python interpreter runs: starts the
     /// process that the next replaced rank becomes, unless one is ready. Its failure to start
     /// costs only speed: a replacement is then started cold.
-    fn start_warm(&mut self, cycle: u32) {
+    fn start_warm(&mut self, attempt: u32) {
         let Some(io) = &self.ranks.io else { return };
         let wanted = self.cfg.in_process.restarts > 0 && io.numa.is_none();
         if !wanted || self.ranks.warm.is_some() {
@@ -237,8 +237,8 @@ impl Agent {
         let Some(imports) = warm::imports(std::env::var(warm::IMPORTS_VAR).ok().as_deref()) else {
             return;
         };
-        let dir = self.attempt_dir(cycle, 0);
-        let env = warm::warm_env(&self.rank_env(cycle, 0, io.placement, &dir), &imports);
+        let dir = self.attempt_dir(attempt, 0);
+        let env = warm::warm_env(&self.rank_env(attempt, 0, io.placement, &dir), &imports);
         match Warm::start(&plan, &env, self.ranks.containment.cgroup()) {
             Ok(w) => {
                 if let Some(wd) = &mut self.ranks.watchdog {
@@ -263,12 +263,12 @@ impl Agent {
         }
     }
 
-    /// Starts local rank `lr` of attempt `cycle` again, in its place, at `generation`
+    /// Starts local rank `lr` of attempt `attempt` again, in its place, at `generation`
     /// (an in-process restart): the attempt's placement and outputs; its logs go to a folder of
     /// the generation's in the rank's attempt folder.
     pub(super) fn respawn_rank(
         &mut self,
-        cycle: u32,
+        attempt: u32,
         lr: u32,
         generation: (u64, &[u32]),
         queue: &mut VecDeque<Event>,
@@ -283,19 +283,19 @@ impl Agent {
             w.release(old);
         }
         self.ranks.tails[lr as usize] = Tail::default();
-        self.spawn_rank(cycle, lr, &io, Some(generation), queue);
+        self.spawn_rank(attempt, lr, &io, Some(generation), queue);
         self.ranks.io = Some(io);
     }
 
     /// The attempt's filtered copies of the ranks' output, when asked for.
-    fn dups(&self, cycle: u32) -> [Option<Dup>; 2] {
+    fn dups(&self, attempt: u32) -> [Option<Dup>; 2] {
         [
             (&self.cfg.dup_stdout, "filtered_stdout.log"),
             (&self.cfg.dup_stderr, "filtered_stderr.log"),
         ]
         .map(|(filters, name)| {
             (!filters.is_empty()).then(|| {
-                let dir = self.run_dir.join(format!("attempt_{cycle}"));
+                let dir = self.run_dir.join(format!("attempt_{attempt}"));
                 let file = fs::create_dir_all(&dir)
                     .and_then(|_| File::create(dir.join(name)))
                     .ok();
@@ -308,7 +308,7 @@ impl Agent {
     }
 
     /// `--numa-binding`: where each rank is bound (warnings once, at the first attempt).
-    fn numa(&self, cycle: u32) -> Option<Vec<Option<numa::Prepared>>> {
+    fn numa(&self, attempt: u32) -> Option<Vec<Option<numa::Prepared>>> {
         let g = &self.cfg.gpu;
         g.numa.map(|mode| {
             let cvd = std::env::var("CUDA_VISIBLE_DEVICES").ok();
@@ -319,7 +319,7 @@ impl Agent {
                 self.cfg.nproc,
                 cvd.as_deref(),
             );
-            for w in warnings.iter().filter(|_| cycle == 0) {
+            for w in warnings.iter().filter(|_| attempt == 0) {
                 console_note(w);
             }
             p
@@ -329,13 +329,13 @@ impl Agent {
     /// Starts one rank; false when it could not be (the attempt starts no more ranks).
     fn spawn_rank(
         &mut self,
-        cycle: u32,
+        attempt: u32,
         lr: u32,
         io: &AttemptIo,
         generation: Option<(u64, &[u32])>,
         queue: &mut VecDeque<Event>,
     ) -> bool {
-        let mut dir = self.attempt_dir(cycle, lr);
+        let mut dir = self.attempt_dir(attempt, lr);
         if let Some((g, _)) = generation {
             dir = dir.join(format!("generation_{g}"));
         }
@@ -353,7 +353,7 @@ impl Agent {
                 None
             }
         };
-        let mut env = self.rank_env(cycle, lr, io.placement, &dir);
+        let mut env = self.rank_env(attempt, lr, io.placement, &dir);
         if let Some((g, replaced)) = generation {
             env.extend(crate::cli::config::generation_env(g, replaced));
         }
@@ -396,12 +396,12 @@ impl Agent {
     }
 
     /// A rank's environment: torchrun's variables and vigil's own.
-    fn rank_env(&self, cycle: u32, lr: u32, at: Placement, dir: &Path) -> Vec<(String, String)> {
+    fn rank_env(&self, attempt: u32, lr: u32, at: Placement, dir: &Path) -> Vec<(String, String)> {
         let error_file = dir.join("error.json").to_string_lossy().into_owned();
         let slot = RankSlot {
             local_rank: lr,
             group_rank: at.group_rank,
-            restart_count: cycle,
+            restart_count: attempt,
             rank_offset: at.rank_offset,
             world_size: at.world_size,
             master_addr: &self.store_for_ranks.0,
@@ -469,15 +469,15 @@ impl Agent {
         for a in actions {
             match a {
                 Action::Job(req) => self.request(req),
-                Action::SpawnCycle { cycle, placement } => {
-                    self.spawn_cycle(cycle, placement, queue)
+                Action::SpawnAttempt { attempt, placement } => {
+                    self.spawn_attempt(attempt, placement, queue)
                 }
                 Action::SpawnRank {
-                    cycle,
+                    attempt,
                     local_rank,
                     generation,
                     replaced,
-                } => self.respawn_rank(cycle, local_rank, (generation, &replaced), queue),
+                } => self.respawn_rank(attempt, local_rank, (generation, &replaced), queue),
                 Action::SignalGroups { pgids, signal } => {
                     for p in pgids {
                         proc::signal_group(p, signal);
@@ -487,8 +487,8 @@ impl Agent {
                 Action::Record(rec) => {
                     // The next warm process starts once the ranks are back: its imports do not
                     // compete with the recovery.
-                    if let Record::GenerationRecovered { cycle, .. } = &rec {
-                        self.start_warm(*cycle);
+                    if let Record::GenerationRecovered { attempt, .. } = &rec {
+                        self.start_warm(*attempt);
                     }
                     if let Some(text) = self.out.report.line(&rec) {
                         output::console_text(ConsoleStream::Stderr, &text);
@@ -543,7 +543,7 @@ impl Agent {
         match req {
             // Leaving waits until the loop is over (the output drained).
             leave @ JobRequest::Leave { .. } => self.leave = Some(leave),
-            JobRequest::Join { cycle, .. } if gate::wanted(&self.cfg.gpu, cycle) => {
+            JobRequest::Join { attempt, .. } if gate::wanted(&self.cfg.gpu, attempt) => {
                 let (nproc, node) = (self.cfg.nproc, self.cfg.node_rank);
                 let spares = self.cfg.active_nodes < self.cfg.nnodes;
                 gate::start(
@@ -565,7 +565,7 @@ impl Agent {
         for p in &pgids {
             proc::signal_group(*p, libc::SIGKILL);
         }
-        self.sweep(self.ranks.shared.cycle.get());
+        self.sweep(self.ranks.shared.attempt.get());
         for p in pgids {
             if let Some(w) = &mut self.ranks.watchdog {
                 w.release(p);
@@ -574,20 +574,20 @@ impl Agent {
     }
 
     fn capture_stacks(&mut self, local_rank: u32, pid: i32, via_shim: bool) {
-        let cycle = self.ranks.shared.cycle.get();
-        let dir = self.attempt_dir(cycle, local_rank);
+        let attempt = self.ranks.shared.attempt.get();
+        let dir = self.attempt_dir(attempt, local_rank);
         let wait = self.cfg.stack_wait;
         let tx = self.ranks.stacks_tx.clone();
         tokio::task::spawn_local(async move {
             let report = stacks::capture(pid, &dir, via_shim, wait).await;
-            let _ = tx.send((cycle, local_rank, report));
+            let _ = tx.send((attempt, local_rank, report));
         });
     }
 
     /// Kills whatever the ranks left running outside their process groups (daemons that called
     /// setsid, double forks) and says so. Called once no rank of the attempt runs, so every child
     /// of the agent but the watchdog is such a leftover.
-    pub(super) fn sweep(&mut self, cycle: u32) {
+    pub(super) fn sweep(&mut self, attempt: u32) {
         self.discard_warm();
         let mut spare: Vec<i32> = self.ranks.watchdog.iter().map(Watchdog::pid).collect();
         spare.extend(
@@ -601,10 +601,10 @@ impl Agent {
         let killed = self.ranks.containment.sweep(Some((me, &spare)));
         if killed > 0 {
             console_note(&format!(
-                "killed {killed} process(es) the ranks of attempt {cycle} left running outside their process groups"
+                "killed {killed} process(es) the ranks of attempt {attempt} left running outside their process groups"
             ));
             self.out.events.write(&Record::LeftoversKilled {
-                cycle,
+                attempt,
                 count: killed,
             });
         }
@@ -613,34 +613,38 @@ impl Agent {
     /// `rank_offset`: the global rank of the node's local rank 0 in the attempt.
     pub(super) fn on_stacks(
         &mut self,
-        (cycle, local_rank, rank_offset): (u32, u32, u32),
+        (attempt, local_rank, rank_offset): (u32, u32, u32),
         report: StackReport,
     ) {
         let rank = rank_offset + local_rank;
         console_note(&report::stacks(rank, &report));
         self.out.events.write(&Record::Stacks {
-            cycle,
+            attempt,
             local_rank,
             rank,
             python_stacks: report.python.clone(),
             proc_stacks: report.proc.clone(),
             innermost: report.innermost.clone(),
         });
-        self.ranks.stack_reports.push((cycle, local_rank, report));
+        self.ranks.stack_reports.push((attempt, local_rank, report));
     }
 
     /// Node rank 0: standbys took lost nodes' places.
-    pub(super) fn on_promoted(&mut self, cycle: u32, promotions: &[crate::job::spares::Promotion]) {
+    pub(super) fn on_promoted(
+        &mut self,
+        attempt: u32,
+        promotions: &[crate::job::spares::Promotion],
+    ) {
         for p in promotions {
             let p = Promotion {
-                cycle,
+                attempt,
                 slot: p.slot,
                 lost: p.lost,
                 standby: p.standby,
             };
             console_note(&report::promotion(&p));
             self.out.events.write(&Record::Promotion {
-                cycle,
+                attempt,
                 slot: p.slot,
                 lost: p.lost,
                 standby: p.standby,

@@ -520,7 +520,7 @@ fn ledger_record(
         end: unix(SystemTime::now()),
         outcome: facts.outcome,
         highest_step: facts.highest_step,
-        restarts: e.sup.cycle(),
+        restarts: e.sup.attempt(),
         stop_step: stop_of(e.outcome).1,
         stop_trigger: facts.stop_trigger.clone(),
         decision: verdict.decision.kind(),

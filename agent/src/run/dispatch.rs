@@ -52,7 +52,7 @@ pub(super) enum Internal {
     Gpu(FromGpu),
     /// A hung rank's stacks were captured.
     Stacks {
-        cycle: u32,
+        attempt: u32,
         local_rank: u32,
         report: StackReport,
     },
@@ -96,8 +96,8 @@ impl Sources {
             Some(r) = self.reports.recv() => Internal::StragglerReport(r),
             Some(out) = self.gate.recv() => Internal::Gate(out),
             Some(m) = self.gpu.recv() => Internal::Gpu(m),
-            Some((cycle, local_rank, report)) = self.stacks.recv() => {
-                Internal::Stacks { cycle, local_rank, report }
+            Some((attempt, local_rank, report)) = self.stacks.recv() => {
+                Internal::Stacks { attempt, local_rank, report }
             }
             Some(reply) = self.pages.recv() => Internal::Page(reply),
             _ = self.ticker.tick() => Internal::Tick,
@@ -246,13 +246,13 @@ impl Dispatcher {
                 self.apply(effects);
             }
             Internal::Stacks {
-                cycle,
+                attempt,
                 local_rank,
                 report,
             } => {
-                let at = (cycle, local_rank, self.sup.placement().rank_offset);
+                let at = (attempt, local_rank, self.sup.placement().rank_offset);
                 self.agent.on_stacks(at, report);
-                if cycle == self.sup.cycle() {
+                if attempt == self.sup.attempt() {
                     queue(self, Event::StacksCaptured { local_rank });
                 }
             }
@@ -281,18 +281,21 @@ impl Dispatcher {
     }
 
     fn on_ipc(&mut self, m: FromRanks) {
-        let current = self.sup.cycle();
+        let current = self.sup.attempt();
         match m {
             FromRanks::Message {
-                cycle,
+                attempt,
                 local_rank,
                 msg,
                 at,
-            } if cycle == current => {
+            } if attempt == current => {
                 self.agent.stragglers.on_msg(at, local_rank, &msg);
                 self.queue.push_back(Event::Message { local_rank, msg });
             }
-            FromRanks::Closed { cycle, local_rank } if cycle == current => {
+            FromRanks::Closed {
+                attempt,
+                local_rank,
+            } if attempt == current => {
                 self.queue.push_back(Event::Disconnected { local_rank });
             }
             FromRanks::Message { .. } | FromRanks::Closed { .. } => {}
@@ -314,17 +317,20 @@ impl Dispatcher {
         let agent = &mut self.agent;
         match &m {
             FromCoord::Event(Event::Joined { .. }) => agent.stragglers.new_attempt(),
-            FromCoord::Event(Event::CycleEnded { cycle, end }) => {
-                agent.trail.cycle_ends.push((*cycle, end.clone()));
+            FromCoord::Event(Event::AttemptEnded { attempt, end }) => {
+                agent.trail.attempt_ends.push((*attempt, end.clone()));
                 if *end != JobEnd::Done {
                     agent.trail.peer_end = Some(end.clone());
                 }
             }
-            FromCoord::Promoted { cycle, promotions } => agent.on_promoted(*cycle, promotions),
+            FromCoord::Promoted {
+                attempt,
+                promotions,
+            } => agent.on_promoted(*attempt, promotions),
             FromCoord::HeadLost => agent.trail.head_lost = true,
-            FromCoord::SparesReady { cycle, ready } => {
+            FromCoord::SparesReady { attempt, ready } => {
                 let r = Record::Spares {
-                    cycle: *cycle,
+                    attempt: *attempt,
                     ready: *ready,
                 };
                 self.runtime_record(r);
@@ -426,7 +432,7 @@ mod tests {
     #[test]
     fn promotions_concern_the_runtime_alone() {
         let m = FromCoord::Promoted {
-            cycle: 1,
+            attempt: 1,
             promotions: vec![],
         };
         assert_eq!(event_of(m), None);
@@ -435,7 +441,7 @@ mod tests {
     #[test]
     fn a_joined_attempt_keeps_its_assignment_for_the_supervisor() {
         let joined = Event::Joined {
-            cycle: 2,
+            attempt: 2,
             placement: Placement {
                 group_rank: 1,
                 rank_offset: 4,

@@ -24,9 +24,9 @@ pub(super) enum FromGate {
     Health(bool),
 }
 
-/// Whether joining cycle `cycle` waits for the gate at all.
-pub(super) fn wanted(g: &GpuConfig, cycle: u32) -> bool {
-    g.health_check || (cycle > 0 && !g.reclaim_timeout.is_zero())
+/// Whether joining attempt `attempt` waits for the gate at all.
+pub(super) fn wanted(g: &GpuConfig, attempt: u32) -> bool {
+    g.health_check || (attempt > 0 && !g.reclaim_timeout.is_zero())
 }
 
 pub(super) fn start(
@@ -37,22 +37,22 @@ pub(super) fn start(
     req: JobRequest,
     tx: mpsc::UnboundedSender<FromGate>,
 ) {
-    let JobRequest::Join { cycle, .. } = &req else {
+    let JobRequest::Join { attempt, .. } = &req else {
         let _ = tx.send(FromGate::Join(req));
         return;
     };
-    let cycle = *cycle;
+    let attempt = *attempt;
     tokio::task::spawn_local(async move {
-        if cycle > 0 && !g.reclaim_timeout.is_zero() {
+        if attempt > 0 && !g.reclaim_timeout.is_zero() {
             let (g2, tx2) = (g.clone(), tx.clone());
             let held = move |gpus: &[u32], holders: &[GpuProcess]| {
                 let v = Record::GpuMemoryHeld {
-                    cycle,
+                    attempt,
                     gpus: gpus.to_vec(),
                     holders: holders.iter().map(holder).collect(),
                 };
                 let line = format!(
-                    "waiting up to {}s for GPU(s) {gpus:?} to release their memory before attempt {cycle}",
+                    "waiting up to {}s for GPU(s) {gpus:?} to release their memory before attempt {attempt}",
                     g2.reclaim_timeout.as_secs_f64()
                 );
                 let _ = tx2.send(FromGate::Record(v, Some(line)));
@@ -61,7 +61,7 @@ pub(super) fn start(
             let waited = off_loop(move || wait_released(&g3, nproc, held)).await;
             if let Some(Some(o)) = waited {
                 let v = Record::GpuMemoryWait {
-                    cycle,
+                    attempt,
                     gpus: o.gpus.clone(),
                     waited_ms: o.waited_ms,
                     released: o.released,
@@ -82,10 +82,10 @@ pub(super) fn start(
                         detail: "the checks could not run (no thread)".into(),
                     }],
                 });
-            let v = health_record(cycle, &report);
+            let v = health_record(attempt, &report);
             if spares {
                 let line = (!report.healthy()).then(|| format!(
-                    "node {node_rank} failed its health check before attempt {cycle} ({}); with standbys in the job it runs no ranks until it passes",
+                    "node {node_rank} failed its health check before attempt {attempt} ({}); with standbys in the job it runs no ranks until it passes",
                     report.failures()
                 ));
                 let _ = tx.send(FromGate::Record(v, line));
@@ -95,7 +95,7 @@ pub(super) fn start(
             }
             if !report.healthy() {
                 let reason = format!(
-                    "node {node_rank} failed its health check before attempt {cycle} ({}); requeue without this node",
+                    "node {node_rank} failed its health check before attempt {attempt} ({}); requeue without this node",
                     report.failures()
                 );
                 let _ = tx.send(FromGate::Record(v, Some(reason.clone())));
@@ -166,15 +166,15 @@ fn holder(p: &GpuProcess) -> vigil_events::log::GpuHolder {
     }
 }
 
-/// The `health_check` record of the checks before attempt `cycle`.
-fn health_record(cycle: u32, report: &health::HealthReport) -> Record {
+/// The `health_check` record of the checks before attempt `attempt`.
+fn health_record(attempt: u32, report: &health::HealthReport) -> Record {
     let status = |s: health::Status| match s {
         health::Status::Pass => "pass",
         health::Status::Fail => "fail",
         health::Status::Skip => "skip",
     };
     Record::HealthCheck {
-        cycle,
+        attempt,
         healthy: report.healthy(),
         failed: report.failed().iter().map(|n| n.to_string()).collect(),
         checks: report

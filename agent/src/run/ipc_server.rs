@@ -3,7 +3,7 @@
 //! The socket lives in a directory only this user can enter. Every peer is checked with
 //! SO_PEERCRED: another uid, or a process that is not one of the current ranks or their
 //! descendants, is refused. A connection's first message must register it as one rank of the
-//! current cycle; any malformed or oversized frame closes that connection alone.
+//! current attempt; any malformed or oversized frame closes that connection alone.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -22,7 +22,7 @@ use vigil_ipc::{encode_agent, AgentMsg, RankDecoder, RankMsg};
 #[derive(Debug)]
 pub enum FromRanks {
     Message {
-        cycle: u32,
+        attempt: u32,
         local_rank: u32,
         msg: RankMsg,
         /// When it was read from the socket: step and section times are measured from it, not
@@ -34,24 +34,24 @@ pub enum FromRanks {
         reason: String,
     },
     /// The last registered connection of this rank closed.
-    Closed { cycle: u32, local_rank: u32 },
+    Closed { attempt: u32, local_rank: u32 },
 }
 
 /// One registered connection's way back to its rank.
 struct Route {
     conn: u64,
-    cycle: u32,
+    attempt: u32,
     tx: mpsc::UnboundedSender<AgentMsg>,
 }
 
 /// State the event loop shares with the connection tasks (one thread, so plain `Rc`).
 #[derive(Default)]
 pub struct Shared {
-    pub cycle: Cell<u32>,
-    /// Process (and session) id of each local rank of the current cycle.
+    pub attempt: Cell<u32>,
+    /// Process (and session) id of each local rank of the current attempt.
     pub rank_pids: RefCell<Vec<Option<i32>>>,
     /// Registered connections of each local rank, oldest first; messages go to the newest one
-    /// of the current cycle.
+    /// of the current attempt.
     routes: RefCell<HashMap<u32, Vec<Route>>>,
     next_conn: Cell<u64>,
 }
@@ -59,10 +59,10 @@ pub struct Shared {
 impl Shared {
     pub fn send(&self, local_rank: u32, msg: AgentMsg) {
         let routes = self.routes.borrow();
-        let current = self.cycle.get();
+        let current = self.attempt.get();
         if let Some(r) = routes
             .get(&local_rank)
-            .and_then(|v| v.iter().rev().find(|r| r.cycle == current))
+            .and_then(|v| v.iter().rev().find(|r| r.attempt == current))
         {
             let _ = r.tx.send(msg);
         }
@@ -83,14 +83,14 @@ impl Shared {
             .push(route);
     }
 
-    /// Removes this connection's route; true if the rank has no connection of that cycle left.
-    fn remove_route(&self, local_rank: u32, conn: u64, cycle: u32) -> bool {
+    /// Removes this connection's route; true if the rank has no connection of that attempt left.
+    fn remove_route(&self, local_rank: u32, conn: u64, attempt: u32) -> bool {
         let mut routes = self.routes.borrow_mut();
         let Some(v) = routes.get_mut(&local_rank) else {
             return true;
         };
-        v.retain(|r| r.conn != conn && r.cycle >= self.cycle.get());
-        let left = v.iter().any(|r| r.cycle == cycle);
+        v.retain(|r| r.conn != conn && r.attempt >= self.attempt.get());
+        let left = v.iter().any(|r| r.attempt == attempt);
         if v.is_empty() {
             routes.remove(&local_rank);
         }
@@ -311,9 +311,14 @@ async fn serve(stream: UnixStream, uid: u32, shared: Rc<Shared>, tx: mpsc::Sende
         tx,
     };
     c.read_frames(rd).await;
-    if let Some((cycle, local_rank)) = c.me {
-        if c.shared.remove_route(local_rank, c.conn, cycle) {
-            let _ = c.tx.send(FromRanks::Closed { cycle, local_rank }).await;
+    if let Some((attempt, local_rank)) = c.me {
+        if c.shared.remove_route(local_rank, c.conn, attempt) {
+            let _ =
+                c.tx.send(FromRanks::Closed {
+                    attempt,
+                    local_rank,
+                })
+                .await;
         }
     }
     drop(c);
@@ -339,7 +344,7 @@ struct Refusal(String);
 struct Conn {
     pid: i32,
     conn: u64,
-    /// `(cycle, local rank)` once registered.
+    /// `(attempt, local rank)` once registered.
     me: Option<(u32, u32)>,
     /// The way back to the rank, for its route once registered.
     out_tx: mpsc::UnboundedSender<AgentMsg>,
@@ -389,7 +394,7 @@ impl Conn {
 
     /// Passes one message to the event loop; false when the connection is to close.
     async fn forward(&mut self, msg: RankMsg) -> bool {
-        let (cycle, local_rank) = match self.me {
+        let (attempt, local_rank) = match self.me {
             Some(me) => me,
             None => match self.register(&msg) {
                 Ok(me) => me,
@@ -399,13 +404,13 @@ impl Conn {
                 }
             },
         };
-        if cycle != self.shared.cycle.get() {
+        if attempt != self.shared.attempt.get() {
             return false;
         }
         // Waits while the loop is behind: this connection stops reading meanwhile.
         self.tx
             .send(FromRanks::Message {
-                cycle,
+                attempt,
                 local_rank,
                 msg,
                 at: std::time::Instant::now(),
@@ -414,19 +419,21 @@ impl Conn {
             .is_ok()
     }
 
-    /// A connection's first message must register it as a rank of the current cycle that the
+    /// A connection's first message must register it as a rank of the current attempt that the
     /// peer is (or descends from).
     fn register(&mut self, msg: &RankMsg) -> Result<(u32, u32), Refusal> {
         let pid = self.pid;
         let RankMsg::Register {
-            local_rank, cycle, ..
+            local_rank,
+            attempt,
+            ..
         } = msg
         else {
             return Err(Refusal(format!(
                 "process {pid} sent a message before registering; connection closed"
             )));
         };
-        let (lr, cycle) = (*local_rank, *cycle);
+        let (lr, attempt) = (*local_rank, *attempt);
         let expected = self
             .shared
             .rank_pids
@@ -434,22 +441,22 @@ impl Conn {
             .get(lr as usize)
             .copied()
             .flatten();
-        let current = self.shared.cycle.get();
-        if cycle != current || !expected.is_some_and(|r| belongs_to(pid, r)) {
+        let current = self.shared.attempt.get();
+        if attempt != current || !expected.is_some_and(|r| belongs_to(pid, r)) {
             return Err(Refusal(format!(
-                "process {pid} registered as local rank {lr} of cycle {cycle}, which it is not (current cycle {current})"
+                "process {pid} registered as local rank {lr} of cycle {attempt}, which it is not (current cycle {current})"
             )));
         }
-        self.me = Some((cycle, lr));
+        self.me = Some((attempt, lr));
         self.shared.add_route(
             lr,
             Route {
                 conn: self.conn,
-                cycle,
+                attempt,
                 tx: self.out_tx.clone(),
             },
         );
-        Ok((cycle, lr))
+        Ok((attempt, lr))
     }
 
     async fn reject(&self, reason: String) {

@@ -315,7 +315,7 @@ impl Metrics {
             id: &self.id,
             running,
             started_unix: self.started_unix,
-            attempt: sup.cycle(),
+            attempt: sup.attempt(),
             tally: &self.tally,
             ranks,
             scores: self.scores.as_ref(),

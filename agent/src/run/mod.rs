@@ -8,7 +8,7 @@
 //! - `dispatch.rs`: the event loop: sources make internal events, one handler feeds the
 //!   supervisor (the dispatcher holds the supervisor's queue of events); `FromCoord` -> `Event`
 //!   in one function; `effect.rs`: what the gate and the GPU watch ask of the agent, as values.
-//! - `agent.rs`: the effectors, carrying out actions (spawn a cycle, signal, sweep, stacks), in
+//! - `agent.rs`: the effectors, carrying out actions (spawn an attempt, signal, sweep, stacks), in
 //!   parts: the ranks (`Ranks`), the outputs (`Outputs`), the links (`Links`).
 //! - `report.rs`: all console text about the job, pure (`Reporter::line` for records);
 //!   `summary.rs`: the failure summary's text.

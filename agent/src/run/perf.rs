@@ -39,10 +39,10 @@ impl StepsLog {
         step_s: Option<f64>,
     ) -> Option<DueSteps> {
         let st = steps?;
-        let key = (st.cycle, st.min, st.max);
+        let key = (st.attempt, st.min, st.max);
         // An attempt's first record comes at once, whatever the last one's time: it shows the
         // step the attempt resumed from.
-        let same_attempt = self.last.is_some_and(|(c, _, _)| c == st.cycle);
+        let same_attempt = self.last.is_some_and(|(c, _, _)| c == st.attempt);
         let throttled = st.running
             && same_attempt
             && self.at.is_some_and(|t| now.duration_since(t) < STEPS_EVERY);
@@ -52,7 +52,7 @@ impl StepsLog {
         self.last = Some(key);
         self.at = Some(now);
         let record = serde_json::to_value(Record::Steps {
-            cycle: st.cycle,
+            attempt: st.attempt,
             step: st.max,
             min_step: Some(st.min),
             step_s: step_s.filter(|s| s.is_finite() && *s > 0.0),
@@ -246,9 +246,9 @@ pub(super) fn report(threshold: f64, collected: &[(u32, Vec<u8>)]) -> Option<Rep
 mod tests {
     use super::*;
 
-    fn at(cycle: u32, min: u64, max: u64, at: Instant, running: bool) -> Option<AttemptSteps> {
+    fn at(attempt: u32, min: u64, max: u64, at: Instant, running: bool) -> Option<AttemptSteps> {
         Some(AttemptSteps {
-            cycle,
+            attempt,
             min,
             max,
             at,

@@ -29,9 +29,9 @@ pub(super) fn console_err(line: String) {
 }
 
 /// Where the logs of one rank of one attempt are.
-pub(super) fn attempt_dir(run_dir: &Path, cycle: u32, local_rank: u32) -> PathBuf {
+pub(super) fn attempt_dir(run_dir: &Path, attempt: u32, local_rank: u32) -> PathBuf {
     run_dir
-        .join(format!("attempt_{cycle}"))
+        .join(format!("attempt_{attempt}"))
         .join(local_rank.to_string())
 }
 
@@ -100,21 +100,21 @@ impl Reporter {
 
     fn note(&self, rec: &Record) -> Option<String> {
         match rec {
-            Record::CycleStart {
-                cycle,
+            Record::AttemptStart {
+                attempt,
                 nproc,
                 rank_offset,
                 world_size,
                 restarts_left,
                 ..
-            } => Some(self.cycle_start(*cycle, *nproc, (*rank_offset, *world_size), *restarts_left)),
-            Record::CycleEnded {
-                cycle,
+            } => Some(self.attempt_start(*attempt, *nproc, (*rank_offset, *world_size), *restarts_left)),
+            Record::AttemptEnded {
+                attempt,
                 end,
                 requeue,
-            } => self.cycle_ended(*cycle, end, *requeue),
+            } => self.attempt_ended(*attempt, end, *requeue),
             Record::RankExited {
-                cycle,
+                attempt,
                 local_rank,
                 rank,
                 pid,
@@ -128,7 +128,7 @@ impl Reporter {
                     (_, Some(s)) => format!("killed by {}", signal_name(*s)),
                     _ => "unknown".into(),
                 },
-                self.log(*cycle, *local_rank, "stderr.log")
+                self.log(*attempt, *local_rank, "stderr.log")
             )),
             Record::Stop {
                 reason,
@@ -161,20 +161,20 @@ impl Reporter {
             )),
             Record::RankSpawnFailed { error, .. } => Some(error.clone()),
             Record::Hang {
-                cycle,
+                attempt,
                 local_rank,
                 rank,
                 pid,
                 hang,
-            } => Some(self.hang(*cycle, *local_rank, *rank, *pid, hang)),
+            } => Some(self.hang(*attempt, *local_rank, *rank, *pid, hang)),
             Record::Restart {
-                to_cycle,
+                to_attempt,
                 ran_ms,
                 backoff_ms,
                 ..
             } if *backoff_ms > 0 => Some(format!(
-                "attempt {} failed after {:.1}s; waiting {:.1}s before attempt {to_cycle} (restart back-off)",
-                to_cycle - 1,
+                "attempt {} failed after {:.1}s; waiting {:.1}s before attempt {to_attempt} (restart back-off)",
+                to_attempt - 1,
                 *ran_ms as f64 / 1000.0,
                 *backoff_ms as f64 / 1000.0
             )),
@@ -182,9 +182,9 @@ impl Reporter {
         }
     }
 
-    fn cycle_start(
+    fn attempt_start(
         &self,
-        cycle: u32,
+        attempt: u32,
         nproc: u32,
         (rank_offset, world_size): (u32, u32),
         restarts_left: u32,
@@ -198,14 +198,14 @@ impl Reporter {
             String::new()
         };
         format!(
-            "starting {nproc} rank(s){ranks}, attempt {cycle} (restarts left: {restarts_left}); logs in {}",
+            "starting {nproc} rank(s){ranks}, attempt {attempt} (restarts left: {restarts_left}); logs in {}",
             self.run_dir.display()
         )
     }
 
     /// A file in one rank's logs of one attempt.
-    fn log(&self, cycle: u32, local_rank: u32, name: &str) -> String {
-        attempt_dir(&self.run_dir, cycle, local_rank)
+    fn log(&self, attempt: u32, local_rank: u32, name: &str) -> String {
+        attempt_dir(&self.run_dir, attempt, local_rank)
             .join(name)
             .display()
             .to_string()
@@ -214,10 +214,10 @@ impl Reporter {
     /// The job's verdict on an attempt another node ended (this node's own end was told as it
     /// happened). A job that refused this agent ends with one error line, and no note about
     /// stopping ranks it never had.
-    fn cycle_ended(&self, cycle: u32, end: &JobEnd, requeue: Option<bool>) -> Option<String> {
+    fn attempt_ended(&self, attempt: u32, end: &JobEnd, requeue: Option<bool>) -> Option<String> {
         match end {
             JobEnd::Failed { node, reason } if *node != self.node_rank => Some(format!(
-                "attempt {cycle} failed on node {node}: {reason}; every node stops its ranks"
+                "attempt {attempt} failed on node {node}: {reason}; every node stops its ranks"
             )),
             JobEnd::Stopped { node, reason, .. } if *node != self.node_rank => Some(format!(
                 "the job is stopping ({reason}, on node {node}); stopping this node's ranks"
@@ -229,11 +229,11 @@ impl Reporter {
         }
     }
 
-    fn hang(&self, cycle: u32, local_rank: u32, rank: u32, pid: i32, hang: &Hang) -> String {
+    fn hang(&self, attempt: u32, local_rank: u32, rank: u32, pid: i32, hang: &Hang) -> String {
         format!(
             "rank {rank} (pid {pid}) is hung: {}; capturing its stacks into {}",
             hang.why(),
-            self.log(cycle, local_rank, "stacks.txt")
+            self.log(attempt, local_rank, "stacks.txt")
         )
     }
 }
@@ -377,7 +377,7 @@ pub(super) fn stacks(rank: u32, report: &StackReport) -> String {
 pub(super) fn promotion(p: &Promotion) -> String {
     format!(
         "attempt {}: standby node {} takes the place of lost node {} (group rank {})",
-        p.cycle, p.standby, p.lost, p.slot
+        p.attempt, p.standby, p.lost, p.slot
     )
 }
 
@@ -431,8 +431,8 @@ mod tests {
 
     #[test]
     fn attempts_start_with_their_ranks_on_several_nodes_only() {
-        let rec = Record::CycleStart {
-            cycle: 1,
+        let rec = Record::AttemptStart {
+            attempt: 1,
             restart_count: 1,
             nproc: 2,
             rank_offset: 2,
@@ -451,8 +451,8 @@ mod tests {
 
     #[test]
     fn a_job_that_refused_the_agent_says_nothing_of_stopping_ranks() {
-        let lost = |requeue| Record::CycleEnded {
-            cycle: 0,
+        let lost = |requeue| Record::AttemptEnded {
+            attempt: 0,
             end: JobEnd::Lost {
                 reason: "gone".into(),
                 node: None,
@@ -467,7 +467,7 @@ mod tests {
     #[test]
     fn a_stop_names_the_trigger_that_asked_for_it() {
         let stop = |trigger: Option<&str>| Record::Stop {
-            cycle: 0,
+            attempt: 0,
             reason: StopReason::Signal,
             signal: libc::SIGTERM,
             grace_ms: 1500,
@@ -488,7 +488,7 @@ mod tests {
     #[test]
     fn a_node_fault_is_an_error_line() {
         let rec = Record::NodeFault {
-            cycle: 0,
+            attempt: 0,
             reason: "GPU 0: hot".into(),
         };
         assert!(reporter(1)

@@ -47,7 +47,7 @@ pub(super) async fn finish(mut d: Dispatcher, mut src: Sources, closing: Closing
     d.log_steps(now);
     leave(&mut d, closing.coordinator).await;
     // Nothing the ranks started outlives the agent, whichever way the job ended.
-    d.agent.sweep(d.sup.cycle());
+    d.agent.sweep(d.sup.attempt());
     d.agent.ranks.containment.remove();
     let (job_now, _) = d.clock.wake();
     if matches!(outcome, Outcome::Failed { .. } | Outcome::NoProgress { .. }) {
@@ -103,13 +103,13 @@ fn conclude_here(
 fn count_late_steps(ipc: &mut mpsc::Receiver<FromRanks>, sup: &mut Supervisor) {
     while let Ok(m) = ipc.try_recv() {
         if let FromRanks::Message {
-            cycle,
+            attempt,
             local_rank,
             msg,
             at,
         } = m
         {
-            if cycle == sup.cycle() {
+            if attempt == sup.attempt() {
                 sup.note_late_step(at, local_rank, &msg);
             }
         }
@@ -160,7 +160,7 @@ fn blame_nodes(
         .unwrap_or_default();
     let mut ranks = blame::nodes_to_blame(&blame::Attempts {
         nnodes: agent.cfg.nnodes,
-        ends: &agent.trail.cycle_ends,
+        ends: &agent.trail.attempt_ends,
         failed_on: &failed_on,
     });
     if sup.exclude_asked() {
@@ -186,7 +186,7 @@ fn failure_summary(agent: &Agent, sup: &Supervisor, now_i: Instant) -> String {
         .failures()
         .iter()
         .map(|f| {
-            let dir = agent.attempt_dir(f.cycle, f.local_rank);
+            let dir = agent.attempt_dir(f.attempt, f.local_rank);
             let error_path = dir.join("error.json");
             // The rank writes it: a regular file, bounded, or nothing.
             let error = vigil_bounded::read_string(&error_path, ERROR_FILE_LIMIT)
@@ -197,7 +197,7 @@ fn failure_summary(agent: &Agent, sup: &Supervisor, now_i: Instant) -> String {
                 .ranks
                 .stack_reports
                 .iter()
-                .find(|(c, lr, _)| *c == f.cycle && *lr == f.local_rank)
+                .find(|(c, lr, _)| *c == f.attempt && *lr == f.local_rank)
                 .map(|(_, _, r)| r.clone());
             FailedRank {
                 time: humantime::format_rfc3339_seconds(when).to_string(),
@@ -230,7 +230,7 @@ fn failure_summary(agent: &Agent, sup: &Supervisor, now_i: Instant) -> String {
     };
     summary::render(
         &agent.cfg.entrypoint_name,
-        sup.cycle(),
+        sup.attempt(),
         &failed,
         elsewhere.as_deref(),
     )

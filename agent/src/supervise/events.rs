@@ -129,7 +129,7 @@ impl SupervisorConfig {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
-    /// The runtime started this rank of the current cycle; its process group id is `pid`.
+    /// The runtime started this rank of the current attempt; its process group id is `pid`.
     RankSpawned { local_rank: u32, pid: i32 },
     /// The runtime could not start this rank (the command cannot be executed).
     SpawnFailed { local_rank: u32, error: String },
@@ -140,7 +140,7 @@ pub enum Event {
     /// ranks are given to end after it (Slurm's window when the signal is the time limit's or a
     /// preemption's, which the runtime measures when it comes; `--term-timeout` otherwise).
     Signal { signal: i32, window: Duration },
-    /// A message from a rank of the current cycle, on a connection registered to `local_rank`.
+    /// A message from a rank of the current attempt, on a connection registered to `local_rank`.
     Message { local_rank: u32, msg: RankMsg },
     /// The last registered connection of this rank closed: its monitoring pauses until it
     /// registers again (`vigil.close()`, NVRx's `shutdown_workload_monitoring`).
@@ -157,21 +157,21 @@ pub enum Event {
     Probed { stopped: Vec<u32> },
     /// Time passed; sent when `next_deadline` is reached.
     Tick,
-    /// Every node joined this cycle: start the ranks. The job's rendezvous decides where this
+    /// Every node joined this attempt: start the ranks. The job's rendezvous decides where this
     /// node's ranks stand in the job ([`Placement`]), the job's restart budget and the calculated
     /// timeouts in force.
     Joined {
-        cycle: u32,
+        attempt: u32,
         placement: Placement,
         max_restarts: u32,
         calculated: Option<Timeouts>,
     },
-    /// The job's verdict on this cycle, the same on every node.
-    CycleEnded { cycle: u32, end: JobEnd },
+    /// The job's verdict on this attempt, the same on every node.
+    AttemptEnded { attempt: u32, end: JobEnd },
     /// Timeouts calculated from every node's observations (the maximum over nodes) in calculation
-    /// `round` of the cycle (0: vigil's own; 1, 2, ...: the job's requests).
+    /// `round` of the attempt (0: vigil's own; 1, 2, ...: the job's requests).
     JobTimeouts {
-        cycle: u32,
+        attempt: u32,
         round: u32,
         timeouts: Timeouts,
     },
@@ -185,20 +185,20 @@ pub enum Event {
         window: Duration,
     },
     /// A node (maybe this one) asked the job to stop at a step, for `trigger`.
-    StopAsked { cycle: u32, trigger: String },
+    StopAsked { attempt: u32, trigger: String },
     /// The job's stop step (`None`: no rank reported a step; stop now).
-    StopStep { cycle: u32, step: Option<u64> },
+    StopStep { attempt: u32, step: Option<u64> },
     /// This node cannot run ranks any more (a critical XID, an uncorrectable ECC error, a failed
     /// health check): it leaves the job, which is requeued without it. `at_gate`: found by the
     /// checks before a rendezvous, whose join was therefore never sent: leave at once.
     NodeFault { reason: String, at_gate: bool },
-    /// This node has no slot in `cycle`: a standby (hot spares). It runs no ranks and waits for
-    /// the cycle's verdict like a node whose ranks all finished.
-    Standby { cycle: u32 },
-    /// In-process generation `generation` of `cycle` began somewhere in the job (maybe on this
+    /// This node has no slot in `attempt`: a standby (hot spares). It runs no ranks and waits for
+    /// the attempt's verdict like a node whose ranks all finished.
+    Standby { attempt: u32 },
+    /// In-process generation `generation` of `attempt` began somewhere in the job (maybe on this
     /// node), replacing these global ranks (`None`: the store's record could not be read).
     GenerationBegun {
-        cycle: u32,
+        attempt: u32,
         generation: u64,
         replaced: Option<Vec<u32>>,
     },
@@ -209,7 +209,8 @@ pub enum Event {
 /// One rank that failed on its own (not because we stopped it).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Failure {
-    pub cycle: u32,
+    #[serde(rename = "cycle")]
+    pub attempt: u32,
     pub local_rank: u32,
     pub rank: u32,
     pub pid: i32,
@@ -223,29 +224,29 @@ pub struct Failure {
 /// What a node asks of the job's coordination (carried out by `rendezvous` through the store).
 #[derive(Debug, Clone, PartialEq)]
 pub enum JobRequest {
-    /// Join this cycle's rendezvous with the other nodes; answer with `Joined`. Node rank 0
+    /// Join this attempt's rendezvous with the other nodes; answer with `Joined`. Node rank 0
     /// hands `calculated` to every node.
     Join {
-        cycle: u32,
+        attempt: u32,
         calculated: Option<Timeouts>,
     },
     /// From the checks before a rendezvous, with standbys in the job (hot spares): whether this
     /// node may be given ranks. An unfit node stays a member and is never given a slot.
     Health { healthy: bool },
-    /// Tell the other nodes this cycle failed or stopped here (the first report of a cycle wins);
-    /// the verdict comes back as `CycleEnded`.
-    ReportEnd { cycle: u32, end: JobEnd },
-    /// Every rank of this node exited 0 in this cycle.
-    ReportDone { cycle: u32 },
+    /// Tell the other nodes this attempt failed or stopped here (the first report of an attempt wins);
+    /// the verdict comes back as `AttemptEnded`.
+    ReportEnd { attempt: u32, end: JobEnd },
+    /// Every rank of this node exited 0 in this attempt.
+    ReportDone { attempt: u32 },
     /// Timeouts calculated from this node's ranks, to be combined over all nodes (`JobTimeouts`).
     /// Round 0 is vigil's own calculation; rounds 1, 2, ... answer the job's requests in order.
     ShareTimeouts {
-        cycle: u32,
+        attempt: u32,
         round: u32,
         timeouts: Timeouts,
     },
     /// The agent ends: leave the job; when `poison` is set, make any node waiting to join that
-    /// cycle end with that verdict instead of waiting for this node. `highest_step`: the highest
+    /// attempt end with that verdict instead of waiting for this node. `highest_step`: the highest
     /// step this node's ranks reported, left for node rank 0's ledger.
     Leave {
         poison: Option<(u32, JobEnd)>,
@@ -256,15 +257,15 @@ pub enum JobRequest {
     Depart { reason: String },
     /// Record a stop trigger for the job (the first one recorded wins); every node then gets
     /// `StopAsked`.
-    StopTrigger { cycle: u32, trigger: String },
+    StopTrigger { attempt: u32, trigger: String },
     /// This node's steps, once a stop was asked; when every node reported, every node gets
     /// `StopStep`.
-    StopSteps { cycle: u32, report: StepReport },
-    /// In-process generation `generation` of `cycle` begins here, replacing these global
+    StopSteps { attempt: u32, report: StepReport },
+    /// In-process generation `generation` of `attempt` begins here, replacing these global
     /// ranks: tell every node (the first node to begin a generation wins); every node, this
     /// one too, gets `GenerationBegun` with the winner.
     BeginGeneration {
-        cycle: u32,
+        attempt: u32,
         generation: u64,
         replaced: Vec<u32>,
     },
@@ -284,19 +285,19 @@ pub struct Placement {
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Action {
-    /// A request to the job's coordination (`rendezvous`), answered with `Joined`, `CycleEnded`
+    /// A request to the job's coordination (`rendezvous`), answered with `Joined`, `AttemptEnded`
     /// or `JobTimeouts`.
     Job(JobRequest),
-    /// Start every rank of this cycle; report each with `RankSpawned` or `SpawnFailed`.
-    SpawnCycle {
-        cycle: u32,
+    /// Start every rank of this attempt; report each with `RankSpawned` or `SpawnFailed`.
+    SpawnAttempt {
+        attempt: u32,
         placement: Placement,
     },
     /// Start one rank of the attempt again, in its place (an in-process restart): the same
     /// rank numbers, at `generation`, told which ranks are `replaced`; report it with
     /// `RankSpawned` or `SpawnFailed`.
     SpawnRank {
-        cycle: u32,
+        attempt: u32,
         local_rank: u32,
         generation: u64,
         replaced: Vec<u32>,
@@ -306,7 +307,7 @@ pub enum Action {
         pgids: Vec<i32>,
         signal: i32,
     },
-    /// Every rank leader of the cycle is reaped: SIGKILL whatever is left in their groups
+    /// Every rank leader of the attempt is reaped: SIGKILL whatever is left in their groups
     /// (a shell's background job, a data-loader worker) so nothing outlives its rank.
     ReapGroups {
         pgids: Vec<i32>,
@@ -330,7 +331,7 @@ pub enum Action {
         local_rank: u32,
         msg: AgentMsg,
     },
-    /// Send to every registered rank of the cycle.
+    /// Send to every registered rank of the attempt.
     SendToAll(AgentMsg),
     /// Persist calculated timeouts for the next run of the job.
     SaveTimeouts(Timeouts),

@@ -18,11 +18,11 @@ use super::Supervisor;
 
 /// The running rank of `attempt` that will be hung first under the timeouts `in_force`, and when.
 pub(super) fn earliest_hang(
-    attempt: &Attempt,
+    current: &Attempt,
     in_force: &Timeouts,
     warmup_steps: u32,
 ) -> Option<(u32, Due)> {
-    attempt
+    current
         .ranks
         .iter()
         .enumerate()
@@ -41,7 +41,7 @@ pub(super) fn earliest_hang(
 /// barrier, a collective) go silent too and may run out first. Returns the rank, its own
 /// timeout if it has one (else `due`'s), and whether it is stopped.
 pub(super) fn root_of_hang(
-    attempt: &Attempt,
+    current: &Attempt,
     in_force: &Timeouts,
     warmup_steps: u32,
     (due_rank, due): (u32, Due),
@@ -50,7 +50,7 @@ pub(super) fn root_of_hang(
     if stopped.contains(&due_rank) {
         return (due_rank, due, true);
     }
-    let ranks = &attempt.ranks;
+    let ranks = &current.ranks;
     let frozen = stopped
         .iter()
         .filter(|lr| ranks.get(**lr as usize).is_some_and(|r| r.running()))
@@ -68,20 +68,20 @@ pub(super) fn root_of_hang(
     }
 }
 
-/// Declares `local_rank` of attempt `cycle` hung (`due`: its timeout; `stopped`: its process is):
+/// Declares `local_rank` of attempt `attempt` hung (`due`: its timeout; `stopped`: its process is):
 /// every rank's watch freezes, the record, and its stacks are taken, for `stack_wait` at most.
 pub(super) fn begin_diagnosis(
-    attempt: &mut Attempt,
-    (cycle, rank_offset): (u32, u32),
+    current: &mut Attempt,
+    (attempt, rank_offset): (u32, u32),
     stack_wait: Duration,
     now: Instant,
     (local_rank, due, stopped): (u32, Due, bool),
     out: &mut Vec<Action>,
 ) {
-    let Some(pid) = attempt.ranks[local_rank as usize].pid else {
+    let Some(pid) = current.ranks[local_rank as usize].pid else {
         return;
     };
-    for m in attempt.ranks.iter_mut().filter_map(|r| r.monitor.as_mut()) {
+    for m in current.ranks.iter_mut().filter_map(|r| r.monitor.as_mut()) {
         m.freeze();
     }
     let hang = Hang {
@@ -91,7 +91,7 @@ pub(super) fn begin_diagnosis(
         stopped,
     };
     out.push(Action::Record(Record::Hang {
-        cycle,
+        attempt,
         local_rank,
         rank: rank_offset + local_rank,
         pid,
@@ -100,19 +100,19 @@ pub(super) fn begin_diagnosis(
     out.push(Action::CaptureStacks {
         local_rank,
         pid,
-        via_shim: attempt.ranks[local_rank as usize]
+        via_shim: current.ranks[local_rank as usize]
             .monitor
             .as_ref()
             .is_some_and(RankMonitor::registered),
     });
-    attempt.hangs.begin(local_rank, hang, now + stack_wait);
+    current.hangs.begin(local_rank, hang, now + stack_wait);
 }
 
 impl Supervisor {
     /// The running rank that will be hung first, and when.
     pub(super) fn earliest_hang(&self) -> Option<(u32, Due)> {
         earliest_hang(
-            &self.attempt,
+            &self.current,
             &self.timeouts.in_force,
             self.cfg.warmup_steps,
         )
@@ -124,7 +124,7 @@ impl Supervisor {
         local_rank: u32,
         out: &mut Vec<Action>,
     ) {
-        if self.attempt.hangs.diagnosing(local_rank) {
+        if self.current.hangs.diagnosing(local_rank) {
             self.conclude_hang(now, out);
         }
     }
@@ -133,11 +133,11 @@ impl Supervisor {
     /// runtime look which ranks are stopped before anything is declared.
     pub(super) fn hang_tick(&mut self, now: Instant, out: &mut Vec<Action>) {
         let due = self.earliest_hang().map(|(_, d)| d.at);
-        match self.attempt.hangs.tick(now, due) {
+        match self.current.hangs.tick(now, due) {
             HangStep::Conclude => self.conclude_hang(now, out),
             HangStep::Probe => {
                 let ranks = self
-                    .attempt
+                    .current
                     .ranks
                     .iter()
                     .enumerate()
@@ -151,23 +151,23 @@ impl Supervisor {
     }
 
     pub(super) fn on_probed(&mut self, now: Instant, stopped: Vec<u32>, out: &mut Vec<Action>) {
-        if self.attempt.hangs.probed() && self.phase == Phase::Running {
+        if self.current.hangs.probed() && self.phase == Phase::Running {
             // Still due? A message may have come in while the runtime looked.
             if let Some(due) = self.earliest_hang().filter(|(_, d)| now >= d.at) {
                 let (in_force, warmup) = (&self.timeouts.in_force, self.cfg.warmup_steps);
-                let hung = root_of_hang(&self.attempt, in_force, warmup, due, &stopped);
-                let at = (self.cycle, self.job.placement.rank_offset);
-                begin_diagnosis(&mut self.attempt, at, self.cfg.stack_wait, now, hung, out);
+                let hung = root_of_hang(&self.current, in_force, warmup, due, &stopped);
+                let at = (self.attempt, self.job.placement.rank_offset);
+                begin_diagnosis(&mut self.current, at, self.cfg.stack_wait, now, hung, out);
             }
         }
     }
 
-    /// The hung rank's stacks are taken (or the wait is over): terminate it and stop the cycle.
+    /// The hung rank's stacks are taken (or the wait is over): terminate it and stop the attempt.
     pub(super) fn conclude_hang(&mut self, now: Instant, out: &mut Vec<Action>) {
-        let Some((local_rank, hang)) = self.attempt.hangs.conclude() else {
+        let Some((local_rank, hang)) = self.current.hangs.conclude() else {
             return;
         };
-        let r = &self.attempt.ranks[local_rank as usize];
+        let r = &self.current.ranks[local_rank as usize];
         let (Some(pid), RankState::Running) = (r.pid, r.state) else {
             return;
         };
@@ -176,8 +176,8 @@ impl Supervisor {
             return self.kill_for_replacement(pid, out);
         }
         let rank = self.job.placement.rank_offset + local_rank;
-        self.attempt.failures.push(Failure {
-            cycle: self.cycle,
+        self.current.failures.push(Failure {
+            attempt: self.attempt,
             local_rank,
             rank,
             pid,

@@ -31,7 +31,7 @@ impl Supervisor {
             Err(why) => {
                 let rank = self.job.placement.rank_offset + local_rank;
                 out.push(Action::Record(Record::InProcessDeclined {
-                    cycle: self.cycle,
+                    attempt: self.attempt,
                     reason: format!("rank {rank} failed and the whole job restarts: {why}"),
                 }));
                 self.gens.abandon();
@@ -60,17 +60,17 @@ impl Supervisor {
     ) {
         let rank = self.job.placement.rank_offset + local_rank;
         // The failure is recovered: it is the generation's record, not the attempt's failure.
-        self.attempt.failures.retain(|f| f.pid != pid);
+        self.current.failures.retain(|f| f.pid != pid);
         let generation = self.begin_generation(now, Some(local_rank), vec![rank], out);
         if !self.single_node() {
             // Every other node's ranks are told through the job's coordination.
             out.push(Action::Job(JobRequest::BeginGeneration {
-                cycle: self.cycle,
+                attempt: self.attempt,
                 generation,
                 replaced: vec![rank],
             }));
         }
-        let r = &mut self.attempt.ranks[local_rank as usize];
+        let r = &mut self.current.ranks[local_rank as usize];
         r.state = RankState::NotStarted;
         r.pid = None;
         r.monitor = None;
@@ -84,7 +84,7 @@ impl Supervisor {
             signal: SIGKILL,
         });
         out.push(Action::SpawnRank {
-            cycle: self.cycle,
+            attempt: self.attempt,
             local_rank,
             generation,
             replaced: vec![rank],
@@ -102,7 +102,7 @@ impl Supervisor {
         out: &mut Vec<Action>,
     ) -> u64 {
         let survivors: Vec<u32> = (0..self.cfg.nproc)
-            .filter(|lr| Some(*lr) != local && self.attempt.ranks[*lr as usize].running())
+            .filter(|lr| Some(*lr) != local && self.current.ranks[*lr as usize].running())
             .collect();
         let generation = self
             .gens
@@ -111,16 +111,16 @@ impl Supervisor {
         // A survivor waits for the replacement in its next rendezvous: its heartbeats stop for
         // that long, as at a start, so the initial timeout covers it again.
         for lr in &survivors {
-            if let Some(m) = self.attempt.ranks[*lr as usize].monitor.as_mut() {
+            if let Some(m) = self.current.ranks[*lr as usize].monitor.as_mut() {
                 m.new_generation(now);
             }
         }
-        self.attempt.hangs.cancel();
+        self.current.hangs.cancel();
         out.push(Action::Record(Record::Generation {
-            cycle: self.cycle,
+            attempt: self.attempt,
             generation,
             ranks: replaced.clone(),
-            step: self.attempt.highest_step(),
+            step: self.current.highest_step(),
         }));
         out.push(Action::SendToAll(AgentMsg::Generation {
             generation,
@@ -129,17 +129,17 @@ impl Supervisor {
         generation
     }
 
-    /// The job says generation `generation` of `cycle` began (maybe here), replacing the global
+    /// The job says generation `generation` of `attempt` began (maybe here), replacing the global
     /// ranks `replaced`: this node's ranks join it, or the whole job restarts.
     pub(super) fn on_generation_begun(
         &mut self,
         now: Instant,
-        cycle: u32,
+        attempt: u32,
         generation: u64,
         replaced: Option<Vec<u32>>,
         out: &mut Vec<Action>,
     ) {
-        if cycle != self.cycle || self.phase != Phase::Running {
+        if attempt != self.attempt || self.phase != Phase::Running {
             return;
         }
         let why = match self.gens.heard(generation, replaced.as_deref()) {
@@ -163,7 +163,7 @@ impl Supervisor {
         self.gens.abandon();
         let reason = format!("in-process generation {generation} cannot be followed here: {why}");
         out.push(Action::Record(Record::InProcessDeclined {
-            cycle: self.cycle,
+            attempt: self.attempt,
             reason: format!("{reason}; the whole job restarts"),
         }));
         self.begin_stop(now, StopReason::RankFailed, SIGTERM, out);
@@ -176,7 +176,7 @@ impl Supervisor {
         if self.gens.note_undeclared(local_rank) {
             let rank = self.job.placement.rank_offset + local_rank;
             out.push(Action::Record(Record::InProcessDeclined {
-                cycle: self.cycle,
+                attempt: self.attempt,
                 reason: format!(
                     "rank {rank} does not run its training function under vigil.restartable: a failure restarts the whole job"
                 ),
@@ -194,7 +194,7 @@ impl Supervisor {
     ) {
         if let Some((generation, took)) = self.gens.on_restartable(now, local_rank, generation) {
             out.push(Action::Record(Record::GenerationRecovered {
-                cycle: self.cycle,
+                attempt: self.attempt,
                 generation,
                 seconds: took.as_secs_f64(),
             }));
@@ -216,7 +216,7 @@ impl Supervisor {
             "rank {rank} did not come back to vigil.restartable within the abort timeout ({secs} s) of generation {generation}"
         );
         out.push(Action::Record(Record::InProcessDeclined {
-            cycle: self.cycle,
+            attempt: self.attempt,
             reason: format!("{reason}; the whole job restarts"),
         }));
         self.begin_stop(now, StopReason::RankFailed, SIGTERM, out);

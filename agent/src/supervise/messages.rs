@@ -30,11 +30,11 @@ impl Supervisor {
         msg: RankMsg,
         out: &mut Vec<Action>,
     ) {
-        let at = (self.cycle, self.job.placement.rank_offset);
+        let at = (self.attempt, self.job.placement.rank_offset);
         let in_force = &self.timeouts.in_force;
         let rank = (local_rank, &msg);
         let Some((registered, finished)) =
-            on_liveness(&mut self.attempt, at, in_force, now, rank, out)
+            on_liveness(&mut self.current, at, in_force, now, rank, out)
         else {
             return;
         };
@@ -70,7 +70,7 @@ impl Supervisor {
                 if let Some(step) = step {
                     self.on_step_reported(local_rank, out);
                     stopstep::on_step(
-                        &mut self.attempt,
+                        &mut self.current,
                         &mut self.job.steps,
                         now,
                         local_rank,
@@ -84,17 +84,17 @@ impl Supervisor {
                 action,
                 description,
             } => {
-                let at = (self.cycle, self.job.placement.rank_offset);
+                let at = (self.attempt, self.job.placement.rank_offset);
                 let asked = &mut self.job.asked;
                 on_workload_control(asked, at, local_rank, (action, description), out)
             }
             RankMsg::Progress { step } => {
                 self.on_step_reported(local_rank, out);
-                if let Some(r) = self.attempt.ranks.get_mut(local_rank as usize) {
+                if let Some(r) = self.current.ranks.get_mut(local_rank as usize) {
                     r.listens = true;
                 }
                 stopstep::on_step(
-                    &mut self.attempt,
+                    &mut self.current,
                     &mut self.job.steps,
                     now,
                     local_rank,
@@ -102,7 +102,7 @@ impl Supervisor {
                 );
             }
             RankMsg::HoldsSignals { signals } => {
-                if let Some(r) = self.attempt.ranks.get_mut(local_rank as usize) {
+                if let Some(r) = self.current.ranks.get_mut(local_rank as usize) {
                     r.holds = signals;
                 }
                 self.kill_if_holding(local_rank, out);
@@ -116,20 +116,20 @@ impl Supervisor {
     }
 }
 
-/// A message `msg` from local rank `local_rank` of attempt `cycle` (global ranks from
+/// A message `msg` from local rank `local_rank` of attempt `attempt` (global ranks from
 /// `rank_offset`) at `now`: the rank's liveness and sections (under the timeouts `in_force`), and
 /// the records of a closed checkpoint section or of section names no longer kept. Whether the rank
 /// had registered and had said "training finished" before it; `None` when the rank is not running
 /// (the message means nothing then).
 pub(super) fn on_liveness(
-    attempt: &mut Attempt,
-    (cycle, rank_offset): (u32, u32),
+    current: &mut Attempt,
+    (attempt, rank_offset): (u32, u32),
     in_force: &Timeouts,
     now: Instant,
     (local_rank, msg): (u32, &RankMsg),
     out: &mut Vec<Action>,
 ) -> Option<(bool, bool)> {
-    let rank = attempt
+    let rank = current
         .ranks
         .get_mut(local_rank as usize)
         .filter(|r| r.running())?;
@@ -139,9 +139,9 @@ pub(super) fn on_liveness(
     let save = m.on_msg_keeping(now, msg, &in_force.sections);
     if let Some(save) = save {
         // The checkpoint holds the steps the rank had done (for the back-off's progress).
-        attempt.saved = attempt.saved.max(step);
+        current.saved = current.saved.max(step);
         out.push(Action::Record(Record::Section {
-            cycle,
+            attempt,
             local_rank,
             rank: rank_offset + local_rank,
             name: save.name,
@@ -151,7 +151,7 @@ pub(super) fn on_liveness(
     }
     if !capped && m.names_capped() {
         out.push(Action::Record(Record::SectionNamesCapped {
-            cycle,
+            attempt,
             local_rank,
             rank: rank_offset + local_rank,
             kept: monitor::MAX_SECTION_NAMES,
@@ -160,17 +160,17 @@ pub(super) fn on_liveness(
     Some((registered, finished))
 }
 
-/// Local rank `local_rank` of attempt `cycle` registered: it gets the timeouts `in_force`, and the
+/// Local rank `local_rank` of attempt `attempt` registered: it gets the timeouts `in_force`, and the
 /// stop request (`stop`) if the stop step was agreed before it connected.
 pub(super) fn on_registered(
     in_force: &Timeouts,
     stop: Option<AgentMsg>,
-    (cycle, rank_offset): (u32, u32),
+    (attempt, rank_offset): (u32, u32),
     local_rank: u32,
     out: &mut Vec<Action>,
 ) {
     out.push(Action::Record(Record::Registered {
-        cycle,
+        attempt,
         local_rank,
         rank: rank_offset + local_rank,
     }));
@@ -183,26 +183,26 @@ pub(super) fn on_registered(
     }
 }
 
-/// Local rank `local_rank` of attempt `cycle` said "training finished": the job's `steps` keep it.
+/// Local rank `local_rank` of attempt `attempt` said "training finished": the job's `steps` keep it.
 pub(super) fn on_finished(
     steps: &mut Steps,
-    (cycle, rank_offset): (u32, u32),
+    (attempt, rank_offset): (u32, u32),
     local_rank: u32,
     out: &mut Vec<Action>,
 ) {
     steps.training_finished = true;
     out.push(Action::Record(Record::TrainingFinished {
-        cycle,
+        attempt,
         local_rank,
         rank: rank_offset + local_rank,
     }));
 }
 
-/// NVRx's workload control from local rank `local_rank` of attempt `cycle`: no further attempt,
+/// NVRx's workload control from local rank `local_rank` of attempt `attempt`: no further attempt,
 /// or keep this node out of the job (kept in what the node was `asked`).
 pub(super) fn on_workload_control(
     asked: &mut Asked,
-    (cycle, rank_offset): (u32, u32),
+    (attempt, rank_offset): (u32, u32),
     local_rank: u32,
     (action, description): (u8, String),
     out: &mut Vec<Action>,
@@ -219,7 +219,7 @@ pub(super) fn on_workload_control(
         _ => return,
     };
     out.push(Action::Record(Record::WorkloadControl {
-        cycle,
+        attempt,
         rank: rank_offset + local_rank,
         action: name,
         description,

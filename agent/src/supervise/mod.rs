@@ -1,14 +1,14 @@
 //! The supervisor: the one place on a node that decides.
 //!
-//! It owns the cycle number, every rank's state, the restart budget and any stop in progress, and
+//! It owns the attempt number, every rank's state, the restart budget and any stop in progress, and
 //! maps `(state, now, event) -> actions`. It does no I/O and never reads a clock: the runtime feeds
 //! it events with the time they happened and carries out the actions it returns. `next_deadline`
 //! tells the runtime when to wake it with [`Event::Tick`] if nothing else happens first.
 //!
-//! Every node's supervisor goes through the same cycles in lockstep: it asks to [`JobRequest::Join`] a
-//! cycle and starts its ranks once the job's rendezvous answers [`Event::Joined`]; it reports how
-//! its part of the cycle ended ([`JobRequest::ReportEnd`], [`JobRequest::ReportDone`]) and acts on the
-//! job's verdict ([`Event::CycleEnded`]), which is the same on every node. So the cycle number is
+//! Every node's supervisor goes through the same attempts in lockstep: it asks to [`JobRequest::Join`] a
+//! attempt and starts its ranks once the job's rendezvous answers [`Event::Joined`]; it reports how
+//! its part of the attempt ended ([`JobRequest::ReportEnd`], [`JobRequest::ReportDone`]) and acts on the
+//! job's verdict ([`Event::AttemptEnded`]), which is the same on every node. So the attempt number is
 //! the job's restart count and `--max-restarts` is one budget for the whole job.
 //!
 //! State is kept by how long it lives (`state.rs`): the configuration stays as launched; what the
@@ -81,10 +81,10 @@ use timeouts::TimeoutState;
 pub struct Supervisor {
     cfg: SupervisorConfig,
     /// The attempt under way (or being joined): the job's restart count.
-    cycle: u32,
+    attempt: u32,
     phase: Phase,
     job: JobState,
-    attempt: Attempt,
+    current: Attempt,
     timeouts: TimeoutState,
     /// A stop at an agreed step, once asked for (by any node); it ends the allocation.
     stop: StopAgreement,
@@ -93,13 +93,13 @@ pub struct Supervisor {
 }
 
 impl Supervisor {
-    /// A supervisor about to start cycle 0; feed it the returned actions first.
+    /// A supervisor about to start attempt 0; feed it the returned actions first.
     pub fn new(cfg: SupervisorConfig) -> (Self, Vec<Action>) {
         let s = Supervisor {
-            cycle: 0,
+            attempt: 0,
             phase: Phase::Joining,
             job: JobState::new(&cfg),
-            attempt: Attempt::none(),
+            current: Attempt::none(),
             timeouts: TimeoutState::new(&cfg.timeouts),
             stop: StopAgreement::default(),
             gens: generation::Generations::new(cfg.in_process),
@@ -113,14 +113,14 @@ impl Supervisor {
             }));
         }
         actions.push(Action::Job(JobRequest::Join {
-            cycle: 0,
+            attempt: 0,
             calculated: s.cfg.calculated.clone(),
         }));
         (s, actions)
     }
 
-    pub fn cycle(&self) -> u32 {
-        self.cycle
+    pub fn attempt(&self) -> u32 {
+        self.attempt
     }
 
     /// The attempt's generation (in-process restarts; 0 until a rank was replaced).
@@ -147,9 +147,9 @@ impl Supervisor {
         self.job.placement.rank_offset
     }
 
-    /// Failures of the current cycle, first observed first.
+    /// Failures of the current attempt, first observed first.
     pub fn failures(&self) -> &[Failure] {
-        &self.attempt.failures
+        &self.current.failures
     }
 
     /// The timeouts in force now.
@@ -162,7 +162,7 @@ impl Supervisor {
     pub fn note_late_step(&mut self, at: Instant, local_rank: u32, msg: &RankMsg) {
         if let RankMsg::Progress { step } | RankMsg::Heartbeat { step: Some(step) } = msg {
             stopstep::on_step(
-                &mut self.attempt,
+                &mut self.current,
                 &mut self.job.steps,
                 at,
                 local_rank,
@@ -205,9 +205,9 @@ impl Supervisor {
         self.phase == Phase::Finished
     }
 
-    /// Local rank of a rank leader's pid in the current cycle.
+    /// Local rank of a rank leader's pid in the current attempt.
     pub fn local_rank_of(&self, pid: i32) -> Option<u32> {
-        self.attempt.local_rank_of(pid)
+        self.current.local_rank_of(pid)
     }
 
     pub fn next_deadline(&self) -> Option<Instant> {
@@ -219,7 +219,7 @@ impl Supervisor {
             } => Some(kill_at),
             Phase::Running => {
                 let hang = self
-                    .attempt
+                    .current
                     .hangs
                     .deadline(|| self.earliest_hang().map(|(_, due)| due.at));
                 [hang, self.gens.deadline()].into_iter().flatten().min()
@@ -247,9 +247,9 @@ impl Supervisor {
         let mut out = Vec::new();
         match event {
             Event::RankSpawned { local_rank, pid } => {
-                let at = (self.cycle, self.job.placement.rank_offset);
+                let at = (self.attempt, self.job.placement.rank_offset);
                 let rank = (local_rank, pid);
-                ranks::on_spawned(&mut self.attempt, &self.phase, at, now, rank, &mut out)
+                ranks::on_spawned(&mut self.current, &self.phase, at, now, rank, &mut out)
             }
             Event::SpawnFailed { local_rank, error } => {
                 self.on_spawn_failed(now, local_rank, error, &mut out)
@@ -258,7 +258,7 @@ impl Supervisor {
             Event::Signal { signal, .. } => self.on_signal(now, signal, &mut out),
             Event::Message { local_rank, msg } => self.on_message(now, local_rank, msg, &mut out),
             Event::Disconnected { local_rank } => {
-                ranks::on_disconnected(&mut self.attempt, local_rank)
+                ranks::on_disconnected(&mut self.current, local_rank)
             }
             Event::StacksCaptured { local_rank } => {
                 self.on_stacks_captured(now, local_rank, &mut out)
@@ -277,36 +277,38 @@ impl Supervisor {
             Event::Tick => {
                 self.stop_at_tick(now, &mut out);
                 self.backoff_tick(now, &mut out);
-                stop::escalate_tick(&mut self.phase, &self.attempt, self.cycle, now, &mut out);
+                stop::escalate_tick(&mut self.phase, &self.current, self.attempt, now, &mut out);
             }
             Event::StopAt { at, window } => self.stop.set_end(at, window),
-            Event::StopAsked { cycle, trigger } => {
-                self.on_stop_asked(now, cycle, trigger, &mut out)
+            Event::StopAsked { attempt, trigger } => {
+                self.on_stop_asked(now, attempt, trigger, &mut out)
             }
             Event::GenerationBegun {
-                cycle,
+                attempt,
                 generation,
                 replaced,
-            } => self.on_generation_begun(now, cycle, generation, replaced, &mut out),
-            Event::StopStep { cycle, step } => {
-                let here = (self.cycle, &self.phase);
-                stopstep::on_stop_step(&mut self.stop, here, cycle, step, &mut out)
+            } => self.on_generation_begun(now, attempt, generation, replaced, &mut out),
+            Event::StopStep { attempt, step } => {
+                let here = (self.attempt, &self.phase);
+                stopstep::on_stop_step(&mut self.stop, here, attempt, step, &mut out)
             }
             Event::Probed { stopped } => self.on_probed(now, stopped, &mut out),
             Event::Joined {
-                cycle,
+                attempt,
                 placement,
                 max_restarts,
                 calculated,
-            } => self.on_joined(now, cycle, placement, max_restarts, calculated, &mut out),
-            Event::CycleEnded { cycle, end } => self.on_cycle_ended(now, cycle, end, &mut out),
+            } => self.on_joined(now, attempt, placement, max_restarts, calculated, &mut out),
+            Event::AttemptEnded { attempt, end } => {
+                self.on_attempt_ended(now, attempt, end, &mut out)
+            }
             Event::JobTimeouts {
-                cycle,
+                attempt,
                 round,
                 timeouts,
             } => self
                 .calc()
-                .on_job_timeouts(cycle, round, timeouts, &mut out),
+                .on_job_timeouts(attempt, round, timeouts, &mut out),
             Event::CoordinationLost { reason, requeue } => {
                 self.on_coordination_lost(now, reason, requeue, &mut out)
             }
@@ -314,7 +316,7 @@ impl Supervisor {
                 self.on_node_fault(now, reason, at_gate, &mut out)
             }
             Event::Stragglers { nodes } => self.on_stragglers(now, nodes, &mut out),
-            Event::Standby { cycle } => self.on_standby(now, cycle, &mut out),
+            Event::Standby { attempt } => self.on_standby(now, attempt, &mut out),
             Event::CheckpointIteration {
                 at_start,
                 iteration,

@@ -586,7 +586,7 @@ mod tests {
             rank: 0,
             local_rank: 0,
             pid: 1,
-            cycle: 0,
+            attempt: 0,
         }
     }
 

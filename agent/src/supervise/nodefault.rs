@@ -11,7 +11,7 @@
 //! so node rank 0 requeues the job without them.
 //!
 //! What needs only some parts is a free function of them: noting a fault ([`note_fault`]: what
-//! the node was asked, the cycle), failing an attempt at its start ([`fault_at_start`]: the
+//! the node was asked, the attempt), failing an attempt at its start ([`fault_at_start`]: the
 //! attempt, what was asked) and blaming stragglers' nodes ([`blame`]). Acting on a fault or on
 //! stragglers stays in the supervisor's methods: it takes the phase and goes on to a stop, the
 //! stop agreement or the coordination's loss.
@@ -34,7 +34,7 @@ impl Supervisor {
         at_gate: bool,
         out: &mut Vec<Action>,
     ) {
-        if !note_fault(&mut self.job.asked, self.cycle, &reason, at_gate, out) {
+        if !note_fault(&mut self.job.asked, self.attempt, &reason, at_gate, out) {
             return;
         }
         match self.phase {
@@ -53,8 +53,8 @@ impl Supervisor {
 
     /// The call site of [`fault_at_start`].
     pub(super) fn fault_at_start(&mut self, out: &mut Vec<Action>) -> bool {
-        let at = (self.cycle, self.cfg.node_rank);
-        fault_at_start(&self.job.asked, &mut self.attempt, at, out)
+        let at = (self.attempt, self.cfg.node_rank);
+        fault_at_start(&self.job.asked, &mut self.current, at, out)
     }
 
     /// Stragglers found: with `--stop-if-straggler`, while ranks run and no stop is under way,
@@ -72,12 +72,12 @@ impl Supervisor {
     }
 }
 
-/// A fault (`reason`) in attempt `cycle`, found by the checks before a rendezvous (`at_gate`) or
+/// A fault (`reason`) in attempt `attempt`, found by the checks before a rendezvous (`at_gate`) or
 /// while the node runs: recorded, and kept in what the node was `asked` (it cannot run ranks and
 /// is to be left out). Whether to act on it: a fault after the first is only acted on at a gate.
 pub(super) fn note_fault(
     asked: &mut Asked,
-    cycle: u32,
+    attempt: u32,
     reason: &str,
     at_gate: bool,
     out: &mut Vec<Action>,
@@ -86,7 +86,7 @@ pub(super) fn note_fault(
         return false;
     }
     out.push(Action::Record(Record::NodeFault {
-        cycle,
+        attempt,
         reason: reason.to_string(),
     }));
     asked.fault = Some(reason.to_string());
@@ -94,19 +94,19 @@ pub(super) fn note_fault(
     true
 }
 
-/// Attempt `cycle` was about to start on node `node`, which has a fault (in what it was `asked`):
+/// Attempt `attempt` was about to start on node `node`, which has a fault (in what it was `asked`):
 /// the attempt fails at once instead (the report of this node's end). Whether it had one.
 pub(super) fn fault_at_start(
     asked: &Asked,
-    attempt: &mut Attempt,
-    (cycle, node): (u32, u32),
+    current: &mut Attempt,
+    (attempt, node): (u32, u32),
     out: &mut Vec<Action>,
 ) -> bool {
     let Some(reason) = &asked.fault else {
         return false;
     };
     let reason = format!("node {node}: {reason}");
-    verdict::report(attempt, cycle, JobEnd::Failed { node, reason }, out);
+    verdict::report(current, attempt, JobEnd::Failed { node, reason }, out);
     true
 }
 

@@ -16,7 +16,7 @@ pub(super) enum RankState {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Phase {
-    /// Waiting for the rendezvous of `cycle` (no rank runs).
+    /// Waiting for the rendezvous of `attempt` (no rank runs).
     Joining,
     Running,
     Stopping {
@@ -26,7 +26,7 @@ pub(super) enum Phase {
     },
     /// Every local rank exited 0; waiting for the other nodes.
     Waiting,
-    /// The last attempt failed; join `cycle` (already the next one) at `until`.
+    /// The last attempt failed; join `attempt` (already the next one) at `until`.
     BackingOff {
         until: Instant,
     },

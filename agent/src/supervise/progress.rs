@@ -134,7 +134,7 @@ mod tests {
 
     #[test]
     fn file_progress_counts_from_the_baseline_as_nvrx() {
-        // Resumed at 100; the first attempt saved nothing new, nor the second: 2 cycles -> stop.
+        // Resumed at 100; the first attempt saved nothing new, nor the second: 2 attempts -> stop.
         let r = reads(Some(100));
         assert!(!r.no_progress(&[Some(100)], 2, 1));
         assert!(r.no_progress(&[Some(100), Some(100)], 2, 1));
@@ -198,7 +198,7 @@ mod tests {
     }
 
     #[test]
-    fn zero_cycles_turn_it_off() {
+    fn zero_attempts_turn_it_off() {
         assert!(!reads(Some(5)).no_progress(&[Some(5), Some(5)], 0, 1));
     }
 

@@ -3,9 +3,9 @@
 //!
 //! Each is a free function of the parts it touches (the attempt, the phase, the attempt's number
 //! and rank offset, how the job ends): [`on_spawned`], [`spawn_failed`], [`on_disconnected`],
-//! [`start_cycle`], [`reaped`]. The supervisor's methods are their call sites where the concern
+//! [`start_attempt`], [`reaped`]. The supervisor's methods are their call sites where the concern
 //! goes on to stop the attempt (`begin_stop`) or to report this node's end (`report_failure`,
-//! `stop_for_good`), and where the attempt under way is replaced (`start_cycle`).
+//! `stop_for_good`), and where the attempt under way is replaced (`start_attempt`).
 
 use std::time::Instant;
 
@@ -27,9 +27,9 @@ impl Supervisor {
     ) {
         let ending = &mut self.job.ending;
         if !spawn_failed(
-            &mut self.attempt,
+            &mut self.current,
             ending,
-            self.cycle,
+            self.attempt,
             (local_rank, &error),
             out,
         ) {
@@ -40,12 +40,12 @@ impl Supervisor {
         self.stop_for_good(format!("rank {rank} could not start: {error}"), 2, out);
     }
 
-    /// Attempt `cycle` starts: a fresh [`Attempt`] replaces the last one, whole ([`start_cycle`]).
-    pub(super) fn start_cycle(&mut self, now: Instant, cycle: u32) -> Vec<Action> {
-        let (attempt, actions) = start_cycle(&self.job, self.cfg.nproc, now, cycle);
-        self.cycle = cycle;
-        self.phase = Phase::Running;
+    /// Attempt `attempt` starts: a fresh [`Attempt`] replaces the last one, whole ([`start_attempt`]).
+    pub(super) fn start_attempt(&mut self, now: Instant, attempt: u32) -> Vec<Action> {
+        let (current, actions) = start_attempt(&self.job, self.cfg.nproc, now, attempt);
         self.attempt = attempt;
+        self.phase = Phase::Running;
+        self.current = current;
         self.gens.new_attempt(self.cfg.nproc);
         actions
     }
@@ -59,8 +59,8 @@ impl Supervisor {
         how: ExitKind,
         out: &mut Vec<Action>,
     ) {
-        let at = (self.cycle, self.job.placement.rank_offset);
-        let Some(rank) = reaped(&mut self.attempt, &self.phase, at, now, (pid, how), out) else {
+        let at = (self.attempt, self.job.placement.rank_offset);
+        let Some(rank) = reaped(&mut self.current, &self.phase, at, now, (pid, how), out) else {
             return;
         };
         let local_rank = rank - self.job.placement.rank_offset;
@@ -75,32 +75,32 @@ impl Supervisor {
     pub(super) fn report_failure(&mut self, reason: String, out: &mut Vec<Action>) {
         let node = self.cfg.node_rank;
         verdict::report(
-            &mut self.attempt,
-            self.cycle,
+            &mut self.current,
+            self.attempt,
             JobEnd::Failed { node, reason },
             out,
         );
     }
 }
 
-/// Local rank `local_rank` of attempt `cycle` (global ranks from `rank_offset`) started as `pid`
+/// Local rank `local_rank` of attempt `attempt` (global ranks from `rank_offset`) started as `pid`
 /// at `now`. A stop that began (in `phase`) while the group was being spawned reaches it too.
 pub(super) fn on_spawned(
-    attempt: &mut Attempt,
+    current: &mut Attempt,
     phase: &Phase,
-    (cycle, rank_offset): (u32, u32),
+    (attempt, rank_offset): (u32, u32),
     now: Instant,
     (local_rank, pid): (u32, i32),
     out: &mut Vec<Action>,
 ) {
-    let Some(r) = attempt.ranks.get_mut(local_rank as usize) else {
+    let Some(r) = current.ranks.get_mut(local_rank as usize) else {
         return;
     };
     r.pid = Some(pid);
     r.state = RankState::Running;
     r.monitor = Some(RankMonitor::new(now));
     out.push(Action::Record(Record::RankStarted {
-        cycle,
+        attempt,
         local_rank,
         rank: rank_offset + local_rank,
         pid,
@@ -115,28 +115,28 @@ pub(super) fn on_spawned(
     }
 }
 
-/// Local rank `local_rank` of attempt `cycle` could not start (`error`): it and every rank not
+/// Local rank `local_rank` of attempt `attempt` could not start (`error`): it and every rank not
 /// started yet are marked so (the runtime starts no further rank), and the first such error is
 /// kept in how the job ends. Whether the rank is one of the attempt's.
 pub(super) fn spawn_failed(
-    attempt: &mut Attempt,
+    current: &mut Attempt,
     ending: &mut Ending,
-    cycle: u32,
+    attempt: u32,
     (local_rank, error): (u32, &str),
     out: &mut Vec<Action>,
 ) -> bool {
-    let Some(r) = attempt.ranks.get_mut(local_rank as usize) else {
+    let Some(r) = current.ranks.get_mut(local_rank as usize) else {
         return false;
     };
     r.state = RankState::SpawnFailed;
     // The runtime starts no further rank of this attempt after a failed spawn.
-    for r in attempt.ranks.iter_mut() {
+    for r in current.ranks.iter_mut() {
         if r.state == RankState::NotStarted {
             r.state = RankState::SpawnFailed;
         }
     }
     out.push(Action::Record(Record::RankSpawnFailed {
-        cycle,
+        attempt,
         local_rank,
         error: error.to_string(),
     }));
@@ -147,8 +147,8 @@ pub(super) fn spawn_failed(
 }
 
 /// Local rank `local_rank` of `attempt` closed its connection.
-pub(super) fn on_disconnected(attempt: &mut Attempt, local_rank: u32) {
-    if let Some(m) = attempt
+pub(super) fn on_disconnected(current: &mut Attempt, local_rank: u32) {
+    if let Some(m) = current
         .ranks
         .get_mut(local_rank as usize)
         .and_then(|r| r.monitor.as_mut())
@@ -157,56 +157,56 @@ pub(super) fn on_disconnected(attempt: &mut Attempt, local_rank: u32) {
     }
 }
 
-/// Attempt `cycle` of `nproc` ranks starts at `now`, where the `job` placed them: the fresh
+/// Attempt `attempt` of `nproc` ranks starts at `now`, where the `job` placed them: the fresh
 /// attempt, and the actions that start it.
-pub(super) fn start_cycle(
+pub(super) fn start_attempt(
     job: &JobState,
     nproc: u32,
     now: Instant,
-    cycle: u32,
+    attempt: u32,
 ) -> (Attempt, Vec<Action>) {
     let actions = vec![
-        Action::Record(Record::CycleStart {
-            cycle,
-            restart_count: cycle,
+        Action::Record(Record::AttemptStart {
+            attempt,
+            restart_count: attempt,
             nproc,
             rank_offset: job.placement.rank_offset,
             world_size: job.placement.world_size,
-            restarts_left: job.max_restarts.saturating_sub(cycle),
+            restarts_left: job.max_restarts.saturating_sub(attempt),
         }),
-        Action::SpawnCycle {
-            cycle,
+        Action::SpawnAttempt {
+            attempt,
             placement: job.placement,
         },
     ];
-    let attempt = Attempt {
-        cycle,
+    let current = Attempt {
+        attempt,
         ..Attempt::start(now, nproc)
     };
-    (attempt, actions)
+    (current, actions)
 }
 
-/// The rank leader `pid` of attempt `cycle` (global ranks from `rank_offset`) was reaped at `now`,
+/// The rank leader `pid` of attempt `attempt` (global ranks from `rank_offset`) was reaped at `now`,
 /// having ended `how`: its state, its failure's end, the hang watch, the record. A rank that ends
 /// while the attempt stops (in `phase`) or after being told to was stopped by us, whatever its
 /// status; any other that did not succeed failed: the failure is kept and its global rank
 /// returned.
 pub(super) fn reaped(
-    attempt: &mut Attempt,
+    current: &mut Attempt,
     phase: &Phase,
-    (cycle, rank_offset): (u32, u32),
+    (attempt, rank_offset): (u32, u32),
     now: Instant,
     (pid, how): (i32, ExitKind),
     out: &mut Vec<Action>,
 ) -> Option<u32> {
-    let local_rank = attempt.local_rank_of(pid)?;
-    let rank = &mut attempt.ranks[local_rank as usize];
+    let local_rank = current.local_rank_of(pid)?;
+    let rank = &mut current.ranks[local_rank as usize];
     if !rank.running() {
         return None;
     }
     rank.state = RankState::Exited(how);
     let told_to_stop = rank.told_to_stop;
-    if let Some(f) = attempt
+    if let Some(f) = current
         .failures
         .iter_mut()
         .find(|f| f.pid == pid && f.how.is_none())
@@ -214,8 +214,8 @@ pub(super) fn reaped(
         f.how = Some(how);
     }
     // The hung rank ended on its own while its stacks were being taken.
-    attempt.hangs.rank_ended(local_rank);
-    // A rank that ends while we are stopping the cycle was stopped by us, whatever its status.
+    current.hangs.rank_ended(local_rank);
+    // A rank that ends while we are stopping the attempt was stopped by us, whatever its status.
     let stopping = matches!(phase, Phase::Stopping { .. }) || told_to_stop;
     let failed = !how.success() && !stopping;
     let (exit_code, signal) = match how {
@@ -224,7 +224,7 @@ pub(super) fn reaped(
     };
     let rank = rank_offset + local_rank;
     out.push(Action::Record(Record::RankExited {
-        cycle,
+        attempt,
         local_rank,
         rank,
         pid,
@@ -235,8 +235,8 @@ pub(super) fn reaped(
     if !failed {
         return None;
     }
-    attempt.failures.push(Failure {
-        cycle,
+    current.failures.push(Failure {
+        attempt,
         local_rank,
         rank,
         pid,

@@ -2,7 +2,7 @@
 //!
 //! - [`JobState`]: what the job assigned this node (its rank offset, the job's restart budget) and
 //!   what this node keeps for the whole allocation (steps reached, how it ends, what it was asked).
-//! - [`Attempt`]: everything about one attempt (cycle): its ranks, failures, the job's verdict on
+//! - [`Attempt`]: everything about one attempt: its ranks, failures, the job's verdict on
 //!   it, the hang watch and the timeout requests. A fresh value at each attempt's start, so nothing
 //!   of one attempt leaks into the next.
 //!
@@ -53,9 +53,9 @@ impl Rank {
 /// start drops it.
 #[derive(Debug, Clone)]
 pub(super) struct Attempt {
-    /// The attempt's number: during a back-off and the next rendezvous the supervisor's cycle is
+    /// The attempt's number: during a back-off and the next rendezvous the supervisor's attempt is
     /// already the next one while this is still the last attempt.
-    pub cycle: u32,
+    pub attempt: u32,
     pub ranks: Vec<Rank>,
     /// Failures in the order observed; the first is the root cause.
     pub failures: Vec<Failure>,
@@ -85,7 +85,7 @@ impl Attempt {
     /// Before the first attempt: no ranks, nothing observed.
     pub fn none() -> Self {
         Attempt {
-            cycle: 0,
+            attempt: 0,
             ranks: Vec::new(),
             failures: Vec::new(),
             end: None,

@@ -32,7 +32,7 @@ impl Supervisor {
         // from a faster node first must not take its own signal for a second one.
         if is_stop_signal(sig)
             && self.phase == Phase::Running
-            && self.attempt.ranks.iter().any(|r| r.running() && r.listens)
+            && self.current.ranks.iter().any(|r| r.running() && r.listens)
             && self.stop.first_signal(sig)
         {
             let window = self.job.term_timeout;
@@ -40,7 +40,7 @@ impl Supervisor {
             return;
         }
         // Obeyed at once: ranks that hold stop signals for `should_stop(step)` are told to stop now.
-        if self.stop.under_way() && self.attempt.ranks.iter().any(|r| r.listens) {
+        if self.stop.under_way() && self.current.ranks.iter().any(|r| r.listens) {
             out.push(Action::SendToAll(AgentMsg::StopRequest {
                 reason: crate::values::signal_name(sig),
                 at_step: None,
@@ -73,7 +73,7 @@ impl Supervisor {
                     exit_code: vigil_events::exit::signaled(sig),
                 };
                 self.job.ending.stopped = Some(end.clone());
-                verdict::report(&mut self.attempt, self.cycle, end, out);
+                verdict::report(&mut self.current, self.attempt, end, out);
                 match &mut self.phase {
                     // No rank runs: nothing to stop, `settle` ends the agent.
                     Phase::Joining | Phase::Waiting | Phase::BackingOff { .. } => {
@@ -93,8 +93,8 @@ impl Supervisor {
     /// This node is a standby between verdicts (hot spares): it runs no ranks, and no stop of
     /// the job's is under way that it must take part in.
     fn standing_by(&self) -> bool {
-        self.attempt.standby
-            && self.attempt.end.is_none()
+        self.current.standby
+            && self.current.end.is_none()
             && !self.stop.under_way()
             && matches!(self.phase, Phase::Waiting | Phase::Joining)
     }
@@ -136,17 +136,17 @@ impl Supervisor {
         out: &mut Vec<Action>,
     ) {
         let graces = (self.job.term_timeout, self.cfg.workers_stop_timeout);
-        let grace = grace(reason, &self.attempt, graces);
-        let under_way = (self.cycle, self.stop.asked().map(|(trigger, _)| trigger));
+        let grace = grace(reason, &self.current, graces);
+        let under_way = (self.attempt, self.stop.asked().map(|(trigger, _)| trigger));
         let order = (reason, signal, special);
-        let (phase, attempt) = (&mut self.phase, &mut self.attempt);
-        begin_stop(phase, attempt, under_way, grace, now, order, out);
+        let (phase, current) = (&mut self.phase, &mut self.current);
+        begin_stop(phase, current, under_way, grace, now, order, out);
     }
 
     /// A rank said which signals it holds (or that one arrived): [`kill_if_holding`].
     pub(super) fn kill_if_holding(&mut self, local_rank: u32, out: &mut Vec<Action>) {
         let term = self.cfg.termination_signal;
-        kill_if_holding(&self.attempt, &self.phase, term, local_rank, out);
+        kill_if_holding(&self.current, &self.phase, term, local_rank, out);
     }
 }
 
@@ -154,13 +154,13 @@ impl Supervisor {
 /// and `--workers-stop-timeout` (`graces`, in that order).
 pub(super) fn grace(
     reason: StopReason,
-    attempt: &Attempt,
+    current: &Attempt,
     (term_timeout, workers_stop_timeout): (Duration, Duration),
 ) -> Duration {
     match reason {
         StopReason::Signal => term_timeout,
         // A node stopped for good by a signal gives ours the same time to save their work.
-        StopReason::Peer if matches!(attempt.end, Some(JobEnd::Stopped { .. })) => term_timeout,
+        StopReason::Peer if matches!(current.end, Some(JobEnd::Stopped { .. })) => term_timeout,
         StopReason::RankFailed
         | StopReason::RankHung
         | StopReason::SpawnFailed
@@ -168,14 +168,14 @@ pub(super) fn grace(
     }
 }
 
-/// Stops attempt `cycle`'s ranks for `reason`: `signal` to every live rank's group (`special.0`
+/// Stops attempt `attempt`'s ranks for `reason`: `signal` to every live rank's group (`special.0`
 /// gets `special.1` instead), and the escalation armed at `now + grace`. `trigger` is that of the
 /// stop agreement under way (`None`: no stop was asked for). A stop already under way keeps its
 /// earlier deadline but takes the stronger reason (a signal to the agent beats a restart).
 pub(super) fn begin_stop(
     phase: &mut Phase,
-    attempt: &mut Attempt,
-    (cycle, trigger): (u32, Option<String>),
+    current: &mut Attempt,
+    (attempt, trigger): (u32, Option<String>),
     grace: Duration,
     now: Instant,
     (reason, signal, special): (StopReason, i32, Option<(i32, i32)>),
@@ -204,8 +204,8 @@ pub(super) fn begin_stop(
         }
         Phase::Finished | Phase::Joining | Phase::Waiting | Phase::BackingOff { .. } => return,
     }
-    let pids = attempt.live_pids();
-    attempt.kill_holders = stop_is_immediate(reason, trigger.is_some(), attempt);
+    let pids = current.live_pids();
+    current.kill_holders = stop_is_immediate(reason, trigger.is_some(), current);
     let sig_for = |p: i32| {
         special
             .filter(|(sp, _)| *sp == p)
@@ -216,10 +216,10 @@ pub(super) fn begin_stop(
     let killed: Vec<i32> = pids
         .iter()
         .copied()
-        .filter(|p| attempt.kill_holders && holds(attempt, *p, sig_for(*p)))
+        .filter(|p| current.kill_holders && holds(current, *p, sig_for(*p)))
         .collect();
     out.push(Action::Record(Record::Stop {
-        cycle,
+        attempt,
         reason,
         signal,
         grace_ms: grace.as_millis() as u64,
@@ -256,18 +256,18 @@ pub(super) fn begin_stop(
 /// at an agreed step (a signal, the time limit, a node stopped for good) gives the ranks that
 /// hold the stop signal time to save; so does a failure during such a stop (`agreed_stop`: one is
 /// under way), whose ranks were already asked to save at that step.
-fn stop_is_immediate(reason: StopReason, agreed_stop: bool, attempt: &Attempt) -> bool {
+fn stop_is_immediate(reason: StopReason, agreed_stop: bool, current: &Attempt) -> bool {
     !agreed_stop
         && match reason {
             StopReason::RankFailed | StopReason::RankHung | StopReason::SpawnFailed => true,
-            StopReason::Peer => !matches!(attempt.end, Some(JobEnd::Stopped { .. })),
+            StopReason::Peer => !matches!(current.end, Some(JobEnd::Stopped { .. })),
             StopReason::Signal => false,
         }
 }
 
 /// Whether the rank of `attempt` whose process group is `pid` holds `sig` for `should_stop`.
-fn holds(attempt: &Attempt, pid: i32, sig: i32) -> bool {
-    attempt
+fn holds(current: &Attempt, pid: i32, sig: i32) -> bool {
+    current
         .ranks
         .iter()
         .any(|r| r.pid == Some(pid) && holds_signal(r.holds, sig))
@@ -278,20 +278,20 @@ fn holds(attempt: &Attempt, pid: i32, sig: i32) -> bool {
 /// signal) gets SIGKILL now. A rank whose message the agent had not read yet when the stop began
 /// is caught here.
 pub(super) fn kill_if_holding(
-    attempt: &Attempt,
+    current: &Attempt,
     phase: &Phase,
     termination: i32,
     local_rank: u32,
     out: &mut Vec<Action>,
 ) {
-    let Some(r) = attempt.ranks.get(local_rank as usize) else {
+    let Some(r) = current.ranks.get(local_rank as usize) else {
         return;
     };
     let (Some(pid), true) = (r.pid, r.running()) else {
         return;
     };
     let sent = [SIGTERM, termination];
-    if attempt.kill_holders
+    if current.kill_holders
         && matches!(phase, Phase::Stopping { killed: false, .. })
         && sent.iter().any(|s| holds_signal(r.holds, *s))
     {
@@ -302,12 +302,12 @@ pub(super) fn kill_if_holding(
     }
 }
 
-/// A tick at `now`: a stop of attempt `cycle` whose grace is over gets every rank still alive
+/// A tick at `now`: a stop of attempt `attempt` whose grace is over gets every rank still alive
 /// SIGKILL, once.
 pub(super) fn escalate_tick(
     phase: &mut Phase,
-    attempt: &Attempt,
-    cycle: u32,
+    current: &Attempt,
+    attempt: u32,
     now: Instant,
     out: &mut Vec<Action>,
 ) {
@@ -327,9 +327,9 @@ pub(super) fn escalate_tick(
         kill_at,
         killed: true,
     };
-    let pids = attempt.live_pids();
+    let pids = current.live_pids();
     out.push(Action::Record(Record::Escalate {
-        cycle,
+        attempt,
         signal: SIGKILL,
         pids: pids.clone(),
     }));

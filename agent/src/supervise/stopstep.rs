@@ -210,13 +210,13 @@ impl Supervisor {
             return;
         }
         out.push(Action::Record(Record::StopTriggered {
-            cycle: self.cycle,
+            attempt: self.attempt,
             node: self.cfg.node_rank,
             trigger: trigger.clone(),
             window_ms: window.as_millis() as u64,
         }));
         out.push(Action::Job(JobRequest::StopTrigger {
-            cycle: self.cycle,
+            attempt: self.attempt,
             trigger,
         }));
     }
@@ -235,7 +235,7 @@ impl Supervisor {
             return;
         };
         out.push(Action::Record(Record::RankSignalled {
-            cycle: self.cycle,
+            attempt: self.attempt,
             local_rank,
             rank: self.job.placement.rank_offset + local_rank,
             signal: sig,
@@ -254,22 +254,22 @@ impl Supervisor {
     pub(super) fn on_stop_asked(
         &mut self,
         now: Instant,
-        cycle: u32,
+        attempt: u32,
         trigger: String,
         out: &mut Vec<Action>,
     ) {
-        if cycle != self.cycle || !self.stop.learn(now, trigger, self.job.term_timeout) {
+        if attempt != self.attempt || !self.stop.learn(now, trigger, self.job.term_timeout) {
             return;
         }
-        let report = step_report(&self.attempt);
+        let report = step_report(&self.current);
         out.push(Action::Job(JobRequest::StopSteps {
-            cycle: self.cycle,
+            attempt: self.attempt,
             report,
         }));
         if self.phase != Phase::Running {
             return;
         }
-        let running = || self.attempt.ranks.iter().filter(|r| r.running());
+        let running = || self.current.ranks.iter().filter(|r| r.running());
         if !running().any(|r| r.listens) {
             // Nobody here can checkpoint on request: stop as a signal always did.
             let node = self.cfg.node_rank;
@@ -286,7 +286,7 @@ impl Supervisor {
             .filter_map(|r| r.pid)
             .collect();
         if !pgids.is_empty() {
-            for r in self.attempt.ranks.iter_mut() {
+            for r in self.current.ranks.iter_mut() {
                 if r.running() && !r.listens {
                     r.told_to_stop = true;
                 }
@@ -304,7 +304,7 @@ impl Supervisor {
             exit_code,
         };
         self.job.ending.stopped.get_or_insert(end.clone());
-        verdict::report(&mut self.attempt, self.cycle, end, out);
+        verdict::report(&mut self.current, self.attempt, end, out);
     }
 
     /// The stop window is over: the ranks still running are stopped as any stop is.
@@ -316,7 +316,7 @@ impl Supervisor {
             return;
         };
         let late: Vec<u32> = self
-            .attempt
+            .current
             .ranks
             .iter()
             .enumerate()
@@ -324,7 +324,7 @@ impl Supervisor {
             .map(|(i, _)| self.job.placement.rank_offset + i as u32)
             .collect();
         out.push(Action::Record(Record::StopOverdue {
-            cycle: self.cycle,
+            attempt: self.attempt,
             ranks: late.clone(),
             window_ms: window.as_millis() as u64,
         }));
@@ -348,13 +348,13 @@ impl Supervisor {
     /// What the stop lead is calculated from: the longest checkpoint seen and the slowest rank's
     /// step time ([`lead_observed`]).
     pub fn lead_observed(&self) -> (Option<Duration>, Option<Duration>) {
-        lead_observed(&self.attempt)
+        lead_observed(&self.current)
     }
 }
 
 /// The highest step the attempt's ranks reported, and their fastest pace.
-pub(super) fn step_report(attempt: &Attempt) -> StepReport {
-    let paces = attempt.ranks.iter().filter_map(|r| r.pace);
+pub(super) fn step_report(current: &Attempt) -> StepReport {
+    let paces = current.ranks.iter().filter_map(|r| r.pace);
     let mut report = StepReport {
         max_step: None,
         steps_per_s: None,
@@ -371,15 +371,15 @@ pub(super) fn step_report(attempt: &Attempt) -> StepReport {
 /// What the stop lead is calculated from: the longest checkpoint the attempt's ranks took (a
 /// section whose name says `checkpoint`: [`is_checkpoint_section`], goodput's rule too) and the
 /// slowest rank's step time.
-pub(super) fn lead_observed(attempt: &Attempt) -> (Option<Duration>, Option<Duration>) {
-    let ckpt = attempt
+pub(super) fn lead_observed(current: &Attempt) -> (Option<Duration>, Option<Duration>) {
+    let ckpt = current
         .merged_observations()
         .sections
         .iter()
         .filter(|(name, _)| is_checkpoint_section(name))
         .map(|(_, d)| *d)
         .max();
-    let slowest = attempt
+    let slowest = current
         .ranks
         .iter()
         .filter_map(|r| r.pace.and_then(|p| p.steps_per_s))
@@ -394,13 +394,13 @@ pub(super) fn lead_observed(attempt: &Attempt) -> (Option<Duration>, Option<Dura
 /// Local rank `local_rank` of the attempt reported it reached `step` at `now`: its pace, and the
 /// highest step the job's `steps` keep.
 pub(super) fn on_step(
-    attempt: &mut Attempt,
+    current: &mut Attempt,
     steps: &mut Steps,
     now: Instant,
     local_rank: u32,
     step: u64,
 ) {
-    if let Some(r) = attempt.ranks.get_mut(local_rank as usize) {
+    if let Some(r) = current.ranks.get_mut(local_rank as usize) {
         match r.pace.as_mut() {
             Some(p) => p.update(step, now),
             None => r.pace = Some(Pace::new(step, now)),
@@ -409,23 +409,23 @@ pub(super) fn on_step(
     }
 }
 
-/// The job agreed on attempt `cycle`'s stop step (`current`: the attempt under way here, in
+/// The job agreed on attempt `attempt`'s stop step (`current`: the attempt under way here, in
 /// `phase`): tell every rank that speaks to the shim.
 pub(super) fn on_stop_step(
     stop: &mut StopAgreement,
     (current, phase): (u32, &Phase),
-    cycle: u32,
+    attempt: u32,
     step: Option<u64>,
     out: &mut Vec<Action>,
 ) {
-    if cycle != current {
+    if attempt != current {
         return;
     }
     let Some(trigger) = stop.agree(step) else {
         return;
     };
     out.push(Action::Record(Record::StopAgreed {
-        cycle,
+        attempt,
         step,
         trigger: trigger.to_string(),
     }));

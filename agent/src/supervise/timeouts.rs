@@ -126,10 +126,10 @@ impl TimeoutState {
 /// configuration, the attempt under way (its number, whether its ranks run), the timeouts.
 pub(super) struct Calc<'a> {
     pub cfg: &'a SupervisorConfig,
-    pub cycle: u32,
+    pub attempt: u32,
     /// The attempt's ranks run (`Phase::Running`).
     pub running: bool,
-    pub attempt: &'a mut Attempt,
+    pub current: &'a mut Attempt,
     pub timeouts: &'a mut TimeoutState,
 }
 
@@ -138,9 +138,9 @@ impl Supervisor {
     pub(super) fn calc(&mut self) -> Calc<'_> {
         Calc {
             cfg: &self.cfg,
-            cycle: self.cycle,
+            attempt: self.attempt,
             running: self.phase == Phase::Running,
-            attempt: &mut self.attempt,
+            current: &mut self.current,
             timeouts: &mut self.timeouts,
         }
     }
@@ -170,14 +170,14 @@ impl Calc<'_> {
 
     pub(super) fn on_job_timeouts(
         &mut self,
-        cycle: u32,
+        attempt: u32,
         round: u32,
         timeouts: Timeouts,
         out: &mut Vec<Action>,
     ) {
-        if cycle == self.cycle && round > 0 {
+        if attempt == self.attempt && round > 0 {
             self.answer(round, timeouts, out);
-        } else if cycle == self.cycle {
+        } else if attempt == self.attempt {
             if self.cfg.saves_timeouts {
                 out.push(Action::SaveTimeouts(timeouts.clone()));
             }
@@ -187,7 +187,7 @@ impl Calc<'_> {
 
     /// Calculation is over for this attempt: a hang was seen, or the ranks are not running.
     fn calculation_over(&self) -> bool {
-        self.attempt.hangs.seen() || !self.running
+        self.current.hangs.seen() || !self.running
     }
 
     /// A rank asks for timeouts to be calculated (NVRx's `calculate_and_set_*`, which every rank
@@ -218,24 +218,24 @@ impl Calc<'_> {
             return;
         }
         if req.out_of_section {
-            if let Some(m) = self.attempt.ranks[local_rank as usize].monitor.as_mut() {
+            if let Some(m) = self.current.ranks[local_rank as usize].monitor.as_mut() {
                 m.bump_out_of_section(now);
             }
         }
-        self.attempt.requests.ask(local_rank, &req);
+        self.current.requests.ask(local_rank, &req);
         self.maybe_answer_requests(out);
     }
 
     /// Calculates the collected request once every running, registered rank of the node asked
     /// (a rank that ended or closed its connection is not waited for).
     pub(super) fn maybe_answer_requests(&mut self, out: &mut Vec<Action>) {
-        let Some(asked) = self.attempt.requests.collecting() else {
+        let Some(asked) = self.current.requests.collecting() else {
             return;
         };
         if self.calculation_over() {
             return;
         }
-        let waiting = self.attempt.ranks.iter().enumerate().any(|(i, r)| {
+        let waiting = self.current.ranks.iter().enumerate().any(|(i, r)| {
             r.running()
                 && r.monitor.as_ref().is_some_and(|m| m.watched())
                 && !asked.contains(&(i as u32))
@@ -243,10 +243,10 @@ impl Calc<'_> {
         if waiting {
             return;
         }
-        let Some((req, ranks)) = self.attempt.requests.take() else {
+        let Some((req, ranks)) = self.current.requests.take() else {
             return;
         };
-        let observed = self.attempt.merged_observations();
+        let observed = self.current.merged_observations();
         let (next, done) = monitor::calculate_requested(
             &self.timeouts.in_force,
             &observed,
@@ -259,9 +259,9 @@ impl Calc<'_> {
             (true, true) => observed.sections.keys().cloned().collect(),
             (true, false) => req.sections,
         };
-        let round = self.attempt.requests.share(done, sections, ranks);
+        let round = self.current.requests.share(done, sections, ranks);
         out.push(Action::Job(JobRequest::ShareTimeouts {
-            cycle: self.cycle,
+            attempt: self.attempt,
             round,
             timeouts: next,
         }));
@@ -270,7 +270,7 @@ impl Calc<'_> {
     /// The job's result of a requested calculation: put it in force, keep and save what was
     /// calculated, and tell each rank that asked what was set.
     pub(super) fn answer(&mut self, round: u32, job: Timeouts, out: &mut Vec<Action>) {
-        let Some(a) = self.attempt.requests.answer(round) else {
+        let Some(a) = self.current.requests.answer(round) else {
             return;
         };
         let (kept, changed) = self.timeouts.answered(a.done, &a.sections, job);
@@ -292,19 +292,19 @@ impl Calc<'_> {
     }
 
     /// Flags mode: once every rank has been observed long enough, set the timeouts from what they
-    /// needed. Never when the job's code calculates on request, or after a hang in this cycle.
+    /// needed. Never when the job's code calculates on request, or after a hang in this attempt.
     pub(super) fn maybe_calculate(&mut self, out: &mut Vec<Action>) {
-        if self.attempt.requests.own_done
+        if self.current.requests.own_done
             || self.timeouts.on_request
-            || self.attempt.hangs.seen()
+            || self.current.hangs.seen()
             || !self.timeouts.in_force.any()
-            || self.attempt.ranks.iter().any(|r| r.monitor.is_none())
+            || self.current.ranks.iter().any(|r| r.monitor.is_none())
         {
             return;
         }
         // Asked on every section end until ready: no merged copy of every rank's sections.
         let observed: Vec<&Observed> = self
-            .attempt
+            .current
             .ranks
             .iter()
             .filter_map(|r| r.monitor.as_ref().map(|m| &m.observed))
@@ -312,8 +312,8 @@ impl Calc<'_> {
         if !Observed::all_ready_for(&observed, &self.cfg.timeouts) {
             return;
         }
-        let merged = self.attempt.merged_observations();
-        self.attempt.requests.own_done = true;
+        let merged = self.current.merged_observations();
+        self.current.requests.own_done = true;
         let fresh = monitor::calculate(
             &self.timeouts.in_force,
             &merged,
@@ -322,7 +322,7 @@ impl Calc<'_> {
         );
         // Applied when every node has calculated (`JobTimeouts`): the job's value is the maximum.
         out.push(Action::Job(JobRequest::ShareTimeouts {
-            cycle: self.cycle,
+            attempt: self.attempt,
             round: 0,
             timeouts: fresh,
         }));

@@ -16,30 +16,30 @@ impl Supervisor {
     pub(super) fn on_joined(
         &mut self,
         now: Instant,
-        cycle: u32,
+        attempt: u32,
         placement: Placement,
         max_restarts: u32,
         calculated: Option<Timeouts>,
         out: &mut Vec<Action>,
     ) {
-        if self.phase != Phase::Joining || cycle != self.cycle {
+        if self.phase != Phase::Joining || attempt != self.attempt {
             return;
         }
         // What the job assigned this node for this attempt.
         self.job.placement = placement;
         self.job.max_restarts = max_restarts;
         out.push(Action::Record(Record::Joined {
-            cycle,
+            attempt,
             rank_offset: placement.rank_offset,
         }));
         if let Some(t) = calculated.filter(|t| Some(t) != self.timeouts.calculated.as_ref()) {
-            let source = if cycle == 0 { "loaded" } else { "calculated" };
+            let source = if attempt == 0 { "loaded" } else { "calculated" };
             self.calc().adopt_timeouts(&t, source, out);
         }
-        let start = self.start_cycle(now, cycle);
+        let start = self.start_attempt(now, attempt);
         if self.fault_at_start(out) {
             // No rank starts on a node that cannot run them; the job's verdict ends it.
-            for r in self.attempt.ranks.iter_mut() {
+            for r in self.current.ranks.iter_mut() {
                 r.state = RankState::SpawnFailed;
             }
             return;
@@ -47,37 +47,37 @@ impl Supervisor {
         out.extend(start);
     }
 
-    /// A standby in `cycle`: as a node whose ranks all finished at once, it only waits for the
+    /// A standby in `attempt`: as a node whose ranks all finished at once, it only waits for the
     /// attempt's verdict, then goes on (or ends) with every other node.
-    pub(super) fn on_standby(&mut self, now: Instant, cycle: u32, out: &mut Vec<Action>) {
-        if self.phase != Phase::Joining || cycle != self.cycle {
+    pub(super) fn on_standby(&mut self, now: Instant, attempt: u32, out: &mut Vec<Action>) {
+        if self.phase != Phase::Joining || attempt != self.attempt {
             return;
         }
-        out.push(Action::Record(Record::Standby { cycle }));
-        self.attempt = Attempt {
-            cycle,
+        out.push(Action::Record(Record::Standby { attempt }));
+        self.current = Attempt {
+            attempt,
             ..Attempt::standby(now)
         };
         self.phase = Phase::Waiting;
     }
 
-    pub(super) fn on_cycle_ended(
+    pub(super) fn on_attempt_ended(
         &mut self,
         now: Instant,
-        cycle: u32,
+        attempt: u32,
         end: JobEnd,
         out: &mut Vec<Action>,
     ) {
-        if cycle != self.cycle || self.attempt.end.is_some() {
+        if attempt != self.attempt || self.current.end.is_some() {
             return;
         }
-        out.push(Action::Record(Record::CycleEnded {
-            cycle,
+        out.push(Action::Record(Record::AttemptEnded {
+            attempt,
             end: end.clone(),
             requeue: None,
         }));
-        self.attempt.end = Some(end);
-        self.attempt.ended_at = Some(now);
+        self.current.end = Some(end);
+        self.current.ended_at = Some(now);
         if self.phase == Phase::Joining {
             // The rendezvous itself was ended by a node that stopped or was lost.
             self.phase = Phase::Waiting;
@@ -94,13 +94,13 @@ impl Supervisor {
     ) {
         // Whatever the attempt's verdict was, no further attempt can be agreed on.
         let end = JobEnd::Lost { reason, node: None };
-        out.push(Action::Record(Record::CycleEnded {
-            cycle: self.cycle,
+        out.push(Action::Record(Record::AttemptEnded {
+            attempt: self.attempt,
             end: end.clone(),
             requeue: Some(requeue),
         }));
         self.job.ending.lost_requeue = requeue;
-        self.attempt.end = Some(end);
+        self.current.end = Some(end);
         if matches!(self.phase, Phase::Joining | Phase::BackingOff { .. }) {
             self.phase = Phase::Waiting;
         }
@@ -129,8 +129,8 @@ impl Supervisor {
 
     /// The job's verdict arrived: a node that is still running its ranks stops them.
     pub(super) fn stop_for_peer(&mut self, now: Instant, out: &mut Vec<Action>) {
-        if self.phase == Phase::Running && self.attempt.end != Some(JobEnd::Done) {
-            self.attempt.hangs.cancel();
+        if self.phase == Phase::Running && self.current.end != Some(JobEnd::Done) {
+            self.current.hangs.cancel();
             self.begin_stop(now, StopReason::Peer, SIGTERM, out);
         }
     }
@@ -140,9 +140,9 @@ impl Supervisor {
         self.phase = Phase::Joining;
         // The last attempt's verdict is spent: a verdict on the next one (a node that left the
         // job poisons it) must not be taken for a repeat and ignored.
-        self.attempt.end = None;
+        self.current.end = None;
         out.push(Action::Job(JobRequest::Join {
-            cycle: self.cycle,
+            attempt: self.attempt,
             calculated: self.timeouts.calculated.clone(),
         }));
     }
@@ -153,17 +153,19 @@ impl Supervisor {
         if matches!(
             self.phase,
             Phase::Joining | Phase::Finished | Phase::BackingOff { .. }
-        ) || self.attempt.any_left()
+        ) || self.current.any_left()
         {
             return;
         }
-        sweep(&mut self.attempt, out);
+        sweep(&mut self.current, out);
         if self.phase == Phase::Running {
             // Every rank exited 0 on its own.
             self.phase = Phase::Waiting;
-            if !self.attempt.reported {
-                self.attempt.reported = true;
-                out.push(Action::Job(JobRequest::ReportDone { cycle: self.cycle }));
+            if !self.current.reported {
+                self.current.reported = true;
+                out.push(Action::Job(JobRequest::ReportDone {
+                    attempt: self.attempt,
+                }));
             }
         }
         if let Some(outcome) = self.outcome(out) {
@@ -180,7 +182,7 @@ impl Supervisor {
         if let Some((local_rank, error)) = self.job.ending.spawn_error.clone() {
             return Some(Outcome::SpawnFailed { local_rank, error });
         }
-        Some(match self.attempt.end.clone()? {
+        Some(match self.current.end.clone()? {
             JobEnd::Done => match self.stop_asked() {
                 Some((trigger, step)) => Outcome::Stopped { trigger, step },
                 None => Outcome::Succeeded,
@@ -208,7 +210,7 @@ impl Supervisor {
 
     /// The job's verdict is a failure: restart, or the outcome that ends this node.
     fn after_failure(&mut self, out: &mut Vec<Action>) -> Option<Outcome> {
-        if no_progress_now(&self.cfg, self.cycle, &self.attempt, &mut self.job.steps) {
+        if no_progress_now(&self.cfg, self.attempt, &self.current, &mut self.job.steps) {
             return Some(Outcome::NoProgress {
                 attempts: self.job.steps.per_attempt.len() as u32,
                 // With a checkpoint file, its iteration is the step that did not grow.
@@ -228,32 +230,34 @@ impl Supervisor {
         }
         // A stop ends the allocation: no restart, whatever failed while stopping; so does a
         // rank's ShutdownWorkload.
-        if self.cycle < self.job.max_restarts && !self.stop.under_way() && !self.job.asked.shutdown
+        if self.attempt < self.job.max_restarts
+            && !self.stop.under_way()
+            && !self.job.asked.shutdown
         {
             self.restart(out);
             return None;
         }
         Some(Outcome::Failed {
-            restarts: self.cycle,
+            restarts: self.attempt,
         })
     }
 
     /// The next attempt: at once, or after the back-off from the job's verdict on this one.
     fn restart(&mut self, out: &mut Vec<Action>) {
-        let next = self.cycle + 1;
-        let ran = self.attempt.ran();
+        let next = self.attempt + 1;
+        let ran = self.current.ran();
         let progressed = self.progressed();
         let (wait, streak) = self.cfg.backoff.next(self.job.streak, ran, progressed);
         self.job.streak = streak;
         out.push(Action::Record(Record::Restart {
-            from_cycle: self.cycle,
-            to_cycle: next,
+            from_attempt: self.attempt,
+            to_attempt: next,
             restarts_left: self.job.max_restarts - next,
             ran_ms: ran.as_millis() as u64,
             backoff_ms: wait.as_millis() as u64,
         }));
-        self.cycle = next;
-        match self.attempt.ended_at {
+        self.attempt = next;
+        match self.current.ended_at {
             Some(at) if !wait.is_zero() => {
                 self.phase = Phase::BackingOff { until: at + wait };
             }
@@ -275,14 +279,14 @@ impl Supervisor {
                     .saved
                     .or(steps.checkpoint.baseline.filter(|&i| i > 0)),
             ),
-            false => (self.attempt.saved, steps.best.saved),
+            false => (self.current.saved, steps.best.saved),
         };
         let before = Reached {
             step: steps.best.step,
             saved: before_saved,
         };
         let now = Reached {
-            step: self.attempt.highest_step(),
+            step: self.current.highest_step(),
             saved,
         };
         steps.best = before.max(now);
@@ -305,7 +309,7 @@ impl Supervisor {
         };
         self.phase = Phase::Finished;
         out.push(Action::Job(JobRequest::Leave {
-            poison: poison.map(|p| (self.cycle, p)),
+            poison: poison.map(|p| (self.attempt, p)),
             highest_step: self.job.steps.highest,
         }));
         out.push(Action::Record(Record::Result {
@@ -316,21 +320,21 @@ impl Supervisor {
     }
 }
 
-/// This node's end of attempt `cycle`, for the job's verdict: told once, and not when the verdict
+/// This node's end of attempt `attempt`, for the job's verdict: told once, and not when the verdict
 /// is already known.
-pub(super) fn report(attempt: &mut Attempt, cycle: u32, end: JobEnd, out: &mut Vec<Action>) {
-    if !attempt.reported && attempt.end.is_none() {
-        attempt.reported = true;
-        out.push(Action::Job(JobRequest::ReportEnd { cycle, end }));
+pub(super) fn report(current: &mut Attempt, attempt: u32, end: JobEnd, out: &mut Vec<Action>) {
+    if !current.reported && current.end.is_none() {
+        current.reported = true;
+        out.push(Action::Job(JobRequest::ReportEnd { attempt, end }));
     }
 }
 
 /// Every rank leader of the attempt is reaped: sweep their process groups, once.
-fn sweep(attempt: &mut Attempt, out: &mut Vec<Action>) {
-    if std::mem::replace(&mut attempt.reaped, true) {
+fn sweep(current: &mut Attempt, out: &mut Vec<Action>) {
+    if std::mem::replace(&mut current.reaped, true) {
         return;
     }
-    let pgids: Vec<i32> = attempt.ranks.iter().filter_map(|r| r.pid).collect();
+    let pgids: Vec<i32> = current.ranks.iter().filter_map(|r| r.pid).collect();
     if !pgids.is_empty() {
         out.push(Action::ReapGroups { pgids });
     }
@@ -348,12 +352,12 @@ fn exclusion_reason(node: u32, asked: &Asked) -> String {
     }
 }
 
-/// Called once per failed attempt (`cycle`), when its verdict settles: records the attempt's
+/// Called once per failed attempt (`attempt`), when its verdict settles: records the attempt's
 /// highest step in the job's `steps` and says whether the attempts stopped making progress.
 fn no_progress_now(
     cfg: &SupervisorConfig,
-    cycle: u32,
-    attempt: &Attempt,
+    attempt: u32,
+    current: &Attempt,
     steps: &mut Steps,
 ) -> bool {
     let Some((n, min)) = cfg.no_progress else {
@@ -362,10 +366,10 @@ fn no_progress_now(
     let from_file = cfg.progress_from_file;
     let reached = match from_file {
         true => steps.checkpoint.latest,
-        false => attempt.highest_step(),
+        false => current.highest_step(),
     };
     let per_attempt = &mut steps.per_attempt;
-    if per_attempt.len() as u32 <= cycle {
+    if per_attempt.len() as u32 <= attempt {
         per_attempt.push(reached);
     }
     match from_file {

@@ -10,8 +10,8 @@ use super::{Phase, Supervisor};
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AttemptSteps {
     /// That attempt's number: during a back-off and the next rendezvous, the last attempt's (the
-    /// supervisor's cycle is already the next one), so its steps are never put under the next.
-    pub cycle: u32,
+    /// supervisor's attempt is already the next one), so its steps are never put under the next.
+    pub attempt: u32,
     /// The lowest and highest step its ranks last reported.
     pub min: u64,
     pub max: u64,
@@ -38,20 +38,20 @@ pub struct RankView {
 impl Supervisor {
     /// The steps of the attempt whose ranks this node holds (`None`: none reported).
     pub fn attempt_steps(&self) -> Option<AttemptSteps> {
-        let paces = || self.attempt.ranks.iter().filter_map(|r| r.pace);
+        let paces = || self.current.ranks.iter().filter_map(|r| r.pace);
         let min = paces().map(|p| p.step).min()?;
         Some(AttemptSteps {
-            cycle: self.attempt.cycle,
+            attempt: self.current.attempt,
             min,
             max: paces().map(|p| p.step).max()?,
             at: paces().filter(|p| p.step == min).map(|p| p.at).max()?,
-            running: self.phase == Phase::Running && self.attempt.cycle == self.cycle,
+            running: self.phase == Phase::Running && self.current.attempt == self.attempt,
         })
     }
 
     /// The attempt's ranks (none before the first attempt, on a standby).
     pub fn rank_views(&self) -> Vec<RankView> {
-        self.attempt
+        self.current
             .ranks
             .iter()
             .enumerate()

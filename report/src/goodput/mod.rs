@@ -132,7 +132,7 @@ impl Serialize for Breakdown {
 /// One attempt, job-wide: the earliest start and latest end among its nodes.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct AttemptSpan {
-    pub cycle: u32,
+    pub attempt: u32,
     pub start: f64,
     pub end: f64,
     /// When it failed: the first failed rank's exit, or a hung rank's last heartbeat (the hang's
@@ -181,7 +181,8 @@ pub struct Timeline {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct StepSample {
     pub allocation: u32,
-    pub cycle: u32,
+    #[serde(rename = "cycle")]
+    pub attempt: u32,
     pub from_step: u64,
     pub to_step: u64,
     pub step_time_s: f64,

@@ -61,7 +61,7 @@ pub fn render_table(g: &Goodput) -> String {
                     w.from_step,
                     w.to_step,
                     w.allocation,
-                    w.cycle
+                    w.attempt
                 ));
             }
             out.push('\n');

@@ -13,7 +13,7 @@ pub(super) fn step_stats(t: &Timeline, notes: &mut Vec<String>) -> StepStats {
                 if s1 > s0 && t1 > t0 {
                     samples.push(StepSample {
                         allocation: al.number,
-                        cycle: at.cycle,
+                        attempt: at.attempt,
                         from_step: s0,
                         to_step: s1,
                         step_time_s: (t1 - t0) / (s1 - s0) as f64,

@@ -5,14 +5,14 @@ use super::*;
 use proptest::prelude::*;
 
 fn attempt(
-    cycle: u32,
+    attempt: u32,
     start: f64,
     end: f64,
     failed_at: Option<f64>,
     steps: &[(f64, u64)],
 ) -> AttemptSpan {
     AttemptSpan {
-        cycle,
+        attempt,
         start,
         end,
         failed_at,
@@ -283,10 +283,10 @@ fn arb_attempt() -> impl Strategy<Value = AttemptSpan> {
         proptest::collection::vec((-10.0f64..300.0, 0u64..100), 0..6),
         proptest::collection::vec((-10.0f64..300.0, -5.0f64..50.0), 0..4),
     )
-        .prop_map(|(cycle, start, len, failed_at, mut steps, saves)| {
+        .prop_map(|(attempt, start, len, failed_at, mut steps, saves)| {
             steps.sort_by(|a, b| a.0.total_cmp(&b.0));
             AttemptSpan {
-                cycle,
+                attempt,
                 start,
                 end: start + len,
                 failed_at,

@@ -24,14 +24,14 @@ pub fn timeline_at(h: &History, now: Option<f64>) -> Timeline {
             .chain(now.filter(|_| running))
             .fold(a.start, f64::max);
         let end = a.end.unwrap_or(run_end).max(a.start);
-        let mut cycles: Vec<u32> = runs
+        let mut attempts: Vec<u32> = runs
             .iter()
-            .flat_map(|r| r.attempts.iter().map(|x| x.cycle))
+            .flat_map(|r| r.attempts.iter().map(|x| x.attempt))
             .collect();
-        cycles.sort_unstable();
-        cycles.dedup();
+        attempts.sort_unstable();
+        attempts.dedup();
         let mut attempts: Vec<AttemptSpan> =
-            cycles.iter().map(|&c| attempt_span(&runs, c)).collect();
+            attempts.iter().map(|&c| attempt_span(&runs, c)).collect();
         // An attempt whose end was not recorded ran at most until the next one started.
         for i in 1..attempts.len() {
             let next = attempts[i].start;
@@ -74,22 +74,27 @@ pub fn timeline_at(h: &History, now: Option<f64>) -> Timeline {
     Timeline { allocations }
 }
 
-/// Attempt `cycle` across the allocation's node runs.
-fn attempt_span(runs: &[&crate::NodeRun], cycle: u32) -> AttemptSpan {
+/// Attempt `attempt` across the allocation's node runs.
+fn attempt_span(runs: &[&crate::NodeRun], attempt: u32) -> AttemptSpan {
     let mine = || {
         runs.iter()
-            .flat_map(|r| r.attempts.iter().filter(move |a| a.cycle == cycle))
+            .flat_map(|r| r.attempts.iter().filter(move |a| a.attempt == attempt))
     };
     let start = mine().map(|a| a.start).fold(f64::INFINITY, f64::min);
     let end = mine().map(|a| a.end).fold(f64::NEG_INFINITY, f64::max);
     let failed = mine().any(|a| a.end_kind.as_deref() == Some("failed"));
     let failure = runs
         .iter()
-        .flat_map(|r| r.failures.iter().filter(|f| f.cycle == cycle).map(|f| f.ts))
+        .flat_map(|r| {
+            r.failures
+                .iter()
+                .filter(|f| f.attempt == attempt)
+                .map(|f| f.ts)
+        })
         .chain(runs.iter().flat_map(|r| {
             r.hangs
                 .iter()
-                .filter(|h| h.cycle == cycle)
+                .filter(|h| h.attempt == attempt)
                 .map(|h| h.ts - h.silent_ms.unwrap_or(0) as f64 / 1000.0)
         }))
         .fold(f64::INFINITY, f64::min);
@@ -97,12 +102,16 @@ fn attempt_span(runs: &[&crate::NodeRun], cycle: u32) -> AttemptSpan {
     // before an attempt, under its number, with the last attempt's step.
     let node = runs
         .iter()
-        .filter(|r| r.steps.iter().any(|s| s.cycle == cycle && s.ts >= start))
+        .filter(|r| {
+            r.steps
+                .iter()
+                .any(|s| s.attempt == attempt && s.ts >= start)
+        })
         .min_by_key(|r| r.node_rank);
     let records = || {
         node.into_iter()
             .flat_map(|r| r.steps.iter())
-            .filter(|s| s.cycle == cycle && s.ts >= start)
+            .filter(|s| s.attempt == attempt && s.ts >= start)
     };
     let mut steps: Vec<(f64, u64)> = records()
         .map(|s| (s.ts, s.min_step.unwrap_or(s.step)))
@@ -117,10 +126,10 @@ fn attempt_span(runs: &[&crate::NodeRun], cycle: u32) -> AttemptSpan {
     });
     let saves = || {
         runs.iter()
-            .flat_map(|r| r.saves.iter().filter(|s| s.cycle == cycle))
+            .flat_map(|r| r.saves.iter().filter(|s| s.attempt == attempt))
     };
     AttemptSpan {
-        cycle,
+        attempt,
         start,
         end,
         failed_at,

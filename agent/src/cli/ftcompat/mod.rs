@@ -357,7 +357,7 @@ fn vigil_flags(
             }
         }
     }
-    // NVRx's tracker stops after 2 cycles without progress unless told otherwise; vigil's own
+    // NVRx's tracker stops after 2 attempts without progress unless told otherwise; vigil's own
     // default (3) is for its step-based check.
     let given = |m: &[String], t: &str| m.iter().any(|m| m == t) || explicit.contains(&t[2..]);
     let from_file = mapped.iter().any(|m| m == "--checkpoint-iteration-file");

@@ -16,7 +16,7 @@ use super::decide::{Fact, Stage};
 use super::wire::key;
 use super::{CoordConfig, Coordinator, Input};
 
-/// Parked, on the agent's connection, on the next join of cycle `c` (a wait cancelled with the
+/// Parked, on the agent's connection, on the next join of attempt `c` (a wait cancelled with the
 /// task when the rendezvous completes first); says so once the last call ran out.
 pub(super) async fn parked(
     client: MuxClient,
@@ -45,7 +45,7 @@ pub(super) async fn parked(
 }
 
 impl Coordinator {
-    /// Node rank 0, `--nnodes MIN:MAX`: the last call of cycle `c` ran out: start with the
+    /// Node rank 0, `--nnodes MIN:MAX`: the last call of attempt `c` ran out: start with the
     /// members present if the state machine says so.
     pub(super) async fn last_call_out(&mut self, c: u32) -> Result<(), vigil_store::StoreError> {
         if self.rdzv.stage() != Stage::WaitAll(c) {
@@ -60,7 +60,7 @@ impl Coordinator {
         let present = &present;
         let waited = self.cfg.last_call;
         self.decide(Fact::LastCallOut {
-            cycle: c,
+            attempt: c,
             present,
             waited,
         })

@@ -1,7 +1,7 @@
 //! How the nodes of a job agree, through vigil's store on node rank 0 (docs/design.md,
 //! "Across nodes").
 //!
-//! Every cycle (attempt) of the job goes the same way on every node:
+//! Every attempt of the job goes the same way on every node:
 //! 1. join: write `c<N>/join/<node>`, count `c<N>/joined`; the last to join sets `c<N>/all`;
 //! 2. node rank 0 wakes on `c<N>/all`, clears the ranks' keys of the last attempt, assigns global
 //!    ranks by node rank and writes the verdict `c<N>/go`; every node wakes on it and starts;
@@ -12,7 +12,7 @@
 //!
 //! Node rank 0 also watches the other agents' leases (`lease/<node>`, held by their connection):
 //! a lease that disappears without the node leaving means the agent died or went silent (TCP
-//! keepalive and user timeout, `--node-timeout`), and the cycle ends `lost`. The other nodes
+//! keepalive and user timeout, `--node-timeout`), and the attempt ends `lost`. The other nodes
 //! notice a lost node rank 0 themselves: their connections to its store fail.
 //!
 //! A frozen agent (SIGSTOP, a stuck event loop) keeps its connections: its kernel answers TCP for
@@ -76,13 +76,13 @@ pub use wire::*;
 /// What the job decided, for the agent's event loop.
 #[derive(Debug, Clone, PartialEq)]
 pub enum FromCoord {
-    /// An input of the supervisor, as is: `Joined` (with where this node's ranks stand), `CycleEnded`, `JobTimeouts`, `StopAsked`, `StopStep`,
-    /// `Standby` (this node has no slot in the cycle: it runs no ranks) and `CoordinationLost`
+    /// An input of the supervisor, as is: `Joined` (with where this node's ranks stand), `AttemptEnded`, `JobTimeouts`, `StopAsked`, `StopStep`,
+    /// `Standby` (this node has no slot in the attempt: it runs no ranks) and `CoordinationLost`
     /// (the job cannot go on here; the last message).
     Event(Event),
-    /// Node rank 0: standbys took lost nodes' slots for `cycle`.
+    /// Node rank 0: standbys took lost nodes' slots for `attempt`.
     Promoted {
-        cycle: u32,
+        attempt: u32,
         promotions: Vec<crate::job::spares::Promotion>,
     },
     /// Something for the console alone (node rank 0: the last call ended).
@@ -94,8 +94,8 @@ pub enum FromCoord {
     /// silent), and with it whoever records the allocation; said before the `CoordinationLost`.
     HeadLost,
     /// The coordinator (hot spares): the standbys ready to take a lost node's place as of
-    /// `cycle`'s verdict (healthy, never benched).
-    SparesReady { cycle: u32, ready: u32 },
+    /// `attempt`'s verdict (healthy, never benched).
+    SparesReady { attempt: u32, ready: u32 },
     /// The coordinator (hot spares): standby `node` is out of the job (it left on a signal, was
     /// lost, or was silent for the node timeout), for `reason`; `ready` standbys are left.
     StandbyGone {
@@ -103,8 +103,8 @@ pub enum FromCoord {
         reason: String,
         ready: u32,
     },
-    /// Node rank 0: the hosts of cycle `cycle`'s nodes, before its verdict (NVRx's cycle info).
-    Hosts { cycle: u32, hosts: NodeHosts },
+    /// Node rank 0: the hosts of attempt `attempt`'s nodes, before its verdict (NVRx's cycle info).
+    Hosts { attempt: u32, hosts: NodeHosts },
 }
 
 impl FromCoord {
@@ -113,9 +113,9 @@ impl FromCoord {
         FromCoord::Event(Event::CoordinationLost { reason, requeue })
     }
 
-    /// The job's verdict on `cycle` (`Event::CycleEnded`).
-    pub fn cycle_ended(cycle: u32, end: JobEnd) -> Self {
-        FromCoord::Event(Event::CycleEnded { cycle, end })
+    /// The job's verdict on `attempt` (`Event::AttemptEnded`).
+    pub fn attempt_ended(attempt: u32, end: JobEnd) -> Self {
+        FromCoord::Event(Event::AttemptEnded { attempt, end })
     }
 }
 

@@ -55,10 +55,10 @@ impl Agent {
         Agent { tx, rx, task }
     }
 
-    fn join(&self, cycle: u32) {
+    fn join(&self, attempt: u32) {
         self.tx
             .send(JobRequest::Join {
-                cycle,
+                attempt,
                 calculated: None,
             })
             .unwrap();
@@ -115,7 +115,7 @@ fn an_agent_holds_one_connection_to_the_store_across_attempts() {
         for a in agents.iter_mut() {
             let m = a.next().await;
             assert!(
-                matches!(m, FromCoord::Event(Event::Joined { cycle: 0, .. })),
+                matches!(m, FromCoord::Event(Event::Joined { attempt: 0, .. })),
                 "{m:?}"
             );
         }
@@ -123,7 +123,7 @@ fn an_agent_holds_one_connection_to_the_store_across_attempts() {
         agents[1]
             .tx
             .send(JobRequest::ReportEnd {
-                cycle: 0,
+                attempt: 0,
                 end: JobEnd::Failed {
                     node: 1,
                     reason: "test".into(),
@@ -133,7 +133,7 @@ fn an_agent_holds_one_connection_to_the_store_across_attempts() {
         for a in agents.iter_mut() {
             let m = a.next().await;
             assert!(
-                matches!(m, FromCoord::Event(Event::CycleEnded { cycle: 0, .. })),
+                matches!(m, FromCoord::Event(Event::AttemptEnded { attempt: 0, .. })),
                 "{m:?}"
             );
             a.join(1);
@@ -141,7 +141,7 @@ fn an_agent_holds_one_connection_to_the_store_across_attempts() {
         for a in agents.iter_mut() {
             let m = a.next().await;
             assert!(
-                matches!(m, FromCoord::Event(Event::Joined { cycle: 1, .. })),
+                matches!(m, FromCoord::Event(Event::Joined { attempt: 1, .. })),
                 "{m:?}"
             );
         }

@@ -21,7 +21,7 @@ use crate::supervise::{JobEnd, StepReport};
 /// one SWEEP per period, which a store of protocol 2 does not know.
 pub const PROTOCOL: u32 = 3;
 
-/// What a node says about itself when it joins a cycle.
+/// What a node says about itself when it joins an attempt.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeInfo {
     pub nproc: u32,
@@ -36,17 +36,18 @@ pub struct NodeInfo {
     pub healthy: Option<bool>,
 }
 
-/// The rendezvous' answer for one cycle: start, with these ranks. Every node reads it, so on the
+/// The rendezvous' answer for one attempt: start, with these ranks. Every node reads it, so on the
 /// wire it is [`WireGo`]: a few dozen bytes whatever the job's size.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(into = "WireGo", try_from = "WireGo")]
 pub struct Go {
-    pub cycle: u32,
+    #[serde(rename = "cycle")]
+    pub attempt: u32,
     pub world_size: u32,
     /// Global rank of local rank 0, per slot (group rank).
     pub offsets: Vec<u32>,
     /// The node id playing each slot (hot spares); empty: slot i is node i. A node without a
-    /// slot is a standby for this cycle.
+    /// slot is a standby for this attempt.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub slots: Vec<u32>,
     /// The job's restart budget (node rank 0's `--max-restarts`).
@@ -64,7 +65,8 @@ pub struct Go {
 ///   every other slot `s` is played by node `s`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct WireGo {
-    cycle: u32,
+    #[serde(rename = "cycle")]
+    attempt: u32,
     world_size: u32,
     slots: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -90,7 +92,7 @@ impl From<Go> for WireGo {
             .map(|(node, slot)| [slot, *node])
             .collect();
         WireGo {
-            cycle: g.cycle,
+            attempt: g.attempt,
             world_size: g.world_size,
             slots: n,
             per_slot: uniform.then_some(per),
@@ -142,7 +144,7 @@ impl TryFrom<WireGo> for Go {
             slots[slot as usize] = node;
         }
         Ok(Go {
-            cycle: w.cycle,
+            attempt: w.attempt,
             world_size: w.world_size,
             offsets,
             slots,
@@ -153,7 +155,7 @@ impl TryFrom<WireGo> for Go {
 }
 
 impl Go {
-    /// This node's slot (group rank) in the cycle; `None`: it is a standby.
+    /// This node's slot (group rank) in the attempt; `None`: it is a standby.
     pub fn slot_of(&self, node: u32) -> Option<u32> {
         if self.slots.is_empty() {
             return ((node as usize) < self.offsets.len()).then_some(node);
@@ -234,7 +236,7 @@ impl JobShape {
     }
 }
 
-/// The value of `c<N>/go`: start, or the job ended before this cycle could begin.
+/// The value of `c<N>/go`: start, or the job ended before this attempt could begin.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Verdict {
@@ -242,7 +244,7 @@ pub enum Verdict {
     End(WireEnd),
 }
 
-/// How a cycle ended for the whole job (`c<N>/end`, and `Verdict::End`): `JobEnd` on the wire.
+/// How an attempt ended for the whole job (`c<N>/end`, and `Verdict::End`): `JobEnd` on the wire.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "end", rename_all = "snake_case")]
 pub enum WireEnd {
@@ -463,7 +465,7 @@ pub mod key {
     pub fn join(c: u32, node: u32) -> String {
         format!("vigil/c{c}/join/{node}")
     }
-    /// Set by the `n`-th node to join cycle `c` (the first rendezvous of a job with standbys:
+    /// Set by the `n`-th node to join attempt `c` (the first rendezvous of a job with standbys:
     /// node rank 0's last call waits on the next one).
     pub fn nth_join(c: u32, n: i64) -> String {
         format!("vigil/c{c}/nth/{n}")
@@ -480,13 +482,13 @@ pub mod key {
     pub fn end(c: u32) -> String {
         format!("vigil/c{c}/end")
     }
-    /// Set by a node whose own ranks failed or hung in cycle `c`, whether or not its report
-    /// became the cycle's verdict: node rank 0 blames a node only for failures no other node had.
+    /// Set by a node whose own ranks failed or hung in attempt `c`, whether or not its report
+    /// became the attempt's verdict: node rank 0 blames a node only for failures no other node had.
     pub fn failed(c: u32, node: u32) -> String {
         format!("vigil/failed/{c}/{node}")
     }
     pub const FAILED_PREFIX_RAW: &[u8] = b"/vigil/failed/";
-    /// Parses a raw key under [`FAILED_PREFIX_RAW`] into `(cycle, node)`.
+    /// Parses a raw key under [`FAILED_PREFIX_RAW`] into `(attempt, node)`.
     pub fn parse_failed(raw: &[u8]) -> Option<(u32, u32)> {
         let rest = std::str::from_utf8(raw.strip_prefix(FAILED_PREFIX_RAW)?).ok()?;
         let (c, n) = rest.split_once('/')?;
@@ -504,12 +506,12 @@ pub mod key {
     pub fn timeouts(c: u32, round: u32) -> String {
         format!("vigil/c{c}/r{round}/timeouts")
     }
-    /// In-process generation `g` of cycle `c` (docs/inprocess.md): the global ranks it
+    /// In-process generation `g` of attempt `c` (docs/inprocess.md): the global ranks it
     /// replaces (JSON list; compare-and-set, the first node to begin it wins).
     pub fn generation(c: u32, g: u64) -> String {
         format!("vigil/c{c}/gen/{g}")
     }
-    /// The job's stop trigger in cycle `c` (JSON string; compare-and-set, the first one wins).
+    /// The job's stop trigger in attempt `c` (JSON string; compare-and-set, the first one wins).
     pub fn stop(c: u32) -> String {
         format!("vigil/c{c}/stop")
     }
@@ -524,16 +526,16 @@ pub mod key {
     pub fn stop_step(c: u32) -> String {
         format!("vigil/c{c}/stop/step")
     }
-    /// How many agents join cycle `c` (hot spares: fewer once nodes were lost); absent: all.
+    /// How many agents join attempt `c` (hot spares: fewer once nodes were lost); absent: all.
     pub fn members(c: u32) -> String {
         format!("vigil/c{c}/members")
     }
-    /// Node `node`'s latest straggler summary (JSON), overwritten as it changes; not per cycle.
+    /// Node `node`'s latest straggler summary (JSON), overwritten as it changes; not per attempt.
     pub fn perf(node: u32) -> String {
         format!("vigil/perf/{node}")
     }
-    /// Raw prefix of one cycle's keys, removed once every node is in the next cycle.
-    pub fn cycle_prefix_raw(c: u32) -> Vec<u8> {
+    /// Raw prefix of one attempt's keys, removed once every node is in the next attempt.
+    pub fn attempt_prefix_raw(c: u32) -> Vec<u8> {
         format!("/vigil/c{c}/").into_bytes()
     }
 }
@@ -800,7 +802,7 @@ mod tests {
     }
 
     #[test]
-    fn failure_keys_read_back_as_cycle_and_node() {
+    fn failure_keys_read_back_as_attempt_and_node() {
         let raw = format!("/{}", key::failed(3, 12));
         assert!(raw.as_bytes().starts_with(key::FAILED_PREFIX_RAW));
         assert_eq!(key::parse_failed(raw.as_bytes()), Some((3, 12)));

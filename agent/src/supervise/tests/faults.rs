@@ -26,7 +26,7 @@ fn an_unfit_node_ends_before_joining_and_asks_to_be_left_out() {
             ..
         })
     )));
-    assert!(!has(&a, |x| matches!(x, Action::SpawnCycle { .. })));
+    assert!(!has(&a, |x| matches!(x, Action::SpawnAttempt { .. })));
 }
 
 #[test]
@@ -71,7 +71,7 @@ fn an_unfit_node_while_ranks_run_stops_them_and_asks_to_be_left_out() {
         },
     );
     // The job's verdict: restarts are left, but this node leaves instead.
-    let a = s.handle(t, Event::CycleEnded { cycle: 0, end });
+    let a = s.handle(t, Event::AttemptEnded { attempt: 0, end });
     let o = finish(&a).unwrap();
     assert!(matches!(o, Outcome::Lost { requeue: true, .. }), "{o:?}");
     assert!(has(&a, |x| matches!(
@@ -161,7 +161,7 @@ fn a_node_fault_between_attempts_starts_no_rank_in_the_next_one() {
         },
     );
     assert!(
-        !has(&a, |x| matches!(x, Action::SpawnCycle { .. })),
+        !has(&a, |x| matches!(x, Action::SpawnAttempt { .. })),
         "the test needs a back-off: {a:?}"
     );
     s.handle(
@@ -173,7 +173,7 @@ fn a_node_fault_between_attempts_starts_no_rank_in_the_next_one() {
     );
     let a = s.handle(t + Duration::from_secs(60), Event::Tick);
     assert!(
-        !has(&a, |x| matches!(x, Action::SpawnCycle { .. })),
+        !has(&a, |x| matches!(x, Action::SpawnAttempt { .. })),
         "no rank may start on a faulty node: {a:?}"
     );
     assert!(matches!(

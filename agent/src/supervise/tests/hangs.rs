@@ -15,7 +15,7 @@ fn hung_rank_gets_only_the_termination_signal() {
             rank: lr,
             local_rank: lr,
             pid: 100 + lr,
-            cycle: 0,
+            attempt: 0,
         };
         s.handle(
             t,
@@ -81,7 +81,7 @@ fn two_beating(t: Instant, stopped: Vec<u32>) -> Solo {
             rank: lr,
             local_rank: lr,
             pid: 100 + lr,
-            cycle: 0,
+            attempt: 0,
         };
         for msg in [reg, RankMsg::Heartbeat { step: None }] {
             s.handle(
@@ -157,7 +157,7 @@ fn a_probe_answer_after_the_rank_spoke_again_declares_nothing() {
         rank: 0,
         local_rank: 0,
         pid: 7,
-        cycle: 0,
+        attempt: 0,
     };
     for msg in [reg, RankMsg::Heartbeat { step: None }] {
         s.handle(t, Event::Message { local_rank: 0, msg });
@@ -183,7 +183,7 @@ fn disconnect_pauses_monitoring_until_reregistration() {
         rank: 0,
         local_rank: 0,
         pid: 100,
-        cycle: 0,
+        attempt: 0,
     };
     s.handle(
         t,

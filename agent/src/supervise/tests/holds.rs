@@ -102,7 +102,7 @@ fn a_hung_rank_and_a_lost_node_kill_holders_at_once_a_stop_at_a_step_does_not() 
                 msg: held(),
             },
         );
-        let a = s.handle(t, Event::CycleEnded { cycle: 0, end });
+        let a = s.handle(t, Event::AttemptEnded { attempt: 0, end });
         assert_eq!(signals(&a), vec![(vec![10], SIGKILL), (vec![11], SIGTERM)]);
     }
     // Another node stopped for good (a signal): ours get the grace to save.
@@ -121,7 +121,7 @@ fn a_hung_rank_and_a_lost_node_kill_holders_at_once_a_stop_at_a_step_does_not() 
         reason: "node 1 received SIGTERM".into(),
         exit_code: 143,
     };
-    let a = s.handle(t, Event::CycleEnded { cycle: 0, end });
+    let a = s.handle(t, Event::AttemptEnded { attempt: 0, end });
     assert_eq!(signals(&a), vec![(vec![10, 11], SIGTERM)]);
     // A failure while the job stops at a step: the ranks were asked to save at that step.
     let (mut s, _) = Solo::new(cfg(2, 3));

@@ -18,7 +18,7 @@ fn register(s: &mut Solo, now: Instant, lr: u32, generation: u64) -> Vec<Action>
         rank: lr,
         local_rank: lr,
         pid: 100 + lr,
-        cycle: 0,
+        attempt: 0,
     };
     let mut out = send(s, now, lr, reg);
     out.extend(send(s, now, lr, RankMsg::Restartable { generation }));
@@ -56,7 +56,7 @@ fn spawned_again(out: &[Action]) -> Option<u64> {
 /// The attempt is being stopped for a whole restart: the failure is reported to the job.
 fn whole_restart(out: &[Action]) -> bool {
     out.iter()
-        .any(|a| matches!(a, Action::Job(JobRequest::ReportEnd { cycle: 0, .. })))
+        .any(|a| matches!(a, Action::Job(JobRequest::ReportEnd { attempt: 0, .. })))
 }
 
 #[test]
@@ -69,7 +69,7 @@ fn a_failed_rank_is_replaced_alone_and_the_others_are_told() {
         generation: 1,
         replaced: vec![1]
     })));
-    assert!(!out.iter().any(|a| matches!(a, Action::SpawnCycle { .. })));
+    assert!(!out.iter().any(|a| matches!(a, Action::SpawnAttempt { .. })));
     assert!(!whole_restart(&out));
     assert!(s.failures().is_empty());
     assert_eq!(s.generation(), 1);
@@ -186,7 +186,7 @@ fn a_hung_rank_is_killed_and_its_exit_replaces_it() {
 
 fn heard(s: &mut Solo, at: Instant, generation: u64, replaced: Option<Vec<u32>>) -> Vec<Action> {
     let ev = Event::GenerationBegun {
-        cycle: 0,
+        attempt: 0,
         generation,
         replaced,
     };

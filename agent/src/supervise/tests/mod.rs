@@ -53,18 +53,21 @@ impl Solo {
         let mut queue: VecDeque<Action> = actions.into();
         while let Some(a) = queue.pop_front() {
             let reply = match &a {
-                Action::Job(JobRequest::Join { cycle, calculated }) => Some(Event::Joined {
-                    cycle: *cycle,
+                Action::Job(JobRequest::Join {
+                    attempt,
+                    calculated,
+                }) => Some(Event::Joined {
+                    attempt: *attempt,
                     placement: self.s.job.placement,
                     max_restarts: self.s.job.max_restarts,
                     calculated: calculated.clone(),
                 }),
-                Action::Job(JobRequest::ReportEnd { cycle, end }) => Some(Event::CycleEnded {
-                    cycle: *cycle,
+                Action::Job(JobRequest::ReportEnd { attempt, end }) => Some(Event::AttemptEnded {
+                    attempt: *attempt,
                     end: end.clone(),
                 }),
-                Action::Job(JobRequest::ReportDone { cycle }) => Some(Event::CycleEnded {
-                    cycle: *cycle,
+                Action::Job(JobRequest::ReportDone { attempt }) => Some(Event::AttemptEnded {
+                    attempt: *attempt,
                     end: JobEnd::Done,
                 }),
                 Action::ProbeStopped { ranks } => Some(Event::Probed {
@@ -74,20 +77,22 @@ impl Solo {
                         .filter(|lr| self.stopped.contains(lr))
                         .collect(),
                 }),
-                Action::Job(JobRequest::StopTrigger { cycle, trigger }) => Some(Event::StopAsked {
-                    cycle: *cycle,
-                    trigger: trigger.clone(),
-                }),
-                Action::Job(JobRequest::StopSteps { cycle, report }) => Some(Event::StopStep {
-                    cycle: *cycle,
+                Action::Job(JobRequest::StopTrigger { attempt, trigger }) => {
+                    Some(Event::StopAsked {
+                        attempt: *attempt,
+                        trigger: trigger.clone(),
+                    })
+                }
+                Action::Job(JobRequest::StopSteps { attempt, report }) => Some(Event::StopStep {
+                    attempt: *attempt,
                     step: choose_stop_step(&[*report], AGREEMENT_BUDGET),
                 }),
                 Action::Job(JobRequest::ShareTimeouts {
-                    cycle,
+                    attempt,
                     round,
                     timeouts,
                 }) => Some(Event::JobTimeouts {
-                    cycle: *cycle,
+                    attempt: *attempt,
                     round: *round,
                     timeouts: timeouts.clone(),
                 }),
@@ -106,7 +111,7 @@ fn cfg(nproc: u32, max_restarts: u32) -> SupervisorConfig {
     SupervisorConfig::basic(nproc, max_restarts)
 }
 
-/// Spawns every rank of the current cycle with pids `base + local_rank`.
+/// Spawns every rank of the current attempt with pids `base + local_rank`.
 fn spawn_all(s: &mut Solo, now: Instant, base: i32) -> Vec<Action> {
     let mut out = Vec::new();
     for lr in 0..s.config().nproc {
@@ -163,15 +168,15 @@ fn spawns(actions: &[Action]) -> Vec<u32> {
     actions
         .iter()
         .filter_map(|a| match a {
-            Action::SpawnCycle { cycle, .. } => Some(*cycle),
+            Action::SpawnAttempt { attempt, .. } => Some(*attempt),
             _ => None,
         })
         .collect()
 }
 
-fn joined(cycle: u32, rank_offset: u32, max_restarts: u32) -> Event {
+fn joined(attempt: u32, rank_offset: u32, max_restarts: u32) -> Event {
     Event::Joined {
-        cycle,
+        attempt,
         placement: Placement {
             group_rank: 0,
             rank_offset,
@@ -215,7 +220,7 @@ fn register(s: &mut Solo, t: Instant, local_rank: u32) {
             rank: local_rank,
             local_rank,
             pid: 100 + local_rank,
-            cycle: 0,
+            attempt: 0,
         },
     );
     send(s, t, local_rank, RankMsg::Progress { step: 0 });

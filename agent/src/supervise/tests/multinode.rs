@@ -13,7 +13,7 @@ fn multi_node_requests_are_answered_with_the_job_value_of_their_round() {
         rank: 1,
         local_rank: 0,
         pid: 300,
-        cycle: 0,
+        attempt: 0,
     };
     let msg = |m: RankMsg| Event::Message {
         local_rank: 0,
@@ -29,7 +29,7 @@ fn multi_node_requests_are_answered_with_the_job_value_of_their_round() {
     let a = s.handle(t + Duration::from_millis(300), msg(calc_hb()));
     let shared = a.iter().find_map(|x| match x {
         Action::Job(JobRequest::ShareTimeouts {
-            cycle: 0,
+            attempt: 0,
             round,
             timeouts,
         }) => Some((*round, timeouts.clone())),
@@ -49,7 +49,7 @@ fn multi_node_requests_are_answered_with_the_job_value_of_their_round() {
     let stale = s.handle(
         t,
         Event::JobTimeouts {
-            cycle: 0,
+            attempt: 0,
             round: 7,
             timeouts: job.clone(),
         },
@@ -58,7 +58,7 @@ fn multi_node_requests_are_answered_with_the_job_value_of_their_round() {
     let a = s.handle(
         t,
         Event::JobTimeouts {
-            cycle: 0,
+            attempt: 0,
             round: 1,
             timeouts: job.clone(),
         },
@@ -88,7 +88,7 @@ fn multi_node_ranks_start_only_once_every_node_joined() {
     let (mut s, first) = node(1, 2, 3);
     assert!(spawns(&first).is_empty());
     assert!(first.contains(&Action::Job(JobRequest::Join {
-        cycle: 0,
+        attempt: 0,
         calculated: None
     })));
     // The job's budget and this node's global ranks come from the rendezvous.
@@ -103,12 +103,12 @@ fn multi_node_ranks_start_only_once_every_node_joined() {
         },
     );
     assert!(a.contains(&Action::Record(Record::RankStarted {
-        cycle: 0,
+        attempt: 0,
         local_rank: 1,
         rank: 7,
         pid: 50
     })));
-    // A Joined for another cycle is not ours.
+    // A Joined for another attempt is not ours.
     assert!(spawns(&s.handle(t, joined(5, 0, 1))).is_empty());
 }
 
@@ -126,7 +126,7 @@ fn multi_node_local_failure_is_reported_and_the_verdict_decides() {
         },
     );
     let reported = a.iter().find_map(|x| match x {
-        Action::Job(JobRequest::ReportEnd { cycle: 0, end }) => Some(end.clone()),
+        Action::Job(JobRequest::ReportEnd { attempt: 0, end }) => Some(end.clone()),
         _ => None,
     });
     assert_eq!(
@@ -150,16 +150,16 @@ fn multi_node_local_failure_is_reported_and_the_verdict_decides() {
     )));
     let a = s.handle(
         t,
-        Event::CycleEnded {
-            cycle: 0,
+        Event::AttemptEnded {
+            attempt: 0,
             end: reported.unwrap(),
         },
     );
     assert!(a.contains(&Action::Job(JobRequest::Join {
-        cycle: 1,
+        attempt: 1,
         calculated: None
     })));
-    assert_eq!(s.cycle(), 1);
+    assert_eq!(s.attempt(), 1);
 }
 
 #[test]
@@ -172,7 +172,7 @@ fn multi_node_peer_failure_stops_ours_without_counting_them_as_failures() {
         node: 3,
         reason: "rank 9 hung".into(),
     };
-    let a = s.handle(t, Event::CycleEnded { cycle: 0, end });
+    let a = s.handle(t, Event::AttemptEnded { attempt: 0, end });
     assert_eq!(signals(&a), vec![(vec![10, 11], SIGTERM)]);
     assert!(!has(&a, |x| matches!(
         x,
@@ -214,7 +214,7 @@ fn multi_node_done_here_waits_for_the_others() {
             how: ExitKind::Code(0),
         },
     );
-    assert!(a.contains(&Action::Job(JobRequest::ReportDone { cycle: 0 })));
+    assert!(a.contains(&Action::Job(JobRequest::ReportDone { attempt: 0 })));
     assert!(finish(&a).is_none());
     // Another node failed after ours finished: this node restarts with the job.
     let failed = JobEnd::Failed {
@@ -223,13 +223,13 @@ fn multi_node_done_here_waits_for_the_others() {
     };
     let a = s.handle(
         t,
-        Event::CycleEnded {
-            cycle: 0,
+        Event::AttemptEnded {
+            attempt: 0,
             end: failed,
         },
     );
     assert!(a.contains(&Action::Job(JobRequest::Join {
-        cycle: 1,
+        attempt: 1,
         calculated: None
     })));
     s.handle(t, joined(1, 1, 2));
@@ -243,8 +243,8 @@ fn multi_node_done_here_waits_for_the_others() {
     );
     let a = s.handle(
         t,
-        Event::CycleEnded {
-            cycle: 1,
+        Event::AttemptEnded {
+            attempt: 1,
             end: JobEnd::Done,
         },
     );
@@ -264,7 +264,7 @@ fn multi_node_signal_stops_everyone_for_good() {
         exit_code: 143,
     };
     assert!(a.contains(&Action::Job(JobRequest::ReportEnd {
-        cycle: 0,
+        attempt: 0,
         end: stopped.clone()
     })));
     let a = s.handle(
@@ -283,8 +283,8 @@ fn multi_node_signal_stops_everyone_for_good() {
     let (mut other, _) = node(0, 1, 5);
     let a = other.handle(
         t,
-        Event::CycleEnded {
-            cycle: 0,
+        Event::AttemptEnded {
+            attempt: 0,
             end: JobEnd::Stopped {
                 node: 2,
                 reason: "r".into(),
@@ -350,8 +350,8 @@ fn a_verdict_on_the_next_attempt_reaches_a_node_heading_for_it() {
     started(&mut s, t, 100);
     s.handle(
         t,
-        Event::CycleEnded {
-            cycle: 0,
+        Event::AttemptEnded {
+            attempt: 0,
             end: JobEnd::Failed {
                 node: 1,
                 reason: "x".into(),
@@ -367,7 +367,7 @@ fn a_verdict_on_the_next_attempt_reaches_a_node_heading_for_it() {
     );
     assert!(has(&a, |x| matches!(
         x,
-        Action::Job(JobRequest::Join { cycle: 1, .. })
+        Action::Job(JobRequest::Join { attempt: 1, .. })
     )));
     let lost = JobEnd::Lost {
         reason: "node 1 left".into(),
@@ -375,8 +375,8 @@ fn a_verdict_on_the_next_attempt_reaches_a_node_heading_for_it() {
     };
     let a = s.handle(
         t,
-        Event::CycleEnded {
-            cycle: 1,
+        Event::AttemptEnded {
+            attempt: 1,
             end: lost,
         },
     );
@@ -389,14 +389,14 @@ fn a_standby_runs_no_ranks_follows_the_jobs_verdicts_and_ends_with_the_job() {
     let (mut s, first) = node(2, 2, 3);
     assert!(has(&first, |x| matches!(
         x,
-        Action::Job(JobRequest::Join { cycle: 0, .. })
+        Action::Job(JobRequest::Join { attempt: 0, .. })
     )));
-    let a = s.handle(t, Event::Standby { cycle: 0 });
+    let a = s.handle(t, Event::Standby { attempt: 0 });
     assert!(has(&a, |x| matches!(
         x,
-        Action::Record(Record::Standby { cycle: 0 })
+        Action::Record(Record::Standby { attempt: 0 })
     )));
-    assert!(!has(&a, |x| matches!(x, Action::SpawnCycle { .. })));
+    assert!(!has(&a, |x| matches!(x, Action::SpawnAttempt { .. })));
     assert!(!has(&a, |x| matches!(
         x,
         Action::Job(JobRequest::ReportDone { .. })
@@ -404,8 +404,8 @@ fn a_standby_runs_no_ranks_follows_the_jobs_verdicts_and_ends_with_the_job() {
     // Another node failed: every node, the standby too, goes to the next attempt.
     let a = s.handle(
         t,
-        Event::CycleEnded {
-            cycle: 0,
+        Event::AttemptEnded {
+            attempt: 0,
             end: JobEnd::Failed {
                 node: 1,
                 reason: "lost".into(),
@@ -415,7 +415,7 @@ fn a_standby_runs_no_ranks_follows_the_jobs_verdicts_and_ends_with_the_job() {
     assert!(
         has(&a, |x| matches!(
             x,
-            Action::Job(JobRequest::Join { cycle: 1, .. })
+            Action::Job(JobRequest::Join { attempt: 1, .. })
         )),
         "{a:?}"
     );
@@ -423,7 +423,7 @@ fn a_standby_runs_no_ranks_follows_the_jobs_verdicts_and_ends_with_the_job() {
     let a = s.handle(t, joined(1, 2, 3));
     assert!(has(&a, |x| matches!(
         x,
-        Action::SpawnCycle { cycle: 1, .. }
+        Action::SpawnAttempt { attempt: 1, .. }
     )));
     started(&mut s, t, 40);
     for pid in [40, 41] {
@@ -437,8 +437,8 @@ fn a_standby_runs_no_ranks_follows_the_jobs_verdicts_and_ends_with_the_job() {
     }
     let a = s.handle(
         t,
-        Event::CycleEnded {
-            cycle: 1,
+        Event::AttemptEnded {
+            attempt: 1,
             end: JobEnd::Done,
         },
     );
@@ -449,11 +449,11 @@ fn a_standby_runs_no_ranks_follows_the_jobs_verdicts_and_ends_with_the_job() {
 fn a_standby_when_the_job_finishes_finishes_too() {
     let t = Instant::now();
     let (mut s, _) = node(2, 2, 0);
-    s.handle(t, Event::Standby { cycle: 0 });
+    s.handle(t, Event::Standby { attempt: 0 });
     let a = s.handle(
         t,
-        Event::CycleEnded {
-            cycle: 0,
+        Event::AttemptEnded {
+            attempt: 0,
             end: JobEnd::Done,
         },
     );

@@ -3,7 +3,7 @@
 use super::*;
 
 #[test]
-fn starts_cycle_zero() {
+fn starts_attempt_zero() {
     let (_, actions) = Solo::new(cfg(2, 0));
     assert_eq!(spawns(&actions), vec![0]);
 }
@@ -36,7 +36,7 @@ fn all_ranks_zero_is_success() {
 }
 
 #[test]
-fn failure_stops_others_then_restarts_with_next_cycle() {
+fn failure_stops_others_then_restarts_with_next_attempt() {
     let t = Instant::now();
     let (mut s, _) = Solo::new(cfg(3, 1));
     spawn_all(&mut s, t, 100);
@@ -66,7 +66,7 @@ fn failure_stops_others_then_restarts_with_next_cycle() {
         },
     );
     assert_eq!(spawns(&a), vec![1]);
-    assert_eq!(s.cycle(), 1);
+    assert_eq!(s.attempt(), 1);
     assert!(s.failures().is_empty());
     assert_eq!(s.next_deadline(), None);
 }
@@ -220,7 +220,7 @@ fn backoff_is_immediate_first_then_doubles_to_the_cap() {
     assert_eq!(B.next(s, quick, false).0, Duration::from_secs(1));
 }
 
-/// Attempt `cycle` (pids from `base`) steps from `from` to `to` and, when `save` is given, saves a
+/// Attempt `attempt` (pids from `base`) steps from `from` to `to` and, when `save` is given, saves a
 /// checkpoint at that step; then its rank fails. The restart's back-off.
 fn attempt_with(s: &mut Solo, base: i32, steps: (u64, u64), save: Option<u64>) -> u64 {
     // After the last back-off, if any.
@@ -265,7 +265,7 @@ fn the_backoff_grows_only_for_attempts_that_failed_without_progress() {
     assert_eq!(attempt_with(&mut s, 50, (0, 0), None), 1000);
     assert_eq!(attempt_with(&mut s, 60, (best - 5, best + 1), None), 2000);
     assert_eq!(attempt_with(&mut s, 70, (best, best + 20), None), 0);
-    assert_eq!(s.cycle(), 7);
+    assert_eq!(s.attempt(), 7);
 }
 
 #[test]
@@ -283,7 +283,7 @@ fn with_checkpoints_progress_is_a_checkpoint_past_the_last() {
     assert_eq!(attempt_with(&mut s, 50, (201, 350), Some(300)), 0);
 }
 
-/// Fails the one rank of the current cycle at `t` (the verdict comes back at once).
+/// Fails the one rank of the current attempt at `t` (the verdict comes back at once).
 fn fail_at(s: &mut Solo, t: Instant, pid: i32) -> Vec<Action> {
     s.handle(
         t,
@@ -323,7 +323,7 @@ fn restarts_back_off_through_next_deadline() {
     let early = s.handle(until - Duration::from_millis(1), Event::Tick);
     assert!(spawns(&early).is_empty());
     assert_eq!(spawns(&s.handle(until, Event::Tick)), vec![2]);
-    assert_eq!(s.cycle(), 2);
+    assert_eq!(s.attempt(), 2);
 }
 
 #[test]
@@ -399,7 +399,7 @@ proptest::proptest! {
     }
 
     /// Whatever order ranks exit in, the supervisor ends exactly once, restarts at most
-    /// `max_restarts` times and only ever signals pids of its own cycle.
+    /// `max_restarts` times and only ever signals pids of its own attempt.
     #[test]
     fn ends_once_within_budget(
         nproc in 1u32..5,
@@ -439,7 +439,7 @@ fn attempts_that_stop_making_progress_are_not_restarted() {
     c.no_progress = Some((2, 1));
     let (mut s, _) = Solo::new(c);
     let mut base = 100;
-    let mut attempt = |s: &mut Solo, reached: u64| {
+    let mut current = |s: &mut Solo, reached: u64| {
         spawn_all(s, t, base);
         register(s, t, 0);
         send(s, t, 0, RankMsg::Progress { step: reached });
@@ -454,9 +454,9 @@ fn attempts_that_stop_making_progress_are_not_restarted() {
         a
     };
     // Progress, then none twice: the second time without progress ends the job.
-    assert!(finish(&attempt(&mut s, 5)).is_none());
-    assert!(finish(&attempt(&mut s, 5)).is_none());
-    let a = attempt(&mut s, 5);
+    assert!(finish(&current(&mut s, 5)).is_none());
+    assert!(finish(&current(&mut s, 5)).is_none());
+    let a = current(&mut s, 5);
     assert_eq!(
         finish(&a),
         Some(&Outcome::NoProgress {
@@ -464,7 +464,7 @@ fn attempts_that_stop_making_progress_are_not_restarted() {
             step: Some(5)
         })
     );
-    assert_eq!(s.cycle(), 2);
+    assert_eq!(s.attempt(), 2);
 }
 
 #[test]
@@ -508,7 +508,7 @@ fn with_a_checkpoint_file_its_value_is_the_progress_not_the_steps() {
         )
     };
     read(&mut s, true, 100);
-    let attempt = |s: &mut Solo, base: i32, step: u64, file: u64| {
+    let current = |s: &mut Solo, base: i32, step: u64, file: u64| {
         spawn_all(s, t, base);
         register(s, t, 0);
         send(s, t, 0, RankMsg::Progress { step });
@@ -521,9 +521,9 @@ fn with_a_checkpoint_file_its_value_is_the_progress_not_the_steps() {
             },
         )
     };
-    assert!(finish(&attempt(&mut s, 100, 5, 150)).is_none(), "150 > 100");
-    assert!(finish(&attempt(&mut s, 110, 6, 150)).is_none());
-    let a = attempt(&mut s, 120, 7, 150);
+    assert!(finish(&current(&mut s, 100, 5, 150)).is_none(), "150 > 100");
+    assert!(finish(&current(&mut s, 110, 6, 150)).is_none());
+    let a = current(&mut s, 120, 7, 150);
     assert!(
         matches!(finish(&a), Some(Outcome::NoProgress { attempts: 3, .. })),
         "{a:?}"
@@ -537,7 +537,7 @@ fn an_attempt_starts_with_the_assignment_the_rendezvous_gave() {
     let a = s.handle(
         t,
         Event::Joined {
-            cycle: 0,
+            attempt: 0,
             placement: Placement {
                 group_rank: 1,
                 rank_offset: 2,
@@ -549,8 +549,8 @@ fn an_attempt_starts_with_the_assignment_the_rendezvous_gave() {
     );
     assert!(has(&a, |a| matches!(
         a,
-        Action::Record(Record::CycleStart {
-            cycle: 0,
+        Action::Record(Record::AttemptStart {
+            attempt: 0,
             nproc: 2,
             rank_offset: 2,
             world_size: 6,
@@ -562,7 +562,7 @@ fn an_attempt_starts_with_the_assignment_the_rendezvous_gave() {
 
 #[test]
 fn no_steps_between_a_restart_and_the_next_attempts_ranks() {
-    // From the restart on, `cycle()` is the next attempt, which must not show the steps the last
+    // From the restart on, `attempt()` is the next attempt, which must not show the steps the last
     // attempt's ranks reached (found by bench/chaos.py): the steps carry their own attempt.
     let t = Instant::now();
     let (mut s, _) = Solo::new(SupervisorConfig {
@@ -578,18 +578,18 @@ fn no_steps_between_a_restart_and_the_next_attempts_ranks() {
         rank: 0,
         local_rank: 0,
         pid: 20,
-        cycle: 1,
+        attempt: 1,
     };
     send(&mut s, t, 0, reg);
     send(&mut s, t, 0, RankMsg::Heartbeat { step: Some(229) });
     let steps = |s: &Solo| {
         s.attempt_steps()
-            .map(|a| (a.cycle, a.min, a.max, a.running))
+            .map(|a| (a.attempt, a.min, a.max, a.running))
     };
     assert_eq!(steps(&s), Some((1, 229, 229, true)));
     let failed = t + Duration::from_secs(1);
     let a = fail_at(&mut s, failed, 20);
-    assert_eq!((restart_waits(&a), s.cycle()), (vec![1000], 2));
+    assert_eq!((restart_waits(&a), s.attempt()), (vec![1000], 2));
     assert_eq!(steps(&s), Some((1, 229, 229, false)), "during the back-off");
     let until = failed + Duration::from_secs(1);
     assert_eq!(spawns(&s.handle(until, Event::Tick)), vec![2]);
@@ -609,7 +609,7 @@ fn during_a_back_off_the_steps_are_the_dead_attempts_under_its_own_number() {
     send(&mut s, t, 0, RankMsg::Heartbeat { step: Some(9) });
     fail_at(&mut s, t, 10);
     fail_at(&mut s, t, 11);
-    assert_eq!(s.cycle(), 1);
+    assert_eq!(s.attempt(), 1);
     spawn_all(&mut s, t, 20);
     let a = t + Duration::from_secs(1);
     let b = t + Duration::from_secs(2);
@@ -618,18 +618,18 @@ fn during_a_back_off_the_steps_are_the_dead_attempts_under_its_own_number() {
     // Rank 1 goes on alone (rank 0 hangs): the lowest step, 7, was reached at `a`.
     send(&mut s, b, 1, RankMsg::Heartbeat { step: Some(9) });
     let running = s.attempt_steps().unwrap();
-    assert_eq!((running.cycle, running.min, running.max), (1, 7, 9));
+    assert_eq!((running.attempt, running.min, running.max), (1, 7, 9));
     assert_eq!(running.at, a);
     assert!(running.running);
     let f = t + Duration::from_secs(3);
     fail_at(&mut s, f, 21);
     fail_at(&mut s, f, 20);
-    // Backing off, the supervisor's cycle is already 2; the ranks' steps stay attempt 1's.
-    assert_eq!(s.cycle(), 2);
+    // Backing off, the supervisor's attempt is already 2; the ranks' steps stay attempt 1's.
+    assert_eq!(s.attempt(), 2);
     assert!(s.next_deadline().is_some());
     let dead = s.attempt_steps().unwrap();
     assert_eq!(
-        (dead.cycle, dead.min, dead.max, dead.running),
+        (dead.attempt, dead.min, dead.max, dead.running),
         (1, 7, 9, false)
     );
 }

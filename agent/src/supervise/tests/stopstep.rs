@@ -116,7 +116,7 @@ fn with_no_rank_asking_for_steps_a_sigterm_is_forwarded_as_before() {
             rank: 0,
             local_rank: 0,
             pid: 100,
-            cycle: 0,
+            attempt: 0,
         },
     );
     send(&mut s, t, 0, RankMsg::Heartbeat { step: Some(4) });
@@ -244,7 +244,7 @@ fn a_rank_that_connects_after_the_agreement_is_told_the_step() {
             rank: 1,
             local_rank: 1,
             pid: 101,
-            cycle: 0,
+            attempt: 0,
         },
     );
     assert_eq!(stop_requests(&a), vec![Some(6)]);
@@ -265,7 +265,7 @@ fn another_nodes_trigger_reports_our_steps_and_signals_nothing_yet() {
                     rank: 2 + lr,
                     local_rank: lr,
                     pid: 100 + lr,
-                    cycle: 0,
+                    attempt: 0,
                 },
             },
         );
@@ -287,29 +287,29 @@ fn another_nodes_trigger_reports_our_steps_and_signals_nothing_yet() {
     let a = s.handle(
         t,
         Event::StopAsked {
-            cycle: 0,
+            attempt: 0,
             trigger: "SIGUSR2".into(),
         },
     );
     assert!(signals(&a).is_empty());
     assert!(has(
         &a,
-        |x| matches!(x, Action::Job(JobRequest::StopSteps { cycle: 0, report }) if report.max_step == Some(9))
+        |x| matches!(x, Action::Job(JobRequest::StopSteps { attempt: 0, report }) if report.max_step == Some(9))
     ));
     let a = s.handle(
         t,
         Event::StopStep {
-            cycle: 0,
+            attempt: 0,
             step: Some(30),
         },
     );
     assert_eq!(stop_requests(&a), vec![Some(30)]);
-    // A stale cycle's answer changes nothing.
+    // A stale attempt's answer changes nothing.
     assert!(s
         .handle(
             t,
             Event::StopStep {
-                cycle: 7,
+                attempt: 7,
                 step: Some(1)
             }
         )
@@ -328,7 +328,7 @@ fn a_nodes_own_signal_after_another_nodes_trigger_is_not_a_second_signal() {
             rank: 1,
             local_rank: 0,
             pid: 100,
-            cycle: 0,
+            attempt: 0,
         },
         RankMsg::Progress { step: 7 },
     ] {
@@ -337,7 +337,7 @@ fn a_nodes_own_signal_after_another_nodes_trigger_is_not_a_second_signal() {
     s.handle(
         t,
         Event::StopAsked {
-            cycle: 0,
+            attempt: 0,
             trigger: "SIGTERM".into(),
         },
     );
@@ -346,7 +346,7 @@ fn a_nodes_own_signal_after_another_nodes_trigger_is_not_a_second_signal() {
     let a = s.handle(
         t,
         Event::StopStep {
-            cycle: 0,
+            attempt: 0,
             step: Some(9),
         },
     );

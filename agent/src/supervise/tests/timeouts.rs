@@ -20,7 +20,7 @@ fn on_request_configured_timeouts_stay_until_every_rank_asks() {
             rank: lr,
             local_rank: lr,
             pid: 100 + lr,
-            cycle: 0,
+            attempt: 0,
         };
         send(&mut s, t, lr, reg);
         assert!(
@@ -66,7 +66,7 @@ fn nothing_is_learned_after_a_hang() {
         rank: 0,
         local_rank: 0,
         pid: 100,
-        cycle: 0,
+        attempt: 0,
     };
     send(&mut s, t, 0, reg);
     let mut now = t;
@@ -107,7 +107,7 @@ fn multi_node_timeouts_apply_the_job_value_and_only_node_zero_saves() {
         let a = s.handle(
             t,
             Event::JobTimeouts {
-                cycle: 0,
+                attempt: 0,
                 round: 0,
                 timeouts: job.clone(),
             },

@@ -60,23 +60,23 @@ pub(super) enum Input {
         key: String,
         result: Result<Vec<u8>, (bool, String)>,
     },
-    /// Every slot shared its timeouts for the cycle's round: the job-wide ones as written.
+    /// Every slot shared its timeouts for the attempt's round: the job-wide ones as written.
     Timeouts {
-        cycle: u32,
+        attempt: u32,
         round: u32,
         value: Vec<u8>,
     },
-    /// In-process generation `generation` of `cycle` was written.
+    /// In-process generation `generation` of `attempt` was written.
     Generation {
-        cycle: u32,
+        attempt: u32,
         generation: u64,
         value: Vec<u8>,
     },
     /// A node asked the job to stop at a step (the first trigger written).
-    StopAsked { cycle: u32, trigger: String },
+    StopAsked { attempt: u32, trigger: String },
     /// The job's stop step was chosen.
-    StopStep { cycle: u32, step: Option<u64> },
-    /// Node rank 0: the last call of this cycle's rendezvous ran out (lastcall.rs).
+    StopStep { attempt: u32, step: Option<u64> },
+    /// Node rank 0: the last call of this attempt's rendezvous ran out (lastcall.rs).
     LastCall(u32),
     /// The liveness, or the watch on the coordinator's lease.
     Alarm(Alarm),
@@ -107,11 +107,11 @@ pub(super) struct Coordinator {
     inbox: mpsc::UnboundedReceiver<Input>,
     /// The rendezvous' wait under way ([`wait_one`]).
     wait: Option<AbortHandle>,
-    /// Parked on this cycle's job-wide timeouts.
+    /// Parked on this attempt's job-wide timeouts.
     timeouts_task: Option<AbortHandle>,
-    /// Parked on this cycle's stop trigger, then on its stop step.
+    /// Parked on this attempt's stop trigger, then on its stop step.
     stop_task: Option<AbortHandle>,
-    /// Parked on this cycle's next in-process generation (`Step::WaitGeneration`).
+    /// Parked on this attempt's next in-process generation (`Step::WaitGeneration`).
     generation_task: Option<AbortHandle>,
     /// Renews this node's counter and watches the others' ([`liveness`]).
     liveness: AbortHandle,
@@ -130,10 +130,10 @@ pub(super) struct Coordinator {
     join_wait: Option<JoinWait>,
 }
 
-/// Node rank 0 waits for the nodes to join `cycle` since `since`; it says who is missing at
+/// Node rank 0 waits for the nodes to join `attempt` since `since`; it says who is missing at
 /// `next`.
 struct JoinWait {
-    cycle: u32,
+    attempt: u32,
     since: tokio::time::Instant,
     next: tokio::time::Instant,
 }
@@ -280,32 +280,32 @@ impl Coordinator {
         match input {
             Input::Waited { key, result } => self.waited(key, result).await,
             Input::Timeouts {
-                cycle,
+                attempt,
                 round,
                 value,
             } => {
                 if let Some(timeouts) = read_timeouts(&value) {
                     self.send(FromCoord::Event(Event::JobTimeouts {
-                        cycle,
+                        attempt,
                         round,
                         timeouts,
                     }));
                 }
                 Ok(())
             }
-            Input::StopAsked { cycle, trigger } => {
-                self.send(FromCoord::Event(Event::StopAsked { cycle, trigger }));
+            Input::StopAsked { attempt, trigger } => {
+                self.send(FromCoord::Event(Event::StopAsked { attempt, trigger }));
                 Ok(())
             }
-            Input::StopStep { cycle, step } => {
-                self.send(FromCoord::Event(Event::StopStep { cycle, step }));
+            Input::StopStep { attempt, step } => {
+                self.send(FromCoord::Event(Event::StopStep { attempt, step }));
                 Ok(())
             }
             Input::Generation {
-                cycle,
+                attempt,
                 generation,
                 value,
-            } => self.generation_read(cycle, generation, &value).await,
+            } => self.generation_read(attempt, generation, &value).await,
             Input::LastCall(c) => self.last_call_out(c).await,
             Input::Lease(ev) => self.lease_event(ev).await,
             Input::Alarm(Alarm::Silent(why, node)) => {
@@ -329,26 +329,29 @@ impl Coordinator {
             | JobRequest::StopSteps { .. }
             | JobRequest::ReportDone { .. }
                 if !self.rdzv.in_slots() => {}
-            JobRequest::Join { cycle, calculated } => self.join(cycle, calculated).await?,
+            JobRequest::Join {
+                attempt,
+                calculated,
+            } => self.join(attempt, calculated).await?,
             JobRequest::Health { healthy } => self.rdzv.health(healthy),
-            JobRequest::ReportEnd { cycle, end } => {
-                self.decide(Fact::ReportEnd { cycle, end: &end }).await?;
+            JobRequest::ReportEnd { attempt, end } => {
+                self.decide(Fact::ReportEnd { attempt, end: &end }).await?;
             }
-            JobRequest::ReportDone { cycle } => {
-                let count = self.ctl.add(&key::done(cycle), 1).await?;
-                self.decide(Fact::DoneCounted { cycle, count }).await?;
+            JobRequest::ReportDone { attempt } => {
+                let count = self.ctl.add(&key::done(attempt), 1).await?;
+                self.decide(Fact::DoneCounted { attempt, count }).await?;
             }
             JobRequest::ShareTimeouts {
-                cycle,
+                attempt,
                 round,
                 timeouts,
-            } => self.share_timeouts(cycle, round, &timeouts).await?,
-            JobRequest::StopTrigger { cycle, trigger } => {
+            } => self.share_timeouts(attempt, round, &timeouts).await?,
+            JobRequest::StopTrigger { attempt, trigger } => {
                 self.ctl
-                    .compare_set(&key::stop(cycle), b"", &to_json(&trigger))
+                    .compare_set(&key::stop(attempt), b"", &to_json(&trigger))
                     .await?;
             }
-            JobRequest::StopSteps { cycle, report } => self.share_steps(cycle, &report).await?,
+            JobRequest::StopSteps { attempt, report } => self.share_steps(attempt, &report).await?,
             JobRequest::Depart { reason } => {
                 self.departed = true;
                 self.ctl
@@ -356,10 +359,13 @@ impl Coordinator {
                     .await?;
             }
             JobRequest::BeginGeneration {
-                cycle,
+                attempt,
                 generation,
                 replaced,
-            } => self.generation_begun(cycle, generation, &replaced).await?,
+            } => {
+                self.generation_begun(attempt, generation, &replaced)
+                    .await?
+            }
             JobRequest::Leave { .. } => unreachable!("handled by serve"),
         }
         Ok(())
@@ -367,18 +373,18 @@ impl Coordinator {
 
     async fn join(
         &mut self,
-        cycle: u32,
+        attempt: u32,
         calculated: Option<Timeouts>,
     ) -> Result<(), vigil_store::StoreError> {
         abort(&mut self.timeouts_task);
         abort(&mut self.stop_task);
         abort(&mut self.generation_task);
-        self.spawn_stop_waiter(cycle);
-        let healthy = match self.rdzv.join(cycle, calculated) {
+        self.spawn_stop_waiter(attempt);
+        let healthy = match self.rdzv.join(attempt, calculated) {
             Joining::Join { healthy } => healthy,
             Joining::Ended(end) => {
-                let mut steps = poison(cycle, &end);
-                steps.push(Step::Tell(FromCoord::cycle_ended(cycle, end)));
+                let mut steps = poison(attempt, &end);
+                steps.push(Step::Tell(FromCoord::attempt_ended(attempt, end)));
                 return self.carry_out(steps).await;
             }
         };
@@ -390,11 +396,11 @@ impl Coordinator {
             pid: std::process::id(),
         };
         let me = self.cfg.node_rank;
-        let (record, count) = (key::join(cycle, me), key::joined(cycle));
+        let (record, count) = (key::join(attempt, me), key::joined(attempt));
         let (members, nth) = if self.rdzv.spares() {
             self.ctl.set(&record, &to_json(&info)).await?;
-            let members = match self.ctl.check(&[&key::members(cycle)]).await? {
-                true => Some(self.ctl.get(&key::members(cycle)).await?),
+            let members = match self.ctl.check(&[&key::members(attempt)]).await? {
+                true => Some(self.ctl.get(&key::members(attempt)).await?),
                 false => None,
             };
             (members, self.ctl.add(&count, 1).await?)
@@ -405,7 +411,7 @@ impl Coordinator {
         abort(&mut self.last_call);
         let members = members.as_deref();
         self.decide(Fact::Counted {
-            cycle,
+            attempt,
             nth,
             members,
         })
@@ -414,7 +420,7 @@ impl Coordinator {
             Stage::WaitAll(c) => {
                 let now = tokio::time::Instant::now();
                 Some(JoinWait {
-                    cycle: c,
+                    attempt: c,
                     since: now,
                     next: now + self.cfg.join_note_every,
                 })
@@ -426,22 +432,25 @@ impl Coordinator {
 
     async fn share_timeouts(
         &mut self,
-        cycle: u32,
+        attempt: u32,
         round: u32,
         timeouts: &Timeouts,
     ) -> Result<(), vigil_store::StoreError> {
         let mine = to_json(&WireTimeouts::from(timeouts));
         let me = self.cfg.node_rank;
         self.ctl
-            .set(&key::node_timeouts(cycle, round, me), &mine)
+            .set(&key::node_timeouts(attempt, round, me), &mine)
             .await?;
         // A node shares a round only once its previous one was answered (its ranks wait for the
         // answer), so a waiter still parked belongs to a round nobody completes.
         abort(&mut self.timeouts_task);
-        self.spawn_timeouts_waiter(cycle, round);
-        let count = self.ctl.add(&key::timeouts_count(cycle, round), 1).await?;
+        self.spawn_timeouts_waiter(attempt, round);
+        let count = self
+            .ctl
+            .add(&key::timeouts_count(attempt, round), 1)
+            .await?;
         self.decide(Fact::TimeoutsCounted {
-            cycle,
+            attempt,
             round,
             count,
         })
@@ -450,14 +459,14 @@ impl Coordinator {
 
     async fn share_steps(
         &mut self,
-        cycle: u32,
+        attempt: u32,
         report: &StepReport,
     ) -> Result<(), vigil_store::StoreError> {
         let mine = to_json(&WireSteps::from(report));
         let me = self.cfg.node_rank;
-        self.ctl.set(&key::stop_steps(cycle, me), &mine).await?;
-        let count = self.ctl.add(&key::stop_count(cycle), 1).await?;
-        self.decide(Fact::StepsCounted { cycle, count }).await
+        self.ctl.set(&key::stop_steps(attempt, me), &mine).await?;
+        let count = self.ctl.add(&key::stop_count(attempt), 1).await?;
+        self.decide(Fact::StepsCounted { attempt, count }).await
     }
 
     /// What every slot's node wrote under `key(node)`, read in one round trip; a value that does
@@ -498,7 +507,7 @@ impl Coordinator {
             Some(Woke::End(c)) => {
                 abort(&mut self.timeouts_task);
                 let value = &value;
-                self.decide(Fact::Ended { cycle: c, value }).await?;
+                self.decide(Fact::Ended { attempt: c, value }).await?;
             }
             None => {}
         }
@@ -521,7 +530,7 @@ impl Coordinator {
         join_timeout_reason(c, joined, self.cfg.nnodes, self.cfg.join_timeout, &absent)
     }
 
-    /// Node rank 0: every member joined cycle `c`: propose the assignment (the first `go`
+    /// Node rank 0: every member joined attempt `c`: propose the assignment (the first `go`
     /// written wins) and act on the verdict.
     async fn all_joined(&mut self, c: u32) -> Result<(), vigil_store::StoreError> {
         // A node that stopped for good ends the rendezvous by writing `go` before `all`.
@@ -535,13 +544,15 @@ impl Coordinator {
             Some(keys) => {
                 keys.reset();
                 if c > 0 {
-                    keys.clear_prefix(&key::cycle_prefix_raw(c - 1));
+                    keys.clear_prefix(&key::attempt_prefix_raw(c - 1));
                 }
             }
             None => {
                 self.ctl.clear_except(vigil_store::AGENT_PREFIX).await?;
                 if c > 0 {
-                    self.ctl.clear_prefix(&key::cycle_prefix_raw(c - 1)).await?;
+                    self.ctl
+                        .clear_prefix(&key::attempt_prefix_raw(c - 1))
+                        .await?;
                 }
             }
         }
@@ -553,11 +564,15 @@ impl Coordinator {
             .zip(self.ctl.multi_get(&refs).await?)
             .collect();
         let records = &records;
-        self.decide(Fact::Records { cycle: c, records }).await
+        self.decide(Fact::Records {
+            attempt: c,
+            records,
+        })
+        .await
     }
 
     async fn verdict(&mut self, c: u32, value: &[u8]) -> Result<(), vigil_store::StoreError> {
-        self.decide(Fact::Verdict { cycle: c, value }).await
+        self.decide(Fact::Verdict { attempt: c, value }).await
     }
 
     /// The store outside the job: the coordinator's lease (held by node `old`) is gone. The live
@@ -698,7 +713,7 @@ impl Coordinator {
                 Step::Propose(c, mine) => {
                     let v = self.ctl.compare_set(&key::go(c), b"", &mine).await?;
                     self.rdzv.step(Fact::Verdict {
-                        cycle: c,
+                        attempt: c,
                         value: &v,
                     })
                 }
@@ -706,18 +721,22 @@ impl Coordinator {
                     let joined = String::from_utf8_lossy(&self.ctl.get(&key::joined(c)).await?)
                         .parse::<usize>()
                         .unwrap_or(0);
-                    self.rdzv.step(Fact::JoinsCounted { cycle: c, joined })
+                    self.rdzv.step(Fact::JoinsCounted { attempt: c, joined })
                 }
-                Step::MergeTimeouts { cycle, round } => {
+                Step::MergeTimeouts { attempt, round } => {
                     let all = self
-                        .every_node(|i| key::node_timeouts(cycle, round, i))
+                        .every_node(|i| key::node_timeouts(attempt, round, i))
                         .await?;
                     let all = &all;
-                    self.rdzv.step(Fact::TimeoutsRead { cycle, round, all })
+                    self.rdzv.step(Fact::TimeoutsRead {
+                        attempt,
+                        round,
+                        all,
+                    })
                 }
-                Step::ChooseStopStep(cycle) => {
-                    let all = self.every_node(|i| key::stop_steps(cycle, i)).await?;
-                    self.rdzv.step(Fact::StepsRead { cycle, all })
+                Step::ChooseStopStep(attempt) => {
+                    let all = self.every_node(|i| key::stop_steps(attempt, i)).await?;
+                    self.rdzv.step(Fact::StepsRead { attempt, all })
                 }
                 Step::LastCall(c) => {
                     let tx = self.inbox_tx.clone();
@@ -725,9 +744,9 @@ impl Coordinator {
                     self.last_call = Some(self.tasks.spawn_local(t));
                     continue;
                 }
-                Step::WaitGeneration(cycle, generation) => {
+                Step::WaitGeneration(attempt, generation) => {
                     abort(&mut self.generation_task);
-                    self.spawn_generation_waiter(cycle, generation);
+                    self.spawn_generation_waiter(attempt, generation);
                     continue;
                 }
                 Step::Tell(m) => {
@@ -779,7 +798,7 @@ impl Coordinator {
             }
             Some(h) => {
                 let keys = h.keys.clone().expect("hosted");
-                // The other agents may still read this cycle's verdict from our store: keep it
+                // The other agents may still read this attempt's verdict from our store: keep it
                 // up until each has left (or was lost), for at most one peer timeout.
                 let deadline = tokio::time::Instant::now() + self.cfg.peer_timeout;
                 let holders = || keys.count_prefix(key::LEASE_PREFIX_RAW);

@@ -81,7 +81,7 @@ impl Coordinator {
         let Some(w) = self.join_wait.as_mut() else {
             return;
         };
-        let c = w.cycle;
+        let c = w.attempt;
         if self.rdzv.stage() != Stage::WaitAll(c) || self.ended {
             self.join_wait = None;
             return;
@@ -98,7 +98,7 @@ impl Coordinator {
         self.send(FromCoord::Note(note));
     }
 
-    /// Node rank 0: the members that have not joined cycle `c`, with the agent that took each
+    /// Node rank 0: the members that have not joined attempt `c`, with the agent that took each
     /// node rank where one did: read in place where it hosts the store (no round trip), through
     /// its connection where the store is outside the job (join and owner records only: no c10d
     /// ticket scan); elsewhere, none.
@@ -156,67 +156,67 @@ impl Coordinator {
         absent::absent(members, &joined, &absent::claims(&owners, &[]))
     }
 
-    /// Parked on the cycle's stop trigger and then on its stop step; aborted (and with it the
-    /// wait, cancelled on the store) when the next cycle is joined.
-    pub(super) fn spawn_stop_waiter(&mut self, cycle: u32) {
+    /// Parked on the attempt's stop trigger and then on its stop step; aborted (and with it the
+    /// wait, cancelled on the store) when the next attempt is joined.
+    pub(super) fn spawn_stop_waiter(&mut self, attempt: u32) {
         let c = self.ctl.clone();
         let tx = self.inbox_tx.clone();
         self.stop_task = Some(self.tasks.spawn_local(async move {
-            let k = key::stop(cycle);
+            let k = key::stop(attempt);
             let Ok(v) = c.wait_get(&k, Duration::MAX).await else {
                 return;
             };
             let trigger = serde_json::from_slice(&v).unwrap_or_else(|_| "a stop".to_string());
-            if tx.send(Input::StopAsked { cycle, trigger }).is_err() {
+            if tx.send(Input::StopAsked { attempt, trigger }).is_err() {
                 return;
             }
-            let k = key::stop_step(cycle);
+            let k = key::stop_step(attempt);
             if let Ok(v) = c.wait_get(&k, Duration::MAX).await {
                 let step = serde_json::from_slice(&v).unwrap_or(None);
-                let _ = tx.send(Input::StopStep { cycle, step });
+                let _ = tx.send(Input::StopStep { attempt, step });
             }
         }));
     }
 
-    /// This node began in-process generation `generation` of `cycle` (`JobRequest::BeginGeneration`).
+    /// This node began in-process generation `generation` of `attempt` (`JobRequest::BeginGeneration`).
     pub(super) async fn generation_begun(
         &mut self,
-        cycle: u32,
+        attempt: u32,
         generation: u64,
         replaced: &[u32],
     ) -> Result<(), vigil_store::StoreError> {
         self.decide(Fact::GenerationBegun {
-            cycle,
+            attempt,
             generation,
             replaced,
         })
         .await
     }
 
-    /// In-process generation `generation` of `cycle` was written (the waiter below).
+    /// In-process generation `generation` of `attempt` was written (the waiter below).
     pub(super) async fn generation_read(
         &mut self,
-        cycle: u32,
+        attempt: u32,
         generation: u64,
         value: &[u8],
     ) -> Result<(), vigil_store::StoreError> {
         self.decide(Fact::GenerationRead {
-            cycle,
+            attempt,
             generation,
             value,
         })
         .await
     }
 
-    /// Parked on in-process generation `generation` of `cycle`; aborted at the next join.
-    pub(super) fn spawn_generation_waiter(&mut self, cycle: u32, generation: u64) {
+    /// Parked on in-process generation `generation` of `attempt`; aborted at the next join.
+    pub(super) fn spawn_generation_waiter(&mut self, attempt: u32, generation: u64) {
         let c = self.ctl.clone();
         let tx = self.inbox_tx.clone();
         self.generation_task = Some(self.tasks.spawn_local(async move {
-            let k = key::generation(cycle, generation);
+            let k = key::generation(attempt, generation);
             if let Ok(value) = c.wait_get(&k, Duration::MAX).await {
                 let _ = tx.send(Input::Generation {
-                    cycle,
+                    attempt,
                     generation,
                     value,
                 });
@@ -224,16 +224,16 @@ impl Coordinator {
         }));
     }
 
-    /// Parked until every node has shared its timeouts for `cycle`; aborted (and with it the
-    /// wait, cancelled on the store) when the cycle ends first.
-    pub(super) fn spawn_timeouts_waiter(&mut self, cycle: u32, round: u32) {
+    /// Parked until every node has shared its timeouts for `attempt`; aborted (and with it the
+    /// wait, cancelled on the store) when the attempt ends first.
+    pub(super) fn spawn_timeouts_waiter(&mut self, attempt: u32, round: u32) {
         let c = self.ctl.clone();
         let tx = self.inbox_tx.clone();
         self.timeouts_task = Some(self.tasks.spawn_local(async move {
-            let k = key::timeouts(cycle, round);
+            let k = key::timeouts(attempt, round);
             if let Ok(value) = c.wait_get(&k, Duration::MAX).await {
                 let _ = tx.send(Input::Timeouts {
-                    cycle,
+                    attempt,
                     round,
                     value,
                 });

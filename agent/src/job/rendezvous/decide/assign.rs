@@ -8,7 +8,7 @@ use crate::supervise::monitor::Timeouts;
 
 use super::super::wire::{Go, NodeInfo, WireTimeouts};
 
-/// What node rank 0 says when the last call of cycle `c` ran out and the job starts with
+/// What node rank 0 says when the last call of attempt `c` ran out and the job starts with
 /// `members` of up to `nnodes` nodes.
 pub fn last_call_note(
     c: u32,
@@ -60,7 +60,7 @@ pub struct Full {
 
 /// Global ranks by node rank: node `n`'s local rank 0 is the sum of the ranks of nodes `0..n`.
 pub fn assign(
-    cycle: u32,
+    attempt: u32,
     nodes: &[NodeInfo],
     max_restarts: u32,
     calculated: Option<WireTimeouts>,
@@ -72,7 +72,7 @@ pub fn assign(
         next += n.nproc;
     }
     Go {
-        cycle,
+        attempt,
         world_size: next,
         offsets,
         slots: Vec::new(),
@@ -85,7 +85,7 @@ pub fn assign(
 /// is the sum of the ranks of slots `0..s`, each counted with the node that plays it. `None` when
 /// a slot's node did not join.
 pub fn assign_slots(
-    cycle: u32,
+    attempt: u32,
     slots: &[u32],
     joined: &BTreeMap<u32, NodeInfo>,
     max_restarts: u32,
@@ -95,7 +95,7 @@ pub fn assign_slots(
         .iter()
         .map(|n| joined.get(n).cloned())
         .collect::<Option<_>>()?;
-    let mut go = assign(cycle, &nodes, max_restarts, calculated);
+    let mut go = assign(attempt, &nodes, max_restarts, calculated);
     go.slots = slots.to_vec();
     Some(go)
 }

@@ -4,9 +4,9 @@
 //! decisions out and [`Rendezvous::step`]; `assign.rs` the free functions (ranks, merged timeouts).
 //!
 //! Inputs, each a method (and each the coordinator hands over as a [`Fact`] to
-//! [`Rendezvous::step`], which answers with [`Step`]s): this agent joins a cycle
+//! [`Rendezvous::step`], which answers with [`Step`]s): this agent joins an attempt
 //! ([`Rendezvous::join`]); node rank 0 finds
-//! every member joined and reads their join records ([`Rendezvous::assign`]); the cycle's verdict
+//! every member joined and reads their join records ([`Rendezvous::assign`]); the attempt's verdict
 //! (`c<N>/go`) and its end (`c<N>/end`) arrive ([`Rendezvous::verdict`], [`Rendezvous::ended`]); a
 //! node's lease closes or its liveness counter stops ([`Rendezvous::lease_lost`],
 //! [`Rendezvous::silent`]); this node's health check ([`Rendezvous::health`]).
@@ -16,7 +16,7 @@
 //! whenever the job cannot go on here; and, for the coordinator, each of those as the [`Step`]s
 //! that carry it out (the store's writes and waits, the messages), in order: the rendezvous'
 //! completion ([`Rendezvous::counted`], [`Rendezvous::joins_counted`]), the members left and the
-//! proposal ([`Rendezvous::propose`]), a loss ([`Rendezvous::carry`]), the cycle's end
+//! proposal ([`Rendezvous::propose`]), a loss ([`Rendezvous::carry`]), the attempt's end
 //! ([`Rendezvous::report_end`], [`Rendezvous::done_counted`]), the job-wide timeouts and stop
 //! step ([`Rendezvous::timeouts_counted`], [`Rendezvous::steps_counted`]), the last call
 //! ([`Rendezvous::last_call_out`]), the coordinator's successor ([`Rendezvous::successor`]).
@@ -67,51 +67,51 @@ pub struct Setup {
     pub outside: bool,
 }
 
-/// Where this agent is in the current cycle.
+/// Where this agent is in the current attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stage {
     Idle,
-    /// Node rank 0 waits for every node to join cycle N.
+    /// Node rank 0 waits for every node to join attempt N.
     WaitAll(u32),
     WaitGo(u32),
-    /// Cycle N runs; parked on its end.
+    /// Attempt N runs; parked on its end.
     Running(u32),
 }
 
 /// What a finished wait means in the current stage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Woke {
-    /// Node rank 0: every member joined cycle N (`c<N>/all`).
+    /// Node rank 0: every member joined attempt N (`c<N>/all`).
     AllJoined(u32),
-    /// Cycle N's verdict is out (`c<N>/go`).
+    /// Attempt N's verdict is out (`c<N>/go`).
     Verdict(u32),
-    /// Cycle N ended (`c<N>/end`).
+    /// Attempt N ended (`c<N>/end`).
     End(u32),
 }
 
 /// What this agent does next, as decided from what the store said.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Decision {
-    /// Tell the runtime (`Joined`, `Standby`) and park on the cycle's end.
+    /// Tell the runtime (`Joined`, `Standby`) and park on the attempt's end.
     Run(u32, FromCoord),
-    /// Tell the runtime (`CycleEnded`): this agent is done with the cycle.
+    /// Tell the runtime (`AttemptEnded`): this agent is done with the attempt.
     Tell(FromCoord),
     /// The job cannot go on on this agent: it ends `Lost` with this reason.
     Fail(String),
 }
 
-/// Joining a cycle.
+/// Joining an attempt.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Joining {
     /// Write this node's join record, with its last health check, count it and wait for the
     /// verdict.
     Join { healthy: Option<bool> },
-    /// Node rank 0 lost a node for good: end this cycle (and the next) with this, and tell the
+    /// Node rank 0 lost a node for good: end this attempt (and the next) with this, and tell the
     /// runtime it ended.
     Ended(JobEnd),
 }
 
-/// Node rank 0's proposal for a cycle: the verdict `Go`, and the standbys it promotes.
+/// Node rank 0's proposal for an attempt: the verdict `Go`, and the standbys it promotes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Proposal {
     pub go: Go,
@@ -121,20 +121,24 @@ pub struct Proposal {
     pub hosts: NodeHosts,
 }
 
-/// Host names of one cycle's nodes, as they joined.
+/// Host names of one attempt's nodes, as they joined.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NodeHosts {
     pub active: Vec<String>,
     pub standby: Vec<String>,
 }
 
-/// Why node rank 0 cannot assign a cycle: the job cannot go on (it ends to be requeued).
+/// Why node rank 0 cannot assign an attempt: the job cannot go on (it ends to be requeued).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum Unassignable {
-    #[error("node {node} joined attempt {cycle} with an unreadable record ({why}); every node must run the same vigil version")]
-    UnreadableRecord { node: u32, cycle: u32, why: String },
-    #[error("attempt {cycle}: no standby left to take the place of lost node(s) {lost:?}")]
-    NoStandby { cycle: u32, lost: Vec<u32> },
+    #[error("node {node} joined attempt {attempt} with an unreadable record ({why}); every node must run the same vigil version")]
+    UnreadableRecord {
+        node: u32,
+        attempt: u32,
+        why: String,
+    },
+    #[error("attempt {attempt}: no standby left to take the place of lost node(s) {lost:?}")]
+    NoStandby { attempt: u32, lost: Vec<u32> },
 }
 
 /// What losing a node does to the job (node rank 0).
@@ -142,11 +146,11 @@ pub enum Unassignable {
 pub enum Loss {
     /// Nothing: a node of no slot in this job, one already lost, or the job already lost.
     Nothing,
-    /// A standby takes over: from now on `members` agents join (write it for `cycles`); then
+    /// A standby takes over: from now on `members` agents join (write it for `attempts`); then
     /// `then`.
     ToStandby {
         members: usize,
-        cycles: [u32; 2],
+        attempts: [u32; 2],
         then: AfterLoss,
         /// The node lost and why: it is told so, should its agent still run (it was frozen).
         node: u32,
@@ -154,8 +158,8 @@ pub enum Loss {
         /// It was a standby: the standbys ready now.
         standby_gone: Option<u32>,
     },
-    /// The job is lost: end `cycle` and the next with `end` for every node.
-    Job { cycle: u32, end: JobEnd },
+    /// The job is lost: end `attempt` and the next with `end` for every node.
+    Job { attempt: u32, end: JobEnd },
     /// Not node rank 0: this agent lost the job, for this reason.
     Fail(String),
 }
@@ -164,25 +168,25 @@ pub enum Loss {
 #[derive(Debug, Clone, PartialEq)]
 pub enum LastCall {
     Wait,
-    /// From now on `members` agents join (write it for `cycles`) and the rendezvous of the first
+    /// From now on `members` agents join (write it for `attempts`) and the rendezvous of the first
     /// completes now; the `absent` nodes are never given ranks in this job.
     Start {
         members: usize,
-        cycles: [u32; 2],
+        attempts: [u32; 2],
         absent: Vec<u32>,
     },
 }
 
-/// What a node lost to a standby does to the cycle under way.
+/// What a node lost to a standby does to the attempt under way.
 #[derive(Debug, Clone, PartialEq)]
 pub enum AfterLoss {
     Nothing,
-    /// The rendezvous of this cycle completes without it: if `members` joined already, set
+    /// The rendezvous of this attempt completes without it: if `members` joined already, set
     /// `all`.
     CompleteJoin(u32),
-    /// It played a slot in the running cycle: the cycle ends as its failure (first end wins).
-    EndCycle {
-        cycle: u32,
+    /// It played a slot in the running attempt: the attempt ends as its failure (first end wins).
+    EndAttempt {
+        attempt: u32,
         end: JobEnd,
     },
 }
@@ -192,13 +196,13 @@ pub enum AfterLoss {
 pub struct Rendezvous {
     setup: Setup,
     stage: Stage,
-    /// The highest cycle this node joined.
-    cycle: u32,
+    /// The highest attempt this node joined.
+    attempt: u32,
     /// Node rank 0: the calculated timeouts to hand out with the next `go`.
     calculated: Option<Timeouts>,
-    /// Node rank 0: a node was lost; every later cycle ends with this.
+    /// Node rank 0: a node was lost; every later attempt ends with this.
     lost: Option<JobEnd>,
-    /// The node id playing each slot in the current cycle (hot spares; else 0..active).
+    /// The node id playing each slot in the current attempt (hot spares; else 0..active).
     slots: Vec<u32>,
     /// Node rank 0: nodes lost while standbys could take their place; never members again.
     dead: Vec<u32>,
@@ -206,7 +210,7 @@ pub struct Rendezvous {
     infos: BTreeMap<u32, NodeInfo>,
     /// This node's last health check before a rendezvous (hot spares).
     healthy: Option<bool>,
-    /// The node each ended cycle failed on (`None`: it did not fail), in order.
+    /// The node each ended attempt failed on (`None`: it did not fail), in order.
     failed_on: Vec<Option<u32>>,
     /// Node rank 0, hot spares: nodes replaced for failing attempts in a row; never given ranks
     /// again in this job.
@@ -219,7 +223,7 @@ impl Rendezvous {
             slots: (0..setup.active).collect(),
             setup,
             stage: Stage::Idle,
-            cycle: 0,
+            attempt: 0,
             calculated: None,
             lost: None,
             dead: Vec::new(),
@@ -239,7 +243,7 @@ impl Rendezvous {
         self.setup.active < self.setup.nnodes
     }
 
-    /// The nodes playing the current cycle's slots: those that report its end, timeouts and
+    /// The nodes playing the current attempt's slots: those that report its end, timeouts and
     /// steps (a standby reports none).
     pub fn slots(&self) -> &[u32] {
         &self.slots
@@ -249,7 +253,7 @@ impl Rendezvous {
         self.slots.contains(&self.setup.node_rank)
     }
 
-    /// Whether `count` reports (done, timeouts, stop steps) complete the cycle: one per slot.
+    /// Whether `count` reports (done, timeouts, stop steps) complete the attempt: one per slot.
     pub fn all_reported(&self, count: i64) -> bool {
         count == self.slots.len() as i64
     }
@@ -259,18 +263,18 @@ impl Rendezvous {
         self.healthy = Some(healthy);
     }
 
-    /// Input: this agent asks to join `cycle`; node rank 0 hands `calculated` to every node.
-    pub fn join(&mut self, cycle: u32, calculated: Option<Timeouts>) -> Joining {
-        self.cycle = cycle;
+    /// Input: this agent asks to join `attempt`; node rank 0 hands `calculated` to every node.
+    pub fn join(&mut self, attempt: u32, calculated: Option<Timeouts>) -> Joining {
+        self.attempt = attempt;
         if let Some(end) = self.lost.clone() {
             self.stage = Stage::Idle;
             return Joining::Ended(end);
         }
         if self.setup.head {
             self.calculated = calculated;
-            self.stage = Stage::WaitAll(cycle);
+            self.stage = Stage::WaitAll(attempt);
         } else {
-            self.stage = Stage::WaitGo(cycle);
+            self.stage = Stage::WaitGo(attempt);
         }
         Joining::Join {
             healthy: self.healthy,
@@ -297,7 +301,7 @@ impl Rendezvous {
         }
     }
 
-    /// The cycle whose join a failed wait was for (it timed out: the reason counts the nodes
+    /// The attempt whose join a failed wait was for (it timed out: the reason counts the nodes
     /// that joined); `None`: the store is to blame.
     pub fn join_timed_out(&self, timed_out: bool) -> Option<u32> {
         match self.stage {
@@ -313,11 +317,11 @@ impl Rendezvous {
             .collect()
     }
 
-    /// Input (node rank 0): every member's join record for `cycle` as read (`c<N>/join/<node>`),
+    /// Input (node rank 0): every member's join record for `attempt` as read (`c<N>/join/<node>`),
     /// in [`Self::members`] order. Output: the verdict to propose, or why the job cannot go on.
     pub fn assign(
         &mut self,
-        cycle: u32,
+        attempt: u32,
         records: &[(u32, Vec<u8>)],
     ) -> Result<Proposal, Unassignable> {
         let mut nodes = Vec::with_capacity(records.len());
@@ -326,7 +330,7 @@ impl Rendezvous {
             let info: NodeInfo =
                 serde_json::from_slice(record).map_err(|e| Unassignable::UnreadableRecord {
                     node: *node,
-                    cycle,
+                    attempt,
                     why: e.to_string(),
                 })?;
             joined.insert(*node, info.clone());
@@ -334,7 +338,7 @@ impl Rendezvous {
         }
         let calculated = self.calculated.as_ref().map(WireTimeouts::from);
         if !self.spares() {
-            let go = assign(cycle, &nodes, self.setup.max_restarts, calculated);
+            let go = assign(attempt, &nodes, self.setup.max_restarts, calculated);
             let hosts = NodeHosts {
                 active: nodes.into_iter().map(|n| n.host).collect(),
                 standby: Vec::new(),
@@ -369,7 +373,13 @@ impl Rendezvous {
         refill(&self.slots, &lost, &standbys, self.setup.segment)
             .ok()
             .and_then(|(slots, promotions)| {
-                let go = assign_slots(cycle, &slots, &joined, self.setup.max_restarts, calculated)?;
+                let go = assign_slots(
+                    attempt,
+                    &slots,
+                    &joined,
+                    self.setup.max_restarts,
+                    calculated,
+                )?;
                 let host = |n: &u32| joined.get(n).map(|i| i.host.clone());
                 let hosts = NodeHosts {
                     active: slots.iter().filter_map(host).collect(),
@@ -384,7 +394,7 @@ impl Rendezvous {
                 })
             })
             .ok_or_else(|| Unassignable::NoStandby {
-                cycle,
+                attempt,
                 lost: self.dead.clone(),
             })
     }
@@ -403,7 +413,7 @@ impl Rendezvous {
         }
     }
 
-    /// Input: cycle `c`'s verdict as read from `c<N>/go` (every node reads the same bytes).
+    /// Input: attempt `c`'s verdict as read from `c<N>/go` (every node reads the same bytes).
     pub fn verdict(&mut self, c: u32, value: &[u8]) -> Decision {
         let unreadable = |e: &dyn std::fmt::Display| {
             Decision::Fail(format!("attempt {c} started with an unreadable verdict ({e}); every node must run the same vigil version"))
@@ -413,7 +423,7 @@ impl Rendezvous {
             Ok(Verdict::End(end)) => {
                 self.stage = Stage::Idle;
                 let end = end.into();
-                return Decision::Tell(FromCoord::cycle_ended(c, end));
+                return Decision::Tell(FromCoord::attempt_ended(c, end));
             }
             Err(e) => return self.failed(unreadable(&e)),
         };
@@ -430,9 +440,9 @@ impl Rendezvous {
         };
         let me = self.setup.node_rank;
         if self.spares() && go.slot_of(me).is_none() {
-            // A standby: no ranks; it follows the cycle to its end like everyone.
+            // A standby: no ranks; it follows the attempt to its end like everyone.
             self.stage = Stage::Running(c);
-            return Decision::Run(c, FromCoord::Event(Event::Standby { cycle: c }));
+            return Decision::Run(c, FromCoord::Event(Event::Standby { attempt: c }));
         }
         let slot = go.slot_of(me).unwrap_or(me);
         let Some(&rank_offset) = go.offsets.get(slot as usize) else {
@@ -445,7 +455,7 @@ impl Rendezvous {
         Decision::Run(
             c,
             FromCoord::Event(Event::Joined {
-                cycle: c,
+                attempt: c,
                 placement: Placement {
                     group_rank: slot,
                     rank_offset,
@@ -460,8 +470,8 @@ impl Rendezvous {
     /// Input (the store outside the job): the coordinator, node `old`, is gone and this agent won
     /// the coordinator's lease; `alive`: the nodes whose leases the store still holds (this one's
     /// included). It rebuilds what the coordinator knew from what every agent read (the last
-    /// verdict's slots and budget, the cycle it joined) and the leases (a member without one is
-    /// lost for good), and loses `old` as any other node: with a standby for its slot, the cycle
+    /// verdict's slots and budget, the attempt it joined) and the leases (a member without one is
+    /// lost for good), and loses `old` as any other node: with a standby for its slot, the attempt
     /// ends as its failure and the next rendezvous gives its slot to a standby; without, the job
     /// is lost. A rendezvous it was waiting on the verdict of, it now completes itself.
     pub fn take_over(&mut self, old: u32, alive: &[u32], reason: String) -> Loss {
@@ -490,7 +500,7 @@ impl Rendezvous {
         self.setup.head
     }
 
-    /// Input: cycle `c`'s end as read from `c<N>/end` (the first report won).
+    /// Input: attempt `c`'s end as read from `c<N>/end` (the first report won).
     pub fn ended(&mut self, c: u32, value: &[u8]) -> Decision {
         self.stage = Stage::Idle;
         match serde_json::from_slice::<WireEnd>(value) {
@@ -500,7 +510,7 @@ impl Rendezvous {
                     JobEnd::Failed { node, .. } => Some(*node),
                     _ => None,
                 });
-                Decision::Tell(FromCoord::cycle_ended(c, end))
+                Decision::Tell(FromCoord::attempt_ended(c, end))
             }
             Err(e) => Decision::Fail(format!("attempt {c} ended with an unreadable verdict ({e}); every node must run the same vigil version")),
         }
@@ -529,7 +539,7 @@ impl Rendezvous {
 
     /// Node rank 0: a node is gone. With a standby left for its slot (or if it was a standby),
     /// it is never a member again, and an attempt it ran in ends as a failure of that node, so
-    /// every node restarts and the next `go` gives its slot to a standby. Otherwise this cycle
+    /// every node restarts and the next `go` gives its slot to a standby. Otherwise this attempt
     /// and every later one end `lost`.
     fn node_lost(&mut self, node: Option<u32>, reason: String) -> Loss {
         if self.lost.is_some() || node.is_some_and(|n| self.dead.contains(&n)) {
@@ -546,7 +556,7 @@ impl Rendezvous {
         let end = JobEnd::Lost { reason, node };
         self.lost = Some(end.clone());
         Loss::Job {
-            cycle: self.cycle,
+            attempt: self.attempt,
             end,
         }
     }
@@ -555,8 +565,8 @@ impl Rendezvous {
         self.dead.push(k);
         let then = match self.stage {
             Stage::WaitAll(c) => AfterLoss::CompleteJoin(c),
-            Stage::Running(c) if self.slots.contains(&k) => AfterLoss::EndCycle {
-                cycle: c,
+            Stage::Running(c) if self.slots.contains(&k) => AfterLoss::EndAttempt {
+                attempt: c,
                 end: JobEnd::Failed {
                     node: k,
                     reason: reason.clone(),
@@ -567,7 +577,7 @@ impl Rendezvous {
         let standby_gone = (!self.slots.contains(&k)).then(|| self.spares_ready(&self.slots));
         Loss::ToStandby {
             members: self.members().len(),
-            cycles: [self.cycle, self.cycle + 1],
+            attempts: [self.attempt, self.attempt + 1],
             then,
             node: k,
             reason,
@@ -585,14 +595,14 @@ impl Rendezvous {
             .count() as u32
     }
 
-    /// Whether cycle `c`'s rendezvous has a last call: the job's first, with standbys. Later
+    /// Whether attempt `c`'s rendezvous has a last call: the job's first, with standbys. Later
     /// ones wait for their members (a member slow to come back is not dropped; a lost one is
     /// noticed by its lease and liveness).
     pub fn has_last_call(&self, c: u32) -> bool {
         c == 0 && self.spares()
     }
 
-    /// Input (node rank 0, `--nnodes MIN:MAX`): cycle `c`'s rendezvous had at least MIN nodes and
+    /// Input (node rank 0, `--nnodes MIN:MAX`): attempt `c`'s rendezvous had at least MIN nodes and
     /// no other joined within the last call; `present`: the members whose join records are there.
     /// Output: start without the absent ones, which are never members again (a node that comes
     /// later waits as a standby without ranks), or keep waiting (fewer than MIN present, the
@@ -614,7 +624,7 @@ impl Rendezvous {
         self.dead.extend(&absent);
         LastCall::Start {
             members: here.len(),
-            cycles: [c, c + 1],
+            attempts: [c, c + 1],
             absent,
         }
     }

@@ -79,7 +79,7 @@ fn after_the_last_call_the_job_starts_with_min_nodes_or_more() {
         h.last_call(0, &[0]),
         LastCall::Start {
             members: 1,
-            cycles: [0, 1],
+            attempts: [0, 1],
             absent: vec![1, 2, 3]
         }
     );
@@ -112,7 +112,7 @@ fn after_the_last_call_the_job_starts_with_min_nodes_or_more() {
         h.last_call(0, &[0, 2]),
         LastCall::Start {
             members: 2,
-            cycles: [0, 1],
+            attempts: [0, 1],
             absent: vec![1]
         }
     );
@@ -140,7 +140,7 @@ fn ranks_follow_node_rank() {
     let go = assign(3, &[info(2), info(4), info(1)], 5, None);
     assert_eq!(go.offsets, vec![0, 2, 6]);
     assert_eq!(go.world_size, 7);
-    assert_eq!(go.cycle, 3);
+    assert_eq!(go.attempt, 3);
     assert_eq!(go.max_restarts, 5);
 }
 
@@ -182,7 +182,7 @@ fn job_timeouts_are_the_maximum_over_nodes() {
     assert_eq!(m.out_of_section, None);
 }
 
-/// A job of agents driven through cycles with nothing between them but the bytes they would
+/// A job of agents driven through attempts with nothing between them but the bytes they would
 /// read from the store: node rank 0's proposal is every node's verdict.
 struct Job {
     agents: Vec<Rendezvous>,
@@ -192,8 +192,8 @@ struct Job {
     gone: Vec<u32>,
 }
 
-/// One cycle as every agent saw it: the verdict's bytes, each live agent's decision.
-struct Cycle {
+/// One attempt as every agent saw it: the verdict's bytes, each live agent's decision.
+struct Attempt {
     verdict: Vec<u8>,
     proposal: Result<Proposal, Unassignable>,
     decisions: BTreeMap<u32, Decision>,
@@ -231,7 +231,7 @@ impl Job {
 
     /// Every live agent joins `c` with its health; node rank 0 proposes, every agent reads
     /// the verdict (or, when node rank 0 could not assign, the job's end).
-    fn cycle(&mut self, c: u32, health: &[Option<bool>]) -> Cycle {
+    fn attempt(&mut self, c: u32, health: &[Option<bool>]) -> Attempt {
         let mut records = BTreeMap::new();
         for n in self.live() {
             let a = &mut self.agents[n as usize];
@@ -264,26 +264,26 @@ impl Job {
             .into_iter()
             .map(|n| (n, self.agents[n as usize].verdict(c, &verdict)))
             .collect();
-        Cycle {
+        Attempt {
             verdict,
             proposal,
             decisions,
         }
     }
 
-    /// Cycle `c` ends with `end` on every live agent.
+    /// Attempt `c` ends with `end` on every live agent.
     fn end(&mut self, c: u32, end: &JobEnd) {
         let v = to_json(&WireEnd::from(end));
         for n in self.live() {
             let d = self.agents[n as usize].ended(c, &v);
-            assert_eq!(d, Decision::Tell(FromCoord::cycle_ended(c, end.clone())));
+            assert_eq!(d, Decision::Tell(FromCoord::attempt_ended(c, end.clone())));
         }
     }
 }
 
-/// Every live agent decided the same cycle from one verdict: the ranks partition
+/// Every live agent decided the same attempt from one verdict: the ranks partition
 /// `0..world_size` exactly once, each slot is played once, the rest are standbys.
-fn check_one_verdict(job: &Job, c: u32, cy: &Cycle) -> Result<(), TestCaseError> {
+fn check_one_verdict(job: &Job, c: u32, cy: &Attempt) -> Result<(), TestCaseError> {
     let mut seen = Vec::new();
     let mut group_ranks = Vec::new();
     let mut world = None;
@@ -291,9 +291,9 @@ fn check_one_verdict(job: &Job, c: u32, cy: &Cycle) -> Result<(), TestCaseError>
     for (n, d) in &cy.decisions {
         match d {
             Decision::Run(
-                cycle,
+                attempt,
                 FromCoord::Event(Event::Joined {
-                    cycle: jc,
+                    attempt: jc,
                     placement:
                         Placement {
                             group_rank,
@@ -304,15 +304,15 @@ fn check_one_verdict(job: &Job, c: u32, cy: &Cycle) -> Result<(), TestCaseError>
                     ..
                 }),
             ) => {
-                prop_assert_eq!((*cycle, *jc, *max_restarts), (c, c, 3));
+                prop_assert_eq!((*attempt, *jc, *max_restarts), (c, c, 3));
                 prop_assert!(world.is_none_or(|w| w == *world_size));
                 world = Some(*world_size);
                 group_ranks.push(*group_rank);
                 let nproc = job.nproc[*n as usize];
                 seen.extend(*rank_offset..*rank_offset + nproc);
             }
-            Decision::Run(cycle, FromCoord::Event(Event::Standby { cycle: sc })) => {
-                prop_assert_eq!((*cycle, *sc), (c, c));
+            Decision::Run(attempt, FromCoord::Event(Event::Standby { attempt: sc })) => {
+                prop_assert_eq!((*attempt, *sc), (c, c));
                 standbys += 1;
             }
             other => prop_assert!(false, "node {} decided {:?}", n, other),
@@ -372,7 +372,7 @@ proptest! {
         let mut health = health[..nnodes].to_vec();
         health[0] = None;
         let mut job = Job::new(nproc, active, vec![None; nnodes]);
-        let cy = job.cycle(0, &health);
+        let cy = job.attempt(0, &health);
         if spares == 0 {
             prop_assert!(cy.proposal.is_ok());
         }
@@ -381,7 +381,7 @@ proptest! {
             Err(why) => {
                 prop_assert!(matches!(why, Unassignable::NoStandby { .. }), "{}", why);
                 for d in cy.decisions.values() {
-                    let is_lost = matches!(d, Decision::Tell(FromCoord::Event(Event::CycleEnded { end: JobEnd::Lost { .. }, .. })));
+                    let is_lost = matches!(d, Decision::Tell(FromCoord::Event(Event::AttemptEnded { end: JobEnd::Lost { .. }, .. })));
                     prop_assert!(is_lost, "{:?}", d);
                 }
             }
@@ -404,7 +404,7 @@ proptest! {
         let health = vec![None; nnodes];
         for (c, failed) in failures.iter().enumerate() {
             let c = c as u32;
-            let cy = job.cycle(c, &health);
+            let cy = job.attempt(c, &health);
             let Ok(p) = &cy.proposal else { break };
             check_one_verdict(&job, c, &cy)?;
             for b in &job.agents[0].benched {
@@ -442,7 +442,7 @@ proptest! {
         let topology = topologies(nnodes, &switches);
         let mut job = Job::new(vec![2; nnodes], active, topology.clone());
         let all_healthy = vec![Some(true); nnodes];
-        let cy = job.cycle(0, &all_healthy);
+        let cy = job.attempt(0, &all_healthy);
         check_one_verdict(&job, 0, &cy)?;
         let loss = job.agents[0].lease_lost(Some(lost), "gone".into());
         let failed = JobEnd::Failed { node: lost, reason: "gone".into() };
@@ -450,8 +450,8 @@ proptest! {
             loss,
             Loss::ToStandby {
                 members: nnodes - 1,
-                cycles: [0, 1],
-                then: AfterLoss::EndCycle { cycle: 0, end: failed.clone() },
+                attempts: [0, 1],
+                then: AfterLoss::EndAttempt { attempt: 0, end: failed.clone() },
                 node: lost,
                 reason: "gone".into(),
                 standby_gone: None,
@@ -462,7 +462,7 @@ proptest! {
         let mut health: Vec<Option<bool>> = health[..nnodes].iter().map(|h| Some(*h)).collect();
         health[0] = None;
         let healthy = |n: u32| health[n as usize] != Some(false);
-        let cy = job.cycle(1, &health);
+        let cy = job.attempt(1, &health);
         let candidates: Vec<u32> = (active..nnodes as u32).filter(|n| healthy(*n)).collect();
         let unfit_active = (1..active).filter(|n| *n != lost && !healthy(*n)).count();
         if candidates.len() < 1 + unfit_active {
@@ -505,7 +505,7 @@ proptest! {
         let victim = victim % nnodes as u32;
         prop_assume!(victim != 0 && victim < active);
         let mut job = Job::new(vec![1; nnodes], active, vec![None; nnodes]);
-        let cy = job.cycle(0, &vec![None; nnodes]);
+        let cy = job.attempt(0, &vec![None; nnodes]);
         check_one_verdict(&job, 0, &cy)?;
         // Standbys go first: each is lost to nobody's slot.
         for (i, s) in (active..nnodes as u32).take(standbys_lost as usize).enumerate() {
@@ -521,7 +521,7 @@ proptest! {
             prop_assert!(matches!(loss, Loss::ToStandby { .. }), "{:?}", loss);
             return Ok(());
         }
-        let Loss::Job { cycle: 0, end } = loss else {
+        let Loss::Job { attempt: 0, end } = loss else {
             return Err(TestCaseError::fail(format!("{loss:?}")));
         };
         prop_assert_eq!(&end, &JobEnd::Lost { reason: "gone".into(), node: Some(victim) });
@@ -531,7 +531,7 @@ proptest! {
         let verdict = to_json(&Verdict::End(WireEnd::from(&end)));
         for n in job.live() {
             let d = job.agents[n as usize].verdict(1, &verdict);
-            prop_assert_eq!(d, Decision::Tell(FromCoord::cycle_ended(1, end.clone())));
+            prop_assert_eq!(d, Decision::Tell(FromCoord::attempt_ended(1, end.clone())));
         }
     }
 }
@@ -545,11 +545,11 @@ fn a_node_failing_twice_in_a_row_is_benched_and_a_standby_plays_its_slot() {
         reason: "r".into(),
     };
     for c in 0..2 {
-        let cy = job.cycle(c, &health);
+        let cy = job.attempt(c, &health);
         assert_eq!(cy.proposal.unwrap().go.slot_of(1), Some(1));
         job.end(c, &failed);
     }
-    let cy = job.cycle(2, &health);
+    let cy = job.attempt(2, &health);
     let p = cy.proposal.unwrap();
     assert_eq!((p.go.slot_of(1), p.go.slot_of(2)), (None, Some(1)));
     assert_eq!(
@@ -562,11 +562,11 @@ fn a_node_failing_twice_in_a_row_is_benched_and_a_standby_plays_its_slot() {
     );
     assert_eq!(
         cy.decisions[&1],
-        Decision::Run(2, FromCoord::Event(Event::Standby { cycle: 2 }))
+        Decision::Run(2, FromCoord::Event(Event::Standby { attempt: 2 }))
     );
     // Benched for good: with no standby left to bench the next, it stays out.
     job.end(2, &JobEnd::Done);
-    let p = job.cycle(3, &health).proposal.unwrap();
+    let p = job.attempt(3, &health).proposal.unwrap();
     assert_eq!(p.go.slot_of(1), None);
 }
 
@@ -609,9 +609,9 @@ fn a_node_that_takes_over_the_coordinator_loses_node_rank_0_to_a_standby() {
         loss,
         Loss::ToStandby {
             members: 3,
-            cycles: [0, 1],
-            then: AfterLoss::EndCycle {
-                cycle: 0,
+            attempts: [0, 1],
+            then: AfterLoss::EndAttempt {
+                attempt: 0,
                 end: end.clone()
             },
             node: 0,
@@ -664,7 +664,7 @@ fn taking_over_without_a_standby_loses_the_job_and_completes_a_pending_rendezvou
     assert_eq!(
         loss,
         Loss::Job {
-            cycle: 0,
+            attempt: 0,
             end: JobEnd::Lost {
                 reason: "gone".into(),
                 node: Some(0)
@@ -681,7 +681,7 @@ fn taking_over_without_a_standby_loses_the_job_and_completes_a_pending_rendezvou
         loss,
         Loss::ToStandby {
             members: 2,
-            cycles: [0, 1],
+            attempts: [0, 1],
             then: AfterLoss::CompleteJoin(0),
             node: 0,
             reason: "gone".into(),
@@ -815,12 +815,15 @@ fn a_proposal_writes_the_members_left_and_tells_hosts_before_the_verdict() {
     let steps = h.propose(0, &records);
     assert_eq!(steps[0], set(key::members(1), "2"));
     assert!(
-        matches!(&steps[1], Step::Tell(FromCoord::Hosts { cycle: 0, hosts }) if hosts.active.len() == 2)
+        matches!(&steps[1], Step::Tell(FromCoord::Hosts { attempt: 0, hosts }) if hosts.active.len() == 2)
     );
     // With standbys, how many are ready (none: the only one was lost) goes with the verdict.
     assert_eq!(
         steps[2],
-        Step::Tell(FromCoord::SparesReady { cycle: 0, ready: 0 })
+        Step::Tell(FromCoord::SparesReady {
+            attempt: 0,
+            ready: 0
+        })
     );
     let Step::Propose(0, go) = &steps[3] else {
         panic!("{steps:?}")
@@ -831,7 +834,7 @@ fn a_proposal_writes_the_members_left_and_tells_hosts_before_the_verdict() {
     assert_eq!(run[0], Step::Wait(key::end(0), Patience::Forever));
     assert!(matches!(
         &run[1],
-        Step::Tell(FromCoord::Event(Event::Joined { cycle: 0, .. }))
+        Step::Tell(FromCoord::Event(Event::Joined { attempt: 0, .. }))
     ));
     // Without standbys no members are written; an unreadable record ends the agent.
     let mut h = head(2, 2);
@@ -850,7 +853,7 @@ fn a_proposal_writes_the_members_left_and_tells_hosts_before_the_verdict() {
 }
 
 #[test]
-fn a_lost_node_ends_the_cycle_it_played_or_the_job() {
+fn a_lost_node_ends_the_attempt_it_played_or_the_job() {
     let mut h = head(3, 2);
     let records: Vec<(u32, Vec<u8>)> = (0..3).map(|n| (n, to_json(&info(1)))).collect();
     h.join(0, None);
@@ -869,7 +872,7 @@ fn a_lost_node_ends_the_cycle_it_played_or_the_job() {
         ]
     );
     assert!(matches!(&steps[3], Step::SetFirst(k, _) if *k == key::end(0)));
-    // Without a standby the job ends for every node, this cycle and the next.
+    // Without a standby the job ends for every node, this attempt and the next.
     let mut h = head(2, 2);
     h.join(0, None);
     let loss = h.lease_lost(Some(1), "gone".into());
@@ -887,7 +890,7 @@ fn a_lost_node_ends_the_cycle_it_played_or_the_job() {
 }
 
 #[test]
-fn reports_end_a_cycle_once_every_slot_is_done_or_one_failed() {
+fn reports_end_a_attempt_once_every_slot_is_done_or_one_failed() {
     let h = head(2, 2);
     assert_eq!(h.done_counted(0, 1), vec![]);
     assert_eq!(
@@ -950,7 +953,10 @@ fn the_last_slot_to_report_merges_the_timeouts_and_chooses_the_stop_step() {
     assert_eq!(h.timeouts_counted(1, 0, 1), vec![]);
     assert_eq!(
         h.timeouts_counted(1, 0, 2),
-        vec![Step::MergeTimeouts { cycle: 1, round: 0 }]
+        vec![Step::MergeTimeouts {
+            attempt: 1,
+            round: 0
+        }]
     );
     let s = Duration::from_secs;
     let t = |i, hb| Timeouts {
@@ -983,14 +989,14 @@ fn the_last_slot_to_report_merges_the_timeouts_and_chooses_the_stop_step() {
 }
 
 #[test]
-fn a_cycle_runs_through_step_alone() {
+fn a_attempt_runs_through_step_alone() {
     let mut job = Job::new(vec![2, 2], 2, vec![None; 2]);
     for (n, a) in job.agents.iter_mut().enumerate() {
         a.join(0, None);
         let nth = n as i64 + 1;
         let members = None;
         let steps = a.step(Fact::Counted {
-            cycle: 0,
+            attempt: 0,
             nth,
             members,
         });
@@ -998,46 +1004,61 @@ fn a_cycle_runs_through_step_alone() {
     }
     let records: Vec<(u32, Vec<u8>)> = (0..2).map(|n| (n, to_json(&info(2)))).collect();
     let records = &records;
-    let steps = job.agents[0].step(Fact::Records { cycle: 0, records });
+    let steps = job.agents[0].step(Fact::Records {
+        attempt: 0,
+        records,
+    });
     let Some(Step::Propose(0, go)) = steps.last().cloned() else {
         panic!("{steps:?}")
     };
     for a in job.agents.iter_mut() {
         let steps = a.step(Fact::Verdict {
-            cycle: 0,
+            attempt: 0,
             value: &go,
         });
         assert_eq!(steps[0], Step::Wait(key::end(0), Patience::Forever));
     }
     let a = &mut job.agents[1];
-    assert_eq!(a.step(Fact::DoneCounted { cycle: 0, count: 1 }), vec![]);
+    assert_eq!(
+        a.step(Fact::DoneCounted {
+            attempt: 0,
+            count: 1
+        }),
+        vec![]
+    );
     let end = to_json(&WireEnd::Done);
     assert_eq!(
-        a.step(Fact::DoneCounted { cycle: 0, count: 2 }),
+        a.step(Fact::DoneCounted {
+            attempt: 0,
+            count: 2
+        }),
         vec![Step::SetFirst(key::end(0), end.clone())]
     );
     assert_eq!(
         a.step(Fact::Ended {
-            cycle: 0,
+            attempt: 0,
             value: &end
         }),
-        vec![Step::Tell(FromCoord::cycle_ended(0, JobEnd::Done))]
+        vec![Step::Tell(FromCoord::attempt_ended(0, JobEnd::Done))]
     );
 }
 
 #[test]
 fn a_standby_lost_is_told_with_the_spares_left_and_is_dropped_for_good() {
-    // 2 active + 2 standbys; node rank 0 assigns cycle 0 and tells how many standbys are ready.
+    // 2 active + 2 standbys; node rank 0 assigns attempt 0 and tells how many standbys are ready.
     let mut job = Job::new(vec![1; 4], 2, vec![None; 4]);
     let records: Vec<(u32, Vec<u8>)> = (0..4).map(|n| (n, to_json(&info(1)))).collect();
     let head = &mut job.agents[0];
     head.join(0, None);
     let steps = head.step(Fact::Records {
-        cycle: 0,
+        attempt: 0,
         records: &records,
     });
     assert!(
-        steps.contains(&Step::Tell(FromCoord::SparesReady { cycle: 0, ready: 2 })),
+        steps.contains(&Step::Tell(FromCoord::SparesReady {
+            attempt: 0,
+            ready: 2
+        })),
         "{steps:?}"
     );
     let go = steps.iter().find_map(|s| match s {
@@ -1045,7 +1066,7 @@ fn a_standby_lost_is_told_with_the_spares_left_and_is_dropped_for_good() {
         _ => None,
     });
     head.step(Fact::Verdict {
-        cycle: 0,
+        attempt: 0,
         value: &go.unwrap(),
     });
     // Standby 3 is lost: the job runs on, it is said with one standby left, and it is told it
@@ -1086,23 +1107,26 @@ fn an_in_process_generation_is_proposed_once_and_every_running_node_hears_the_wi
     for (n, a) in job.agents.iter_mut().enumerate() {
         a.join(0, None);
         a.step(Fact::Counted {
-            cycle: 0,
+            attempt: 0,
             nth: n as i64 + 1,
             members: None,
         });
     }
     let records: Vec<(u32, Vec<u8>)> = (0..2).map(|n| (n, to_json(&info(2)))).collect();
     let records = &records;
-    let steps = job.agents[0].step(Fact::Records { cycle: 0, records });
+    let steps = job.agents[0].step(Fact::Records {
+        attempt: 0,
+        records,
+    });
     let Some(Step::Propose(0, go)) = steps.last().cloned() else {
         panic!("{steps:?}")
     };
     for a in job.agents.iter_mut() {
         let steps = a.step(Fact::Verdict {
-            cycle: 0,
+            attempt: 0,
             value: &go,
         });
-        // Beside the cycle's end, every running node parks on its first generation.
+        // Beside the attempt's end, every running node parks on its first generation.
         assert_eq!(steps.last(), Some(&Step::WaitGeneration(0, 1)), "{steps:?}");
     }
     // The node that began it proposes it; the first written wins.
@@ -1110,7 +1134,7 @@ fn an_in_process_generation_is_proposed_once_and_every_running_node_hears_the_wi
     let replaced = [2u32];
     assert_eq!(
         a.step(Fact::GenerationBegun {
-            cycle: 0,
+            attempt: 0,
             generation: 1,
             replaced: &replaced,
         }),
@@ -1120,7 +1144,7 @@ fn an_in_process_generation_is_proposed_once_and_every_running_node_hears_the_wi
     let value = to_json(&replaced);
     for a in job.agents.iter_mut() {
         let steps = a.step(Fact::GenerationRead {
-            cycle: 0,
+            attempt: 0,
             generation: 1,
             value: &value,
         });
@@ -1128,7 +1152,7 @@ fn an_in_process_generation_is_proposed_once_and_every_running_node_hears_the_wi
             steps,
             vec![
                 Step::Tell(FromCoord::Event(Event::GenerationBegun {
-                    cycle: 0,
+                    attempt: 0,
                     generation: 1,
                     replaced: Some(vec![2]),
                 })),
@@ -1137,10 +1161,10 @@ fn an_in_process_generation_is_proposed_once_and_every_running_node_hears_the_wi
         );
     }
     // An unreadable record is told as such (the supervisor restarts the whole job); one of a
-    // cycle this node no longer runs is nobody's news.
+    // attempt this node no longer runs is nobody's news.
     let a = &mut job.agents[0];
     let steps = a.step(Fact::GenerationRead {
-        cycle: 0,
+        attempt: 0,
         generation: 2,
         value: b"{",
     });
@@ -1152,7 +1176,7 @@ fn an_in_process_generation_is_proposed_once_and_every_running_node_hears_the_wi
         }))
     ));
     let stale = a.step(Fact::GenerationRead {
-        cycle: 7,
+        attempt: 7,
         generation: 1,
         value: &value,
     });
