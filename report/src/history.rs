@@ -901,6 +901,17 @@ fn run_moments(r: &NodeRun, node: &str) -> Vec<Moment> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The moments of a history of this one node run, as (time, kind, text).
+    fn moments_of(run: NodeRun) -> Vec<(f64, &'static str, String)> {
+        let h = History {
+            runs: vec![run],
+            ..History::default()
+        };
+        (h.moments().into_iter())
+            .map(|m| (m.ts, m.kind, m.text))
+            .collect()
+    }
     use crate::records::parse_jsonl;
     use std::path::Path;
 
@@ -1123,15 +1134,7 @@ mod tests {
                 "\n"
             )),
         );
-        let h = History {
-            runs: vec![run],
-            ..History::default()
-        };
-        let m: Vec<(f64, &str, String)> = h
-            .moments()
-            .into_iter()
-            .map(|m| (m.ts, m.kind, m.text))
-            .collect();
+        let m = moments_of(run);
         let texts: Vec<&str> = m.iter().map(|(_, _, t)| t.as_str()).collect();
         assert!(texts.iter().any(|t| t.contains(
             "attempt 0: in-process restart: generation 1 at step 30, rank 2 replaced, no step redone"
@@ -1164,15 +1167,7 @@ mod tests {
             run.straggler_reports[0].ranks[0].gpu.as_deref(),
             Some("SM clock 1,110 of 1,980 MHz")
         );
-        let h = History {
-            runs: vec![run],
-            ..History::default()
-        };
-        let m: Vec<(f64, &str, String)> = h
-            .moments()
-            .into_iter()
-            .map(|m| (m.ts, m.kind, m.text))
-            .collect();
+        let m = moments_of(run);
         assert_eq!(
             m,
             vec![
@@ -1196,15 +1191,7 @@ mod tests {
                 "\n"
             )),
         );
-        let h = History {
-            runs: vec![run],
-            ..History::default()
-        };
-        let m: Vec<(f64, &str, String)> = h
-            .moments()
-            .into_iter()
-            .map(|m| (m.ts, m.kind, m.text))
-            .collect();
+        let m = moments_of(run);
         assert_eq!(
             m,
             vec![
