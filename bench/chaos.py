@@ -2,11 +2,13 @@
 `srun vigil run`, a seeded injector picking faults from bench/chaos_core.CATALOG at random times,
 invariants checked over what each job and vigil wrote, one table.
 
-    python3 bench/chaos.py --minutes M --seed S [--nodes N] [--out FILE] [--workdir DIR]
+    python3 bench/chaos.py --minutes M --seed S --lock [--nodes N] [--kinds K,...] [--out FILE] [--workdir DIR]
 
 Runs jobs one after another until M minutes have passed (a job started before then runs to its
 end). Each job is one run: its plan (spare or not, faults and their times) comes from the seed and
-the run's index alone (chaos_core.plan_run), so `--seed S --first-run I --runs 1` replays run I.
+the run's index alone (chaos_core.plan_run), so `--seed S --first-run I --runs 1` replays run I;
+`--kinds` draws the faults from those kinds alone. Runs as root (ckpt_full and logs_full mount
+a tmpfs on the run's directory; slurmd_kill starts the killed slurmd again).
 The cluster is shared: each run holds /tmp/vigil-slurm.lock (flock) from the cluster check to the
 job's cleanup and lets it go between runs. A cluster that is down is started (and stopped at the
 end). The last line is exactly `chaos: F faults, S survived, V violations`; exit status 0 only

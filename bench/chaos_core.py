@@ -213,6 +213,7 @@ def check_run(run: dict) -> list:
     v += check_no_rank_after_end(run["ledger"], run["steps"])
     v += [("no process outlives the job", f"pids {run['leftovers']} still alive")] if run["leftovers"] else []
     v += check_goodput(run.get("goodput"), run["steps"], run.get("gp_tolerance", 0.10))
+    v += check_generations(run["events"])
     nr = node_ranks_of(run["events"])
     for f in run["faults"]:
         if f.get("superseded") or f["kind"] in UNSEEN:
@@ -223,6 +224,8 @@ def check_run(run: dict) -> list:
 
 
 def _target(f):
+    if "save_pid" in f:
+        return f"rank 0 pid {f['save_pid']} saving step {f.get('save_step')}"
     return f"pid {f['pid']} rank {f.get('rank')}" if "pid" in f else f"host {f.get('host', '-')}"
 
 
@@ -314,6 +317,23 @@ def _check_generation(rank, s, steps):
     return [("an in-process restart goes on where the survivors were",
              f"rank {rank} alloc {s['alloc']} attempt {s['attempt']} generation {s['generation']} "
              f"resumed from {s['resumed_from']}, the last step done {want - 1}")]
+
+
+def check_generations(events):
+    """Every in-process generation a node begins (`generation`) recovers there
+    (`generation_recovered`, its ranks back in their training function): the survivors and the
+    replacement of a generation take about a second, so one that is still recovering when its
+    attempt ends (another failure ends it, declined as "during recovery") is stuck."""
+    begun, recovered = {}, set()
+    for e in events:
+        key = (e.get("node_rank"), e.get("cycle"), e.get("generation"))
+        if e["event"] == "generation":
+            begun.setdefault(key, e["ts"])
+        elif e["event"] == "generation_recovered":
+            recovered.add(key)
+    return [("an in-process restart recovers on every node",
+             f"node {nr} attempt {att} generation {g} (begun at {ts:.1f}) never recovered")
+            for (nr, att, g), ts in sorted(begun.items(), key=lambda kv: kv[1]) if (nr, att, g) not in recovered]
 
 
 def check_stops(ledger, steps):

@@ -288,3 +288,18 @@ def test_a_full_log_directory_needs_node_rank_0s_event_log_to_go_on_after_it_is_
     assert core.evidence(full, after, core.node_ranks_of(after))
     other_node = during + [ev("result", 130, node_rank=1, host="n2", outcome="succeeded")]
     assert core.evidence(full, other_node, core.node_ranks_of(other_node)) is None
+
+
+def test_a_generation_must_recover_on_every_node_that_began_it():
+    gen = [ev("generation", 10, node_rank=0, host="n1", cycle=0, generation=1, ranks=[2]),
+           ev("generation", 10, node_rank=1, host="n2", cycle=0, generation=1, ranks=[2])]
+    both = gen + [ev("generation_recovered", 10.4, node_rank=1, host="n2", cycle=0, generation=1, seconds=0.4),
+                  ev("generation_recovered", 10.5, node_rank=0, host="n1", cycle=0, generation=1, seconds=0.5)]
+    assert core.check_generations(both) == []
+    # Seed 3 of `--kinds inprocess_kill`: node 0 never recovered generation 1.
+    v = core.check_generations(both[:3])
+    assert [i for i, _ in v] == ["an in-process restart recovers on every node"]
+    assert "node 0 attempt 0 generation 1" in v[0][1]
+    # The same generation number in the next attempt is another generation.
+    later = both + [ev("generation", 50, node_rank=0, host="n1", cycle=1, generation=1, ranks=[0])]
+    assert len(core.check_generations(later)) == 1
