@@ -152,6 +152,7 @@ impl RunBuilder {
                 ready: *ready,
                 gone: Some((*node, reason.clone())),
             }),
+            Record::EventsLost { .. } => run.events_lost.extend(events_lost(&line.record)),
             Record::Result { outcome, exit_code } => {
                 run.result = Some(run_result(ts, outcome, *exit_code))
             }
@@ -171,6 +172,24 @@ impl RunBuilder {
             a.end = end;
         }
         self.run
+    }
+}
+
+/// Records lost while the event log could not be written.
+fn events_lost(r: &Record) -> Option<EventsLost> {
+    match r {
+        Record::EventsLost {
+            records,
+            first_ts,
+            last_ts,
+            error,
+        } => Some(EventsLost {
+            first_ts: *first_ts,
+            last_ts: *last_ts,
+            records: *records,
+            error: error.clone(),
+        }),
+        _ => None,
     }
 }
 
@@ -885,6 +904,9 @@ fn run_moments(r: &NodeRun, node: &str) -> Vec<Moment> {
         }
         last = now;
     }
+    for l in &r.events_lost {
+        push(l.first_ts, "events_lost", l.describe());
+    }
     if let Some(res) = &r.result {
         let mut text = format!("result: {}", res.outcome);
         if let Some(c) = res.exit_code {
@@ -1176,6 +1198,27 @@ mod tests {
                 (4.0, "node_fault", "attempt 0: node fault: XID 79 on GPU 2".to_string()),
             ]
         );
+    }
+
+    #[test]
+    fn records_lost_to_a_full_log_are_a_moment_at_their_start() {
+        let run = node_run(
+            "e".into(),
+            &recs(concat!(
+                r#"{"event":"cycle_start","ts":1,"cycle":0,"host":"a","node_rank":0}"#,
+                "\n",
+                r#"{"event":"events_lost","ts":30,"records":12,"first_ts":10,"last_ts":29.5,"error":"No space left on device (os error 28)","host":"a","node_rank":0}"#,
+                "\n",
+                r#"{"event":"result","ts":31,"outcome":"succeeded","exit_code":0,"host":"a","node_rank":0}"#,
+                "\n"
+            )),
+        );
+        let m = moments_of(run);
+        assert_eq!(
+            m[0],
+            (10.0, "events_lost", "event log not written for 19.5s: 12 record(s) lost (No space left on device (os error 28))".to_string())
+        );
+        assert_eq!(m[1].1, "result");
     }
 
     #[test]
