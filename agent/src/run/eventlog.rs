@@ -36,7 +36,7 @@ struct Lost {
 }
 
 pub(super) struct EventLog {
-    file: Option<Box<dyn LogFile>>,
+    file: Box<dyn LogFile>,
     /// The file's length up to the end of its last whole line.
     len: u64,
     /// A failed write's bytes could not be cut off yet: cut them before the next write.
@@ -67,7 +67,7 @@ impl EventLog {
     /// The log in `file`, `len` bytes long now (new lines go after them).
     pub(super) fn new(file: Box<dyn LogFile>, len: u64, host: &str, node_rank: u32) -> EventLog {
         EventLog {
-            file: Some(file),
+            file,
             len,
             cut_pending: false,
             lost: None,
@@ -102,9 +102,6 @@ impl EventLog {
 
     /// A record already stamped ([`stamp`]) and serialised, off the event loop when it is large.
     pub(super) fn write_line(&mut self, mut line: String) {
-        if self.file.is_none() {
-            return;
-        }
         line.push('\n');
         let ts = now();
         if let Some(lost) = self.lost.clone() {
@@ -126,9 +123,7 @@ impl EventLog {
 
     /// Appends whole lines `bytes`, or leaves the file as it was and says why not.
     fn append(&mut self, bytes: &[u8]) -> std::io::Result<()> {
-        let Some(f) = &mut self.file else {
-            return Ok(());
-        };
+        let f = &mut self.file;
         if self.cut_pending {
             f.truncate(self.len)?;
             self.cut_pending = false;
@@ -196,6 +191,8 @@ mod tests {
     #[derive(Clone, Default)]
     struct SmallFile {
         state: Arc<Mutex<(Vec<u8>, usize)>>,
+        /// Truncations to refuse (an I/O error) before one works.
+        refuse_cuts: Arc<Mutex<usize>>,
     }
 
     impl SmallFile {
@@ -224,6 +221,11 @@ mod tests {
 
     impl LogFile for SmallFile {
         fn truncate(&mut self, len: u64) -> std::io::Result<()> {
+            let mut refuse = self.refuse_cuts.lock().unwrap();
+            if *refuse > 0 {
+                *refuse -= 1;
+                return Err(std::io::Error::from_raw_os_error(libc::EIO));
+            }
             self.state.lock().unwrap().0.truncate(len as usize);
             Ok(())
         }
@@ -303,5 +305,32 @@ mod tests {
         assert_eq!(lines[0]["event"], "events_lost");
         assert_eq!(lines[0]["records"], 3);
         assert_eq!(lines[1]["cycle"], 3);
+    }
+
+    #[test]
+    fn a_cut_line_that_could_not_be_cut_at_once_is_cut_before_the_next_write() {
+        let file = SmallFile::default();
+        file.set_room(1 << 20);
+        let mut log = EventLog::new(Box::new(file.clone()), 0, "h", 0);
+        log.write(&record(0));
+        let first = file.text().len();
+        file.set_room(first + 30);
+        *file.refuse_cuts.lock().unwrap() = 1;
+        log.write(&record(1));
+        assert_eq!(file.text().len(), first + 30, "the cut was refused");
+        file.set_room(1 << 20);
+        log.write(&record(2));
+        let events: Vec<String> = file
+            .text()
+            .lines()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).expect("whole JSON");
+                v["event"].as_str().unwrap().to_string()
+            })
+            .collect();
+        assert_eq!(
+            events,
+            ["in_process_declined", "events_lost", "in_process_declined"]
+        );
     }
 }
