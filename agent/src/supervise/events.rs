@@ -204,6 +204,44 @@ pub enum Event {
     },
     /// Node rank 0's straggler report found stragglers on these nodes.
     Stragglers { nodes: Vec<u32> },
+    /// A node (maybe this one) asks every node for its hang candidates, for the job's hang
+    /// verdict `round` of `attempt` (`JobRequest::HangReport`).
+    HangAsked { attempt: u32, round: u32 },
+    /// The job's hang verdict `round` of `attempt`: the rank to name hung (`None`: no node had
+    /// a candidate; each node then decides alone).
+    HangNamed {
+        attempt: u32,
+        round: u32,
+        hung: Option<HungRank>,
+    },
+}
+
+/// The rank a job-wide hang verdict names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HungRank {
+    /// The global rank.
+    pub rank: u32,
+    pub pid: i32,
+    pub stopped: bool,
+}
+
+/// A rank that may be the hung one, as its node sees it when a hang is due (`hangs.rs`). Across
+/// nodes each node hands its own to the coordinator (`JobRequest::HangReport`), which picks one
+/// with `choose_hung`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HangCandidate {
+    pub local_rank: u32,
+    /// The global rank.
+    pub rank: u32,
+    pub pid: i32,
+    /// The last step it reported (`None`: none yet).
+    pub step: Option<u64>,
+    /// The section it is in, if any.
+    pub section: Option<String>,
+    /// When its silence began (the start of the timeout that runs for it).
+    pub since: Instant,
+    /// Its process is stopped (SIGSTOP, a debugger), or this node already named it hung.
+    pub stopped: bool,
 }
 
 /// One rank that failed on its own (not because we stopped it).
@@ -268,6 +306,15 @@ pub enum JobRequest {
         attempt: u32,
         generation: u64,
         replaced: Vec<u32>,
+    },
+    /// A hang is due here and no rank of this node is stopped, or another node asked
+    /// (`HangAsked`): this node's candidates for the job's hang verdict `round`. The first
+    /// report of a round asks every node for theirs; once every node reported, every node gets
+    /// `HangNamed`.
+    HangReport {
+        attempt: u32,
+        round: u32,
+        candidates: Vec<HangCandidate>,
     },
 }
 

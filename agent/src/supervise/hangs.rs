@@ -10,7 +10,13 @@
 
 use std::time::{Duration, Instant};
 
-use super::events::{Action, Failure, Hang, Record, StopReason, SIGTERM};
+/// How long a node waits for the job's hang verdict before it decides alone.
+const JOB_VERDICT_WAIT: Duration = Duration::from_secs(10);
+
+use super::events::{
+    Action, Failure, Hang, HangCandidate, HungRank, JobRequest, Record, StopReason, SIGTERM,
+};
+use super::machines::JobVerdict;
 use super::monitor::{Due, RankMonitor, Timeouts};
 use super::phase::{Phase, RankState};
 use super::state::{Attempt, HangStep};
@@ -36,34 +42,91 @@ pub(super) fn earliest_hang(
         .min_by_key(|(_, d)| d.at)
 }
 
-/// The rank to declare hung when `due_rank`'s timeout ran out: a running rank whose process
-/// is stopped, if any (the one silent longest), since ranks waiting on a frozen one (in a
-/// barrier, a collective) go silent too and may run out first. Returns the rank, its own
-/// timeout if it has one (else `due`'s), and whether it is stopped.
-pub(super) fn root_of_hang(
+/// The rank to name hung among `candidates`, each given with when its silence began as a number
+/// comparable within the call (milliseconds: of wall time job-wide, of the node's clock locally).
+/// A stopped rank is a definite culprit. Else the rank that is behind: the lowest step (none below
+/// any). Among ranks at the same step, the one whose silence began last: ranks that reached a
+/// collective first wait there, silent, for the late one, which is the one stuck (it went silent
+/// after them, or it would have reached the collective too). Ties go to the lowest rank.
+pub fn choose_hung<T>(
+    candidates: &[(T, u64)],
+    key: impl Fn(&T) -> (bool, Option<u64>, u32),
+) -> Option<&T> {
+    candidates
+        .iter()
+        .min_by_key(|(c, since)| {
+            let (stopped, step, rank) = key(c);
+            (!stopped, step, std::cmp::Reverse(*since), rank)
+        })
+        .map(|(c, _)| c)
+}
+
+/// The running ranks of `current` that may be the hung one at `now`: a stopped one, or one whose
+/// own timeout has run at least three quarters of its length. A rank that spoke again well after
+/// the others went silent (a heartbeat half a timeout later) is not one: it was still going while
+/// they were stuck.
+pub(super) fn hang_candidates(
     current: &Attempt,
     in_force: &Timeouts,
     warmup_steps: u32,
+    rank_offset: u32,
+    stopped: &[u32],
+    now: Instant,
+) -> Vec<(HangCandidate, Due)> {
+    current
+        .ranks
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.running())
+        .filter_map(|(i, r)| {
+            let lr = i as u32;
+            let m = r.monitor.as_ref()?;
+            let due = m.deadline(in_force, warmup_steps)?;
+            let is_stopped = stopped.contains(&lr);
+            let long = now.saturating_duration_since(due.since) * 4 >= due.limit * 3;
+            (is_stopped || long).then(|| {
+                let c = HangCandidate {
+                    local_rank: lr,
+                    rank: rank_offset + lr,
+                    pid: r.pid?,
+                    step: r.pace.map(|p| p.step),
+                    section: m.section_name().map(str::to_string),
+                    since: due.since,
+                    stopped: is_stopped,
+                };
+                Some((c, due))
+            })?
+        })
+        .collect()
+}
+
+/// The local rule: the rank of `candidates` to name hung ([`choose_hung`] on this node's clock).
+pub(super) fn choose_local(candidates: &[(HangCandidate, Due)]) -> Option<&(HangCandidate, Due)> {
+    let base = candidates.iter().map(|(c, _)| c.since).min()?;
+    let keyed: Vec<(&(HangCandidate, Due), u64)> = candidates
+        .iter()
+        .map(|cd| (cd, cd.0.since.duration_since(base).as_millis() as u64))
+        .collect();
+    choose_hung(&keyed, |(c, _)| (c.stopped, c.step, c.rank)).copied()
+}
+
+/// The rank to declare hung when `due_rank`'s timeout ran out: a running rank whose process
+/// is stopped, if any; else the one [`choose_local`] names among this node's candidates, since
+/// ranks waiting on a stuck one (in a barrier, a collective) go silent too and may run out first.
+/// Returns the rank, its own timeout if it has one (else `due`'s), and whether it is stopped.
+pub(super) fn root_of_hang(
+    current: &Attempt,
+    (in_force, warmup_steps): (&Timeouts, u32),
     (due_rank, due): (u32, Due),
     stopped: &[u32],
+    now: Instant,
 ) -> (u32, Due, bool) {
     if stopped.contains(&due_rank) {
         return (due_rank, due, true);
     }
-    let ranks = &current.ranks;
-    let frozen = stopped
-        .iter()
-        .filter(|lr| ranks.get(**lr as usize).is_some_and(|r| r.running()))
-        .map(|lr| {
-            let own = ranks[*lr as usize]
-                .monitor
-                .as_ref()
-                .and_then(|m| m.deadline(in_force, warmup_steps));
-            (*lr, own)
-        })
-        .min_by_key(|(lr, own)| (own.is_none(), own.as_ref().map(|d| d.since), *lr));
-    match frozen {
-        Some((lr, own)) => (lr, own.unwrap_or(due), true),
+    let candidates = hang_candidates(current, in_force, warmup_steps, 0, stopped, now);
+    match choose_local(&candidates) {
+        Some((c, own)) => (c.local_rank, own.clone(), c.stopped),
         None => (due_rank, due, false),
     }
 }
@@ -129,36 +192,171 @@ impl Supervisor {
         }
     }
 
-    /// A tick while ranks run: a diagnosis whose wait is over ends; a hang that is due makes the
-    /// runtime look which ranks are stopped before anything is declared.
+    /// A tick while ranks run: a diagnosis whose wait is over ends; a hang that is due (or a
+    /// job verdict that did not come in time) makes the runtime look which ranks are stopped
+    /// before anything is declared.
     pub(super) fn hang_tick(&mut self, now: Instant, out: &mut Vec<Action>) {
         let due = self.earliest_hang().map(|(_, d)| d.at);
         match self.current.hangs.tick(now, due) {
             HangStep::Conclude => self.conclude_hang(now, out),
-            HangStep::Probe => {
-                let ranks = self
-                    .current
-                    .ranks
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, r)| r.running())
-                    .filter_map(|(i, r)| Some((i as u32, r.pid?)))
-                    .collect();
-                out.push(Action::ProbeStopped { ranks });
-            }
+            HangStep::Probe => self.probe(out),
             HangStep::Nothing => {}
         }
     }
 
+    fn probe(&self, out: &mut Vec<Action>) {
+        let ranks = self
+            .current
+            .ranks
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.running())
+            .filter_map(|(i, r)| Some((i as u32, r.pid?)))
+            .collect();
+        out.push(Action::ProbeStopped { ranks });
+    }
+
+    /// Whether a hang here waits for the job's verdict: several nodes, and no verdict that
+    /// failed to come.
+    fn job_wide(&self) -> bool {
+        self.job.placement.world_size != self.cfg.nproc && !self.current.hangs.alone()
+    }
+
+    /// How long a node waits for the job's hang verdict before it decides alone: every node
+    /// answers from its event loop in a few store round trips; one that cannot is lost.
+    fn verdict_wait(&self) -> Duration {
+        JOB_VERDICT_WAIT
+    }
+
     pub(super) fn on_probed(&mut self, now: Instant, stopped: Vec<u32>, out: &mut Vec<Action>) {
-        if self.current.hangs.probed() && self.phase == Phase::Running {
-            // Still due? A message may have come in while the runtime looked.
-            if let Some(due) = self.earliest_hang().filter(|(_, d)| now >= d.at) {
-                let (in_force, warmup) = (&self.timeouts.in_force, self.cfg.warmup_steps);
-                let hung = root_of_hang(&self.current, in_force, warmup, due, &stopped);
-                let at = (self.attempt, self.job.placement.rank_offset);
+        if !self.current.hangs.probed() || self.phase != Phase::Running {
+            return;
+        }
+        let (in_force, warmup) = (&self.timeouts.in_force, self.cfg.warmup_steps);
+        let offset = self.job.placement.rank_offset;
+        let candidates = hang_candidates(&self.current, in_force, warmup, offset, &stopped, now);
+        let at = (self.attempt, offset);
+        // A stopped rank is a definite culprit: named at once, on any number of nodes.
+        if let Some((c, own)) = candidates.iter().find(|(c, _)| c.stopped) {
+            let hung = (c.local_rank, own.clone(), true);
+            let report = candidates.iter().map(|(c, _)| c.clone()).collect();
+            begin_diagnosis(&mut self.current, at, self.cfg.stack_wait, now, hung, out);
+            return self.report_candidates(now, report, out);
+        }
+        // Still due? A message may have come in while the runtime looked.
+        let due = self.earliest_hang().filter(|(_, d)| now >= d.at);
+        if !self.job_wide() {
+            if let Some(due) = due {
+                let hung = root_of_hang(&self.current, (in_force, warmup), due, &stopped, now);
                 begin_diagnosis(&mut self.current, at, self.cfg.stack_wait, now, hung, out);
             }
+            return;
+        }
+        // Several nodes: the rank the others wait for may be on another node.
+        if due.is_some() || matches!(self.current.hangs.job, JobVerdict::Asked { .. }) {
+            let report = candidates.into_iter().map(|(c, _)| c).collect();
+            self.report_candidates(now, report, out);
+        }
+    }
+
+    /// Hands this node's candidates to the job's verdict under way (or asks for one).
+    fn report_candidates(
+        &mut self,
+        now: Instant,
+        candidates: Vec<HangCandidate>,
+        out: &mut Vec<Action>,
+    ) {
+        if self.job.placement.world_size == self.cfg.nproc {
+            return;
+        }
+        let until = now + self.verdict_wait();
+        if let Some(round) = self.current.hangs.report(until) {
+            out.push(Action::Job(JobRequest::HangReport {
+                attempt: self.attempt,
+                round,
+                candidates,
+            }));
+        }
+    }
+
+    /// Another node (or this one) asks for the job's hang verdict `round`: this node probes its
+    /// ranks and reports; one whose ranks do not run reports none, so the verdict is not held up.
+    pub(super) fn on_hang_asked(
+        &mut self,
+        now: Instant,
+        attempt: u32,
+        round: u32,
+        out: &mut Vec<Action>,
+    ) {
+        if attempt != self.attempt || !self.current.hangs.open(round) {
+            return;
+        }
+        let until = now + self.verdict_wait();
+        let running =
+            self.phase == Phase::Running && self.current.ranks.iter().any(|r| r.running());
+        if !running {
+            if self.current.hangs.asked(round, until) {
+                self.current.hangs.probed();
+            }
+            return self.report_candidates(now, Vec::new(), out);
+        }
+        if self.current.hangs.asked(round, until) {
+            return self.probe(out);
+        }
+        // Already naming a rank here: that one, as definite as a stopped one.
+        if let Some(lr) = self.current.hangs.diagnosed() {
+            let (in_force, warmup) = (&self.timeouts.in_force, self.cfg.warmup_steps);
+            let offset = self.job.placement.rank_offset;
+            let c = hang_candidates(&self.current, in_force, warmup, offset, &[lr], now);
+            let report = c
+                .into_iter()
+                .map(|(c, _)| c)
+                .filter(|c| c.stopped)
+                .collect();
+            self.report_candidates(now, report, out);
+        }
+    }
+
+    /// The job's hang verdict `round`: the named rank's node declares it hung; the others wait
+    /// for that node's stop or generation (and decide alone if neither comes).
+    pub(super) fn on_hang_named(
+        &mut self,
+        now: Instant,
+        attempt: u32,
+        round: u32,
+        hung: Option<HungRank>,
+        out: &mut Vec<Action>,
+    ) {
+        if attempt != self.attempt || !self.current.hangs.named(round) {
+            return;
+        }
+        if self.phase != Phase::Running {
+            return;
+        }
+        let Some(h) = hung else {
+            self.current.hangs.job = JobVerdict::Alone;
+            return;
+        };
+        let offset = self.job.placement.rank_offset;
+        let local = h.rank.checked_sub(offset).filter(|lr| *lr < self.cfg.nproc);
+        let Some(lr) = local else {
+            let until =
+                now + self.verdict_wait() + self.cfg.stack_wait + self.cfg.workers_stop_timeout;
+            self.current.hangs.job = JobVerdict::Elsewhere { until };
+            return;
+        };
+        let r = &self.current.ranks[lr as usize];
+        let own = r
+            .monitor
+            .as_ref()
+            .and_then(|m| m.deadline(&self.timeouts.in_force, self.cfg.warmup_steps));
+        match own {
+            Some(own) if r.running() && r.pid == Some(h.pid) => {
+                let at = (self.attempt, offset);
+                let hung = (lr, own, h.stopped);
+                begin_diagnosis(&mut self.current, at, self.cfg.stack_wait, now, hung, out);
+            }
+            _ => self.current.hangs.job = JobVerdict::Alone,
         }
     }
 
@@ -188,5 +386,45 @@ impl Supervisor {
         let term = self.cfg.termination_signal;
         self.begin_stop_except(now, StopReason::RankHung, SIGTERM, Some((pid, term)), out);
         self.report_failure(hang.reason(rank), out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::choose_hung;
+
+    /// (rank, stopped, step).
+    type Rank = (u32, bool, Option<u64>);
+
+    /// The rank picked among ranks, each with when its silence began.
+    fn pick(c: &[(Rank, u64)]) -> Option<u32> {
+        choose_hung(c, |(r, stopped, step)| (*stopped, *step, *r)).map(|c| c.0)
+    }
+
+    #[test]
+    fn a_stopped_rank_comes_first() {
+        let c = [((0, false, Some(3)), 10), ((1, true, Some(9)), 0)];
+        assert_eq!(pick(&c), Some(1));
+    }
+
+    #[test]
+    fn the_rank_behind_comes_next_and_no_step_is_behind_any() {
+        let c = [((0, false, Some(5)), 10), ((1, false, Some(4)), 0)];
+        assert_eq!(pick(&c), Some(1));
+        let c = [((0, false, Some(0)), 10), ((1, false, None), 0)];
+        assert_eq!(pick(&c), Some(1));
+    }
+
+    #[test]
+    fn at_the_same_step_the_silence_that_began_last_then_the_lowest_rank() {
+        let c = [
+            ((0, false, Some(5)), 10),
+            ((3, false, Some(5)), 30),
+            ((2, false, Some(5)), 20),
+        ];
+        assert_eq!(pick(&c), Some(3));
+        let c = [((4, false, Some(5)), 30), ((3, false, Some(5)), 30)];
+        assert_eq!(pick(&c), Some(3));
+        assert_eq!(pick(&[]), None);
     }
 }

@@ -382,6 +382,11 @@ impl RankMonitor {
         self.sections_only = false;
     }
 
+    /// The section it is in, if any.
+    pub fn section_name(&self) -> Option<&str> {
+        self.section.as_ref().map(|(n, _)| n.as_str())
+    }
+
     /// Stops learning from this rank: a hang's gap, or the time the attempt spent being stopped
     /// after it, says nothing about what the job needs.
     pub fn freeze(&mut self) {
