@@ -100,6 +100,19 @@ pub(super) fn hang_candidates(
         .collect()
 }
 
+/// A rank that failed in the attempt, as a candidate for the job's hang verdict: a definite one.
+fn failed_candidate(f: &Failure) -> HangCandidate {
+    HangCandidate {
+        local_rank: f.local_rank,
+        rank: f.rank,
+        pid: f.pid,
+        step: None,
+        section: None,
+        since: f.at,
+        stopped: true,
+    }
+}
+
 /// The local rule: the rank of `candidates` to name hung ([`choose_hung`] on this node's clock).
 pub(super) fn choose_local(candidates: &[(HangCandidate, Due)]) -> Option<&(HangCandidate, Due)> {
     let base = candidates.iter().map(|(c, _)| c.since).min()?;
@@ -167,6 +180,20 @@ pub(super) fn begin_diagnosis(
             .monitor
             .as_ref()
             .is_some_and(RankMonitor::registered),
+    });
+    let r = &current.ranks[local_rank as usize];
+    current.hangs.named = Some(HangCandidate {
+        local_rank,
+        rank: rank_offset + local_rank,
+        pid,
+        step: r.pace.map(|p| p.step),
+        section: r
+            .monitor
+            .as_ref()
+            .and_then(|m| m.section_name())
+            .map(str::to_string),
+        since: due.since,
+        stopped: true,
     });
     current.hangs.begin(local_rank, hang, now + stack_wait);
 }
@@ -280,7 +307,10 @@ impl Supervisor {
     }
 
     /// Another node (or this one) asks for the job's hang verdict `round`: this node probes its
-    /// ranks and reports; one whose ranks do not run reports none, so the verdict is not held up.
+    /// ranks and reports. A node that already named a rank hung reports that one (as definite
+    /// as a stopped one), even once it is gone or replaced; one whose ranks do not run reports
+    /// the ranks that failed, if any: the verdict is not held up, and no other node names a rank
+    /// that only waited for one of them.
     pub(super) fn on_hang_asked(
         &mut self,
         now: Instant,
@@ -294,27 +324,23 @@ impl Supervisor {
         let until = now + self.verdict_wait();
         let running =
             self.phase == Phase::Running && self.current.ranks.iter().any(|r| r.running());
-        if !running {
-            if self.current.hangs.asked(round, until) {
-                self.current.hangs.probed();
+        let definite: Vec<HangCandidate> = match &self.current.hangs.named {
+            Some(c) => vec![c.clone()],
+            None if !running => self.current.failures.iter().map(failed_candidate).collect(),
+            None => Vec::new(),
+        };
+        let probe = self.current.hangs.asked(round, until);
+        if definite.is_empty() && running {
+            if probe {
+                self.probe(out);
             }
-            return self.report_candidates(now, Vec::new(), out);
+            return;
         }
-        if self.current.hangs.asked(round, until) {
-            return self.probe(out);
+        if probe {
+            // Nothing to probe for: the answer is known.
+            self.current.hangs.probed();
         }
-        // Already naming a rank here: that one, as definite as a stopped one.
-        if let Some(lr) = self.current.hangs.diagnosed() {
-            let (in_force, warmup) = (&self.timeouts.in_force, self.cfg.warmup_steps);
-            let offset = self.job.placement.rank_offset;
-            let c = hang_candidates(&self.current, in_force, warmup, offset, &[lr], now);
-            let report = c
-                .into_iter()
-                .map(|(c, _)| c)
-                .filter(|c| c.stopped)
-                .collect();
-            self.report_candidates(now, report, out);
-        }
+        self.report_candidates(now, definite, out);
     }
 
     /// The job's hang verdict `round`: the named rank's node declares it hung; the others wait
@@ -346,6 +372,16 @@ impl Supervisor {
             return;
         };
         let r = &self.current.ranks[lr as usize];
+        if self
+            .current
+            .hangs
+            .named
+            .as_ref()
+            .is_some_and(|c| c.pid == h.pid)
+        {
+            // Named here already: stopped or replaced.
+            return;
+        }
         let own = r
             .monitor
             .as_ref()

@@ -6,7 +6,7 @@
 
 use std::time::Instant;
 
-use super::events::Hang;
+use super::events::{Hang, HangCandidate};
 use super::monitor::{CalcRequest, Calculated};
 
 /// A hung rank whose stacks are being captured: rank, why, and when to stop waiting.
@@ -57,6 +57,9 @@ pub(super) struct HangWatch {
     pub round: u32,
     /// The last round this node reported its candidates for.
     reported: Option<u32>,
+    /// The rank this node named hung in this attempt, as a candidate: what it reports to any
+    /// later ask, even once the rank is gone or replaced.
+    pub named: Option<HangCandidate>,
 }
 
 impl HangWatch {
@@ -160,11 +163,6 @@ impl HangWatch {
     /// This node decides alone from now on.
     pub fn alone(&self) -> bool {
         self.job == JobVerdict::Alone
-    }
-
-    /// The rank being diagnosed, if any.
-    pub fn diagnosed(&self) -> Option<u32> {
-        self.diagnosing.as_ref().map(|d| d.local_rank)
     }
 
     pub fn begin(&mut self, local_rank: u32, hang: Hang, until: Instant) {

@@ -442,3 +442,36 @@ fn asked_by_another_node_a_node_names_its_stopped_rank_at_once_and_reports_it() 
     assert_eq!((h.len(), h[0].0, h[0].1.stopped), (1, 1, true), "{a:?}");
     assert_eq!(reports(&a), vec![(0, vec![(0, false), (1, true)])]);
 }
+
+#[test]
+fn a_node_that_named_a_rank_reports_that_one_to_later_asks() {
+    let t = Instant::now();
+    let due = t + Duration::from_secs(1);
+    let mut s = node0_of_two(t);
+    s.handle(due, Event::Tick);
+    let a = s.handle(due, Event::Probed { stopped: vec![1] });
+    assert_eq!(reports(&a), vec![(0, vec![(0, false), (1, true)])]);
+    let hung = Some(HungRank {
+        rank: 1,
+        pid: 101,
+        stopped: true,
+    });
+    let named = Event::HangNamed {
+        attempt: 0,
+        round: 0,
+        hung,
+    };
+    assert!(
+        hangs(&s.handle(due, named)).is_empty(),
+        "named here already"
+    );
+    // Another node asks again (its ranks still wait): the rank named here, not a waiting one.
+    let a = s.handle(
+        due,
+        Event::HangAsked {
+            attempt: 0,
+            round: 1,
+        },
+    );
+    assert_eq!(reports(&a), vec![(1, vec![(1, true)])]);
+}
