@@ -74,6 +74,10 @@ pub struct SupervisorConfig {
     pub warmup_steps: u32,
     /// Calculated timeouts are this many times the longest observed.
     pub safety_factor: f64,
+    /// `--calculate-timeouts`: vigil calculates the timeouts in force on its own once enough was
+    /// observed. Without it they change only when the job's code asks (NVRx's
+    /// `calculate_and_set_*`, `vigil.calculate_timeouts`), as under ft_launcher.
+    pub calculates: bool,
     /// What a hung rank gets after its stacks are captured (SIGTERM by default, then SIGKILL).
     pub termination_signal: i32,
     /// How long to wait for a hung rank's stack dump before terminating it anyway.
@@ -114,6 +118,7 @@ impl SupervisorConfig {
             timeouts: Timeouts::default(),
             warmup_steps: 0,
             safety_factor: 5.0,
+            calculates: false,
             termination_signal: SIGTERM,
             stack_wait: Duration::from_secs(2),
             calculated: None,
