@@ -10,9 +10,6 @@
 
 use std::time::{Duration, Instant};
 
-/// How long a node waits for the job's hang verdict before it decides alone.
-const JOB_VERDICT_WAIT: Duration = Duration::from_secs(10);
-
 use super::events::{
     Action, Failure, Hang, HangCandidate, HungRank, JobRequest, Record, StopReason, SIGTERM,
 };
@@ -21,6 +18,9 @@ use super::monitor::{Due, RankMonitor, Timeouts};
 use super::phase::{Phase, RankState};
 use super::state::{Attempt, HangStep};
 use super::Supervisor;
+
+/// How long a node waits for the job's hang verdict before it decides alone.
+const JOB_VERDICT_WAIT: Duration = Duration::from_secs(10);
 
 /// The running rank of `attempt` that will be hung first under the timeouts `in_force`, and when.
 pub(super) fn earliest_hang(
@@ -138,9 +138,18 @@ pub(super) fn root_of_hang(
         return (due_rank, due, true);
     }
     let candidates = hang_candidates(current, in_force, warmup_steps, 0, stopped, now);
-    match choose_local(&candidates) {
-        Some((c, own)) => (c.local_rank, own.clone(), c.stopped),
-        None => (due_rank, due, false),
+    // A stopped rank without a timeout of its own (not registered) is still the culprit.
+    let unwatched = stopped.iter().find(|lr| {
+        current
+            .ranks
+            .get(**lr as usize)
+            .is_some_and(|r| r.running())
+    });
+    match (choose_local(&candidates), unwatched) {
+        (Some((c, own)), _) if c.stopped => (c.local_rank, own.clone(), true),
+        (_, Some(lr)) => (*lr, due, true),
+        (Some((c, own)), None) => (c.local_rank, own.clone(), false),
+        (None, None) => (due_rank, due, false),
     }
 }
 
@@ -264,7 +273,7 @@ impl Supervisor {
         let candidates = hang_candidates(&self.current, in_force, warmup, offset, &stopped, now);
         let at = (self.attempt, offset);
         // A stopped rank is a definite culprit: named at once, on any number of nodes.
-        if let Some((c, own)) = candidates.iter().find(|(c, _)| c.stopped) {
+        if let Some((c, own)) = choose_local(&candidates).filter(|(c, _)| c.stopped) {
             let hung = (c.local_rank, own.clone(), true);
             let report = candidates.iter().map(|(c, _)| c.clone()).collect();
             begin_diagnosis(&mut self.current, at, self.cfg.stack_wait, now, hung, out);
@@ -272,7 +281,14 @@ impl Supervisor {
         }
         // Still due? A message may have come in while the runtime looked.
         let due = self.earliest_hang().filter(|(_, d)| now >= d.at);
-        if !self.job_wide() {
+        // A stopped rank that sends nothing (no timeout of its own) is named by the local rule.
+        let unwatched = stopped.iter().any(|lr| {
+            self.current
+                .ranks
+                .get(*lr as usize)
+                .is_some_and(|r| r.running())
+        });
+        if !self.job_wide() || unwatched {
             if let Some(due) = due {
                 let hung = root_of_hang(&self.current, (in_force, warmup), due, &stopped, now);
                 begin_diagnosis(&mut self.current, at, self.cfg.stack_wait, now, hung, out);
