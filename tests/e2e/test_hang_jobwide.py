@@ -44,12 +44,17 @@ while True:
             open(os.path.join(TRACE, "in_%d" % rank), "w").close()
         t = torch.ones(4)
         dist.all_reduce(t)
+    # As bench/chaos_train.py: a heartbeat after each step, so the heartbeat timeout, which runs
+    # from the heartbeat before the section, is every rank's first to run out.
+    vigil.heartbeat(step)
     step += 1
     time.sleep(0.02)
 """
 
-# Section "step" times out after 6 s; a rank is hung once its own silence ran 3/4 of that.
-FLAGS = ["--section-timeouts", "step=6", "--initial-heartbeat-timeout", "120", "--max-restarts", "0"]
+# Section "step" and the heartbeat time out after 6 s; a rank is a candidate once its own timeout
+# ran 3/4 of that.
+FLAGS = ["--section-timeouts", "step=6", "--heartbeat-timeout", "6", "--initial-heartbeat-timeout", "120",
+         "--max-restarts", "0"]
 
 
 def sleeper_pid(job):
@@ -59,7 +64,7 @@ def sleeper_pid(job):
 def check_hang(ev, pid, rank):
     (h,) = of(ev, "hang")
     assert (h["pid"], h["rank"]) == (pid, rank), h
-    assert h["timeout"] == {"section": "step"} and not h["stopped"], h
+    assert h["timeout"] in ("heartbeat", {"section": "step"}) and not h["stopped"], h
 
 
 def test_on_one_node_the_sleeper_is_named_not_the_ranks_waiting_for_it(job):

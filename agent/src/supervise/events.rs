@@ -243,7 +243,7 @@ pub struct HangCandidate {
     pub step: Option<u64>,
     /// The section it is in, if any.
     pub section: Option<String>,
-    /// When its silence began (the start of the timeout that runs for it).
+    /// When its silence began: the last message it sent.
     pub since: Instant,
     /// Its process is stopped (SIGSTOP, a debugger), or this node already named it hung.
     pub stopped: bool,

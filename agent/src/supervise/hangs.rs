@@ -91,7 +91,9 @@ pub(super) fn hang_candidates(
                     pid: r.pid?,
                     step: r.pace.map(|p| p.step),
                     section: m.section_name().map(str::to_string),
-                    since: due.since,
+                    // Not its timeout's start: a heartbeat timeout runs from the heartbeat
+                    // before the section that the stuck rank opened after the others did.
+                    since: m.last_heard(),
                     stopped: is_stopped,
                 };
                 Some((c, due))
@@ -201,7 +203,10 @@ pub(super) fn begin_diagnosis(
             .as_ref()
             .and_then(|m| m.section_name())
             .map(str::to_string),
-        since: due.since,
+        since: r
+            .monitor
+            .as_ref()
+            .map_or(due.since, RankMonitor::last_heard),
         stopped: true,
     });
     current.hangs.begin(local_rank, hang, now + stack_wait);

@@ -475,3 +475,30 @@ fn a_node_that_named_a_rank_reports_that_one_to_later_asks() {
     );
     assert_eq!(reports(&a), vec![(1, vec![(1, true)])]);
 }
+
+#[test]
+fn silence_begins_at_the_last_message_not_at_the_heartbeat_the_timeout_runs_from() {
+    // As the chaos soak's job: every rank heartbeats after a step (at `t`), then opens the next
+    // step's section; rank 1 opens it 20 ms after the others and is stuck. The heartbeat timeout
+    // (1 s, from `t`) is every rank's first to run out.
+    let t = Instant::now();
+    let mut c = cfg(3, 0);
+    c.timeouts.heartbeat = Some(Duration::from_secs(1));
+    c.timeouts
+        .sections
+        .insert("step".into(), Duration::from_secs(1));
+    let (mut s, _) = Solo::new(c);
+    spawn_all(&mut s, t, 100);
+    for lr in 0..3u32 {
+        register(&mut s, t, lr);
+        send(&mut s, t, lr, RankMsg::Heartbeat { step: Some(5) });
+    }
+    for (lr, ms) in [(0u32, 5u64), (1, 20), (2, 0)] {
+        let msg = RankMsg::SectionStart {
+            name: "step".into(),
+        };
+        send(&mut s, t + Duration::from_millis(ms), lr, msg);
+    }
+    let h = hangs(&s.handle(t + Duration::from_secs(1), Event::Tick));
+    assert_eq!((h.len(), h[0].0), (1, 1), "{h:?}");
+}
