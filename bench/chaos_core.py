@@ -17,7 +17,7 @@ CATALOG = {
     "rank_sigkill": ("rank", "rank_exited of that pid with signal 9"),
     "rank_sigsegv": ("rank", "rank_exited of that pid with signal 11"),
     "rank_sigstop": ("rank", "hang of that pid, stopped: true"),
-    "rank_section_hang": ("rank", "hang of that pid with timeout {section: step}"),
+    "rank_section_hang": ("rank", "hang of that pid, not stopped (its heartbeat or its section timed out)"),
     "agent_sigkill": ("active", "the node lost: cycle_ended lost naming it, or a promotion of its slot"),
     "agent_sigstop": ("active", "the node lost (as agent_sigkill) or its agent's suspended event"),
     "agent_sigterm": ("active", "stop_triggered SIGTERM logged by that node"),
@@ -118,7 +118,12 @@ def evidence(fault: dict, events: list, node_ranks: dict, window_s: float = 150.
                     return e
             if kind == "rank_sigstop" and ev == "hang" and e.get("stopped"):
                 return e
-            if kind == "rank_section_hang" and ev == "hang" and e.get("timeout") == {"section": "step"}:
+            # The rank sleeps inside section "step": whichever of its heartbeat and its section
+            # timeout runs out first names it (with --heartbeat-timeout 15 and step=15 kept, the
+            # heartbeat, last sent before the section opened).
+            if kind == "rank_section_hang" and ev == "hang" and not e.get("stopped") and (
+                e.get("timeout") in ({"section": "step"}, "heartbeat")
+            ):
                 return e
         elif kind == "inprocess_kill":
             if ev == "generation" and fault.get("rank") in (e.get("ranks") or []):

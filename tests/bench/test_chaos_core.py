@@ -52,6 +52,9 @@ def test_rank_faults_need_their_own_pid_and_kind_in_the_events():
     assert core.evidence({"kind": "rank_sigstop", "t": 100, "pid": 7}, events, nr)
     assert core.evidence({"kind": "rank_section_hang", "t": 100, "pid": 7}, events, nr) is None
     assert core.evidence({"kind": "rank_section_hang", "t": 100, "pid": 8}, events, nr)
+    beat = [ev("hang", 130, pid=9, timeout="heartbeat"), ev("hang", 131, pid=10, timeout="initial")]
+    assert core.evidence({"kind": "rank_section_hang", "t": 100, "pid": 9}, beat, nr)
+    assert core.evidence({"kind": "rank_section_hang", "t": 100, "pid": 10}, beat, nr) is None
     # An event long before the fault is not its record.
     assert core.evidence({"kind": "rank_exit1", "t": 500, "pid": 5}, events, nr) is None
 
