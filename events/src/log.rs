@@ -809,6 +809,17 @@ pub enum Record {
         #[serde(default)]
         seconds: f64,
     },
+    /// Every rank of the node reported a step of generation `generation`, `seconds` after the
+    /// failure: the job trains again (what `vigil goodput` counts as the generation's recovery).
+    GenerationStepping {
+        #[serde(default)]
+        #[serde(rename = "cycle")]
+        attempt: u32,
+        #[serde(default)]
+        generation: u64,
+        #[serde(default)]
+        seconds: f64,
+    },
     /// In-process restarts were asked for but this failure restarts the whole job: `reason`.
     InProcessDeclined {
         #[serde(default)]
@@ -974,6 +985,7 @@ mod tests {
             Record::Generation { .. } => 40,
             Record::GenerationRecovered { .. } => 41,
             Record::InProcessDeclined { .. } => 42,
+            Record::GenerationStepping { .. } => 43,
             Record::Unknown => 37,
         }
     }
@@ -1280,6 +1292,11 @@ mod tests {
                 attempt: 0,
                 reason: "rank 1 is not restartable".into(),
             },
+            Record::GenerationStepping {
+                attempt: 0,
+                generation: 1,
+                seconds: 1.75,
+            },
             Record::Unknown,
         ]
     }
@@ -1288,7 +1305,7 @@ mod tests {
     fn every_record_round_trips() {
         let all = samples();
         let places: BTreeSet<usize> = all.iter().map(place).collect();
-        assert_eq!(places, (0..=42).collect(), "a record without a sample");
+        assert_eq!(places, (0..=43).collect(), "a record without a sample");
         for r in all {
             let text = serde_json::to_string(&r).unwrap();
             let back: Record =
