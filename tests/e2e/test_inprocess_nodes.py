@@ -42,6 +42,15 @@ def declined(ev, why):
     return said[0]["reason"]
 
 
+def check_never_trained_again(ev0, ev1):
+    """Generation 1 began on both nodes and never trained: node 0's ranks never all came back
+    (node 1's own may have: each node records its own), and no node's ranks stepped in it."""
+    for ev in (ev0, ev1):
+        assert [g["generation"] for g in of(ev, "generation")] == [1]
+        assert not of(ev, "generation_stepping")
+    assert not of(ev0, "generation_recovered")
+
+
 def test_a_survivor_on_node0_stuck_in_c_past_the_abort_timeout_restarts_every_node(job):
     """Rank 2 (node 1) is SIGKILLed at step 30 and node 1 begins generation 1; rank 0 (node 0)
     is then in a C call that never returns to Python: node 0's abort timeout restarts the job."""
@@ -51,9 +60,7 @@ def test_a_survivor_on_node0_stuck_in_c_past_the_abort_timeout_restarts_every_no
     ev0, ev1 = nodes.events(0), nodes.events(1)
     reason = declined(ev0, "abort timeout")
     assert "rank 0 did not come back" in reason, reason
-    for ev in (ev0, ev1):
-        assert [g["generation"] for g in of(ev, "generation")] == [1]
-        assert not of(ev, "generation_recovered")
+    check_never_trained_again(ev0, ev1)
     finished_whole(job, (ev0, ev1))
     assert "rank 0 did not come back" in res[0][2]
 
@@ -66,9 +73,7 @@ def test_a_second_failure_on_node0_during_the_recovery_restarts_every_node(job):
     assert [rc for rc, _, _ in res] == [0, 0], [e[-5000:] for _, _, e in res]
     ev0, ev1 = nodes.events(0), nodes.events(1)
     declined(ev0, "while generation 1 was being recovered")
-    for ev in (ev0, ev1):
-        assert [g["generation"] for g in of(ev, "generation")] == [1]
-        assert not of(ev, "generation_recovered")
+    check_never_trained_again(ev0, ev1)
     finished_whole(job, (ev0, ev1))
     fails = [l for lines in traces(job / "trace").values() for l in lines if l["event"] == "fail_again"]
     assert [l["rank"] for l in fails] == [1]
