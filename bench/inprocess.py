@@ -270,7 +270,7 @@ def main():
               f"{100 * r['goodput']:.1f}% | {r['rc']} |")
     print("\nWhere the wall time that is not goodput went (seconds), and the agents' own figures "
           "(in process: failure -> every rank back in its function / stepping, median / max):\n")
-    print("| ranks | mode | wall | not goodput | in recoveries | job's exit | the rest (slower steps) | goodput, exit left out | back in function | stepping (agent) |")
+    print("| ranks | mode | wall | not goodput | in recoveries | job's exit | the rest (redone and slower steps) | goodput, exit left out | back in function | stepping (agent) |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for nproc, mode, r in rows:
         if r is None:
