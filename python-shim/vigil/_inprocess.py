@@ -244,7 +244,7 @@ def _teardown():
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized():
-            group = _weak(dist.distributed_c10d._get_default_group())
+            group = _weak_default_group(dist)
             dist.destroy_process_group()
     except Exception:  # noqa: BLE001 - a broken group is what is being dropped
         pass
@@ -252,11 +252,12 @@ def _teardown():
         _gc.collect()
 
 
-def _weak(obj):
-    """A weak reference to ``obj``; None where it cannot have one (then the caller collects)."""
+def _weak_default_group(dist):
+    """A weak reference to the default group; None where there is none to be had (then the
+    caller collects)."""
     try:
-        return _weakref.ref(obj)
-    except TypeError:
+        return _weakref.ref(dist.distributed_c10d._get_default_group())
+    except Exception:  # noqa: BLE001 - a torch without it, a group without weak references
         return None
 
 
