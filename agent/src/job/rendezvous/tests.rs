@@ -145,9 +145,9 @@ fn an_agent_holds_one_connection_to_the_store_across_attempts() {
                 "{m:?}"
             );
         }
-        // Parked now, per agent: attempt 1's end, its stop trigger and its next in-process
-        // generation; attempt 0's are gone.
-        until(&keys, "six waits parked", |s| s.pending_waits == 6).await;
+        // Parked now, per agent: attempt 1's end, its stop trigger, its next in-process
+        // generation and its next hang verdict's request; attempt 0's are gone.
+        until(&keys, "eight waits parked", |s| s.pending_waits == 8).await;
         let s = keys.stats();
         assert_eq!(s.connections, 2, "attempt 1: {s:?}");
         assert_eq!(s.dropped_for_protocol_errors, 0, "{s:?}");

@@ -19,6 +19,7 @@ use super::liveness::{liveness, Alarm};
 use super::wire::*;
 use super::{lastcall, CoordConfig, FromCoord, HeadSide, StoreLink};
 
+mod hangs;
 mod sources;
 
 use sources::{wait_one, watch_coordinator, watch_lease_queue};
@@ -78,6 +79,14 @@ pub(super) enum Input {
     StopStep { attempt: u32, step: Option<u64> },
     /// Node rank 0: the last call of this attempt's rendezvous ran out (lastcall.rs).
     LastCall(u32),
+    /// A node asked for the attempt's hang verdict `round` (hangs.rs).
+    HangAsked { attempt: u32, round: u32 },
+    /// The attempt's hang verdict `round` was written.
+    HangNamed {
+        attempt: u32,
+        round: u32,
+        value: Vec<u8>,
+    },
     /// The liveness, or the watch on the coordinator's lease.
     Alarm(Alarm),
     /// The store outside the job: a lease was lost (its lease queue).
@@ -113,6 +122,8 @@ pub(super) struct Coordinator {
     stop_task: Option<AbortHandle>,
     /// Parked on this attempt's next in-process generation (`Step::WaitGeneration`).
     generation_task: Option<AbortHandle>,
+    /// Parked on this attempt's hang verdicts (hangs.rs).
+    hang_task: Option<AbortHandle>,
     /// Renews this node's counter and watches the others' ([`liveness`]).
     liveness: AbortHandle,
     /// Node rank 0 with standbys: the last call of the rendezvous under way ([`lastcall`]).
@@ -197,6 +208,7 @@ impl Coordinator {
             timeouts_task: None,
             stop_task: None,
             generation_task: None,
+            hang_task: None,
             liveness,
             last_call: None,
             ended: false,
@@ -307,6 +319,18 @@ impl Coordinator {
                 value,
             } => self.generation_read(attempt, generation, &value).await,
             Input::LastCall(c) => self.last_call_out(c).await,
+            Input::HangAsked { attempt, round } => {
+                self.send(FromCoord::Event(Event::HangAsked { attempt, round }));
+                Ok(())
+            }
+            Input::HangNamed {
+                attempt,
+                round,
+                value,
+            } => {
+                self.hang_named(attempt, round, &value);
+                Ok(())
+            }
             Input::Lease(ev) => self.lease_event(ev).await,
             Input::Alarm(Alarm::Silent(why, node)) => {
                 self.decide(Fact::Silent { node, reason: why }).await
@@ -328,6 +352,7 @@ impl Coordinator {
             JobRequest::ShareTimeouts { .. }
             | JobRequest::StopSteps { .. }
             | JobRequest::ReportDone { .. }
+            | JobRequest::HangReport { .. }
                 if !self.rdzv.in_slots() => {}
             JobRequest::Join {
                 attempt,
@@ -366,6 +391,11 @@ impl Coordinator {
                 self.generation_begun(attempt, generation, &replaced)
                     .await?
             }
+            JobRequest::HangReport {
+                attempt,
+                round,
+                candidates,
+            } => self.hang_report(attempt, round, &candidates).await?,
             JobRequest::Leave { .. } => unreachable!("handled by serve"),
         }
         Ok(())
@@ -379,7 +409,9 @@ impl Coordinator {
         abort(&mut self.timeouts_task);
         abort(&mut self.stop_task);
         abort(&mut self.generation_task);
+        abort(&mut self.hang_task);
         self.spawn_stop_waiter(attempt);
+        self.spawn_hang_waiter(attempt);
         let healthy = match self.rdzv.join(attempt, calculated) {
             Joining::Join { healthy } => healthy,
             Joining::Ended(end) => {
@@ -734,6 +766,7 @@ impl Coordinator {
                         all,
                     })
                 }
+                Step::ChooseHung { attempt, round } => self.hangs_read(attempt, round).await?,
                 Step::ChooseStopStep(attempt) => {
                     let all = self.every_node(|i| key::stop_steps(attempt, i)).await?;
                     self.rdzv.step(Fact::StepsRead { attempt, all })
