@@ -812,6 +812,17 @@ pub enum Record {
         #[serde(default)]
         seconds: f64,
     },
+    /// Every rank of the node reported a step of generation `generation`, `seconds` after the
+    /// failure: the job trains again (what `vigil goodput` counts as the generation's recovery).
+    GenerationStepping {
+        #[serde(default)]
+        #[serde(rename = "cycle")]
+        attempt: u32,
+        #[serde(default)]
+        generation: u64,
+        #[serde(default)]
+        seconds: f64,
+    },
     /// In-process restarts were asked for but this failure restarts the whole job: `reason`.
     InProcessDeclined {
         #[serde(default)]
@@ -1013,6 +1024,7 @@ mod tests {
             Record::InProcessDeclined { .. } => 42,
             Record::StoreRefused { .. } => 43,
             Record::EventsLost { .. } => 44,
+            Record::GenerationStepping { .. } => 45,
             Record::Unknown => 37,
         }
     }
@@ -1334,6 +1346,11 @@ mod tests {
                 last_ts: 1796162030.9,
                 error: "No space left on device (os error 28)".into(),
             },
+            Record::GenerationStepping {
+                attempt: 0,
+                generation: 1,
+                seconds: 1.75,
+            },
             Record::Unknown,
         ]
     }
@@ -1382,7 +1399,7 @@ mod tests {
     fn every_record_round_trips() {
         let all = samples();
         let places: BTreeSet<usize> = all.iter().map(place).collect();
-        assert_eq!(places, (0..=44).collect(), "a record without a sample");
+        assert_eq!(places, (0..=45).collect(), "a record without a sample");
         for r in all {
             let text = serde_json::to_string(&r).unwrap();
             let back: Record =

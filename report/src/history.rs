@@ -127,8 +127,10 @@ impl RunBuilder {
                 .extend(straggler_report(ts, &line.record)),
             Record::Generation { .. }
             | Record::GenerationRecovered { .. }
+            | Record::GenerationStepping { .. }
             | Record::InProcessDeclined { .. } => {
-                run.generations.extend(in_process(ts, &line.record))
+                run.generations.extend(in_process(ts, &line.record));
+                run.gen_marks.extend(generation_mark(ts, &line.record));
             }
             Record::NodeFault { attempt, reason } => run.node_faults.push(NodeFault {
                 ts,
@@ -816,12 +818,51 @@ fn in_process(ts: f64, rec: &Record) -> Option<InProcess> {
             *attempt,
             format!("generation {generation} recovered in {seconds:.2}s"),
         ),
+        Record::GenerationStepping {
+            attempt,
+            generation,
+            seconds,
+        } => (
+            *attempt,
+            format!("generation {generation}: every rank stepping again {seconds:.2}s after the failure"),
+        ),
         Record::InProcessDeclined { attempt, reason } => {
             (*attempt, format!("no in-process restart: {reason}"))
         }
         _ => return None,
     };
     Some(InProcess { ts, attempt, text })
+}
+
+/// A generation's beginning or its ranks stepping again, for goodput.
+fn generation_mark(ts: f64, rec: &Record) -> Option<GenerationMark> {
+    let (attempt, generation, kind) = match rec {
+        Record::Generation {
+            attempt,
+            generation,
+            ranks,
+            step,
+        } => (
+            *attempt,
+            *generation,
+            GenerationKind::Began {
+                ranks: ranks.clone(),
+                step: *step,
+            },
+        ),
+        Record::GenerationStepping {
+            attempt,
+            generation,
+            ..
+        } => (*attempt, *generation, GenerationKind::Stepping),
+        _ => return None,
+    };
+    Some(GenerationMark {
+        ts,
+        attempt,
+        generation,
+        kind,
+    })
 }
 
 /// One node's failures, hangs, restarts, stops, node faults, changed straggler reports and

@@ -95,6 +95,8 @@ pub struct NodeRun {
     /// `events_lost`: stretches in which the event log could not be written, so records of
     /// this node are missing.
     pub events_lost: Vec<EventsLost>,
+    /// The same generations' `generation` and `generation_stepping` records, for goodput.
+    pub gen_marks: Vec<GenerationMark>,
     pub result: Option<RunResult>,
 }
 
@@ -105,6 +107,23 @@ pub struct SparesChange {
     pub ready: u32,
     /// Standby `node` out of the job, for this reason.
     pub gone: Option<(u32, String)>,
+}
+
+/// A generation's record on one node (docs/inprocess.md).
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerationMark {
+    pub ts: f64,
+    pub attempt: u32,
+    pub generation: u64,
+    pub kind: GenerationKind,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum GenerationKind {
+    /// `generation`: it began, replacing the global `ranks`, the node's ranks at `step`.
+    Began { ranks: Vec<u32>, step: Option<u64> },
+    /// `generation_stepping`: every rank of the node stepped in it.
+    Stepping,
 }
 
 /// An in-process restart's moment, described.
