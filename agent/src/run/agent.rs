@@ -22,7 +22,7 @@ use super::output::{self, ConsoleStream, Dup, LineSplitter, LogFile, Sink, Tail}
 use super::prelaunch::provenance;
 use super::proc::{self, Watchdog};
 use super::report::{self, attempt_dir, console_note, Reporter};
-use super::stacks::{self, StackReport};
+use super::stacks::{self, StackNews, StackReport};
 use super::warm::{self, Warm};
 use super::{gate, gpuwatch, perf};
 use crate::allocation::ledger::Promotion;
@@ -30,6 +30,10 @@ use crate::cli::config::{render_prefix, worker_env, LaunchConfig, RankSlot};
 use crate::job::state;
 use crate::perf::numa;
 use crate::supervise::{Action, Event, JobEnd, JobRequest, Outcome, Placement, Record};
+
+/// How long a hang probe waits for the ranks' shims to dump where their main threads are: a
+/// rank whose dump did not come by then is unknown (its place weighs nothing in the choice).
+const PROBE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// What node rank 0 concludes the allocation from, gathered as the job goes.
 #[derive(Default)]
@@ -64,7 +68,7 @@ pub(super) struct Ranks {
     /// The ranks' socket: their pids and the connections to them.
     pub(super) shared: Rc<Shared>,
     pub(super) socket: PathBuf,
-    pub(super) stacks_tx: mpsc::UnboundedSender<(u32, u32, StackReport)>,
+    pub(super) stacks_tx: mpsc::UnboundedSender<StackNews>,
     /// Stack reports per (attempt, local rank), for the failure summary.
     pub(super) stack_reports: Vec<(u32, u32, StackReport)>,
     /// Rank log files could not be created once already (said once).
@@ -83,7 +87,7 @@ impl Ranks {
         watchdog: Option<Watchdog>,
         shared: Rc<Shared>,
         socket: PathBuf,
-        stacks_tx: mpsc::UnboundedSender<(u32, u32, StackReport)>,
+        stacks_tx: mpsc::UnboundedSender<StackNews>,
     ) -> Ranks {
         Ranks {
             watchdog,
@@ -512,14 +516,7 @@ impl Agent {
                     pid,
                     via_shim,
                 } => self.capture_stacks(local_rank, pid, via_shim),
-                Action::ProbeStopped { ranks } => {
-                    let stopped = ranks
-                        .into_iter()
-                        .filter(|(_, pid)| matches!(proc::process_state(*pid), Some('T' | 't')))
-                        .map(|(lr, _)| lr)
-                        .collect();
-                    queue.push_back(Event::Probed { stopped });
-                }
+                Action::ProbeStopped { ranks, ask_where } => self.probe(ranks, ask_where),
                 Action::SendToRank { local_rank, msg } => self.ranks.shared.send(local_rank, msg),
                 Action::SendToAll(msg) => self.ranks.shared.send_all(&msg),
                 Action::SaveTimeouts(t) => {
@@ -571,6 +568,30 @@ impl Agent {
         }
     }
 
+    /// Which of `ranks` are stopped, and where the main threads of the others of `ask_where`
+    /// are (their shims dump their stacks), for `PROBE_WAIT` at most; told with `Probed`.
+    fn probe(&mut self, ranks: Vec<(u32, i32)>, ask_where: Vec<u32>) {
+        let attempt = self.ranks.shared.attempt.get();
+        let is_stopped = |pid| matches!(proc::process_state(pid), Some('T' | 't'));
+        let (stopped, going): (Vec<_>, Vec<_>) =
+            ranks.into_iter().partition(|(_, p)| is_stopped(*p));
+        let stopped: Vec<u32> = stopped.into_iter().map(|(lr, _)| lr).collect();
+        let asks: Vec<(u32, i32, PathBuf)> = going
+            .into_iter()
+            .filter(|(lr, _)| ask_where.contains(lr))
+            .map(|(lr, pid)| (lr, pid, self.attempt_dir(attempt, lr).join("stacks.txt")))
+            .collect();
+        let tx = self.ranks.stacks_tx.clone();
+        tokio::task::spawn_local(async move {
+            let waiting = stacks::where_main_threads(asks, PROBE_WAIT).await;
+            let _ = tx.send(StackNews::Probed {
+                attempt,
+                stopped,
+                waiting,
+            });
+        });
+    }
+
     fn capture_stacks(&mut self, local_rank: u32, pid: i32, via_shim: bool) {
         let attempt = self.ranks.shared.attempt.get();
         let dir = self.attempt_dir(attempt, local_rank);
@@ -578,7 +599,7 @@ impl Agent {
         let tx = self.ranks.stacks_tx.clone();
         tokio::task::spawn_local(async move {
             let report = stacks::capture(pid, &dir, via_shim, wait).await;
-            let _ = tx.send((attempt, local_rank, report));
+            let _ = tx.send(StackNews::Captured(attempt, local_rank, report));
         });
     }
 

@@ -24,7 +24,7 @@ use super::perf;
 use super::proc;
 use super::report::{self, console_note, note_refused};
 use super::slurm_job::SignalWindow;
-use super::stacks::StackReport;
+use super::stacks::{StackNews, StackReport};
 use crate::job::exchange::FromExchange;
 use crate::job::rendezvous::FromCoord;
 use crate::supervise::{Action, Event, ExitKind, JobEnd, Record, Supervisor};
@@ -56,6 +56,12 @@ pub(super) enum Internal {
         local_rank: u32,
         report: StackReport,
     },
+    /// A hang probe's answer (`ProbeStopped`).
+    Probed {
+        attempt: u32,
+        stopped: Vec<u32>,
+        waiting: Vec<(u32, bool)>,
+    },
     /// A metrics page was asked for (`--metrics-port`).
     Page(PageRequest),
     /// The store this node hosts turned connections away (a `store_refused` record).
@@ -76,7 +82,7 @@ pub(super) struct Sources {
     pub(super) reports: mpsc::UnboundedReceiver<ReadyReport>,
     pub(super) gate: mpsc::UnboundedReceiver<FromGate>,
     pub(super) gpu: mpsc::UnboundedReceiver<FromGpu>,
-    pub(super) stacks: mpsc::UnboundedReceiver<(u32, u32, StackReport)>,
+    pub(super) stacks: mpsc::UnboundedReceiver<StackNews>,
     pub(super) pages: mpsc::Receiver<PageRequest>,
     pub(super) store_refused: super::store_host::RefusedRx,
     pub(super) ticker: Interval,
@@ -99,9 +105,14 @@ impl Sources {
             Some(r) = self.reports.recv() => Internal::StragglerReport(r),
             Some(out) = self.gate.recv() => Internal::Gate(out),
             Some(m) = self.gpu.recv() => Internal::Gpu(m),
-            Some((attempt, local_rank, report)) = self.stacks.recv() => {
-                Internal::Stacks { attempt, local_rank, report }
-            }
+            Some(news) = self.stacks.recv() => match news {
+                StackNews::Captured(attempt, local_rank, report) => {
+                    Internal::Stacks { attempt, local_rank, report }
+                }
+                StackNews::Probed { attempt, stopped, waiting } => {
+                    Internal::Probed { attempt, stopped, waiting }
+                }
+            },
             Some(reply) = self.pages.recv() => Internal::Page(reply),
             Some(r) = self.store_refused.recv() => Internal::StoreRefused(r),
             _ = self.ticker.tick() => Internal::Tick,
@@ -258,6 +269,15 @@ impl Dispatcher {
                 self.agent.on_stacks(at, report);
                 if attempt == self.sup.attempt() {
                     queue(self, Event::StacksCaptured { local_rank });
+                }
+            }
+            Internal::Probed {
+                attempt,
+                stopped,
+                waiting,
+            } => {
+                if attempt == self.sup.attempt() {
+                    queue(self, Event::Probed { stopped, waiting });
                 }
             }
             Internal::Page(reply) => {

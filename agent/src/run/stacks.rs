@@ -20,6 +20,20 @@ pub struct StackReport {
     pub missing: String,
 }
 
+/// What the runtime's stack work hands back to the event loop.
+#[derive(Debug)]
+pub enum StackNews {
+    /// A hung rank's stacks: (attempt, local rank, report).
+    Captured(u32, u32, StackReport),
+    /// A hang probe's answer for `attempt`: the stopped ranks, and where the main threads of
+    /// the ranks asked are (`true`: waiting in a collective).
+    Probed {
+        attempt: u32,
+        stopped: Vec<u32>,
+        waiting: Vec<(u32, bool)>,
+    },
+}
+
 /// Why a rank left no Python stacks: it never connected (no shim), the stacks' directory could
 /// not be written (the log disk), or it did not answer the signal in time.
 pub fn why_missing(via_shim: bool, write_error: Option<&str>, wait: Duration) -> String {
@@ -205,6 +219,98 @@ fn file_len(p: &Path) -> u64 {
     std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)
 }
 
+/// Waits until `py_path` grew past `before` and stopped growing, or until `deadline`.
+async fn await_dump(py_path: &Path, before: u64, deadline: Instant) {
+    let mut last = before;
+    let mut stable = 0;
+    while Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let len = file_len(py_path);
+        if len > before && len == last {
+            stable += 1;
+            if stable >= 2 {
+                return;
+            }
+        } else {
+            stable = 0;
+        }
+        last = len;
+    }
+}
+
+/// The frames of thread `main` (innermost first) in faulthandler's `dump`; `None` when the dump
+/// has no such thread.
+pub fn thread_frames(dump: &str, main: u64) -> Option<Vec<String>> {
+    let mut frames: Option<Vec<String>> = None;
+    for line in dump.lines() {
+        let t = line.trim();
+        if t.ends_with("(most recent call first):") {
+            if frames.is_some() {
+                break;
+            }
+            if thread_id(t) == Some(main) {
+                frames = Some(Vec::new());
+            }
+        } else if t.starts_with("File ") {
+            if let Some(f) = frames.as_mut() {
+                f.push(t.to_string());
+            }
+        }
+    }
+    frames
+}
+
+/// Whether a thread with these frames waits inside torch's collective machinery: a frame in
+/// `torch/distributed/` (a collective, a barrier, a store), in `torch/autograd/` (a backward,
+/// where DDP's all-reduce runs) or in DDP's own module. A rank stuck in its own code, or in
+/// compute outside these, is not.
+pub fn in_collective(frames: &[String]) -> bool {
+    const WAITING: [&str; 3] = [
+        "/torch/distributed/",
+        "/torch/autograd/",
+        "/torch/nn/parallel/distributed.py",
+    ];
+    frames
+        .iter()
+        .filter_map(|f| frame_file(f))
+        .any(|file| WAITING.iter().any(|w| file.contains(w)))
+}
+
+/// Where the main thread of each of `ranks` (local rank, pid, its stack file) is, asked all at
+/// once through the shim's dump signal and waited for until `wait` is over: `true` when it
+/// waits in a collective ([`in_collective`]). A rank whose dump did not come, or whose main
+/// thread cannot be found in it, is left out (unknown). Stopped ranks must not be asked: the
+/// signal waits until they continue.
+pub async fn where_main_threads(
+    ranks: Vec<(u32, i32, PathBuf)>,
+    wait: Duration,
+) -> Vec<(u32, bool)> {
+    let asked: Vec<(u32, i32, PathBuf, u64)> = ranks
+        .into_iter()
+        .map(|(lr, pid, path)| {
+            let before = file_len(&path);
+            // SAFETY: a plain kill(2) call.
+            unsafe { libc::kill(pid, DUMP_SIGNAL) };
+            (lr, pid, path, before)
+        })
+        .collect();
+    let deadline = Instant::now() + wait;
+    let mut out = Vec::new();
+    for (lr, pid, path, before) in asked {
+        await_dump(&path, before, deadline).await;
+        let main = read_from(&path, 0, MAIN_LINE_LIMIT)
+            .and_then(|b| main_thread_of(&String::from_utf8_lossy(&b), pid));
+        let dump = read_from(&path, before, STACKS_LIMIT);
+        let frames = main
+            .zip(dump)
+            .and_then(|(main, d)| thread_frames(&String::from_utf8_lossy(&d), main));
+        if let Some(f) = frames {
+            out.push((lr, in_collective(&f)));
+        }
+    }
+    out
+}
+
 /// Records the kernel's view, asks the shim for Python stacks and waits (up to `wait`) until the
 /// dump stops growing. A stopped rank is continued so its signal handler can run.
 pub async fn capture(pid: i32, dir: &Path, via_shim: bool, wait: Duration) -> StackReport {
@@ -221,22 +327,7 @@ pub async fn capture(pid: i32, dir: &Path, via_shim: bool, wait: Duration) -> St
             libc::kill(pid, DUMP_SIGNAL);
             libc::kill(pid, libc::SIGCONT);
         }
-        let deadline = Instant::now() + wait;
-        let mut last = before;
-        let mut stable = 0;
-        while Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-            let len = file_len(&py_path);
-            if len > before && len == last {
-                stable += 1;
-                if stable >= 2 {
-                    break;
-                }
-            } else {
-                stable = 0;
-            }
-            last = len;
-        }
+        await_dump(&py_path, before, Instant::now() + wait).await;
     }
     // The shim names the main thread near the start of the file, at import.
     let main = read_from(&py_path, 0, MAIN_LINE_LIMIT)
@@ -263,6 +354,27 @@ pub async fn capture(pid: i32, dir: &Path, via_shim: bool, wait: Duration) -> St
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_main_thread_in_torch_s_collectives_waits_one_in_user_code_does_not() {
+        let dump = "Thread 0x00000000000002 (most recent call first):\n  File \"/usr/lib/python3.11/site-packages/torch/autograd/graph.py\", line 744 in _engine_run_backward\n  File \"/usr/lib/python3.11/site-packages/torch/autograd/__init__.py\", line 289 in backward\n  File \"/usr/lib/python3.11/site-packages/torch/_tensor.py\", line 521 in backward\n  File \"/x/train.py\", line 30 in <module>\n\nCurrent thread 0x00000000000001 (most recent call first):\n  File \"/x/train.py\", line 28 in <module>\n";
+        let waiting = thread_frames(dump, 2).unwrap();
+        assert_eq!(waiting.len(), 4);
+        assert!(in_collective(&waiting));
+        let sleeping = thread_frames(dump, 1).unwrap();
+        assert_eq!(sleeping, vec!["File \"/x/train.py\", line 28 in <module>"]);
+        assert!(!in_collective(&sleeping));
+        assert_eq!(thread_frames(dump, 3), None);
+        let c10d = vec![
+            "File \"/p/torch/distributed/distributed_c10d.py\", line 9 in all_reduce".to_string(),
+        ];
+        assert!(in_collective(&c10d));
+        let ddp =
+            vec!["File \"/p/torch/nn/parallel/distributed.py\", line 9 in forward".to_string()];
+        assert!(in_collective(&ddp));
+        let compute = vec!["File \"/p/torch/nn/functional.py\", line 9 in linear".to_string()];
+        assert!(!in_collective(&compute));
+    }
 
     #[test]
     fn parses_faulthandler_dump_current_thread_first() {

@@ -158,8 +158,13 @@ pub enum Event {
         at_start: bool,
         iteration: Option<u64>,
     },
-    /// The answer to `ProbeStopped`: the local ranks whose process is stopped (state `T`).
-    Probed { stopped: Vec<u32> },
+    /// The answer to `ProbeStopped`: the local ranks whose process is stopped (state `T`), and
+    /// where the main thread is of each rank asked (`true`: inside torch's collective machinery,
+    /// waiting for another rank); a rank that did not answer in time is not in `waiting`.
+    Probed {
+        stopped: Vec<u32>,
+        waiting: Vec<(u32, bool)>,
+    },
     /// Time passed; sent when `next_deadline` is reached.
     Tick,
     /// Every node joined this attempt: start the ranks. The job's rendezvous decides where this
@@ -247,6 +252,9 @@ pub struct HangCandidate {
     pub since: Instant,
     /// Its process is stopped (SIGSTOP, a debugger), or this node already named it hung.
     pub stopped: bool,
+    /// Where its main thread is: `Some(true)` inside torch's collective machinery (it waits for
+    /// another rank), `Some(false)` elsewhere, `None` unknown (no shim, no answer in time).
+    pub waiting: Option<bool>,
 }
 
 /// One rank that failed on its own (not because we stopped it).
@@ -372,11 +380,14 @@ pub enum Action {
         pid: i32,
         via_shim: bool,
     },
-    /// A hang is due: tell which of these ranks' processes are stopped, with `Probed`, before
-    /// the supervisor picks the hung rank (a frozen rank is the root cause, not the ranks that
-    /// wait on it).
+    /// A hang is due: tell which of these ranks' processes are stopped, and where the main
+    /// thread of each of `ask_where` is, with `Probed`, before the supervisor picks the hung rank
+    /// (a frozen rank is the root cause, and so is one not waiting in a collective, not the ranks
+    /// that wait on it).
     ProbeStopped {
         ranks: Vec<(u32, i32)>,
+        /// The ranks among them whose main thread's place is asked of their shim (registered).
+        ask_where: Vec<u32>,
     },
     /// Send to one rank's registered connection.
     SendToRank {

@@ -42,35 +42,63 @@ pub(super) fn earliest_hang(
         .min_by_key(|(_, d)| d.at)
 }
 
+/// What [`choose_hung`] weighs of a candidate besides when its silence began.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HangKey {
+    /// Its process is stopped (or its node named it hung already): a definite culprit.
+    pub stopped: bool,
+    /// Its main thread is known to wait inside torch's collective machinery.
+    pub waiting: bool,
+    /// The last step it reported.
+    pub step: Option<u64>,
+    /// The global rank.
+    pub rank: u32,
+}
+
 /// The rank to name hung among `candidates`, each given with when its silence began as a number
 /// comparable within the call (milliseconds: of wall time job-wide, of the node's clock locally).
-/// A stopped rank is a definite culprit. Else the rank that is behind: the lowest step (none below
+/// A stopped rank is a definite culprit. Else a rank whose main thread is not waiting in a
+/// collective comes before ranks known to wait in one: they wait for it (a rank whose place is
+/// unknown counts as not waiting). Then the rank that is behind: the lowest step (none below
 /// any). Among ranks at the same step, the one whose silence began last: ranks that reached a
 /// collective first wait there, silent, for the late one, which is the one stuck (it went silent
 /// after them, or it would have reached the collective too). Ties go to the lowest rank.
-pub fn choose_hung<T>(
-    candidates: &[(T, u64)],
-    key: impl Fn(&T) -> (bool, Option<u64>, u32),
-) -> Option<&T> {
+pub fn choose_hung<T>(candidates: &[(T, u64)], key: impl Fn(&T) -> HangKey) -> Option<&T> {
     candidates
         .iter()
         .min_by_key(|(c, since)| {
-            let (stopped, step, rank) = key(c);
-            (!stopped, step, std::cmp::Reverse(*since), rank)
+            let k = key(c);
+            (
+                !k.stopped,
+                k.waiting,
+                k.step,
+                std::cmp::Reverse(*since),
+                k.rank,
+            )
         })
         .map(|(c, _)| c)
+}
+
+/// The key of a candidate as a node sees it.
+fn key_of(c: &HangCandidate) -> HangKey {
+    HangKey {
+        stopped: c.stopped,
+        waiting: c.waiting == Some(true),
+        step: c.step,
+        rank: c.rank,
+    }
 }
 
 /// The running ranks of `current` that may be the hung one at `now`: a stopped one, or one whose
 /// own timeout has run at least three quarters of its length. A rank that spoke again well after
 /// the others went silent (a heartbeat half a timeout later) is not one: it was still going while
-/// they were stuck.
+/// they were stuck. `probed`: the stopped ranks, and where the main threads of those asked are.
 pub(super) fn hang_candidates(
     current: &Attempt,
     in_force: &Timeouts,
     warmup_steps: u32,
     rank_offset: u32,
-    stopped: &[u32],
+    (stopped, waiting): (&[u32], &[(u32, bool)]),
     now: Instant,
 ) -> Vec<(HangCandidate, Due)> {
     current
@@ -95,6 +123,7 @@ pub(super) fn hang_candidates(
                     // before the section that the stuck rank opened after the others did.
                     since: m.last_heard(),
                     stopped: is_stopped,
+                    waiting: waiting.iter().find(|(w, _)| *w == lr).map(|(_, w)| *w),
                 };
                 Some((c, due))
             })?
@@ -112,6 +141,7 @@ fn failed_candidate(f: &Failure) -> HangCandidate {
         section: None,
         since: f.at,
         stopped: true,
+        waiting: None,
     }
 }
 
@@ -122,7 +152,7 @@ pub(super) fn choose_local(candidates: &[(HangCandidate, Due)]) -> Option<&(Hang
         .iter()
         .map(|cd| (cd, cd.0.since.duration_since(base).as_millis() as u64))
         .collect();
-    choose_hung(&keyed, |(c, _)| (c.stopped, c.step, c.rank)).copied()
+    choose_hung(&keyed, |(c, _)| key_of(c)).copied()
 }
 
 /// The rank to declare hung when `due_rank`'s timeout ran out: a running rank whose process
@@ -133,13 +163,14 @@ pub(super) fn root_of_hang(
     current: &Attempt,
     (in_force, warmup_steps): (&Timeouts, u32),
     (due_rank, due): (u32, Due),
-    stopped: &[u32],
+    (stopped, waiting): (&[u32], &[(u32, bool)]),
     now: Instant,
 ) -> (u32, Due, bool) {
     if stopped.contains(&due_rank) {
         return (due_rank, due, true);
     }
-    let candidates = hang_candidates(current, in_force, warmup_steps, 0, stopped, now);
+    let probed = (stopped, waiting);
+    let candidates = hang_candidates(current, in_force, warmup_steps, 0, probed, now);
     // A stopped rank without a timeout of its own (not registered) is still the culprit.
     let unwatched = stopped.iter().find(|lr| {
         current
@@ -208,6 +239,7 @@ pub(super) fn begin_diagnosis(
             .as_ref()
             .map_or(due.since, RankMonitor::last_heard),
         stopped: true,
+        waiting: None,
     });
     current.hangs.begin(local_rank, hang, now + stack_wait);
 }
@@ -246,15 +278,18 @@ impl Supervisor {
     }
 
     fn probe(&self, out: &mut Vec<Action>) {
-        let ranks = self
-            .current
-            .ranks
-            .iter()
-            .enumerate()
-            .filter(|(_, r)| r.running())
-            .filter_map(|(i, r)| Some((i as u32, r.pid?)))
-            .collect();
-        out.push(Action::ProbeStopped { ranks });
+        let running = || {
+            let ranks = self.current.ranks.iter().enumerate();
+            ranks.filter(|(_, r)| r.running() && r.pid.is_some())
+        };
+        let ranks = running().filter_map(|(i, r)| Some((i as u32, r.pid?)));
+        let registered =
+            |r: &super::state::Rank| r.monitor.as_ref().is_some_and(RankMonitor::registered);
+        let ask_where = running().filter(|(_, r)| registered(r));
+        out.push(Action::ProbeStopped {
+            ranks: ranks.collect(),
+            ask_where: ask_where.map(|(i, _)| i as u32).collect(),
+        });
     }
 
     /// Whether a hang here waits for the job's verdict: several nodes, and no verdict that
@@ -269,13 +304,19 @@ impl Supervisor {
         JOB_VERDICT_WAIT
     }
 
-    pub(super) fn on_probed(&mut self, now: Instant, stopped: Vec<u32>, out: &mut Vec<Action>) {
+    pub(super) fn on_probed(
+        &mut self,
+        now: Instant,
+        (stopped, waiting): (Vec<u32>, Vec<(u32, bool)>),
+        out: &mut Vec<Action>,
+    ) {
         if !self.current.hangs.probed() || self.phase != Phase::Running {
             return;
         }
         let (in_force, warmup) = (&self.timeouts.in_force, self.cfg.warmup_steps);
         let offset = self.job.placement.rank_offset;
-        let candidates = hang_candidates(&self.current, in_force, warmup, offset, &stopped, now);
+        let probed = (&stopped[..], &waiting[..]);
+        let candidates = hang_candidates(&self.current, in_force, warmup, offset, probed, now);
         let at = (self.attempt, offset);
         // A stopped rank is a definite culprit: named at once, on any number of nodes.
         if let Some((c, own)) = choose_local(&candidates).filter(|(c, _)| c.stopped) {
@@ -295,7 +336,7 @@ impl Supervisor {
         });
         if !self.job_wide() || unwatched {
             if let Some(due) = due {
-                let hung = root_of_hang(&self.current, (in_force, warmup), due, &stopped, now);
+                let hung = root_of_hang(&self.current, (in_force, warmup), due, probed, now);
                 begin_diagnosis(&mut self.current, at, self.cfg.stack_wait, now, hung, out);
             }
             return;
@@ -448,14 +489,46 @@ impl Supervisor {
 
 #[cfg(test)]
 mod tests {
-    use super::choose_hung;
+    use super::{choose_hung, HangKey};
 
     /// (rank, stopped, step).
     type Rank = (u32, bool, Option<u64>);
 
-    /// The rank picked among ranks, each with when its silence began.
+    /// The rank picked among ranks, each with when its silence began (none waits in a collective).
     fn pick(c: &[(Rank, u64)]) -> Option<u32> {
-        choose_hung(c, |(r, stopped, step)| (*stopped, *step, *r)).map(|c| c.0)
+        let key = |(rank, stopped, step): &Rank| HangKey {
+            stopped: *stopped,
+            waiting: false,
+            step: *step,
+            rank: *rank,
+        };
+        choose_hung(c, key).map(|c| c.0)
+    }
+
+    #[test]
+    fn a_rank_not_waiting_in_a_collective_comes_before_the_step_and_silence_rules() {
+        // (rank, stopped, waiting, step)
+        type Waits = (u32, bool, bool, u64);
+        let key = |&(rank, stopped, waiting, step): &Waits| HangKey {
+            stopped,
+            waiting,
+            step: Some(step),
+            rank,
+        };
+        let pick = |c: &[(Waits, u64)]| choose_hung(c, key).map(|c| c.0);
+        // Rank 3 sleeps outside any collective; ranks 0-2 wait, behind or silent later.
+        let c = [
+            ((0, false, true, 4), 10),
+            ((1, false, true, 5), 30),
+            ((3, false, false, 5), 0),
+        ];
+        assert_eq!(pick(&c), Some(3));
+        // A stopped rank still comes first, waiting or not.
+        let c = [((0, true, true, 5), 0), ((3, false, false, 5), 10)];
+        assert_eq!(pick(&c), Some(0));
+        // Among ranks that all wait (or none do), today's rules.
+        let c = [((0, false, true, 5), 10), ((1, false, true, 5), 30)];
+        assert_eq!(pick(&c), Some(1));
     }
 
     #[test]

@@ -62,7 +62,7 @@ mod view;
 
 pub use backoff::Backoff;
 pub use events::*;
-pub use hangs::choose_hung;
+pub use hangs::{choose_hung, HangKey};
 pub use stopstep::{choose_stop_step, is_stop_signal, StepReport, AGREEMENT_BUDGET};
 pub use view::{AttemptSteps, RankView};
 
@@ -293,7 +293,7 @@ impl Supervisor {
                 let here = (self.attempt, &self.phase);
                 stopstep::on_stop_step(&mut self.stop, here, attempt, step, &mut out)
             }
-            Event::Probed { stopped } => self.on_probed(now, stopped, &mut out),
+            Event::Probed { stopped, waiting } => self.on_probed(now, (stopped, waiting), &mut out),
             Event::HangAsked { attempt, round } => {
                 self.on_hang_asked(now, attempt, round, &mut out)
             }

@@ -386,6 +386,9 @@ pub struct WireHangCandidate {
     pub section: Option<String>,
     pub silent_since_ms: u64,
     pub stopped: bool,
+    /// Its main thread waits in a collective (`None`: unknown; absent from older agents).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<bool>,
 }
 
 /// What one node reports once a stop was asked (`c<N>/stop/steps/<node>`): `StepReport` on the

@@ -122,7 +122,7 @@ fn a_stopped_rank_is_named_hung_before_the_ranks_waiting_on_it() {
     let a = s.handle(now, Event::Tick);
     assert!(a
         .iter()
-        .any(|x| matches!(x, Action::ProbeStopped { ranks } if ranks == &[(0, 100), (1, 101)])));
+        .any(|x| matches!(x, Action::ProbeStopped { ranks, ask_where } if ranks == &[(0, 100), (1, 101)] && ask_where == &[0, 1])));
     let h = hangs(&a);
     assert_eq!(h.len(), 1);
     assert_eq!(h[0].0, 0);
@@ -168,7 +168,13 @@ fn a_probe_answer_after_the_rank_spoke_again_declares_nothing() {
     assert!(s.handle(now, Event::Tick).is_empty(), "one probe at a time");
     let msg = RankMsg::Heartbeat { step: None };
     s.handle(now, Event::Message { local_rank: 0, msg });
-    let a = s.handle(now, Event::Probed { stopped: vec![] });
+    let a = s.handle(
+        now,
+        Event::Probed {
+            stopped: vec![],
+            waiting: vec![],
+        },
+    );
     assert!(hangs(&a).is_empty(), "{a:?}");
 }
 
@@ -261,6 +267,26 @@ fn the_rank_that_went_silent_last_is_hung_not_those_waiting_for_it() {
 }
 
 #[test]
+fn a_rank_not_waiting_in_a_collective_is_hung_before_those_that_wait_there() {
+    let t = Instant::now();
+    // Rank 1 opened its section first and sleeps in user code; ranks 0 and 2 opened theirs
+    // after it and wait for it in the all-reduce: only their stacks tell them apart.
+    let mut s = three_in_step(t, [5, 5, 5], [5, 0, 20]);
+    s.waiting = vec![(0, true), (1, false), (2, true)];
+    let h = hangs(&s.handle(t + Duration::from_secs(1), Event::Tick));
+    assert_eq!((h.len(), h[0].0), (1, 1), "{h:?}");
+    // A rank that did not answer counts as not waiting: rank 1 again, though rank 2 is later.
+    let mut s = three_in_step(t, [5, 5, 5], [5, 0, 20]);
+    s.waiting = vec![(0, true), (2, true)];
+    let h = hangs(&s.handle(t + Duration::from_secs(1), Event::Tick));
+    assert_eq!(h[0].0, 1, "{h:?}");
+    // Without any answer, today's rule: the silence that began last.
+    let mut s = three_in_step(t, [5, 5, 5], [5, 0, 20]);
+    let h = hangs(&s.handle(t + Duration::from_secs(1), Event::Tick));
+    assert_eq!(h[0].0, 2, "{h:?}");
+}
+
+#[test]
 fn a_rank_behind_the_others_is_hung_before_one_that_went_silent_later() {
     let t = Instant::now();
     // Rank 2 is still at step 4: the others, at step 5, wait for it, whenever it went silent.
@@ -347,7 +373,13 @@ fn on_several_nodes_a_due_hang_waits_for_the_job_s_verdict_and_the_named_node_ac
     let mut s = node0_of_two(t);
     let a = s.handle(due, Event::Tick);
     assert!(has(&a, |x| matches!(x, Action::ProbeStopped { .. })));
-    let a = s.handle(due, Event::Probed { stopped: vec![] });
+    let a = s.handle(
+        due,
+        Event::Probed {
+            stopped: vec![],
+            waiting: vec![],
+        },
+    );
     assert!(hangs(&a).is_empty(), "not alone: {a:?}");
     assert_eq!(reports(&a), vec![(0, vec![(0, false), (1, false)])]);
     // Its own request comes back: nothing more to report.
@@ -384,7 +416,13 @@ fn on_several_nodes_a_due_hang_waits_for_the_job_s_verdict_and_the_named_node_ac
         x,
         Action::ProbeStopped { .. }
     )));
-    let h = hangs(&s.handle(late, Event::Probed { stopped: vec![] }));
+    let h = hangs(&s.handle(
+        late,
+        Event::Probed {
+            stopped: vec![],
+            waiting: vec![],
+        },
+    ));
     assert_eq!(h[0].0, 1, "the local rule: {h:?}");
 }
 
@@ -394,7 +432,13 @@ fn the_job_s_verdict_naming_a_rank_here_declares_it_hung() {
     let due = t + Duration::from_secs(1);
     let mut s = node0_of_two(t);
     s.handle(due, Event::Tick);
-    s.handle(due, Event::Probed { stopped: vec![] });
+    s.handle(
+        due,
+        Event::Probed {
+            stopped: vec![],
+            waiting: vec![],
+        },
+    );
     let hung = Some(HungRank {
         rank: 0,
         pid: 100,
@@ -437,7 +481,13 @@ fn asked_by_another_node_a_node_names_its_stopped_rank_at_once_and_reports_it() 
         has(&a, |x| matches!(x, Action::ProbeStopped { .. })),
         "{a:?}"
     );
-    let a = s.handle(now, Event::Probed { stopped: vec![1] });
+    let a = s.handle(
+        now,
+        Event::Probed {
+            stopped: vec![1],
+            waiting: vec![],
+        },
+    );
     let h = hangs(&a);
     assert_eq!((h.len(), h[0].0, h[0].1.stopped), (1, 1, true), "{a:?}");
     assert_eq!(reports(&a), vec![(0, vec![(0, false), (1, true)])]);
@@ -449,7 +499,13 @@ fn a_node_that_named_a_rank_reports_that_one_to_later_asks() {
     let due = t + Duration::from_secs(1);
     let mut s = node0_of_two(t);
     s.handle(due, Event::Tick);
-    let a = s.handle(due, Event::Probed { stopped: vec![1] });
+    let a = s.handle(
+        due,
+        Event::Probed {
+            stopped: vec![1],
+            waiting: vec![],
+        },
+    );
     assert_eq!(reports(&a), vec![(0, vec![(0, false), (1, true)])]);
     let hung = Some(HungRank {
         rank: 1,

@@ -23,6 +23,9 @@ struct Solo {
     s: Supervisor,
     /// Local ranks whose process the loopback runtime reports stopped.
     stopped: Vec<u32>,
+    /// Where the loopback runtime reports the main threads of the ranks asked (`true`: waiting
+    /// in a collective); a rank not in it does not answer.
+    waiting: Vec<(u32, bool)>,
 }
 
 impl std::ops::Deref for Solo {
@@ -38,6 +41,7 @@ impl Solo {
         let mut solo = Solo {
             s,
             stopped: Vec::new(),
+            waiting: Vec::new(),
         };
         let out = solo.loopback(Instant::now(), first);
         (solo, out)
@@ -70,11 +74,15 @@ impl Solo {
                     attempt: *attempt,
                     end: JobEnd::Done,
                 }),
-                Action::ProbeStopped { ranks } => Some(Event::Probed {
+                Action::ProbeStopped { ranks, ask_where } => Some(Event::Probed {
                     stopped: ranks
                         .iter()
                         .map(|(lr, _)| *lr)
                         .filter(|lr| self.stopped.contains(lr))
+                        .collect(),
+                    waiting: (self.waiting.iter())
+                        .filter(|(lr, _)| ask_where.contains(lr))
+                        .copied()
                         .collect(),
                 }),
                 Action::Job(JobRequest::StopTrigger { attempt, trigger }) => {

@@ -23,6 +23,7 @@ fn wire(c: &HangCandidate, now: Instant, wall: SystemTime) -> WireHangCandidate 
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64),
         stopped: c.stopped,
+        waiting: c.waiting,
     }
 }
 
@@ -138,9 +139,13 @@ mod tests {
             section: Some("step".into()),
             since: now - Duration::from_millis(2_500),
             stopped: false,
+            waiting: Some(true),
         };
         let w = wire(&c, now, wall);
-        assert_eq!((w.rank, w.pid, w.step), (3, 42, Some(7)));
+        assert_eq!(
+            (w.rank, w.pid, w.step, w.waiting),
+            (3, 42, Some(7), Some(true))
+        );
         assert_eq!(w.silent_since_ms, 997_500);
         let named = read_named(&to_json(&Some(w))).unwrap().unwrap();
         assert_eq!((named.rank, named.pid, named.stopped), (3, 42, false));

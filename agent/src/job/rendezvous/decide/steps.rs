@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::supervise::monitor::Timeouts;
 use crate::supervise::{
-    choose_hung, choose_stop_step, Event, JobEnd, StepReport, AGREEMENT_BUDGET,
+    choose_hung, choose_stop_step, Event, HangKey, JobEnd, StepReport, AGREEMENT_BUDGET,
 };
 
 use super::super::wire::{
@@ -90,7 +90,12 @@ pub fn hangs_read(attempt: u32, round: u32, all: Vec<Vec<WireHangCandidate>>) ->
             (c, since)
         })
         .collect();
-    let hung = choose_hung(&keyed, |c| (c.stopped, c.step, c.rank));
+    let hung = choose_hung(&keyed, |c| HangKey {
+        stopped: c.stopped,
+        waiting: c.waiting == Some(true),
+        step: c.step,
+        rank: c.rank,
+    });
     vec![Step::SetFirst(
         key::hang_named(attempt, round),
         to_json(&hung),

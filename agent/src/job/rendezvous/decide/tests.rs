@@ -1191,6 +1191,7 @@ fn hang_candidate(rank: u32, step: u64, since: u64, stopped: bool) -> WireHangCa
         section: Some("step".into()),
         silent_since_ms: since,
         stopped,
+        waiting: None,
     }
 }
 
@@ -1236,6 +1237,27 @@ fn the_last_node_to_report_its_hang_candidates_chooses_the_rank_for_the_job() {
         vec![hang_candidate(3, 9, 1_030, false)],
     ];
     let named = to_json(&Some(hang_candidate(0, 9, 1_000, true)));
+    assert_eq!(
+        r.step(read(all)),
+        vec![Step::SetFirst(verdict.clone(), named)]
+    );
+    // A rank not waiting in a collective comes before those that do, though its silence began
+    // first; a rank whose place is unknown counts as not waiting.
+    let at = |rank, since, waiting| WireHangCandidate {
+        waiting,
+        ..hang_candidate(rank, 9, since, false)
+    };
+    let all = vec![
+        vec![at(0, 1_004, Some(true)), at(1, 1_003, Some(true))],
+        vec![at(2, 1_002, Some(true)), at(3, 1_000, Some(false))],
+    ];
+    let named = to_json(&Some(at(3, 1_000, Some(false))));
+    assert_eq!(
+        r.step(read(all)),
+        vec![Step::SetFirst(verdict.clone(), named)]
+    );
+    let all = vec![vec![at(0, 1_004, Some(true))], vec![at(3, 1_000, None)]];
+    let named = to_json(&Some(at(3, 1_000, None)));
     assert_eq!(
         r.step(read(all)),
         vec![Step::SetFirst(verdict.clone(), named)]
