@@ -74,6 +74,7 @@ impl LaunchConfig {
             secret: facts.secret,
             job: self.job_id.clone(),
             outside: self.rdzv_is_host == Some(false) && !self.node_rank_by_rdzv,
+            in_process: self.in_process.restarts > 0,
         }
     }
 }

@@ -157,6 +157,9 @@ pub struct CoordConfig {
     /// node ranks given): the coordinator holds `vigil/lease/coord`, and when it is lost the live
     /// agent with the lowest node rank takes its work over.
     pub outside: bool,
+    /// In-process restarts are on (`--in-process-restarts` above 0, docs/inprocess.md): every
+    /// agent parks on the running attempt's next in-process generation.
+    pub in_process: bool,
 }
 
 impl CoordConfig {

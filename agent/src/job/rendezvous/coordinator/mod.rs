@@ -183,6 +183,7 @@ impl Coordinator {
             max_restarts: cfg.max_restarts,
             head: is_head,
             outside: cfg.outside,
+            in_process: cfg.in_process,
         });
         Ok(Coordinator {
             cfg,

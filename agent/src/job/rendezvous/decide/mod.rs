@@ -65,6 +65,9 @@ pub struct Setup {
     /// The store runs outside the job (`vigil store`, `--rdzv-conf is_host=false`): losing the
     /// coordinator's node is losing a node like any other.
     pub outside: bool,
+    /// In-process restarts are on: a running attempt's nodes park on its next in-process
+    /// generation (docs/inprocess.md); off, nobody writes one and nobody waits for it.
+    pub in_process: bool,
 }
 
 /// Where this agent is in the current attempt.

@@ -84,12 +84,14 @@ impl Rendezvous {
     /// What a [`Decision`] takes: park on the attempt's end, tell the runtime, or end `Lost`.
     pub fn steps(&mut self, d: Decision) -> Vec<Step> {
         match d {
-            // Beside the attempt's end, its in-process generations (docs/inprocess.md).
-            Decision::Run(c, m) => vec![
-                Step::Wait(key::end(c), Patience::Forever),
-                Step::Tell(m),
-                Step::WaitGeneration(c, 1),
-            ],
+            Decision::Run(c, m) => {
+                let mut steps = vec![Step::Wait(key::end(c), Patience::Forever), Step::Tell(m)];
+                // Beside the attempt's end, its in-process generations (docs/inprocess.md).
+                if self.setup.in_process {
+                    steps.push(Step::WaitGeneration(c, 1));
+                }
+                steps
+            }
             Decision::Tell(m) => vec![Step::Tell(m)],
             Decision::Fail(why) => vec![self.lost(why)],
         }

@@ -66,6 +66,7 @@ fn head(nnodes: u32, active: u32) -> Rendezvous {
         max_restarts: 3,
         head: true,
         outside: false,
+        in_process: false,
     })
 }
 
@@ -212,6 +213,7 @@ impl Job {
                     max_restarts: 3,
                     head: n == 0,
                     outside: false,
+                    in_process: true,
                 })
             })
             .collect();
@@ -579,6 +581,7 @@ fn agent(nnodes: u32, active: u32, node_rank: u32) -> Rendezvous {
         max_restarts: 5,
         head: node_rank == 0,
         outside: true,
+        in_process: false,
     })
 }
 
@@ -1181,4 +1184,25 @@ fn an_in_process_generation_is_proposed_once_and_every_running_node_hears_the_wi
         value: &value,
     });
     assert_eq!(stale, vec![]);
+}
+
+#[test]
+fn without_in_process_restarts_a_running_node_parks_on_the_end_alone() {
+    let mut a = head(1, 1);
+    a.join(0, None);
+    let records = vec![(0, to_json(&info(2)))];
+    let go = a.assign(0, &records).unwrap().go;
+    let steps = a.step(Fact::Verdict {
+        attempt: 0,
+        value: &to_json(&Verdict::Go(go)),
+    });
+    assert_eq!(steps.len(), 2, "{steps:?}");
+    assert_eq!(steps[0], Step::Wait(key::end(0), Patience::Forever));
+    assert!(
+        matches!(
+            &steps[1],
+            Step::Tell(FromCoord::Event(Event::Joined { .. }))
+        ),
+        "{steps:?}"
+    );
 }
