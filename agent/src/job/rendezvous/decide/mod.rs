@@ -39,12 +39,13 @@ use super::wire::{key, Go, NodeInfo, Verdict, WireEnd, WireTimeouts};
 use super::FromCoord;
 
 mod assign;
+mod requests;
 mod steps;
 #[cfg(test)]
 mod tests;
 
 pub use assign::{assign, assign_slots, hand_out_node_rank, last_call_note, merge_timeouts, Full};
-pub use steps::{poison, Fact, Patience, Step};
+pub use steps::{poison, Counted, Fact, Patience, Step};
 
 /// What one agent knows of the job, fixed for its life.
 #[derive(Debug, Clone)]
@@ -218,6 +219,13 @@ pub struct Rendezvous {
     /// Node rank 0, hot spares: nodes replaced for failing attempts in a row; never given ranks
     /// again in this job.
     benched: Vec<u32>,
+    /// A standby that left the job on a signal ([`Fact::Depart`]): it keeps its lease until its
+    /// connection closes, so the coordinator, in the job or through a store outside it, hears
+    /// of it as a lost lease and reads why (`key::left`).
+    departed: bool,
+    /// This agent coordinated until another took the coordinator's lease over
+    /// ([`Fact::Deposed`]): it leaves without deciding anything for the job.
+    deposed: bool,
 }
 
 impl Rendezvous {
@@ -234,6 +242,8 @@ impl Rendezvous {
             healthy: None,
             failed_on: Vec::new(),
             benched: Vec::new(),
+            departed: false,
+            deposed: false,
         }
     }
 
@@ -501,6 +511,11 @@ impl Rendezvous {
     /// Whether this agent coordinates the job.
     pub fn is_head(&self) -> bool {
         self.setup.head
+    }
+
+    /// Whether another agent took the coordinator's lease over from this one.
+    pub fn deposed(&self) -> bool {
+        self.deposed
     }
 
     /// Input: attempt `c`'s end as read from `c<N>/end` (the first report won).
