@@ -1,7 +1,10 @@
 //! The job-wide decisions of the rendezvous, pure: one agent's state machine, with no store and
 //! no sockets (the coordinator, `coordinator/`, only moves messages between the store and it).
 //! This file holds the state machine and its types; `steps.rs` the [`Step`]s that carry its
-//! decisions out and [`Rendezvous::step`]; `assign.rs` the free functions (ranks, merged timeouts).
+//! decisions out and [`Rendezvous::step`]; `requests.rs` what this agent asks of the job (its join
+//! record, its reports, the stop trigger, departing, leaving), node rank 0's clean store, and the
+//! coordinator's succession (its lease claimed, a deposed one stepping down); `assign.rs` the free
+//! functions (ranks, merged timeouts).
 //!
 //! Inputs, each a method (and each the coordinator hands over as a [`Fact`] to
 //! [`Rendezvous::step`], which answers with [`Step`]s): this agent joins an attempt
