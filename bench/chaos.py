@@ -2,11 +2,13 @@
 `srun vigil run`, a seeded injector picking faults from bench/chaos_core.CATALOG at random times,
 invariants checked over what each job and vigil wrote, one table.
 
-    python3 bench/chaos.py --minutes M --seed S [--nodes N] [--out FILE] [--workdir DIR]
+    python3 bench/chaos.py --minutes M --seed S --lock [--nodes N] [--kinds K,...] [--out FILE] [--workdir DIR]
 
 Runs jobs one after another until M minutes have passed (a job started before then runs to its
 end). Each job is one run: its plan (spare or not, faults and their times) comes from the seed and
-the run's index alone (chaos_core.plan_run), so `--seed S --first-run I --runs 1` replays run I.
+the run's index alone (chaos_core.plan_run), so `--seed S --first-run I --runs 1` replays run I;
+`--kinds` draws the faults from those kinds alone. Runs as root (ckpt_full and logs_full mount
+a tmpfs on the run's directory; slurmd_kill starts the killed slurmd again).
 The cluster is shared: each run holds /tmp/vigil-slurm.lock (flock) from the cluster check to the
 job's cleanup and lets it go between runs. A cluster that is down is started (and stopped at the
 end). The last line is exactly `chaos: F faults, S survived, V violations`; exit status 0 only
@@ -18,6 +20,7 @@ import json
 import math
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -32,14 +35,21 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT / "tests"))
 import chaos_core as core  # noqa: E402
-from slurm.slurmlib import (TERMINAL_STATES, cluster, sbatch, show_job, slurm_cmd,  # noqa: E402
-                            SlurmError)
+from slurm.slurmlib import (SLURM_CONF, SLURM_DIR, TERMINAL_STATES, cluster, sbatch,  # noqa: E402
+                            show_job, slurm_cmd, SlurmError)
 
 SHIM = str(ROOT / "python-shim")
 NPROC = 2
 NODE_TIMEOUT = 10
 MAX_REQUEUES = 6
 MAX_RESTARTS = 12
+IN_PROCESS_RESTARTS = 4
+# ckpt_full, logs_full: the run's checkpoint / log directory is a tmpfs this large, full for
+# FULL_S seconds.
+SMALL_TMPFS = "32m"
+FULL_S = 20
+# slurmd_kill: a node's slurmd is down this long, well within the cluster's SlurmdTimeout (60 s).
+SLURMD_DOWN_S = 15
 
 
 def log(msg):
@@ -131,16 +141,27 @@ class Run:
         self.id = f"{args.seed}-{plan['index']}-{os.getpid()}"
         self.d = root / f"run-{plan['index']}"
         self.applied, self.timers, self.restore_limit = [], [], None
+        self.slurmd_down, self.mounted = [], []
         self.nodes = args.nodes if plan["spare"] else args.nodes - 1
 
     def submit(self):
         d = self.d
         for sub in ("steps", "ctl", "ckpt", "logs", "state"):
             (d / sub).mkdir(parents=True, exist_ok=True)
+        for kind, sub in (("ckpt_full", "ckpt"), ("logs_full", "logs")):
+            if any(f["kind"] == kind for f in self.plan["faults"]):
+                # A file system of its own, so that filling it fills nothing else (root only).
+                subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={SMALL_TMPFS}", f"chaos-{sub}", str(d / sub)],
+                               check=True, capture_output=True)
+                self.mounted.append(d / sub)
         env = {"CHAOS_RUN": self.id, "CHAOS_DIR": d, "CHAOS_STEPS": self.args.steps, "PYTHONPATH": SHIM,
                "PYTHON_EXEC": sys.executable}
+        if self.plan.get("inprocess"):
+            env["CHAOS_INPROCESS"] = 1  # the restartable job (bench/chaos_train.py)
         exports = " ".join(f"{k}={v}" for k, v in env.items())
         spare = "--spare-nodes 1" if self.plan["spare"] else ""
+        if self.plan.get("inprocess"):
+            spare += f" --in-process-restarts {IN_PROCESS_RESTARTS}"
         self.job = sbatch(
             f"""#!/bin/bash
 #SBATCH -N {self.nodes} --ntasks-per-node=1 --open-mode=append -p low --time=30
@@ -151,6 +172,7 @@ srun {vigil_bin()} run --nproc-per-node {NPROC} --max-restarts {MAX_RESTARTS} --
     --log-dir {d}/logs --state-dir {d}/state {HERE}/chaos_train.py
 """, d)
         log(f"run {self.plan['index']}: job {self.job} on {self.nodes} nodes, spare={self.plan['spare']}, "
+            f"in-process={self.plan.get('inprocess')}, "
             f"faults {[(f['at'], f['kind']) for f in self.plan['faults']]}")
 
     def state(self):
@@ -198,7 +220,7 @@ srun {vigil_bin()} run --nproc-per-node {NPROC} --max-restarts {MAX_RESTARTS} --
                 rec["via_ctl"] = True
             else:
                 sig = {"rank_sigkill": signal.SIGKILL, "rank_sigsegv": signal.SIGSEGV,
-                       "rank_sigstop": signal.SIGSTOP}[kind]
+                       "rank_sigstop": signal.SIGSTOP, "inprocess_kill": signal.SIGKILL}[kind]
                 os.kill(pid, sig)
             return rec
         if target in ("active", "standby"):
@@ -237,6 +259,36 @@ srun {vigil_bin()} run --nproc-per-node {NPROC} --max-restarts {MAX_RESTARTS} --
                 # vigil must stop the job once the end is within its --stop-lead (40 s).
                 rec.update(limit_min=limit, alloc=self.restore_limit, due_t=started + limit * 60 - 40)
             return rec
+        if target == "slurmd":
+            nodes = self.job_nodes()
+            if not nodes:
+                return None
+            node = nodes[int(pick * len(nodes))]
+            pidfile = SLURM_DIR / "run" / f"slurmd-{node}.pid"
+            pid = int(pidfile.read_text().split()[0])
+            os.kill(pid, signal.SIGKILL)
+            rec.update(host=node, slurmd_pid=pid)
+            t = threading.Timer(SLURMD_DOWN_S, lambda: _start_slurmd(node))
+            t.start()
+            self.timers.append(t)
+            self.slurmd_down.append(node)
+            return rec
+        if target in ("ckpt", "logs"):
+            # A file of its own: a second fault while the first holds the space fills nothing more,
+            # and the first one's timer frees only its own.
+            fill = self.d / target / f"fill-{now:.3f}"
+            with open(fill, "wb") as f:
+                try:
+                    while True:
+                        f.write(b"\0" * (1 << 16))
+                        f.flush()
+                except OSError:
+                    pass
+            rec.update(freed_t=time.time() + FULL_S)
+            t = threading.Timer(FULL_S, lambda: fill.unlink(missing_ok=True))
+            t.start()
+            self.timers.append(t)
+            return rec
         if target == "store":
             addr = self.store_addr()
             if addr is None:
@@ -265,6 +317,14 @@ srun {vigil_bin()} run --nproc-per-node {NPROC} --max-restarts {MAX_RESTARTS} --
             rec["store"] = f"{host}:{port}"
             return rec
         return None
+
+    def job_nodes(self):
+        """The nodes the job runs on now (Slurm's NodeList, expanded)."""
+        nl = self.state().get("NodeList", "")
+        if not nl or nl == "(null)":
+            return []
+        p = slurm_cmd("scontrol", "show", "hostnames", nl, check=False)
+        return sorted(p.stdout.split())
 
     def store_addr(self):
         for e in reversed(events_of(self.d)):
@@ -329,9 +389,14 @@ srun {vigil_bin()} run --nproc-per-node {NPROC} --max-restarts {MAX_RESTARTS} --
                     else:
                         log(f"run {self.plan['index']}: {f['kind']} had no target: skipped")
             time.sleep(0.5)
-        self.final = self.state()
+        self.final, self.final_t = self.state(), time.time()
         for t in self.timers:
             t.cancel()
+        for node in self.slurmd_down:
+            _start_slurmd(node)  # a no-op when its timer did it
+        for m in self.mounted:
+            for fill in m.glob("fill-*"):
+                fill.unlink(missing_ok=True)
         for pid in [r["agent_pid"] for r in self.applied if r["kind"].endswith("sigstop") and "agent_pid" in r]:
             _cont(pid)
         return self.final
@@ -358,6 +423,12 @@ srun {vigil_bin()} run --nproc-per-node {NPROC} --max-restarts {MAX_RESTARTS} --
                 if not done:
                     continue
                 f = dict(f, t=done[0]["t"])
+            if f["kind"] == "ckpt_full":
+                # Only a save begun while it was full fails; with none, the fault was not exercised.
+                failed = core.failed_save(steps.get(0, []), f["t"], f["freed_t"])
+                f = dict(f, save_pid=failed[0], save_step=failed[1]) if failed else dict(f, superseded=True)
+            if f["kind"] == "logs_full" and self.final_t < f["freed_t"]:
+                f = dict(f, superseded=True)  # the job ended while it was full: nothing after to check
             if "due_t" in f:
                 # A shortened time limit only counts once the allocation lived to its stop lead
                 # (another fault may have ended it first).
@@ -379,6 +450,17 @@ def _secs(s):
     while len(parts) < 3:
         parts.insert(0, 0)
     return (int(days) if days else 0) * 86400 + parts[0] * 3600 + parts[1] * 60 + parts[2]
+
+
+def _start_slurmd(node):
+    """Starts node `node`'s slurmd again, unless it runs (cluster.sh's own command line)."""
+    pidfile = SLURM_DIR / "run" / f"slurmd-{node}.pid"
+    try:
+        os.kill(int(pidfile.read_text().split()[0]), 0)
+        return
+    except (OSError, ValueError):
+        pass
+    subprocess.run(["/usr/sbin/slurmd", "-f", str(SLURM_CONF), "-N", node], check=False, capture_output=True)
 
 
 def _cont(pid):
@@ -406,11 +488,16 @@ def main(argv=None):
     ap.add_argument("--run-timeout", type=float, default=900)
     ap.add_argument("--workdir", type=Path)
     ap.add_argument("--out", type=Path)
-    ap.add_argument("--lock", default="/tmp/vigil-slurm.lock")
+    ap.add_argument("--lock", nargs="?", default="/tmp/vigil-slurm.lock", const="/tmp/vigil-slurm.lock",
+                    help="the shared cluster's lock file (always held; --lock alone names the default)")
+    ap.add_argument("--kinds", help="draw faults only from these kinds (comma-separated), to exercise a few")
     ap.add_argument("--gp-tolerance", type=float, default=0.10)
     args = ap.parse_args(argv)
     if args.nodes < 2:
         ap.error("--nodes must be at least 2 (a job without a spare runs on nodes - 1)")
+    kinds = args.kinds.split(",") if args.kinds else None
+    if kinds and set(kinds) - set(core.CATALOG):
+        ap.error(f"--kinds: unknown {sorted(set(kinds) - set(core.CATALOG))}; the catalog: {', '.join(core.CATALOG)}")
     if not Path(vigil_bin()).exists():
         ap.error(f"no vigil binary at {vigil_bin()}: run `cargo build` or set VIGIL_BIN")
     root = args.workdir or Path(tempfile.mkdtemp(prefix=f"vigil-chaos-{args.seed}-"))
@@ -422,7 +509,7 @@ def main(argv=None):
     log(f"seed {args.seed}, {args.minutes} min, work dir {root}")
     try:
         while time.time() < deadline and (not args.runs or index - args.first_run < args.runs):
-            plan = core.plan_run(args.seed, index)
+            plan = core.plan_run(args.seed, index, kinds)
             run = Run(args, plan, root, t_soak)
             with Lock(args.lock):
                 ensure_cluster(cl)
@@ -438,7 +525,18 @@ def main(argv=None):
                 finally:
                     left = run.leftovers()
                     slurm_cmd("scancel", "-p", "high", check=False)
+                    for m in run.mounted:
+                        if m.name == "ckpt":
+                            subprocess.run(["umount", "-l", str(m)], check=False)
             data = run.collect()
+            for m in run.mounted:
+                if m.name == "logs":
+                    # Keep what the job wrote there, off the tmpfs.
+                    kept = m.with_name("logs.kept")
+                    shutil.copytree(m, kept, symlinks=True)
+                    subprocess.run(["umount", "-l", str(m)], check=False)
+                    shutil.copytree(kept, m, symlinks=True, dirs_exist_ok=True)
+                    shutil.rmtree(kept)
             data["leftovers"] = left
             data["gp_tolerance"] = args.gp_tolerance
             viol = core.check_run(data)

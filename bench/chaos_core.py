@@ -9,14 +9,15 @@ from collections import Counter, defaultdict
 
 # kind -> (what it targets, what must show in vigil's events). `target`: "rank" (a rank of the
 # current attempt), "active" (an agent that runs ranks), "standby" (a hot spare's agent), "job"
-# (the Slurm job), "store" (node rank 0's store).
+# (the Slurm job), "store" (node rank 0's store), "slurmd" (the slurmd of a node the job runs
+# on), "ckpt" / "logs" (the run's checkpoint / log directory, a small tmpfs of its own).
 CATALOG = {
     "rank_exit1": ("rank", "rank_exited of that pid with exit_code 1"),
     "rank_exit0_early": ("rank", "rank_exited of that pid with exit_code 0 before the job finished"),
     "rank_sigkill": ("rank", "rank_exited of that pid with signal 9"),
     "rank_sigsegv": ("rank", "rank_exited of that pid with signal 11"),
     "rank_sigstop": ("rank", "hang of that pid, stopped: true"),
-    "rank_section_hang": ("rank", "hang of that pid with timeout {section: step}"),
+    "rank_section_hang": ("rank", "hang of that pid, not stopped (its heartbeat or its section timed out)"),
     "agent_sigkill": ("active", "the node lost: cycle_ended lost naming it, or a promotion of its slot"),
     "agent_sigstop": ("active", "the node lost (as agent_sigkill) or its agent's suspended event"),
     "agent_sigterm": ("active", "stop_triggered SIGTERM logged by that node"),
@@ -27,13 +28,23 @@ CATALOG = {
     "scontrol_requeue": ("job", "stop_triggered SIGTERM (Slurm's requeue signals every step)"),
     "preempt": ("job", "stop_triggered SIGTERM (the preemption's signal)"),
     "time_limit": ("job", "stop_triggered time-limit or end-time"),
-    "store_junk": ("store", "an event of node rank 0 naming a refused store client"),
-    "store_flood": ("store", "an event of node rank 0 naming a refused store client"),
+    "store_junk": ("store", "store_refused of node rank 0 counting bad_bytes"),
+    "store_flood": ("store", "store_refused of node rank 0 counting closed_in_handshake or over_budget"),
+    "inprocess_kill": ("rank", "generation naming that rank, or in_process_declined (a whole restart, with its reason)"),
+    "slurmd_kill": ("slurmd", None),
+    "ckpt_full": ("ckpt", "rank_exited of the rank 0 whose save failed, exit_code not 0"),
+    "logs_full": ("logs", "node rank 0's event log goes on once the space is freed: a record of it after that"),
 }
+# Faults vigil cannot see, so nothing of them is required in its events: a node's slurmd killed
+# and started again within SlurmdTimeout leaves the job's steps (under their slurmstepd) running,
+# and the job must simply go on (the other invariants).
+UNSEEN = {k for k, (_, seen) in CATALOG.items() if seen is None}
 # Faults that lose a node: a job may lose one per run (a second leaves too few nodes on the
 # 3-node test cluster for the requeued job, which then waits in the queue for ever).
 NODE_LOSS = {"agent_sigkill", "agent_sigstop"}
 SPARE_ONLY = {"standby_sigkill", "standby_sigstop", "standby_sigterm"}
+# Faults only a run with in-process restarts gets (`--in-process-restarts`, the restartable job).
+INPROCESS_ONLY = {"inprocess_kill"}
 
 
 def plan_run(seed: int, index: int, kinds=None, first_s: float = 20.0, span_s: float = 110.0,
@@ -44,7 +55,11 @@ def plan_run(seed: int, index: int, kinds=None, first_s: float = 20.0, span_s: f
     rng = random.Random(f"vigil-chaos:{seed}:{index}")
     kinds = sorted(kinds or CATALOG)
     spare = rng.random() < 0.4
-    allowed = [k for k in kinds if spare or k not in SPARE_ONLY]
+    # Drawn apart, so that the other draws of a plan do not depend on it.
+    # Only with a kind that needs it: a plan of the kinds of an older catalog is what it was.
+    inprocess = bool(set(kinds) & INPROCESS_ONLY) and (
+        set(kinds) <= INPROCESS_ONLY or random.Random(f"vigil-chaos-inprocess:{seed}:{index}").random() < 0.3)
+    allowed = [k for k in kinds if (spare or k not in SPARE_ONLY) and (inprocess or k not in INPROCESS_ONLY)]
     n = rng.randint(2, 4)
     times, t = [], first_s
     for _ in range(n):
@@ -57,7 +72,7 @@ def plan_run(seed: int, index: int, kinds=None, first_s: float = 20.0, span_s: f
         kind = rng.choice(pool)
         lost = lost or kind in NODE_LOSS
         faults.append({"at": at, "kind": kind, "pick": rng.random()})
-    return {"seed": seed, "index": index, "spare": spare, "faults": faults}
+    return {"seed": seed, "index": index, "spare": spare, "inprocess": inprocess, "faults": faults}
 
 
 def _sig(v):
@@ -103,7 +118,17 @@ def evidence(fault: dict, events: list, node_ranks: dict, window_s: float = 150.
                     return e
             if kind == "rank_sigstop" and ev == "hang" and e.get("stopped"):
                 return e
-            if kind == "rank_section_hang" and ev == "hang" and e.get("timeout") == {"section": "step"}:
+            # The rank sleeps inside section "step": whichever of its heartbeat and its section
+            # timeout runs out first names it (with --heartbeat-timeout 15 and step=15 kept, the
+            # heartbeat, last sent before the section opened).
+            if kind == "rank_section_hang" and ev == "hang" and not e.get("stopped") and (
+                e.get("timeout") in ({"section": "step"}, "heartbeat")
+            ):
+                return e
+        elif kind == "inprocess_kill":
+            if ev == "generation" and fault.get("rank") in (e.get("ranks") or []):
+                return e
+            if ev == "in_process_declined" and e.get("reason"):
                 return e
         elif kind in ("agent_sigkill", "standby_sigkill"):
             if lost(e):
@@ -127,10 +152,35 @@ def evidence(fault: dict, events: list, node_ranks: dict, window_s: float = 150.
         elif kind == "time_limit":
             if ev == "stop_triggered" and e.get("trigger") in ("time-limit", "end-time"):
                 return e
-        elif kind in ("store_junk", "store_flood"):
-            if e.get("node_rank") == 0 and "store" in ev and ("reject" in ev or "refus" in ev):
+        elif kind == "logs_full":
+            if e.get("node_rank") == 0 and e.get("ts", 0) > fault["freed_t"]:
+                return e
+        elif kind == "ckpt_full":
+            if ev == "rank_exited" and e.get("pid") == fault.get("save_pid") and e.get("exit_code") not in (0, None):
+                return e
+        elif kind in ("store_junk", "store_flood") and ev == "store_refused" and e.get("node_rank") == 0:
+            if e.get("new", 0) > 0 and refused_as(kind, e):
                 return e
     return None
+
+
+def failed_save(rank0, t0, t1):
+    """The save rank 0 began while its checkpoint directory was full (`t0` to `t1`) and never
+    finished: (pid, step), or None when it began none then (the fault was not exercised).
+    rank0: rank 0's step records."""
+    done = {(r["pid"], r["step"]) for r in rank0 if r["ev"] == "saved"}
+    for r in rank0:
+        if r["ev"] == "saving" and t0 <= r["t"] <= t1 and (r["pid"], r["step"]) not in done:
+            return r["pid"], r["step"]
+    return None
+
+
+def refused_as(kind, e):
+    """A `store_refused` record counts what `kind` does: junk is bytes that are not the store's
+    handshake; a flood, connections closed in their handshake or over its budget."""
+    if kind == "store_junk":
+        return e.get("bad_bytes", 0) > 0
+    return e.get("closed_in_handshake", 0) + e.get("over_budget", 0) > 0
 
 
 def signalled(e, signum):
@@ -168,16 +218,19 @@ def check_run(run: dict) -> list:
     v += check_no_rank_after_end(run["ledger"], run["steps"])
     v += [("no process outlives the job", f"pids {run['leftovers']} still alive")] if run["leftovers"] else []
     v += check_goodput(run.get("goodput"), run["steps"], run.get("gp_tolerance", 0.10))
+    v += check_generations(run["events"])
     nr = node_ranks_of(run["events"])
     for f in run["faults"]:
-        if f.get("superseded"):
-            continue  # the fault never came due: another one ended its allocation first
+        if f.get("superseded") or f["kind"] in UNSEEN:
+            continue  # the fault never came due (another one ended its allocation first), or vigil cannot see it
         if evidence(f, run["events"], nr) is None:
             v.append(("fault in the events", f"{f['kind']} at {f['t']:.1f} ({_target(f)}) not recorded"))
     return v
 
 
 def _target(f):
+    if "save_pid" in f:
+        return f"rank 0 pid {f['save_pid']} saving step {f.get('save_step')}"
     return f"pid {f['pid']} rank {f.get('rank')}" if "pid" in f else f"host {f.get('host', '-')}"
 
 
@@ -231,6 +284,9 @@ def check_steps(steps):
     for rank, runs in _lineage(steps).items():
         for run in runs:
             s = run["start"]
+            if s.get("generation"):
+                v += _check_generation(rank, s, steps)
+                continue
             before = [(t, st, ev) for t, st, ev in saves if t <= s["t"]]
             done = [st for _, st, ev in before if ev == "saved"]
             begun = {st for _, st, ev in before if ev == "saving"}
@@ -250,6 +306,39 @@ def check_steps(steps):
                                   f"rank {rank} stepped {prev} -> {r['step']} within one attempt"))
                     prev = r["step"]
     return v
+
+
+def _check_generation(rank, s, steps):
+    """An in-process restart's start (generation > 0) goes on where the survivors were: from the
+    step after the last one any rank of that attempt recorded before it, or one more (a survivor
+    may have finished a step it had not yet written down). Neither back to a checkpoint (nothing
+    is redone) nor further (nothing skipped)."""
+    done = [r["step"] for recs in steps.values() for r in recs
+            if r["ev"] == "step" and r.get("alloc") == s["alloc"] and r.get("attempt") == s["attempt"]
+            and r["t"] <= s["t"]]
+    want = max(done) + 1 if done else 0
+    if s["resumed_from"] in (want, want + 1):
+        return []
+    return [("an in-process restart goes on where the survivors were",
+             f"rank {rank} alloc {s['alloc']} attempt {s['attempt']} generation {s['generation']} "
+             f"resumed from {s['resumed_from']}, the last step done {want - 1}")]
+
+
+def check_generations(events):
+    """Every in-process generation a node begins (`generation`) recovers there
+    (`generation_recovered`, its ranks back in their training function): the survivors and the
+    replacement of a generation take about a second, so one that is still recovering when its
+    attempt ends (another failure ends it, declined as "during recovery") is stuck."""
+    begun, recovered = {}, set()
+    for e in events:
+        key = (e.get("node_rank"), e.get("cycle"), e.get("generation"))
+        if e["event"] == "generation":
+            begun.setdefault(key, e["ts"])
+        elif e["event"] == "generation_recovered":
+            recovered.add(key)
+    return [("an in-process restart recovers on every node",
+             f"node {nr} attempt {att} generation {g} (begun at {ts:.1f}) never recovered")
+            for (nr, att, g), ts in sorted(begun.items(), key=lambda kv: kv[1]) if (nr, att, g) not in recovered]
 
 
 def check_stops(ledger, steps):

@@ -6,6 +6,12 @@ Each rank appends what it did to $CHAOS_DIR/steps/rank<R>.jsonl (start, step, sa
 stopped, finished, fault), the job's own account the soak checks vigil's against. Faults that only
 the rank itself can do (exit 1, exit 0 early, hang in a section) are asked for through
 $CHAOS_DIR/ctl/rank<R>; the rank logs a `fault` record, then does it.
+
+With CHAOS_INPROCESS=1 (a run under `--in-process-restarts`, docs/inprocess.md) the training loop
+is a `vigil.restartable` function: a failed rank is replaced alone, the survivors keep their
+model, optimizer and step, and the replacement gets them from a survivor (`gen.recover`). Every
+rank logs a `start` record at each generation (`generation`, `resumed_from` the step it goes on
+from), so the soak can check that nothing was lost or redone.
 """
 import json
 import os
@@ -36,25 +42,24 @@ def rec(ev, **kw):
     log.write(json.dumps(kw) + "\n")
 
 
-dist.init_process_group("gloo")
-torch.manual_seed(0)
-model = torch.nn.Linear(32, 32)
-ddp = DDP(model)
-opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
-start = 0
-if ckpt.exists():
-    state = torch.load(ckpt)
-    model.load_state_dict(state["model"])
-    opt.load_state_dict(state["opt"])
-    start = state["step"] + 1
-# Every rank must resume from the same step: rank 0's view is the job's.
-agreed = torch.tensor([start])
-dist.broadcast(agreed, 0)
-extra = {} if int(agreed.item()) == start else {"mismatch": f"step {start}, rank 0 {int(agreed.item())}"}
-rec("start", resumed_from=start, node=os.environ.get("SLURMD_NODENAME"), **extra)
+inprocess = os.environ.get("CHAOS_INPROCESS") == "1"
 
 
-def save(step):
+def load():
+    """(model, optimizer, the step to go on from), from the checkpoint if there is one."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(32, 32)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    start = 0
+    if ckpt.exists():
+        state = torch.load(ckpt)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        start = state["step"] + 1
+    return model, opt, start
+
+
+def save(model, opt, step):
     if rank != 0:
         return
     rec("saving", step=step)
@@ -83,22 +88,71 @@ def injected():
             time.sleep(3600)
 
 
-x = torch.randn(8, 32)
-for step in range(start, total):
-    injected()
-    with vigil.section("step"):
-        opt.zero_grad()
-        ddp(x).pow(2).mean().backward()
-        opt.step()
-        time.sleep(step_s)
-    vigil.heartbeat(step)
-    rec("step", step=step)
-    if vigil.should_stop(step):
-        save(step)
-        rec("stopped", step=step, stop_step=vigil.stop_step())
-        sys.exit(0)
-    if step and step % every == 0:
-        save(step)
-vigil.mark_finished()
-rec("finished", step=total - 1)
-dist.destroy_process_group()
+def agree(start, **kw):
+    """Every rank must go on from the same step: rank 0's view is the job's."""
+    agreed = torch.tensor([start])
+    dist.broadcast(agreed, 0)
+    extra = {} if int(agreed.item()) == start else {"mismatch": f"step {start}, rank 0 {int(agreed.item())}"}
+    rec("start", resumed_from=start, node=os.environ.get("SLURMD_NODENAME"), **kw, **extra)
+
+
+def steps(model, opt, start, on_step=None):
+    """Trains from `start`; returns after `mark_finished`, or exits at an agreed stop."""
+    ddp = DDP(model)
+    x = torch.randn(8, 32)
+    for step in range(start, total):
+        injected()
+        with vigil.section("step"):
+            opt.zero_grad()
+            ddp(x).pow(2).mean().backward()
+            opt.step()
+            time.sleep(step_s)
+        if on_step:
+            on_step(step + 1)
+        vigil.heartbeat(step)
+        rec("step", step=step)
+        if vigil.should_stop(step):
+            save(model, opt, step)
+            rec("stopped", step=step, stop_step=vigil.stop_step())
+            sys.exit(0)
+        if step and step % every == 0:
+            save(model, opt, step)
+    vigil.mark_finished()
+    rec("finished", step=total - 1)
+
+
+if not inprocess:
+    dist.init_process_group("gloo")
+    model, opt, start = load()
+    agree(start)
+    steps(model, opt, start)
+    dist.destroy_process_group()
+    sys.exit(0)
+
+# In-process restarts: what survives a generation lives here, in the process.
+kept = None
+
+
+@vigil.restartable
+def train(gen):
+    global kept
+    dist.init_process_group("gloo")
+    if kept is None:
+        model, opt, start = load()
+        kept = {"model": model.state_dict(), "opt": opt.state_dict(), "step": start}
+    kept = gen.recover(kept)
+    model = torch.nn.Linear(32, 32)
+    model.load_state_dict(kept["model"])
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    opt.load_state_dict(kept["opt"])
+    agree(kept["step"], generation=gen.generation, replaced=list(gen.replaced))
+
+    def on_step(next_step):
+        # The step a survivor goes on from in the next generation: after the last one it did.
+        kept.update(model=model.state_dict(), opt=opt.state_dict(), step=next_step)
+
+    steps(model, opt, kept["step"], on_step)
+    dist.destroy_process_group()
+
+
+train()

@@ -66,7 +66,7 @@ def main():
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "SLURM_", "VIGIL_"))}
         env.update(PYTHON_EXEC=sys.executable, NAMES=str(a.names), BATCH=str(a.batch), MARKS=str(marks),
                    PYTHONPATH=os.pathsep.join(filter(None, [str(SHIM), env.get("PYTHONPATH")])))
-        p = subprocess.Popen([a.vigil, "run", "--nproc-per-node", "1", "--heartbeat-timeout", "600",
+        p = subprocess.Popen([a.vigil, "run", "--nproc-per-node", "1", "--calculate-timeouts", "--heartbeat-timeout", "600",
                               "--section-timeouts", "step=600", "--max-restarts", "0",
                               "--log-dir", str(d / "logs"), str(d / "rank.py")],
                              cwd=d, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

@@ -11,6 +11,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize};
 
@@ -73,6 +74,9 @@ pub struct RankScore {
     #[serde(default)]
     pub median_s: Option<f64>,
 }
+
+/// At most one `store_refused` record per this long.
+pub const STORE_REFUSED_EVERY: Duration = Duration::from_secs(10);
 
 /// A line of the event log, without the fields the runtime adds (time, host, node rank).
 ///
@@ -485,6 +489,27 @@ pub enum Record {
         #[serde(default = "unknown")]
         reason: String,
     },
+    /// Node rank 0's store turned away connections that never completed their handshake (a
+    /// client without the job's secret: junk, a flood, a node of another job; docs/store.md,
+    /// "Connections turned away"): `new` since the last such record, then the totals since the
+    /// store started, by kind, and the last one's peer address and reason. At most one record per
+    /// [`STORE_REFUSED_EVERY`].
+    StoreRefused {
+        #[serde(default)]
+        new: u64,
+        #[serde(default)]
+        bad_bytes: u64,
+        #[serde(default)]
+        wrong_secret: u64,
+        #[serde(default)]
+        closed_in_handshake: u64,
+        #[serde(default)]
+        over_budget: u64,
+        #[serde(default)]
+        last_peer: Option<String>,
+        #[serde(default)]
+        last_reason: Option<String>,
+    },
     /// An event this vigil does not know (written by a newer one): read, never written.
     #[serde(other)]
     Unknown,
@@ -642,6 +667,7 @@ mod tests {
             Record::Generation { .. } => 40,
             Record::GenerationRecovered { .. } => 41,
             Record::InProcessDeclined { .. } => 42,
+            Record::StoreRefused { .. } => 43,
             Record::Unknown => 37,
         }
     }
@@ -948,15 +974,46 @@ mod tests {
                 attempt: 0,
                 reason: "rank 1 is not restartable".into(),
             },
+            Record::StoreRefused {
+                new: 301,
+                bad_bytes: 1,
+                wrong_secret: 0,
+                closed_in_handshake: 256,
+                over_budget: 44,
+                last_peer: Some("10.0.0.7:51234".into()),
+                last_reason: Some("VALIDATE with a wrong magic number".into()),
+            },
             Record::Unknown,
         ]
+    }
+
+    #[test]
+    fn a_store_refused_line_reads_back_with_its_counts_and_defaults() {
+        let v = serde_json::json!({"event": "store_refused", "ts": 5.0, "host": "n1",
+            "node_rank": 0, "new": 3, "bad_bytes": 1, "closed_in_handshake": 2,
+            "last_peer": "10.0.0.7:5"});
+        let line = Line::parse(&v).unwrap();
+        assert_eq!(line.node_rank, Some(0));
+        assert_eq!(
+            line.record,
+            Record::StoreRefused {
+                new: 3,
+                bad_bytes: 1,
+                wrong_secret: 0,
+                closed_in_handshake: 2,
+                over_budget: 0,
+                last_peer: Some("10.0.0.7:5".into()),
+                last_reason: None,
+            }
+        );
+        assert_eq!(line.record.name(), "store_refused");
     }
 
     #[test]
     fn every_record_round_trips() {
         let all = samples();
         let places: BTreeSet<usize> = all.iter().map(place).collect();
-        assert_eq!(places, (0..=42).collect(), "a record without a sample");
+        assert_eq!(places, (0..=43).collect(), "a record without a sample");
         for r in all {
             let text = serde_json::to_string(&r).unwrap();
             let back: Record =

@@ -73,7 +73,8 @@ class FaultToleranceCallback(_Callback or object):
 
     The arguments mirror NVRx's. With ``calculate_timeouts=False`` (NVRx's default) the configured
     timeouts stay as they are: the callback tells the agent so when the fit starts. With True the
-    agent calculates them from what it observes (docs/hangs.md) and stores them itself;
+    agent calculates them from what it observes when it runs with ``--calculate-timeouts``
+    (docs/hangs.md) and stores them itself;
     ``exp_dir`` is accepted for compatibility. ``simulated_fault_params`` is not supported (vigil
     injects faults from the agent side).
 

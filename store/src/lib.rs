@@ -41,7 +41,7 @@ pub use core::{lease_event_json, LeaseEvent, LEASE_LOST_PREFIX, LEASE_QUEUE, LEA
 pub use mux::MuxClient;
 pub use protocol::{Opcode, VALIDATION_MAGIC};
 pub use server::{
-    keepalive_timing, set_peer_timeout, somaxconn, DropNotice, KeySpace, StoreHandle, StoreServer,
-    StoreStats, AGENT_PREFIX, DEFAULT_MAX_TOTAL, ENTRY_OVERHEAD, LEASE_PREFIX, LISTEN_BACKLOG,
-    MAX_REPLY_LEN, MAX_TAGGED_WAITS,
+    keepalive_timing, set_peer_timeout, somaxconn, DropNotice, KeySpace, Refusal, Refusals,
+    StoreHandle, StoreServer, StoreStats, AGENT_PREFIX, CLOSED_IN_HANDSHAKE, DEFAULT_MAX_TOTAL,
+    ENTRY_OVERHEAD, LEASE_PREFIX, LISTEN_BACKLOG, MAX_REPLY_LEN, MAX_TAGGED_WAITS,
 };

@@ -94,3 +94,59 @@ async fn a_flood_of_idle_connections_holds_a_bounded_number_and_agents_still_get
     // The oldest of the flood were closed by the server.
     assert!(closed(&mut flood[0]).await);
 }
+
+#[tokio::test]
+async fn connections_turned_away_in_their_handshake_are_counted_by_kind_and_told() {
+    use std::sync::{Arc, Mutex};
+    use tokio::io::AsyncWriteExt;
+    use vigil_store::Refusal;
+    let cap = 8;
+    let mut server = StoreServer::bind("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    server.set_secret(Some(SECRET.to_vec()));
+    server.set_max_in_handshake(cap);
+    let told: Arc<Mutex<Vec<Option<Refusal>>>> = Arc::default();
+    let t = told.clone();
+    server.on_drop(Arc::new(move |_, kind, _| t.lock().unwrap().push(kind)));
+    let h = server.spawn();
+    let addr = h.local_addr();
+    // Junk: bytes that are not the handshake.
+    let mut junk = TcpStream::connect(addr).await.unwrap();
+    junk.write_all(&[0xff; 64]).await.unwrap();
+    assert!(closed(&mut junk).await);
+    // A wrong secret.
+    let mut wrong = StoreClient::connect(addr, T).await.unwrap();
+    assert!(wrong
+        .authenticate(Some(b"another-jobs-secret-0123"))
+        .await
+        .is_err());
+    // A flood: more than the cap at once, then every one closed without a byte.
+    let mut flood = Vec::new();
+    for _ in 0..cap + 5 {
+        flood.push(TcpStream::connect(addr).await.unwrap());
+    }
+    wait_until(|| h.key_space().refusals().over_budget >= 5).await;
+    drop(flood);
+    // An agent that proves the secret and leaves is no refusal.
+    let mut a = StoreClient::connect(addr, T).await.unwrap();
+    a.authenticate(Some(SECRET)).await.unwrap();
+    drop(a);
+    wait_until(|| h.stats().connections == 0).await;
+    let r = h.key_space().refusals();
+    assert_eq!(
+        (
+            r.bad_bytes,
+            r.wrong_secret,
+            r.closed_in_handshake,
+            r.over_budget
+        ),
+        (1, 1, cap as u64, 5),
+        "{r:?}"
+    );
+    assert_eq!(r.total(), cap as u64 + 7);
+    assert_eq!(r.last_peer.map(|p| p.ip()), Some(addr.ip()));
+    let told = told.lock().unwrap().clone();
+    assert_eq!(told.len() as u64, r.total(), "{told:?}");
+    assert!(told.iter().all(Option::is_some));
+}

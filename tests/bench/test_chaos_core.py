@@ -52,6 +52,9 @@ def test_rank_faults_need_their_own_pid_and_kind_in_the_events():
     assert core.evidence({"kind": "rank_sigstop", "t": 100, "pid": 7}, events, nr)
     assert core.evidence({"kind": "rank_section_hang", "t": 100, "pid": 7}, events, nr) is None
     assert core.evidence({"kind": "rank_section_hang", "t": 100, "pid": 8}, events, nr)
+    beat = [ev("hang", 130, pid=9, timeout="heartbeat"), ev("hang", 131, pid=10, timeout="initial")]
+    assert core.evidence({"kind": "rank_section_hang", "t": 100, "pid": 9}, beat, nr)
+    assert core.evidence({"kind": "rank_section_hang", "t": 100, "pid": 10}, beat, nr) is None
     # An event long before the fault is not its record.
     assert core.evidence({"kind": "rank_exit1", "t": 500, "pid": 5}, events, nr) is None
 
@@ -177,3 +180,129 @@ def test_node_rank_0_lost_is_read_from_the_others_losing_its_store():
     nr = core.node_ranks_of(events)
     assert core.evidence({"kind": "agent_sigkill", "t": 100, "host": "n1"}, events, nr)
     assert core.evidence({"kind": "agent_sigkill", "t": 100, "host": "n2"}, events, nr) is None
+
+
+def test_store_faults_need_node_rank_0s_store_refused_record_of_their_kind():
+    junk = {"kind": "store_junk", "t": 100}
+    flood = {"kind": "store_flood", "t": 100}
+    counts = dict(wrong_secret=0, over_budget=0, last_peer="10.0.0.9:4711")
+    only_junk = [ev("store_refused", 101, new=1, bad_bytes=1, closed_in_handshake=0, **counts)]
+    nr = core.node_ranks_of(only_junk)
+    assert core.evidence(junk, only_junk, nr)
+    assert core.evidence(flood, only_junk, nr) is None
+    both = only_junk + [ev("store_refused", 111, new=300, bad_bytes=1, closed_in_handshake=256,
+                           **{**counts, "over_budget": 44})]
+    assert core.evidence(flood, both, nr)["ts"] == 111
+    # Another node's record, a record with nothing new, or a console-ish event is not it.
+    other = [ev("store_refused", 101, node_rank=1, new=1, bad_bytes=1, closed_in_handshake=0, **counts)]
+    assert core.evidence(junk, other, core.node_ranks_of(other)) is None
+    stale = [ev("store_refused", 101, new=0, bad_bytes=1, closed_in_handshake=0, **counts)]
+    assert core.evidence(junk, stale, nr) is None
+    assert core.evidence(junk, [ev("ipc_rejected", 101, peer_pid=None, reason="not a rank")], nr) is None
+
+
+def test_a_full_checkpoint_directory_needs_the_failed_save_and_its_ranks_exit():
+    rank0 = [{"ev": "saving", "t": 90, "pid": 5, "step": 25}, {"ev": "saved", "t": 90.2, "pid": 5, "step": 25},
+             {"ev": "saving", "t": 105, "pid": 5, "step": 50}, {"ev": "saving", "t": 140, "pid": 9, "step": 50},
+             {"ev": "saved", "t": 140.1, "pid": 9, "step": 50}]
+    # The save begun in the window (100-120) never finished; one before it or after it is not it.
+    assert core.failed_save(rank0, 100, 120) == (5, 50)
+    assert core.failed_save(rank0, 121, 150) is None
+    assert core.failed_save(rank0, 80, 95) is None
+    full = {"kind": "ckpt_full", "t": 100, "save_pid": 5}
+    events = [ev("rank_exited", 105.3, pid=5, exit_code=1)]
+    assert core.evidence(full, events, core.node_ranks_of(events))
+    # Its rank stopped by vigil for another's failure (exit 0 or a signal only) is not the save failing.
+    for other in (ev("rank_exited", 105.3, pid=5, exit_code=0), ev("rank_exited", 105.3, pid=6, exit_code=1),
+                  ev("rank_exited", 105.3, pid=5, signal=15)):
+        assert core.evidence(full, [other], core.node_ranks_of([other])) is None
+
+
+def test_a_killed_slurmd_needs_no_event_but_the_job_must_end():
+    assert "slurmd_kill" in core.UNSEEN and core.UNSEEN <= set(core.CATALOG)
+    base = {"steps": {}, "events": [], "ledger": [{"allocation": 1, "decision": "finished"}],
+            "goodput": None, "slurm": {"JobState": "COMPLETED", "Restarts": "0"}, "leftovers": [],
+            "max_requeues": 6, "ended": True}
+    fault = {"kind": "slurmd_kill", "t": 100, "host": "n2"}
+    inv = [i for i, _ in core.check_run(dict(base, faults=[fault]))]
+    assert "fault in the events" not in inv
+    # A job that did not end after it is a violation as for any fault.
+    inv = [i for i, _ in core.check_run(dict(base, faults=[fault], ended=False))]
+    assert "the job ends" in inv
+
+
+def test_in_process_kills_are_drawn_only_for_runs_with_in_process_restarts():
+    seen = 0
+    for seed in range(200):
+        p = core.plan_run(seed, 0)
+        kinds = {f["kind"] for f in p["faults"]}
+        if not p["inprocess"]:
+            assert not kinds & core.INPROCESS_ONLY, p
+        seen += "inprocess_kill" in kinds
+    assert seen
+    # Asked for alone, every run has in-process restarts; without it, none.
+    assert core.plan_run(3, 0, kinds=["inprocess_kill"])["inprocess"]
+    assert not any(core.plan_run(s, 0, kinds=["rank_sigkill", "slurmd_kill"])["inprocess"] for s in range(50))
+
+
+def test_the_kinds_of_an_older_catalog_replay_its_plans():
+    old = sorted(set(core.CATALOG) - {"inprocess_kill", "slurmd_kill", "ckpt_full", "logs_full"})
+    assert len(old) == 18
+    # Seed 2 run 0 of docs/reliability.md's results.
+    p = core.plan_run(2, 0, kinds=old)
+    assert [f["kind"] for f in p["faults"]] == ["rank_section_hang", "scancel_usr1", "rank_sigstop"]
+    assert not p["inprocess"]
+
+
+def test_an_in_process_kill_needs_a_generation_naming_its_rank():
+    fault = {"kind": "inprocess_kill", "t": 100, "pid": 5, "rank": 3}
+    gen = [ev("generation", 101, cycle=0, generation=1, ranks=[3], step=56)]
+    assert core.evidence(fault, gen, core.node_ranks_of(gen))
+    other = [ev("generation", 101, cycle=0, generation=1, ranks=[2], step=56)]
+    assert core.evidence(fault, other, core.node_ranks_of(other)) is None
+    declined = [ev("in_process_declined", 101, cycle=0, reason="no in-process restarts left")]
+    assert core.evidence(fault, declined, core.node_ranks_of(declined))
+
+
+def st(ev_, t, **kw):
+    return {"ev": ev_, "t": t, "alloc": 0, "attempt": 0, "pid": kw.pop("pid", 1), **kw}
+
+
+def test_a_generation_goes_on_where_the_survivors_were():
+    def steps(resumed_from):
+        r0 = [st("start", 0, resumed_from=0), st("saving", 3, step=25), st("saved", 3.1, step=25),
+              *[st("step", 1 + i * 0.1, step=i) for i in range(57)],
+              st("start", 20, resumed_from=resumed_from, generation=1)]
+        r1 = [st("start", 0, resumed_from=0, pid=2), st("start", 20, resumed_from=resumed_from, generation=1, pid=3)]
+        return {0: r0, 1: r1}
+    assert core.check_steps(steps(57)) == []
+    assert core.check_steps(steps(58)) == []
+    # Back to the checkpoint (redone) or beyond the survivors (skipped): a violation per rank.
+    for bad in (26, 60):
+        v = core.check_steps(steps(bad))
+        assert [i for i, _ in v] == ["an in-process restart goes on where the survivors were"] * 2, v
+
+
+def test_a_full_log_directory_needs_node_rank_0s_event_log_to_go_on_after_it_is_freed():
+    full = {"kind": "logs_full", "t": 100, "freed_t": 120}
+    during = [ev("rank_exited", 110, pid=5, exit_code=1)]
+    assert core.evidence(full, during, core.node_ranks_of(during)) is None
+    after = during + [ev("result", 130, outcome="succeeded")]
+    assert core.evidence(full, after, core.node_ranks_of(after))
+    other_node = during + [ev("result", 130, node_rank=1, host="n2", outcome="succeeded")]
+    assert core.evidence(full, other_node, core.node_ranks_of(other_node)) is None
+
+
+def test_a_generation_must_recover_on_every_node_that_began_it():
+    gen = [ev("generation", 10, node_rank=0, host="n1", cycle=0, generation=1, ranks=[2]),
+           ev("generation", 10, node_rank=1, host="n2", cycle=0, generation=1, ranks=[2])]
+    both = gen + [ev("generation_recovered", 10.4, node_rank=1, host="n2", cycle=0, generation=1, seconds=0.4),
+                  ev("generation_recovered", 10.5, node_rank=0, host="n1", cycle=0, generation=1, seconds=0.5)]
+    assert core.check_generations(both) == []
+    # Seed 3 of `--kinds inprocess_kill`: node 0 never recovered generation 1.
+    v = core.check_generations(both[:3])
+    assert [i for i, _ in v] == ["an in-process restart recovers on every node"]
+    assert "node 0 attempt 0 generation 1" in v[0][1]
+    # The same generation number in the next attempt is another generation.
+    later = both + [ev("generation", 50, node_rank=0, host="n1", cycle=1, generation=1, ranks=[0])]
+    assert len(core.check_generations(later)) == 1

@@ -209,7 +209,7 @@ while True:
 
 def test_a_slow_start_after_a_quick_first_attempt_is_not_a_hang(job):
     write(job / "t.py", SLOW_RESTART)
-    r = run_vigil(["run", "--nproc-per-node", "2", "--max-restarts", "1", "--initial-heartbeat-timeout", "60",
+    r = run_vigil(["run", "--nproc-per-node", "2", "--max-restarts", "1", "--calculate-timeouts", "--initial-heartbeat-timeout", "60",
                    "--heartbeat-timeout", "30", "--log-dir", "logs", "t.py"], cwd=job, env=base_env(OUT_DIR=job),
                   timeout=180)
     ev = events(job / "logs")

@@ -468,8 +468,8 @@ else:
     for i in range(3):
         vigil.heartbeat(i)
 """)
-    r = run_vigil(["run", "--nproc-per-node", "1", "--heartbeat-timeout", "60", "--timeouts-file", str(tfile),
-                   "--log-dir", "logs", "job.py", "learn"], cwd=job, timeout=60)
+    r = run_vigil(["run", "--nproc-per-node", "1", "--calculate-timeouts", "--heartbeat-timeout", "60",
+                   "--timeouts-file", str(tfile), "--log-dir", "logs", "job.py", "learn"], cwd=job, timeout=60)
     assert r.returncode == 0, r.stderr
     ev = events(job / "logs")
     conf = one(ev, "timeouts_updated", source="configured")
@@ -497,6 +497,26 @@ else:
     assert hang["silent_ms"] < 10_000
     in_order(ev, one(ev, "timeouts_updated", source="configured"), loaded, one(ev, "cycle_start"),
              one(ev, "registered"), hang, ev[-1])
+
+
+def test_configured_timeouts_stay_unless_calculation_is_asked_for(job):
+    """As under ft_launcher, which calculates only when the rank's code asks: quick steps in a
+    section with a configured timeout never replace it (the chaos soak saw `step=15` become a
+    calculated 1.0 s, and a slow all-reduce a hang; docs/reliability.md)."""
+    write(job / "t.py", """
+import time
+import vigil
+for i in range(25):  # more than enough for a calculation on its own
+    with vigil.section("step"):
+        vigil.heartbeat(i)
+        time.sleep(0.02)
+""")
+    r = run_vigil(["run", "--heartbeat-timeout", "60", "--section-timeouts", "step=15", "--log-dir", "logs",
+                   "t.py"], cwd=job, timeout=60)
+    assert r.returncode == 0, r.stderr
+    ev = events(job / "logs")
+    assert [e["source"] for e in of(ev, "timeouts_updated")] == ["configured"], of(ev, "timeouts_updated")
+    assert ev[-1]["outcome"] == "succeeded"
 
 
 def test_timeouts_are_pushed_to_ranks(job):
@@ -566,7 +586,7 @@ while vigil.timeouts()["heartbeat_ms"] == 60000 and time.time() - t0 < 5:
     time.sleep(0.01)
 json.dump(vigil.timeouts(), open(os.path.join(os.environ["OUT_DIR"], "t.json"), "w"))
 """)
-    r = run_vigil(["run", "--heartbeat-timeout", "60", "--log-dir", "logs", "t.py"], cwd=job,
+    r = run_vigil(["run", "--calculate-timeouts", "--heartbeat-timeout", "60", "--log-dir", "logs", "t.py"], cwd=job,
                   env=base_env(OUT_DIR=job), timeout=60)
     assert r.returncode == 0, r.stderr
     ev = events(job / "logs")

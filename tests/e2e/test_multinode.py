@@ -316,7 +316,7 @@ for i in range(18):
 
 def test_calculated_timeouts_are_job_wide_and_saved_once(job):
     write(job / "beats.py", BEATS)
-    nodes = Nodes(job, 2, ["beats.py"], nproc=1, extra=["--heartbeat-timeout", "60", "--rdzv-id", "tj"])
+    nodes = Nodes(job, 2, ["beats.py"], nproc=1, extra=["--calculate-timeouts", "--heartbeat-timeout", "60", "--rdzv-id", "tj"])
     res = nodes.wait()
     assert [rc for rc, _, _ in res] == [0, 0], [e for _, _, e in res]
     calc = [of(nodes.events(i), "timeouts_updated", source="calculated") for i in range(2)]

@@ -16,7 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "e2e"))
 from harness import base_env, events, of, run_dirs, run_vigil, start_vigil, wait_for, write  # noqa: E402
 from test_multinode import Nodes, free_port  # noqa: E402
 
-# Heartbeats every 50 ms: vigil calculates a heartbeat timeout of about 1 s and saves it.
+# Heartbeats every 50 ms: vigil (with --calculate-timeouts) calculates a heartbeat timeout of about
+# 1 s and saves it.
 LEARN = """
 import vigil, time
 for i in range(25):
@@ -40,7 +41,8 @@ def learn(job, *extra, script="learn.py"):
     logs = job / "logs"
     logs.mkdir(exist_ok=True)
     before = set(run_dirs(logs))
-    r = run_vigil(["run", "--heartbeat-timeout", "60", "--log-dir", "logs", *extra, script], cwd=job, timeout=60)
+    r = run_vigil(["run", "--calculate-timeouts", "--heartbeat-timeout", "60", "--log-dir", "logs", *extra, script],
+                  cwd=job, timeout=60)
     assert r.returncode == 0, r.stderr
     (new,) = set(run_dirs(logs)) - before
     ev = [json.loads(line) for line in (new / "events.jsonl").read_text().splitlines()]
@@ -55,7 +57,7 @@ def test_a_job_without_an_id_loads_nothing_and_keeps_its_state_in_its_run_direct
     # No --log-dir: both jobs share $TMPDIR, the default place for both, like the README's example
     # and the next job a user starts on the same machine.
     tmp = Path(os.environ["TMPDIR"])
-    r = run_vigil(["run", "--heartbeat-timeout", "60", "learn.py"], cwd=job, timeout=60)
+    r = run_vigil(["run", "--calculate-timeouts", "--heartbeat-timeout", "60", "learn.py"], cwd=job, timeout=60)
     assert r.returncode == 0, r.stderr
     (first,) = run_dirs(tmp)
     saved = json.loads((first / "timeouts.json").read_text())

@@ -189,8 +189,8 @@ def test_sections_example_config_calculates_the_sections_it_names_and_catches_a_
 
 
 def test_flags_mode_waits_for_the_sections_the_job_configured(job):
-    # vigil's own flags: calculated on its own once every rank sent 16 heartbeats and closed
-    # each configured section, whatever it is called ("checkpoint" here).
+    # vigil's own flags with --calculate-timeouts: calculated on its own once every rank sent 16
+    # heartbeats and closed each configured section, whatever it is called ("checkpoint" here).
     write(job / "t.py", """
 import time
 import vigil
@@ -206,7 +206,7 @@ while vigil.timeouts()["sections"]["checkpoint"] == 600000:
     assert time.time() < deadline, "never calculated"
     time.sleep(0.02)
 """)
-    r = run_vigil(["run", "--log-dir", "logs", "--heartbeat-timeout", "60",
+    r = run_vigil(["run", "--log-dir", "logs", "--calculate-timeouts", "--heartbeat-timeout", "60",
                    "--section-timeouts", "step=60,checkpoint=600", "t.py"], cwd=job, env=base_env())
     assert r.returncode == 0, r.stderr
     (calc,) = calculated(events(job / "logs"))

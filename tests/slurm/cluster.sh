@@ -220,6 +220,13 @@ EOF
 
 start() {
     [ "$(id -u)" = 0 ] || die "must run as root (slurmd runs jobs as root here)"
+    # The daemons must not inherit a descriptor of whoever started us: under
+    # `flock /tmp/vigil-slurm.lock cluster.sh start` munged would hold the lock for good.
+    local fd
+    for fd in /proc/$$/fd/*; do
+        fd=${fd##*/}
+        [ "$fd" -gt 2 ] 2>/dev/null && [ "$fd" -lt 255 ] && eval "exec $fd>&-" 2>/dev/null
+    done
     if is_up; then
         say "cluster already up"
         where

@@ -98,6 +98,8 @@ pub struct LaunchConfig {
     pub timeouts: Timeouts,
     pub warmup_steps: u32,
     pub safety_factor: f64,
+    /// `--calculate-timeouts`.
+    pub calculate_timeouts: bool,
     pub termination_signal: i32,
     pub stack_wait: Duration,
     /// Where calculated timeouts are loaded from and saved to.
@@ -407,6 +409,7 @@ pub fn resolve(a: &RunArgs, host: &Host) -> Result<LaunchConfig, ConfigError> {
         timeouts: resolve_timeouts(a)?,
         warmup_steps: a.warmup_steps,
         safety_factor: safety_factor(a.safety_factor)?,
+        calculate_timeouts: a.calculate_timeouts,
         termination_signal: parse_signal("--rank-termination-signal", &a.rank_termination_signal)?,
         stack_wait: secs("--stack-dump-timeout", a.stack_dump_timeout)?,
         timeouts_file: TimeoutsPlace::resolve(

@@ -41,6 +41,7 @@ impl LaunchConfig {
             timeouts: self.timeouts.clone(),
             warmup_steps: self.warmup_steps,
             safety_factor: self.safety_factor,
+            calculates: self.calculate_timeouts,
             termination_signal: self.termination_signal,
             stack_wait: self.stack_wait,
             calculated,

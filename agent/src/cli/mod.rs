@@ -601,6 +601,17 @@ pub struct RunArgs {
     #[arg(help_heading = "Hang detection (vigil; off until a timeout is given)", long = "safety-factor", alias = "safety_factor", default_value_t = 5.0, value_parser = factor)]
     pub safety_factor: f64,
 
+    /// Calculate the timeouts given here on its own, once every rank was observed long enough
+    /// (16 heartbeats, each timed section closed once). Without it they change only when the
+    /// job's code asks (vigil.calculate_timeouts(), NVRx's calculate_and_set_*), as under
+    /// ft_launcher.
+    #[arg(
+        help_heading = "Hang detection (vigil; off until a timeout is given)",
+        long = "calculate-timeouts",
+        alias = "calculate_timeouts"
+    )]
+    pub calculate_timeouts: bool,
+
     /// Signal a hung rank gets once its stacks are captured (SIGKILL follows after --workers-stop-timeout).
     #[arg(
         help_heading = "Hang detection (vigil; off until a timeout is given)",

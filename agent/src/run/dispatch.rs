@@ -58,6 +58,8 @@ pub(super) enum Internal {
     },
     /// A metrics page was asked for (`--metrics-port`).
     Page(PageRequest),
+    /// The store this node hosts turned connections away (a `store_refused` record).
+    StoreRefused(Record),
     /// The clock's regular tick (`clock::CLOCK_TICK`).
     Tick,
     /// The supervisor's next deadline is reached.
@@ -76,6 +78,7 @@ pub(super) struct Sources {
     pub(super) gpu: mpsc::UnboundedReceiver<FromGpu>,
     pub(super) stacks: mpsc::UnboundedReceiver<(u32, u32, StackReport)>,
     pub(super) pages: mpsc::Receiver<PageRequest>,
+    pub(super) store_refused: super::store_host::RefusedRx,
     pub(super) ticker: Interval,
 }
 
@@ -100,6 +103,7 @@ impl Sources {
                 Internal::Stacks { attempt, local_rank, report }
             }
             Some(reply) = self.pages.recv() => Internal::Page(reply),
+            Some(r) = self.store_refused.recv() => Internal::StoreRefused(r),
             _ = self.ticker.tick() => Internal::Tick,
             _ = sleep, if deadline.is_some() => Internal::Deadline,
         }
@@ -260,6 +264,12 @@ impl Dispatcher {
                 if let Some(m) = &mut self.metrics {
                     let _ = reply.send(m.page(&self.sup, &self.agent.links.gpus, now, true));
                 }
+            }
+            Internal::StoreRefused(r) => {
+                if let Some(text) = super::store_host::refused_text(&r) {
+                    console_note(&text);
+                }
+                self.agent.out.events.write(&r);
             }
             Internal::Tick => self.on_tick(now),
             Internal::Deadline => queue(self, Event::Tick),

@@ -24,7 +24,7 @@ use super::proc::{self, Watchdog};
 use super::rank_door::{self, RankDoor, Upstream};
 use super::report::{console_err, console_note, Reporter};
 use super::slurm_job::{self, SignalWindow};
-use super::store_host::{job_secret, setup_store, StoreSetup};
+use super::store_host::{self, job_secret, setup_store, StoreSetup};
 use super::{gpuwatch, perf, REFUSED_NOTICE_WINDOW};
 use crate::cli::config::LaunchConfig;
 use crate::cli::derive::CoordFacts;
@@ -179,6 +179,8 @@ struct Coordination {
     share: mpsc::UnboundedSender<Vec<u8>>,
     exchange: mpsc::UnboundedReceiver<FromExchange>,
     head_keys: Option<vigil_store::KeySpace>,
+    /// The store's refusals, where this node hosts it (a channel that never speaks elsewhere).
+    store_refused: store_host::RefusedRx,
     task: JoinHandle<()>,
 }
 
@@ -260,6 +262,10 @@ async fn start_coordination(
         crate::job::exchange::start(link.clone(), coord_cfg.clone(), cfg.straggler.interval);
     // Node rank 0 reads which nodes' ranks failed in each attempt when it blames nodes.
     let head_keys = store.head.as_ref().and_then(|h| h.keys().cloned());
+    let store_refused = store
+        .refused
+        .take()
+        .unwrap_or_else(|| mpsc::unbounded_channel().1);
     let task = tokio::task::spawn_local(rendezvous::run_linked(
         link,
         coord_cfg,
@@ -275,6 +281,7 @@ async fn start_coordination(
         share,
         exchange,
         head_keys,
+        store_refused,
         task,
     })
 }
@@ -367,6 +374,7 @@ pub(super) async fn start(
         gpu,
         stacks,
         pages,
+        store_refused: co.store_refused,
         ticker,
     };
     let closing = Closing {

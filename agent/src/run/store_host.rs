@@ -9,8 +9,13 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 use super::report::console_note;
+use vigil_events::Record;
+
+mod refused;
 use crate::cli::config::LaunchConfig;
 use crate::job::rendezvous::HeadSide;
+use refused::{drop_notice, RefusedOut};
+pub(super) use refused::{refused_text, RefusedRx, DROP_NOTE_EVERY};
 
 /// Where this node's agent reaches vigil's store, where the ranks reach it, and, on node rank 0,
 /// the store itself.
@@ -20,6 +25,8 @@ pub(super) struct StoreSetup {
     pub(super) head: Option<HeadSide>,
     /// What this node's agent proves to the store (docs/store.md, "Who may use the store").
     pub(super) secret: Option<Arc<[u8]>>,
+    /// The store's `store_refused` records, where this agent hosts it.
+    pub(super) refused: Option<RefusedRx>,
 }
 
 /// The environment variable that carries the job's store secret to every node's agent.
@@ -336,33 +343,6 @@ pub(super) fn unspecified(a: SocketAddr) -> std::net::IpAddr {
     }
 }
 
-/// At most one console line per this long about connections the store closed.
-pub(super) const DROP_NOTE_EVERY: Duration = Duration::from_secs(10);
-
-/// Tells the console why the store closed a connection, at most once per [`DROP_NOTE_EVERY`].
-pub(super) fn drop_notice() -> vigil_store::DropNotice {
-    let last: std::sync::Mutex<(Option<Instant>, u64)> = std::sync::Mutex::new((None, 0));
-    Arc::new(move |peer, why| {
-        let mut g = last.lock().unwrap_or_else(|e| e.into_inner());
-        let now = Instant::now();
-        if g.0.is_some_and(|t| now.duration_since(t) < DROP_NOTE_EVERY) {
-            g.1 += 1;
-            return;
-        }
-        let more = std::mem::take(&mut g.1);
-        g.0 = Some(now);
-        drop(g);
-        console_note(&format!(
-            "vigil's store closed the connection from {peer}: {why}{}",
-            if more > 0 {
-                format!(" ({more} more closed since the last note)")
-            } else {
-                String::new()
-            }
-        ));
-    })
-}
-
 pub(super) fn scontrol_show_node(name: &str) -> Option<String> {
     let out = std::process::Command::new("scontrol")
         .args(["show", "node", name, "-o"])
@@ -391,6 +371,7 @@ pub(super) fn setup_store(
         for_ranks: (ranks_name(cfg, head.ip(), head.ip()), head.port()),
         head: None,
         secret: secret.clone().map(Arc::from),
+        refused: None,
     };
     if cfg.node_rank_by_rdzv {
         return rdzv_store(cfg, head, secret.clone(), client);
@@ -432,7 +413,7 @@ pub(super) fn setup_store(
         bind = SocketAddr::new(unspecified(head), port);
         hosted = host(bind);
     }
-    let (bound, keys, leases) = hosted.map_err(|e| {
+    let ((bound, keys, leases), refused) = hosted.map_err(|e| {
         StoreSetupError(format!(
             "cannot listen on {bind} for vigil's store: {e}; {}",
             if e.kind() == std::io::ErrorKind::AddrInUse {
@@ -454,6 +435,7 @@ pub(super) fn setup_store(
         for_ranks: (ranks_name(cfg, head.ip(), ranks_ip), bound.port()),
         head: Some(HeadSide::Local { keys, leases }),
         secret,
+        refused: Some(refused),
     })
 }
 
@@ -529,7 +511,7 @@ fn rdzv_store(
     if let (true, Some(lim)) = (cfg.nnodes > 1, get_nofile()) {
         check_store_fds(cfg.nnodes, cfg.nproc, lim.rlim_cur, lim.rlim_max)?;
     }
-    let (bound, keys, leases) = hosted.map_err(|e| {
+    let ((bound, keys, leases), refused) = hosted.map_err(|e| {
         StoreSetupError(format!(
             "cannot listen on {at} for vigil's store, which this agent hosts as the rendezvous endpoint's host: {e}; give --rdzv-endpoint a free port of one of the job's machines, or --rdzv-conf is_host=false on the agents that should not host it"
         ))
@@ -539,6 +521,7 @@ fn rdzv_store(
         for_ranks: (ranks_name(cfg, head.ip(), head.ip()), bound.port()),
         head: Some(HeadSide::Local { keys, leases }),
         secret,
+        refused: Some(refused),
     })
 }
 
@@ -608,21 +591,17 @@ pub fn handshake_cap(nnodes: u32, nproc: u32) -> usize {
 }
 
 /// The store of a job of `nnodes` nodes of `nproc` ranks: its listen backlog and handshake cap
-/// sized for the job ([`listen_backlog`], [`handshake_cap`]).
+/// sized for the job ([`listen_backlog`], [`handshake_cap`]), its refusals told to the event loop.
 fn host_job_store(
     bind: SocketAddr,
     peer_timeout: Duration,
     secret: Option<Vec<u8>>,
     (nnodes, nproc): (u32, u32),
-) -> std::io::Result<HostedStore> {
+) -> std::io::Result<(HostedStore, RefusedRx)> {
     let backlog = listen_backlog(nnodes, nproc);
-    host_store_sized(
-        bind,
-        peer_timeout,
-        secret,
-        backlog,
-        handshake_cap(nnodes, nproc),
-    )
+    let (tx, rx) = mpsc::unbounded_channel();
+    let sized = (backlog, handshake_cap(nnodes, nproc));
+    host_store_sized(bind, peer_timeout, secret, sized, Some(tx)).map(|h| (h, rx))
 }
 
 /// [`host_store`] with a listen backlog of `backlog`, and as many connections in their handshake
@@ -633,24 +612,37 @@ pub fn host_store_with_backlog(
     secret: Option<Vec<u8>>,
     backlog: u32,
 ) -> std::io::Result<HostedStore> {
-    host_store_sized(bind, peer_timeout, secret, backlog, backlog as usize)
+    host_store_sized(
+        bind,
+        peer_timeout,
+        secret,
+        (backlog, backlog as usize),
+        None,
+    )
 }
 
+/// `(backlog, in_handshake)`: the listen backlog and the connections in their handshake at
+/// once; `refused`: where `store_refused` records go (`None`: the console only).
 fn host_store_sized(
     bind: SocketAddr,
     peer_timeout: Duration,
     secret: Option<Vec<u8>>,
-    backlog: u32,
-    in_handshake: usize,
+    (backlog, in_handshake): (u32, usize),
+    refused: Option<mpsc::UnboundedSender<Record>>,
 ) -> std::io::Result<HostedStore> {
     serve_on_own_thread("vigil-store", move || async move {
         let mut server = vigil_store::StoreServer::bind_with_backlog(bind, backlog).await?;
         server.set_peer_timeout(Some(peer_timeout));
         server.set_secret(secret);
         server.set_max_in_handshake(in_handshake);
-        server.on_drop(drop_notice());
+        let keys = server.key_space();
+        server.on_drop(drop_notice(refused.map(|tx| RefusedOut {
+            keys: keys.clone(),
+            tx,
+            notes: Arc::default(),
+        })));
         let leases = server.lease_events();
-        let hosted = (server.local_addr()?, server.key_space(), leases);
+        let hosted = (server.local_addr()?, keys, leases);
         Ok((hosted, server.serve()))
     })
 }

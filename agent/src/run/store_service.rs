@@ -121,7 +121,11 @@ async fn serve(addr: SocketAddr, secret: Option<Vec<u8>>, args: &StoreArgs) -> i
     if args.node_timeout > 0.0 {
         server.set_peer_timeout(Some(Duration::from_secs_f64(args.node_timeout)));
     }
-    server.on_drop(Arc::new(|peer, why| {
+    server.on_drop(Arc::new(|peer, _, why| {
+        // A client that left before its handshake is counted (`Refusals`), not told each time.
+        if why == vigil_store::CLOSED_IN_HANDSHAKE {
+            return;
+        }
         eprintln!("vigil store: closed the connection from {peer}: {why}");
     }));
     let local = match server.local_addr() {

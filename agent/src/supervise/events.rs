@@ -74,6 +74,10 @@ pub struct SupervisorConfig {
     pub warmup_steps: u32,
     /// Calculated timeouts are this many times the longest observed.
     pub safety_factor: f64,
+    /// `--calculate-timeouts`: vigil calculates the timeouts in force on its own once enough was
+    /// observed. Without it they change only when the job's code asks (NVRx's
+    /// `calculate_and_set_*`, `vigil.calculate_timeouts`), as under ft_launcher.
+    pub calculates: bool,
     /// What a hung rank gets after its stacks are captured (SIGTERM by default, then SIGKILL).
     pub termination_signal: i32,
     /// How long to wait for a hung rank's stack dump before terminating it anyway.
@@ -114,6 +118,7 @@ impl SupervisorConfig {
             timeouts: Timeouts::default(),
             warmup_steps: 0,
             safety_factor: 5.0,
+            calculates: false,
             termination_signal: SIGTERM,
             stack_wait: Duration::from_secs(2),
             calculated: None,
@@ -204,6 +209,44 @@ pub enum Event {
     },
     /// Node rank 0's straggler report found stragglers on these nodes.
     Stragglers { nodes: Vec<u32> },
+    /// A node (maybe this one) asks every node for its hang candidates, for the job's hang
+    /// verdict `round` of `attempt` (`JobRequest::HangReport`).
+    HangAsked { attempt: u32, round: u32 },
+    /// The job's hang verdict `round` of `attempt`: the rank to name hung (`None`: no node had
+    /// a candidate; each node then decides alone).
+    HangNamed {
+        attempt: u32,
+        round: u32,
+        hung: Option<HungRank>,
+    },
+}
+
+/// The rank a job-wide hang verdict names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HungRank {
+    /// The global rank.
+    pub rank: u32,
+    pub pid: i32,
+    pub stopped: bool,
+}
+
+/// A rank that may be the hung one, as its node sees it when a hang is due (`hangs.rs`). Across
+/// nodes each node hands its own to the coordinator (`JobRequest::HangReport`), which picks one
+/// with `choose_hung`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HangCandidate {
+    pub local_rank: u32,
+    /// The global rank.
+    pub rank: u32,
+    pub pid: i32,
+    /// The last step it reported (`None`: none yet).
+    pub step: Option<u64>,
+    /// The section it is in, if any.
+    pub section: Option<String>,
+    /// When its silence began: the last message it sent.
+    pub since: Instant,
+    /// Its process is stopped (SIGSTOP, a debugger), or this node already named it hung.
+    pub stopped: bool,
 }
 
 /// One rank that failed on its own (not because we stopped it).
@@ -268,6 +311,15 @@ pub enum JobRequest {
         attempt: u32,
         generation: u64,
         replaced: Vec<u32>,
+    },
+    /// A hang is due here and no rank of this node is stopped, or another node asked
+    /// (`HangAsked`): this node's candidates for the job's hang verdict `round`. The first
+    /// report of a round asks every node for theirs; once every node reported, every node gets
+    /// `HangNamed`.
+    HangReport {
+        attempt: u32,
+        round: u32,
+        candidates: Vec<HangCandidate>,
     },
 }
 

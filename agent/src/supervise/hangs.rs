@@ -10,11 +10,17 @@
 
 use std::time::{Duration, Instant};
 
-use super::events::{Action, Failure, Hang, Record, StopReason, SIGTERM};
+use super::events::{
+    Action, Failure, Hang, HangCandidate, HungRank, JobRequest, Record, StopReason, SIGTERM,
+};
+use super::machines::JobVerdict;
 use super::monitor::{Due, RankMonitor, Timeouts};
 use super::phase::{Phase, RankState};
 use super::state::{Attempt, HangStep};
 use super::Supervisor;
+
+/// How long a node waits for the job's hang verdict before it decides alone.
+const JOB_VERDICT_WAIT: Duration = Duration::from_secs(10);
 
 /// The running rank of `attempt` that will be hung first under the timeouts `in_force`, and when.
 pub(super) fn earliest_hang(
@@ -36,35 +42,116 @@ pub(super) fn earliest_hang(
         .min_by_key(|(_, d)| d.at)
 }
 
-/// The rank to declare hung when `due_rank`'s timeout ran out: a running rank whose process
-/// is stopped, if any (the one silent longest), since ranks waiting on a frozen one (in a
-/// barrier, a collective) go silent too and may run out first. Returns the rank, its own
-/// timeout if it has one (else `due`'s), and whether it is stopped.
-pub(super) fn root_of_hang(
+/// The rank to name hung among `candidates`, each given with when its silence began as a number
+/// comparable within the call (milliseconds: of wall time job-wide, of the node's clock locally).
+/// A stopped rank is a definite culprit. Else the rank that is behind: the lowest step (none below
+/// any). Among ranks at the same step, the one whose silence began last: ranks that reached a
+/// collective first wait there, silent, for the late one, which is the one stuck (it went silent
+/// after them, or it would have reached the collective too). Ties go to the lowest rank.
+pub fn choose_hung<T>(
+    candidates: &[(T, u64)],
+    key: impl Fn(&T) -> (bool, Option<u64>, u32),
+) -> Option<&T> {
+    candidates
+        .iter()
+        .min_by_key(|(c, since)| {
+            let (stopped, step, rank) = key(c);
+            (!stopped, step, std::cmp::Reverse(*since), rank)
+        })
+        .map(|(c, _)| c)
+}
+
+/// The running ranks of `current` that may be the hung one at `now`: a stopped one, or one whose
+/// own timeout has run at least three quarters of its length. A rank that spoke again well after
+/// the others went silent (a heartbeat half a timeout later) is not one: it was still going while
+/// they were stuck.
+pub(super) fn hang_candidates(
     current: &Attempt,
     in_force: &Timeouts,
     warmup_steps: u32,
+    rank_offset: u32,
+    stopped: &[u32],
+    now: Instant,
+) -> Vec<(HangCandidate, Due)> {
+    current
+        .ranks
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.running())
+        .filter_map(|(i, r)| {
+            let lr = i as u32;
+            let m = r.monitor.as_ref()?;
+            let due = m.deadline(in_force, warmup_steps)?;
+            let is_stopped = stopped.contains(&lr);
+            let long = now.saturating_duration_since(due.since) * 4 >= due.limit * 3;
+            (is_stopped || long).then(|| {
+                let c = HangCandidate {
+                    local_rank: lr,
+                    rank: rank_offset + lr,
+                    pid: r.pid?,
+                    step: r.pace.map(|p| p.step),
+                    section: m.section_name().map(str::to_string),
+                    // Not its timeout's start: a heartbeat timeout runs from the heartbeat
+                    // before the section that the stuck rank opened after the others did.
+                    since: m.last_heard(),
+                    stopped: is_stopped,
+                };
+                Some((c, due))
+            })?
+        })
+        .collect()
+}
+
+/// A rank that failed in the attempt, as a candidate for the job's hang verdict: a definite one.
+fn failed_candidate(f: &Failure) -> HangCandidate {
+    HangCandidate {
+        local_rank: f.local_rank,
+        rank: f.rank,
+        pid: f.pid,
+        step: None,
+        section: None,
+        since: f.at,
+        stopped: true,
+    }
+}
+
+/// The local rule: the rank of `candidates` to name hung ([`choose_hung`] on this node's clock).
+pub(super) fn choose_local(candidates: &[(HangCandidate, Due)]) -> Option<&(HangCandidate, Due)> {
+    let base = candidates.iter().map(|(c, _)| c.since).min()?;
+    let keyed: Vec<(&(HangCandidate, Due), u64)> = candidates
+        .iter()
+        .map(|cd| (cd, cd.0.since.duration_since(base).as_millis() as u64))
+        .collect();
+    choose_hung(&keyed, |(c, _)| (c.stopped, c.step, c.rank)).copied()
+}
+
+/// The rank to declare hung when `due_rank`'s timeout ran out: a running rank whose process
+/// is stopped, if any; else the one [`choose_local`] names among this node's candidates, since
+/// ranks waiting on a stuck one (in a barrier, a collective) go silent too and may run out first.
+/// Returns the rank, its own timeout if it has one (else `due`'s), and whether it is stopped.
+pub(super) fn root_of_hang(
+    current: &Attempt,
+    (in_force, warmup_steps): (&Timeouts, u32),
     (due_rank, due): (u32, Due),
     stopped: &[u32],
+    now: Instant,
 ) -> (u32, Due, bool) {
     if stopped.contains(&due_rank) {
         return (due_rank, due, true);
     }
-    let ranks = &current.ranks;
-    let frozen = stopped
-        .iter()
-        .filter(|lr| ranks.get(**lr as usize).is_some_and(|r| r.running()))
-        .map(|lr| {
-            let own = ranks[*lr as usize]
-                .monitor
-                .as_ref()
-                .and_then(|m| m.deadline(in_force, warmup_steps));
-            (*lr, own)
-        })
-        .min_by_key(|(lr, own)| (own.is_none(), own.as_ref().map(|d| d.since), *lr));
-    match frozen {
-        Some((lr, own)) => (lr, own.unwrap_or(due), true),
-        None => (due_rank, due, false),
+    let candidates = hang_candidates(current, in_force, warmup_steps, 0, stopped, now);
+    // A stopped rank without a timeout of its own (not registered) is still the culprit.
+    let unwatched = stopped.iter().find(|lr| {
+        current
+            .ranks
+            .get(**lr as usize)
+            .is_some_and(|r| r.running())
+    });
+    match (choose_local(&candidates), unwatched) {
+        (Some((c, own)), _) if c.stopped => (c.local_rank, own.clone(), true),
+        (_, Some(lr)) => (*lr, due, true),
+        (Some((c, own)), None) => (c.local_rank, own.clone(), false),
+        (None, None) => (due_rank, due, false),
     }
 }
 
@@ -105,6 +192,23 @@ pub(super) fn begin_diagnosis(
             .as_ref()
             .is_some_and(RankMonitor::registered),
     });
+    let r = &current.ranks[local_rank as usize];
+    current.hangs.named = Some(HangCandidate {
+        local_rank,
+        rank: rank_offset + local_rank,
+        pid,
+        step: r.pace.map(|p| p.step),
+        section: r
+            .monitor
+            .as_ref()
+            .and_then(|m| m.section_name())
+            .map(str::to_string),
+        since: r
+            .monitor
+            .as_ref()
+            .map_or(due.since, RankMonitor::last_heard),
+        stopped: true,
+    });
     current.hangs.begin(local_rank, hang, now + stack_wait);
 }
 
@@ -129,36 +233,187 @@ impl Supervisor {
         }
     }
 
-    /// A tick while ranks run: a diagnosis whose wait is over ends; a hang that is due makes the
-    /// runtime look which ranks are stopped before anything is declared.
+    /// A tick while ranks run: a diagnosis whose wait is over ends; a hang that is due (or a
+    /// job verdict that did not come in time) makes the runtime look which ranks are stopped
+    /// before anything is declared.
     pub(super) fn hang_tick(&mut self, now: Instant, out: &mut Vec<Action>) {
         let due = self.earliest_hang().map(|(_, d)| d.at);
         match self.current.hangs.tick(now, due) {
             HangStep::Conclude => self.conclude_hang(now, out),
-            HangStep::Probe => {
-                let ranks = self
-                    .current
-                    .ranks
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, r)| r.running())
-                    .filter_map(|(i, r)| Some((i as u32, r.pid?)))
-                    .collect();
-                out.push(Action::ProbeStopped { ranks });
-            }
+            HangStep::Probe => self.probe(out),
             HangStep::Nothing => {}
         }
     }
 
+    fn probe(&self, out: &mut Vec<Action>) {
+        let ranks = self
+            .current
+            .ranks
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.running())
+            .filter_map(|(i, r)| Some((i as u32, r.pid?)))
+            .collect();
+        out.push(Action::ProbeStopped { ranks });
+    }
+
+    /// Whether a hang here waits for the job's verdict: several nodes, and no verdict that
+    /// failed to come.
+    fn job_wide(&self) -> bool {
+        self.job.placement.world_size != self.cfg.nproc && !self.current.hangs.alone()
+    }
+
+    /// How long a node waits for the job's hang verdict before it decides alone: every node
+    /// answers from its event loop in a few store round trips; one that cannot is lost.
+    fn verdict_wait(&self) -> Duration {
+        JOB_VERDICT_WAIT
+    }
+
     pub(super) fn on_probed(&mut self, now: Instant, stopped: Vec<u32>, out: &mut Vec<Action>) {
-        if self.current.hangs.probed() && self.phase == Phase::Running {
-            // Still due? A message may have come in while the runtime looked.
-            if let Some(due) = self.earliest_hang().filter(|(_, d)| now >= d.at) {
-                let (in_force, warmup) = (&self.timeouts.in_force, self.cfg.warmup_steps);
-                let hung = root_of_hang(&self.current, in_force, warmup, due, &stopped);
-                let at = (self.attempt, self.job.placement.rank_offset);
+        if !self.current.hangs.probed() || self.phase != Phase::Running {
+            return;
+        }
+        let (in_force, warmup) = (&self.timeouts.in_force, self.cfg.warmup_steps);
+        let offset = self.job.placement.rank_offset;
+        let candidates = hang_candidates(&self.current, in_force, warmup, offset, &stopped, now);
+        let at = (self.attempt, offset);
+        // A stopped rank is a definite culprit: named at once, on any number of nodes.
+        if let Some((c, own)) = choose_local(&candidates).filter(|(c, _)| c.stopped) {
+            let hung = (c.local_rank, own.clone(), true);
+            let report = candidates.iter().map(|(c, _)| c.clone()).collect();
+            begin_diagnosis(&mut self.current, at, self.cfg.stack_wait, now, hung, out);
+            return self.report_candidates(now, report, out);
+        }
+        // Still due? A message may have come in while the runtime looked.
+        let due = self.earliest_hang().filter(|(_, d)| now >= d.at);
+        // A stopped rank that sends nothing (no timeout of its own) is named by the local rule.
+        let unwatched = stopped.iter().any(|lr| {
+            self.current
+                .ranks
+                .get(*lr as usize)
+                .is_some_and(|r| r.running())
+        });
+        if !self.job_wide() || unwatched {
+            if let Some(due) = due {
+                let hung = root_of_hang(&self.current, (in_force, warmup), due, &stopped, now);
                 begin_diagnosis(&mut self.current, at, self.cfg.stack_wait, now, hung, out);
             }
+            return;
+        }
+        // Several nodes: the rank the others wait for may be on another node.
+        if due.is_some() || matches!(self.current.hangs.job, JobVerdict::Asked { .. }) {
+            let report = candidates.into_iter().map(|(c, _)| c).collect();
+            self.report_candidates(now, report, out);
+        }
+    }
+
+    /// Hands this node's candidates to the job's verdict under way (or asks for one).
+    fn report_candidates(
+        &mut self,
+        now: Instant,
+        candidates: Vec<HangCandidate>,
+        out: &mut Vec<Action>,
+    ) {
+        if self.job.placement.world_size == self.cfg.nproc {
+            return;
+        }
+        let until = now + self.verdict_wait();
+        if let Some(round) = self.current.hangs.report(until) {
+            out.push(Action::Job(JobRequest::HangReport {
+                attempt: self.attempt,
+                round,
+                candidates,
+            }));
+        }
+    }
+
+    /// Another node (or this one) asks for the job's hang verdict `round`: this node probes its
+    /// ranks and reports. A node that already named a rank hung reports that one (as definite
+    /// as a stopped one), even once it is gone or replaced; one whose ranks do not run reports
+    /// the ranks that failed, if any: the verdict is not held up, and no other node names a rank
+    /// that only waited for one of them.
+    pub(super) fn on_hang_asked(
+        &mut self,
+        now: Instant,
+        attempt: u32,
+        round: u32,
+        out: &mut Vec<Action>,
+    ) {
+        if attempt != self.attempt || !self.current.hangs.open(round) {
+            return;
+        }
+        let until = now + self.verdict_wait();
+        let running =
+            self.phase == Phase::Running && self.current.ranks.iter().any(|r| r.running());
+        let definite: Vec<HangCandidate> = match &self.current.hangs.named {
+            Some(c) => vec![c.clone()],
+            None if !running => self.current.failures.iter().map(failed_candidate).collect(),
+            None => Vec::new(),
+        };
+        let probe = self.current.hangs.asked(round, until);
+        if definite.is_empty() && running {
+            if probe {
+                self.probe(out);
+            }
+            return;
+        }
+        if probe {
+            // Nothing to probe for: the answer is known.
+            self.current.hangs.probed();
+        }
+        self.report_candidates(now, definite, out);
+    }
+
+    /// The job's hang verdict `round`: the named rank's node declares it hung; the others wait
+    /// for that node's stop or generation (and decide alone if neither comes).
+    pub(super) fn on_hang_named(
+        &mut self,
+        now: Instant,
+        attempt: u32,
+        round: u32,
+        hung: Option<HungRank>,
+        out: &mut Vec<Action>,
+    ) {
+        if attempt != self.attempt || !self.current.hangs.named(round) {
+            return;
+        }
+        if self.phase != Phase::Running {
+            return;
+        }
+        let Some(h) = hung else {
+            self.current.hangs.job = JobVerdict::Alone;
+            return;
+        };
+        let offset = self.job.placement.rank_offset;
+        let local = h.rank.checked_sub(offset).filter(|lr| *lr < self.cfg.nproc);
+        let Some(lr) = local else {
+            let until =
+                now + self.verdict_wait() + self.cfg.stack_wait + self.cfg.workers_stop_timeout;
+            self.current.hangs.job = JobVerdict::Elsewhere { until };
+            return;
+        };
+        let r = &self.current.ranks[lr as usize];
+        if self
+            .current
+            .hangs
+            .named
+            .as_ref()
+            .is_some_and(|c| c.pid == h.pid)
+        {
+            // Named here already: stopped or replaced.
+            return;
+        }
+        let own = r
+            .monitor
+            .as_ref()
+            .and_then(|m| m.deadline(&self.timeouts.in_force, self.cfg.warmup_steps));
+        match own {
+            Some(own) if r.running() && r.pid == Some(h.pid) => {
+                let at = (self.attempt, offset);
+                let hung = (lr, own, h.stopped);
+                begin_diagnosis(&mut self.current, at, self.cfg.stack_wait, now, hung, out);
+            }
+            _ => self.current.hangs.job = JobVerdict::Alone,
         }
     }
 
@@ -188,5 +443,45 @@ impl Supervisor {
         let term = self.cfg.termination_signal;
         self.begin_stop_except(now, StopReason::RankHung, SIGTERM, Some((pid, term)), out);
         self.report_failure(hang.reason(rank), out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::choose_hung;
+
+    /// (rank, stopped, step).
+    type Rank = (u32, bool, Option<u64>);
+
+    /// The rank picked among ranks, each with when its silence began.
+    fn pick(c: &[(Rank, u64)]) -> Option<u32> {
+        choose_hung(c, |(r, stopped, step)| (*stopped, *step, *r)).map(|c| c.0)
+    }
+
+    #[test]
+    fn a_stopped_rank_comes_first() {
+        let c = [((0, false, Some(3)), 10), ((1, true, Some(9)), 0)];
+        assert_eq!(pick(&c), Some(1));
+    }
+
+    #[test]
+    fn the_rank_behind_comes_next_and_no_step_is_behind_any() {
+        let c = [((0, false, Some(5)), 10), ((1, false, Some(4)), 0)];
+        assert_eq!(pick(&c), Some(1));
+        let c = [((0, false, Some(0)), 10), ((1, false, None), 0)];
+        assert_eq!(pick(&c), Some(1));
+    }
+
+    #[test]
+    fn at_the_same_step_the_silence_that_began_last_then_the_lowest_rank() {
+        let c = [
+            ((0, false, Some(5)), 10),
+            ((3, false, Some(5)), 30),
+            ((2, false, Some(5)), 20),
+        ];
+        assert_eq!(pick(&c), Some(3));
+        let c = [((4, false, Some(5)), 30), ((3, false, Some(5)), 30)];
+        assert_eq!(pick(&c), Some(3));
+        assert_eq!(pick(&[]), None);
     }
 }

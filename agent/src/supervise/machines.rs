@@ -6,7 +6,7 @@
 
 use std::time::Instant;
 
-use super::events::Hang;
+use super::events::{Hang, HangCandidate};
 use super::monitor::{CalcRequest, Calculated};
 
 /// A hung rank whose stacks are being captured: rank, why, and when to stop waiting.
@@ -27,6 +27,22 @@ pub(super) enum HangStep {
     Conclude,
 }
 
+/// Where the job's verdict on a hang stands for this node (several nodes only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(super) enum JobVerdict {
+    /// None asked for.
+    #[default]
+    Idle,
+    /// Verdict `round` is asked for (here or by another node); this node decides alone at
+    /// `until` if none came.
+    Asked { round: u32, until: Instant },
+    /// The verdict named a rank of another node, whose node stops or replaces it; this node
+    /// decides alone at `until` if nothing happened by then.
+    Elsewhere { until: Instant },
+    /// This node decides alone (no verdict came in time, or it named no rank).
+    Alone,
+}
+
 /// One attempt's hang handling.
 #[derive(Debug, Clone, Default)]
 pub(super) struct HangWatch {
@@ -36,6 +52,14 @@ pub(super) struct HangWatch {
     /// A rank of this attempt was declared hung: nothing it or the others do from then on says
     /// what the job needs.
     seen: bool,
+    pub job: JobVerdict,
+    /// The job's next hang verdict round in this attempt (every node sees every verdict).
+    pub round: u32,
+    /// The last round this node reported its candidates for.
+    reported: Option<u32>,
+    /// The rank this node named hung in this attempt, as a candidate: what it reports to any
+    /// later ask, even once the rank is gone or replaced.
+    pub named: Option<HangCandidate>,
 }
 
 impl HangWatch {
@@ -44,30 +68,101 @@ impl HangWatch {
         self.seen
     }
 
-    /// When to wake next: the diagnosis' end, or else when the earliest hang is due.
+    /// When to wake next: the diagnosis' end, the job's verdict's wait, or else when the
+    /// earliest hang is due.
     pub fn deadline(&self, due: impl FnOnce() -> Option<Instant>) -> Option<Instant> {
-        match &self.diagnosing {
-            Some(d) => Some(d.until),
-            None => due(),
+        match (&self.diagnosing, self.job) {
+            (Some(d), _) => Some(d.until),
+            (None, JobVerdict::Asked { until, .. } | JobVerdict::Elsewhere { until }) => {
+                Some(until)
+            }
+            (None, _) => due(),
         }
     }
 
     /// A tick at `now`, with the earliest hang due at `due`.
     pub fn tick(&mut self, now: Instant, due: Option<Instant>) -> HangStep {
-        match &self.diagnosing {
-            Some(d) if now >= d.until => HangStep::Conclude,
-            Some(_) => HangStep::Nothing,
-            None if !self.probing && due.is_some_and(|at| now >= at) => {
+        match (&self.diagnosing, self.job) {
+            (Some(d), _) if now >= d.until => HangStep::Conclude,
+            (Some(_), _) => HangStep::Nothing,
+            (None, JobVerdict::Asked { until, .. } | JobVerdict::Elsewhere { until }) => {
+                if now < until || self.probing {
+                    return HangStep::Nothing;
+                }
+                self.job = JobVerdict::Alone;
                 self.probing = true;
                 HangStep::Probe
             }
-            None => HangStep::Nothing,
+            (None, _) if !self.probing && due.is_some_and(|at| now >= at) => {
+                self.probing = true;
+                HangStep::Probe
+            }
+            (None, _) => HangStep::Nothing,
         }
     }
 
     /// The runtime answered the probe: whether a diagnosis may begin.
     pub fn probed(&mut self) -> bool {
         std::mem::take(&mut self.probing) && self.diagnosing.is_none()
+    }
+
+    /// Whether verdict `round` is still to be reported here (not past, not reported).
+    pub fn open(&self, round: u32) -> bool {
+        round >= self.round && self.reported.is_none_or(|r| r < round)
+    }
+
+    /// Another node asks for the job's verdict `round`: whether to probe this node's ranks for
+    /// it (false: already reported, or a probe or a diagnosis is under way).
+    pub fn asked(&mut self, round: u32, until: Instant) -> bool {
+        if !self.open(round) {
+            return false;
+        }
+        self.round = round;
+        if matches!(self.job, JobVerdict::Idle | JobVerdict::Asked { .. }) {
+            self.job = JobVerdict::Asked { round, until };
+        }
+        if self.probing || self.diagnosing.is_some() {
+            return false;
+        }
+        self.probing = true;
+        true
+    }
+
+    /// This node reports its candidates for the round under way, if it has not yet: the round.
+    /// A node that asks first waits for the verdict until `until`.
+    pub fn report(&mut self, until: Instant) -> Option<u32> {
+        let round = match self.job {
+            JobVerdict::Asked { round, .. } => round,
+            JobVerdict::Idle => {
+                self.job = JobVerdict::Asked {
+                    round: self.round,
+                    until,
+                };
+                self.round
+            }
+            JobVerdict::Elsewhere { .. } | JobVerdict::Alone => return None,
+        };
+        if self.reported.is_some_and(|r| r >= round) {
+            return None;
+        }
+        self.reported = Some(round);
+        Some(round)
+    }
+
+    /// The job's verdict `round` came: whether this node was waiting for it. The next round
+    /// follows it either way.
+    pub fn named(&mut self, round: u32) -> bool {
+        self.round = self.round.max(round + 1);
+        let waiting = matches!(self.job, JobVerdict::Asked { round: r, .. } if r == round);
+        if waiting {
+            self.job = JobVerdict::Idle;
+        }
+        waiting && self.diagnosing.is_none()
+    }
+
+    /// This node decides alone from now on.
+    pub fn alone(&self) -> bool {
+        self.job == JobVerdict::Alone
     }
 
     pub fn begin(&mut self, local_rank: u32, hang: Hang, until: Instant) {
@@ -98,9 +193,11 @@ impl HangWatch {
         }
     }
 
-    /// The attempt is being stopped for another reason: no diagnosis goes on.
+    /// The attempt is being stopped for another reason, or a new in-process generation began:
+    /// no diagnosis goes on, and no job verdict is waited for.
     pub fn cancel(&mut self) {
         self.diagnosing = None;
+        self.job = JobVerdict::Idle;
     }
 }
 
@@ -258,6 +355,48 @@ mod tests {
         w.begin(2, hang(), t);
         assert_eq!(w.tick(t, Some(t)), HangStep::Conclude);
         assert!(!w.probed());
+    }
+
+    #[test]
+    fn a_job_verdict_is_asked_once_a_round_and_waited_for_until_its_deadline() {
+        let t = Instant::now();
+        let s = Duration::from_secs(1);
+        let mut w = HangWatch::default();
+        assert_eq!(w.tick(t, Some(t)), HangStep::Probe);
+        assert!(w.probed());
+        // This node asks first: round 0, waited for until t + 10 s.
+        assert_eq!(w.report(t + 10 * s), Some(0));
+        assert_eq!(w.report(t + 10 * s), None, "one report a round");
+        assert!(!w.asked(0, t + 10 * s), "its own ask comes back");
+        assert_eq!(w.deadline(|| Some(t)), Some(t + 10 * s));
+        assert_eq!(
+            w.tick(t + 9 * s, Some(t)),
+            HangStep::Nothing,
+            "no probe meanwhile"
+        );
+        // The verdict names a rank elsewhere; the next round is 1.
+        assert!(w.named(0));
+        assert!(!w.named(0), "once");
+        w.job = JobVerdict::Elsewhere { until: t + 20 * s };
+        assert_eq!(w.tick(t + 19 * s, Some(t)), HangStep::Nothing);
+        // Nothing came of it: this node decides alone.
+        assert_eq!(w.tick(t + 20 * s, Some(t)), HangStep::Probe);
+        assert!(w.alone() && w.probed());
+        assert_eq!(w.report(t), None, "alone: no more reports");
+        // Another node's ask for an old round is not answered; a new one is probed for.
+        let mut w = HangWatch::default();
+        w.named(0);
+        assert!(!w.asked(0, t));
+        assert!(w.asked(1, t + s));
+        assert_eq!(
+            w.tick(t, Some(t)),
+            HangStep::Nothing,
+            "the probe is under way"
+        );
+        assert!(w.probed());
+        assert_eq!(w.report(t), Some(1));
+        w.cancel();
+        assert_eq!(w.job, JobVerdict::Idle);
     }
 
     #[test]

@@ -62,6 +62,7 @@ mod view;
 
 pub use backoff::Backoff;
 pub use events::*;
+pub use hangs::choose_hung;
 pub use stopstep::{choose_stop_step, is_stop_signal, StepReport, AGREEMENT_BUDGET};
 pub use view::{AttemptSteps, RankView};
 
@@ -293,6 +294,14 @@ impl Supervisor {
                 stopstep::on_stop_step(&mut self.stop, here, attempt, step, &mut out)
             }
             Event::Probed { stopped } => self.on_probed(now, stopped, &mut out),
+            Event::HangAsked { attempt, round } => {
+                self.on_hang_asked(now, attempt, round, &mut out)
+            }
+            Event::HangNamed {
+                attempt,
+                round,
+                hung,
+            } => self.on_hang_named(now, attempt, round, hung, &mut out),
             Event::Joined {
                 attempt,
                 placement,

@@ -382,6 +382,24 @@ impl RankMonitor {
         self.sections_only = false;
     }
 
+    /// The section it is in, if any.
+    pub fn section_name(&self) -> Option<&str> {
+        self.section.as_ref().map(|(n, _)| n.as_str())
+    }
+
+    /// When it last said anything the monitor keeps (a heartbeat, a section opened or closed,
+    /// its registration), or its start: when its silence began.
+    pub fn last_heard(&self) -> Instant {
+        [
+            self.last_heartbeat,
+            self.section.as_ref().map(|(_, at)| *at),
+            self.out_since,
+        ]
+        .into_iter()
+        .flatten()
+        .fold(self.started, Instant::max)
+    }
+
     /// Stops learning from this rank: a hang's gap, or the time the attempt spent being stopped
     /// after it, says nothing about what the job needs.
     pub fn freeze(&mut self) {

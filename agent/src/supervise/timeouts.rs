@@ -291,10 +291,14 @@ impl Calc<'_> {
         self.maybe_answer_requests(out);
     }
 
-    /// Flags mode: once every rank has been observed long enough, set the timeouts from what they
-    /// needed. Never when the job's code calculates on request, or after a hang in this attempt.
+    /// With `--calculate-timeouts`: once every rank has been observed long enough, set the
+    /// timeouts from what they needed. Never when the job's code calculates on request, or after
+    /// a hang in this attempt. Without the flag only the job's code asks, as under ft_launcher,
+    /// which never calculates on its own: a configured `step=15` stays 15 s however short the
+    /// steps seen.
     pub(super) fn maybe_calculate(&mut self, out: &mut Vec<Action>) {
-        if self.current.requests.own_done
+        if !self.cfg.calculates
+            || self.current.requests.own_done
             || self.timeouts.on_request
             || self.current.hangs.seen()
             || !self.timeouts.in_force.any()

@@ -138,7 +138,10 @@ async fn run(args: Args) -> Result<(), ServeError> {
         .map_err(|source| ServeError::Bind { addr, source })?;
     server.set_secret(secret);
     server.set_max_total(args.max_total);
-    server.on_drop(std::sync::Arc::new(|peer, why| {
+    server.on_drop(std::sync::Arc::new(|peer, _, why| {
+        if why == vigil_store::CLOSED_IN_HANDSHAKE {
+            return;
+        }
         eprintln!("vigil-store-server: closed the connection from {peer}: {why}");
     }));
     let local = server.local_addr()?;

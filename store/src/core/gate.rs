@@ -221,10 +221,104 @@ impl Admission {
     }
 }
 
+/// Why the store turned away a connection that never got past its handshake: a client without
+/// the job's secret (a port scanner, junk, a flood), or a node of another job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Refusal {
+    /// It sent bytes that are not the handshake (or too many, or out of order).
+    BadBytes,
+    /// It presented a wrong proof of the secret.
+    WrongSecret,
+    /// It closed (or was closed for its silence, [`HANDSHAKE_TIMEOUT`]) before completing it.
+    ClosedInHandshake,
+    /// It was closed to make room: more than [`MAX_IN_HANDSHAKE`] were in their handshake.
+    OverBudget,
+}
+
+impl Refusal {
+    pub const ALL: [Refusal; 4] = [
+        Refusal::BadBytes,
+        Refusal::WrongSecret,
+        Refusal::ClosedInHandshake,
+        Refusal::OverBudget,
+    ];
+
+    /// The name the agent's event log and console use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Refusal::BadBytes => "bad_bytes",
+            Refusal::WrongSecret => "wrong_secret",
+            Refusal::ClosedInHandshake => "closed_in_handshake",
+            Refusal::OverBudget => "over_budget",
+        }
+    }
+}
+
+/// The refusal a connection's end is, when it ended in `role` (`None`: it was admitted, so its
+/// end, whatever it was, is not a stranger turned away).
+pub fn refusal(role: Role, end: &Result<(), End>) -> Option<Refusal> {
+    if role != Role::Handshake {
+        return None;
+    }
+    Some(match end {
+        Ok(()) | Err(End::Io) | Err(End::HandshakeTimeout(_)) => Refusal::ClosedInHandshake,
+        Err(End::AuthFailed) => Refusal::WrongSecret,
+        Err(End::Evicted(_)) => Refusal::OverBudget,
+        Err(_) => Refusal::BadBytes,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn only_a_connection_ended_in_its_handshake_is_a_refusal_and_of_which_kind() {
+        use crate::protocol::ProtocolError;
+        let h = Role::Handshake;
+        let t = Duration::from_secs(10);
+        assert_eq!(refusal(h, &Ok(())), Some(Refusal::ClosedInHandshake));
+        assert_eq!(refusal(h, &Err(End::Io)), Some(Refusal::ClosedInHandshake));
+        assert_eq!(
+            refusal(h, &Err(End::HandshakeTimeout(t))),
+            Some(Refusal::ClosedInHandshake)
+        );
+        assert_eq!(
+            refusal(h, &Err(End::AuthFailed)),
+            Some(Refusal::WrongSecret)
+        );
+        assert_eq!(
+            refusal(h, &Err(End::Evicted(256))),
+            Some(Refusal::OverBudget)
+        );
+        for e in [
+            End::BadMagic,
+            End::NotValidated,
+            End::AuthOutOfOrder,
+            End::HandshakeBudget(HANDSHAKE_BYTES),
+            End::NotAuthenticated("opcode 9".into()),
+            End::Protocol(ProtocolError::UnknownOpcode(200)),
+        ] {
+            assert_eq!(refusal(h, &Err(e.clone())), Some(Refusal::BadBytes), "{e}");
+        }
+        // Admitted: an agent's or a rank's end is not a refusal, however it ended.
+        for r in [Role::Agent, Role::Rank] {
+            assert_eq!(refusal(r, &Ok(())), None);
+            assert_eq!(refusal(r, &Err(End::Unauthorized)), None);
+            assert_eq!(refusal(r, &Err(End::Io)), None);
+        }
+        let names: Vec<_> = Refusal::ALL.iter().map(|r| r.name()).collect();
+        assert_eq!(
+            names,
+            [
+                "bad_bytes",
+                "wrong_secret",
+                "closed_in_handshake",
+                "over_budget"
+            ]
+        );
+    }
 
     proptest! {
         /// Against a plain list: the same evictions, in the same order, whatever enters and leaves.

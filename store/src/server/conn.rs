@@ -110,26 +110,36 @@ pub(super) async fn serve(
     };
     let s = guard.session.as_mut().expect("open");
     let end = conn.run(s).await;
+    let role = s.role();
     drop(conn);
-    report(&shared, peer, end);
+    report(&shared, peer, role, end);
     // Only a connection that ended by itself gets here, but a shutdown may race with its end.
     if guard.close(!shared.shutting_down.load(Ordering::SeqCst)) >= TRIM_AFTER {
         trim();
     }
 }
 
-/// Tells the drop notice why a connection was closed for misbehaving.
-fn report(shared: &Shared, peer: SocketAddr, end: Result<(), End>) {
-    let Err(e) = end else { return };
-    if e.is_io() {
-        return;
+/// Counts a connection turned away in its handshake ([`crate::core::gate::refusal`]), and tells
+/// the drop notice why a connection was closed: for misbehaving, or before it completed its
+/// handshake. An admitted connection's I/O end is nobody's fault and is not told.
+fn report(shared: &Shared, peer: SocketAddr, role: Role, end: Result<(), End>) {
+    let refusal = crate::core::gate::refusal(role, &end);
+    let why = match (&end, refusal) {
+        (Err(e), _) if !e.is_io() => {
+            shared.protocol_drops.fetch_add(1, Ordering::Relaxed);
+            let why = e.to_string();
+            *lock(&shared.last_drop) = Some(why.clone());
+            why
+        }
+        (_, Some(_)) => super::CLOSED_IN_HANDSHAKE.to_string(),
+        (_, None) => return,
+    };
+    if let Some(kind) = refusal {
+        lock(&shared.refused).count(kind, peer, &why);
     }
-    shared.protocol_drops.fetch_add(1, Ordering::Relaxed);
-    let why = e.to_string();
     if let Some(f) = lock(&shared.on_drop).clone() {
-        f(peer, &why);
+        f(peer, refusal, &why);
     }
-    *lock(&shared.last_drop) = Some(why);
 }
 
 /// Gives memory freed by a connection that held much back to the system (glibc keeps it

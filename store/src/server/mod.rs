@@ -19,6 +19,7 @@ use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::{mpsc, watch};
 use tokio::task::{JoinHandle, JoinSet};
 
+pub use crate::core::gate::Refusal;
 use crate::core::{ConnId, Core, Effects, LeaseEvent, Limits, WaitId};
 
 mod conn;
@@ -56,8 +57,57 @@ pub struct StoreStats {
     pub buffered_bytes: usize,
 }
 
-/// Told why a connection was closed for misbehaving: the peer and the reason.
-pub type DropNotice = Arc<dyn Fn(SocketAddr, &str) + Send + Sync>;
+/// Told why a connection was closed for misbehaving, or ended before it completed its
+/// handshake: the peer, the refusal it counts as (`None`: an admitted connection that
+/// misbehaved) and the reason.
+pub type DropNotice = Arc<dyn Fn(SocketAddr, Option<Refusal>, &str) + Send + Sync>;
+
+/// The reason given for a connection its peer closed before completing its handshake (a
+/// [`Refusal::ClosedInHandshake`] the store did not cause).
+pub const CLOSED_IN_HANDSHAKE: &str = "it closed the connection before completing its handshake";
+
+/// The connections the store turned away before they completed their handshake, by kind
+/// ([`Refusal`]), since it started, and the last one's peer and reason.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Refusals {
+    pub bad_bytes: u64,
+    pub wrong_secret: u64,
+    pub closed_in_handshake: u64,
+    pub over_budget: u64,
+    pub last_peer: Option<SocketAddr>,
+    pub last_why: Option<String>,
+}
+
+impl Refusals {
+    /// How many of kind `kind`.
+    pub fn of(&self, kind: Refusal) -> u64 {
+        match kind {
+            Refusal::BadBytes => self.bad_bytes,
+            Refusal::WrongSecret => self.wrong_secret,
+            Refusal::ClosedInHandshake => self.closed_in_handshake,
+            Refusal::OverBudget => self.over_budget,
+        }
+    }
+
+    /// All kinds together.
+    pub fn total(&self) -> u64 {
+        Refusal::ALL.iter().map(|k| self.of(*k)).sum()
+    }
+
+    pub fn count(&mut self, kind: Refusal, peer: SocketAddr, why: &str) {
+        let n = match kind {
+            Refusal::BadBytes => &mut self.bad_bytes,
+            Refusal::WrongSecret => &mut self.wrong_secret,
+            Refusal::ClosedInHandshake => &mut self.closed_in_handshake,
+            Refusal::OverBudget => &mut self.over_budget,
+        };
+        *n = n.saturating_add(1);
+        self.last_peer = Some(peer);
+        if self.last_why.as_deref() != Some(why) {
+            self.last_why = Some(why.to_string());
+        }
+    }
+}
 
 /// What a connection's task is told by others.
 pub(crate) enum Signal {
@@ -100,6 +150,7 @@ pub(crate) struct Shared {
     connections: AtomicUsize,
     protocol_drops: AtomicU64,
     last_drop: Mutex<Option<String>>,
+    refused: Mutex<Refusals>,
 }
 
 impl Shared {
@@ -115,6 +166,7 @@ impl Shared {
             connections: AtomicUsize::new(0),
             protocol_drops: AtomicU64::new(0),
             last_drop: Mutex::new(None),
+            refused: Mutex::new(Refusals::default()),
         }
     }
 
@@ -191,6 +243,11 @@ impl KeySpace {
     /// Why the most recent connection dropped for a protocol violation was dropped.
     pub fn last_protocol_error(&self) -> Option<String> {
         lock(&self.shared.last_drop).clone()
+    }
+
+    /// The connections turned away in their handshake so far.
+    pub fn refusals(&self) -> Refusals {
+        lock(&self.shared.refused).clone()
     }
 
     pub fn stats(&self) -> StoreStats {

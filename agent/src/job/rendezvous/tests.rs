@@ -97,17 +97,18 @@ async fn until(keys: &KeySpace, what: &str, f: impl Fn(vigil_store::StoreStats) 
 /// Each agent holds one connection to the store, the same one through a failed attempt and the
 /// next (before: a control, a waiter and a liveness connection each, plus one per attempt for the
 /// stop waiter); the waits of the attempt left behind are cancelled, not left parked. Parked
-/// now, per agent: attempt 1's end and its stop trigger; attempt 0's are gone.
+/// now, per agent: attempt 1's end, its stop trigger and its next hang verdict's request;
+/// attempt 0's are gone.
 #[test]
 fn an_agent_holds_one_connection_to_the_store_across_attempts() {
-    holds_one_connection_across_attempts(false, 4);
+    holds_one_connection_across_attempts(false, 6);
 }
 
 /// With in-process restarts on (issue 32), each agent also parks on attempt 1's next in-process
 /// generation; with them off, it does not (`an_agent_holds_one_connection_...` above).
 #[test]
 fn with_in_process_restarts_an_agent_also_parks_on_the_next_generation() {
-    holds_one_connection_across_attempts(true, 6);
+    holds_one_connection_across_attempts(true, 8);
 }
 
 /// Two agents join attempt 0, fail it and join attempt 1; then the store holds `parked` waits and

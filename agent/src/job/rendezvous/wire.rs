@@ -375,6 +375,19 @@ impl TryFrom<&WireTimeouts> for Timeouts {
     }
 }
 
+/// A rank one node offers for the job's hang verdict (`c<N>/hang/<r>/<node>`, a JSON list):
+/// `HangCandidate` on the wire, its silence's start as wall time (Unix milliseconds), so that
+/// nodes compare.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WireHangCandidate {
+    pub rank: u32,
+    pub pid: i32,
+    pub step: Option<u64>,
+    pub section: Option<String>,
+    pub silent_since_ms: u64,
+    pub stopped: bool,
+}
+
 /// What one node reports once a stop was asked (`c<N>/stop/steps/<node>`): `StepReport` on the
 /// wire.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -510,6 +523,22 @@ pub mod key {
     /// replaces (JSON list; compare-and-set, the first node to begin it wins).
     pub fn generation(c: u32, g: u64) -> String {
         format!("vigil/c{c}/gen/{g}")
+    }
+    /// The job's hang verdict `r` of attempt `c` is asked for (compare-and-set; every node
+    /// then reports its candidates).
+    pub fn hang(c: u32, r: u32) -> String {
+        format!("vigil/c{c}/hang/{r}")
+    }
+    /// Node `node`'s candidates for hang verdict `r` (JSON list of [`super::WireHangCandidate`]).
+    pub fn hang_report(c: u32, r: u32, node: u32) -> String {
+        format!("vigil/c{c}/hang/{r}/{node}")
+    }
+    pub fn hang_count(c: u32, r: u32) -> String {
+        format!("vigil/c{c}/hang/{r}/n")
+    }
+    /// The job's hang verdict `r` (JSON: a [`super::WireHangCandidate`], or null: none).
+    pub fn hang_named(c: u32, r: u32) -> String {
+        format!("vigil/c{c}/hang/{r}/named")
     }
     /// The job's stop trigger in attempt `c` (JSON string; compare-and-set, the first one wins).
     pub fn stop(c: u32) -> String {

@@ -120,3 +120,43 @@ fn multi_node_timeouts_apply_the_job_value_and_only_node_zero_saves() {
         assert!(a.contains(&Action::SendToAll(s.timeouts().to_msg())));
     }
 }
+
+/// A rank of `s` registers and heartbeats 20 times, 10 ms apart, from `t`: enough to calculate.
+fn beats(s: &mut Supervisor, t: Instant) -> Vec<Action> {
+    let reg = RankMsg::Register {
+        rank: 0,
+        local_rank: 0,
+        pid: 100,
+        attempt: 0,
+    };
+    let mut out = s.handle(
+        t,
+        Event::Message {
+            local_rank: 0,
+            msg: reg,
+        },
+    );
+    for i in 0..20u64 {
+        let msg = RankMsg::Heartbeat { step: Some(i) };
+        let at = t + Duration::from_millis(10 * i);
+        out.extend(s.handle(at, Event::Message { local_rank: 0, msg }));
+    }
+    out
+}
+
+#[test]
+fn vigil_calculates_on_its_own_only_when_asked_to() {
+    let t = Instant::now();
+    for calculates in [false, true] {
+        let mut c = cfg(1, 0);
+        c.timeouts.heartbeat = Some(Duration::from_secs(60));
+        c.calculates = calculates;
+        let (mut s, _) = Supervisor::new(c);
+        s.handle(t, joined(0, 0, 0));
+        started(&mut s, t, 100);
+        let shared = beats(&mut s, t)
+            .iter()
+            .any(|a| matches!(a, Action::Job(JobRequest::ShareTimeouts { round: 0, .. })));
+        assert_eq!(shared, calculates, "--calculate-timeouts: {calculates}");
+    }
+}

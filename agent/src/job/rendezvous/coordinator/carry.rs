@@ -109,6 +109,7 @@ impl Coordinator {
                     all,
                 })
             }
+            Step::ChooseHung { attempt, round } => self.hangs_read(attempt, round).await?,
             Step::ChooseStopStep(attempt) => {
                 let all = self.every_node(|i| key::stop_steps(attempt, i)).await?;
                 self.rdzv.step(Fact::StepsRead { attempt, all })
@@ -266,7 +267,7 @@ impl Coordinator {
 
     /// What every slot's node wrote under `key(node)`, read in one round trip; a value that does
     /// not parse is left out.
-    async fn every_node<T: serde::de::DeserializeOwned>(
+    pub(super) async fn every_node<T: serde::de::DeserializeOwned>(
         &mut self,
         key: impl Fn(u32) -> String,
     ) -> Result<Vec<T>, StoreError> {

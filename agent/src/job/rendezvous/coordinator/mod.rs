@@ -19,6 +19,7 @@ use super::wire::*;
 use super::{CoordConfig, FromCoord, HeadSide, StoreLink};
 
 mod carry;
+mod hangs;
 mod sources;
 
 use sources::{wait_one, watch_coordinator, watch_lease_queue};
@@ -78,6 +79,14 @@ pub(super) enum Input {
     StopStep { attempt: u32, step: Option<u64> },
     /// Node rank 0: the last call of this attempt's rendezvous ran out (lastcall.rs).
     LastCall(u32),
+    /// A node asked for the attempt's hang verdict `round` (hangs.rs).
+    HangAsked { attempt: u32, round: u32 },
+    /// The attempt's hang verdict `round` was written.
+    HangNamed {
+        attempt: u32,
+        round: u32,
+        value: Vec<u8>,
+    },
     /// The liveness, or the watch on the coordinator's lease.
     Alarm(Alarm),
     /// The store outside the job: a lease was lost (its lease queue).
@@ -113,6 +122,8 @@ pub(super) struct Coordinator {
     stop_task: Option<AbortHandle>,
     /// Parked on this attempt's next in-process generation (`Step::WaitGeneration`).
     generation_task: Option<AbortHandle>,
+    /// Parked on this attempt's hang verdicts (hangs.rs).
+    hang_task: Option<AbortHandle>,
     /// Renews this node's counter and watches the others' ([`liveness`]).
     liveness: AbortHandle,
     /// Node rank 0 with standbys: the last call of the rendezvous under way ([`lastcall`]).
@@ -191,6 +202,7 @@ impl Coordinator {
             timeouts_task: None,
             stop_task: None,
             generation_task: None,
+            hang_task: None,
             liveness,
             last_call: None,
             ended: false,
@@ -299,6 +311,18 @@ impl Coordinator {
                 value,
             } => self.generation_read(attempt, generation, &value).await,
             Input::LastCall(c) => self.last_call_out(c).await,
+            Input::HangAsked { attempt, round } => {
+                self.send(FromCoord::Event(Event::HangAsked { attempt, round }));
+                Ok(())
+            }
+            Input::HangNamed {
+                attempt,
+                round,
+                value,
+            } => {
+                self.hang_named(attempt, round, &value);
+                Ok(())
+            }
             Input::Lease(ev) => self.lease_event(ev).await,
             Input::Alarm(Alarm::Silent(why, node)) => {
                 self.decide(Fact::Silent { node, reason: why }).await
@@ -312,6 +336,9 @@ impl Coordinator {
 
     async fn request(&mut self, req: JobRequest) -> Result<(), vigil_store::StoreError> {
         match req {
+            // What every active node reports is counted over the slots: a standby reports none
+            // (the others' filters are the state machine's: decide/requests.rs).
+            JobRequest::HangReport { .. } if !self.rdzv.in_slots() => Ok(()),
             JobRequest::Join {
                 attempt,
                 calculated,
@@ -351,6 +378,11 @@ impl Coordinator {
                 generation,
                 replaced,
             } => self.generation_begun(attempt, generation, &replaced).await,
+            JobRequest::HangReport {
+                attempt,
+                round,
+                candidates,
+            } => self.hang_report(attempt, round, &candidates).await,
             JobRequest::Leave { .. } => unreachable!("handled by serve"),
         }
     }
@@ -363,7 +395,9 @@ impl Coordinator {
         abort(&mut self.timeouts_task);
         abort(&mut self.stop_task);
         abort(&mut self.generation_task);
+        abort(&mut self.hang_task);
         self.spawn_stop_waiter(attempt);
+        self.spawn_hang_waiter(attempt);
         let me = NodeInfo {
             topology: self.cfg.topology.clone(),
             healthy: None,

@@ -4,9 +4,13 @@
 use std::time::Duration;
 
 use crate::supervise::monitor::Timeouts;
-use crate::supervise::{choose_stop_step, Event, JobEnd, StepReport, AGREEMENT_BUDGET};
+use crate::supervise::{
+    choose_hung, choose_stop_step, Event, JobEnd, StepReport, AGREEMENT_BUDGET,
+};
 
-use super::super::wire::{key, to_json, NodeInfo, Verdict, WireEnd, WireSteps, WireTimeouts};
+use super::super::wire::{
+    key, to_json, NodeInfo, Verdict, WireEnd, WireHangCandidate, WireSteps, WireTimeouts,
+};
 use super::super::FromCoord;
 use super::requests::stop_trigger;
 use super::{
@@ -38,6 +42,9 @@ pub enum Step {
     MergeTimeouts { attempt: u32, round: u32 },
     /// Read every slot's stop steps for attempt N and hand them back ([`Rendezvous::steps_read`]).
     ChooseStopStep(u32),
+    /// Read every slot's hang candidates for attempt N's verdict `round` and hand them back
+    /// ([`Rendezvous::hangs_read`]).
+    ChooseHung { attempt: u32, round: u32 },
     /// Park on in-process generation `g` of attempt N (`c<N>/gen/<g>`) beside the rendezvous'
     /// wait, and hand what is written there back ([`Fact::GenerationRead`]).
     WaitGeneration(u32, u64),
@@ -150,6 +157,24 @@ pub fn poison(c: u32, end: &JobEnd) -> Vec<Step> {
             ]
         })
         .collect()
+}
+
+/// Every slot's hang candidates for `attempt`'s verdict `round` as read: the job's verdict, by
+/// [`choose_hung`] (the first written wins).
+pub fn hangs_read(attempt: u32, round: u32, all: Vec<Vec<WireHangCandidate>>) -> Vec<Step> {
+    let keyed: Vec<(WireHangCandidate, u64)> = all
+        .into_iter()
+        .flatten()
+        .map(|c| {
+            let since = c.silent_since_ms;
+            (c, since)
+        })
+        .collect();
+    let hung = choose_hung(&keyed, |c| (c.stopped, c.step, c.rank));
+    vec![Step::SetFirst(
+        key::hang_named(attempt, round),
+        to_json(&hung),
+    )]
 }
 
 /// The writes that say `members` agents join `attempts` from now on.
@@ -500,6 +525,18 @@ pub enum Fact<'a> {
         generation: u64,
         replaced: &'a [u32],
     },
+    /// This node counted itself the `count`th to report its hang candidates for `round`.
+    HangsCounted {
+        attempt: u32,
+        round: u32,
+        count: i64,
+    },
+    /// Every slot's hang candidates for `round`, as read.
+    HangsRead {
+        attempt: u32,
+        round: u32,
+        all: Vec<Vec<WireHangCandidate>>,
+    },
     /// In-process generation `generation` of `attempt` as written (`c<N>/gen/<g>`).
     GenerationRead {
         attempt: u32,
@@ -589,6 +626,22 @@ impl Rendezvous {
             } => self.timeouts_read(attempt, round, all),
             Fact::StepsCounted { attempt, count } => self.steps_counted(attempt, count),
             Fact::StepsRead { attempt, all } => self.steps_read(attempt, all),
+            Fact::HangsCounted {
+                attempt,
+                round,
+                count,
+            } => {
+                if self.all_reported(count) {
+                    vec![Step::ChooseHung { attempt, round }]
+                } else {
+                    Vec::new()
+                }
+            }
+            Fact::HangsRead {
+                attempt,
+                round,
+                all,
+            } => hangs_read(attempt, round, all),
             Fact::GenerationBegun {
                 attempt,
                 generation,

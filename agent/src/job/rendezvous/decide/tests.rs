@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::job::rendezvous::wire::to_json;
-use crate::job::rendezvous::wire::WireSteps;
+use crate::job::rendezvous::wire::{WireHangCandidate, WireSteps};
 use crate::job::spares::closeness;
 use crate::supervise::{choose_stop_step, StepReport, AGREEMENT_BUDGET};
 use proptest::prelude::*;
@@ -1566,4 +1566,69 @@ fn a_leaving_agent_ends_the_attempt_then_says_it_left_by_its_role() {
         hosts_store: false,
     });
     assert!(matches!(&steps[..], [Step::BestEffort(_)]), "{steps:?}");
+}
+
+fn hang_candidate(rank: u32, step: u64, since: u64, stopped: bool) -> WireHangCandidate {
+    WireHangCandidate {
+        rank,
+        pid: 100 + rank as i32,
+        step: Some(step),
+        section: Some("step".into()),
+        silent_since_ms: since,
+        stopped,
+    }
+}
+
+#[test]
+fn the_last_node_to_report_its_hang_candidates_chooses_the_rank_for_the_job() {
+    let mut r = agent(2, 2, 1);
+    let counted = |count| Fact::HangsCounted {
+        attempt: 3,
+        round: 1,
+        count,
+    };
+    assert!(r.step(counted(1)).is_empty(), "node 0 still to report");
+    let choose = Step::ChooseHung {
+        attempt: 3,
+        round: 1,
+    };
+    assert_eq!(r.step(counted(2)), vec![choose]);
+    // Node 0's ranks wait in the collective; node 1's rank 3 went silent after them.
+    let all = vec![
+        vec![
+            hang_candidate(0, 9, 1_000, false),
+            hang_candidate(1, 9, 1_004, false),
+        ],
+        vec![
+            hang_candidate(2, 9, 1_002, false),
+            hang_candidate(3, 9, 1_030, false),
+        ],
+    ];
+    let read = |all| Fact::HangsRead {
+        attempt: 3,
+        round: 1,
+        all,
+    };
+    let named = to_json(&Some(hang_candidate(3, 9, 1_030, false)));
+    let verdict = key::hang_named(3, 1);
+    assert_eq!(
+        r.step(read(all)),
+        vec![Step::SetFirst(verdict.clone(), named)]
+    );
+    // A stopped rank is named first; no candidate anywhere names none.
+    let all = vec![
+        vec![hang_candidate(0, 9, 1_000, true)],
+        vec![hang_candidate(3, 9, 1_030, false)],
+    ];
+    let named = to_json(&Some(hang_candidate(0, 9, 1_000, true)));
+    assert_eq!(
+        r.step(read(all)),
+        vec![Step::SetFirst(verdict.clone(), named)]
+    );
+    let none: Option<WireHangCandidate> = None;
+    let all = vec![vec![], vec![]];
+    assert_eq!(
+        r.step(read(all)),
+        vec![Step::SetFirst(verdict, to_json(&none))]
+    );
 }
