@@ -9,7 +9,7 @@ use crate::supervise::{JobEnd, StepReport};
 
 use super::super::wire::{key, to_json, NodeInfo, WireSteps, WireTimeouts};
 use super::super::FromCoord;
-use super::{poison, Counted, Joining, Patience, Rendezvous, Stage, Step};
+use super::{poison, Counted, Fact, Joining, Patience, Rendezvous, Stage, Step};
 
 /// Input: this node asks the job to stop `attempt` at a step, for `trigger` (the first trigger
 /// written wins; every node is parked on it).
@@ -18,6 +18,48 @@ pub fn stop_trigger(attempt: u32, trigger: &str) -> Vec<Step> {
 }
 
 impl Rendezvous {
+    /// [`Rendezvous::step`] for what this agent asks and the coordinator's succession (the facts
+    /// this file answers).
+    pub(super) fn asked(&mut self, fact: Fact<'_>) -> Vec<Step> {
+        match fact {
+            Fact::Join {
+                attempt,
+                calculated,
+                me,
+            } => self.join_steps(attempt, calculated, me),
+            Fact::ReportDone { attempt } => self.report_done(attempt),
+            Fact::ShareTimeouts {
+                attempt,
+                round,
+                timeouts,
+            } => self.share_timeouts(attempt, round, timeouts),
+            Fact::StopTrigger { attempt, trigger } => stop_trigger(attempt, trigger),
+            Fact::StopSteps { attempt, report } => self.share_steps(attempt, report),
+            Fact::Depart { reason } => self.depart(reason),
+            Fact::Leave {
+                poison,
+                highest_step,
+                hosts_store,
+            } => self.leave(poison, highest_step, hosts_store),
+            Fact::AllJoined { attempt } => vec![Step::ReadEarlyVerdict(attempt)],
+            Fact::NoEarlyVerdict { attempt } => self.reset_and_read(attempt),
+            Fact::CoordinatorGone { old } => self.coordinator_gone(old),
+            Fact::LeasesRead {
+                old,
+                leased,
+                job_ended,
+            } => self.leases_read(old, leased, job_ended),
+            Fact::CoordinatorClaimed {
+                old,
+                alive,
+                from,
+                held,
+            } => self.coordinator_claimed(old, alive, from, held),
+            Fact::Deposed { reason } => self.step_down(reason),
+            _ => unreachable!("Rendezvous::step hands {fact:?} elsewhere"),
+        }
+    }
+
     /// Input: this agent joins `attempt` ([`Rendezvous::join`]) with `me` as its join record, its
     /// last health check put in. Node rank 0 lost a node for good: the attempt (and the next)
     /// end with that, and the runtime is told so.

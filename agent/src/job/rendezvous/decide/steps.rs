@@ -12,7 +12,6 @@ use super::super::wire::{
     key, to_json, NodeInfo, Verdict, WireEnd, WireHangCandidate, WireSteps, WireTimeouts,
 };
 use super::super::FromCoord;
-use super::requests::stop_trigger;
 use super::{
     last_call_note, merge_timeouts, AfterLoss, Decision, LastCall, Loss, Proposal, Rendezvous,
     Stage,
@@ -573,40 +572,19 @@ impl Rendezvous {
                 let loss = self.silent(node, reason);
                 self.carry(loss)
             }
-            Fact::Join {
-                attempt,
-                calculated,
-                me,
-            } => self.join_steps(attempt, calculated, me),
-            Fact::ReportDone { attempt } => self.report_done(attempt),
-            Fact::ShareTimeouts {
-                attempt,
-                round,
-                timeouts,
-            } => self.share_timeouts(attempt, round, timeouts),
-            Fact::StopTrigger { attempt, trigger } => stop_trigger(attempt, trigger),
-            Fact::StopSteps { attempt, report } => self.share_steps(attempt, report),
-            Fact::Depart { reason } => self.depart(reason),
-            Fact::Leave {
-                poison,
-                highest_step,
-                hosts_store,
-            } => self.leave(poison, highest_step, hosts_store),
-            Fact::AllJoined { attempt } => vec![Step::ReadEarlyVerdict(attempt)],
-            Fact::NoEarlyVerdict { attempt } => self.reset_and_read(attempt),
-            Fact::CoordinatorGone { old } => self.coordinator_gone(old),
-            Fact::LeasesRead {
-                old,
-                leased,
-                job_ended,
-            } => self.leases_read(old, leased, job_ended),
-            Fact::CoordinatorClaimed {
-                old,
-                alive,
-                from,
-                held,
-            } => self.coordinator_claimed(old, alive, from, held),
-            Fact::Deposed { reason } => self.step_down(reason),
+            asked @ (Fact::Join { .. }
+            | Fact::ReportDone { .. }
+            | Fact::ShareTimeouts { .. }
+            | Fact::StopTrigger { .. }
+            | Fact::StopSteps { .. }
+            | Fact::Depart { .. }
+            | Fact::Leave { .. }
+            | Fact::AllJoined { .. }
+            | Fact::NoEarlyVerdict { .. }
+            | Fact::CoordinatorGone { .. }
+            | Fact::LeasesRead { .. }
+            | Fact::CoordinatorClaimed { .. }
+            | Fact::Deposed { .. }) => self.asked(asked),
             Fact::LastCallOut {
                 attempt,
                 present,
