@@ -17,7 +17,10 @@ agree to finish. Each mode runs the same script:
 Per mode: failures, failure -> every rank stepping again (median and max; each rank writes the
 wall time of every step; one machine, one clock), steps redone (the highest step before the kill
 minus the step training went on from), and goodput (the job's last step x the median failure-free
-step time / the job's wall time from its first step to its exit).
+step time / the job's wall time from its first step to its exit). A second table says where the
+rest went: the recoveries, the job's exit after its last step (the ranks' interpreter shutdown),
+the slower steps in between; the goodput with the exit left out; and, in process, the agents'
+own figures (`generation_recovered`, `generation_stepping`).
 """
 import argparse
 import json
@@ -151,7 +154,36 @@ def analyse(trace, kills, nproc, ended):
     # Up to the job's exit: a job that stalls after a failure loses that time too.
     wall = max(last_t, ended) - first_t
     goodput = min(1.0, last_step * step_t / wall) if wall > 0 else 0.0
-    return {"recov": recov, "redone": redone, "goodput": goodput, "steps": last_step}
+    # Where the rest of the wall went: the recoveries (kill -> every rank stepping), the job's
+    # exit after its last step, and the slower steps in between (a warm process importing
+    # beside the ranks, the machine's other load).
+    exit_s = max(0.0, ended - last_t)
+    lost = max(0.0, wall - last_step * step_t)
+    # The same without the job's exit (torch's interpreter shutdown, 1-3.5 s here, alike in every
+    # mode and no failure's cost).
+    run = last_t - first_t
+    goodput_run = min(1.0, last_step * step_t / run) if run > 0 else 0.0
+    return {"recov": recov, "redone": redone, "goodput": goodput, "goodput_run": goodput_run,
+            "steps": last_step,
+            "wall": wall, "lost": lost, "lost_recov": sum(recov), "exit": exit_s}
+
+
+def agent_times(logs):
+    """From the agent's event log: per generation, the seconds from the failure to every rank
+    back in its function (`generation_recovered`) and to every rank stepping
+    (`generation_stepping`)."""
+    back, stepping = [], []
+    for f in Path(logs).glob("*/events.jsonl"):
+        for line in f.read_text().splitlines():
+            try:
+                e = json.loads(line)
+            except ValueError:
+                continue
+            if e.get("event") == "generation_recovered":
+                back.append(e["seconds"])
+            elif e.get("event") == "generation_stepping":
+                stepping.append(e["seconds"])
+    return back, stepping
 
 
 def run_mode(mode, nproc, args, work):
@@ -199,6 +231,7 @@ def run_mode(mode, nproc, args, work):
     if res is not None:
         res["kills"] = len(kills)
         res["rc"] = p.returncode
+        res["back"], res["stepping"] = agent_times(work / "logs")
     return res
 
 
@@ -235,6 +268,17 @@ def main():
             continue
         print(f"| {nproc} | {mode} | {r['kills']} | {fmt(r['recov'])} | {fmt(r['redone'], '%d')} | "
               f"{100 * r['goodput']:.1f}% | {r['rc']} |")
+    print("\nWhere the wall time that is not goodput went (seconds), and the agents' own figures "
+          "(in process: failure -> every rank back in its function / stepping, median / max):\n")
+    print("| ranks | mode | wall | not goodput | in recoveries | job's exit | the rest (redone and slower steps) | goodput, exit left out | back in function | stepping (agent) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for nproc, mode, r in rows:
+        if r is None:
+            continue
+        rest = max(0.0, r["lost"] - r["lost_recov"] - r["exit"])
+        print(f"| {nproc} | {mode} | {r['wall']:.1f} | {r['lost']:.1f} | {r['lost_recov']:.1f} | "
+              f"{r['exit']:.1f} | {rest:.1f} | {100 * r['goodput_run']:.1f}% | {fmt(r['back'])} | "
+              f"{fmt(r['stepping'])} |")
 
 
 if __name__ == "__main__":

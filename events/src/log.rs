@@ -481,6 +481,17 @@ pub enum Record {
         #[serde(default)]
         seconds: f64,
     },
+    /// Every rank of the node reported a step of generation `generation`, `seconds` after the
+    /// failure: the job trains again (what `vigil goodput` counts as the generation's recovery).
+    GenerationStepping {
+        #[serde(default)]
+        #[serde(rename = "cycle")]
+        attempt: u32,
+        #[serde(default)]
+        generation: u64,
+        #[serde(default)]
+        seconds: f64,
+    },
     /// In-process restarts were asked for but this failure restarts the whole job: `reason`.
     InProcessDeclined {
         #[serde(default)]
@@ -509,6 +520,19 @@ pub enum Record {
         last_peer: Option<String>,
         #[serde(default)]
         last_reason: Option<String>,
+    },
+    /// The event log could not be written (its directory full, an I/O error): `records` records
+    /// were lost, the first at `first_ts` and the last at `last_ts` (Unix seconds); `error`: the
+    /// last write's error. Written as the first record once the log can be written again.
+    EventsLost {
+        #[serde(default)]
+        records: u64,
+        #[serde(default)]
+        first_ts: f64,
+        #[serde(default)]
+        last_ts: f64,
+        #[serde(default)]
+        error: String,
     },
     /// An event this vigil does not know (written by a newer one): read, never written.
     #[serde(other)]
@@ -668,6 +692,8 @@ mod tests {
             Record::GenerationRecovered { .. } => 41,
             Record::InProcessDeclined { .. } => 42,
             Record::StoreRefused { .. } => 43,
+            Record::EventsLost { .. } => 44,
+            Record::GenerationStepping { .. } => 45,
             Record::Unknown => 37,
         }
     }
@@ -983,6 +1009,17 @@ mod tests {
                 last_peer: Some("10.0.0.7:51234".into()),
                 last_reason: Some("VALIDATE with a wrong magic number".into()),
             },
+            Record::EventsLost {
+                records: 12,
+                first_ts: 1796162011.1,
+                last_ts: 1796162030.9,
+                error: "No space left on device (os error 28)".into(),
+            },
+            Record::GenerationStepping {
+                attempt: 0,
+                generation: 1,
+                seconds: 1.75,
+            },
             Record::Unknown,
         ]
     }
@@ -1010,10 +1047,28 @@ mod tests {
     }
 
     #[test]
+    fn an_events_lost_line_reads_back_with_its_count_and_times() {
+        let v = serde_json::json!({"event": "events_lost", "ts": 9.5, "host": "n1",
+            "node_rank": 0, "records": 4, "first_ts": 2.0, "last_ts": 8.0,
+            "error": "No space left on device (os error 28)"});
+        let line = Line::parse(&v).unwrap();
+        assert_eq!(
+            line.record,
+            Record::EventsLost {
+                records: 4,
+                first_ts: 2.0,
+                last_ts: 8.0,
+                error: "No space left on device (os error 28)".into(),
+            }
+        );
+        assert_eq!(line.record.name(), "events_lost");
+    }
+
+    #[test]
     fn every_record_round_trips() {
         let all = samples();
         let places: BTreeSet<usize> = all.iter().map(place).collect();
-        assert_eq!(places, (0..=43).collect(), "a record without a sample");
+        assert_eq!(places, (0..=45).collect(), "a record without a sample");
         for r in all {
             let text = serde_json::to_string(&r).unwrap();
             let back: Record =

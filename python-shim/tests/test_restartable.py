@@ -69,3 +69,36 @@ def test_an_error_of_the_rank_itself_is_raised_when_no_generation_comes(monkeypa
         train()
     with pytest.raises(ValueError):
         vigil.restartable(lambda gen: (_ for _ in ()).throw(ValueError("not waited for")))()
+
+
+class _Counter:
+    def __init__(self):
+        self.n = 0
+
+    def collect(self, *args):
+        self.n += 1
+        return 0
+
+
+def test_the_teardown_collects_only_when_something_still_holds_the_group(monkeypatch):
+    """The group freed by `destroy_process_group()` closes its connections at once: no full
+    collection (half a second with torch loaded). One still held (as a traceback's frames
+    would) gets the collection."""
+    pytest.importorskip("torch")
+    import socket
+
+    import torch.distributed as dist
+
+    counter = _Counter()
+    monkeypatch.setattr(ip, "_gc", counter)
+    held = []
+    for hold in (False, True):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=0, world_size=1)
+        if hold:
+            held.append(dist.distributed_c10d._get_default_group())
+        ip._teardown()
+        assert not dist.is_initialized()
+        assert counter.n == (1 if hold else 0), (hold, counter.n)

@@ -14,6 +14,7 @@ import gc as _gc
 import os as _os
 import threading as _threading
 import time as _time
+import weakref as _weakref
 
 #: How often the watcher thread looks for the agent's messages.
 WATCH_EVERY = 0.02
@@ -232,15 +233,32 @@ def _start_watcher():
 
 def _teardown():
     """Drops the default process group, so that the next ``init_process_group()`` builds a
-    fresh one and peers blocked on this rank see its connections close."""
+    fresh one and peers blocked on this rank see its connections close.
+
+    The connections close when the group is freed: at once, unless something of the call that
+    was left (a traceback's frames) still holds it; only then is a full collection run (with
+    torch imported it takes half a second of a loaded machine, on the recovery's critical
+    path)."""
+    group = None
     try:
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized():
+            group = _weak_default_group(dist)
             dist.destroy_process_group()
     except Exception:  # noqa: BLE001 - a broken group is what is being dropped
         pass
-    _gc.collect()
+    if group is None or group() is not None:
+        _gc.collect()
+
+
+def _weak_default_group(dist):
+    """A weak reference to the default group; None where there is none to be had (then the
+    caller collects)."""
+    try:
+        return _weakref.ref(dist.distributed_c10d._get_default_group())
+    except Exception:  # noqa: BLE001 - a torch without it, a group without weak references
+        return None
 
 
 def _install_prefix(generation):

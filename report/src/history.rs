@@ -132,8 +132,10 @@ impl RunBuilder {
                 .extend(straggler_report(ts, &line.record)),
             Record::Generation { .. }
             | Record::GenerationRecovered { .. }
+            | Record::GenerationStepping { .. }
             | Record::InProcessDeclined { .. } => {
-                run.generations.extend(in_process(ts, &line.record))
+                run.generations.extend(in_process(ts, &line.record));
+                run.gen_marks.extend(generation_mark(ts, &line.record));
             }
             Record::NodeFault { attempt, reason } => run.node_faults.push(NodeFault {
                 ts,
@@ -157,6 +159,7 @@ impl RunBuilder {
                 ready: *ready,
                 gone: Some((*node, reason.clone())),
             }),
+            Record::EventsLost { .. } => run.events_lost.extend(events_lost(&line.record)),
             Record::Result { outcome, exit_code } => {
                 run.result = Some(run_result(ts, outcome, *exit_code))
             }
@@ -176,6 +179,24 @@ impl RunBuilder {
             a.end = end;
         }
         self.run
+    }
+}
+
+/// Records lost while the event log could not be written.
+fn events_lost(r: &Record) -> Option<EventsLost> {
+    match r {
+        Record::EventsLost {
+            records,
+            first_ts,
+            last_ts,
+            error,
+        } => Some(EventsLost {
+            first_ts: *first_ts,
+            last_ts: *last_ts,
+            records: *records,
+            error: error.clone(),
+        }),
+        _ => None,
     }
 }
 
@@ -661,12 +682,51 @@ fn in_process(ts: f64, rec: &Record) -> Option<InProcess> {
             *attempt,
             format!("generation {generation} recovered in {seconds:.2}s"),
         ),
+        Record::GenerationStepping {
+            attempt,
+            generation,
+            seconds,
+        } => (
+            *attempt,
+            format!("generation {generation}: every rank stepping again {seconds:.2}s after the failure"),
+        ),
         Record::InProcessDeclined { attempt, reason } => {
             (*attempt, format!("no in-process restart: {reason}"))
         }
         _ => return None,
     };
     Some(InProcess { ts, attempt, text })
+}
+
+/// A generation's beginning or its ranks stepping again, for goodput.
+fn generation_mark(ts: f64, rec: &Record) -> Option<GenerationMark> {
+    let (attempt, generation, kind) = match rec {
+        Record::Generation {
+            attempt,
+            generation,
+            ranks,
+            step,
+        } => (
+            *attempt,
+            *generation,
+            GenerationKind::Began {
+                ranks: ranks.clone(),
+                step: *step,
+            },
+        ),
+        Record::GenerationStepping {
+            attempt,
+            generation,
+            ..
+        } => (*attempt, *generation, GenerationKind::Stepping),
+        _ => return None,
+    };
+    Some(GenerationMark {
+        ts,
+        attempt,
+        generation,
+        kind,
+    })
 }
 
 #[cfg(test)]
@@ -947,6 +1007,27 @@ mod tests {
                 (4.0, "node_fault", "attempt 0: node fault: XID 79 on GPU 2".to_string()),
             ]
         );
+    }
+
+    #[test]
+    fn records_lost_to_a_full_log_are_a_moment_at_their_start() {
+        let run = node_run(
+            "e".into(),
+            &recs(concat!(
+                r#"{"event":"cycle_start","ts":1,"cycle":0,"host":"a","node_rank":0}"#,
+                "\n",
+                r#"{"event":"events_lost","ts":30,"records":12,"first_ts":10,"last_ts":29.5,"error":"No space left on device (os error 28)","host":"a","node_rank":0}"#,
+                "\n",
+                r#"{"event":"result","ts":31,"outcome":"succeeded","exit_code":0,"host":"a","node_rank":0}"#,
+                "\n"
+            )),
+        );
+        let m = moments_of(run);
+        assert_eq!(
+            m[0],
+            (10.0, "events_lost", "event log not written for 19.5s: 12 record(s) lost (No space left on device (os error 28))".to_string())
+        );
+        assert_eq!(m[1].1, "result");
     }
 
     #[test]

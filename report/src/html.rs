@@ -505,6 +505,7 @@ fn colour(c: Category) -> &'static str {
         Category::Checkpoint => "#8c3caa",
         Category::LostProgress => "#d64541",
         Category::FailureHandling => "#f08c82",
+        Category::InProcessRecovery => "#f5c24c",
         Category::StopLeadUnused => "#eb9628",
         Category::QueueWait => "#b4b4b4",
         Category::Other => "#e6e6e6",

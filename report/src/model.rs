@@ -92,6 +92,11 @@ pub struct NodeRun {
     /// In-process restarts (docs/inprocess.md): generations begun and recovered, and failures
     /// that restarted the whole job instead.
     pub generations: Vec<InProcess>,
+    /// `events_lost`: stretches in which the event log could not be written, so records of
+    /// this node are missing.
+    pub events_lost: Vec<EventsLost>,
+    /// The same generations' `generation` and `generation_stepping` records, for goodput.
+    pub gen_marks: Vec<GenerationMark>,
     pub result: Option<RunResult>,
 }
 
@@ -104,12 +109,50 @@ pub struct SparesChange {
     pub gone: Option<(u32, String)>,
 }
 
+/// A generation's record on one node (docs/inprocess.md).
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerationMark {
+    pub ts: f64,
+    pub attempt: u32,
+    pub generation: u64,
+    pub kind: GenerationKind,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum GenerationKind {
+    /// `generation`: it began, replacing the global `ranks`, the node's ranks at `step`.
+    Began { ranks: Vec<u32>, step: Option<u64> },
+    /// `generation_stepping`: every rank of the node stepped in it.
+    Stepping,
+}
+
 /// An in-process restart's moment, described.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct InProcess {
     pub ts: f64,
     pub attempt: u32,
     pub text: String,
+}
+
+/// Records of a node lost while its event log could not be written (`events_lost`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EventsLost {
+    /// When the first and the last lost record were due (Unix seconds).
+    pub first_ts: f64,
+    pub last_ts: f64,
+    pub records: u64,
+    pub error: String,
+}
+
+impl EventsLost {
+    pub fn describe(&self) -> String {
+        format!(
+            "event log not written for {:.1}s: {} record(s) lost ({})",
+            self.last_ts - self.first_ts,
+            self.records,
+            self.error
+        )
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]

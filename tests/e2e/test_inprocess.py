@@ -19,7 +19,10 @@ import torch, torch.distributed as dist
 import vigil
 
 TRACE = os.environ["TRACE_DIR"]
-MODE = sys.argv[1]          # kill | stop: how rank 2 fails at step FAIL_AT of generation 0
+# kill | stop: how rank 2 fails at step FAIL_AT of generation 0; stuck: rank 0 is stuck in C
+# then too; twice: rank 1 fails again in generation 1; recovering: rank 1 dies while generation
+# 1 is being recovered; lost: no rank fails on its own (the test kills an agent)
+MODE = sys.argv[1]
 TOTAL, FAIL_AT = 80, 30
 rank = int(os.environ["RANK"])
 state = None                # lives across generations in the surviving processes
@@ -38,6 +41,21 @@ def log(**kw):
         f.write(json.dumps(kw) + "\n")
 
 
+def die_while_recovering():
+    # Rank 1 dies once the agent announced generation 1, before coming back to the wrapper: a
+    # second failure while that generation is recovered. The announcement's own interrupt may
+    # land anywhere in here: it only starts the loop again.
+    import vigil._inprocess as ip
+    log(event="fail_again", step=state["step"])
+    while True:
+        try:
+            ip._wait_for_generation(60)
+            os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(60)
+        except vigil.GenerationInterrupt:
+            continue
+
+
 @vigil.restartable
 def train(gen):
     global state
@@ -48,10 +66,23 @@ def train(gen):
     log(event="generation", generation=gen.generation, step=state["step"], replaced=list(gen.replaced),
         started=started())
     print("rank %d in generation %d" % (rank, gen.generation), flush=True)
+    try:
+        steps(gen)
+    except BaseException:
+        first_attempt = os.environ["TORCHELASTIC_RESTART_COUNT"] == "0"
+        if first_attempt and MODE == "recovering" and rank == 1 and gen.generation == 0:
+            die_while_recovering()
+        raise
+    dist.barrier()
+    log(event="done", w=state["w"].tolist(), step=state["step"], note=state["note"])
+    dist.destroy_process_group()
+
+
+def steps(gen):
     while state["step"] < TOTAL:
         s = state["step"]
         first_attempt = os.environ["TORCHELASTIC_RESTART_COUNT"] == "0"
-        if first_attempt and rank == 2 and gen.generation == 0 and s == FAIL_AT:
+        if first_attempt and MODE != "lost" and rank == 2 and gen.generation == 0 and s == FAIL_AT:
             log(event="fail", step=s)
             os.kill(os.getpid(), signal.SIGSTOP if MODE == "stop" else signal.SIGKILL)
         if first_attempt and MODE == "stuck" and rank == 0 and s == FAIL_AT:
@@ -68,9 +99,6 @@ def train(gen):
         vigil.heartbeat(s + 1)
         log(event="step", step=s + 1, generation=gen.generation)
         time.sleep(0.05)
-    dist.barrier()
-    log(event="done", w=state["w"].tolist(), step=state["step"], note=state["note"])
-    dist.destroy_process_group()
 
 
 train()
@@ -92,6 +120,7 @@ def check_replaced_alone(job, r, failed_rank=2, nproc=4):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
     seconds = check_traces(job, failed_rank, nproc)
     check_generation_events(events(job / "logs"), failed_rank)
+    check_goodput_and_report(job, job / "logs", failed_rank, seconds)
     # The warm process's output is the replaced rank's, in its generation's folder.
     (log,) = list((job / "logs").glob(f"**/attempt_0/{failed_rank}/generation_1/stdout.log"))
     assert f"rank {failed_rank} in generation 1" in log.read_text()
@@ -106,7 +135,38 @@ def check_generation_events(ev, failed_rank):
     assert g["generation"] == 1 and g["ranks"] == [failed_rank]
     (rec,) = of(ev, "generation_recovered")
     assert rec["generation"] == 1 and rec["seconds"] > 0
+    # Then every rank of the node stepped in generation 1.
+    (stepping,) = of(ev, "generation_stepping")
+    assert stepping["generation"] == 1 and stepping["seconds"] >= rec["seconds"]
+    assert ev.index(g) < ev.index(stepping)
     assert ev[-1]["outcome"] == "succeeded"
+
+
+def check_goodput_and_report(job, target, failed_rank, seconds):
+    """`vigil goodput` counts the generation as in-process recovery that lost nothing, about as
+    long as the ranks' own clocks say (`seconds`); `vigil report` shows it."""
+    r = run_vigil(["goodput", str(target), "--json"], cwd=job, env=base_env())
+    assert r.returncode == 0, r.stderr
+    g = json.loads(r.stdout)
+    (gen,) = g["generations"]
+    assert gen["cycle"] == 0 and gen["generation"] == 1 and gen["ranks"] == [failed_rank], gen
+    assert gen["steps_lost"] == 0 and gen["recovery_s"] > 0, gen
+    # The agents' times (the failed rank reaped, the last rank's step received) against the
+    # ranks' own: a loaded machine, a generous bound.
+    assert abs(gen["recovery_s"] - seconds) < 5, (gen, seconds)
+    b = g["breakdown"]
+    assert abs(b["in_process_recovery"] - gen["recovery_s"]) < 1e-6, b
+    # Nothing redone, and the recovered failure is no attempt's failure.
+    assert b["lost_progress"] == 0 and b["failure_handling"] == 0, b
+    t = run_vigil(["goodput", str(target)], cwd=job, env=base_env())
+    assert f"generation 1: rank {failed_rank} replaced at step" in t.stdout, t.stdout
+    assert "lost: nothing" in t.stdout, t.stdout
+    out = job / "report.html"
+    rep = run_vigil(["report", str(target), "-o", str(out)], cwd=job, timeout=60)
+    assert rep.returncode == 0, rep.stderr
+    page = out.read_text()
+    assert f"in-process restart: generation 1 at step" in page, page[-3000:]
+    assert "generation 1: every rank stepping again" in page
 
 
 def check_traces(job, failed_rank, nproc):
@@ -176,7 +236,8 @@ def test_across_two_nodes_a_killed_rank_on_node1_is_replaced_alone(job):
                   extra=["--in-process-restarts", "2", "--max-restarts", "0", "--rdzv-id", "ip2"])
     res = nodes.wait(timeout=600)
     assert [rc for rc, _, _ in res] == [0, 0], [e[-5000:] for _, _, e in res]
-    check_traces(job, failed_rank=2, nproc=4)
+    seconds = check_traces(job, failed_rank=2, nproc=4)
+    check_goodput_and_report(job, job, 2, seconds)
     for i in range(2):
         ev = nodes.events(i)
         assert not of(ev, "in_process_declined"), of(ev, "in_process_declined")

@@ -135,6 +135,22 @@ fn counters(p: &mut Page, s: &Snapshot) {
     one(
         p,
         s,
+        "vigil_in_process_stepping_seconds_total",
+        Kind::Counter,
+        "Seconds from a failure to every rank stepping again, over in-process restarts.",
+        t.in_process_stepping_s,
+    );
+    one(
+        p,
+        s,
+        "vigil_in_process_generation",
+        Kind::Gauge,
+        "The generation this node's ranks are at in the current attempt (0: no in-process restart yet).",
+        t.generation as f64,
+    );
+    one(
+        p,
+        s,
         "vigil_rank_failures_total",
         Kind::Counter,
         "Ranks of this node that exited on their own with a failure.",
@@ -368,6 +384,8 @@ mod tests {
             restarts: 1,
             in_process_restarts: 2,
             in_process_recovery_s: 1.5,
+            in_process_stepping_s: 2.25,
+            generation: 2,
             attempts: 2,
             ..Default::default()
         };
@@ -411,6 +429,11 @@ mod tests {
             samples[&format!("vigil_in_process_recovery_seconds_total{{{l}}}")],
             1.5
         );
+        assert_eq!(
+            samples[&format!("vigil_in_process_stepping_seconds_total{{{l}}}")],
+            2.25
+        );
+        assert_eq!(samples[&format!("vigil_in_process_generation{{{l}}}")], 2.0);
         assert_eq!(samples[&format!("vigil_attempts_total{{{l}}}")], 2.0);
         assert_eq!(samples[&format!("vigil_ranks_running{{{l}}}")], 1.0);
         assert_eq!(

@@ -46,6 +46,12 @@ pub struct Tally {
     pub in_process_restarts: u64,
     /// `generation_recovered` records: their recovery times, summed, in seconds.
     pub in_process_recovery_s: f64,
+    /// `generation_stepping` records: the time from a failure to every rank stepping again,
+    /// summed, in seconds.
+    pub in_process_stepping_s: f64,
+    /// The generation this node's ranks are at in the current attempt (`generation` records;
+    /// 0 at each attempt's start).
+    pub generation: u64,
     /// `rank_exited` records of a rank that failed (not expected, not 0).
     pub rank_failures: u64,
     /// `hang` records, by [`HANG_KINDS`].
@@ -63,10 +69,17 @@ impl Tally {
     /// Counts one record the agent wrote.
     pub fn on_record(&mut self, r: &Record) {
         match r {
-            Record::AttemptStart { .. } => self.attempts += 1,
+            Record::AttemptStart { .. } => {
+                self.attempts += 1;
+                self.generation = 0;
+            }
             Record::Restart { .. } => self.restarts += 1,
-            Record::Generation { .. } => self.in_process_restarts += 1,
+            Record::Generation { generation, .. } => {
+                self.in_process_restarts += 1;
+                self.generation = *generation;
+            }
             Record::GenerationRecovered { seconds, .. } => self.in_process_recovery_s += seconds,
+            Record::GenerationStepping { seconds, .. } => self.in_process_stepping_s += seconds,
             Record::RankExited {
                 expected: false, ..
             } => self.rank_failures += 1,

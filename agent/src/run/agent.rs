@@ -170,10 +170,8 @@ fn open_logs(dir: &Path) -> std::io::Result<(LogFile, LogFile)> {
     let open = |name: &str| -> std::io::Result<LogFile> {
         fs::create_dir_all(dir)?;
         let path = dir.join(name);
-        Ok(LogFile {
-            file: File::create(&path)?,
-            path,
-        })
+        let file = File::create(&path)?;
+        Ok(LogFile::new(path, file))
     };
     let (out, err) = (open("stdout.log"), open("stderr.log"));
     Ok((out?, err?))

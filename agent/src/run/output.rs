@@ -64,10 +64,23 @@ impl LineSplitter {
 
 pub type Tail = Rc<RefCell<VecDeque<String>>>;
 
-/// A rank's log file and where it is, for the one notice when it cannot be written.
+/// A rank's log file and where it is, for the notices when it cannot be written.
 pub struct LogFile {
     pub path: PathBuf,
-    pub file: File,
+    file: File,
+    /// Bytes of output that could not be written since the last write that could.
+    lost: u64,
+}
+
+impl LogFile {
+    /// A log file just created (empty).
+    pub fn new(path: PathBuf, file: File) -> LogFile {
+        LogFile {
+            path,
+            file,
+            lost: 0,
+        }
+    }
 }
 
 /// Where one stream of one rank goes.
@@ -97,23 +110,43 @@ pub enum ConsoleStream {
 
 /// Set once any rank log could not be written, so the agent says so once, not per line or rank.
 static LOG_WRITE_FAILED: AtomicBool = AtomicBool::new(false);
+/// Set once a rank log was written again after a failure; said once too (a file whose last page
+/// has room takes small writes and refuses large ones, over and over).
+static LOG_WRITE_RESUMED: AtomicBool = AtomicBool::new(false);
 
 impl Sink {
     /// Writes `bytes` to the log file as they are, and the complete lines in them to the console
     /// (each console write holds whole lines only) and the tail.
     pub fn write(&mut self, splitter: &mut LineSplitter, bytes: &[u8], eof: bool) {
-        if let Some(f) = &mut self.file {
-            if let Err(e) = f.file.write_all(bytes) {
-                // A full, read-only or vanished log disk must not stop supervision; the console
-                // still shows the rank's lines.
-                if !LOG_WRITE_FAILED.swap(true, Ordering::Relaxed) {
-                    note(&format!(
-                        "cannot write the rank log {}: {e}; ranks go on, their output from now on \
-                         may be missing from log files (free space or fix --log-dir; the console still shows it)",
-                        f.path.display()
-                    ));
+        if let Some(f) = self.file.as_mut().filter(|_| !bytes.is_empty()) {
+            // What part of a failed write fitted stays (the file is bytes as the rank wrote them,
+            // not records); the next write tries again.
+            match f.file.write_all(bytes) {
+                Ok(()) if f.lost > 0 => {
+                    if !LOG_WRITE_RESUMED.swap(true, Ordering::Relaxed) {
+                        note(&format!(
+                            "the rank log {} is written again; up to {} bytes of output are \
+                             missing from it (the console showed them)",
+                            f.path.display(),
+                            f.lost
+                        ));
+                    }
+                    f.lost = 0;
                 }
-                self.file = None;
+                Ok(()) => {}
+                // A full, read-only or vanished log disk must not stop supervision; the console
+                // still shows the rank's lines, and the next write tries again.
+                Err(e) => {
+                    if !LOG_WRITE_FAILED.swap(true, Ordering::Relaxed) {
+                        note(&format!(
+                            "cannot write the rank log {}: {e}; ranks go on, their output may be \
+                             missing from log files until there is room (free space or fix \
+                             --log-dir; the console still shows it)",
+                            f.path.display()
+                        ));
+                    }
+                    f.lost += bytes.len() as u64;
+                }
             }
         }
         let mut console = Vec::new();
@@ -147,13 +180,25 @@ impl Sink {
         }
         if let Some(d) = &self.dup {
             let mut f = d.file.borrow_mut();
-            if !dup.is_empty() && f.as_mut().is_some_and(|f| f.write_all(&dup).is_err()) {
-                *f = None;
+            if let Some(f) = f.as_mut().filter(|_| !dup.is_empty()) {
+                write_whole_lines(f, &dup);
             }
         }
         if let Some(stream) = self.console.filter(|_| !console.is_empty()) {
             console_queue(stream).push(console, lines, false);
         }
+    }
+}
+
+/// Appends `lines` whole or not at all: a write that fails (the disk full) costs these lines, what
+/// part of them was written is cut off again, and the next lines try again.
+fn write_whole_lines(f: &mut File, lines: &[u8]) {
+    use std::io::{Seek, SeekFrom};
+    let Ok(at) = f.stream_position() else {
+        return;
+    };
+    if f.write_all(lines).is_err() {
+        let _ = f.set_len(at).and_then(|_| f.seek(SeekFrom::Start(at)));
     }
 }
 
@@ -400,10 +445,7 @@ mod tests {
         let mut sink = Sink {
             prefix: "[default0]:".into(),
             console: None,
-            file: Some(LogFile {
-                file: File::create(&path).unwrap(),
-                path: path.clone(),
-            }),
+            file: Some(LogFile::new(path.clone(), File::create(&path).unwrap())),
             tail: Some(Tail::default()),
             dup: None,
         };

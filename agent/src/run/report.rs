@@ -412,6 +412,13 @@ fn generation_note(rec: &Record) -> Option<String> {
         } => Some(format!(
             "generation {generation}: every rank is back in its training function {seconds:.2}s after the failure"
         )),
+        Record::GenerationStepping {
+            generation,
+            seconds,
+            ..
+        } => Some(format!(
+            "generation {generation}: every rank is stepping again {seconds:.2}s after the failure"
+        )),
         Record::InProcessDeclined { reason, .. } => Some(format!("no in-process restart: {reason}")),
         _ => None,
     }

@@ -389,11 +389,7 @@ pub(super) async fn start(
 /// The node's outputs: the event log, the console's lines of records, NVRx's files.
 fn outputs(cfg: &LaunchConfig, run_dir: &Path, host: &str, event_file: File) -> Outputs {
     Outputs {
-        events: EventLog {
-            file: Some(event_file),
-            host: host.to_string(),
-            node_rank: cfg.node_rank,
-        },
+        events: EventLog::open(event_file, host, cfg.node_rank),
         report: Reporter {
             run_dir: run_dir.to_path_buf(),
             node_rank: cfg.node_rank,

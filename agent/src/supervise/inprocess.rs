@@ -171,8 +171,21 @@ impl Supervisor {
     }
 
     /// `local_rank` reported a step: a rank outside `vigil.restartable` is told of once, as the
-    /// job then restarts whole.
-    pub(super) fn on_step_reported(&mut self, local_rank: u32, out: &mut Vec<Action>) {
+    /// job then restarts whole; the last rank of the node to step in a new generation ends its
+    /// recovery as `vigil goodput` counts it.
+    pub(super) fn on_step_reported(
+        &mut self,
+        now: Instant,
+        local_rank: u32,
+        out: &mut Vec<Action>,
+    ) {
+        if let Some((generation, took)) = self.gens.on_step(now, local_rank) {
+            out.push(Action::Record(Record::GenerationStepping {
+                attempt: self.attempt,
+                generation,
+                seconds: took.as_secs_f64(),
+            }));
+        }
         if self.gens.note_undeclared(local_rank) {
             let rank = self.job.placement.rank_offset + local_rank;
             out.push(Action::Record(Record::InProcessDeclined {

@@ -68,7 +68,7 @@ impl Supervisor {
             }
             RankMsg::Heartbeat { step } => {
                 if let Some(step) = step {
-                    self.on_step_reported(local_rank, out);
+                    self.on_step_reported(now, local_rank, out);
                     stopstep::on_step(
                         &mut self.current,
                         &mut self.job.steps,
@@ -89,7 +89,7 @@ impl Supervisor {
                 on_workload_control(asked, at, local_rank, (action, description), out)
             }
             RankMsg::Progress { step } => {
-                self.on_step_reported(local_rank, out);
+                self.on_step_reported(now, local_rank, out);
                 if let Some(r) = self.current.ranks.get_mut(local_rank as usize) {
                     r.listens = true;
                 }

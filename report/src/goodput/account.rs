@@ -3,8 +3,8 @@
 
 use super::steps::step_stats;
 use super::{
-    AllocationGoodput, Breakdown, Category, Goodput, Timeline, CHECKPOINT_CAPPED_NOTE,
-    CHECKPOINT_NOTE,
+    AllocationGoodput, Breakdown, Category, GenerationCost, GenerationSpan, Goodput, Timeline,
+    CHECKPOINT_CAPPED_NOTE, CHECKPOINT_NOTE,
 };
 
 /// Cuts the wall time into consecutive pieces: everything up to `until` not yet given a category
@@ -40,6 +40,18 @@ impl Cutter {
                 _ => self.put(alloc, cat, to),
             }
         }
+    }
+
+    /// [`Self::fill`], except that each of `gens` recovered in process is in-process recovery
+    /// from its failure to every rank stepping again.
+    fn fill_around(&mut self, alloc: usize, cat: Category, until: f64, gens: &[GenerationSpan]) {
+        for g in gens {
+            if let Some(stepping) = g.stepping_at.filter(|_| g.failed_at < until) {
+                self.fill(alloc, cat, g.failed_at);
+                self.fill(alloc, Category::InProcessRecovery, stepping.min(until));
+            }
+        }
+        self.fill(alloc, cat, until);
     }
 
     /// `at..to` is `cat` (nothing when `to` is not past `at`).
@@ -161,6 +173,7 @@ pub fn compute(t: &Timeline) -> Goodput {
     cut.fill(t.allocations.len() - 1, Category::Other, end);
     let wall = end - start;
     let steps = step_stats(t, &mut notes);
+    let generations = generation_costs(t);
     let breakdown = cut.job;
     Goodput {
         start,
@@ -182,8 +195,42 @@ pub fn compute(t: &Timeline) -> Goodput {
             })
             .collect(),
         steps,
+        generations,
         notes,
     }
+}
+
+/// What each in-process restart cost: the time from its failure to every rank stepping again
+/// and no step, or, when the whole job restarted instead, the steps since the one it went on
+/// from.
+fn generation_costs(t: &Timeline) -> Vec<GenerationCost> {
+    let mut out = Vec::new();
+    for (ai, al) in t.allocations.iter().enumerate() {
+        for (i, at) in al.attempts.iter().enumerate() {
+            let highest = at.steps.iter().map(|s| s.1).max();
+            for g in &at.generations {
+                let recovery_s = g.stepping_at.map(|s| (s - g.failed_at).max(0.0));
+                let steps_lost = if recovery_s.is_some() {
+                    Some(0)
+                } else {
+                    let reached = highest.max(g.step);
+                    resumed_from(t, ai, i)
+                        .zip(reached)
+                        .map(|(r, h)| h.saturating_sub(r))
+                };
+                out.push(GenerationCost {
+                    allocation: al.number,
+                    attempt: at.attempt,
+                    generation: g.generation,
+                    ranks: g.ranks.clone(),
+                    step: g.step,
+                    recovery_s,
+                    steps_lost,
+                });
+            }
+        }
+    }
+    out
 }
 
 /// One allocation, from its start to its end (the stop lead and queue wait after it are the
@@ -215,13 +262,14 @@ fn cut_allocation(t: &Timeline, ai: usize, cut: &mut Cutter) {
             continue;
         };
         cut.fill(ai, Category::StartUp, t_first);
+        let gens = &at.generations;
         // Step time up to the step the job went on from was kept; beyond it, done again.
         let kept_until = match resumed {
             Some(r) if r <= s_last => time_of_step(&at.steps, r.max(s_first)).unwrap_or(t_last),
             _ => t_last,
         };
-        cut.fill(ai, Category::Goodput, kept_until);
-        cut.fill(ai, Category::LostProgress, t_last);
+        cut.fill_around(ai, Category::Goodput, kept_until, gens);
+        cut.fill_around(ai, Category::LostProgress, t_last, gens);
         match at.failed_at {
             Some(f) => {
                 // Unrecorded steps before the failure: kept only if the job went on past them.
@@ -230,7 +278,7 @@ fn cut_allocation(t: &Timeline, ai: usize, cut: &mut Cutter) {
                 } else {
                     Category::LostProgress
                 };
-                cut.fill(ai, tail, f);
+                cut.fill_around(ai, tail, f, gens);
                 cut.fill(ai, Category::FailureHandling, at.end);
             }
             None if i + 1 == n => {
@@ -241,11 +289,12 @@ fn cut_allocation(t: &Timeline, ai: usize, cut: &mut Cutter) {
                     .then(|| (t_last - t_first) / (s_last - s_first) as f64)
                     .or(at.step_s);
                 if let (Some(p), Some(fin)) = (pace, al.final_step.filter(|f| *f > s_last)) {
-                    cut.fill(ai, Category::Goodput, t_last + p * (fin - s_last) as f64);
+                    let until = t_last + p * (fin - s_last) as f64;
+                    cut.fill_around(ai, Category::Goodput, until, gens);
                 }
-                cut.fill(ai, Category::Other, at.end);
+                cut.fill_around(ai, Category::Other, at.end, gens);
             }
-            None => cut.fill(ai, Category::Other, at.end),
+            None => cut.fill_around(ai, Category::Other, at.end, gens),
         }
     }
     let last_failed = al.attempts.last().is_some_and(|a| a.failed_at.is_some());

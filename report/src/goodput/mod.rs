@@ -40,6 +40,9 @@ pub enum Category {
     LostProgress,
     /// From a failure (a hung rank's last sign of life) to the next attempt's start.
     FailureHandling,
+    /// From a failure recovered in process (a rank replaced alone, docs/inprocess.md) to every
+    /// rank stepping again: nothing is redone.
+    InProcessRecovery,
     /// From the job's stop for the time limit to the allocation's end.
     StopLeadUnused,
     /// From the job's submission to its first allocation, and between one allocation's end
@@ -50,12 +53,13 @@ pub enum Category {
 }
 
 impl Category {
-    pub const ALL: [Category; 8] = [
+    pub const ALL: [Category; 9] = [
         Category::Goodput,
         Category::StartUp,
         Category::Checkpoint,
         Category::LostProgress,
         Category::FailureHandling,
+        Category::InProcessRecovery,
         Category::StopLeadUnused,
         Category::QueueWait,
         Category::Other,
@@ -68,6 +72,7 @@ impl Category {
             Category::Checkpoint => "checkpoint",
             Category::LostProgress => "lost_progress",
             Category::FailureHandling => "failure_handling",
+            Category::InProcessRecovery => "in_process_recovery",
             Category::StopLeadUnused => "stop_lead_unused",
             Category::QueueWait => "queue_wait",
             Category::Other => "other",
@@ -82,6 +87,7 @@ impl Category {
             Category::Checkpoint => "checkpoint saves",
             Category::LostProgress => "progress lost to failures",
             Category::FailureHandling => "failure handling",
+            Category::InProcessRecovery => "in-process recovery",
             Category::StopLeadUnused => "stop lead unused",
             Category::QueueWait => "queue wait",
             Category::Other => "other",
@@ -89,14 +95,17 @@ impl Category {
     }
 
     fn index(self) -> usize {
-        Category::ALL.iter().position(|c| *c == self).unwrap_or(7)
+        Category::ALL
+            .iter()
+            .position(|c| *c == self)
+            .unwrap_or(Category::ALL.len() - 1)
     }
 }
 
 /// Seconds by category.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Breakdown {
-    seconds: [f64; 8],
+    seconds: [f64; Category::ALL.len()],
 }
 
 impl Breakdown {
@@ -121,7 +130,7 @@ impl Breakdown {
 impl Serialize for Breakdown {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
-        let mut m = s.serialize_map(Some(8))?;
+        let mut m = s.serialize_map(Some(Category::ALL.len()))?;
         for c in Category::ALL {
             m.serialize_entry(c.name(), &self.get(c))?;
         }
@@ -149,6 +158,40 @@ pub struct AttemptSpan {
     /// The ranks' own median step time (seconds) from its last `steps` record that has one
     /// (`step_s`: `step_timing`, `step` sections, else the time between steps).
     pub step_s: Option<f64>,
+    /// Its in-process restarts (docs/inprocess.md), job-wide, in generation order.
+    pub generations: Vec<GenerationSpan>,
+}
+
+/// One in-process restart of an attempt, job-wide.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GenerationSpan {
+    pub generation: u64,
+    /// The global ranks replaced.
+    pub ranks: Vec<u32>,
+    /// The highest step the ranks had reached when it began.
+    pub step: Option<u64>,
+    /// When the replaced rank failed (its exit, or a hung rank's last sign of life), else when
+    /// the generation began.
+    pub failed_at: f64,
+    /// When every rank of every node stepped in it; None when it never did (the whole job
+    /// restarted instead).
+    pub stepping_at: Option<f64>,
+}
+
+/// What one in-process restart cost, for the table and `--json`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GenerationCost {
+    pub allocation: u32,
+    #[serde(rename = "cycle")]
+    pub attempt: u32,
+    pub generation: u64,
+    pub ranks: Vec<u32>,
+    pub step: Option<u64>,
+    /// From the failure to every rank stepping again; None when the whole job restarted.
+    pub recovery_s: Option<f64>,
+    /// Steps done again: 0 when recovered in process; on a whole restart, the steps since the
+    /// step the job went on from (None when that is not known).
+    pub steps_lost: Option<u64>,
 }
 
 /// One allocation.
@@ -224,6 +267,8 @@ pub struct Goodput {
     pub goodput_fraction: f64,
     pub allocations: Vec<AllocationGoodput>,
     pub steps: StepStats,
+    /// Every in-process restart and what it cost.
+    pub generations: Vec<GenerationCost>,
     pub notes: Vec<String>,
 }
 

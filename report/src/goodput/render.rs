@@ -1,6 +1,6 @@
 //! The numbers in text: the table of `vigil goodput`, the ledger's line, and the command itself.
 
-use super::{of_history, Breakdown, Category, Goodput};
+use super::{of_history, Breakdown, Category, GenerationCost, Goodput};
 use crate::history::History;
 
 /// `12.3s` with one decimal, for the table and the report page's legend.
@@ -68,10 +68,37 @@ pub fn render_table(g: &Goodput) -> String {
         }
         None => out.push_str("ideal step time: none (no step time recorded)\n"),
     }
+    if !g.generations.is_empty() {
+        out.push_str("in-process restarts (from the failure to every rank stepping again):\n");
+        for c in &g.generations {
+            out.push_str(&format!("  {}\n", generation_line(c)));
+        }
+    }
     for n in &g.notes {
         out.push_str(&format!("note: {n}\n"));
     }
     out
+}
+
+/// `allocation 1, attempt 0, generation 1: rank 2 replaced at step 30; every rank stepping
+/// again after 0.41s; lost: nothing`.
+fn generation_line(c: &GenerationCost) -> String {
+    let ranks: Vec<String> = c.ranks.iter().map(u32::to_string).collect();
+    let at = c.step.map(|s| format!(" at step {s}")).unwrap_or_default();
+    let what = match (c.recovery_s, c.steps_lost) {
+        (Some(s), _) => format!("every rank stepping again after {s:.2}s; lost: nothing"),
+        (None, Some(n)) => format!(
+            "not recovered in process, the whole job restarted; lost: {n} steps since the step it went on from"
+        ),
+        (None, None) => "not recovered in process, the whole job restarted".to_string(),
+    };
+    format!(
+        "allocation {}, attempt {}, generation {}: rank {} replaced{at}; {what}",
+        c.allocation,
+        c.attempt,
+        c.generation,
+        ranks.join(", ")
+    )
 }
 
 /// `goodput 62.0% of 1h02m (start-up 3.1%, ...)`: one line, for `vigil ledger`.

@@ -294,6 +294,7 @@ fn arb_attempt() -> impl Strategy<Value = AttemptSpan> {
                 saves: saves.into_iter().map(|(s, d)| (s, s + d)).collect(),
                 saves_incomplete: false,
                 step_s: None,
+                generations: Vec::new(),
             }
         })
 }
@@ -437,4 +438,136 @@ fn a_running_jobs_wall_time_runs_to_now() {
     let mut ended = lines.to_vec();
     ended.push(r#"{"event":"result","outcome":"succeeded","exit_code":0,"host":"a","node_rank":0,"ts":100.5}"#);
     assert!((of_history_at(&history_of(&ended), 200.0).wall_s - 0.5).abs() < 1e-9);
+}
+
+fn history_of_nodes(nodes: &[&[&str]]) -> crate::history::History {
+    use crate::records::{parse_jsonl, RecordFile};
+    let files: Vec<RecordFile> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, lines)| RecordFile {
+            path: format!("n{i}/events.jsonl").into(),
+            records: parse_jsonl(&(lines.join("\n") + "\n"), std::path::Path::new("r")).0,
+        })
+        .collect();
+    crate::history::build("d".into(), &files, &[])
+}
+
+/// 2 nodes (ranks 0-1 on node 0, 2-3 on node 1): rank 2 is killed at 120 and replaced in
+/// process (generation 1: node 0's ranks step again at 120.5, node 1's at 120.7); rank 1 is
+/// killed at 140 and generation 2 never trains (a survivor overdue): the whole job restarts
+/// and attempt 1 goes on from step 101, while attempt 0 had reached 130.
+fn two_generations() -> crate::history::History {
+    let n0: &[&str] = &[
+        r#"{"event":"cycle_start","cycle":0,"host":"a","node_rank":0,"ts":100.0}"#,
+        r#"{"event":"steps","cycle":0,"step":0,"min_step":0,"host":"a","node_rank":0,"ts":101.0}"#,
+        r#"{"event":"generation","cycle":0,"generation":1,"ranks":[2],"step":40,"host":"a","node_rank":0,"ts":120.2}"#,
+        r#"{"event":"generation_stepping","cycle":0,"generation":1,"seconds":0.3,"host":"a","node_rank":0,"ts":120.5}"#,
+        r#"{"event":"steps","cycle":0,"step":45,"min_step":45,"host":"a","node_rank":0,"ts":121.0}"#,
+        r#"{"event":"steps","cycle":0,"step":130,"min_step":130,"host":"a","node_rank":0,"ts":139.0}"#,
+        r#"{"event":"rank_exited","cycle":0,"local_rank":1,"rank":1,"pid":7,"expected":false,"how":"signal","signal":9,"host":"a","node_rank":0,"ts":140.0}"#,
+        r#"{"event":"generation","cycle":0,"generation":2,"ranks":[1],"step":130,"host":"a","node_rank":0,"ts":140.1}"#,
+        r#"{"event":"in_process_declined","cycle":0,"reason":"rank 0 did not come back","host":"a","node_rank":0,"ts":150.0}"#,
+        r#"{"event":"cycle_ended","cycle":0,"end":"failed","node":0,"reason":"rank 0 did not come back","host":"a","node_rank":0,"ts":151.0}"#,
+        r#"{"event":"cycle_start","cycle":1,"host":"a","node_rank":0,"ts":155.0}"#,
+        r#"{"event":"steps","cycle":1,"step":101,"min_step":101,"host":"a","node_rank":0,"ts":158.0}"#,
+        r#"{"event":"steps","cycle":1,"step":200,"min_step":200,"host":"a","node_rank":0,"ts":168.0}"#,
+        r#"{"event":"cycle_ended","cycle":1,"end":"done","host":"a","node_rank":0,"ts":169.0}"#,
+        r#"{"event":"result","outcome":"succeeded","exit_code":0,"host":"a","node_rank":0,"ts":169.0}"#,
+    ];
+    let n1: &[&str] = &[
+        r#"{"event":"cycle_start","cycle":0,"host":"b","node_rank":1,"ts":100.0}"#,
+        r#"{"event":"rank_exited","cycle":0,"local_rank":0,"rank":2,"pid":8,"expected":false,"how":"signal","signal":9,"host":"b","node_rank":1,"ts":120.0}"#,
+        r#"{"event":"generation","cycle":0,"generation":1,"ranks":[2],"step":40,"host":"b","node_rank":1,"ts":120.1}"#,
+        r#"{"event":"generation_recovered","cycle":0,"generation":1,"seconds":0.2,"host":"b","node_rank":1,"ts":120.2}"#,
+        r#"{"event":"generation_stepping","cycle":0,"generation":1,"seconds":0.6,"host":"b","node_rank":1,"ts":120.7}"#,
+        r#"{"event":"generation","cycle":0,"generation":2,"ranks":[1],"step":130,"host":"b","node_rank":1,"ts":140.3}"#,
+        r#"{"event":"cycle_ended","cycle":0,"end":"failed","node":0,"reason":"peer","host":"b","node_rank":1,"ts":151.0}"#,
+        r#"{"event":"cycle_start","cycle":1,"host":"b","node_rank":1,"ts":155.0}"#,
+        r#"{"event":"cycle_ended","cycle":1,"end":"done","host":"b","node_rank":1,"ts":169.0}"#,
+        r#"{"event":"result","outcome":"succeeded","exit_code":0,"host":"b","node_rank":1,"ts":169.0}"#,
+    ];
+    history_of_nodes(&[n0, n1])
+}
+
+#[test]
+fn a_generation_recovered_in_process_is_its_own_category_and_loses_nothing() {
+    let t = timeline(&two_generations());
+    let at = &t.allocations[0].attempts[0];
+    let gens: Vec<_> = at
+        .generations
+        .iter()
+        .map(|g| (g.generation, g.ranks.clone(), g.failed_at, g.stepping_at))
+        .collect();
+    // Each from its rank's exit; generation 1 trains again when the last node's ranks step.
+    assert_eq!(
+        gens,
+        vec![(1, vec![2], 120.0, Some(120.7)), (2, vec![1], 140.0, None)]
+    );
+    // The failure recovered in process is not the attempt's: the one that was not is.
+    assert_eq!(at.failed_at, Some(140.0));
+    let g = compute(&t);
+    sums_to_wall(&g);
+    let b = &g.breakdown;
+    assert!(
+        (b.get(Category::InProcessRecovery) - 0.7).abs() < 1e-9,
+        "{b:?}"
+    );
+    // From the second failure to attempt 1's start, as any failure.
+    assert!(
+        (b.get(Category::FailureHandling) - 15.0).abs() < 1e-9,
+        "{b:?}"
+    );
+    // Kept: 101..120 and 120.7 up to step 101 (interpolated between steps 45 and 130), then
+    // attempt 1's 158..168; redone: from step 101 to the failure at 140.
+    let step_101 = 121.0 + 56.0 / 85.0 * 18.0;
+    let kept = 19.0 + (step_101 - 120.7) + 10.0;
+    assert!((b.get(Category::Goodput) - kept).abs() < 1e-6, "{b:?}");
+    assert!(
+        (b.get(Category::LostProgress) - (140.0 - step_101)).abs() < 1e-6,
+        "{b:?}"
+    );
+    let costs: Vec<_> = g
+        .generations
+        .iter()
+        .map(|c| {
+            (
+                c.generation,
+                c.recovery_s.map(|s| (s * 10.0).round()),
+                c.steps_lost,
+            )
+        })
+        .collect();
+    assert_eq!(costs, vec![(1, Some(7.0), Some(0)), (2, None, Some(29))]);
+    let table = render_table(&g);
+    assert!(table.contains("in-process recovery"), "{table}");
+    assert!(
+        table.contains("attempt 0, generation 1: rank 2 replaced at step 40; every rank stepping again after 0.70s; lost: nothing"),
+        "{table}"
+    );
+    assert!(
+        table.contains("generation 2: rank 1 replaced at step 130; not recovered in process, the whole job restarted; lost: 29 steps"),
+        "{table}"
+    );
+    let json = serde_json::to_value(&g).unwrap();
+    assert!((json["breakdown"]["in_process_recovery"].as_f64().unwrap() - 0.7).abs() < 1e-9);
+    assert_eq!(json["generations"][1]["steps_lost"], 29);
+}
+
+#[test]
+fn a_generation_one_node_never_saw_step_again_is_not_recovered() {
+    // Without node 1's `generation_stepping`, generation 1 did not train again job-wide.
+    let mut h = two_generations();
+    for r in &mut h.runs {
+        r.gen_marks
+            .retain(|m| !(r.node_rank == 1 && m.kind == crate::history::GenerationKind::Stepping));
+    }
+    let t = timeline(&h);
+    let at = &t.allocations[0].attempts[0];
+    assert_eq!(at.generations[0].stepping_at, None);
+    // Its failure is the attempt's (counted from the last steps record, as any failure).
+    assert_eq!(at.failed_at, Some(139.0));
+    let g = compute(&t);
+    sums_to_wall(&g);
+    assert_eq!(g.breakdown.get(Category::InProcessRecovery), 0.0);
 }

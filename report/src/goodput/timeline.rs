@@ -1,8 +1,9 @@
 //! The [`Timeline`] goodput is computed from, drawn from a [`History`] (the ledger and the event
 //! logs): allocations, and each attempt job-wide.
 
-use super::{compute, AllocationSpan, AttemptSpan, Goodput, Timeline};
+use super::{compute, AllocationSpan, AttemptSpan, GenerationSpan, Goodput, Timeline};
 use crate::history::History;
+use crate::history::{GenerationKind, NodeRun};
 
 /// The timeline of a history: its allocations (ledger records, else inferred from the runs),
 /// each attempt job-wide.
@@ -83,21 +84,24 @@ fn attempt_span(runs: &[&crate::NodeRun], attempt: u32) -> AttemptSpan {
     let start = mine().map(|a| a.start).fold(f64::INFINITY, f64::min);
     let end = mine().map(|a| a.end).fold(f64::NEG_INFINITY, f64::max);
     let failed = mine().any(|a| a.end_kind.as_deref() == Some("failed"));
-    let failure = runs
+    let mut failures: Vec<(f64, Option<u32>)> = runs
         .iter()
         .flat_map(|r| {
             r.failures
                 .iter()
                 .filter(|f| f.attempt == attempt)
-                .map(|f| f.ts)
+                .map(|f| (f.ts, f.rank))
         })
         .chain(runs.iter().flat_map(|r| {
             r.hangs
                 .iter()
                 .filter(|h| h.attempt == attempt)
-                .map(|h| h.ts - h.silent_ms.unwrap_or(0) as f64 / 1000.0)
+                .map(|h| (h.ts - h.silent_ms.unwrap_or(0) as f64 / 1000.0, h.rank))
         }))
-        .fold(f64::INFINITY, f64::min);
+        .collect();
+    // A failure recovered in process is its generation's, not the attempt's.
+    let generations = generation_spans(runs, attempt, &mut failures);
+    let failure = failures.iter().map(|f| f.0).fold(f64::INFINITY, f64::min);
     // Only records from the attempt's start on: an older vigil wrote one during the back-off
     // before an attempt, under its number, with the last attempt's step.
     let node = runs
@@ -137,7 +141,84 @@ fn attempt_span(runs: &[&crate::NodeRun], attempt: u32) -> AttemptSpan {
         saves: saves().map(|s| (s.ts - s.seconds, s.ts)).collect(),
         saves_incomplete: saves().any(|s| s.last_recorded),
         step_s,
+        generations,
     }
+}
+
+/// Attempt `attempt`'s in-process restarts, job-wide: each begins at the earliest `generation`
+/// record of any node, and its ranks step again once every node that recorded it recorded
+/// `generation_stepping`. Its failure is the earliest of `failures` (time, global rank) of a
+/// replaced rank since the last generation began; when the generation was recovered, that
+/// failure is taken out of `failures`.
+fn generation_spans(
+    runs: &[&NodeRun],
+    attempt: u32,
+    failures: &mut Vec<(f64, Option<u32>)>,
+) -> Vec<GenerationSpan> {
+    let marks = || {
+        runs.iter().flat_map(move |r| {
+            r.gen_marks
+                .iter()
+                .filter(move |m| m.attempt == attempt)
+                .map(move |m| (r.node_rank, m))
+        })
+    };
+    let mut numbers: Vec<u64> = marks().map(|(_, m)| m.generation).collect();
+    numbers.sort_unstable();
+    numbers.dedup();
+    let mut out: Vec<GenerationSpan> = Vec::new();
+    let mut since = f64::NEG_INFINITY;
+    for g in numbers {
+        let mut span = GenerationSpan {
+            generation: g,
+            failed_at: f64::INFINITY,
+            ..GenerationSpan::default()
+        };
+        let (mut began_on, mut stepping_on) = (Vec::new(), Vec::new());
+        let mut stepping = f64::NEG_INFINITY;
+        for (node, m) in marks().filter(|(_, m)| m.generation == g) {
+            match &m.kind {
+                GenerationKind::Began { ranks, step } => {
+                    if m.ts < span.failed_at {
+                        span.failed_at = m.ts;
+                        span.ranks = ranks.clone();
+                    }
+                    span.step = span.step.max(*step);
+                    began_on.push(node);
+                }
+                GenerationKind::Stepping => {
+                    stepping = stepping.max(m.ts);
+                    stepping_on.push(node);
+                }
+            }
+        }
+        if !span.failed_at.is_finite() {
+            continue; // only `generation_stepping` records: an older log's leftovers
+        }
+        let began = span.failed_at;
+        span.stepping_at = began_on
+            .iter()
+            .all(|n| stepping_on.contains(n))
+            .then_some(stepping)
+            .filter(|s| s.is_finite());
+        let theirs = |f: &(f64, Option<u32>)| {
+            f.0 > since && f.0 <= began && f.1.is_none_or(|r| span.ranks.contains(&r))
+        };
+        if let Some(f) = failures
+            .iter()
+            .filter(|f| theirs(f))
+            .map(|f| f.0)
+            .reduce(f64::min)
+        {
+            span.failed_at = f;
+        }
+        if span.stepping_at.is_some() {
+            failures.retain(|f| !theirs(f));
+        }
+        since = began;
+        out.push(span);
+    }
+    out
 }
 
 /// The goodput of the job whose records are below `dir`.

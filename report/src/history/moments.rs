@@ -225,6 +225,9 @@ fn run_moments(r: &NodeRun, node: &str) -> Vec<Moment> {
         }
         last = now;
     }
+    for l in &r.events_lost {
+        push(l.first_ts, "events_lost", l.describe());
+    }
     if let Some(res) = &r.result {
         let mut text = format!("result: {}", res.outcome);
         if let Some(c) = res.exit_code {

@@ -99,6 +99,9 @@ pub struct Generations {
     /// Per local rank: the generation it last said it is restartable at.
     at: Vec<Option<u64>>,
     pub recovery: Option<Recovery>,
+    /// The generation whose ranks have not all stepped yet: when it began, and the local ranks
+    /// still to report a step of it (the job trains again once none is left).
+    stepping: Option<(u64, Instant, Vec<u32>)>,
     /// The global ranks the current generation replaced (empty at generation 0).
     pub ranks: Vec<u32>,
     /// A rank that steps without having said it is restartable was told of (once per
@@ -114,6 +117,7 @@ impl Generations {
             generation: 0,
             at: Vec::new(),
             recovery: None,
+            stepping: None,
             ranks: Vec::new(),
             noted: false,
         }
@@ -129,6 +133,7 @@ impl Generations {
         self.ranks.clear();
         self.at = vec![None; nproc as usize];
         self.recovery = None;
+        self.stepping = None;
     }
 
     /// `local_rank` reported a step: whether to say, once, that it never entered
@@ -171,6 +176,9 @@ impl Generations {
                 *g = None;
             }
         }
+        let mut all: Vec<u32> = replaced.iter().chain(&survivors).copied().collect();
+        all.sort_unstable();
+        self.stepping = Some((self.generation, now, all));
         self.recovery = Some(Recovery {
             generation: self.generation,
             began: now,
@@ -202,6 +210,24 @@ impl Generations {
         }
         let r = self.recovery.take()?;
         Some((r.generation, now.saturating_duration_since(r.began)))
+    }
+
+    /// `local_rank` reported a step. A step it reports after saying it is restartable at the
+    /// generation under way is a step of that generation (the rank's messages keep their
+    /// order); once every rank of the node took one: the generation and how long after the
+    /// failure the node's ranks were all stepping again.
+    pub fn on_step(&mut self, now: Instant, local_rank: u32) -> Option<(u64, Duration)> {
+        let (generation, began, waiting) = self.stepping.as_mut()?;
+        if self.at.get(local_rank as usize).copied().flatten() != Some(*generation) {
+            return None;
+        }
+        waiting.retain(|lr| *lr != local_rank);
+        if !waiting.is_empty() {
+            return None;
+        }
+        let (generation, began) = (*generation, *began);
+        self.stepping = None;
+        Some((generation, now.saturating_duration_since(began)))
     }
 
     /// When the survivors still waited for are overdue.
@@ -238,6 +264,7 @@ impl Generations {
     /// The recovery is abandoned (the whole job restarts).
     pub fn abandon(&mut self) {
         self.recovery = None;
+        self.stepping = None;
     }
 }
 
@@ -303,6 +330,36 @@ mod tests {
             Some((1, Duration::from_secs(3)))
         );
         assert_eq!(g.decide(), Ok(()));
+    }
+
+    #[test]
+    fn a_generation_trains_again_once_every_rank_stepped_in_it() {
+        let t0 = Instant::now();
+        let mut g = Generations::new(cfg(5));
+        g.new_attempt(3);
+        all_restartable(&mut g, 3, t0);
+        assert_eq!(g.on_step(t0, 0), None, "no generation under way");
+        g.begin(t0, vec![1], vec![0, 2]);
+        // A survivor's step before it came back to its wrapper is of the last generation.
+        assert_eq!(g.on_step(t0, 0), None);
+        let t1 = t0 + Duration::from_secs(1);
+        for lr in 0..3 {
+            g.on_restartable(t1, lr, 1);
+        }
+        assert_eq!(g.on_step(t1, 0), None);
+        assert_eq!(g.on_step(t1, 0), None);
+        assert_eq!(g.on_step(t1, 2), None);
+        let t2 = t0 + Duration::from_millis(1500);
+        assert_eq!(g.on_step(t2, 1), Some((1, Duration::from_millis(1500))));
+        assert_eq!(g.on_step(t2, 1), None, "once");
+        // An abandoned generation never trains again.
+        all_restartable(&mut g, 3, t2);
+        g.begin(t2, vec![0], vec![1, 2]);
+        g.abandon();
+        for lr in 0..3 {
+            g.on_restartable(t2, lr, 2);
+            assert_eq!(g.on_step(t2, lr), None);
+        }
     }
 
     #[test]

@@ -89,8 +89,24 @@ fn a_failed_rank_is_replaced_alone_and_the_others_are_told() {
         a,
         Action::Record(Record::GenerationRecovered { generation: 1, seconds, .. }) if *seconds == 2.0
     )));
+    // Once every rank reported a step of generation 1, the job trains again.
+    let step = |s: &mut Solo, at, lr| send(s, at, lr, RankMsg::Heartbeat { step: Some(31) });
+    let stepping = |out: &[Action]| {
+        out.iter().find_map(|a| match a {
+            Action::Record(Record::GenerationStepping {
+                generation: 1,
+                seconds,
+                ..
+            }) => Some(*seconds),
+            _ => None,
+        })
+    };
+    assert_eq!(stepping(&step(&mut s, t2, 0)), None);
+    assert_eq!(stepping(&step(&mut s, t2, 2)), None);
+    let t3 = t1 + Duration::from_secs(3);
+    assert_eq!(stepping(&step(&mut s, t3, 1)), Some(3.0));
     // A second failure later is recovered again, with the new pid.
-    let out = kill_rank_1(&mut s, t2, 201);
+    let out = kill_rank_1(&mut s, t3, 201);
     assert_eq!(spawned_again(&out), Some(2));
 }
 
