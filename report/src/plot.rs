@@ -1,15 +1,24 @@
 //! The report's plots, drawn by plotters into SVG strings. plotters is built without a font
 //! backend: text is laid out by its estimate and written as plain SVG `<text>`, which the browser
 //! sets in its own sans-serif, so nothing reads system fonts.
+//!
+//! This file holds the shared axis, colours and text, and the timeline; the steps plot is in
+//! `plot/steps.rs`, the stragglers plot in `plot/stragglers.rs`.
 
 use std::collections::BTreeMap;
 
-use plotters::coord::types::{RangedCoordf64, RangedCoordi64};
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use crate::fmt::utc;
 use crate::history::{History, NodeRun, StopKind};
+
+mod steps;
+mod stragglers;
+
+pub use steps::steps;
+pub use stragglers::{stragglers, worst_ranks};
 
 const WIDTH: u32 = 1100;
 const FONT: &str = "sans-serif";
@@ -149,9 +158,6 @@ pub fn timeline_rows(h: &History, max: usize) -> Vec<(u32, String)> {
 }
 
 type Chart<'a, 'b> = ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
-/// The steps plot: time across, whole steps up.
-type StepChart<'a, 'b> =
-    ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordi64>>;
 
 /// The timeline: a band per allocation, a row per node rank with a bar per attempt, and markers
 /// with labels for failures, hangs (with their frame), restarts and stops.
@@ -489,332 +495,6 @@ pub fn stop_labels(run: &NodeRun) -> Vec<(f64, String)> {
         }
     }
     out
-}
-
-/// One node's steps in one attempt, in time order: (x, step).
-struct StepLine {
-    node: u32,
-    attempt: u32,
-    /// The attempt's start on the axis.
-    start: f64,
-    pts: Vec<(f64, i64)>,
-}
-
-/// Steps over time: a line per node rank and attempt (its ranks' highest step), a dashed drop
-/// where an attempt resumed below where the one before it got, and each allocation's highest
-/// step from its ledger record at its end (`steps` records come at most every 10 s, so a short
-/// job's last one is far behind).
-pub fn steps(h: &History, axis: &TimeAxis) -> Option<Result<String, PlotError>> {
-    let mut lines: Vec<StepLine> = Vec::new();
-    for r in h.runs.iter().filter(|r| !r.steps.is_empty()) {
-        let mut attempts: Vec<u32> = r.steps.iter().map(|p| p.attempt).collect();
-        attempts.sort_unstable();
-        attempts.dedup();
-        for c in attempts {
-            let mut pts: Vec<(f64, i64)> = r
-                .steps
-                .iter()
-                .filter(|p| p.attempt == c)
-                .map(|p| (axis.x(p.ts), clamp_step(p.step)))
-                .collect();
-            pts.sort_by(|a, b| a.0.total_cmp(&b.0));
-            let start = r
-                .attempts
-                .iter()
-                .find(|a| a.attempt == c)
-                .map_or(pts[0].0, |a| axis.x(a.start));
-            lines.push(StepLine {
-                node: r.node_rank,
-                attempt: c,
-                start,
-                pts,
-            });
-        }
-    }
-    let ends: Vec<(f64, i64, u32)> = h
-        .allocations
-        .iter()
-        .filter_map(|a| Some((axis.x(a.end?), clamp_step(a.highest_step?), a.number)))
-        .collect();
-    if lines.is_empty() {
-        return None;
-    }
-    let mut nodes: Vec<u32> = lines.iter().map(|l| l.node).collect();
-    nodes.sort();
-    nodes.dedup();
-    nodes.truncate(MAX_STEP_NODES);
-    lines.retain(|l| nodes.contains(&l.node));
-    // Runs are in start order: each node's attempts follow one another.
-    lines.sort_by(|a, b| a.node.cmp(&b.node).then(a.start.total_cmp(&b.start)));
-    Some(steps_svg(&lines, &nodes, &ends, axis))
-}
-
-fn clamp_step(s: u64) -> i64 {
-    i64::try_from(s).unwrap_or(i64::MAX / 2).min(i64::MAX / 2)
-}
-
-/// The step axis: whole steps only, with room above and below.
-fn step_range(lines: &[StepLine], ends: &[(f64, i64, u32)]) -> std::ops::Range<i64> {
-    let (lo, hi) = lines
-        .iter()
-        .flat_map(|l| l.pts.iter().map(|p| p.1))
-        .chain(ends.iter().map(|e| e.1))
-        .fold((i64::MAX, i64::MIN), |(lo, hi), s| (lo.min(s), hi.max(s)));
-    let pad = ((hi - lo) / 20).max(1);
-    (lo - pad).max(0)..hi + pad
-}
-
-/// Where attempt `l` started, and a dashed line from where the attempt before it on the same
-/// node (`prev`) got to the first step recorded in `l`: a drop when it resumed from an earlier
-/// checkpoint. The step it resumed from is not recorded (docs/report.md).
-fn draw_resume(
-    chart: &mut StepChart,
-    prev: &StepLine,
-    l: &StepLine,
-    color: RGBAColor,
-    y: &std::ops::Range<i64>,
-    axis: &TimeAxis,
-) -> Result<(), PlotError> {
-    let last = *prev.pts.last().expect("a line has points");
-    let first = l.pts[0];
-    chart
-        .draw_series(DashedLineSeries::new(
-            [(l.start, y.start), (l.start, y.end)],
-            2,
-            4,
-            RGBColor(150, 150, 150).stroke_width(1),
-        ))
-        .map_err(err)?;
-    chart
-        .draw_series(DashedLineSeries::new(
-            [last, first],
-            5,
-            4,
-            color.stroke_width(1),
-        ))
-        .map_err(err)?;
-    let text = if first.1 < last.1 {
-        format!(
-            "attempt {} resumed below step {} (first step seen {})",
-            l.attempt, last.1, first.1
-        )
-    } else {
-        format!("attempt {} (first step seen {})", l.attempt, first.1)
-    };
-    chart
-        .draw_series(std::iter::once(Text::new(
-            text,
-            (l.start, y.end),
-            text_style(12, RGBColor(60, 60, 60), axis.anchor(l.start, VPos::Top)),
-        )))
-        .map_err(err)?;
-    Ok(())
-}
-
-/// A cross at the highest step of each allocation the ledger says ended, labelled.
-fn draw_ends(
-    chart: &mut StepChart,
-    ends: &[(f64, i64, u32)],
-    axis: &TimeAxis,
-) -> Result<(), PlotError> {
-    for &(x, step, n) in ends {
-        chart
-            .draw_series(std::iter::once(Cross::new(
-                (x, step),
-                6,
-                BLACK.stroke_width(2),
-            )))
-            .map_err(err)?;
-        chart
-            .draw_series(std::iter::once(Text::new(
-                format!("allocation {n} ended at step {step} (ledger)"),
-                (x, step),
-                text_style(12, BLACK, axis.anchor(x, VPos::Bottom)),
-            )))
-            .map_err(err)?;
-    }
-    Ok(())
-}
-
-fn steps_svg(
-    lines: &[StepLine],
-    nodes: &[u32],
-    ends: &[(f64, i64, u32)],
-    axis: &TimeAxis,
-) -> Result<String, PlotError> {
-    let y = step_range(lines, ends);
-    let mut svg = String::new();
-    {
-        let root = SVGBackend::with_string(&mut svg, (WIDTH, 380)).into_drawing_area();
-        root.fill(&WHITE).map_err(err)?;
-        let mut chart = ChartBuilder::on(&root)
-            .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(60)
-            .build_cartesian_2d(axis.range(), y.clone())
-            .map_err(err)?;
-        chart
-            .configure_mesh()
-            .x_desc(axis.desc())
-            .y_desc("step")
-            .y_labels(((y.end - y.start) as usize + 1).min(10))
-            .axis_desc_style((FONT, 13))
-            .label_style((FONT, 12))
-            .draw()
-            .map_err(err)?;
-        let mut labelled = Vec::new();
-        for (i, l) in lines.iter().enumerate() {
-            let k = nodes.iter().position(|n| *n == l.node).unwrap_or(0);
-            let color = Palette99::pick(k).to_rgba();
-            // The attempt before this one on the same node: where it got to.
-            let prev = i
-                .checked_sub(1)
-                .map(|j| &lines[j])
-                .filter(|p| p.node == l.node && p.attempt < l.attempt);
-            if let Some(prev) = prev {
-                draw_resume(&mut chart, prev, l, color, &y, axis)?;
-            }
-            let series = chart
-                .draw_series(LineSeries::new(
-                    l.pts.iter().copied(),
-                    color.stroke_width(2),
-                ))
-                .map_err(err)?;
-            if !labelled.contains(&l.node) {
-                labelled.push(l.node);
-                series
-                    .label(format!("node {}", l.node))
-                    .legend(move |(x, y)| {
-                        PathElement::new([(x, y), (x + 16, y)], color.stroke_width(2))
-                    });
-            }
-            chart
-                .draw_series(l.pts.iter().map(|&p| Circle::new(p, 3, color.filled())))
-                .map_err(err)?;
-        }
-        draw_ends(&mut chart, ends, axis)?;
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
-            .label_font((FONT, 12))
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK.mix(0.3))
-            .draw()
-            .map_err(err)?;
-        root.present().map_err(err)?;
-    }
-    Ok(svg)
-}
-
-/// The ranks with the lowest relative score in any report, worst first, at most `n`.
-pub fn worst_ranks(h: &History, n: usize) -> Vec<u32> {
-    let mut low: BTreeMap<u32, f64> = BTreeMap::new();
-    for rep in h.straggler_reports() {
-        for r in &rep.ranks {
-            if let Some(s) = r.relative {
-                let e = low.entry(r.rank).or_insert(f64::INFINITY);
-                *e = e.min(s);
-            }
-        }
-    }
-    let mut v: Vec<(u32, f64)> = low.into_iter().collect();
-    v.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
-    v.into_iter().take(n).map(|(r, _)| r).collect()
-}
-
-/// Straggler scores over time: the relative score of the worst few ranks, and the threshold.
-pub fn stragglers(h: &History, axis: &TimeAxis) -> Option<Result<String, PlotError>> {
-    let worst = worst_ranks(h, WORST_RANKS);
-    if worst.is_empty() {
-        return None;
-    }
-    Some(stragglers_svg(h, axis, &worst))
-}
-
-fn stragglers_svg(h: &History, axis: &TimeAxis, worst: &[u32]) -> Result<String, PlotError> {
-    let reports = h.straggler_reports();
-    let threshold = reports.iter().rev().find_map(|r| r.threshold);
-    let mut svg = String::new();
-    {
-        // Scores are at most 1.0: the room above holds the legend, clear of every line.
-        let root = SVGBackend::with_string(&mut svg, (WIDTH, 460)).into_drawing_area();
-        root.fill(&WHITE).map_err(err)?;
-        let mut chart = ChartBuilder::on(&root)
-            .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(60)
-            .build_cartesian_2d(axis.range(), 0.0..1.45)
-            .map_err(err)?;
-        chart
-            .configure_mesh()
-            .x_desc(axis.desc())
-            .y_desc("relative score (1.0 best)")
-            .y_label_formatter(&|v| {
-                if *v > 1.0001 {
-                    String::new()
-                } else {
-                    format!("{v:.1}")
-                }
-            })
-            .axis_desc_style((FONT, 13))
-            .label_style((FONT, 12))
-            .draw()
-            .map_err(err)?;
-        if let Some(t) = threshold {
-            chart
-                .draw_series(DashedLineSeries::new(
-                    [(0.0, t), (axis.len, t)],
-                    6,
-                    4,
-                    FAILED.stroke_width(1),
-                ))
-                .map_err(err)?
-                .label(format!("threshold {t:.2}"))
-                .legend(|(x, y)| PathElement::new([(x, y), (x + 16, y)], FAILED.stroke_width(1)));
-        }
-        for (k, rank) in worst.iter().enumerate() {
-            let pts: Vec<(f64, f64)> = reports
-                .iter()
-                .filter_map(|rep| {
-                    rep.ranks
-                        .iter()
-                        .find(|r| r.rank == *rank)
-                        .and_then(|r| r.relative)
-                        .map(|s| (axis.x(rep.ts), s))
-                })
-                .collect();
-            let host = reports
-                .iter()
-                .flat_map(|rep| rep.ranks.iter())
-                .find(|r| r.rank == *rank)
-                .and_then(|r| r.host.clone());
-            let label = match host {
-                Some(h) => format!("rank {rank} ({h})"),
-                None => format!("rank {rank}"),
-            };
-            let color = Palette99::pick(k).to_rgba();
-            chart
-                .draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)))
-                .map_err(err)?
-                .label(label)
-                .legend(move |(x, y)| {
-                    PathElement::new([(x, y), (x + 16, y)], color.stroke_width(2))
-                });
-            chart
-                .draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled())))
-                .map_err(err)?;
-        }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .label_font((FONT, 12))
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK.mix(0.3))
-            .draw()
-            .map_err(err)?;
-        root.present().map_err(err)?;
-    }
-    Ok(svg)
 }
 
 #[cfg(test)]

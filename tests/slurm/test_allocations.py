@@ -30,6 +30,7 @@ total, step_s = int(os.environ["TOTAL_STEPS"]), float(os.environ.get("STEP_S", "
 ckpt_every = int(os.environ.get("CKPT_EVERY", "0"))  # also checkpoint every N steps (0: only at a stop)
 fail_rank = os.environ.get("FAIL_RANK", "none")  # this rank ("all": every rank) exits 3 ...
 fail_after = int(os.environ.get("FAIL_AFTER", "0"))  # ... this many steps after resuming
+exit_delay = float(os.environ.get("EXIT_DELAY", "0"))  # seconds a stopped rank takes to exit
 rank = int(os.environ["RANK"])
 alloc = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
 attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
@@ -61,6 +62,7 @@ for step in range(start, total):
         save(step)
         rec["end"], rec["stop_step"] = "stopped", vigil.stop_step()
         atomic_write(run, rec)
+        time.sleep(exit_delay)
         sys.exit(0)
     if fail_rank in (str(rank), "all") and step >= start + fail_after:
         rec["end"] = "failed"
@@ -215,6 +217,28 @@ def test_scancel_signal_to_the_steps_stops_at_one_step_and_requeues(slurm_cluste
     s = assert_stopped_together_and_resumed(tmp_path, world)
     assert_finished_last(tmp_path, world, 1, total)
     assert_stop_then_finish_ledger(ledger(tmp_path), s, ("SIGTERM",), ["n1", "n2", "n3"], job_id, total)
+
+
+def test_a_requeue_whose_ranks_outlast_killwait_is_still_in_the_ledger(slurm_cluster, tmp_path):
+    # `scontrol requeue`: Slurm SIGTERMs the job and SIGKILLs it KillWait (5 s here) later. The
+    # ranks stop at one step and save it, then take 20 s to exit (a slow interpreter shutdown, a
+    # loaded node): node rank 0 must have recorded the allocation when the stop was agreed.
+    total, world = 200, 2 * NPROC
+    job_id = submit(tmp_path, 2, {"TOTAL_STEPS": total, "EXIT_DELAY": 20}, "--stop-lead 20")
+    wait_progress(tmp_path, job_id, world, 30)
+    slurm_cmd("scontrol", "requeue", job_id)
+    # The next allocation must not wait for the ranks' delay: the rest runs with none.
+    info = finished(tmp_path, job_id, timeout=300)
+    assert info["Restarts"] == "1", info
+    s = assert_stopped_together_and_resumed(tmp_path, world)
+    assert_finished_last(tmp_path, world, 1, total)
+    records = ledger(tmp_path, job_id)
+    assert [(r["allocation"], r["restart_count"]) for r in records] == [(1, 0), (2, 1)], records
+    first, second = records
+    assert first["outcome"] == "stopped" and first["decision"] == "requeue", first
+    assert first["stop_trigger"] == "SIGTERM" and first["stop_step"] == s, first
+    assert len(first["nodes"]) == 2 and set(first["nodes"]) <= {"n1", "n2", "n3"}, first
+    assert second["outcome"] == "finished" and second["highest_step"] == total - 1, second
 
 
 def test_scancel_ends_the_job_for_good_after_one_checkpoint(slurm_cluster, tmp_path):

@@ -53,6 +53,7 @@ pub fn coord(
         secret: None,
         job: None,
         outside: false,
+        in_process: false,
     }
 }
 

@@ -45,6 +45,53 @@ pub fn append(dir: &Path, rec: &Record) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Writes `rec` in place of the records of the same allocation (the same job, cluster, number and
+/// `restart_count`: one written when its stop was agreed, or by a survivor of node rank 0's loss),
+/// so the file keeps one line per allocation: the file is written whole beside the old one and
+/// renamed over it. Lines it cannot read are kept as they are. Call it under [`lock`].
+pub fn supersede(dir: &Path, rec: &Record) -> std::io::Result<()> {
+    let path = dir.join(FILE);
+    let lines = match vigil_bounded::lines(&path, vigil_bounded::LINE_LIMIT) {
+        Ok(l) => l,
+        Err(e) if e.is_not_found() => return append(dir, rec),
+        Err(e) => return Err(e.into_io()),
+    };
+    let same = |r: &Record| {
+        r.job_id == rec.job_id
+            && r.cluster == rec.cluster
+            && r.allocation == rec.allocation
+            && r.restart_count == rec.restart_count
+    };
+    let mut text = String::new();
+    for line in lines {
+        let line = line.map_err(vigil_bounded::ReadError::into_io)?;
+        if line.text.trim().is_empty() {
+            continue;
+        }
+        let (recs, _) = decode(&line.text, &path);
+        if recs.first().is_some_and(same) {
+            continue;
+        }
+        text.push_str(&line.text);
+        text.push('\n');
+    }
+    text.push_str(&serde_json::to_string(rec)?);
+    text.push('\n');
+    let tmp = dir.join(format!(".{FILE}.{}.tmp", std::process::id()));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&tmp)?;
+    let written = f
+        .write_all(text.as_bytes())
+        .and_then(|_| f.sync_all())
+        .and_then(|_| std::fs::rename(&tmp, &path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
 /// Holds `<dir>/ledger.lock` exclusively while the value lives: agents that may record the same
 /// allocation (node rank 0, or the survivors of its loss) read and append one at a time.
 pub fn lock(dir: &Path) -> std::io::Result<nix::fcntl::Flock<std::fs::File>> {
@@ -520,6 +567,47 @@ mod tests {
         fn drop(&mut self) {
             let _ = std::fs::remove_dir_all(&self.0);
         }
+    }
+
+    #[test]
+    fn a_stop_recorded_early_is_superseded_in_place_and_the_file_keeps_one_line_each() {
+        let d = Dir::new("supersede");
+        append(&d.0, &rec(1)).unwrap();
+        let mut early = rec(2);
+        early.highest_step = Some(1990);
+        append(&d.0, &early).unwrap();
+        // A line of another job and one nobody can read stay as they are.
+        let mut other = rec(2);
+        other.job_id = Some("7".into());
+        append(&d.0, &other).unwrap();
+        let path = d.0.join(FILE);
+        let mut text = std::fs::read_to_string(&path).unwrap();
+        text.push_str("not json\n");
+        std::fs::write(&path, text).unwrap();
+
+        let last = rec(2);
+        supersede(&d.0, &last).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text.lines().count(), 4, "{text}");
+        assert!(text.contains("not json"), "{text}");
+        let (records, _) = read(&d.0).unwrap();
+        let (mine, others) = of_job(records, Some("4242"), None);
+        assert_eq!(others, 1);
+        assert_eq!(mine, vec![rec(1), last]);
+        // Nothing left beside the ledger.
+        let names: Vec<_> = std::fs::read_dir(&d.0)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(names.len(), 1, "{names:?}");
+    }
+
+    #[test]
+    fn superseding_into_no_ledger_appends() {
+        let d = Dir::new("supersede-new");
+        supersede(&d.0, &rec(1)).unwrap();
+        assert_eq!(read(&d.0).unwrap().0, vec![rec(1)]);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! What the runtime's parts are configured with, derived from the launch plan in one place
 //! rather than copied field by field where they start: the supervisor's configuration and the
-//! job's coordination (rendezvous) configuration.
+//! job's coordination (rendezvous) configuration, and `vigil health`'s options.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -75,6 +75,24 @@ impl LaunchConfig {
             secret: facts.secret,
             job: self.job_id.clone(),
             outside: self.rdzv_is_host == Some(false) && !self.node_rank_by_rdzv,
+            in_process: self.in_process.restarts > 0,
+        }
+    }
+}
+
+/// `vigil health`'s checks as its flags ask for them.
+impl super::HealthArgs {
+    pub fn options(&self) -> crate::perf::health::HealthOptions {
+        crate::perf::health::HealthOptions {
+            nvml_lib: self.nvml_lib.clone(),
+            gpus: self.gpus,
+            dev_dir: crate::perf::health::dev_dir(),
+            min_free_mib: self.min_free_mib,
+            ib_root: self.ib_root.clone(),
+            require_ib: self.require_ib,
+            ib_max_errors: self.ib_max_errors,
+            storage_paths: self.storage_path.clone(),
+            min_free_gib: self.min_free_gib,
         }
     }
 }

@@ -144,22 +144,6 @@ pub struct HealthArgs {
     pub json: bool,
 }
 
-impl HealthArgs {
-    pub fn options(&self) -> crate::perf::health::HealthOptions {
-        crate::perf::health::HealthOptions {
-            nvml_lib: self.nvml_lib.clone(),
-            gpus: self.gpus,
-            dev_dir: crate::perf::health::dev_dir(),
-            min_free_mib: self.min_free_mib,
-            ib_root: self.ib_root.clone(),
-            require_ib: self.require_ib,
-            ib_max_errors: self.ib_max_errors,
-            storage_paths: self.storage_path.clone(),
-            min_free_gib: self.min_free_gib,
-        }
-    }
-}
-
 #[derive(Debug, Clone, Args)]
 pub struct RunArgs {
     /// Number of nodes, `N` or `MIN:MAX`: MAX agents, MIN of them run ranks and the rest are

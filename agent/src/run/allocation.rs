@@ -419,6 +419,7 @@ pub(super) fn conclude(e: Ending) -> i32 {
     for n in notes {
         console_note(&n);
     }
+    let history = before(history, e.index);
     let slurm_job = cfg.allocation.slurm_job_id.clone();
     let info = slurm_job
         .as_deref()
@@ -437,7 +438,11 @@ pub(super) fn conclude(e: Ending) -> i32 {
         rec.allocation = e.index;
     }
     let mut verdict = verdict;
-    if let Err(err) = std::fs::create_dir_all(&dir).and_then(|_| ledger::append(&dir, &rec)) {
+    let write = |dir: &Path| match already {
+        true => ledger::supersede(dir, &rec),
+        false => ledger::append(dir, &rec),
+    };
+    if let Err(err) = std::fs::create_dir_all(&dir).and_then(|_| write(&dir)) {
         console_note(&format!(
             "cannot write the job's ledger in {} ({err}); this allocation is not recorded",
             dir.display()
@@ -459,6 +464,42 @@ pub(super) fn conclude(e: Ending) -> i32 {
         _ => console_note(&format!("not requeued: {why}")),
     }
     verdict.exit_status
+}
+
+/// Slurm SIGKILLs every process of the job `KillWait` after its SIGTERM however far the ranks
+/// got, and a rank's exit after its save (torch's interpreter shutdown, a loaded node) can take
+/// longer than that (5 s on some clusters): node rank 0 records the allocation as stopped as
+/// soon as the stop is agreed. It does not ask Slurm here (the agent's loop must not wait on
+/// `scontrol`); its record at the end, when it gets there, supersedes this one under the same
+/// number ([`ledger::of_job`]).
+pub(super) fn record_agreed_stop(e: Ending) {
+    let dir = state_dir(e.cfg, e.run_dir);
+    let _lock = ledger::lock(&dir).ok();
+    if recorded(e.cfg, &dir, e.index) {
+        return;
+    }
+    let history = before(history(e.cfg, e.run_dir).0, e.index);
+    let facts = facts(&e, None);
+    let verdict = policy::decide(&facts, &history, &e.cfg.allocation.limits);
+    let mut rec = ledger_record(&e, &facts, &verdict, &history, None);
+    rec.allocation = e.index;
+    if let Err(err) = std::fs::create_dir_all(&dir).and_then(|_| ledger::append(&dir, &rec)) {
+        console_note(&format!(
+            "cannot write the job's ledger in {} ({err}) when the stop was agreed; the allocation is recorded at its end if the agent gets there",
+            dir.display()
+        ));
+    }
+}
+
+/// The job's earlier allocations: `history` without a record of allocation `index` itself (one
+/// written when its stop was agreed, or by a survivor of node rank 0's loss), which this
+/// allocation's own decision must not count as an earlier one.
+fn before(history: Vec<ledger::Record>, index: u32) -> Vec<ledger::Record> {
+    let restart_count = restart_count();
+    history
+        .into_iter()
+        .filter(|r| !(r.allocation == index && r.restart_count == restart_count))
+        .collect()
 }
 
 /// The trigger of a stop, and the step it stopped at.
@@ -500,9 +541,17 @@ fn ledger_record(
     info: Option<&slurm::JobInfo>,
 ) -> ledger::Record {
     let cfg = e.cfg;
+    // Without Slurm's word (a stop's early record), the nodes Slurm gave the job step.
+    let listed = || {
+        std::env::var("SLURM_JOB_NODELIST")
+            .ok()
+            .and_then(|l| vigil_slurm::hostlist::expand(&l).ok())
+            .filter(|n| !n.is_empty())
+    };
     let nodes = info
         .map(|i| i.nodes.clone())
         .filter(|n| !n.is_empty())
+        .or_else(listed)
         .unwrap_or_else(|| {
             vec![nix::unistd::gethostname()
                 .map(|h| h.to_string_lossy().into_owned())

@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 use tokio::time::Interval;
 
 use super::agent::Agent;
-use super::allocation::EndWatch;
+use super::allocation::{self, EndWatch};
 use super::clock::JobClock;
 use super::effect::Effect;
 use super::eventlog;
@@ -27,7 +27,7 @@ use super::slurm_job::SignalWindow;
 use super::stacks::StackReport;
 use crate::job::exchange::FromExchange;
 use crate::job::rendezvous::FromCoord;
-use crate::supervise::{Action, Event, ExitKind, JobEnd, Record, Supervisor};
+use crate::supervise::{Action, Event, ExitKind, JobEnd, Outcome, Record, Supervisor};
 
 /// A straggler report with its event-log line, serialised off the loop.
 pub(super) type ReadyReport = (perf::Report, String);
@@ -154,6 +154,20 @@ pub(super) struct Dispatcher {
     pub(super) report_tx: mpsc::UnboundedSender<ReadyReport>,
     /// `--metrics-port`, `--metrics-textfile`: the counters and where pages go.
     pub(super) metrics: Option<Metrics>,
+    /// When the agent started: the allocation it had is from here.
+    pub(super) started: SystemTime,
+    /// This allocation was recorded when its stop was agreed.
+    pub(super) stop_recorded: bool,
+}
+
+/// The step of a stop agreed for a SIGTERM among `actions`, if one was.
+fn agreed_sigterm_stop(actions: &[Action]) -> Option<Option<u64>> {
+    actions.iter().find_map(|a| match a {
+        Action::Record(Record::StopAgreed { step, trigger, .. }) if trigger == "SIGTERM" => {
+            Some(*step)
+        }
+        _ => None,
+    })
 }
 
 impl Dispatcher {
@@ -188,10 +202,31 @@ impl Dispatcher {
             if let Some(m) = &mut self.metrics {
                 m.count(&actions);
             }
+            let agreed = agreed_sigterm_stop(&actions);
             self.agent.execute(actions, &mut self.queue);
+            if let Some(step) = agreed {
+                self.record_agreed_stop(step);
+            }
         }
         // An attempt that just ended here gets its last `steps` record at once.
         self.log_steps(now);
+    }
+
+    /// Under Slurm, node rank 0 records the allocation once a stop for a SIGTERM is agreed, the
+    /// ranks already told: Slurm SIGKILLs the job `KillWait` later, whether or not they are done
+    /// ([`allocation::record_agreed_stop`]). Once per allocation.
+    fn record_agreed_stop(&mut self, step: Option<u64>) {
+        if self.stop_recorded || self.agent.cfg.allocation.slurm_job_id.is_none() {
+            return;
+        }
+        self.stop_recorded = true;
+        let outcome = Outcome::Stopped {
+            trigger: "SIGTERM".into(),
+            step,
+        };
+        if let Some(e) = super::teardown::ending(self, (None, self.started), &outcome) {
+            allocation::record_agreed_stop(e);
+        }
     }
 
     /// The `steps` record due, if any ([`perf::StepsLog::due`]).

@@ -362,6 +362,8 @@ pub(super) async fn start(
         refused: NoticeLimit::new(REFUSED_NOTICE_WINDOW),
         report_tx,
         metrics,
+        started,
+        stop_recorded: false,
     };
     let sources = Sources {
         sigs,

@@ -77,13 +77,23 @@ fn conclude_here(
     (keys, started): (Option<&vigil_store::KeySpace>, SystemTime),
     outcome: &Outcome,
 ) -> Option<i32> {
+    ending(d, (keys, started), outcome).map(allocation::conclude)
+}
+
+/// What node rank 0 (or the coordinating node, or a survivor of node rank 0's loss) records of
+/// the allocation; `None` on the other nodes.
+pub(super) fn ending<'a>(
+    d: &'a Dispatcher,
+    (keys, started): (Option<&vigil_store::KeySpace>, SystemTime),
+    outcome: &'a Outcome,
+) -> Option<Ending<'a>> {
     // With node rank 0's store, a survivor of node rank 0's loss records the allocation in its
     // place (the first to take the ledger's lock).
     let survivor = d.agent.trail.head_lost && matches!(outcome, Outcome::Lost { .. });
     if d.agent.cfg.node_rank != 0 && !d.agent.trail.coordinates && !survivor {
         return None;
     }
-    Some(allocation::conclude(Ending {
+    Some(Ending {
         cfg: &d.agent.cfg,
         run_dir: &d.agent.run_dir,
         outcome,
@@ -95,7 +105,7 @@ fn conclude_here(
         blame: blame_nodes(&d.agent, &d.sup, keys),
         index: d.agent.trail.allocation_index,
         survivor,
-    }))
+    })
 }
 
 /// A rank's last steps may still sit in its socket when its exit was reaped first: count them,

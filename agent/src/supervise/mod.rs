@@ -232,6 +232,19 @@ impl Supervisor {
         [own, stop].into_iter().flatten().min()
     }
 
+    /// A tick while ranks run: a stop that is due, then (still running) a generation's waits,
+    /// then hangs.
+    fn running_tick(&mut self, now: Instant, out: &mut Vec<Action>) {
+        self.stop_at_tick(now, out);
+        self.stop_window_tick(now, out);
+        if self.phase == Phase::Running {
+            self.generation_tick(now, out);
+        }
+        if self.phase == Phase::Running {
+            self.hang_tick(now, out);
+        }
+    }
+
     /// Decides what `event`, which happened at `now`, means: the one entry point. Each kind of event
     /// goes to the concern that owns it (ranks.rs, timeouts.rs, hangs.rs, stop.rs, verdict.rs);
     /// afterwards the job's verdict is settled the same way whatever the event was.
@@ -265,16 +278,7 @@ impl Supervisor {
                 self.on_stacks_captured(now, local_rank, &mut out)
             }
             // While ranks run, a tick is about hangs; otherwise about a back-off or an escalation.
-            Event::Tick if self.phase == Phase::Running => {
-                self.stop_at_tick(now, &mut out);
-                self.stop_window_tick(now, &mut out);
-                if self.phase == Phase::Running {
-                    self.generation_tick(now, &mut out);
-                }
-                if self.phase == Phase::Running {
-                    self.hang_tick(now, &mut out);
-                }
-            }
+            Event::Tick if self.phase == Phase::Running => self.running_tick(now, &mut out),
             Event::Tick => {
                 self.stop_at_tick(now, &mut out);
                 self.backoff_tick(now, &mut out);

@@ -246,7 +246,7 @@ impl Supervisor {
     fn restart(&mut self, out: &mut Vec<Action>) {
         let next = self.attempt + 1;
         let ran = self.current.ran();
-        let progressed = self.progressed();
+        let progressed = progressed(&self.cfg, &self.current, &mut self.job.steps);
         let (wait, streak) = self.cfg.backoff.next(self.job.streak, ran, progressed);
         self.job.streak = streak;
         out.push(Action::Record(Record::Restart {
@@ -263,34 +263,6 @@ impl Supervisor {
             }
             _ => self.join_next(out),
         }
-    }
-
-    /// Whether the attempt that just failed made progress over those before it (for the
-    /// back-off), and keeps what it reached as the best for the next one.
-    fn progressed(&mut self) -> bool {
-        let steps = &mut self.job.steps;
-        let (saved, before_saved) = match self.cfg.progress_from_file {
-            // The file's value after the attempt, over the best after earlier ones (or at the
-            // job's start).
-            true => (
-                steps.checkpoint.latest.filter(|&i| i > 0),
-                steps
-                    .best
-                    .saved
-                    .or(steps.checkpoint.baseline.filter(|&i| i > 0)),
-            ),
-            false => (self.current.saved, steps.best.saved),
-        };
-        let before = Reached {
-            step: steps.best.step,
-            saved: before_saved,
-        };
-        let now = Reached {
-            step: self.current.highest_step(),
-            saved,
-        };
-        steps.best = before.max(now);
-        made_progress(before, now, self.cfg.min_progress_steps)
     }
 
     /// This node ends with `outcome`: leave the job and tell the runtime.
@@ -318,6 +290,33 @@ impl Supervisor {
         }));
         out.push(Action::Finish(outcome));
     }
+}
+
+/// Whether the attempt that just failed (`current`) made progress over those before it (for the
+/// back-off), and keeps what it reached as the best for the next one (in `steps`).
+fn progressed(cfg: &SupervisorConfig, current: &Attempt, steps: &mut Steps) -> bool {
+    let (saved, before_saved) = match cfg.progress_from_file {
+        // The file's value after the attempt, over the best after earlier ones (or at the
+        // job's start).
+        true => (
+            steps.checkpoint.latest.filter(|&i| i > 0),
+            steps
+                .best
+                .saved
+                .or(steps.checkpoint.baseline.filter(|&i| i > 0)),
+        ),
+        false => (current.saved, steps.best.saved),
+    };
+    let before = Reached {
+        step: steps.best.step,
+        saved: before_saved,
+    };
+    let now = Reached {
+        step: current.highest_step(),
+        saved,
+    };
+    steps.best = before.max(now);
+    made_progress(before, now, cfg.min_progress_steps)
 }
 
 /// This node's end of attempt `attempt`, for the job's verdict: told once, and not when the verdict

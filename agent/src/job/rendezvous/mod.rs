@@ -37,9 +37,9 @@
 //! lease, the job-wide timeouts, the stop, the last call) live in one `JoinSet` and only send an
 //! input (`Input`) to one event loop; the loop hands what it read to the state machine
 //! ([`decide::Rendezvous::step`], a [`decide::Fact`]), which answers with the steps to take
-//! ([`decide::Step`]: a write, a wait, a message for the runtime), and one function carries them
-//! out (`Coordinator::carry_out`). The tasks that only feed it inputs are in
-//! coordinator/sources.rs.
+//! ([`decide::Step`]: a write, a wait, a read handed back, a message for the runtime), and one
+//! function carries them out (`Coordinator::carry_out`, coordinator/carry.rs). The tasks that only
+//! feed it inputs are in coordinator/sources.rs.
 //!
 //! This file keeps what the agent calls: [`run`] and [`run_linked`], [`CoordConfig`], [`HeadSide`]
 //! and [`FromCoord`]; the other files: admission (connect.rs), liveness (liveness.rs), who has not
@@ -157,6 +157,9 @@ pub struct CoordConfig {
     /// node ranks given): the coordinator holds `vigil/lease/coord`, and when it is lost the live
     /// agent with the lowest node rank takes its work over.
     pub outside: bool,
+    /// In-process restarts are on (`--in-process-restarts` above 0, docs/inprocess.md): every
+    /// agent parks on the running attempt's next in-process generation.
+    pub in_process: bool,
 }
 
 impl CoordConfig {

@@ -29,6 +29,7 @@ fn coord(node_rank: u32, store: std::net::SocketAddr) -> CoordConfig {
         secret: None,
         job: None,
         outside: false,
+        in_process: false,
     }
 }
 
@@ -95,9 +96,24 @@ async fn until(keys: &KeySpace, what: &str, f: impl Fn(vigil_store::StoreStats) 
 
 /// Each agent holds one connection to the store, the same one through a failed attempt and the
 /// next (before: a control, a waiter and a liveness connection each, plus one per attempt for the
-/// stop waiter); the waits of the attempt left behind are cancelled, not left parked.
+/// stop waiter); the waits of the attempt left behind are cancelled, not left parked. Parked
+/// now, per agent: attempt 1's end, its stop trigger and its next hang verdict's request;
+/// attempt 0's are gone.
 #[test]
 fn an_agent_holds_one_connection_to_the_store_across_attempts() {
+    holds_one_connection_across_attempts(false, 6);
+}
+
+/// With in-process restarts on (issue 32), each agent also parks on attempt 1's next in-process
+/// generation; with them off, it does not (`an_agent_holds_one_connection_...` above).
+#[test]
+fn with_in_process_restarts_an_agent_also_parks_on_the_next_generation() {
+    holds_one_connection_across_attempts(true, 8);
+}
+
+/// Two agents join attempt 0, fail it and join attempt 1; then the store holds `parked` waits and
+/// still two connections.
+fn holds_one_connection_across_attempts(in_process: bool, parked: usize) {
     on_agent_runtime(async {
         let (addr, keys, leases) =
             crate::run::host_store("127.0.0.1:0".parse().unwrap(), T, None).expect("store up");
@@ -105,10 +121,11 @@ fn an_agent_holds_one_connection_to_the_store_across_attempts() {
             keys: keys.clone(),
             leases,
         };
-        let mut agents = [
-            Agent::spawn(coord(0, addr), Some(head)),
-            Agent::spawn(coord(1, addr), None),
-        ];
+        let cfg = |node_rank| CoordConfig {
+            in_process,
+            ..coord(node_rank, addr)
+        };
+        let mut agents = [Agent::spawn(cfg(0), Some(head)), Agent::spawn(cfg(1), None)];
         for a in &agents {
             a.join(0);
         }
@@ -145,9 +162,28 @@ fn an_agent_holds_one_connection_to_the_store_across_attempts() {
                 "{m:?}"
             );
         }
-        // Parked now, per agent: attempt 1's end, its stop trigger, its next in-process
-        // generation and its next hang verdict's request; attempt 0's are gone.
-        until(&keys, "eight waits parked", |s| s.pending_waits == 8).await;
+        // Every waiter the join spawned has sent its wait once each agent's next request went
+        // through the store: sharing the attempt's timeouts (whose own wait ends once all
+        // shared).
+        for a in &agents {
+            a.tx.send(JobRequest::ShareTimeouts {
+                attempt: 1,
+                round: 0,
+                timeouts: Default::default(),
+            })
+            .unwrap();
+        }
+        for a in agents.iter_mut() {
+            let m = a.next().await;
+            assert!(
+                matches!(m, FromCoord::Event(Event::JobTimeouts { attempt: 1, .. })),
+                "{m:?}"
+            );
+        }
+        until(&keys, &format!("{parked} waits parked"), |s| {
+            s.pending_waits == parked
+        })
+        .await;
         let s = keys.stats();
         assert_eq!(s.connections, 2, "attempt 1: {s:?}");
         assert_eq!(s.dropped_for_protocol_errors, 0, "{s:?}");

@@ -1,8 +1,7 @@
 //! The coordinator: moves messages between the store and the rendezvous' state machine, in one
-//! event loop (`serve`, `on_input`), and carries out the state machine's steps (`carry_out`). The
-//! tasks that feed its inputs are in `sources.rs`.
+//! event loop (`serve`, `on_input`, `request`). The state machine's steps are carried out in
+//! `carry.rs` (`carry_out`); the tasks that feed its inputs are in `sources.rs`.
 
-use std::collections::VecDeque;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -10,15 +9,16 @@ use tokio::task::{AbortHandle, JoinSet};
 use vigil_store::{KeySpace, LeaseEvent, MuxClient};
 
 use crate::supervise::monitor::Timeouts;
-use crate::supervise::{Event, JobEnd, JobRequest, StepReport};
+use crate::supervise::{Event, JobEnd, JobRequest};
 
 use super::absent::join_timeout_reason;
 use super::connect::{claim, store_lost, Fatal};
-use super::decide::{self, poison, Fact, Joining, Patience, Rendezvous, Setup, Stage, Step, Woke};
+use super::decide::{Fact, Rendezvous, Setup, Stage, Woke};
 use super::liveness::{liveness, Alarm};
 use super::wire::*;
-use super::{lastcall, CoordConfig, FromCoord, HeadSide, StoreLink};
+use super::{CoordConfig, FromCoord, HeadSide, StoreLink};
 
+mod carry;
 mod hangs;
 mod sources;
 
@@ -130,13 +130,6 @@ pub(super) struct Coordinator {
     last_call: Option<AbortHandle>,
     /// Set once a `Lost` was sent: nothing more is reported.
     ended: bool,
-    /// This agent coordinated until another took the coordinator's lease over
-    /// ([`Alarm::Deposed`]): it leaves without deciding anything for the job.
-    deposed: bool,
-    /// A standby that leaves the job on a signal (`JobRequest::Depart`): it keeps its lease
-    /// until its connection closes, so the coordinator, in the job or through a store outside
-    /// it, hears of it as a lost lease and reads why ([`key::left`]).
-    departed: bool,
     /// Node rank 0: the rendezvous under way, while it waits for nodes to join.
     join_wait: Option<JoinWait>,
 }
@@ -194,6 +187,7 @@ impl Coordinator {
             max_restarts: cfg.max_restarts,
             head: is_head,
             outside: cfg.outside,
+            in_process: cfg.in_process,
         });
         Ok(Coordinator {
             cfg,
@@ -212,8 +206,6 @@ impl Coordinator {
             liveness,
             last_call: None,
             ended: false,
-            deposed: false,
-            departed: false,
             join_wait: None,
         })
     }
@@ -224,7 +216,7 @@ impl Coordinator {
         }
         if matches!(m, FromCoord::Event(Event::CoordinationLost { .. })) {
             self.ended = true;
-            if !self.deposed && self.rdzv.hosted_by_head() {
+            if !self.rdzv.deposed() && self.rdzv.hosted_by_head() {
                 let _ = self.tx.send(FromCoord::HeadLost);
             }
         }
@@ -335,70 +327,64 @@ impl Coordinator {
             Input::Alarm(Alarm::Silent(why, node)) => {
                 self.decide(Fact::Silent { node, reason: why }).await
             }
-            Input::Alarm(Alarm::CoordGone(old)) => self.coordinator_gone(old).await,
-            Input::Alarm(Alarm::Deposed(why)) => {
-                self.head = None;
-                self.deposed = true;
-                self.fail(why);
-                Ok(())
-            }
+            // A job whose end is written lost no coordinator: it left.
+            Input::Alarm(Alarm::CoordGone(_)) if self.ended => Ok(()),
+            Input::Alarm(Alarm::CoordGone(old)) => self.decide(Fact::CoordinatorGone { old }).await,
+            Input::Alarm(Alarm::Deposed(reason)) => self.decide(Fact::Deposed { reason }).await,
         }
     }
 
     async fn request(&mut self, req: JobRequest) -> Result<(), vigil_store::StoreError> {
         match req {
-            // What every active node reports (done, timeouts, stop steps) is counted over the
-            // slots: a standby reports none.
-            JobRequest::ShareTimeouts { .. }
-            | JobRequest::StopSteps { .. }
-            | JobRequest::ReportDone { .. }
-            | JobRequest::HangReport { .. }
-                if !self.rdzv.in_slots() => {}
+            // What every active node reports is counted over the slots: a standby reports none
+            // (the others' filters are the state machine's: decide/requests.rs).
+            JobRequest::HangReport { .. } if !self.rdzv.in_slots() => Ok(()),
             JobRequest::Join {
                 attempt,
                 calculated,
-            } => self.join(attempt, calculated).await?,
-            JobRequest::Health { healthy } => self.rdzv.health(healthy),
+            } => self.join(attempt, calculated).await,
+            JobRequest::Health { healthy } => {
+                self.rdzv.health(healthy);
+                Ok(())
+            }
             JobRequest::ReportEnd { attempt, end } => {
-                self.decide(Fact::ReportEnd { attempt, end: &end }).await?;
+                self.decide(Fact::ReportEnd { attempt, end: &end }).await
             }
-            JobRequest::ReportDone { attempt } => {
-                let count = self.ctl.add(&key::done(attempt), 1).await?;
-                self.decide(Fact::DoneCounted { attempt, count }).await?;
-            }
+            JobRequest::ReportDone { attempt } => self.decide(Fact::ReportDone { attempt }).await,
             JobRequest::ShareTimeouts {
                 attempt,
                 round,
                 timeouts,
-            } => self.share_timeouts(attempt, round, &timeouts).await?,
+            } => {
+                let timeouts = &timeouts;
+                self.decide(Fact::ShareTimeouts {
+                    attempt,
+                    round,
+                    timeouts,
+                })
+                .await
+            }
             JobRequest::StopTrigger { attempt, trigger } => {
-                self.ctl
-                    .compare_set(&key::stop(attempt), b"", &to_json(&trigger))
-                    .await?;
+                let trigger = &trigger;
+                self.decide(Fact::StopTrigger { attempt, trigger }).await
             }
-            JobRequest::StopSteps { attempt, report } => self.share_steps(attempt, &report).await?,
-            JobRequest::Depart { reason } => {
-                self.departed = true;
-                self.ctl
-                    .set(&key::left(self.cfg.node_rank), reason.as_bytes())
-                    .await?;
+            JobRequest::StopSteps { attempt, report } => {
+                let report = &report;
+                self.decide(Fact::StopSteps { attempt, report }).await
             }
+            JobRequest::Depart { reason } => self.decide(Fact::Depart { reason }).await,
             JobRequest::BeginGeneration {
                 attempt,
                 generation,
                 replaced,
-            } => {
-                self.generation_begun(attempt, generation, &replaced)
-                    .await?
-            }
+            } => self.generation_begun(attempt, generation, &replaced).await,
             JobRequest::HangReport {
                 attempt,
                 round,
                 candidates,
-            } => self.hang_report(attempt, round, &candidates).await?,
+            } => self.hang_report(attempt, round, &candidates).await,
             JobRequest::Leave { .. } => unreachable!("handled by serve"),
         }
-        Ok(())
     }
 
     async fn join(
@@ -412,40 +398,18 @@ impl Coordinator {
         abort(&mut self.hang_task);
         self.spawn_stop_waiter(attempt);
         self.spawn_hang_waiter(attempt);
-        let healthy = match self.rdzv.join(attempt, calculated) {
-            Joining::Join { healthy } => healthy,
-            Joining::Ended(end) => {
-                let mut steps = poison(attempt, &end);
-                steps.push(Step::Tell(FromCoord::attempt_ended(attempt, end)));
-                return self.carry_out(steps).await;
-            }
-        };
-        let info = NodeInfo {
+        let me = NodeInfo {
             topology: self.cfg.topology.clone(),
-            healthy,
+            healthy: None,
             nproc: self.cfg.nproc,
             host: self.cfg.host.clone(),
             pid: std::process::id(),
         };
-        let me = self.cfg.node_rank;
-        let (record, count) = (key::join(attempt, me), key::joined(attempt));
-        let (members, nth) = if self.rdzv.spares() {
-            self.ctl.set(&record, &to_json(&info)).await?;
-            let members = match self.ctl.check(&[&key::members(attempt)]).await? {
-                true => Some(self.ctl.get(&key::members(attempt)).await?),
-                false => None,
-            };
-            (members, self.ctl.add(&count, 1).await?)
-        } else {
-            // The record and the count in one request (JOIN), the record first.
-            (None, self.ctl.join(&record, &to_json(&info), &count).await?)
-        };
-        abort(&mut self.last_call);
-        let members = members.as_deref();
-        self.decide(Fact::Counted {
+        let me = &me;
+        self.decide(Fact::Join {
             attempt,
-            nth,
-            members,
+            calculated,
+            me,
         })
         .await?;
         self.join_wait = match self.rdzv.stage() {
@@ -460,62 +424,6 @@ impl Coordinator {
             _ => None,
         };
         Ok(())
-    }
-
-    async fn share_timeouts(
-        &mut self,
-        attempt: u32,
-        round: u32,
-        timeouts: &Timeouts,
-    ) -> Result<(), vigil_store::StoreError> {
-        let mine = to_json(&WireTimeouts::from(timeouts));
-        let me = self.cfg.node_rank;
-        self.ctl
-            .set(&key::node_timeouts(attempt, round, me), &mine)
-            .await?;
-        // A node shares a round only once its previous one was answered (its ranks wait for the
-        // answer), so a waiter still parked belongs to a round nobody completes.
-        abort(&mut self.timeouts_task);
-        self.spawn_timeouts_waiter(attempt, round);
-        let count = self
-            .ctl
-            .add(&key::timeouts_count(attempt, round), 1)
-            .await?;
-        self.decide(Fact::TimeoutsCounted {
-            attempt,
-            round,
-            count,
-        })
-        .await
-    }
-
-    async fn share_steps(
-        &mut self,
-        attempt: u32,
-        report: &StepReport,
-    ) -> Result<(), vigil_store::StoreError> {
-        let mine = to_json(&WireSteps::from(report));
-        let me = self.cfg.node_rank;
-        self.ctl.set(&key::stop_steps(attempt, me), &mine).await?;
-        let count = self.ctl.add(&key::stop_count(attempt), 1).await?;
-        self.decide(Fact::StepsCounted { attempt, count }).await
-    }
-
-    /// What every slot's node wrote under `key(node)`, read in one round trip; a value that does
-    /// not parse is left out.
-    async fn every_node<T: serde::de::DeserializeOwned>(
-        &mut self,
-        key: impl Fn(u32) -> String,
-    ) -> Result<Vec<T>, vigil_store::StoreError> {
-        let keys: Vec<String> = self.rdzv.slots().iter().map(|n| key(*n)).collect();
-        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-        Ok(self
-            .ctl
-            .multi_get(&refs)
-            .await?
-            .iter()
-            .filter_map(|v| serde_json::from_slice(v).ok())
-            .collect())
     }
 
     async fn waited(
@@ -534,8 +442,11 @@ impl Coordinator {
             }
         };
         match self.rdzv.woke(&key) {
-            Some(Woke::AllJoined(c)) => self.all_joined(c).await?,
-            Some(Woke::Verdict(c)) => self.verdict(c, &value).await?,
+            Some(Woke::AllJoined(attempt)) => self.decide(Fact::AllJoined { attempt }).await?,
+            Some(Woke::Verdict(attempt)) => {
+                let value = &value;
+                self.decide(Fact::Verdict { attempt, value }).await?
+            }
             Some(Woke::End(c)) => {
                 abort(&mut self.timeouts_task);
                 let value = &value;
@@ -560,113 +471,6 @@ impl Coordinator {
             .and_then(|v| String::from_utf8(v).ok());
         let absent = self.absent(c).await;
         join_timeout_reason(c, joined, self.cfg.nnodes, self.cfg.join_timeout, &absent)
-    }
-
-    /// Node rank 0: every member joined attempt `c`: propose the assignment (the first `go`
-    /// written wins) and act on the verdict.
-    async fn all_joined(&mut self, c: u32) -> Result<(), vigil_store::StoreError> {
-        // A node that stopped for good ends the rendezvous by writing `go` before `all`.
-        if self.ctl.check(&[&key::go(c)]).await? {
-            let v = self.ctl.get(&key::go(c)).await?;
-            return self.verdict(c, &v).await;
-        }
-        let head = self.head.as_ref().expect("only node rank 0 waits for all");
-        // Every node's ranks of the last attempt are gone: give this one a clean store.
-        match head.keys.as_ref() {
-            Some(keys) => {
-                keys.reset();
-                if c > 0 {
-                    keys.clear_prefix(&key::attempt_prefix_raw(c - 1));
-                }
-            }
-            None => {
-                self.ctl.clear_except(vigil_store::AGENT_PREFIX).await?;
-                if c > 0 {
-                    self.ctl
-                        .clear_prefix(&key::attempt_prefix_raw(c - 1))
-                        .await?;
-                }
-            }
-        }
-        let members = self.rdzv.members();
-        let keys: Vec<String> = members.iter().map(|i| key::join(c, *i)).collect();
-        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let records: Vec<(u32, Vec<u8>)> = members
-            .into_iter()
-            .zip(self.ctl.multi_get(&refs).await?)
-            .collect();
-        let records = &records;
-        self.decide(Fact::Records {
-            attempt: c,
-            records,
-        })
-        .await
-    }
-
-    async fn verdict(&mut self, c: u32, value: &[u8]) -> Result<(), vigil_store::StoreError> {
-        self.decide(Fact::Verdict { attempt: c, value }).await
-    }
-
-    /// The store outside the job: the coordinator's lease (held by node `old`) is gone. The live
-    /// agent with the lowest node rank takes the coordinator's work over: it claims the lease
-    /// with compare-and-set, rebuilds the coordinator's state ([`Rendezvous::take_over`]) and
-    /// loses `old` as any node. An agent with a live lower node rank leaves it to that one (and
-    /// is told again next period if nobody took it).
-    async fn coordinator_gone(&mut self, old: u32) -> Result<(), vigil_store::StoreError> {
-        if self.head.is_some() || self.ended {
-            return Ok(());
-        }
-        let me = self.cfg.node_rank;
-        let names: Vec<String> = (0..self.cfg.nnodes).map(key::lease).collect();
-        let mut refs: Vec<&str> = names.iter().map(String::as_str).collect();
-        refs.push(key::JOB_END);
-        let values = self.ctl.multi_get_now(&refs).await?;
-        let (leases, job_end) = values.split_at(names.len());
-        let leased: Vec<bool> = leases.iter().map(|v| !v.is_empty()).collect();
-        // A job whose end is written lost no coordinator: it left.
-        let Some(alive) = self.rdzv.successor(old, &leased, !job_end[0].is_empty()) else {
-            return Ok(());
-        };
-        let mine = me.to_string();
-        // Gone with its connection, or still held by a coordinator frozen past the node
-        // timeout (the lease has expired): taken from either, by compare-and-set.
-        let mut held = self
-            .ctl
-            .compare_set(key::COORD_LEASE, b"", mine.as_bytes())
-            .await?;
-        if held == old.to_string().as_bytes() {
-            held = self
-                .ctl
-                .compare_set(key::COORD_LEASE, &held, mine.as_bytes())
-                .await?;
-        }
-        if held != mine.as_bytes() {
-            return Ok(());
-        }
-        // The record of the old coordinator's loss is this one's to clear, so that the next
-        // loss is a new record.
-        self.ctl.delete_key(key::COORD_LOST).await?;
-        let reason = format!(
-            "node {old} was lost: its agent, the job's coordinator, lost its connection to the store or was silent for --node-timeout"
-        );
-        self.send(FromCoord::Coordinating { lost: old });
-        let alive = &alive;
-        let steps = self.rdzv.step(Fact::TookOver { old, alive, reason });
-        self.head = Some(remote_head(&self.ctl, &mut self.tasks, &self.inbox_tx));
-        // Its liveness sweeps every node's counter from now on.
-        self.liveness.abort();
-        let live = liveness(
-            self.ctl.clone(),
-            self.cfg.clone(),
-            true,
-            self.inbox_tx.clone(),
-        );
-        self.liveness = self.tasks.spawn_local(live);
-        // A wait on a verdict that only it writes now becomes a wait on every member.
-        if let Stage::WaitAll(c) = self.rdzv.stage() {
-            self.wait_for(key::all(c), self.cfg.join_timeout);
-        }
-        self.carry_out(steps).await
     }
 
     async fn lease_event(&mut self, ev: LeaseEvent) -> Result<(), vigil_store::StoreError> {
@@ -713,139 +517,23 @@ impl Coordinator {
             .map(|v| String::from_utf8_lossy(&v).into_owned()))
     }
 
-    /// Hands `fact` to the state machine and carries out what it answers.
+    /// Hands `fact` to the state machine and carries out what it answers (carry.rs).
     pub(super) async fn decide(&mut self, fact: Fact<'_>) -> Result<(), vigil_store::StoreError> {
         let steps = self.rdzv.step(fact);
         self.carry_out(steps).await
     }
 
-    /// Carries out what the state machine decided, in order ([`Step`]); a step whose outcome
-    /// it must hear of (the verdict that won, the joins counted) hands that back to it, and its
-    /// answer is carried out next.
-    async fn carry_out(&mut self, steps: Vec<Step>) -> Result<(), vigil_store::StoreError> {
-        let mut todo = VecDeque::from(steps);
-        while let Some(step) = todo.pop_front() {
-            let then = match step {
-                Step::Set(k, v) => {
-                    self.ctl.set(&k, &v).await?;
-                    continue;
-                }
-                Step::SetFirst(k, v) => {
-                    self.ctl.compare_set(&k, b"", &v).await?;
-                    continue;
-                }
-                Step::Wait(k, patience) => {
-                    let timeout = match patience {
-                        Patience::Join => self.cfg.join_timeout,
-                        Patience::Forever => Duration::MAX,
-                    };
-                    self.wait_for(k, timeout);
-                    continue;
-                }
-                Step::Propose(c, mine) => {
-                    let v = self.ctl.compare_set(&key::go(c), b"", &mine).await?;
-                    self.rdzv.step(Fact::Verdict {
-                        attempt: c,
-                        value: &v,
-                    })
-                }
-                Step::CountJoins(c) => {
-                    let joined = String::from_utf8_lossy(&self.ctl.get(&key::joined(c)).await?)
-                        .parse::<usize>()
-                        .unwrap_or(0);
-                    self.rdzv.step(Fact::JoinsCounted { attempt: c, joined })
-                }
-                Step::MergeTimeouts { attempt, round } => {
-                    let all = self
-                        .every_node(|i| key::node_timeouts(attempt, round, i))
-                        .await?;
-                    let all = &all;
-                    self.rdzv.step(Fact::TimeoutsRead {
-                        attempt,
-                        round,
-                        all,
-                    })
-                }
-                Step::ChooseHung { attempt, round } => self.hangs_read(attempt, round).await?,
-                Step::ChooseStopStep(attempt) => {
-                    let all = self.every_node(|i| key::stop_steps(attempt, i)).await?;
-                    self.rdzv.step(Fact::StepsRead { attempt, all })
-                }
-                Step::LastCall(c) => {
-                    let tx = self.inbox_tx.clone();
-                    let t = lastcall::parked(self.ctl.clone(), self.cfg.clone(), c, tx);
-                    self.last_call = Some(self.tasks.spawn_local(t));
-                    continue;
-                }
-                Step::WaitGeneration(attempt, generation) => {
-                    abort(&mut self.generation_task);
-                    self.spawn_generation_waiter(attempt, generation);
-                    continue;
-                }
-                Step::Tell(m) => {
-                    self.send(m);
-                    continue;
-                }
-            };
-            for s in then.into_iter().rev() {
-                todo.push_front(s);
-            }
-        }
-        Ok(())
-    }
-
+    /// This agent leaves the job ([`Rendezvous::leave`]): its waits and liveness end first.
     async fn leave(&mut self, poison: Option<(u32, JobEnd)>, highest_step: Option<u64>) {
         abort(&mut self.timeouts_task);
         self.liveness.abort();
-        if let Some((c, end)) = poison.filter(|_| !self.deposed) {
-            let steps = decide::poison(c, &end);
-            let _ = tokio::time::timeout(self.cfg.peer_timeout, self.carry_out(steps)).await;
-        }
-        match self.head.as_mut() {
-            // Its lease ends with its connection: a lost lease, which every coordinator hears of.
-            None if self.departed => {}
-            None => {
-                let lease = key::lease(self.cfg.node_rank);
-                let alive = key::alive(self.cfg.node_rank);
-                let highest = key::highest(self.cfg.node_rank);
-                let _ = tokio::time::timeout(self.cfg.peer_timeout, async {
-                    if let Some(step) = highest_step {
-                        let _ = self.ctl.set(&highest, step.to_string().as_bytes()).await;
-                    }
-                    // Left, not lost: node rank 0 stops watching a counter below 1.
-                    let _ = self.ctl.set(&alive, b"-1").await;
-                    self.ctl.delete_key(&lease).await
-                })
-                .await;
-            }
-            Some(Head { keys: None, .. }) => {
-                // The store outlives this agent: nothing to hold up. The others stop watching
-                // this node's counter, and the store's service clears the job once every agent
-                // left.
-                let alive = key::alive(self.cfg.node_rank);
-                let _ = tokio::time::timeout(self.cfg.peer_timeout, async {
-                    let _ = self.ctl.set(&alive, b"-1").await;
-                    self.ctl.set(key::JOB_END, b"").await
-                })
-                .await;
-            }
-            Some(h) => {
-                let keys = h.keys.clone().expect("hosted");
-                // The other agents may still read this attempt's verdict from our store: keep it
-                // up until each has left (or was lost), for at most one peer timeout.
-                let deadline = tokio::time::Instant::now() + self.cfg.peer_timeout;
-                let holders = || keys.count_prefix(key::LEASE_PREFIX_RAW);
-                let mut open = holders();
-                while open > 0 {
-                    let Some(leases) = h.leases.as_mut() else {
-                        break;
-                    };
-                    match tokio::time::timeout_at(deadline, leases.recv()).await {
-                        Ok(Some(_)) => open = holders(),
-                        Ok(None) | Err(_) => break,
-                    }
-                }
-            }
-        }
+        let hosts_store = self.head.as_ref().is_some_and(|h| h.keys.is_some());
+        let steps = self.rdzv.step(Fact::Leave {
+            poison,
+            highest_step,
+            hosts_store,
+        });
+        // Nothing waits on a leaving agent's store errors (each step is bounded).
+        let _ = self.carry_out(steps).await;
     }
 }

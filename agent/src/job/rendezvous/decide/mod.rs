@@ -1,7 +1,10 @@
 //! The job-wide decisions of the rendezvous, pure: one agent's state machine, with no store and
 //! no sockets (the coordinator, `coordinator/`, only moves messages between the store and it).
 //! This file holds the state machine and its types; `steps.rs` the [`Step`]s that carry its
-//! decisions out and [`Rendezvous::step`]; `assign.rs` the free functions (ranks, merged timeouts).
+//! decisions out and [`Rendezvous::step`]; `requests.rs` what this agent asks of the job (its join
+//! record, its reports, the stop trigger, departing, leaving), node rank 0's clean store, and the
+//! coordinator's succession (its lease claimed, a deposed one stepping down); `assign.rs` the free
+//! functions (ranks, merged timeouts).
 //!
 //! Inputs, each a method (and each the coordinator hands over as a [`Fact`] to
 //! [`Rendezvous::step`], which answers with [`Step`]s): this agent joins an attempt
@@ -39,12 +42,13 @@ use super::wire::{key, Go, NodeInfo, Verdict, WireEnd, WireTimeouts};
 use super::FromCoord;
 
 mod assign;
+mod requests;
 mod steps;
 #[cfg(test)]
 mod tests;
 
 pub use assign::{assign, assign_slots, hand_out_node_rank, last_call_note, merge_timeouts, Full};
-pub use steps::{poison, Fact, Patience, Step};
+pub use steps::{poison, Counted, Fact, Patience, Step};
 
 /// What one agent knows of the job, fixed for its life.
 #[derive(Debug, Clone)]
@@ -65,6 +69,9 @@ pub struct Setup {
     /// The store runs outside the job (`vigil store`, `--rdzv-conf is_host=false`): losing the
     /// coordinator's node is losing a node like any other.
     pub outside: bool,
+    /// In-process restarts are on: a running attempt's nodes park on its next in-process
+    /// generation (docs/inprocess.md); off, nobody writes one and nobody waits for it.
+    pub in_process: bool,
 }
 
 /// Where this agent is in the current attempt.
@@ -215,6 +222,13 @@ pub struct Rendezvous {
     /// Node rank 0, hot spares: nodes replaced for failing attempts in a row; never given ranks
     /// again in this job.
     benched: Vec<u32>,
+    /// A standby that left the job on a signal ([`Fact::Depart`]): it keeps its lease until its
+    /// connection closes, so the coordinator, in the job or through a store outside it, hears
+    /// of it as a lost lease and reads why (`key::left`).
+    departed: bool,
+    /// This agent coordinated until another took the coordinator's lease over
+    /// ([`Fact::Deposed`]): it leaves without deciding anything for the job.
+    deposed: bool,
 }
 
 impl Rendezvous {
@@ -231,6 +245,8 @@ impl Rendezvous {
             healthy: None,
             failed_on: Vec::new(),
             benched: Vec::new(),
+            departed: false,
+            deposed: false,
         }
     }
 
@@ -498,6 +514,11 @@ impl Rendezvous {
     /// Whether this agent coordinates the job.
     pub fn is_head(&self) -> bool {
         self.setup.head
+    }
+
+    /// Whether another agent took the coordinator's lease over from this one.
+    pub fn deposed(&self) -> bool {
+        self.deposed
     }
 
     /// Input: attempt `c`'s end as read from `c<N>/end` (the first report won).

@@ -9,7 +9,7 @@ use crate::supervise::{
 };
 
 use super::super::wire::{
-    key, to_json, Verdict, WireEnd, WireHangCandidate, WireSteps, WireTimeouts,
+    key, to_json, NodeInfo, Verdict, WireEnd, WireHangCandidate, WireSteps, WireTimeouts,
 };
 use super::super::FromCoord;
 use super::{
@@ -49,6 +49,85 @@ pub enum Step {
     WaitGeneration(u32, u64),
     /// Tell this agent's runtime.
     Tell(FromCoord),
+    /// Delete the key.
+    Delete(String),
+    /// Add 1 to the counter at the key and hand the count back as the [`Fact`] that `Counted`
+    /// names.
+    Add(String, Counted),
+    /// Write this node's join `record` for attempt N and count it (`c<N>/joined`), then hand the
+    /// count back ([`Fact::Counted`]). With standbys (`members`) the record, `c<N>/members` as
+    /// read (if written) and the count, one after the other; else the record and the count in
+    /// one request (JOIN), the record first.
+    Join {
+        attempt: u32,
+        record: Vec<u8>,
+        members: bool,
+    },
+    /// (Re)park on the job-wide timeouts of attempt N's round, instead of any earlier round's
+    /// (a node shares a round only once its previous one was answered, so a wait still parked
+    /// belongs to a round nobody completes); what is written is handed to the runtime.
+    WaitTimeouts { attempt: u32, round: u32 },
+    /// Node rank 0: read whether attempt N's verdict was written before every member joined (a
+    /// node that stopped for good writes it before `all`): hand back [`Fact::Verdict`] if so,
+    /// else [`Fact::NoEarlyVerdict`].
+    ReadEarlyVerdict(u32),
+    /// Node rank 0: give attempt N a clean store: every key but the agents' own (`vigil/`), and
+    /// the ranks' keys of the `previous` attempt.
+    ResetStore { previous: Option<u32> },
+    /// Node rank 0: read these members' join records for attempt N, in order, and hand them back
+    /// ([`Fact::Records`]).
+    ReadRecords { attempt: u32, members: Vec<u32> },
+    /// The store outside the job: read every node's lease and the job's end, and hand them back
+    /// ([`Fact::LeasesRead`]) to find whether this agent succeeds lost coordinator `old`.
+    ReadLeases { old: u32 },
+    /// Claim the coordinator's lease by compare-and-set from `from` (empty: nobody holds it) and
+    /// hand back who holds it now ([`Fact::CoordinatorClaimed`]).
+    ClaimCoordinator {
+        old: u32,
+        alive: Vec<u32>,
+        from: Vec<u8>,
+    },
+    /// This agent coordinates the job from now on: it reads the store's lease queue and its
+    /// liveness watches every node.
+    Coordinate,
+    /// Another agent took the coordinator's lease over: this one stops coordinating.
+    StepDown,
+    /// Carry these out in order within one peer timeout (`--node-timeout`); the first store
+    /// error stops them (the agent is leaving: nothing waits longer).
+    Bounded(Vec<Step>),
+    /// Try each of these in order, within one peer timeout in all; an error skips to the next
+    /// (the agent is leaving and its connection may be gone).
+    BestEffort(Vec<Step>),
+    /// Node rank 0 hosting the store, leaving: keep it up until every other agent has left or
+    /// was lost, for at most one peer timeout (they may still read this attempt's verdict).
+    HoldStore,
+}
+
+/// What the count of a [`Step::Add`] is of, and so which [`Fact`] hands it back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Counted {
+    /// Slots whose ranks all exited 0 in attempt N ([`Fact::DoneCounted`]).
+    Done(u32),
+    /// Slots that shared their timeouts for attempt N's round ([`Fact::TimeoutsCounted`]).
+    Timeouts { attempt: u32, round: u32 },
+    /// Slots that reported their steps after a stop was asked in attempt N
+    /// ([`Fact::StepsCounted`]).
+    Steps(u32),
+}
+
+impl Counted {
+    /// The fact that hands `count` back.
+    pub fn fact(self, count: i64) -> Fact<'static> {
+        match self {
+            Counted::Done(attempt) => Fact::DoneCounted { attempt, count },
+            Counted::Timeouts { attempt, round } => Fact::TimeoutsCounted {
+                attempt,
+                round,
+                count,
+            },
+            Counted::Steps(attempt) => Fact::StepsCounted { attempt, count },
+        }
+    }
 }
 
 /// How long a [`Step::Wait`] waits.
@@ -109,12 +188,14 @@ impl Rendezvous {
     /// What a [`Decision`] takes: park on the attempt's end, tell the runtime, or end `Lost`.
     pub fn steps(&mut self, d: Decision) -> Vec<Step> {
         match d {
-            // Beside the attempt's end, its in-process generations (docs/inprocess.md).
-            Decision::Run(c, m) => vec![
-                Step::Wait(key::end(c), Patience::Forever),
-                Step::Tell(m),
-                Step::WaitGeneration(c, 1),
-            ],
+            Decision::Run(c, m) => {
+                let mut steps = vec![Step::Wait(key::end(c), Patience::Forever), Step::Tell(m)];
+                // Beside the attempt's end, its in-process generations (docs/inprocess.md).
+                if self.setup.in_process {
+                    steps.push(Step::WaitGeneration(c, 1));
+                }
+                steps
+            }
             Decision::Tell(m) => vec![Step::Tell(m)],
             Decision::Fail(why) => vec![self.lost(why)],
         }
@@ -358,12 +439,58 @@ pub enum Fact<'a> {
     LeaseLost { node: Option<u32>, reason: String },
     /// Liveness found `node` silent (`None`: the store).
     Silent { node: Option<u32>, reason: String },
-    /// The store outside the job: this agent won the lost coordinator `old`'s lease.
-    TookOver {
+    /// This agent asks to join `attempt` as `me` (its join record; the health is the
+    /// rendezvous' own); node rank 0 hands `calculated` to every node.
+    Join {
+        attempt: u32,
+        calculated: Option<Timeouts>,
+        me: &'a NodeInfo,
+    },
+    /// This node's ranks all exited 0 in `attempt`.
+    ReportDone { attempt: u32 },
+    /// This node's calculated timeouts for `attempt`'s `round`.
+    ShareTimeouts {
+        attempt: u32,
+        round: u32,
+        timeouts: &'a Timeouts,
+    },
+    /// This node asks the job to stop `attempt` at a step, for `trigger`.
+    StopTrigger { attempt: u32, trigger: &'a str },
+    /// This node's ranks' steps once a stop was asked in `attempt`.
+    StopSteps {
+        attempt: u32,
+        report: &'a StepReport,
+    },
+    /// A standby leaves the job on a signal, for `reason`.
+    Depart { reason: String },
+    /// This agent leaves: ending `poison`'s attempt and the next with its end (if any), with
+    /// `highest_step` its ranks' highest step; `hosts_store`: it hosts the job's store.
+    Leave {
+        poison: Option<(u32, JobEnd)>,
+        highest_step: Option<u64>,
+        hosts_store: bool,
+    },
+    /// Node rank 0: every member joined `attempt` (`c<N>/all`).
+    AllJoined { attempt: u32 },
+    /// Node rank 0: no verdict was written for `attempt` before every member joined.
+    NoEarlyVerdict { attempt: u32 },
+    /// The store outside the job: the coordinator's lease, held by node `old`, is gone.
+    CoordinatorGone { old: u32 },
+    /// Whether each node's lease is held, by node rank, and whether the job's end is written.
+    LeasesRead {
+        old: u32,
+        leased: &'a [bool],
+        job_ended: bool,
+    },
+    /// The coordinator's lease holds `held` after this agent's claim from `from` ([`Step::ClaimCoordinator`]).
+    CoordinatorClaimed {
         old: u32,
         alive: &'a [u32],
-        reason: String,
+        from: &'a [u8],
+        held: &'a [u8],
     },
+    /// The store outside the job: another agent took the coordinator's lease over from this one.
+    Deposed { reason: String },
     /// Node rank 0: attempt N's last call ran out with the `present` members' records there.
     LastCallOut {
         attempt: u32,
@@ -445,10 +572,19 @@ impl Rendezvous {
                 let loss = self.silent(node, reason);
                 self.carry(loss)
             }
-            Fact::TookOver { old, alive, reason } => {
-                let loss = self.take_over(old, alive, reason);
-                self.carry(loss)
-            }
+            asked @ (Fact::Join { .. }
+            | Fact::ReportDone { .. }
+            | Fact::ShareTimeouts { .. }
+            | Fact::StopTrigger { .. }
+            | Fact::StopSteps { .. }
+            | Fact::Depart { .. }
+            | Fact::Leave { .. }
+            | Fact::AllJoined { .. }
+            | Fact::NoEarlyVerdict { .. }
+            | Fact::CoordinatorGone { .. }
+            | Fact::LeasesRead { .. }
+            | Fact::CoordinatorClaimed { .. }
+            | Fact::Deposed { .. }) => self.asked(asked),
             Fact::LastCallOut {
                 attempt,
                 present,

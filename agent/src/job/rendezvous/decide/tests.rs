@@ -66,6 +66,7 @@ fn head(nnodes: u32, active: u32) -> Rendezvous {
         max_restarts: 3,
         head: true,
         outside: false,
+        in_process: false,
     })
 }
 
@@ -212,6 +213,7 @@ impl Job {
                     max_restarts: 3,
                     head: n == 0,
                     outside: false,
+                    in_process: true,
                 })
             })
             .collect();
@@ -579,6 +581,7 @@ fn agent(nnodes: u32, active: u32, node_rank: u32) -> Rendezvous {
         max_restarts: 5,
         head: node_rank == 0,
         outside: true,
+        in_process: false,
     })
 }
 
@@ -1181,6 +1184,388 @@ fn an_in_process_generation_is_proposed_once_and_every_running_node_hears_the_wi
         value: &value,
     });
     assert_eq!(stale, vec![]);
+}
+
+#[test]
+fn without_in_process_restarts_a_running_node_parks_on_the_end_alone() {
+    let mut a = head(1, 1);
+    a.join(0, None);
+    let records = vec![(0, to_json(&info(2)))];
+    let go = a.assign(0, &records).unwrap().go;
+    let steps = a.step(Fact::Verdict {
+        attempt: 0,
+        value: &to_json(&Verdict::Go(go)),
+    });
+    assert_eq!(steps.len(), 2, "{steps:?}");
+    assert_eq!(steps[0], Step::Wait(key::end(0), Patience::Forever));
+    assert!(
+        matches!(
+            &steps[1],
+            Step::Tell(FromCoord::Event(Event::Joined { .. }))
+        ),
+        "{steps:?}"
+    );
+}
+
+#[test]
+fn a_join_writes_the_record_with_the_last_health_check_or_ends_a_lost_job() {
+    let me = info(2);
+    // Without standbys the record and the count go in one request; with, members are read.
+    let mut a = head(2, 2);
+    let steps = a.step(Fact::Join {
+        attempt: 0,
+        calculated: None,
+        me: &me,
+    });
+    let record = to_json(&me);
+    assert_eq!(
+        steps,
+        vec![Step::Join {
+            attempt: 0,
+            record,
+            members: false
+        }]
+    );
+    let mut a = head(3, 2);
+    a.health(false);
+    let steps = a.step(Fact::Join {
+        attempt: 0,
+        calculated: None,
+        me: &me,
+    });
+    let record = to_json(&NodeInfo {
+        healthy: Some(false),
+        ..me.clone()
+    });
+    assert_eq!(
+        steps,
+        vec![Step::Join {
+            attempt: 0,
+            record,
+            members: true
+        }]
+    );
+    // Node rank 0 lost the job: the attempt joined ends at once, for every node.
+    let mut a = head(2, 2);
+    a.join(0, None);
+    a.step(Fact::Silent {
+        node: Some(1),
+        reason: "gone".into(),
+    });
+    let steps = a.step(Fact::Join {
+        attempt: 1,
+        calculated: None,
+        me: &me,
+    });
+    let end = JobEnd::Lost {
+        reason: "gone".into(),
+        node: Some(1),
+    };
+    let mut want = poison(1, &end);
+    want.push(Step::Tell(FromCoord::attempt_ended(1, end)));
+    assert_eq!(steps, want);
+}
+
+#[test]
+fn the_reports_are_counted_over_the_slots_and_a_standby_reports_none() {
+    // --nnodes 1:2: node 0 plays the slot, node 1 waits.
+    let mut slot = agent(2, 1, 0);
+    let mut standby = agent(2, 1, 1);
+    let t = Timeouts::default();
+    let report = StepReport {
+        max_step: Some(7),
+        steps_per_s: None,
+    };
+    for (fact, want) in [
+        (
+            Fact::ReportDone { attempt: 3 },
+            vec![Step::Add(key::done(3), Counted::Done(3))],
+        ),
+        (
+            Fact::ShareTimeouts {
+                attempt: 3,
+                round: 1,
+                timeouts: &t,
+            },
+            vec![
+                Step::Set(
+                    key::node_timeouts(3, 1, 0),
+                    to_json(&WireTimeouts::from(&t)),
+                ),
+                Step::WaitTimeouts {
+                    attempt: 3,
+                    round: 1,
+                },
+                Step::Add(
+                    key::timeouts_count(3, 1),
+                    Counted::Timeouts {
+                        attempt: 3,
+                        round: 1,
+                    },
+                ),
+            ],
+        ),
+        (
+            Fact::StopSteps {
+                attempt: 3,
+                report: &report,
+            },
+            vec![
+                Step::Set(key::stop_steps(3, 0), to_json(&WireSteps::from(&report))),
+                Step::Add(key::stop_count(3), Counted::Steps(3)),
+            ],
+        ),
+    ] {
+        assert_eq!(standby.step(fact.clone()), vec![], "{fact:?}");
+        assert_eq!(slot.step(fact.clone()), want, "{fact:?}");
+    }
+    // Each count comes back as the fact that completes its report.
+    assert_eq!(
+        Counted::Done(3).fact(1),
+        Fact::DoneCounted {
+            attempt: 3,
+            count: 1
+        }
+    );
+    assert_eq!(
+        Counted::Timeouts {
+            attempt: 3,
+            round: 1
+        }
+        .fact(2),
+        Fact::TimeoutsCounted {
+            attempt: 3,
+            round: 1,
+            count: 2
+        }
+    );
+    assert_eq!(
+        Counted::Steps(3).fact(1),
+        Fact::StepsCounted {
+            attempt: 3,
+            count: 1
+        }
+    );
+    // Any node may ask for a stop; the first trigger written wins.
+    assert_eq!(
+        standby.step(Fact::StopTrigger {
+            attempt: 3,
+            trigger: "a signal"
+        }),
+        vec![Step::SetFirst(key::stop(3), to_json(&"a signal"))]
+    );
+}
+
+#[test]
+fn node_rank_0_reads_an_early_verdict_then_cleans_the_store_and_reads_the_records() {
+    let mut h = head(3, 3);
+    assert_eq!(
+        h.step(Fact::AllJoined { attempt: 0 }),
+        vec![Step::ReadEarlyVerdict(0)]
+    );
+    assert_eq!(
+        h.step(Fact::NoEarlyVerdict { attempt: 0 }),
+        vec![
+            Step::ResetStore { previous: None },
+            Step::ReadRecords {
+                attempt: 0,
+                members: vec![0, 1, 2]
+            }
+        ]
+    );
+    assert_eq!(
+        h.step(Fact::NoEarlyVerdict { attempt: 4 })[0],
+        Step::ResetStore { previous: Some(3) }
+    );
+}
+
+#[test]
+fn the_successor_claims_the_coordinators_lease_from_nobody_or_from_the_frozen_one() {
+    // --nnodes 3:4 with the store outside the job; node 1 runs attempt 0 when node 0 is lost.
+    let mut agents: Vec<Rendezvous> = (0..4).map(|n| agent(4, 3, n)).collect();
+    let records: Vec<(u32, Vec<u8>)> = (0..4).map(|n| (n, to_json(&info(2)))).collect();
+    for a in agents.iter_mut() {
+        a.join(0, None);
+    }
+    let go = agents[0].assign(0, &records).unwrap().go;
+    let verdict = to_json(&Verdict::Go(go));
+    for a in agents.iter_mut() {
+        a.verdict(0, &verdict);
+    }
+    // The coordinator itself has nothing to do; another reads the leases.
+    assert_eq!(agents[0].step(Fact::CoordinatorGone { old: 1 }), vec![]);
+    let n1 = &mut agents[1];
+    assert_eq!(
+        n1.step(Fact::CoordinatorGone { old: 0 }),
+        vec![Step::ReadLeases { old: 0 }]
+    );
+    // The lowest live agent claims it from nobody; a higher one leaves it.
+    let leased = [false, true, true, true];
+    let claim = n1.step(Fact::LeasesRead {
+        old: 0,
+        leased: &leased,
+        job_ended: false,
+    });
+    let alive = vec![1, 2, 3];
+    assert_eq!(
+        claim,
+        vec![Step::ClaimCoordinator {
+            old: 0,
+            alive: alive.clone(),
+            from: vec![]
+        }]
+    );
+    let mut n2 = agents[2].clone();
+    assert_eq!(
+        n2.step(Fact::LeasesRead {
+            old: 0,
+            leased: &leased,
+            job_ended: false
+        }),
+        vec![]
+    );
+    let n1 = &mut agents[1];
+    // Still held by the frozen coordinator (its lease expired): claimed from its value, once.
+    assert_eq!(
+        n1.step(Fact::CoordinatorClaimed {
+            old: 0,
+            alive: &alive,
+            from: b"",
+            held: b"0",
+        }),
+        vec![Step::ClaimCoordinator {
+            old: 0,
+            alive: alive.clone(),
+            from: b"0".to_vec()
+        }]
+    );
+    assert_eq!(
+        n1.step(Fact::CoordinatorClaimed {
+            old: 0,
+            alive: &alive,
+            from: b"0",
+            held: b"0",
+        }),
+        vec![]
+    );
+    // Another agent won it: nothing.
+    assert_eq!(
+        n1.step(Fact::CoordinatorClaimed {
+            old: 0,
+            alive: &alive,
+            from: b"",
+            held: b"2",
+        }),
+        vec![]
+    );
+    assert!(!n1.is_head());
+    // Won: the loss record cleared, said, coordinating, and node 0 lost to the standby.
+    let steps = n1.step(Fact::CoordinatorClaimed {
+        old: 0,
+        alive: &alive,
+        from: b"0",
+        held: b"1",
+    });
+    assert!(n1.is_head());
+    assert_eq!(
+        steps[..3],
+        [
+            Step::Delete(key::COORD_LOST.to_string()),
+            Step::Tell(FromCoord::Coordinating { lost: 0 }),
+            Step::Coordinate,
+        ]
+    );
+    let end = to_json(&WireEnd::from(&JobEnd::Failed {
+        node: 0,
+        reason: "node 0 was lost: its agent, the job's coordinator, lost its connection to the store or was silent for --node-timeout".into(),
+    }));
+    assert_eq!(steps.last(), Some(&Step::SetFirst(key::end(0), end)));
+    // Waiting on a verdict only the coordinator writes: it now waits on every member.
+    let mut sp: Vec<Rendezvous> = (0..3).map(|n| agent(3, 2, n)).collect();
+    sp[1].join(0, None);
+    let alive = [1, 2];
+    let steps = sp[1].step(Fact::CoordinatorClaimed {
+        old: 0,
+        alive: &alive,
+        from: b"",
+        held: b"1",
+    });
+    assert_eq!(steps[3], Step::Wait(key::all(0), Patience::Join));
+}
+
+#[test]
+fn a_leaving_agent_ends_the_attempt_then_says_it_left_by_its_role() {
+    let end = JobEnd::Lost {
+        reason: "x".into(),
+        node: None,
+    };
+    // Not coordinating: its highest step, left (not lost), its lease given back.
+    let mut n1 = agent(2, 2, 1);
+    assert_eq!(
+        n1.step(Fact::Leave {
+            poison: Some((2, end.clone())),
+            highest_step: Some(9),
+            hosts_store: false,
+        }),
+        vec![
+            Step::Bounded(poison(2, &end)),
+            Step::BestEffort(vec![
+                Step::Set(key::highest(1), b"9".to_vec()),
+                Step::Set(key::alive(1), b"-1".to_vec()),
+                Step::Delete(key::lease(1)),
+            ])
+        ]
+    );
+    // A standby that departed keeps its lease: its connection's end is its loss.
+    let mut s = agent(3, 2, 2);
+    assert_eq!(
+        s.step(Fact::Depart {
+            reason: "signal".into()
+        }),
+        vec![Step::Set(key::left(2), b"signal".to_vec())]
+    );
+    let leave = Fact::Leave {
+        poison: None,
+        highest_step: None,
+        hosts_store: false,
+    };
+    assert_eq!(s.step(leave.clone()), vec![]);
+    // The coordinator through a store outside the job writes the job's end.
+    let mut c = agent(2, 2, 0);
+    assert_eq!(
+        c.step(leave),
+        vec![Step::BestEffort(vec![
+            Step::Set(key::alive(0), b"-1".to_vec()),
+            Step::Set(key::JOB_END.to_string(), vec![]),
+        ])]
+    );
+    // Node rank 0 hosting the store keeps it up for the others.
+    assert_eq!(
+        head(2, 2).step(Fact::Leave {
+            poison: None,
+            highest_step: None,
+            hosts_store: true,
+        }),
+        vec![Step::HoldStore]
+    );
+    // Deposed: it steps down, is lost, and ends nothing for the job when it leaves.
+    let steps = c.step(Fact::Deposed {
+        reason: "taken over".into(),
+    });
+    assert_eq!(
+        steps,
+        vec![
+            Step::StepDown,
+            Step::Tell(FromCoord::lost("taken over".into(), true))
+        ]
+    );
+    assert!(c.deposed() && !c.is_head());
+    let steps = c.step(Fact::Leave {
+        poison: Some((0, end)),
+        highest_step: None,
+        hosts_store: false,
+    });
+    assert!(matches!(&steps[..], [Step::BestEffort(_)]), "{steps:?}");
 }
 
 fn hang_candidate(rank: u32, step: u64, since: u64, stopped: bool) -> WireHangCandidate {
