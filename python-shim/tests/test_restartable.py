@@ -40,7 +40,7 @@ def test_a_generation_interrupts_the_function_in_the_main_thread_and_it_runs_aga
     monkeypatch.setattr(ip, "_announce", lambda g: None)
     monkeypatch.setattr(ip, "_install_prefix", lambda g: None)
     monkeypatch.setattr(ip, "_start_watcher", lambda: None)
-    monkeypatch.setattr(ip, "_teardown", lambda: None)
+    monkeypatch.setattr(ip, "_teardown", lambda *a: None)
     calls = []
 
     @vigil.restartable
@@ -69,6 +69,53 @@ def test_an_error_of_the_rank_itself_is_raised_when_no_generation_comes(monkeypa
         train()
     with pytest.raises(ValueError):
         vigil.restartable(lambda gen: (_ for _ in ()).throw(ValueError("not waited for")))()
+
+
+def test_an_error_not_from_a_collective_fails_the_rank_at_once(monkeypatch, tmp_path):
+    """docs/reliability.md violation 7: torch.save's own RuntimeError (here: no such directory;
+    in the soak: a full one) is not a collective's: no generation is waited for."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(ip, "_announce", lambda g: None)
+    monkeypatch.setattr(ip, "_start_watcher", lambda: None)
+    monkeypatch.setattr(ip, "_pending", None)
+    waited = []
+    monkeypatch.setattr(ip, "_wait_for_generation", lambda s: waited.append(s) or False)
+
+    @vigil.restartable
+    def train(gen):
+        torch.save({"w": torch.ones(2)}, str(tmp_path / "gone" / "ckpt.pt"))
+
+    with pytest.raises(RuntimeError):
+        train()
+    assert waited == [], "a generation was waited for"
+
+    @vigil.restartable
+    def collective(gen):
+        raise RuntimeError("[gloo/transport/tcp/pair.cc:561] Connection closed by peer")
+
+    with pytest.raises(RuntimeError):
+        collective()
+    assert waited == [ip.FAILURE_WAIT_S], "a collective's failure waits for the agent's word"
+
+
+def test_a_collective_error_is_told_apart_from_the_rank_own():
+    def raised(msg):
+        try:
+            raise RuntimeError(msg)
+        except RuntimeError as e:
+            return e
+
+    assert ip._from_collective(raised("[gloo/transport/tcp/pair.cc:561] Connection closed by peer"))
+    assert ip._from_collective(raised("NCCL communicator was aborted"))
+    assert not ip._from_collective(raised("PytorchStreamWriter failed writing file data/0"))
+    torch = pytest.importorskip("torch")
+    import torch.distributed as dist
+
+    try:
+        dist.all_reduce(torch.ones(1))  # no process group: raised under torch.distributed
+    except (RuntimeError, ValueError) as e:
+        err = e
+    assert isinstance(err, ValueError) or ip._from_collective(err)
 
 
 class _Counter:

@@ -231,7 +231,61 @@ def _start_watcher():
         _watcher.start()
 
 
-def _teardown():
+def _socket_inodes():
+    """{inode: fd} of this process's sockets (Linux's /proc; empty elsewhere)."""
+    out = {}
+    try:
+        names = _os.listdir("/proc/self/fd")
+    except OSError:
+        return out
+    for name in names:
+        try:
+            link = _os.readlink("/proc/self/fd/" + name)
+        except OSError:
+            continue  # closed meanwhile (the listing's own descriptor among them)
+        if link.startswith("socket:["):
+            out[link] = int(name)
+    return out
+
+
+def _shut_down_left_connections(before):
+    """Shuts down (without closing the descriptors) the TCP connections this generation opened
+    that are still open after its group was dropped, but the one to the store: the old group's
+    connections, which something in C++ still holds. DDP does: after its all-reduce failed in
+    ``backward()``, the gloo context outlives the process group's destruction and a full
+    collection, so a peer blocked in that all-reduce in C (where no interrupt lands) would wait
+    for gloo's timeout (30 minutes) instead of failing and coming back to its wrapper
+    (docs/reliability.md violation 9)."""
+    import socket
+
+    try:
+        store_port = int(_os.environ.get("MASTER_PORT") or 0)
+    except ValueError:
+        store_port = 0
+    for inode, fd in _socket_inodes().items():
+        if inode in before:
+            continue
+        try:
+            s = socket.socket(fileno=fd)
+        except OSError:
+            continue
+        try:
+            if s.type != socket.SOCK_STREAM or s.family not in (socket.AF_INET, socket.AF_INET6):
+                continue
+            try:
+                peer = s.getpeername()
+            except OSError:
+                continue  # a listener, or not connected
+            if peer[1] == store_port:
+                continue
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        finally:
+            s.detach()
+
+
+def _teardown(before=None):
     """Drops the default process group, so that the next ``init_process_group()`` builds a
     fresh one and peers blocked on this rank see its connections close.
 
@@ -250,6 +304,8 @@ def _teardown():
         pass
     if group is None or group() is not None:
         _gc.collect()
+    if before is not None:
+        _shut_down_left_connections(before)
 
 
 def _weak_default_group(dist):
@@ -310,6 +366,30 @@ def _wait_for_generation(seconds):
         return _pending is not None
 
 
+#: Where a collective's failure is raised from (the torch.distributed API, DDP's forward and
+#: backward hooks) and what the backends' errors say.
+_COLLECTIVE_PATHS = ("/torch/distributed/", "/torch/nn/parallel/", "/torch/autograd/")
+_COLLECTIVE_WORDS = ("gloo", "nccl", "c10d", "processgroup", "connection closed by peer",
+                     "connection reset by peer", "broken pipe")
+
+
+def _from_collective(e):
+    """Whether the ``RuntimeError`` ``e`` may be a collective's failure (then the agent's word of
+    a new generation is worth waiting for): raised under torch.distributed, DDP or autograd
+    (DDP's all-reduce fails in ``backward()``), or naming a backend. Anything else (torch.save
+    into a full directory, a bug of the rank's own) fails the rank at once."""
+    text = str(e).lower()
+    if any(w in text for w in _COLLECTIVE_WORDS):
+        return True
+    tb = e.__traceback__
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename.replace("\\", "/")
+        if any(p in name for p in _COLLECTIVE_PATHS):
+            return True
+        tb = tb.tb_next
+    return False
+
+
 def restartable(fn):
     """Runs ``fn(gen, *args, **kwargs)`` and, after a failure elsewhere in the job, again in this
     process with the next :class:`Generation` (docs/inprocess.md). Returns what ``fn`` returns."""
@@ -325,6 +405,7 @@ def restartable(fn):
         _start_watcher()
         while True:
             _announce(gen.generation)
+            sockets_before = _socket_inodes()
             failure = None
             try:
                 with _lock:
@@ -341,12 +422,17 @@ def restartable(fn):
             except GenerationInterrupt:
                 pass
             except RuntimeError as e:
-                # A collective whose peer died raises before the agent's word may have come.
+                # A collective whose peer died raises before the agent's word may have come;
+                # any other error (a full disk under torch.save) is the rank's own, at once.
+                with _lock:
+                    announced = _pending is not None
+                if not announced and not _from_collective(e):
+                    raise
                 if not _wait_for_generation(FAILURE_WAIT_S):
                     raise
                 failure = e
             del failure
-            _teardown()
+            _teardown(sockets_before)
             with _lock:
                 g, replaced = _pending
                 _pending = None

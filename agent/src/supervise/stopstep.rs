@@ -269,6 +269,20 @@ impl Supervisor {
         if self.phase != Phase::Running {
             return;
         }
+        if self.gens.recovering() {
+            // The ranks wait in the generation's rendezvous, not at a step: none would reach
+            // the stop step, and Slurm SIGKILLs the job `KillWait` after its signal. They hold
+            // SIGTERM and have nothing to save, so they are SIGKILLed and the stop recorded now.
+            let node = self.cfg.node_rank;
+            let reason = format!(
+                "node {node} was asked to stop ({}) while in-process generation {} was being recovered: no rank can reach a stop step",
+                self.stop.trigger_name(),
+                self.gens.generation
+            );
+            self.stop_for_good(reason, EXIT_LOST, out);
+            self.begin_stop(now, StopReason::Signal, libc::SIGKILL, out);
+            return;
+        }
         let running = || self.current.ranks.iter().filter(|r| r.running());
         if !running().any(|r| r.listens) {
             // Nobody here can checkpoint on request: stop as a signal always did.

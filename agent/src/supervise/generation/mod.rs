@@ -230,6 +230,12 @@ impl Generations {
         Some((generation, now.saturating_duration_since(began)))
     }
 
+    /// Whether a generation's recovery is under way: some survivor is not back in its wrapper or
+    /// the replacement did not register, so no rank of the node can reach a stop step.
+    pub fn recovering(&self) -> bool {
+        self.recovery.is_some()
+    }
+
     /// When the survivors still waited for are overdue.
     pub fn deadline(&self) -> Option<Instant> {
         let r = self.recovery.as_ref()?;

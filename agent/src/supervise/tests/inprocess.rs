@@ -263,3 +263,40 @@ fn a_generation_this_node_cannot_follow_restarts_the_whole_job() {
     assert!(whole_restart(&out), "{out:?}");
     assert_eq!(told(&out), None);
 }
+
+#[test]
+fn a_stop_asked_while_a_generation_is_recovered_is_taken_at_once() {
+    // docs/reliability.md violation 10: no rank can reach a stop step while the generation's
+    // survivors are not back in their wrappers, so the node stops now (its ranks SIGKILLed: they
+    // hold SIGTERM and have nothing to save) and the stop is the job's end at once.
+    let (mut s, t0) = started(5);
+    // They call `vigil.should_stop(step)`: they report steps and hold the stop signals.
+    for lr in 0..3 {
+        send(&mut s, t0, lr, RankMsg::Progress { step: 9 });
+        send(&mut s, t0, lr, held());
+    }
+    let out = kill_rank_1(&mut s, t0, 101);
+    assert_eq!(spawned_again(&out), Some(1));
+    let t1 = t0 + Duration::from_secs(1);
+    let out = s.handle(
+        t1,
+        Event::StopAsked {
+            attempt: 0,
+            trigger: "SIGTERM".into(),
+        },
+    );
+    assert!(
+        signals(&out).iter().any(|(_, sig)| *sig == SIGKILL),
+        "{out:?}"
+    );
+    assert!(
+        has(&out, |a| matches!(
+            a,
+            Action::Job(JobRequest::ReportEnd {
+                attempt: 0,
+                end: JobEnd::Stopped { .. },
+            })
+        )),
+        "{out:?}"
+    );
+}
