@@ -272,20 +272,30 @@ impl Supervisor {
         let due = self.earliest_hang().map(|(_, d)| d.at);
         match self.current.hangs.tick(now, due) {
             HangStep::Conclude => self.conclude_hang(now, out),
-            HangStep::Probe => self.probe(out),
+            HangStep::Probe => self.probe(now, out),
             HangStep::Nothing => {}
         }
     }
 
-    fn probe(&self, out: &mut Vec<Action>) {
+    /// Asks the runtime which ranks are stopped, and where the main thread is of each registered
+    /// rank that may be the hung one: only those, since the signal that asks (SIGUSR2, for
+    /// faulthandler) interrupts what a rank that is still going is doing (a write to its output
+    /// cut short).
+    fn probe(&self, now: Instant, out: &mut Vec<Action>) {
         let running = || {
             let ranks = self.current.ranks.iter().enumerate();
             ranks.filter(|(_, r)| r.running() && r.pid.is_some())
         };
         let ranks = running().filter_map(|(i, r)| Some((i as u32, r.pid?)));
-        let registered =
-            |r: &super::state::Rank| r.monitor.as_ref().is_some_and(RankMonitor::registered);
-        let ask_where = running().filter(|(_, r)| registered(r));
+        let (in_force, warmup) = (&self.timeouts.in_force, self.cfg.warmup_steps);
+        let silent = |r: &super::state::Rank| {
+            r.monitor.as_ref().is_some_and(|m| {
+                m.registered()
+                    && m.deadline(in_force, warmup)
+                        .is_some_and(|d| now.saturating_duration_since(d.since) * 4 >= d.limit * 3)
+            })
+        };
+        let ask_where = running().filter(|(_, r)| silent(r));
         out.push(Action::ProbeStopped {
             ranks: ranks.collect(),
             ask_where: ask_where.map(|(i, _)| i as u32).collect(),
@@ -394,7 +404,7 @@ impl Supervisor {
         let probe = self.current.hangs.asked(round, until);
         if definite.is_empty() && running {
             if probe {
-                self.probe(out);
+                self.probe(now, out);
             }
             return;
         }
