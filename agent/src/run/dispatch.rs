@@ -213,7 +213,8 @@ impl Dispatcher {
             if let Some(m) = &mut self.metrics {
                 m.count(&actions);
             }
-            let agreed = agreed_sigterm_stop(&actions);
+            let early = !self.stop_recorded && self.agent.cfg.allocation.slurm_job_id.is_some();
+            let agreed = early.then(|| agreed_sigterm_stop(&actions)).flatten();
             self.agent.execute(actions, &mut self.queue);
             if let Some(step) = agreed {
                 self.record_agreed_stop(step);
@@ -225,11 +226,9 @@ impl Dispatcher {
 
     /// Under Slurm, node rank 0 records the allocation once a stop for a SIGTERM is agreed, the
     /// ranks already told: Slurm SIGKILLs the job `KillWait` later, whether or not they are done
-    /// ([`allocation::record_agreed_stop`]). Once per allocation.
+    /// ([`allocation::record_agreed_stop`]). Once per allocation: `feed` looks for the stop only
+    /// until then, and only under Slurm.
     fn record_agreed_stop(&mut self, step: Option<u64>) {
-        if self.stop_recorded || self.agent.cfg.allocation.slurm_job_id.is_none() {
-            return;
-        }
         self.stop_recorded = true;
         let outcome = Outcome::Stopped {
             trigger: "SIGTERM".into(),
