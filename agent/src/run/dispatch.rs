@@ -234,7 +234,13 @@ impl Dispatcher {
             trigger: "SIGTERM".into(),
             step,
         };
-        if let Some(e) = super::teardown::ending(self, (None, self.started), &outcome) {
+        if let Some(e) = super::ending::of(
+            &self.agent,
+            &self.sup,
+            &self.endw,
+            (None, self.started),
+            &outcome,
+        ) {
             allocation::record_agreed_stop(e);
         }
     }

@@ -33,6 +33,7 @@ mod allocation;
 mod clock;
 mod dispatch;
 mod effect;
+mod ending;
 mod eventlog;
 mod gate;
 mod gpuwatch;

@@ -7,16 +7,15 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::mpsc;
 
 use super::agent::Agent;
-use super::allocation::{self, Ending};
+use super::allocation;
 use super::dispatch::{Dispatcher, Sources};
+use super::ending;
 use super::ipc_server::FromRanks;
 use super::output::{self, ConsoleStream};
 use super::report::{self, note_refused};
 use super::startup::Closing;
 use super::summary::{self, FailedRank};
 use super::DRAIN_TIMEOUT;
-use crate::allocation::blame;
-use crate::job::rendezvous;
 use crate::supervise::{JobEnd, JobRequest, Outcome, Supervisor};
 
 /// The most of a rank's error file (torch's `error.json`) read.
@@ -77,35 +76,7 @@ fn conclude_here(
     (keys, started): (Option<&vigil_store::KeySpace>, SystemTime),
     outcome: &Outcome,
 ) -> Option<i32> {
-    ending(d, (keys, started), outcome).map(allocation::conclude)
-}
-
-/// What node rank 0 (or the coordinating node, or a survivor of node rank 0's loss) records of
-/// the allocation; `None` on the other nodes.
-pub(super) fn ending<'a>(
-    d: &'a Dispatcher,
-    (keys, started): (Option<&vigil_store::KeySpace>, SystemTime),
-    outcome: &'a Outcome,
-) -> Option<Ending<'a>> {
-    // With node rank 0's store, a survivor of node rank 0's loss records the allocation in its
-    // place (the first to take the ledger's lock).
-    let survivor = d.agent.trail.head_lost && matches!(outcome, Outcome::Lost { .. });
-    if d.agent.cfg.node_rank != 0 && !d.agent.trail.coordinates && !survivor {
-        return None;
-    }
-    Some(Ending {
-        cfg: &d.agent.cfg,
-        run_dir: &d.agent.run_dir,
-        outcome,
-        sup: &d.sup,
-        peers_highest: keys.and_then(peers_highest),
-        started,
-        lead: d.endw.lead(&d.sup),
-        promotions: d.agent.trail.promotions.clone(),
-        blame: blame_nodes(&d.agent, &d.sup, keys),
-        index: d.agent.trail.allocation_index,
-        survivor,
-    })
+    ending::of(&d.agent, &d.sup, &d.endw, (keys, started), outcome).map(allocation::conclude)
 }
 
 /// A rank's last steps may still sit in its socket when its exit was reaped first: count them,
@@ -140,52 +111,6 @@ async fn leave(d: &mut Dispatcher, coordinator: tokio::task::JoinHandle<()>) {
         let bound = d.agent.cfg.node_timeout + Duration::from_secs(1);
         let _ = tokio::time::timeout(bound, coordinator).await;
     }
-}
-
-/// The highest step the other nodes' ranks reported, as they left it in the store.
-fn peers_highest(keys: &vigil_store::KeySpace) -> Option<u64> {
-    keys.keys_raw()
-        .iter()
-        .filter(|raw| raw.starts_with(rendezvous::key::HIGHEST_PREFIX_RAW))
-        .filter_map(|raw| keys.get_raw(raw))
-        .filter_map(|v| std::str::from_utf8(&v).ok()?.parse::<u64>().ok())
-        .max()
-}
-
-/// The nodes to keep out of the next allocation, by name: those the attempts' failures point
-/// at, this node when a rank asked to exclude it, and those the supervisor blamed.
-fn blame_nodes(
-    agent: &Agent,
-    sup: &Supervisor,
-    keys: Option<&vigil_store::KeySpace>,
-) -> Vec<String> {
-    let env = |k: &str| std::env::var(k).ok();
-    let failed_on: Vec<(u32, u32)> = keys
-        .map(|k| {
-            k.keys_raw()
-                .iter()
-                .filter_map(|raw| rendezvous::key::parse_failed(raw))
-                .collect()
-        })
-        .unwrap_or_default();
-    let mut ranks = blame::nodes_to_blame(&blame::Attempts {
-        nnodes: agent.cfg.nnodes,
-        ends: &agent.trail.attempt_ends,
-        failed_on: &failed_on,
-    });
-    if sup.exclude_asked() {
-        ranks.push(agent.cfg.node_rank);
-    }
-    // A survivor of node rank 0's loss: node rank 0's agent or machine is what was lost.
-    if agent.trail.head_lost && !ranks.contains(&0) {
-        ranks.push(0);
-    }
-    for n in sup.blamed_nodes() {
-        if !ranks.contains(n) {
-            ranks.push(*n);
-        }
-    }
-    blame::names_of(&ranks, &blame::slurm_node_names(&env))
 }
 
 /// The failure summary: every rank that failed on its own in the last attempt, with its error
