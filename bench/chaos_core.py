@@ -219,6 +219,7 @@ def check_run(run: dict) -> list:
     v += [("no process outlives the job", f"pids {run['leftovers']} still alive")] if run["leftovers"] else []
     v += check_goodput(run.get("goodput"), run["steps"], run.get("gp_tolerance", 0.10))
     v += check_generations(run["events"])
+    v += check_taken_out(run["events"])
     nr = node_ranks_of(run["events"])
     for f in run["faults"]:
         if f.get("superseded") or f["kind"] in UNSEEN:
@@ -339,6 +340,57 @@ def check_generations(events):
     return [("an in-process restart recovers on every node",
              f"node {nr} attempt {att} generation {g} (begun at {ts:.1f}) never recovered")
             for (nr, att, g), ts in sorted(begun.items(), key=lambda kv: kv[1]) if (nr, att, g) not in recovered]
+
+
+# What a node does when it is in the job: runs ranks (`cycle_start`, `rank_started`), or joins an
+# attempt (`joined`) or stands by in it (`standby`).
+RUNS_RANKS = {"cycle_start", "rank_started"}
+IN_THE_JOB = RUNS_RANKS | {"joined", "standby"}
+
+
+def taken_out(e):
+    """What node rank 0's record `e` takes out of the job: (node, what it may no longer do), or
+    None. A node lost (its attempt ended as `node N was lost`) or a standby gone (`standby_gone`)
+    is never a member again (docs/spares.md); a node whose slot a standby took (`promotion`: lost
+    or to blame) never runs ranks again, though one to blame may stay as a standby."""
+    if e.get("node_rank") != 0:
+        return None
+    ev = e["event"]
+    if ev == "standby_gone":
+        return e.get("node"), IN_THE_JOB
+    if ev == "cycle_ended" and e.get("node") is not None and f"node {e['node']} " in str(e.get("reason", "")) \
+            and "was lost" in str(e.get("reason", "")):
+        return e["node"], IN_THE_JOB
+    if ev == "promotion":
+        return e.get("lost"), RUNS_RANKS
+    return None
+
+
+def check_taken_out(events):
+    """A node taken out of the job by node rank 0 never comes back in the same allocation: after
+    the record that takes it out and before node rank 0's `result` (its allocation's end), no
+    record of that node says it ran ranks, joined an attempt or stood by (a frozen agent, woken,
+    must read that it was dropped and leave). Node ranks are the allocation's: a requeued
+    allocation starts with every node in the job again, from node rank 0's agent's first record
+    (`containment`; its `result` may be missing where Slurm killed it)."""
+    v, out = [], {}
+    for e in sorted(events, key=lambda e: e.get("ts", 0)):
+        if e.get("node_rank") == 0 and e["event"] in ("result", "containment"):
+            out = {}
+            continue
+        took = taken_out(e)
+        if took and took[0] is not None:
+            node, banned = took
+            had = out.get(node)
+            out[node] = (had[0], had[1] | banned) if had else (e, banned)
+            continue
+        had = out.get(e.get("node_rank"))
+        if had and e["event"] in had[1]:
+            why = had[0]
+            v.append(("a node taken out of the job never comes back",
+                      f"node {e['node_rank']} ({e.get('host')}) {e['event']} cycle {e.get('cycle')} at "
+                      f"{e['ts']:.1f}, taken out at {why['ts']:.1f} ({why['event']})"))
+    return v
 
 
 def check_stops(ledger, steps):

@@ -306,3 +306,53 @@ def test_a_generation_must_recover_on_every_node_that_began_it():
     # The same generation number in the next attempt is another generation.
     later = both + [ev("generation", 50, node_rank=0, host="n1", cycle=1, generation=1, ranks=[0])]
     assert len(core.check_generations(later)) == 1
+
+
+def test_a_node_taken_out_of_the_job_never_comes_back_in_that_allocation():
+    lost = "node 1 was lost: its agent gave no sign of life for 10s (--node-timeout): frozen"
+    start = [ev("joined", 1, node_rank=n, host=f"n{n + 1}", cycle=0) for n in range(3)] + \
+        [ev("rank_started", 1.1, node_rank=n, host=f"n{n + 1}", cycle=0, rank=n) for n in range(2)]
+    loss = [ev("cycle_ended", 20, node_rank=0, cycle=0, end="failed", node=1, reason=lost),
+            ev("promotion", 20.5, node_rank=0, cycle=1, slot=1, lost=1, standby=2),
+            ev("rank_started", 20.6, node_rank=2, host="n3", cycle=1, rank=1)]
+    # Woken, node 1 reads that it was dropped and leaves: nothing of it in the job after.
+    left = [ev("suspended", 28, node_rank=1, host="n2", seconds=18.0),
+            ev("cycle_ended", 28.1, node_rank=1, host="n2", cycle=0, end="lost", reason="node 1 was dropped"),
+            ev("result", 28.2, node_rank=1, host="n2", exit_code=75, outcome="lost")]
+    assert core.check_taken_out(start + loss + left) == []
+    # The soak's seed 1 run 0 (before the drop was read by active nodes): woken, it joined the
+    # next attempt as a standby.
+    back = [ev("joined", 28.3, node_rank=1, host="n2", cycle=1), ev("standby", 28.3, node_rank=1, host="n2", cycle=1)]
+    v = core.check_taken_out(start + loss + back)
+    assert [i for i, _ in v] == ["a node taken out of the job never comes back"] * 2, v
+    assert "node 1 (n2) joined cycle 1 at 28.3, taken out at 20.0 (cycle_ended)" in v[0][1], v
+    # Running ranks after its slot went to the standby is one too, whatever took it out.
+    ranks = [ev("rank_started", 40, node_rank=1, host="n2", cycle=2, rank=1)]
+    assert len(core.check_taken_out(loss[1:] + ranks)) == 1
+    # A standby gone (frozen, then dropped) may not stand by again either.
+    gone = [ev("standby_gone", 30, node_rank=0, node=2, reason="no sign of life", ready=0),
+            ev("standby", 35, node_rank=2, host="n3", cycle=1)]
+    assert len(core.check_taken_out(gone)) == 1
+    # A node to blame, whose slot a standby took, may stand by; it may not run ranks.
+    benched = [ev("promotion", 20.5, node_rank=0, cycle=2, slot=1, lost=1, standby=2),
+               ev("standby", 21, node_rank=1, host="n2", cycle=2)]
+    assert core.check_taken_out(benched) == []
+    # A rank failure blamed on node 1 takes nothing out.
+    failed = [ev("cycle_ended", 20, node_rank=0, cycle=0, end="failed", node=1, reason="rank 1 failed (exit 1)"),
+              ev("rank_started", 21, node_rank=1, host="n2", cycle=1, rank=1)]
+    assert core.check_taken_out(failed) == []
+    # Node rank 0's result ends the allocation: in the requeued one, node 1 is in the job again.
+    requeued = [ev("result", 30, node_rank=0, exit_code=75, outcome="lost"),
+                ev("joined", 60, node_rank=1, host="n2", cycle=0),
+                ev("rank_started", 60.1, node_rank=1, host="n2", cycle=0, rank=1)]
+    assert core.check_taken_out(start + loss + requeued) == []
+    # So does its next agent's first record, where Slurm killed node rank 0 before its result
+    # (the soak's chaos6 run 0: a standby gone at a requeue stood by in the next allocation).
+    killed = [ev("containment", 60, node_rank=0), ev("joined", 60.1, node_rank=1, host="n2", cycle=0)]
+    assert core.check_taken_out(start + loss + killed) == []
+    assert len(core.check_taken_out(start + loss + killed[1:])) == 1
+    # check_run counts it.
+    base = {"steps": {}, "events": start + loss + back, "ledger": [{"allocation": 1, "decision": "finished"}],
+            "goodput": {"breakdown": {"productive": 1.0}, "wall_s": 1.0, "goodput_fraction": 1.0},
+            "slurm": {"Restarts": "0"}, "faults": [], "leftovers": [], "max_requeues": 3, "ended": True}
+    assert "a node taken out of the job never comes back" in [i for i, _ in core.check_run(base)]
