@@ -117,6 +117,13 @@ def test_no_rank_steps_after_its_allocation_ended():
     late = {0: [{"ev": "step", "t": 105.0, "alloc": 0, "step": 1}]}
     assert core.check_no_rank_after_end(ledger, ok) == []
     assert core.check_no_rank_after_end(ledger, late)
+    # A stop recorded when its step was agreed: the ranks run on to that step, not past it.
+    stopped = [{"allocation": 1, "end": 100.0, "outcome": "stopped", "stop_step": 40}]
+    to_the_step = {0: [{"ev": "step", "t": 101.5, "alloc": 0, "step": 40}]}
+    past_it = {0: [{"ev": "step", "t": 101.5, "alloc": 0, "step": 41}]}
+    assert core.check_no_rank_after_end(stopped, to_the_step) == []
+    assert core.check_no_rank_after_end(stopped, past_it)
+    assert core.check_no_rank_after_end(ledger, to_the_step)  # no agreed step: still late
 
 
 def test_the_ledger_has_each_allocation_once_and_does_not_loop():
