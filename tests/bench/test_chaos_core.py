@@ -313,3 +313,11 @@ def test_a_generation_must_recover_on_every_node_that_began_it():
     # The same generation number in the next attempt is another generation.
     later = both + [ev("generation", 50, node_rank=0, host="n1", cycle=1, generation=1, ranks=[0])]
     assert len(core.check_generations(later)) == 1
+    # Seed 7 run 5: a second rank failed with the first, and the attempt ended at once: cut
+    # short by the escalation, not stuck. Ended 15 s later (seed 3's violation 9): stuck.
+    at_once = gen + [ev("cycle_ended", 10.1, node_rank=0, host="n1", cycle=0, end="failed"),
+                     ev("cycle_ended", 10.1, node_rank=1, host="n2", cycle=0, end="failed")]
+    assert core.check_generations(at_once) == []
+    stuck = gen + [ev("cycle_ended", 25, node_rank=0, host="n1", cycle=0, end="failed"),
+                   ev("cycle_ended", 25, node_rank=1, host="n2", cycle=0, end="failed")]
+    assert len(core.check_generations(stuck)) == 2
