@@ -9,6 +9,7 @@ as its peer goes. The vigil of a61c482 (before active agents read the drop) rejo
 attempt as a standby in every one of the six cases."""
 import json
 import signal
+import time
 
 import pytest
 
@@ -96,6 +97,21 @@ WAKE = {
 def test_a_frozen_active_node_replaced_by_the_standby_leaves_when_it_wakes(job, when, ranks):
     """`ranks`: node 1's rank runs on while its agent is frozen ("run_on"), or fails once node
     0's rank is stopped ("peer"), so that the woken agent finds its attempt failed and restarts."""
+    freeze_wake_and_check(job, when, ranks)
+
+
+def test_a_woken_agent_whose_liveness_read_was_in_flight_stands_by_in_no_attempt(job):
+    """Node 1's agent freezes while its liveness check's read is unanswered: node rank 0 (whose
+    agent hosts the store) is stopped for longer than one liveness period (--node-timeout / 8 =
+    0.375 s), so that a read is sent and waits, and is woken once node 1's agent is frozen.
+    Woken, node 1's liveness check takes that stale answer and reads again only a period later;
+    meanwhile its agent restarts and joins the next attempt. The vigil of 43f17b3 stood by in it
+    until that read came (a `standby` record of attempt 1, then 75); the join reads the drop
+    too now."""
+    freeze_wake_and_check(job, "promoted", "run_on", store_stalled_s=0.6)
+
+
+def freeze_wake_and_check(job, when, ranks, store_stalled_s=0.0):
     write(job / "train.py", TRAIN)
     procs = start_agents(job, 300, ranks)
     try:
@@ -103,7 +119,17 @@ def test_a_frozen_active_node_replaced_by_the_standby_leaves_when_it_wakes(job, 
                  what="attempt 0's ranks on nodes 0 and 1")
         wait_for(lambda: of(events(job / "node2"), "standby"), timeout=60, what="the standby")
         rank1_pid = int((job / "up_0_1_1").read_text())
-        procs[1].send_signal(signal.SIGSTOP)
+        if store_stalled_s:
+            procs[0].send_signal(signal.SIGSTOP)
+            try:
+                # A stall, not a wait for a condition: every agent's liveness read to node rank
+                # 0's store goes out within a period and stays unanswered for the rest of it.
+                time.sleep(store_stalled_s)
+                procs[1].send_signal(signal.SIGSTOP)
+            finally:
+                procs[0].send_signal(signal.SIGCONT)
+        else:
+            procs[1].send_signal(signal.SIGSTOP)
         try:
             wait_for(lambda: WAKE[when](job), timeout=120, what=f"the moment to wake ({when})")
         finally:

@@ -272,10 +272,6 @@ impl Watcher {
                 return false;
             }
             Reading::Dropped(why) => {
-                let why = format!(
-                    "node {} was dropped from the job: {why}; it woke since and leaves the job, to be requeued",
-                    self.cfg.node_rank
-                );
                 let _ = self.alarm(Alarm::Deposed(why));
                 return false;
             }
@@ -328,9 +324,22 @@ enum Reading {
     Stale(BTreeSet<u32>),
     /// The coordinator's lease names this other node: this agent coordinates no more.
     Deposed(u32),
-    /// Node rank 0 lost this node for good, for this reason (it was frozen past the node
-    /// timeout, or silent): it is no member of the job any more.
+    /// Node rank 0 lost this node for good (it was frozen past the node timeout, or silent): it
+    /// is no member of the job any more; why it leaves ([`dropped_reason`]).
     Dropped(String),
+}
+
+/// Node rank 0's `vigil/dropped/<node>` as read (empty: not written): why node `node`, dropped
+/// from the job while its agent was frozen, leaves it now. Read each period by the liveness
+/// check and before each join, so that a woken agent joins no attempt, not even as a standby
+/// for the period until its liveness check reads it.
+pub(super) fn dropped_reason(node: u32, read: &[u8]) -> Option<String> {
+    (!read.is_empty()).then(|| {
+        format!(
+            "node {node} was dropped from the job: {}; it woke since and leaves the job, to be requeued",
+            String::from_utf8_lossy(read)
+        )
+    })
 }
 
 /// One period: renews this node's counter (one-way) and reads what it watches, in one round
@@ -353,8 +362,8 @@ async fn renew_and_read(c: MuxClient, me: String, how: Watch) -> Option<Reading>
     if let Watch::Node0(me) = how {
         // Lost for good while frozen past the node timeout: node rank 0 said so (and why).
         let dropped = c.multi_get_now(&[key::dropped(me).as_str()]).await.ok()?;
-        if let Some(why) = dropped.into_iter().next().filter(|v| !v.is_empty()) {
-            return Some(Reading::Dropped(String::from_utf8_lossy(&why).into_owned()));
+        if let Some(why) = dropped.first().and_then(|v| dropped_reason(me, v)) {
+            return Some(Reading::Dropped(why));
         }
         // ADD 0 reads without waiting; 0 or less: not started, or left.
         let v = c.add(&key::alive(0), 0).await.ok()?;
@@ -387,6 +396,16 @@ mod tests {
 
     fn counter(n: i64) -> Option<Vec<u8>> {
         Some(n.to_string().into_bytes())
+    }
+
+    #[test]
+    fn a_node_dropped_by_node_rank_0_leaves_saying_why_and_one_not_dropped_stays() {
+        assert_eq!(dropped_reason(1, b""), None);
+        let why = dropped_reason(1, b"node 1 was lost: its agent gave no sign of life for 3s");
+        assert_eq!(
+            why.as_deref(),
+            Some("node 1 was dropped from the job: node 1 was lost: its agent gave no sign of life for 3s; it woke since and leaves the job, to be requeued")
+        );
     }
 
     #[test]

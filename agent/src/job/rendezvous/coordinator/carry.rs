@@ -9,7 +9,7 @@ use vigil_store::StoreError;
 
 use super::super::decide::{Fact, Patience, Step};
 use super::super::lastcall;
-use super::super::liveness::liveness;
+use super::super::liveness::{dropped_reason, liveness};
 use super::super::wire::*;
 use super::{abort, remote_head, Coordinator};
 
@@ -170,6 +170,13 @@ impl Coordinator {
     ) -> Result<Vec<Step>, StoreError> {
         let me = self.cfg.node_rank;
         let (at, count) = (key::join(attempt, me), key::joined(attempt));
+        if with_members && self.head.is_none() {
+            // Woken after node rank 0 dropped this node: leave rather than stand by.
+            let read = self.ctl.multi_get_now(&[key::dropped(me).as_str()]).await?;
+            if let Some(reason) = read.first().and_then(|v| dropped_reason(me, v)) {
+                return Ok(self.rdzv.step(Fact::Deposed { reason }));
+            }
+        }
         let (members, nth) = if with_members {
             self.ctl.set(&at, record).await?;
             let members = match self.ctl.check(&[&key::members(attempt)]).await? {
