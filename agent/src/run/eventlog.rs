@@ -1,10 +1,13 @@
 //! The node's event log, `events.jsonl`: one JSON record per line.
 //!
-//! A write that fails (the log directory full, an I/O error) costs that record, not the log: the
-//! file is cut back to the end of the last whole line, so a reader never sees a cut line; the
-//! console says so once per burst of failures; the next record tries again, and the first write
-//! that works again is preceded by an `events_lost` record counting what was lost and when.
+//! A write that fails (the log directory full, an I/O error) costs neither the log nor, up to a
+//! bound, the record: the file is cut back to the end of the last whole line, so a reader never
+//! sees a cut line; the record is held back in memory (with the time it was made) and the console
+//! says so once per burst of failures; each next record tries again, and the first write that works
+//! writes what was held first, in order. Records past the bound are lost: an `events_lost` record,
+//! after the held ones, counts them and says when.
 
+use std::collections::VecDeque;
 use std::fs::File;
 use std::io::Write;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -25,7 +28,11 @@ impl LogFile for File {
     }
 }
 
-/// Records that could not be written, since the last one that could.
+/// The most bytes of records held back while the log cannot be written (a few thousand records:
+/// far more than a job writes in the minutes a full disk takes to be noticed and freed).
+const HELD_MAX_BYTES: usize = 4 << 20;
+
+/// Records that could not be written nor held back, since the last one written.
 #[derive(Debug, Clone, PartialEq)]
 struct Lost {
     records: u64,
@@ -41,6 +48,10 @@ pub(super) struct EventLog {
     len: u64,
     /// A failed write's bytes could not be cut off yet: cut them before the next write.
     cut_pending: bool,
+    /// Whole lines not written yet, oldest first, and their bytes.
+    held: VecDeque<String>,
+    held_bytes: usize,
+    held_max: usize,
     lost: Option<Lost>,
     host: String,
     node_rank: u32,
@@ -70,6 +81,9 @@ impl EventLog {
             file,
             len,
             cut_pending: false,
+            held: VecDeque::new(),
+            held_bytes: 0,
+            held_max: HELD_MAX_BYTES,
             lost: None,
             host: host.to_string(),
             node_rank,
@@ -104,20 +118,54 @@ impl EventLog {
     pub(super) fn write_line(&mut self, mut line: String) {
         line.push('\n');
         let ts = now();
-        if let Some(lost) = self.lost.clone() {
-            let notice = self.lost_line(&lost);
-            if let Err(e) = self.append(notice.as_bytes()) {
-                self.count_lost(ts, &e);
-                return;
+        if let Err(e) = self.catch_up().and_then(|_| self.append(line.as_bytes())) {
+            self.hold(line, ts, &e);
+        }
+    }
+
+    /// Writes what was held back, then the count of what was lost; `Err` when the log still
+    /// cannot be written (what is left stays held).
+    fn catch_up(&mut self) -> std::io::Result<()> {
+        if self.held.is_empty() && self.lost.is_none() {
+            return Ok(());
+        }
+        let mut written = 0;
+        while let Some(line) = self.held.pop_front() {
+            if let Err(e) = self.append(line.as_bytes()) {
+                self.held.push_front(line);
+                return Err(e);
             }
+            self.held_bytes -= line.len();
+            written += 1;
+        }
+        let mut note = format!(
+            "the event log is written again; {written} record(s) held back while it could not be \
+             written are in it now"
+        );
+        if let Some(lost) = self.lost.clone() {
+            self.append(self.lost_line(&lost).as_bytes())?;
             self.lost = None;
+            note += &format!(", {} more were lost ({})", lost.records, lost.error);
+        }
+        console_note(&note);
+        Ok(())
+    }
+
+    /// Keeps `line`, made at `ts`, for a later write, or counts it lost past the bound; the
+    /// console hears of the first failure of a burst only.
+    fn hold(&mut self, line: String, ts: f64, e: &std::io::Error) {
+        if self.held.is_empty() && self.lost.is_none() {
             console_note(&format!(
-                "the event log is written again; {} record(s) were lost ({})",
-                lost.records, lost.error
+                "cannot write the event log ({e}); the job goes on, its records are held back \
+                 (up to {} MiB) and written once the log can be (free space in --log-dir)",
+                self.held_max >> 20
             ));
         }
-        if let Err(e) = self.append(line.as_bytes()) {
-            self.count_lost(ts, &e);
+        if self.lost.is_none() && self.held_bytes + line.len() <= self.held_max {
+            self.held_bytes += line.len();
+            self.held.push_back(line);
+        } else {
+            self.count_lost(ts, e);
         }
     }
 
@@ -142,7 +190,7 @@ impl EventLog {
         }
     }
 
-    /// One more record lost at `ts`; the console hears of the first of a burst only.
+    /// One more record lost at `ts`.
     fn count_lost(&mut self, ts: f64, e: &std::io::Error) {
         match &mut self.lost {
             Some(l) => {
@@ -151,10 +199,6 @@ impl EventLog {
                 l.error = e.to_string();
             }
             None => {
-                console_note(&format!(
-                    "cannot write the event log ({e}); the job goes on, and its records are counted \
-                     and the log written again once it can be (free space in --log-dir)"
-                ));
                 self.lost = Some(Lost {
                     records: 1,
                     first_ts: ts,
@@ -238,8 +282,19 @@ mod tests {
         }
     }
 
+    fn lines(file: &SmallFile) -> Vec<serde_json::Value> {
+        file.text()
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("every line is whole JSON"))
+            .collect()
+    }
+
+    fn events(lines: &[serde_json::Value]) -> Vec<&str> {
+        lines.iter().map(|v| v["event"].as_str().unwrap()).collect()
+    }
+
     #[test]
-    fn a_full_log_loses_records_not_the_log_and_counts_them() {
+    fn a_full_log_holds_records_back_and_writes_them_in_order_once_it_can() {
         let file = SmallFile::default();
         file.set_room(1 << 20);
         let mut log = EventLog::new(Box::new(file.clone()), 0, "h", 0);
@@ -258,53 +313,50 @@ mod tests {
         file.set_room(1 << 20);
         log.write(&record(3));
         log.write(&record(4));
-        let lines: Vec<serde_json::Value> = file
-            .text()
-            .lines()
-            .map(|l| serde_json::from_str(l).expect("every line is whole JSON"))
-            .collect();
-        let events: Vec<_> = lines.iter().map(|v| v["event"].as_str().unwrap()).collect();
+        let lines = lines(&file);
+        assert_eq!(events(&lines), ["in_process_declined"; 5]);
+        let cycles: Vec<_> = lines.iter().map(|l| l["cycle"].as_u64().unwrap()).collect();
+        assert_eq!(cycles, [0, 1, 2, 3, 4]);
+        // Each keeps the time it was made, not the time it was written.
+        let ts: Vec<f64> = lines.iter().map(|l| l["ts"].as_f64().unwrap()).collect();
+        assert!(ts.windows(2).all(|w| w[0] <= w[1]), "{ts:?}");
+    }
+
+    #[test]
+    fn records_past_what_is_held_are_lost_counted_and_told_after_the_held_ones() {
+        let file = SmallFile::default();
+        let mut log = EventLog::new(Box::new(file.clone()), 0, "h", 0);
+        // Room to hold two records, not three.
+        log.held_max = 2 * (serde_json::to_string(&record(0)).unwrap().len() + 60);
+        for n in 0..5 {
+            log.write(&record(n));
+        }
+        assert_eq!(file.text(), "");
+        assert_eq!(log.held.len(), 2);
+        file.set_room(1 << 20);
+        log.write(&record(5));
+        let lines = lines(&file);
         assert_eq!(
-            events,
+            events(&lines),
             [
                 "in_process_declined",
-                "events_lost",
                 "in_process_declined",
+                "events_lost",
                 "in_process_declined"
             ]
         );
-        let cycles: Vec<_> = [0, 2, 3]
-            .iter()
-            .map(|i| lines[*i]["cycle"].clone())
-            .collect();
-        assert_eq!(cycles, [0, 3, 4]);
-        let lost = &lines[1];
-        assert_eq!(lost["records"], 2);
+        assert_eq!(
+            (lines[0]["cycle"].clone(), lines[1]["cycle"].clone()),
+            (0.into(), 1.into())
+        );
+        let lost = &lines[2];
+        assert_eq!(lost["records"], 3);
         assert!(lost["first_ts"].as_f64().unwrap() <= lost["last_ts"].as_f64().unwrap());
         assert!(lost["last_ts"].as_f64().unwrap() <= lost["ts"].as_f64().unwrap());
         assert!(lost["error"].as_str().unwrap().contains("No space left"));
         assert_eq!(lost["node_rank"], 0);
-    }
-
-    #[test]
-    fn the_lost_notice_itself_failing_counts_on() {
-        let file = SmallFile::default();
-        let mut log = EventLog::new(Box::new(file.clone()), 0, "h", 0);
-        log.write(&record(0));
-        log.write(&record(1));
-        assert_eq!(file.text(), "");
-        log.write(&record(2));
-        file.set_room(1 << 20);
-        log.write(&record(3));
-        let lines: Vec<serde_json::Value> = file
-            .text()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect();
-        assert_eq!(lines.len(), 2);
-        assert_eq!(lines[0]["event"], "events_lost");
-        assert_eq!(lines[0]["records"], 3);
-        assert_eq!(lines[1]["cycle"], 3);
+        assert_eq!(lines[3]["cycle"], 5);
+        assert_eq!((log.held.len(), log.held_bytes), (0, 0));
     }
 
     #[test]
@@ -328,9 +380,6 @@ mod tests {
                 v["event"].as_str().unwrap().to_string()
             })
             .collect();
-        assert_eq!(
-            events,
-            ["in_process_declined", "events_lost", "in_process_declined"]
-        );
+        assert_eq!(events, ["in_process_declined"; 3]);
     }
 }
