@@ -297,15 +297,20 @@ impl Supervisor {
                 let here = (self.attempt, &self.phase);
                 stopstep::on_stop_step(&mut self.stop, here, attempt, step, &mut out)
             }
-            Event::Probed { stopped, waiting } => self.on_probed(now, (stopped, waiting), &mut out),
-            Event::HangAsked { attempt, round } => {
-                self.on_hang_asked(now, attempt, round, &mut out)
+            Event::Probed { stopped, waiting } => {
+                self.hang_parts()
+                    .on_probed(now, (stopped, waiting), &mut out)
             }
+            Event::HangAsked { attempt, round } => self
+                .hang_parts()
+                .on_hang_asked(now, attempt, round, &mut out),
             Event::HangNamed {
                 attempt,
                 round,
                 hung,
-            } => self.on_hang_named(now, attempt, round, hung, &mut out),
+            } => self
+                .hang_parts()
+                .on_hang_named(now, attempt, round, hung, &mut out),
             Event::Joined {
                 attempt,
                 placement,
