@@ -20,7 +20,7 @@ use super::machines::JobVerdict;
 use super::monitor::{Due, RankMonitor, Timeouts};
 use super::phase::{Phase, RankState};
 use super::state::{Attempt, HangStep};
-use super::Supervisor;
+use super::{inprocess, Supervisor};
 
 /// How long a node waits for the job's hang verdict before it decides alone.
 const JOB_VERDICT_WAIT: Duration = Duration::from_secs(10);
@@ -318,7 +318,7 @@ impl Supervisor {
         };
         if self.may_replace(local_rank, out) {
             // Its exit replaces it (`replace`).
-            return self.kill_for_replacement(pid, out);
+            return inprocess::kill_for_replacement(pid, out);
         }
         let rank = self.job.placement.rank_offset + local_rank;
         self.current.failures.push(Failure {
