@@ -324,21 +324,28 @@ def _check_generation(rank, s, steps):
              f"resumed from {s['resumed_from']}, the last step done {want - 1}")]
 
 
-def check_generations(events):
+def check_generations(events, grace_s: float = 5.0):
     """Every in-process generation a node begins (`generation`) recovers there
     (`generation_recovered`, its ranks back in their training function): the survivors and the
     replacement of a generation take about a second, so one that is still recovering when its
-    attempt ends (another failure ends it, declined as "during recovery") is stuck."""
-    begun, recovered = {}, set()
+    attempt ends (another failure ends it, declined as "during recovery") is stuck. One whose
+    attempt ended within `grace_s` of its start was cut short, not stuck: a second rank failing
+    with the first (both blocked on a third that left) ends it as the escalation rules say
+    (docs/inprocess.md: a failure during recovery restarts the whole job)."""
+    begun, recovered, ended = {}, set(), {}
     for e in events:
         key = (e.get("node_rank"), e.get("cycle"), e.get("generation"))
         if e["event"] == "generation":
             begun.setdefault(key, e["ts"])
         elif e["event"] == "generation_recovered":
             recovered.add(key)
+        elif e["event"] == "cycle_ended":
+            ended.setdefault((e.get("node_rank"), e.get("cycle")), e["ts"])
+    cut_short = {k for k, ts in begun.items() if ended.get(k[:2], ts + grace_s + 1) <= ts + grace_s}
     return [("an in-process restart recovers on every node",
              f"node {nr} attempt {att} generation {g} (begun at {ts:.1f}) never recovered")
-            for (nr, att, g), ts in sorted(begun.items(), key=lambda kv: kv[1]) if (nr, att, g) not in recovered]
+            for (nr, att, g), ts in sorted(begun.items(), key=lambda kv: kv[1])
+            if (nr, att, g) not in recovered and (nr, att, g) not in cut_short]
 
 
 def check_stops(ledger, steps):
@@ -365,12 +372,18 @@ def check_stops(ledger, steps):
 
 
 def check_no_rank_after_end(ledger, steps, slack_s: float = 1.0):
-    """No rank stepped after vigil said its allocation ended (the ledger's end)."""
+    """No rank stepped after vigil said its allocation ended (the ledger's end). Under Slurm a
+    stop for a SIGTERM is recorded as soon as its step is agreed (docs/allocations.md): its `end`
+    is the agreement, and the ranks run on to the agreed `stop_step`, no further."""
     v = []
     ends = {r["allocation"] - 1: r.get("end") for r in ledger}
+    until = {r["allocation"] - 1: r.get("stop_step") for r in ledger if r.get("outcome") == "stopped"}
     for rank, recs in steps.items():
         for r in recs:
             end = ends.get(r.get("alloc"))
+            stop_step = until.get(r.get("alloc"))
+            if stop_step is not None and r["ev"] == "step" and r["step"] <= stop_step:
+                continue
             if r["ev"] == "step" and end is not None and r["t"] > end + slack_s:
                 v.append(("no rank runs after the job stopped",
                           f"rank {rank} step {r['step']} at {r['t']:.2f}, allocation {r['alloc'] + 1} "

@@ -126,6 +126,18 @@ def live_pids(trace_dir, nproc):
     return alive if len(alive) == nproc else {}
 
 
+def redone_at(rows, tk, after):
+    """The steps done twice because of the kill at `tk`: for each rank, from its first step after
+    the kill back to the highest it had written before (any of its processes). Per rank: the
+    survivors finish a step's collectives together but write it a few ms apart, so one may
+    write step N before the kill and another after it without doing N twice."""
+    redone = 0
+    for rank, (first, _) in after.items():
+        before = max((s for s, t, r in rows if r == rank and t <= tk), default=0)
+        redone = max(redone, before - (first - 1))
+    return redone
+
+
 def analyse(trace, kills, nproc, ended):
     rows = [(s, t, rank) for (rank, _), r in trace.items() for s, t in r]
     if not rows:
@@ -142,9 +154,7 @@ def analyse(trace, kills, nproc, ended):
         if len(after) < nproc:
             continue
         recov.append(max(t for _, t in after.values()) - tk)
-        before = max((s for s, t, _ in rows if t <= tk), default=0)
-        resumed_at = min(s for s, _ in after.values()) - 1
-        redone.append(max(0, before - resumed_at))
+        redone.append(redone_at(rows, tk, after))
     # Failure-free step time: the median gap between one rank's consecutive steps.
     gaps = []
     for r in trace.values():

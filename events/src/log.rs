@@ -289,6 +289,17 @@ pub enum Record {
         rank: u32,
         signal: i32,
     },
+    /// A rank's main thread ended with an uncaught exception (the shim's exception hook told the
+    /// agent before the interpreter shut down): the rank is failing, whatever its exit then takes.
+    RankRaised {
+        #[serde(rename = "cycle")]
+        attempt: u32,
+        local_rank: u32,
+        rank: u32,
+        pid: i32,
+        /// The exception's type and message, as the rank sent them (cut to 1 KiB).
+        error: String,
+    },
     /// These ranks were still running when the stop window ended; they are stopped now.
     StopOverdue {
         #[serde(default)]
@@ -694,6 +705,7 @@ mod tests {
             Record::StoreRefused { .. } => 43,
             Record::EventsLost { .. } => 44,
             Record::GenerationStepping { .. } => 45,
+            Record::RankRaised { .. } => 46,
             Record::Unknown => 37,
         }
     }
@@ -723,6 +735,7 @@ mod tests {
             limit_ms: 1000,
             silent_ms: 1001,
             stopped: false,
+            raised: None,
         };
         vec![
             Record::AttemptStart {
@@ -872,6 +885,13 @@ mod tests {
                 local_rank: 0,
                 rank: 0,
                 signal: 10,
+            },
+            Record::RankRaised {
+                attempt: 0,
+                local_rank: 1,
+                rank: 3,
+                pid: 4242,
+                error: "RuntimeError: Parent directory /ckpt does not exist.".into(),
             },
             Record::StopOverdue {
                 attempt: 0,
@@ -1068,7 +1088,7 @@ mod tests {
     fn every_record_round_trips() {
         let all = samples();
         let places: BTreeSet<usize> = all.iter().map(place).collect();
-        assert_eq!(places, (0..=45).collect(), "a record without a sample");
+        assert_eq!(places, (0..=46).collect(), "a record without a sample");
         for r in all {
             let text = serde_json::to_string(&r).unwrap();
             let back: Record =
@@ -1193,6 +1213,7 @@ mod tests {
             limit_ms: 1000,
             silent_ms: 1500,
             stopped: false,
+            raised: None,
         };
         assert_eq!(
             h.passed(),
@@ -1209,6 +1230,7 @@ mod tests {
             limit_ms: 30_000,
             silent_ms: 1000,
             stopped: true,
+            raised: None,
         };
         assert_eq!(
             h.reason(1),
@@ -1219,11 +1241,32 @@ mod tests {
             limit_ms: 3000,
             silent_ms: 2000,
             stopped: true,
+            raised: None,
         };
         assert!(!h.passed().contains("passed"), "{}", h.passed());
         assert!(h
             .passed()
             .starts_with("no heartbeat for 2.0s (its heartbeat timeout of 3.0s had not run out)"));
+    }
+
+    #[test]
+    fn a_rank_that_raised_and_did_not_exit_is_named_for_its_exception() {
+        let h = Hang {
+            timeout: HangKind::Heartbeat,
+            limit_ms: 120_000,
+            silent_ms: 6_000,
+            stopped: false,
+            raised: Some("RuntimeError: Parent directory /ckpt does not exist.".into()),
+        };
+        assert_eq!(
+            h.reason(3),
+            "rank 3 hung: it raised RuntimeError: Parent directory /ckpt does not exist. and has not exited while the others wait for it; no heartbeat for 6.0s (its heartbeat timeout of 120.0s had not run out)"
+        );
+        let back: Hang = serde_json::from_str(&serde_json::to_string(&h).unwrap()).unwrap();
+        assert_eq!(back, h);
+        let old: Hang =
+            serde_json::from_str(r#"{"timeout":"heartbeat","limit_ms":1,"silent_ms":1}"#).unwrap();
+        assert_eq!(old.raised, None);
     }
 
     #[test]

@@ -29,7 +29,8 @@ fn rank_payload_len_ok(k: u8, len: usize) -> Option<bool> {
         kind::SECTION_START
         | kind::SECTION_END
         | kind::CALCULATE_TIMEOUTS
-        | kind::WORKLOAD_CONTROL => true,
+        | kind::WORKLOAD_CONTROL
+        | kind::RAISED => true,
         _ => return None,
     })
 }
@@ -116,6 +117,9 @@ fn rank_payload(k: u8, payload: &[u8]) -> Result<RankMsg, DecodeError> {
         kind::SIGNALLED => RankMsg::Signalled { signal: r.u32()? },
         kind::RESTARTABLE => RankMsg::Restartable {
             generation: r.u64()?,
+        },
+        kind::RAISED => RankMsg::Raised {
+            error: r.string(MAX_REASON_LEN, DecodeError::ReasonTooLong)?,
         },
         kind::WORKLOAD_CONTROL => RankMsg::WorkloadControl {
             action: r.u8()?,

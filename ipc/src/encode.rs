@@ -34,6 +34,7 @@ pub fn encode_rank(msg: &RankMsg, out: &mut Vec<u8>) {
         RankMsg::HoldsSignals { signals } => out.extend_from_slice(&signals.to_le_bytes()),
         RankMsg::Signalled { signal } => out.extend_from_slice(&signal.to_le_bytes()),
         RankMsg::Restartable { generation } => out.extend_from_slice(&generation.to_le_bytes()),
+        RankMsg::Raised { error } => put_str(out, error, MAX_REASON_LEN),
         RankMsg::WorkloadControl {
             action,
             description,

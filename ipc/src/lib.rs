@@ -41,6 +41,7 @@ pub mod kind {
     pub const HOLDS_SIGNALS: u8 = 0x0b;
     pub const SIGNALLED: u8 = 0x0c;
     pub const RESTARTABLE: u8 = 0x0d;
+    pub const RAISED: u8 = 0x0e;
     pub const TIMEOUTS: u8 = 0x81;
     pub const STOP_REQUEST: u8 = 0x82;
     pub const TIMEOUTS_CALCULATED: u8 = 0x83;
@@ -110,6 +111,12 @@ pub enum RankMsg {
     Restartable {
         generation: u64,
     },
+    /// This rank's main thread ended with an uncaught exception (`error`: its type and message,
+    /// cut to [`MAX_REASON_LEN`]); the process is on its way out. Sent by the shim's exception
+    /// hook before the interpreter shuts down, which can take long (a communicator's teardown).
+    Raised {
+        error: String,
+    },
 }
 
 /// `WorkloadControl` action: keep this node out of the job from the next attempt on.
@@ -162,6 +169,7 @@ impl RankMsg {
             RankMsg::HoldsSignals { .. } => kind::HOLDS_SIGNALS,
             RankMsg::Signalled { .. } => kind::SIGNALLED,
             RankMsg::Restartable { .. } => kind::RESTARTABLE,
+            RankMsg::Raised { .. } => kind::RAISED,
         }
     }
 }

@@ -61,6 +61,8 @@ for sig in [15, 10, 0, 2**32 - 1]:
     rank.append((frame(0x0C, struct.pack("<I", sig)), msg("Signalled", signal=sig)))
 for action, desc in [(1, "exclude: ECC errors"), (2, ""), (7, "ü" * 10)]:
     rank.append((frame(0x0A, bytes([action]) + s(desc)), msg("WorkloadControl", action=action, description=desc)))
+for error in ["RuntimeError: Parent directory /ckpt does not exist.", "", "KeyboardInterrupt", "ü" * 10]:
+    rank.append((frame(0x0E, s(error)), msg("Raised", error=error)))
 for hb, oos, alls, secs in [(True, False, False, []), (False, True, True, []),
                             (False, False, False, ["init", "checkpoint"]), (True, True, False, ["ü" * 127])]:
     payload = bytes([hb, oos, alls]) + struct.pack("<H", len(secs)) + b"".join(s(n) for n in secs)
@@ -103,7 +105,9 @@ err("rank", frame(0x02, version=2), "unsupported_version")
 err("rank", frame(0x02, version=0), "unsupported_version")
 err("rank", b"\x56\x02", "unsupported_version")
 err("rank", frame(0x00), "unknown_kind")
-err("rank", frame(0x0D), "unknown_kind")
+err("rank", frame(0x0F), "unknown_kind")
+err("rank", frame(0x0E), "truncated")
+err("rank", frame(0x0E, struct.pack("<H", 1025) + b"x" * 1025), "reason_too_long")
 err("rank", frame(0x0B), "bad_length")
 err("rank", frame(0x0B, q(1) + b"\x00"), "bad_length")
 err("rank", frame(0x0C, q(15)), "bad_length")

@@ -59,6 +59,7 @@ fn rank_to_json(m: &RankMsg) -> Value {
         RankMsg::Restartable { generation } => {
             json!({"type": "Restartable", "generation": generation})
         }
+        RankMsg::Raised { error } => json!({"type": "Raised", "error": error}),
         RankMsg::WorkloadControl {
             action,
             description,
@@ -107,6 +108,9 @@ fn rank_from_json(v: &Value) -> RankMsg {
         },
         "Restartable" => RankMsg::Restartable {
             generation: v["generation"].as_u64().expect("u64"),
+        },
+        "Raised" => RankMsg::Raised {
+            error: str_of(&v["error"]),
         },
         "WorkloadControl" => RankMsg::WorkloadControl {
             action: v["action"].as_u64().expect("u64") as u8,
@@ -277,6 +281,7 @@ fn every_vector_decodes_to_its_meaning_and_reencodes_identically() {
             "Heartbeat",
             "HoldsSignals",
             "Progress",
+            "Raised",
             "Register",
             "Restartable",
             "SectionEnd",

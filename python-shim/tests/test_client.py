@@ -358,3 +358,33 @@ vigil.heartbeat(2)
     finish(proc)
     assert first.drain() == [register(proc), hb(1)]
     assert second.drain() == [register(proc), hb(2)]
+
+
+def test_an_uncaught_exception_is_told_to_the_agent_before_the_interpreter_goes(agent):
+    # The hook runs before atexit handlers, so the agent learns it while the rank is still exiting;
+    # the traceback is still printed and the exit status is still 1.
+    proc = spawn(
+        """
+import atexit, vigil
+vigil.heartbeat(3)
+atexit.register(lambda: print("atexit ran", flush=True))
+raise RuntimeError("Parent directory /ckpt does not exist.")
+""",
+        child_env(agent),
+    )
+    conn = agent.accept()
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 1, err
+    assert "RuntimeError: Parent directory /ckpt does not exist." in err and "atexit ran" in out
+    assert conn.drain() == [
+        register(proc),
+        hb(3),
+        {"type": "Raised", "error": "RuntimeError: Parent directory /ckpt does not exist."},
+    ]
+
+
+def test_an_exception_in_a_rank_that_never_spoke_to_the_agent_connects_nothing(agent):
+    proc = spawn("import vigil\nraise KeyError('x')\n", child_env(agent))
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 1 and "KeyError" in err
+    assert agent.no_more_connections(wait=0.5)

@@ -30,7 +30,7 @@ def test_vector_file_covers_every_kind_and_error():
     assert types == {
         "Register", "Heartbeat", "SectionStart", "SectionEnd", "EndAllSections", "StepTiming",
         "Finished", "Progress", "WorkloadControl", "HoldsSignals", "Signalled", "Timeouts", "StopRequest",
-        "CalculateTimeouts", "TimeoutsCalculated", "Restartable", "Generation",
+        "CalculateTimeouts", "TimeoutsCalculated", "Restartable", "Generation", "Raised",
     }
     errors = {m["error"] for _, k, _, m in VECTOR_LINES if k == "error"}
     assert len(errors) == 14

@@ -673,4 +673,27 @@ def _install_stack_dumps():
         pass
 
 
+def _install_exception_hook():
+    """On an uncaught exception in the main thread, tells the agent what it was before the
+    interpreter shuts down (which can take long: a communicator's teardown, atexit handlers), so
+    that ranks waiting for this one in a collective are not taken for the hung ones."""
+    if not _os.environ.get(SOCKET_ENV):
+        return
+    previous = _sys.excepthook
+
+    def hook(kind, value, tb):
+        try:
+            # Only a rank that spoke to the agent: connecting now would register a new rank.
+            if _sock is not None and _pid == _getpid():
+                text = getattr(kind, "__name__", str(kind))
+                detail = str(value) if value is not None else ""
+                _send(_protocol.encode_raised(text + (": " + detail if detail else "")))
+        except Exception:  # noqa: BLE001 - the hook must never hide the original exception
+            pass
+        previous(kind, value, tb)
+
+    _sys.excepthook = hook
+
+
 _install_stack_dumps()
+_install_exception_hook()

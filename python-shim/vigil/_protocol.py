@@ -27,12 +27,13 @@ WORKLOAD_CONTROL = 0x0A
 HOLDS_SIGNALS = 0x0B
 SIGNALLED = 0x0C
 RESTARTABLE = 0x0D
+RAISED = 0x0E
 TIMEOUTS = 0x81
 STOP_REQUEST = 0x82
 TIMEOUTS_CALCULATED = 0x83
 GENERATION = 0x84
 
-RANK_KINDS = frozenset(range(REGISTER, RESTARTABLE + 1))
+RANK_KINDS = frozenset(range(REGISTER, RAISED + 1))
 AGENT_KINDS = frozenset((TIMEOUTS, STOP_REQUEST, TIMEOUTS_CALCULATED, GENERATION))
 
 _HEADER = struct.Struct("<BBBBI")
@@ -173,6 +174,12 @@ def encode_restartable(generation):
     return _FRAME_U64.pack(_header(RESTARTABLE, 8), generation)
 
 
+def encode_raised(error):
+    """Frame of ``Raised``: this rank's main thread ended with an uncaught exception, ``error``
+    (its type and message, cut to fit)."""
+    return _frame(RAISED, _str(error, MAX_REASON_LEN))
+
+
 def encode_generation(generation, replaced):
     payload = _U64.pack(generation) + _U16.pack(len(replaced))
     payload += b"".join(struct.pack("<I", r) for r in replaced)
@@ -204,6 +211,8 @@ def encode(msg):
         return encode_signalled(msg["signal"])
     if t == "Restartable":
         return encode_restartable(msg["generation"])
+    if t == "Raised":
+        return encode_raised(msg["error"])
     if t == "Generation":
         return encode_generation(msg["generation"], msg["replaced"])
     if t == "WorkloadControl":
@@ -359,6 +368,8 @@ def decode_rank_frame(buf):
         msg = {"type": "Signalled", "signal": struct.unpack("<I", r.take(4))[0]}
     elif kind == RESTARTABLE:
         msg = {"type": "Restartable", "generation": r.u64()}
+    elif kind == RAISED:
+        msg = {"type": "Raised", "error": r.string(MAX_REASON_LEN, "reason_too_long")}
     elif kind == WORKLOAD_CONTROL:
         msg = {"type": "WorkloadControl", "action": r.take(1)[0],
                "description": r.string(MAX_REASON_LEN, "reason_too_long")}

@@ -117,6 +117,13 @@ def test_no_rank_steps_after_its_allocation_ended():
     late = {0: [{"ev": "step", "t": 105.0, "alloc": 0, "step": 1}]}
     assert core.check_no_rank_after_end(ledger, ok) == []
     assert core.check_no_rank_after_end(ledger, late)
+    # A stop recorded when its step was agreed: the ranks run on to that step, not past it.
+    stopped = [{"allocation": 1, "end": 100.0, "outcome": "stopped", "stop_step": 40}]
+    to_the_step = {0: [{"ev": "step", "t": 101.5, "alloc": 0, "step": 40}]}
+    past_it = {0: [{"ev": "step", "t": 101.5, "alloc": 0, "step": 41}]}
+    assert core.check_no_rank_after_end(stopped, to_the_step) == []
+    assert core.check_no_rank_after_end(stopped, past_it)
+    assert core.check_no_rank_after_end(ledger, to_the_step)  # no agreed step: still late
 
 
 def test_the_ledger_has_each_allocation_once_and_does_not_loop():
@@ -306,3 +313,11 @@ def test_a_generation_must_recover_on_every_node_that_began_it():
     # The same generation number in the next attempt is another generation.
     later = both + [ev("generation", 50, node_rank=0, host="n1", cycle=1, generation=1, ranks=[0])]
     assert len(core.check_generations(later)) == 1
+    # Seed 7 run 5: a second rank failed with the first, and the attempt ended at once: cut
+    # short by the escalation, not stuck. Ended 15 s later (seed 3's violation 9): stuck.
+    at_once = gen + [ev("cycle_ended", 10.1, node_rank=0, host="n1", cycle=0, end="failed"),
+                     ev("cycle_ended", 10.1, node_rank=1, host="n2", cycle=0, end="failed")]
+    assert core.check_generations(at_once) == []
+    stuck = gen + [ev("cycle_ended", 25, node_rank=0, host="n1", cycle=0, end="failed"),
+                   ev("cycle_ended", 25, node_rank=1, host="n2", cycle=0, end="failed")]
+    assert len(core.check_generations(stuck)) == 2

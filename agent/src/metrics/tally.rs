@@ -131,6 +131,7 @@ mod tests {
                 limit_ms: 1,
                 silent_ms: 1,
                 stopped: false,
+                raised: None,
             },
         }
     }

@@ -151,6 +151,11 @@ impl Reporter {
                 pids.len(),
                 killed.len(),
             )),
+            Record::RankRaised {
+                rank, pid, error, ..
+            } => Some(format!(
+                "rank {rank} (pid {pid}) raised {error}: it is failing (its exit is awaited)"
+            )),
             Record::RankSignalled { rank, signal, .. } => Some(format!(
                 "rank {rank} received {} (sent to the rank, not to vigil): the job stops at one step, as for a signal to vigil",
                 signal_name(*signal)

@@ -230,6 +230,7 @@ mod tests {
             limit_ms: 2000,
             silent_ms: 2500,
             stopped,
+            raised: None,
         };
         let f = |stopped| FailedRank {
             time: "2026-11-21T10:00:00Z".into(),

@@ -250,7 +250,8 @@ pub struct HangCandidate {
     pub section: Option<String>,
     /// When its silence began: the last message it sent.
     pub since: Instant,
-    /// Its process is stopped (SIGSTOP, a debugger), or this node already named it hung.
+    /// A definite culprit: its process is stopped (SIGSTOP, a debugger), it raised an uncaught
+    /// exception and has not exited, or this node already named it hung.
     pub stopped: bool,
     /// Where its main thread is: `Some(true)` inside torch's collective machinery (it waits for
     /// another rank), `Some(false)` elsewhere, `None` unknown (no shim, no answer in time).

@@ -92,7 +92,8 @@ fn key_of(c: &HangCandidate) -> HangKey {
     }
 }
 
-/// The running ranks of `current` that may be the hung one at `now`: a stopped one, or one whose
+/// The running ranks of `current` that may be the hung one at `now`: a stopped one (or one that
+/// raised an uncaught exception and has not exited: counted as stopped), or one whose
 /// own timeout has run at least three quarters of its length. A rank that spoke again well after
 /// the others went silent (a heartbeat half a timeout later) is not one: it was still going while
 /// they were stuck. `probed`: the stopped ranks, and where the main threads of those asked are.
@@ -113,7 +114,8 @@ pub(super) fn hang_candidates(
             let lr = i as u32;
             let m = r.monitor.as_ref()?;
             let due = m.deadline(in_force, warmup_steps)?;
-            let is_stopped = stopped.contains(&lr);
+            // A rank that raised is on its way out: as definite a culprit as a stopped one.
+            let is_stopped = stopped.contains(&lr) || r.raised.is_some();
             let long = now.saturating_duration_since(due.since) * 4 >= due.limit * 3;
             (is_stopped || long).then(|| {
                 let c = HangCandidate {
@@ -174,19 +176,26 @@ pub(super) fn root_of_hang(
     }
     let probed = (stopped, waiting);
     let candidates = hang_candidates(current, in_force, warmup_steps, 0, probed, now);
-    // A stopped rank without a timeout of its own (not registered) is still the culprit.
-    let unwatched = stopped.iter().find(|lr| {
-        current
-            .ranks
-            .get(**lr as usize)
-            .is_some_and(|r| r.running())
-    });
+    // A stopped rank (or one that raised) without a timeout of its own is still the culprit.
+    let unwatched = definite_running(current, stopped);
     match (choose_local(&candidates), unwatched) {
-        (Some((c, own)), _) if c.stopped => (c.local_rank, own.clone(), true),
-        (_, Some(lr)) => (*lr, due, true),
+        (Some((c, own)), _) if c.stopped => {
+            (c.local_rank, own.clone(), stopped.contains(&c.local_rank))
+        }
+        (_, Some(lr)) => (lr, due, stopped.contains(&lr)),
         (Some((c, own)), None) => (c.local_rank, own.clone(), false),
         (None, None) => (due_rank, due, false),
     }
+}
+
+/// The first running rank of `current` that is a definite culprit: its process is one of
+/// `stopped`, or it raised an uncaught exception and has not exited.
+fn definite_running(current: &Attempt, stopped: &[u32]) -> Option<u32> {
+    let ranks = current.ranks.iter().enumerate();
+    ranks
+        .filter(|(lr, r)| r.running() && (r.raised.is_some() || stopped.contains(&(*lr as u32))))
+        .map(|(lr, _)| lr as u32)
+        .next()
 }
 
 /// Declares `local_rank` of attempt `attempt` hung (`due`: its timeout; `stopped`: its process is):
@@ -210,6 +219,7 @@ pub(super) fn begin_diagnosis(
         limit_ms: due.limit.as_millis() as u64,
         silent_ms: now.saturating_duration_since(due.since).as_millis() as u64,
         stopped,
+        raised: current.ranks[local_rank as usize].raised.clone(),
     };
     out.push(Action::Record(Record::Hang {
         attempt,
@@ -407,20 +417,16 @@ impl HangParts<'_> {
         let candidates = hang_candidates(self.current, in_force, warmup, offset, probed, now);
         // A stopped rank is a definite culprit: named at once, on any number of nodes.
         if let Some((c, own)) = choose_local(&candidates).filter(|(c, _)| c.stopped) {
-            let hung = (c.local_rank, own.clone(), true);
+            let hung = (c.local_rank, own.clone(), stopped.contains(&c.local_rank));
             let report = candidates.iter().map(|(c, _)| c.clone()).collect();
             self.diagnose(now, hung, out);
             return self.report_candidates(now, report, out);
         }
         // Still due? A message may have come in while the runtime looked.
         let due = self.earliest().filter(|(_, d)| now >= d.at);
-        // A stopped rank that sends nothing (no timeout of its own) is named by the local rule.
-        let unwatched = stopped.iter().any(|lr| {
-            self.current
-                .ranks
-                .get(*lr as usize)
-                .is_some_and(|r| r.running())
-        });
+        // A stopped rank (or one that raised) that sends nothing (no timeout of its own) is
+        // named by the local rule.
+        let unwatched = definite_running(self.current, &stopped).is_some();
         if !self.job_wide() || unwatched {
             if let Some(due) = due {
                 let hung = root_of_hang(self.current, (in_force, warmup), due, probed, now);
@@ -532,7 +538,9 @@ impl HangParts<'_> {
             .and_then(|m| m.deadline(self.in_force, self.cfg.warmup_steps));
         match own {
             Some(own) if r.running() && r.pid == Some(h.pid) => {
-                self.diagnose(now, (lr, own, h.stopped), out)
+                // A rank that raised is named as a stopped one is, but its process runs on.
+                let hung = (lr, own, h.stopped && r.raised.is_none());
+                self.diagnose(now, hung, out)
             }
             _ => self.current.hangs.job = JobVerdict::Alone,
         }

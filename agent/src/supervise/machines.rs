@@ -312,6 +312,7 @@ mod tests {
             limit_ms: 1000,
             silent_ms: 1500,
             stopped: false,
+            raised: None,
         }
     }
 

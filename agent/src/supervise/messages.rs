@@ -111,6 +111,10 @@ impl Supervisor {
             RankMsg::Restartable { generation } => self
                 .gen_parts()
                 .on_restartable(now, local_rank, generation, out),
+            RankMsg::Raised { error } => {
+                let at = (self.attempt, self.job.placement.rank_offset);
+                on_raised(&mut self.current, at, local_rank, error, out)
+            }
             _ => {}
         }
     }
@@ -224,4 +228,30 @@ pub(super) fn on_workload_control(
         action: name,
         description,
     }));
+}
+
+/// Local rank `local_rank` of attempt `attempt` (global ranks from `rank_offset`) said its main
+/// thread ended with `error`: the record, once, and the rank is a definite culprit from now on
+/// should the others' timeouts run out while it exits ([`super::hangs`]).
+pub(super) fn on_raised(
+    current: &mut Attempt,
+    (attempt, rank_offset): (u32, u32),
+    local_rank: u32,
+    error: String,
+    out: &mut Vec<Action>,
+) {
+    let Some(r) = current.ranks.get_mut(local_rank as usize) else {
+        return;
+    };
+    let (Some(pid), None) = (r.pid, &r.raised) else {
+        return;
+    };
+    out.push(Action::Record(Record::RankRaised {
+        attempt,
+        local_rank,
+        rank: rank_offset + local_rank,
+        pid,
+        error: error.clone(),
+    }));
+    r.raised = Some(error);
 }

@@ -503,6 +503,7 @@ impl RankMonitor {
             | RankMsg::HoldsSignals { .. }
             | RankMsg::Signalled { .. }
             | RankMsg::Restartable { .. }
+            | RankMsg::Raised { .. }
             | RankMsg::WorkloadControl { .. } => {}
         }
         closed

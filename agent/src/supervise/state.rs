@@ -29,6 +29,9 @@ pub(super) struct Rank {
     pub told_to_stop: bool,
     /// The signals it holds for `should_stop(step)` (bit n: signal n): they would not end it.
     pub holds: u64,
+    /// The uncaught exception its main thread ended with, as it told (`vigil`'s exception hook):
+    /// it is on its way out, however long that takes.
+    pub raised: Option<String>,
 }
 
 impl Rank {
@@ -41,6 +44,7 @@ impl Rank {
             listens: false,
             told_to_stop: false,
             holds: 0,
+            raised: None,
         }
     }
 

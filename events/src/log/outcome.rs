@@ -41,6 +41,10 @@ pub struct Hang {
     /// ahead of ranks whose timeout ran out first while they waited on it.
     #[serde(default)]
     pub stopped: bool,
+    /// The rank had raised an uncaught exception (this, as it told the agent) and had not exited:
+    /// named ahead of the ranks waiting for it, as a stopped one is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raised: Option<String>,
 }
 
 impl Hang {
@@ -80,7 +84,12 @@ impl Hang {
 
     /// [`Hang::passed`], led by `its process is stopped (SIGSTOP or a debugger)` when it was.
     pub fn why(&self) -> String {
-        if self.stopped {
+        if let Some(error) = &self.raised {
+            format!(
+                "it raised {error} and has not exited while the others wait for it; {}",
+                self.passed()
+            )
+        } else if self.stopped {
             format!(
                 "its process is stopped (SIGSTOP or a debugger); {}",
                 self.passed()

@@ -140,6 +140,65 @@ fn a_stopped_rank_is_named_hung_before_the_ranks_waiting_on_it() {
     assert_eq!((h[0].0, h[0].1.stopped), (1, false));
 }
 
+fn raised(s: &mut Solo, at: Instant, lr: u32) -> Vec<Action> {
+    let error = "RuntimeError: Parent directory /ckpt does not exist.".to_string();
+    send(s, at, lr, RankMsg::Raised { error })
+}
+
+#[test]
+fn a_rank_that_raised_and_has_not_exited_is_hung_before_the_ranks_waiting_on_it() {
+    let t = Instant::now();
+    // Rank 1 went silent first (waiting on rank 0); rank 0 raised (a failed save) at 600 ms and
+    // its interpreter is still shutting down when rank 1's heartbeat timeout runs out.
+    let mut s = two_beating(t, vec![]);
+    let a = raised(&mut s, t + Duration::from_millis(600), 0);
+    let rec = a.iter().find_map(|x| match x {
+        Action::Record(Record::RankRaised {
+            local_rank,
+            pid,
+            error,
+            ..
+        }) => Some((*local_rank, *pid, error.clone())),
+        _ => None,
+    });
+    let (lr, pid, error) = rec.expect("a rank_raised record");
+    assert_eq!((lr, pid), (0, 100));
+    assert!(error.starts_with("RuntimeError"), "{error}");
+    // Told twice (a hook that ran twice): recorded once.
+    assert!(!has(
+        &raised(&mut s, t + Duration::from_millis(700), 0),
+        |x| { matches!(x, Action::Record(Record::RankRaised { .. })) }
+    ));
+    let h = hangs(&s.handle(t + Duration::from_secs(1), Event::Tick));
+    assert_eq!(h.len(), 1, "{h:?}");
+    assert_eq!(h[0].0, 0);
+    // Named for what it did, not as a stopped process.
+    assert!(!h[0].1.stopped);
+    assert!(h[0]
+        .1
+        .raised
+        .as_deref()
+        .unwrap()
+        .starts_with("RuntimeError"));
+}
+
+#[test]
+fn a_rank_that_raised_without_a_timeout_of_its_own_is_still_the_culprit() {
+    let t = Instant::now();
+    // Section timeouts only: rank 1 left its section when it raised and has no deadline; ranks
+    // 0 and 2 wait in the all-reduce, inside theirs, and rank 2 went silent last.
+    let mut s = three_in_step(t, [5, 5, 5], [0, 0, 10]);
+    let end = RankMsg::SectionEnd {
+        name: "step".into(),
+    };
+    send(&mut s, t + Duration::from_millis(5), 1, end);
+    raised(&mut s, t + Duration::from_millis(5), 1);
+    s.waiting = vec![(0, true), (2, true)];
+    let h = hangs(&s.handle(t + Duration::from_secs(1), Event::Tick));
+    assert_eq!((h.len(), h[0].0), (1, 1), "{h:?}");
+    assert!(!h[0].1.stopped && h[0].1.raised.is_some(), "{h:?}");
+}
+
 #[test]
 fn a_probe_answer_after_the_rank_spoke_again_declares_nothing() {
     let t = Instant::now();
