@@ -5,19 +5,22 @@
 //! which ranks are stopped), then diagnosing one rank (its stacks are taken), then concluding (the
 //! rank is terminated and the attempt stops). Once a hang was seen, nothing more is calculated in
 //! the attempt. The functions below pick the ranks from the parts they are given (the attempt,
-//! the timeouts in force) and turn each step into actions; the supervisor's methods hand them
-//! those parts, and stop the attempt when a hang is concluded.
+//! the timeouts in force) and turn each step into actions; [`HangParts`] carries a verdict's
+//! steps (probe, the runtime's answer, the job's ask and verdict) on only those parts. The
+//! supervisor's methods hand it the parts, and stop the attempt when a hang is concluded
+//! (`conclude_hang`, which needs the rest: an in-process replacement, the stop, the verdict).
 
 use std::time::{Duration, Instant};
 
 use super::events::{
-    Action, Failure, Hang, HangCandidate, HungRank, JobRequest, Record, StopReason, SIGTERM,
+    Action, Failure, Hang, HangCandidate, HungRank, JobRequest, Placement, Record, StopReason,
+    SupervisorConfig, SIGTERM,
 };
 use super::machines::JobVerdict;
 use super::monitor::{Due, RankMonitor, Timeouts};
 use super::phase::{Phase, RankState};
 use super::state::{Attempt, HangStep};
-use super::Supervisor;
+use super::{inprocess, Supervisor};
 
 /// How long a node waits for the job's hang verdict before it decides alone.
 const JOB_VERDICT_WAIT: Duration = Duration::from_secs(10);
@@ -254,7 +257,33 @@ pub(super) fn begin_diagnosis(
     current.hangs.begin(local_rank, hang, now + stack_wait);
 }
 
+/// The parts of the supervisor a hang verdict reads and changes: the launch's configuration,
+/// the attempt under way (its number, where its ranks stand in the job, whether they run), the
+/// timeouts in force, and the attempt's state (its ranks and `HangWatch`). Stopping the attempt
+/// once a hang is concluded is not among them: that needs the rest (`Supervisor::conclude_hang`).
+pub(super) struct HangParts<'a> {
+    pub cfg: &'a SupervisorConfig,
+    pub attempt: u32,
+    pub placement: Placement,
+    /// The attempt's ranks run (`Phase::Running`).
+    pub running: bool,
+    pub in_force: &'a Timeouts,
+    pub current: &'a mut Attempt,
+}
+
 impl Supervisor {
+    /// The parts a hang verdict works on.
+    pub(super) fn hang_parts(&mut self) -> HangParts<'_> {
+        HangParts {
+            cfg: &self.cfg,
+            attempt: self.attempt,
+            placement: self.job.placement,
+            running: self.phase == Phase::Running,
+            in_force: &self.timeouts.in_force,
+            current: &mut self.current,
+        }
+    }
+
     /// The running rank that will be hung first, and when.
     pub(super) fn earliest_hang(&self) -> Option<(u32, Due)> {
         earliest_hang(
@@ -279,12 +308,54 @@ impl Supervisor {
     /// job verdict that did not come in time) makes the runtime look which ranks are stopped
     /// before anything is declared.
     pub(super) fn hang_tick(&mut self, now: Instant, out: &mut Vec<Action>) {
-        let due = self.earliest_hang().map(|(_, d)| d.at);
-        match self.current.hangs.tick(now, due) {
+        match self.hang_parts().tick(now) {
             HangStep::Conclude => self.conclude_hang(now, out),
-            HangStep::Probe => self.probe(now, out),
+            HangStep::Probe => self.hang_parts().probe(now, out),
             HangStep::Nothing => {}
         }
+    }
+
+    /// The hung rank's stacks are taken (or the wait is over): terminate it and stop the attempt.
+    /// A method of the whole: it may replace the rank in-process (the generations), else it stops
+    /// the attempt (the phase) and reports the failure for the job's verdict.
+    pub(super) fn conclude_hang(&mut self, now: Instant, out: &mut Vec<Action>) {
+        let Some((local_rank, hang)) = self.current.hangs.conclude() else {
+            return;
+        };
+        let r = &self.current.ranks[local_rank as usize];
+        let (Some(pid), RankState::Running) = (r.pid, r.state) else {
+            return;
+        };
+        if self.may_replace(local_rank, out) {
+            // Its exit replaces it (`replace`).
+            return inprocess::kill_for_replacement(pid, out);
+        }
+        let rank = self.job.placement.rank_offset + local_rank;
+        self.current.failures.push(Failure {
+            attempt: self.attempt,
+            local_rank,
+            rank,
+            pid,
+            how: None,
+            hang: Some(hang.clone()),
+            at: now,
+        });
+        let term = self.cfg.termination_signal;
+        self.begin_stop_except(now, StopReason::RankHung, SIGTERM, Some((pid, term)), out);
+        self.report_failure(hang.reason(rank), out);
+    }
+}
+
+impl HangParts<'_> {
+    /// The running rank that will be hung first, and when.
+    fn earliest(&self) -> Option<(u32, Due)> {
+        earliest_hang(self.current, self.in_force, self.cfg.warmup_steps)
+    }
+
+    /// What a tick at `now` means for the attempt's hang watch.
+    fn tick(&mut self, now: Instant) -> HangStep {
+        let due = self.earliest().map(|(_, d)| d.at);
+        self.current.hangs.tick(now, due)
     }
 
     /// Asks the runtime which ranks are stopped, and where the main thread is of each registered
@@ -297,7 +368,7 @@ impl Supervisor {
             ranks.filter(|(_, r)| r.running() && r.pid.is_some())
         };
         let ranks = running().filter_map(|(i, r)| Some((i as u32, r.pid?)));
-        let (in_force, warmup) = (&self.timeouts.in_force, self.cfg.warmup_steps);
+        let (in_force, warmup) = (self.in_force, self.cfg.warmup_steps);
         let silent = |r: &super::state::Rank| {
             r.monitor.as_ref().is_some_and(|m| {
                 m.registered()
@@ -312,48 +383,54 @@ impl Supervisor {
         });
     }
 
+    /// The job has other nodes than this one.
+    fn multi_node(&self) -> bool {
+        self.placement.world_size != self.cfg.nproc
+    }
+
     /// Whether a hang here waits for the job's verdict: several nodes, and no verdict that
     /// failed to come.
     fn job_wide(&self) -> bool {
-        self.job.placement.world_size != self.cfg.nproc && !self.current.hangs.alone()
+        self.multi_node() && !self.current.hangs.alone()
     }
 
-    /// How long a node waits for the job's hang verdict before it decides alone: every node
-    /// answers from its event loop in a few store round trips; one that cannot is lost.
-    fn verdict_wait(&self) -> Duration {
-        JOB_VERDICT_WAIT
+    /// Declares `hung` (local rank, its timeout, whether stopped) hung and takes its stacks.
+    fn diagnose(&mut self, now: Instant, hung: (u32, Due, bool), out: &mut Vec<Action>) {
+        let at = (self.attempt, self.placement.rank_offset);
+        begin_diagnosis(self.current, at, self.cfg.stack_wait, now, hung, out);
     }
 
+    /// The runtime's answer to `probe`: which ranks are `stopped`, and which of those asked
+    /// wait in a collective.
     pub(super) fn on_probed(
         &mut self,
         now: Instant,
         (stopped, waiting): (Vec<u32>, Vec<(u32, bool)>),
         out: &mut Vec<Action>,
     ) {
-        if !self.current.hangs.probed() || self.phase != Phase::Running {
+        if !self.current.hangs.probed() || !self.running {
             return;
         }
-        let (in_force, warmup) = (&self.timeouts.in_force, self.cfg.warmup_steps);
-        let offset = self.job.placement.rank_offset;
+        let (in_force, warmup) = (self.in_force, self.cfg.warmup_steps);
+        let offset = self.placement.rank_offset;
         let probed = (&stopped[..], &waiting[..]);
-        let candidates = hang_candidates(&self.current, in_force, warmup, offset, probed, now);
-        let at = (self.attempt, offset);
+        let candidates = hang_candidates(self.current, in_force, warmup, offset, probed, now);
         // A stopped rank is a definite culprit: named at once, on any number of nodes.
         if let Some((c, own)) = choose_local(&candidates).filter(|(c, _)| c.stopped) {
             let hung = (c.local_rank, own.clone(), stopped.contains(&c.local_rank));
             let report = candidates.iter().map(|(c, _)| c.clone()).collect();
-            begin_diagnosis(&mut self.current, at, self.cfg.stack_wait, now, hung, out);
+            self.diagnose(now, hung, out);
             return self.report_candidates(now, report, out);
         }
         // Still due? A message may have come in while the runtime looked.
-        let due = self.earliest_hang().filter(|(_, d)| now >= d.at);
+        let due = self.earliest().filter(|(_, d)| now >= d.at);
         // A stopped rank (or one that raised) that sends nothing (no timeout of its own) is
         // named by the local rule.
-        let unwatched = definite_running(&self.current, &stopped).is_some();
+        let unwatched = definite_running(self.current, &stopped).is_some();
         if !self.job_wide() || unwatched {
             if let Some(due) = due {
-                let hung = root_of_hang(&self.current, (in_force, warmup), due, probed, now);
-                begin_diagnosis(&mut self.current, at, self.cfg.stack_wait, now, hung, out);
+                let hung = root_of_hang(self.current, (in_force, warmup), due, probed, now);
+                self.diagnose(now, hung, out);
             }
             return;
         }
@@ -371,11 +448,10 @@ impl Supervisor {
         candidates: Vec<HangCandidate>,
         out: &mut Vec<Action>,
     ) {
-        if self.job.placement.world_size == self.cfg.nproc {
+        if !self.multi_node() {
             return;
         }
-        let until = now + self.verdict_wait();
-        if let Some(round) = self.current.hangs.report(until) {
+        if let Some(round) = self.current.hangs.report(now + JOB_VERDICT_WAIT) {
             out.push(Action::Job(JobRequest::HangReport {
                 attempt: self.attempt,
                 round,
@@ -399,9 +475,8 @@ impl Supervisor {
         if attempt != self.attempt || !self.current.hangs.open(round) {
             return;
         }
-        let until = now + self.verdict_wait();
-        let running =
-            self.phase == Phase::Running && self.current.ranks.iter().any(|r| r.running());
+        let until = now + JOB_VERDICT_WAIT;
+        let running = self.running && self.current.ranks.iter().any(|r| r.running());
         let definite: Vec<HangCandidate> = match &self.current.hangs.named {
             Some(c) => vec![c.clone()],
             None if !running => self.current.failures.iter().map(failed_candidate).collect(),
@@ -431,25 +506,21 @@ impl Supervisor {
         hung: Option<HungRank>,
         out: &mut Vec<Action>,
     ) {
-        if attempt != self.attempt || !self.current.hangs.named(round) {
-            return;
-        }
-        if self.phase != Phase::Running {
+        if attempt != self.attempt || !self.current.hangs.named(round) || !self.running {
             return;
         }
         let Some(h) = hung else {
             self.current.hangs.job = JobVerdict::Alone;
             return;
         };
-        let offset = self.job.placement.rank_offset;
+        let offset = self.placement.rank_offset;
         let local = h.rank.checked_sub(offset).filter(|lr| *lr < self.cfg.nproc);
         let Some(lr) = local else {
-            let until =
-                now + self.verdict_wait() + self.cfg.stack_wait + self.cfg.workers_stop_timeout;
+            let cfg = self.cfg;
+            let until = now + JOB_VERDICT_WAIT + cfg.stack_wait + cfg.workers_stop_timeout;
             self.current.hangs.job = JobVerdict::Elsewhere { until };
             return;
         };
-        let r = &self.current.ranks[lr as usize];
         if self
             .current
             .hangs
@@ -460,47 +531,19 @@ impl Supervisor {
             // Named here already: stopped or replaced.
             return;
         }
+        let r = &self.current.ranks[lr as usize];
         let own = r
             .monitor
             .as_ref()
-            .and_then(|m| m.deadline(&self.timeouts.in_force, self.cfg.warmup_steps));
+            .and_then(|m| m.deadline(self.in_force, self.cfg.warmup_steps));
         match own {
             Some(own) if r.running() && r.pid == Some(h.pid) => {
-                let at = (self.attempt, offset);
                 // A rank that raised is named as a stopped one is, but its process runs on.
                 let hung = (lr, own, h.stopped && r.raised.is_none());
-                begin_diagnosis(&mut self.current, at, self.cfg.stack_wait, now, hung, out);
+                self.diagnose(now, hung, out)
             }
             _ => self.current.hangs.job = JobVerdict::Alone,
         }
-    }
-
-    /// The hung rank's stacks are taken (or the wait is over): terminate it and stop the attempt.
-    pub(super) fn conclude_hang(&mut self, now: Instant, out: &mut Vec<Action>) {
-        let Some((local_rank, hang)) = self.current.hangs.conclude() else {
-            return;
-        };
-        let r = &self.current.ranks[local_rank as usize];
-        let (Some(pid), RankState::Running) = (r.pid, r.state) else {
-            return;
-        };
-        if self.may_replace(local_rank, out) {
-            // Its exit replaces it (`replace`).
-            return self.kill_for_replacement(pid, out);
-        }
-        let rank = self.job.placement.rank_offset + local_rank;
-        self.current.failures.push(Failure {
-            attempt: self.attempt,
-            local_rank,
-            rank,
-            pid,
-            how: None,
-            hang: Some(hang.clone()),
-            at: now,
-        });
-        let term = self.cfg.termination_signal;
-        self.begin_stop_except(now, StopReason::RankHung, SIGTERM, Some((pid, term)), out);
-        self.report_failure(hang.reason(rank), out);
     }
 }
 
@@ -573,5 +616,132 @@ mod tests {
         let c = [((4, false, Some(5)), 30), ((3, false, Some(5)), 30)];
         assert_eq!(pick(&c), Some(3));
         assert_eq!(pick(&[]), None);
+    }
+}
+
+/// The hang verdict's steps on only their parts: no supervisor around them.
+#[cfg(test)]
+mod parts_tests {
+    use super::*;
+
+    const T: Duration = Duration::from_secs(10);
+
+    /// Two running ranks (pids 100, 101) started at `t0`, unregistered, under an initial
+    /// timeout of `T`.
+    fn running(t0: Instant) -> Attempt {
+        let mut current = Attempt::start(t0, 2);
+        for (i, r) in current.ranks.iter_mut().enumerate() {
+            r.state = RankState::Running;
+            r.pid = Some(100 + i as i32);
+            r.monitor = Some(RankMonitor::new(t0));
+        }
+        current
+    }
+
+    fn in_force() -> Timeouts {
+        Timeouts {
+            initial: Some(T),
+            ..Timeouts::default()
+        }
+    }
+
+    /// This node's two ranks in a job of `world_size` ranks.
+    fn parts<'a>(
+        cfg: &'a SupervisorConfig,
+        in_force: &'a Timeouts,
+        current: &'a mut Attempt,
+        world_size: u32,
+    ) -> HangParts<'a> {
+        HangParts {
+            cfg,
+            attempt: 0,
+            placement: Placement {
+                group_rank: 0,
+                rank_offset: 0,
+                world_size,
+            },
+            running: true,
+            in_force,
+            current,
+        }
+    }
+
+    fn reports(out: &[Action]) -> Vec<(u32, Vec<u32>)> {
+        let report = |a: &Action| match a {
+            Action::Job(JobRequest::HangReport {
+                round, candidates, ..
+            }) => Some((*round, candidates.iter().map(|c| c.rank).collect())),
+            _ => None,
+        };
+        out.iter().filter_map(report).collect()
+    }
+
+    fn declared(out: &[Action]) -> Vec<(u32, bool)> {
+        let hang = |a: &Action| match a {
+            Action::Record(Record::Hang {
+                local_rank, hang, ..
+            }) => Some((*local_rank, hang.stopped)),
+            _ => None,
+        };
+        out.iter().filter_map(hang).collect()
+    }
+
+    #[test]
+    fn asked_for_the_job_s_verdict_a_node_probes_reports_and_waits_for_a_rank_elsewhere() {
+        let (t0, cfg, in_force) = (Instant::now(), SupervisorConfig::basic(2, 0), in_force());
+        let mut current = running(t0);
+        let mut p = parts(&cfg, &in_force, &mut current, 4);
+        let now = t0 + T * 9 / 10;
+        let mut out = Vec::new();
+        p.on_hang_asked(now, 0, 0, &mut out);
+        let probe = Action::ProbeStopped {
+            ranks: vec![(0, 100), (1, 101)],
+            ask_where: vec![],
+        };
+        assert_eq!(
+            out,
+            [probe],
+            "unregistered ranks are not asked where they are"
+        );
+        out.clear();
+        p.on_probed(now, (vec![], vec![]), &mut out);
+        assert_eq!(reports(&out), [(0, vec![0, 1])], "both silent long enough");
+        assert!(declared(&out).is_empty(), "none is due yet, nor stopped");
+        out.clear();
+        let elsewhere = HungRank {
+            rank: 3,
+            pid: 999,
+            stopped: false,
+        };
+        p.on_hang_named(now, 0, 0, Some(elsewhere), &mut out);
+        assert!(out.is_empty());
+        let until = now + JOB_VERDICT_WAIT + cfg.stack_wait + cfg.workers_stop_timeout;
+        assert_eq!(p.current.hangs.job, JobVerdict::Elsewhere { until });
+    }
+
+    #[test]
+    fn a_stopped_rank_is_declared_at_once_and_reported_to_the_job() {
+        let (t0, cfg, in_force) = (Instant::now(), SupervisorConfig::basic(2, 0), in_force());
+        let mut current = running(t0);
+        let mut p = parts(&cfg, &in_force, &mut current, 4);
+        assert!(matches!(p.tick(t0 + T / 2), HangStep::Nothing));
+        assert!(matches!(p.tick(t0 + T), HangStep::Probe));
+        let mut out = Vec::new();
+        p.on_probed(t0 + T, (vec![1], vec![]), &mut out);
+        assert_eq!(declared(&out), [(1, true)]);
+        assert_eq!(reports(&out), [(0, vec![0, 1])]);
+        assert!(p.current.hangs.diagnosing(1) && p.current.hangs.seen());
+    }
+
+    #[test]
+    fn alone_a_node_declares_the_due_rank_without_asking_the_job() {
+        let (t0, cfg, in_force) = (Instant::now(), SupervisorConfig::basic(2, 0), in_force());
+        let mut current = running(t0);
+        let mut p = parts(&cfg, &in_force, &mut current, 2);
+        assert!(matches!(p.tick(t0 + T), HangStep::Probe));
+        let mut out = Vec::new();
+        p.on_probed(t0 + T, (vec![], vec![]), &mut out);
+        assert_eq!(declared(&out), [(0, false)], "the lowest rank of equals");
+        assert!(reports(&out).is_empty(), "one node: no job verdict");
     }
 }

@@ -68,7 +68,7 @@ impl Supervisor {
             }
             RankMsg::Heartbeat { step } => {
                 if let Some(step) = step {
-                    self.on_step_reported(now, local_rank, out);
+                    self.gen_parts().on_step_reported(now, local_rank, out);
                     stopstep::on_step(
                         &mut self.current,
                         &mut self.job.steps,
@@ -89,7 +89,7 @@ impl Supervisor {
                 on_workload_control(asked, at, local_rank, (action, description), out)
             }
             RankMsg::Progress { step } => {
-                self.on_step_reported(now, local_rank, out);
+                self.gen_parts().on_step_reported(now, local_rank, out);
                 if let Some(r) = self.current.ranks.get_mut(local_rank as usize) {
                     r.listens = true;
                 }
@@ -108,9 +108,9 @@ impl Supervisor {
                 self.kill_if_holding(local_rank, out);
             }
             RankMsg::Signalled { signal } => self.on_rank_signalled(now, local_rank, signal, out),
-            RankMsg::Restartable { generation } => {
-                self.on_restartable(now, local_rank, generation, out)
-            }
+            RankMsg::Restartable { generation } => self
+                .gen_parts()
+                .on_restartable(now, local_rank, generation, out),
             RankMsg::Raised { error } => {
                 let at = (self.attempt, self.job.placement.rank_offset);
                 on_raised(&mut self.current, at, local_rank, error, out)

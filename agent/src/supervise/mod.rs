@@ -20,19 +20,23 @@
 //! `Pace`, `Requests`) are in `machines.rs`, so the attempt's state imports no concern.
 //!
 //! `handle` only dispatches; each decision lives with its concern. Where a concern needs only some
-//! of the supervisor's parts it is a free function of those parts, not a method of the whole; every
-//! concern below has them (`ranks::reaped`, `messages::on_liveness`, `hangs::earliest_hang`,
-//! `stopstep::on_step`, `stop::begin_stop`, `nodefault::note_fault`, `verdict::report`, the
-//! timeouts' `Calc`). What stays a method of `Supervisor` either only hands a free function its
-//! parts (the call sites other concerns use, such as `begin_stop`), or needs most of the parts and
-//! goes on to other concerns (a signal to the agent, what a rank's message asks for, acting on a
-//! node fault, the stop agreement's triggers, the job's verdict):
+//! of the supervisor's parts it is a free function of those parts, or a method of a parts view
+//! (`timeouts::Calc`, `hangs::HangParts`, `inprocess::GenParts`: borrowed fields, picked by
+//! `calc()`, `hang_parts()`, `gen_parts()`), not a method of the whole; every concern below has
+//! them (`ranks::reaped`, `messages::on_liveness`, `hangs::earliest_hang`, `stopstep::on_step`,
+//! `stopstep::stop_learned`, `stop::begin_stop`, `nodefault::note_fault`, `verdict::report`,
+//! `verdict::failure_outcome`). What stays a method of `Supervisor` either only hands those its
+//! parts (the call sites other concerns use, such as `begin_stop`), or needs most of the parts
+//! and goes on to other concerns (a signal to the agent, what a rank's message asks for, acting
+//! on a node fault, concluding a hang, a generation that cannot go on, the job's verdict):
 //! - `ranks.rs`: starting an attempt's ranks; a rank started, failed to start, exited, disconnected.
 //! - `messages.rs`: what a rank's messages mean (registration, steps, workload control, signals).
 //! - `timeouts.rs`: timeouts in force, calculating them and adopting the job's.
 //! - `hangs.rs`: the first rank due, which ranks are stopped, root cause, diagnosis (stacks).
 //! - `stopstep.rs`: stopping at one agreed step (triggers, the agreement, the ranks' window).
 //! - `stop.rs`: the agent's signals, stopping with a grace, escalating to SIGKILL.
+//! - `inprocess.rs`: replacing a failed or hung rank in process, following another node's
+//!   generation, survivors overdue (`generation/`: the generations' state and rules).
 //! - `nodefault.rs`: a node that cannot go on (GPU fault, failed health check); stragglers.
 //! - `verdict.rs`: reporting this node's end of an attempt, the job's verdict, back-off, the outcome.
 //! - `view.rs`: a read-only view of the attempt's ranks, for the metrics page.
@@ -297,15 +301,20 @@ impl Supervisor {
                 let here = (self.attempt, &self.phase);
                 stopstep::on_stop_step(&mut self.stop, here, attempt, step, &mut out)
             }
-            Event::Probed { stopped, waiting } => self.on_probed(now, (stopped, waiting), &mut out),
-            Event::HangAsked { attempt, round } => {
-                self.on_hang_asked(now, attempt, round, &mut out)
+            Event::Probed { stopped, waiting } => {
+                self.hang_parts()
+                    .on_probed(now, (stopped, waiting), &mut out)
             }
+            Event::HangAsked { attempt, round } => self
+                .hang_parts()
+                .on_hang_asked(now, attempt, round, &mut out),
             Event::HangNamed {
                 attempt,
                 round,
                 hung,
-            } => self.on_hang_named(now, attempt, round, hung, &mut out),
+            } => self
+                .hang_parts()
+                .on_hang_named(now, attempt, round, hung, &mut out),
             Event::Joined {
                 attempt,
                 placement,

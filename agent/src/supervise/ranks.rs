@@ -65,7 +65,7 @@ impl Supervisor {
         };
         let local_rank = rank - self.job.placement.rank_offset;
         if self.may_replace(local_rank, out) {
-            return self.replace(now, local_rank, pid, out);
+            return self.gen_parts().replace(now, local_rank, pid, out);
         }
         self.begin_stop(now, StopReason::RankFailed, SIGTERM, out);
         self.report_failure(format!("rank {rank} {}", exit_phrase(how)), out);

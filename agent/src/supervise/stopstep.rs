@@ -17,6 +17,12 @@
 //! SIGTERM itself, as NeMo's own callback does), and the request as well.
 //! Ranks still running when the stop window ends (`--term-timeout` for a signal, the lead for the
 //! time limit) are stopped as any stop: SIGTERM, then SIGKILL after `--term-timeout`.
+//!
+//! Each step works on its parts: [`StopAgreement`] (the allocation's stop: trigger, agreement,
+//! window, and the trigger's record), [`stop_learned`] (what the attempt's ranks do once the job
+//! learned of a stop), [`overdue`] (who missed the window), [`on_stop_step`]. The supervisor's
+//! methods here pick those parts and route; stopping the ranks (`begin_stop`) and reporting the
+//! node's end (`stop_for_good`) are the other concerns they hand over to.
 
 use std::time::{Duration, Instant};
 
@@ -206,19 +212,8 @@ impl Supervisor {
         window: Duration,
         out: &mut Vec<Action>,
     ) {
-        if !self.stop.trigger(now, &trigger, window) {
-            return;
-        }
-        out.push(Action::Record(Record::StopTriggered {
-            attempt: self.attempt,
-            node: self.cfg.node_rank,
-            trigger: trigger.clone(),
-            window_ms: window.as_millis() as u64,
-        }));
-        out.push(Action::Job(JobRequest::StopTrigger {
-            attempt: self.attempt,
-            trigger,
-        }));
+        let here = (self.attempt, self.cfg.node_rank);
+        self.stop.trigger_for_job(now, here, trigger, window, out);
     }
 
     /// A rank received a stop signal it holds, sent to it alone (outside Slurm, `kill` by hand):
@@ -269,44 +264,18 @@ impl Supervisor {
         if self.phase != Phase::Running {
             return;
         }
-        if self.gens.recovering() {
-            // The ranks wait in the generation's rendezvous, not at a step: none would reach
-            // the stop step, and Slurm SIGKILLs the job `KillWait` after its signal. They hold
-            // SIGTERM and have nothing to save, so they are SIGKILLed and the stop recorded now.
-            let node = self.cfg.node_rank;
-            let reason = format!(
-                "node {node} was asked to stop ({}) while in-process generation {} was being recovered: no rank can reach a stop step",
-                self.stop.trigger_name(),
-                self.gens.generation
-            );
-            self.stop_for_good(reason, EXIT_LOST, out);
-            self.begin_stop(now, StopReason::Signal, libc::SIGKILL, out);
-            return;
-        }
-        let running = || self.current.ranks.iter().filter(|r| r.running());
-        if !running().any(|r| r.listens) {
-            // Nobody here can checkpoint on request: stop as a signal always did.
-            let node = self.cfg.node_rank;
-            let reason = format!(
-                "node {node} was asked to stop ({}) and its ranks do not use vigil's shim",
-                self.stop.trigger_name()
-            );
-            self.stop_for_good(reason, EXIT_LOST, out);
-            self.begin_stop(now, StopReason::Signal, self.stop.signal(), out);
-            return;
-        }
-        let pgids: Vec<i32> = running()
-            .filter(|r| !r.listens)
-            .filter_map(|r| r.pid)
-            .collect();
-        if !pgids.is_empty() {
-            for r in self.current.ranks.iter_mut() {
-                if r.running() && !r.listens {
-                    r.told_to_stop = true;
-                }
+        let recovering = self.gens.recovering().then_some(self.gens.generation);
+        let node = self.cfg.node_rank;
+        match stop_learned(&mut self.current, &self.stop, node, recovering) {
+            Learned::StopNow { reason, signal } => {
+                self.stop_for_good(reason, EXIT_LOST, out);
+                self.begin_stop(now, StopReason::Signal, signal, out);
             }
-            let signal = self.stop.signal();
-            out.push(Action::SignalGroups { pgids, signal });
+            Learned::AskAtStep { pgids } if !pgids.is_empty() => {
+                let signal = self.stop.signal();
+                out.push(Action::SignalGroups { pgids, signal });
+            }
+            Learned::AskAtStep { .. } => {}
         }
     }
 
@@ -329,25 +298,8 @@ impl Supervisor {
         let Some(window) = self.stop.window_over(now) else {
             return;
         };
-        let late: Vec<u32> = self
-            .current
-            .ranks
-            .iter()
-            .enumerate()
-            .filter(|(_, r)| r.running())
-            .map(|(i, _)| self.job.placement.rank_offset + i as u32)
-            .collect();
-        out.push(Action::Record(Record::StopOverdue {
-            attempt: self.attempt,
-            ranks: late.clone(),
-            window_ms: window.as_millis() as u64,
-        }));
-        let late: Vec<String> = late.iter().map(|r| r.to_string()).collect();
-        let reason = format!(
-            "rank(s) {} did not stop within {:.0} s of being asked",
-            late.join(", "),
-            window.as_secs_f64()
-        );
+        let at = (self.attempt, self.job.placement.rank_offset);
+        let reason = overdue(&self.current, at, window, out);
         self.stop_for_good(reason, EXIT_LOST, out);
         self.begin_stop(now, StopReason::Signal, libc::SIGTERM, out);
     }
@@ -364,6 +316,112 @@ impl Supervisor {
     pub fn lead_observed(&self) -> (Option<Duration>, Option<Duration>) {
         lead_observed(&self.current)
     }
+}
+
+impl StopAgreement {
+    /// This node saw `trigger` (`here`: the attempt under way, this node's rank): record it for
+    /// the job, unless a stop is already under way.
+    pub(super) fn trigger_for_job(
+        &mut self,
+        now: Instant,
+        (attempt, node): (u32, u32),
+        trigger: String,
+        window: Duration,
+        out: &mut Vec<Action>,
+    ) {
+        if !self.trigger(now, &trigger, window) {
+            return;
+        }
+        out.push(Action::Record(Record::StopTriggered {
+            attempt,
+            node,
+            trigger: trigger.clone(),
+            window_ms: window.as_millis() as u64,
+        }));
+        out.push(Action::Job(JobRequest::StopTrigger { attempt, trigger }));
+    }
+}
+
+/// What a node whose ranks run does once the job learned of a stop ([`stop_learned`]).
+#[derive(Debug, PartialEq)]
+pub(super) enum Learned {
+    /// No rank here can stop at a step: the node stops the job for good (`reason`), and its
+    /// ranks get `signal` with the usual grace.
+    StopNow { reason: String, signal: i32 },
+    /// The ranks that listen are asked at the agreed step; these process groups (ranks that
+    /// cannot be asked) get the agent's stop signal now.
+    AskAtStep { pgids: Vec<i32> },
+}
+
+/// The job learned of the `stop` while `current`'s ranks run on node `node` (`recovering`: the
+/// in-process generation being recovered, if one is): what this node does. Ranks that cannot be
+/// asked are marked told to stop (their exit is expected).
+pub(super) fn stop_learned(
+    current: &mut Attempt,
+    stop: &StopAgreement,
+    node: u32,
+    recovering: Option<u64>,
+) -> Learned {
+    let trigger = stop.trigger_name();
+    if let Some(generation) = recovering {
+        // The ranks wait in the generation's rendezvous, not at a step: none would reach
+        // the stop step, and Slurm SIGKILLs the job `KillWait` after its signal. They hold
+        // SIGTERM and have nothing to save, so they are SIGKILLed and the stop recorded now.
+        let reason = format!(
+            "node {node} was asked to stop ({trigger}) while in-process generation {generation} was being recovered: no rank can reach a stop step",
+        );
+        let signal = libc::SIGKILL;
+        return Learned::StopNow { reason, signal };
+    }
+    let running = || current.ranks.iter().filter(|r| r.running());
+    if !running().any(|r| r.listens) {
+        // Nobody here can checkpoint on request: stop as a signal always did.
+        let reason = format!(
+            "node {node} was asked to stop ({trigger}) and its ranks do not use vigil's shim"
+        );
+        let signal = stop.signal();
+        return Learned::StopNow { reason, signal };
+    }
+    let pgids: Vec<i32> = running()
+        .filter(|r| !r.listens)
+        .filter_map(|r| r.pid)
+        .collect();
+    if !pgids.is_empty() {
+        for r in current.ranks.iter_mut() {
+            if r.running() && !r.listens {
+                r.told_to_stop = true;
+            }
+        }
+    }
+    Learned::AskAtStep { pgids }
+}
+
+/// The stop window (`window`) of attempt `attempt` is over: records the ranks still running
+/// (`rank_offset`: the global rank of local rank 0) and returns why the job stops.
+pub(super) fn overdue(
+    current: &Attempt,
+    (attempt, rank_offset): (u32, u32),
+    window: Duration,
+    out: &mut Vec<Action>,
+) -> String {
+    let late: Vec<u32> = current
+        .ranks
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.running())
+        .map(|(i, _)| rank_offset + i as u32)
+        .collect();
+    out.push(Action::Record(Record::StopOverdue {
+        attempt,
+        ranks: late.clone(),
+        window_ms: window.as_millis() as u64,
+    }));
+    let late: Vec<String> = late.iter().map(|r| r.to_string()).collect();
+    format!(
+        "rank(s) {} did not stop within {:.0} s of being asked",
+        late.join(", "),
+        window.as_secs_f64()
+    )
 }
 
 /// The highest step the attempt's ranks reported, and their fastest pace.
@@ -565,6 +623,105 @@ mod tests {
         assert!(s.first_signal(libc::SIGUSR1));
         assert!(!s.first_signal(libc::SIGTERM));
         assert_eq!(s.signal(), libc::SIGUSR1);
+    }
+
+    /// Three running ranks (pids 100-102); those in `listening` call `should_stop(step)`.
+    fn running(now: Instant, listening: &[usize]) -> Attempt {
+        let mut current = Attempt::start(now, 3);
+        for (i, r) in current.ranks.iter_mut().enumerate() {
+            r.state = super::super::phase::RankState::Running;
+            r.pid = Some(100 + i as i32);
+            r.listens = listening.contains(&i);
+        }
+        current
+    }
+
+    fn learned(now: Instant, sig: i32) -> StopAgreement {
+        let mut s = StopAgreement::default();
+        s.first_signal(sig);
+        assert!(s.learn(now, "SIGUSR1".into(), Duration::from_secs(5)));
+        s
+    }
+
+    #[test]
+    fn ranks_that_cannot_be_asked_get_the_signal_and_the_others_wait_for_the_step() {
+        let now = Instant::now();
+        let mut current = running(now, &[1]);
+        let stop = learned(now, libc::SIGUSR1);
+        let l = stop_learned(&mut current, &stop, 2, None);
+        assert_eq!(
+            l,
+            Learned::AskAtStep {
+                pgids: vec![100, 102]
+            }
+        );
+        let told: Vec<bool> = current.ranks.iter().map(|r| r.told_to_stop).collect();
+        assert_eq!(told, [true, false, true]);
+        let mut all = running(now, &[0, 1, 2]);
+        let l = stop_learned(&mut all, &stop, 2, None);
+        assert_eq!(l, Learned::AskAtStep { pgids: vec![] });
+        assert!(all.ranks.iter().all(|r| !r.told_to_stop));
+    }
+
+    #[test]
+    fn with_no_rank_that_listens_or_a_generation_recovering_the_node_stops_now() {
+        let now = Instant::now();
+        let stop = learned(now, libc::SIGUSR1);
+        let Learned::StopNow { reason, signal } =
+            stop_learned(&mut running(now, &[]), &stop, 2, None)
+        else {
+            panic!("no rank listens: a stop now");
+        };
+        assert_eq!(signal, libc::SIGUSR1, "the agent's own signal");
+        assert!(
+            reason.contains("node 2") && reason.contains("(SIGUSR1)"),
+            "{reason}"
+        );
+        let l = stop_learned(&mut running(now, &[0, 1, 2]), &stop, 2, Some(3));
+        let Learned::StopNow { reason, signal } = l else {
+            panic!("a generation being recovered: a stop now");
+        };
+        assert_eq!(signal, libc::SIGKILL);
+        assert!(reason.contains("generation 3"), "{reason}");
+    }
+
+    #[test]
+    fn the_ranks_past_the_window_are_recorded_by_global_rank() {
+        let now = Instant::now();
+        let mut current = running(now, &[]);
+        current.ranks[1].state = super::super::phase::RankState::SpawnFailed;
+        let mut out = Vec::new();
+        let reason = overdue(&current, (4, 8), Duration::from_secs(30), &mut out);
+        assert_eq!(
+            reason,
+            "rank(s) 8, 10 did not stop within 30 s of being asked"
+        );
+        let rec = Action::Record(Record::StopOverdue {
+            attempt: 4,
+            ranks: vec![8, 10],
+            window_ms: 30_000,
+        });
+        assert_eq!(out, [rec]);
+    }
+
+    #[test]
+    fn a_trigger_is_recorded_and_sent_to_the_job_once() {
+        let now = Instant::now();
+        let mut s = StopAgreement::default();
+        let mut out = Vec::new();
+        let window = Duration::from_secs(5);
+        s.trigger_for_job(now, (1, 3), "straggler".into(), window, &mut out);
+        s.trigger_for_job(now, (1, 3), "SIGTERM".into(), window, &mut out);
+        let job = Action::Job(JobRequest::StopTrigger {
+            attempt: 1,
+            trigger: "straggler".into(),
+        });
+        assert_eq!(out.len(), 2, "{out:?}");
+        assert_eq!(out[1], job);
+        assert!(matches!(
+            &out[0],
+            Action::Record(Record::StopTriggered { node: 3, .. })
+        ));
     }
 
     proptest! {

@@ -9,7 +9,8 @@
 //!   answered when the job's result for that round comes.
 //!
 //! [`Calc`] turns the ranks' reports and the job's answers into actions, on the parts of the
-//! supervisor it is handed (the configuration, the attempt, the timeouts), not the whole of it.
+//! supervisor it is handed (the configuration, the attempt, the timeouts), not the whole of it;
+//! `Supervisor::calc` only picks those parts, and each step is unit-tested on them alone.
 
 use std::time::Duration;
 
@@ -406,5 +407,155 @@ mod tests {
         };
         assert_eq!(t.answered(nothing, &[], job), (None, false));
         assert_eq!(t.calculated, Some(kept));
+    }
+}
+
+/// The calculation of timeouts on its parts alone (`Calc`): no supervisor around it.
+#[cfg(test)]
+mod calc_tests {
+    use std::time::Instant;
+
+    use vigil_ipc::RankMsg;
+
+    use super::super::monitor::RankMonitor;
+    use super::super::phase::RankState;
+    use super::*;
+
+    /// Two running ranks of attempt 1 that registered at `t0` and heartbeat every 2 s since.
+    fn running(t0: Instant) -> Attempt {
+        let mut current = Attempt::start(t0, 2);
+        for (i, r) in current.ranks.iter_mut().enumerate() {
+            r.state = RankState::Running;
+            r.pid = Some(100 + i as i32);
+            let mut m = RankMonitor::new(t0);
+            let register = RankMsg::Register {
+                rank: i as u32,
+                local_rank: i as u32,
+                pid: 100 + i as u32,
+                attempt: 1,
+            };
+            m.on_msg(t0, &register);
+            for s in 1..=3 {
+                let at = t0 + Duration::from_secs(2 * s);
+                m.on_msg(at, &RankMsg::Heartbeat { step: Some(s) });
+            }
+            r.monitor = Some(m);
+        }
+        current
+    }
+
+    fn calc<'a>(
+        cfg: &'a SupervisorConfig,
+        current: &'a mut Attempt,
+        timeouts: &'a mut TimeoutState,
+    ) -> Calc<'a> {
+        Calc {
+            cfg,
+            attempt: 1,
+            running: true,
+            current,
+            timeouts,
+        }
+    }
+
+    fn hb(initial: u64, heartbeat: u64) -> Timeouts {
+        Timeouts {
+            initial: Some(Duration::from_secs(initial)),
+            heartbeat: Some(Duration::from_secs(heartbeat)),
+            ..Timeouts::default()
+        }
+    }
+
+    fn heartbeat() -> CalcRequest {
+        CalcRequest {
+            heartbeat: true,
+            ..CalcRequest::default()
+        }
+    }
+
+    #[test]
+    fn the_job_s_timeouts_are_saved_put_in_force_and_told_to_every_rank() {
+        let mut cfg = SupervisorConfig::basic(2, 0);
+        cfg.timeouts.heartbeat = Some(Duration::from_secs(30));
+        let (mut current, mut timeouts) =
+            (running(Instant::now()), TimeoutState::new(&cfg.timeouts));
+        let mut c = calc(&cfg, &mut current, &mut timeouts);
+        let mut out = Vec::new();
+        c.on_job_timeouts(0, 0, hb(60, 9), &mut out);
+        assert!(out.is_empty(), "another attempt's");
+        c.on_job_timeouts(1, 0, hb(60, 9), &mut out);
+        assert_eq!(out.len(), 3, "{out:?}");
+        assert_eq!(out[0], Action::SaveTimeouts(hb(60, 9)));
+        assert!(matches!(out[2], Action::SendToAll(_)));
+        let only_enabled = Timeouts {
+            heartbeat: Some(Duration::from_secs(9)),
+            ..Timeouts::default()
+        };
+        assert_eq!(c.timeouts.in_force, only_enabled);
+        out.clear();
+        c.on_job_timeouts(1, 0, hb(60, 9), &mut out);
+        assert_eq!(out, [Action::SaveTimeouts(hb(60, 9))], "nothing changed");
+    }
+
+    #[test]
+    fn a_request_is_shared_once_every_rank_asked_and_answered_to_those_that_asked() {
+        let t0 = Instant::now();
+        let cfg = SupervisorConfig::basic(2, 0);
+        let (mut current, mut timeouts) = (running(t0), TimeoutState::new(&cfg.timeouts));
+        let mut c = calc(&cfg, &mut current, &mut timeouts);
+        let mut out = Vec::new();
+        let now = t0 + Duration::from_secs(7);
+        c.on_calc_request(now, 0, heartbeat(), &mut out);
+        assert!(out.is_empty(), "rank 1 still to ask: {out:?}");
+        assert!(c.timeouts.on_request);
+        c.on_calc_request(now, 1, heartbeat(), &mut out);
+        let [Action::Job(JobRequest::ShareTimeouts {
+            attempt: 1,
+            round,
+            timeouts: mine,
+        })] = &out[..]
+        else {
+            panic!("one share: {out:?}");
+        };
+        assert!(mine.heartbeat.is_some(), "{mine:?}");
+        let (round, mine) = (*round, mine.clone());
+        out.clear();
+        c.on_job_timeouts(1, round, mine.clone(), &mut out);
+        let told: Vec<u32> = out
+            .iter()
+            .filter_map(|a| match a {
+                Action::SendToRank {
+                    local_rank,
+                    msg:
+                        AgentMsg::TimeoutsCalculated {
+                            heartbeat: true, ..
+                        },
+                } => Some(*local_rank),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(told, [0, 1]);
+        assert_eq!(c.timeouts.in_force, mine);
+        assert!(out.contains(&Action::SaveTimeouts(mine)), "{out:?}");
+    }
+
+    #[test]
+    fn after_a_hang_or_once_the_ranks_stopped_a_request_is_answered_with_nothing() {
+        let t0 = Instant::now();
+        let cfg = SupervisorConfig::basic(2, 0);
+        let (mut current, mut timeouts) = (running(t0), TimeoutState::new(&cfg.timeouts));
+        let mut c = calc(&cfg, &mut current, &mut timeouts);
+        c.running = false;
+        let mut out = Vec::new();
+        c.on_calc_request(t0, 1, heartbeat(), &mut out);
+        let nothing = Action::SendToRank {
+            local_rank: 1,
+            msg: AgentMsg::TimeoutsCalculated {
+                heartbeat: false,
+                sections: false,
+                out_of_section: false,
+            },
+        };
+        assert_eq!(out, [nothing]);
     }
 }

@@ -1,7 +1,14 @@
 //! The job's verdicts: reporting how this node's part of an attempt ended, acting on the job's
-//! verdict (restart after a back-off, end), and settling the outcome once nothing runs. What needs
-//! only some parts (the report of this node's end, the sweep, whether attempts still progress)
-//! is a free function of those parts, below the supervisor's methods.
+//! verdict (restart after a back-off, end), and settling the outcome once nothing runs.
+//!
+//! This concern stays a set of `Supervisor` methods: the verdict that ends an attempt reads and
+//! changes nearly every part (the phase and the attempt number, the attempt's ranks and end, the
+//! job's steps, back-off streak and ending, the stop agreement, the timeouts handed to the next
+//! join), and hands over to the others (starting ranks, stopping them). What needs only some
+//! parts is a free function of those parts, below the methods: the report of this node's end,
+//! the sweep, whether attempts still progress, the outcome a verdict other than a failure makes
+//! ([`ended`]), whether a failure restarts ([`failure_outcome`]) and what a leaving node tells
+//! the others ([`leave_with`]).
 
 use std::time::Instant;
 
@@ -9,7 +16,7 @@ use super::events::{Action, JobEnd, JobRequest, Outcome, Record, StopReason, EXI
 use super::events::{Placement, SupervisorConfig};
 use super::monitor::Timeouts;
 use super::progress::{attempt_no_progress, made_progress, Reached};
-use super::state::{Asked, Attempt, Phase, RankState, Steps};
+use super::state::{Asked, Attempt, Ending, JobState, Phase, RankState, Steps};
 use super::Supervisor;
 
 impl Supervisor {
@@ -182,64 +189,22 @@ impl Supervisor {
         if let Some((local_rank, error)) = self.job.ending.spawn_error.clone() {
             return Some(Outcome::SpawnFailed { local_rank, error });
         }
-        Some(match self.current.end.clone()? {
-            JobEnd::Done => match self.stop_asked() {
-                Some((trigger, step)) => Outcome::Stopped { trigger, step },
-                None => Outcome::Succeeded,
-            },
-            JobEnd::Failed { .. } => return self.after_failure(out),
-            JobEnd::Stopped { .. } if self.stop.under_way() => {
-                let (trigger, step) = self.stop_asked().unwrap_or_default();
-                Outcome::Stopped { trigger, step }
+        let end = self.current.end.clone()?;
+        if let JobEnd::Failed { .. } = end {
+            let stopping = self.stop.under_way();
+            let outcome = failure_outcome(
+                &self.cfg,
+                self.attempt,
+                &self.current,
+                &mut self.job,
+                stopping,
+            );
+            if outcome.is_none() {
+                self.restart(out);
             }
-            JobEnd::Stopped {
-                node,
-                reason,
-                exit_code,
-            } => Outcome::PeerStopped {
-                node,
-                reason,
-                exit_code,
-            },
-            JobEnd::Lost { reason, .. } => Outcome::Lost {
-                reason,
-                requeue: self.job.ending.lost_requeue,
-            },
-        })
-    }
-
-    /// The job's verdict is a failure: restart, or the outcome that ends this node.
-    fn after_failure(&mut self, out: &mut Vec<Action>) -> Option<Outcome> {
-        if no_progress_now(&self.cfg, self.attempt, &self.current, &mut self.job.steps) {
-            return Some(Outcome::NoProgress {
-                attempts: self.job.steps.per_attempt.len() as u32,
-                // With a checkpoint file, its iteration is the step that did not grow.
-                step: match self.cfg.progress_from_file {
-                    true => self.job.steps.checkpoint.latest,
-                    false => self.job.steps.highest,
-                },
-            });
+            return outcome;
         }
-        if self.job.asked.exclude {
-            // This node is to leave the job (ExcludeThisNode): it cannot go on without it, so
-            // the job ends as for a lost node and is requeued elsewhere.
-            return Some(Outcome::Lost {
-                reason: exclusion_reason(self.cfg.node_rank, &self.job.asked),
-                requeue: true,
-            });
-        }
-        // A stop ends the allocation: no restart, whatever failed while stopping; so does a
-        // rank's ShutdownWorkload.
-        if self.attempt < self.job.max_restarts
-            && !self.stop.under_way()
-            && !self.job.asked.shutdown
-        {
-            self.restart(out);
-            return None;
-        }
-        Some(Outcome::Failed {
-            restarts: self.attempt,
-        })
+        ended(end, self.stop_asked(), self.job.ending.lost_requeue)
     }
 
     /// The next attempt: at once, or after the back-off from the job's verdict on this one.
@@ -268,17 +233,8 @@ impl Supervisor {
     /// This node ends with `outcome`: leave the job and tell the runtime.
     pub(super) fn finish(&mut self, outcome: Outcome, out: &mut Vec<Action>) {
         // Nodes still heading for another attempt must not wait for this one.
-        let poison = match &outcome {
-            Outcome::Signaled { .. } | Outcome::SpawnFailed { .. } => {
-                self.job.ending.stopped.clone()
-            }
-            _ if self.stop.under_way() => self.job.ending.stopped.clone(),
-            Outcome::Lost { reason, .. } => Some(JobEnd::Lost {
-                node: self.job.asked.exclude.then_some(self.cfg.node_rank),
-                reason: reason.clone(),
-            }),
-            _ => None,
-        };
+        let (stopping, node) = (self.stop.under_way(), self.cfg.node_rank);
+        let poison = leave_with(&outcome, &self.job.ending, stopping, &self.job.asked, node);
         self.phase = Phase::Finished;
         out.push(Action::Job(JobRequest::Leave {
             poison: poison.map(|p| (self.attempt, p)),
@@ -289,6 +245,96 @@ impl Supervisor {
             outcome: outcome.clone(),
         }));
         out.push(Action::Finish(outcome));
+    }
+}
+
+/// The agent's outcome for the job's verdict `end` on an attempt, with the stop asked for (its
+/// trigger and step), if any; `lost_requeue`: whether a `Lost` verdict of this node's own may be
+/// requeued. `None` for a failure: that restarts, or not ([`failure_outcome`]).
+pub(super) fn ended(
+    end: JobEnd,
+    stop: Option<(String, Option<u64>)>,
+    lost_requeue: bool,
+) -> Option<Outcome> {
+    Some(match end {
+        JobEnd::Failed { .. } => return None,
+        JobEnd::Done => match stop {
+            Some((trigger, step)) => Outcome::Stopped { trigger, step },
+            None => Outcome::Succeeded,
+        },
+        JobEnd::Stopped { .. } if stop.is_some() => {
+            let (trigger, step) = stop.unwrap_or_default();
+            Outcome::Stopped { trigger, step }
+        }
+        JobEnd::Stopped {
+            node,
+            reason,
+            exit_code,
+        } => Outcome::PeerStopped {
+            node,
+            reason,
+            exit_code,
+        },
+        JobEnd::Lost { reason, .. } => Outcome::Lost {
+            reason,
+            requeue: lost_requeue,
+        },
+    })
+}
+
+/// The job's verdict on attempt `attempt` (`current`) is a failure: the outcome that ends this
+/// node, or `None` when another attempt follows. `stopping`: a stop is under way (it ends the
+/// allocation). Keeps the attempt's highest step in `job`'s steps.
+pub(super) fn failure_outcome(
+    cfg: &SupervisorConfig,
+    attempt: u32,
+    current: &Attempt,
+    job: &mut JobState,
+    stopping: bool,
+) -> Option<Outcome> {
+    if no_progress_now(cfg, attempt, current, &mut job.steps) {
+        return Some(Outcome::NoProgress {
+            attempts: job.steps.per_attempt.len() as u32,
+            // With a checkpoint file, its iteration is the step that did not grow.
+            step: match cfg.progress_from_file {
+                true => job.steps.checkpoint.latest,
+                false => job.steps.highest,
+            },
+        });
+    }
+    if job.asked.exclude {
+        // This node is to leave the job (ExcludeThisNode): it cannot go on without it, so
+        // the job ends as for a lost node and is requeued elsewhere.
+        return Some(Outcome::Lost {
+            reason: exclusion_reason(cfg.node_rank, &job.asked),
+            requeue: true,
+        });
+    }
+    // A stop ends the allocation: no restart, whatever failed while stopping; so does a
+    // rank's ShutdownWorkload.
+    if attempt < job.max_restarts && !stopping && !job.asked.shutdown {
+        return None;
+    }
+    Some(Outcome::Failed { restarts: attempt })
+}
+
+/// What node `node`, ending with `outcome`, tells the nodes still heading for another attempt
+/// so that they do not wait for it (`None`: nothing; they reach the same verdict).
+pub(super) fn leave_with(
+    outcome: &Outcome,
+    ending: &Ending,
+    stopping: bool,
+    asked: &Asked,
+    node: u32,
+) -> Option<JobEnd> {
+    match outcome {
+        Outcome::Signaled { .. } | Outcome::SpawnFailed { .. } => ending.stopped.clone(),
+        _ if stopping => ending.stopped.clone(),
+        Outcome::Lost { reason, .. } => Some(JobEnd::Lost {
+            node: asked.exclude.then_some(node),
+            reason: reason.clone(),
+        }),
+        _ => None,
     }
 }
 
@@ -374,5 +420,110 @@ fn no_progress_now(
     match from_file {
         true => steps.checkpoint.no_progress(per_attempt, n, min),
         false => attempt_no_progress(per_attempt, n, min),
+    }
+}
+
+/// The outcome of a verdict, on the parts it reads alone.
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stopped(node: u32) -> JobEnd {
+        JobEnd::Stopped {
+            node,
+            reason: "asked".into(),
+            exit_code: 143,
+        }
+    }
+
+    #[test]
+    fn a_verdict_other_than_a_failure_ends_the_node_as_the_stop_asked_says() {
+        let stop = Some(("SIGTERM".to_string(), Some(40)));
+        let asked_stop = Outcome::Stopped {
+            trigger: "SIGTERM".into(),
+            step: Some(40),
+        };
+        assert_eq!(ended(JobEnd::Done, None, true), Some(Outcome::Succeeded));
+        assert_eq!(
+            ended(JobEnd::Done, stop.clone(), true),
+            Some(asked_stop.clone())
+        );
+        assert_eq!(ended(stopped(2), stop, true), Some(asked_stop));
+        let peer = Outcome::PeerStopped {
+            node: 2,
+            reason: "asked".into(),
+            exit_code: 143,
+        };
+        assert_eq!(ended(stopped(2), None, true), Some(peer));
+        let lost = JobEnd::Lost {
+            reason: "gone".into(),
+            node: None,
+        };
+        let requeue = |o: Option<Outcome>| match o {
+            Some(Outcome::Lost { requeue, .. }) => requeue,
+            other => panic!("{other:?}"),
+        };
+        assert!(!requeue(ended(lost, None, false)));
+        let failed = JobEnd::Failed {
+            node: 0,
+            reason: "rank 1 exited 1".into(),
+        };
+        assert_eq!(ended(failed, None, true), None, "a failure restarts or not");
+    }
+
+    #[test]
+    fn a_failure_restarts_within_the_budget_unless_stopping_shut_down_or_excluded() {
+        let cfg = SupervisorConfig::basic(2, 3);
+        let current = Attempt::none();
+        let mut job = JobState::new(&cfg);
+        assert_eq!(failure_outcome(&cfg, 2, &current, &mut job, false), None);
+        let spent = Some(Outcome::Failed { restarts: 3 });
+        assert_eq!(failure_outcome(&cfg, 3, &current, &mut job, false), spent);
+        let ends = Some(Outcome::Failed { restarts: 1 });
+        assert_eq!(failure_outcome(&cfg, 1, &current, &mut job, true), ends);
+        job.asked.shutdown = true;
+        assert_eq!(failure_outcome(&cfg, 1, &current, &mut job, false), ends);
+        job.asked.exclude = true;
+        let Some(Outcome::Lost { reason, requeue }) =
+            failure_outcome(&cfg, 1, &current, &mut job, false)
+        else {
+            panic!("an excluded node leaves the job");
+        };
+        assert!(requeue && reason.contains("ExcludeThisNode"), "{reason}");
+    }
+
+    #[test]
+    fn a_leaving_node_tells_the_others_how_it_stopped_or_that_it_is_lost() {
+        let cfg = SupervisorConfig::basic(2, 3);
+        let mut job = JobState::new(&cfg);
+        let signaled = Outcome::Signaled { signal: 15 };
+        let asked = job.asked.clone();
+        assert_eq!(leave_with(&signaled, &job.ending, false, &asked, 1), None);
+        job.ending.stopped = Some(stopped(1));
+        assert_eq!(
+            leave_with(&signaled, &job.ending, false, &asked, 1),
+            Some(stopped(1))
+        );
+        let failed = Outcome::Failed { restarts: 3 };
+        assert_eq!(leave_with(&failed, &job.ending, false, &asked, 1), None);
+        assert_eq!(
+            leave_with(&failed, &job.ending, true, &asked, 1),
+            Some(stopped(1)),
+            "a stop under way"
+        );
+        let lost = Outcome::Lost {
+            reason: "excluded".into(),
+            requeue: true,
+        };
+        let mut excluded = asked.clone();
+        excluded.exclude = true;
+        let end = JobEnd::Lost {
+            reason: "excluded".into(),
+            node: Some(1),
+        };
+        assert_eq!(
+            leave_with(&lost, &job.ending, false, &excluded, 1),
+            Some(end)
+        );
     }
 }

@@ -109,7 +109,16 @@ impl Coordinator {
                     all,
                 })
             }
-            Step::ChooseHung { attempt, round } => self.hangs_read(attempt, round).await?,
+            Step::ChooseHung { attempt, round } => {
+                let all = self
+                    .every_node(|i| key::hang_report(attempt, round, i))
+                    .await?;
+                self.rdzv.step(Fact::HangsRead {
+                    attempt,
+                    round,
+                    all,
+                })
+            }
             Step::ChooseStopStep(attempt) => {
                 let all = self.every_node(|i| key::stop_steps(attempt, i)).await?;
                 self.rdzv.step(Fact::StepsRead { attempt, all })

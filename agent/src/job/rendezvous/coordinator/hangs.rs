@@ -1,13 +1,14 @@
-//! The job's hang verdict, the coordinator's side: a node's candidates written for the round
-//! (the first report asks every node), and the waiter that tells this node of each round's
-//! request and verdict. The choice itself is the state machine's (`decide::hangs_read`).
+//! The job's hang verdict, the coordinator's side: a node's candidates put on the wire (their
+//! silence as wall time) and the waiter that tells this node of each round's request and
+//! verdict. What is written, counted and read, and the choice, are the state machine's
+//! (`decide::report_hangs`, `Fact::HangsCounted`, `decide::hangs_read`), carried out as Steps.
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::supervise::{Event, HangCandidate, HungRank};
 
 use super::super::decide::Fact;
-use super::super::wire::{key, to_json, WireHangCandidate};
+use super::super::wire::{key, WireHangCandidate};
 use super::super::FromCoord;
 use super::{Coordinator, Input};
 
@@ -38,8 +39,10 @@ fn read_named(v: &[u8]) -> Option<Option<HungRank>> {
 }
 
 impl Coordinator {
-    /// This node's candidates for `attempt`'s hang verdict `round`: asks every node (the first
-    /// ask is written), writes them, and counts itself.
+    /// This node's candidates for `attempt`'s hang verdict `round`, put on the wire with this
+    /// process' clocks, for the state machine to write and count ([`Rendezvous::report_hangs`]).
+    ///
+    /// [`Rendezvous::report_hangs`]: super::super::decide::Rendezvous::report_hangs
     pub(super) async fn hang_report(
         &mut self,
         attempt: u32,
@@ -48,36 +51,12 @@ impl Coordinator {
     ) -> Result<(), vigil_store::StoreError> {
         let (now, wall) = (Instant::now(), SystemTime::now());
         let mine: Vec<WireHangCandidate> = candidates.iter().map(|c| wire(c, now, wall)).collect();
-        let me = self.cfg.node_rank;
-        self.ctl
-            .compare_set(&key::hang(attempt, round), b"", b"1")
-            .await?;
-        self.ctl
-            .set(&key::hang_report(attempt, round, me), &to_json(&mine))
-            .await?;
-        let count = self.ctl.add(&key::hang_count(attempt, round), 1).await?;
-        self.decide(Fact::HangsCounted {
+        self.decide(Fact::HangReport {
             attempt,
             round,
-            count,
+            candidates: &mine,
         })
         .await
-    }
-
-    /// Every slot's candidates for the round, handed to the state machine (`Step::ChooseHung`).
-    pub(super) async fn hangs_read(
-        &mut self,
-        attempt: u32,
-        round: u32,
-    ) -> Result<Vec<super::super::decide::Step>, vigil_store::StoreError> {
-        let all = self
-            .every_node(|i| key::hang_report(attempt, round, i))
-            .await?;
-        Ok(self.rdzv.step(Fact::HangsRead {
-            attempt,
-            round,
-            all,
-        }))
     }
 
     /// Parked on the attempt's hang verdicts, round after round: each request, then its
@@ -125,6 +104,7 @@ impl Coordinator {
 
 #[cfg(test)]
 mod tests {
+    use super::super::super::wire::to_json;
     use super::*;
 
     #[test]

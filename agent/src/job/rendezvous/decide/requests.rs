@@ -1,13 +1,13 @@
 //! What this agent asks of the job and how the coordinator's role passes between agents, as the
 //! [`Step`]s each takes: joining an attempt (the join record), the reports (done, timeouts, stop
-//! steps) and the stop trigger, a standby departing, leaving; node rank 0's clean store once
+//! steps, hang candidates) and the stop trigger, a standby departing, leaving; node rank 0's clean store once
 //! every member joined; a lost coordinator's successor claiming its lease, and a deposed one
 //! stepping down.
 
 use crate::supervise::monitor::Timeouts;
 use crate::supervise::{JobEnd, StepReport};
 
-use super::super::wire::{key, to_json, NodeInfo, WireSteps, WireTimeouts};
+use super::super::wire::{key, to_json, NodeInfo, WireHangCandidate, WireSteps, WireTimeouts};
 use super::super::FromCoord;
 use super::{poison, Counted, Fact, Joining, Patience, Rendezvous, Stage, Step};
 
@@ -35,6 +35,11 @@ impl Rendezvous {
             } => self.share_timeouts(attempt, round, timeouts),
             Fact::StopTrigger { attempt, trigger } => stop_trigger(attempt, trigger),
             Fact::StopSteps { attempt, report } => self.share_steps(attempt, report),
+            Fact::HangReport {
+                attempt,
+                round,
+                candidates,
+            } => self.report_hangs(attempt, round, candidates),
             Fact::Depart { reason } => self.depart(reason),
             Fact::Leave {
                 poison,
@@ -129,6 +134,26 @@ impl Rendezvous {
                 to_json(&WireSteps::from(report)),
             ),
             Step::Add(key::stop_count(attempt), Counted::Steps(attempt)),
+        ]
+    }
+
+    /// Input: this node's hang candidates for `attempt`'s verdict `round`: ask every node for
+    /// theirs (the first ask is written; every node is parked on it), write this node's and
+    /// count itself; the last to count chooses ([`Fact::HangsCounted`]).
+    pub fn report_hangs(
+        &self,
+        attempt: u32,
+        round: u32,
+        candidates: &[WireHangCandidate],
+    ) -> Vec<Step> {
+        let me = self.setup.node_rank;
+        vec![
+            Step::SetFirst(key::hang(attempt, round), b"1".to_vec()),
+            Step::Set(key::hang_report(attempt, round, me), to_json(&candidates)),
+            Step::Add(
+                key::hang_count(attempt, round),
+                Counted::Hangs { attempt, round },
+            ),
         ]
     }
 

@@ -113,6 +113,9 @@ pub enum Counted {
     /// Slots that reported their steps after a stop was asked in attempt N
     /// ([`Fact::StepsCounted`]).
     Steps(u32),
+    /// Slots that reported their hang candidates for attempt N's verdict round
+    /// ([`Fact::HangsCounted`]).
+    Hangs { attempt: u32, round: u32 },
 }
 
 impl Counted {
@@ -126,6 +129,11 @@ impl Counted {
                 count,
             },
             Counted::Steps(attempt) => Fact::StepsCounted { attempt, count },
+            Counted::Hangs { attempt, round } => Fact::HangsCounted {
+                attempt,
+                round,
+                count,
+            },
         }
     }
 }
@@ -466,6 +474,13 @@ pub enum Fact<'a> {
         attempt: u32,
         report: &'a StepReport,
     },
+    /// This node's hang candidates for `attempt`'s verdict `round`, on the wire (their silence
+    /// as wall time).
+    HangReport {
+        attempt: u32,
+        round: u32,
+        candidates: &'a [WireHangCandidate],
+    },
     /// A standby leaves the job on a signal, for `reason`.
     Depart { reason: String },
     /// This agent leaves: ending `poison`'s attempt and the next with its end (if any), with
@@ -582,6 +597,7 @@ impl Rendezvous {
             | Fact::ShareTimeouts { .. }
             | Fact::StopTrigger { .. }
             | Fact::StopSteps { .. }
+            | Fact::HangReport { .. }
             | Fact::Depart { .. }
             | Fact::Leave { .. }
             | Fact::AllJoined { .. }

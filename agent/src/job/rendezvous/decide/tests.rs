@@ -1581,6 +1581,57 @@ fn hang_candidate(rank: u32, step: u64, since: u64, stopped: bool) -> WireHangCa
 }
 
 #[test]
+fn a_node_s_hang_report_asks_every_node_writes_its_candidates_and_counts_itself() {
+    let mut r = agent(2, 2, 1);
+    let mine = vec![hang_candidate(3, 9, 1_030, false)];
+    let steps = r.step(Fact::HangReport {
+        attempt: 3,
+        round: 1,
+        candidates: &mine,
+    });
+    let counted = Counted::Hangs {
+        attempt: 3,
+        round: 1,
+    };
+    assert_eq!(
+        steps,
+        vec![
+            Step::SetFirst(key::hang(3, 1), b"1".to_vec()),
+            Step::Set(key::hang_report(3, 1, 1), to_json(&mine)),
+            Step::Add(key::hang_count(3, 1), counted),
+        ]
+    );
+    // The count comes back as the fact the choice waits on.
+    let fact = Fact::HangsCounted {
+        attempt: 3,
+        round: 1,
+        count: 2,
+    };
+    assert_eq!(
+        r.step(counted.fact(2)),
+        r.step(fact),
+        "the count is the same fact"
+    );
+    assert_eq!(
+        r.step(counted.fact(2)),
+        vec![Step::ChooseHung {
+            attempt: 3,
+            round: 1
+        }]
+    );
+    // A node with no candidate still writes (an empty list) and counts: the verdict waits on it.
+    let steps = r.step(Fact::HangReport {
+        attempt: 3,
+        round: 2,
+        candidates: &[],
+    });
+    assert_eq!(
+        steps[1],
+        Step::Set(key::hang_report(3, 2, 1), b"[]".to_vec())
+    );
+}
+
+#[test]
 fn the_last_node_to_report_its_hang_candidates_chooses_the_rank_for_the_job() {
     let mut r = agent(2, 2, 1);
     let counted = |count| Fact::HangsCounted {
