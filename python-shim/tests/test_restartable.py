@@ -34,26 +34,60 @@ def test_generation_zero_and_a_state_no_peer_holds():
     assert g1.replaced == (2,) and "generation=1" in repr(g1)
 
 
-def test_a_generation_interrupts_the_function_in_the_main_thread_and_it_runs_again(monkeypatch):
-    """The agent's message (here handed over as the reader would) interrupts the function and
-    the wrapper calls it again with the next generation; no agent: vigil calls are no-ops."""
+def no_agent_no_watcher(monkeypatch):
     monkeypatch.setattr(ip, "_announce", lambda g: None)
     monkeypatch.setattr(ip, "_install_prefix", lambda g: None)
     monkeypatch.setattr(ip, "_start_watcher", lambda: None)
     monkeypatch.setattr(ip, "_teardown", lambda *a: None)
-    calls = []
+
+
+def test_a_generation_interrupts_the_function_at_its_next_step_boundary_and_it_runs_again(monkeypatch):
+    """The agent's message (here handed over as the reader would) interrupts the function at
+    its next `should_stop`/`heartbeat`, once the step it was in is done (its state updated), and
+    the wrapper calls it again with the next generation; no agent: vigil calls are no-ops."""
+    no_agent_no_watcher(monkeypatch)
+    calls, begun, done = [], [], []
 
     @vigil.restartable
     def train(gen):
         calls.append((gen.generation, gen.replaced))
         if gen.generation == 0:
             threading.Timer(0.2, ip.on_generation, [{"generation": 1, "replaced": [3]}]).start()
+            step = 0
+            while True:
+                begun.append(step)
+                time.sleep(0.01)  # the step's work, where the message comes
+                done.append(step)
+                vigil.heartbeat(step) if step % 2 else vigil.should_stop(step)
+                step += 1
+        return "done"
+
+    assert train() == "done"
+    assert calls == [(0, ()), (1, (3,))]
+    # No step was cut short: every step begun was finished before the interrupt.
+    assert len(done) > 5 and begun == done, (begun[-3:], done[-3:])
+
+
+def test_a_function_that_reaches_no_step_boundary_is_interrupted_where_it_is(monkeypatch):
+    """User code that waits (or a long compute) is interrupted by the watcher once
+    `STEP_BOUNDARY_WAIT_S` has passed (here the watcher's check is run by a timer)."""
+    no_agent_no_watcher(monkeypatch)
+    monkeypatch.setattr(ip, "STEP_BOUNDARY_WAIT_S", 0.1)
+    calls = []
+
+    @vigil.restartable
+    def train(gen):
+        calls.append(gen.generation)
+        if gen.generation == 0:
+            threading.Timer(0.2, ip.on_generation, [{"generation": 1, "replaced": [3]}]).start()
+            threading.Timer(0.1, ip._interrupt_if_due).start()  # too early: nothing announced
+            threading.Timer(0.6, ip._interrupt_if_due).start()
             while True:  # Python code: the interrupt is delivered here
                 time.sleep(0.01)
         return "done"
 
     assert train() == "done"
-    assert calls == [(0, ()), (1, (3,))]
+    assert calls == [0, 1]
 
 
 def test_an_error_of_the_rank_itself_is_raised_when_no_generation_comes(monkeypatch):

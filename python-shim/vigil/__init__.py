@@ -265,6 +265,8 @@ def heartbeat(step=None):
     if s is None:
         s = _connect()
         if s is None:
+            if _inprocess._pending is not None:
+                _inprocess.at_step_boundary()
             return
     try:
         if step is None:
@@ -282,6 +284,8 @@ def heartbeat(step=None):
         _broken(e)
     except _StructError:
         _bad_step(step)
+    if _inprocess._pending is not None:
+        _inprocess.at_step_boundary()
 
 
 def _bad_step(step):
@@ -464,6 +468,8 @@ def should_stop(step=None):
                 _poll()
     if _signal_received is not None:
         _report_signal()
+    if _inprocess._pending is not None:
+        _inprocess.at_step_boundary()
     if not _stop_requested:
         # Signalled from outside and the agent never asked: stop rather than run on forever.
         return _signalled_at is not None and _time.monotonic() - _signalled_at > SIGNAL_WAIT

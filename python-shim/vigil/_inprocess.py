@@ -1,8 +1,10 @@
 """In-process restarts (``vigil run --in-process-restarts N``; docs/inprocess.md).
 
 ``vigil.restartable`` wraps the training function. When the agent announces a new generation
-(another rank failed and is being replaced by a new process), a watcher thread interrupts the
-function in the main thread (an exception raised there), the wrapper drops the default process
+(another rank failed and is being replaced by a new process), the function is interrupted in the
+main thread (an exception raised there): at its next step boundary (``vigil.heartbeat``,
+``vigil.should_stop``), or where a collective on the dead peer fails, or, when neither comes
+within ``STEP_BOUNDARY_WAIT_S``, wherever it is (a watcher thread raises it); the wrapper drops the default process
 group and calls the function again with the new :class:`Generation`; the next
 ``init_process_group()`` uses a fresh store prefix. ``gen.recover(state)`` then hands a
 survivor's state to the replaced ranks.
@@ -21,6 +23,10 @@ WATCH_EVERY = 0.02
 #: How long a rank whose function failed with a ``RuntimeError`` (what a collective raises when a
 #: peer died) waits for the agent's word that a new generation begins before it fails for good.
 FAILURE_WAIT_S = 10.0
+#: How long a survivor's main thread may run on once a generation is announced, to finish the
+#: step it is in (its state updated) up to its next ``vigil.heartbeat``/``vigil.should_stop``,
+#: before it is interrupted wherever it is: interrupted mid-step, it would do that step again.
+STEP_BOUNDARY_WAIT_S = 1.0
 
 
 class GenerationInterrupt(BaseException):
@@ -181,16 +187,37 @@ _in_fn = False  # the main thread runs the training function (an interrupt may b
 _main_tid = _threading.main_thread().ident
 _watcher = None
 _prefix_installed = False
+_raise_at = None  # when the watcher interrupts a main thread that reached no step boundary
 
 
 def on_generation(msg):
     """The agent's ``Generation`` message (from the shim's reader, in any thread)."""
-    global _pending
+    global _pending, _raise_at
     with _lock:
         _pending = (msg["generation"], tuple(msg["replaced"]))
-        interrupt = _in_fn
+        if _in_fn and _raise_at is None:
+            _raise_at = _time.monotonic() + STEP_BOUNDARY_WAIT_S
     _abort_if_nccl()
-    if interrupt:
+
+
+def at_step_boundary():
+    """Called by ``vigil.heartbeat`` and ``vigil.should_stop``: in the main thread of a function
+    under ``vigil.restartable``, once a generation is announced, the interrupt comes here, where
+    the step before it is done. Costs two reads otherwise."""
+    if _pending is None or not _in_fn or _threading.get_ident() != _main_tid:
+        return
+    raise GenerationInterrupt
+
+
+def _interrupt_if_due():
+    """The watcher's fallback: a main thread that reached no step boundary within
+    ``STEP_BOUNDARY_WAIT_S`` (user code that waits, a long compute) is interrupted where it is."""
+    global _raise_at
+    with _lock:
+        due = _raise_at is not None and _in_fn and _time.monotonic() >= _raise_at
+        if due:
+            _raise_at = None
+    if due:
         _ctypes.pythonapi.PyThreadState_SetAsyncExc(
             _ctypes.c_ulong(_main_tid), _ctypes.py_object(GenerationInterrupt)
         )
@@ -220,6 +247,7 @@ def _watch():
             vigil._poll()
         except GenerationInterrupt:
             pass
+        _interrupt_if_due()
         if vigil._disabled is not None:
             return
 
@@ -396,7 +424,7 @@ def restartable(fn):
 
     @_functools.wraps(fn)
     def run(*args, **kwargs):
-        global _pending, _in_fn
+        global _pending, _in_fn, _raise_at
         env_g = _os.environ.get("VIGIL_GENERATION") or "0"
         replaced = [int(r) for r in (_os.environ.get("VIGIL_REPLACED") or "").split(",") if r]
         gen = Generation(int(env_g), replaced)
@@ -417,6 +445,7 @@ def restartable(fn):
                 finally:
                     with _lock:
                         _in_fn = False
+                        _raise_at = None
                     # An interrupt that was on its way is not for the wrapper.
                     _ctypes.pythonapi.PyThreadState_SetAsyncExc(_ctypes.c_ulong(_main_tid), None)
             except GenerationInterrupt:
