@@ -7,7 +7,8 @@ invariants checked over what each job and vigil wrote, one table.
 Runs jobs one after another until M minutes have passed (a job started before then runs to its
 end). Each job is one run: its plan (spare or not, faults and their times) comes from the seed and
 the run's index alone (chaos_core.plan_run), so `--seed S --first-run I --runs 1` replays run I;
-`--kinds` draws the faults from those kinds alone. Runs as root (ckpt_full and logs_full mount
+`--kinds` draws the faults from those kinds alone. A run with the store outside the job (`plan["outside"]`,
+head_sigkill's runs) has `vigil store` started here, beside the cluster, for the run's length. Runs as root (ckpt_full and logs_full mount
 a tmpfs on the run's directory; slurmd_kill starts the killed slurmd again).
 The cluster is shared: each run holds /tmp/vigil-slurm.lock (flock) from the cluster check to the
 job's cleanup and lets it go between runs. A cluster that is down is started (and stopped at the
@@ -50,6 +51,8 @@ SMALL_TMPFS = "32m"
 FULL_S = 20
 # slurmd_kill: a node's slurmd is down this long, well within the cluster's SlurmdTimeout (60 s).
 SLURMD_DOWN_S = 15
+# The store outside the job: the job's and the service's secret (fixed, as a service's is).
+STORE_SECRET = "chaos-soak-store-outside-the-job-0123456789"
 
 
 def log(msg):
@@ -143,6 +146,50 @@ class Run:
         self.applied, self.timers, self.restore_limit = [], [], None
         self.slurmd_down, self.mounted = [], []
         self.nodes = args.nodes if plan["spare"] else args.nodes - 1
+        self.store = None
+
+    def start_store(self):
+        """The store outside the job: `vigil store` beside the cluster, not in the Slurm job (it
+        carries no CHAOS_RUN, so it is no process of the job), its lines in store.out."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CHAOS_")}
+        env["VIGIL_STORE_SECRET"] = STORE_SECRET
+        self.store_out = open(self.d / "store.out", "w")
+        self.store = subprocess.Popen([vigil_bin(), "store", "--listen", "127.0.0.1:0"], env=env, text=True,
+                                      stdout=subprocess.PIPE, stderr=self.store_out)
+        first = self.store.stdout.readline()
+        if not first.startswith("listening on 127.0.0.1:"):
+            raise SlurmError(f"vigil store did not start: {first!r}, see {self.d / 'store.out'}")
+        self.store_port = int(first.rsplit(":", 1)[1])
+        self.store_out.write(first)
+        self.store_out.flush()
+        self.store_reader = threading.Thread(target=self._copy_store_lines, daemon=True)
+        self.store_reader.start()
+
+    def _copy_store_lines(self):
+        for line in self.store.stdout:
+            self.store_out.write(line)
+            self.store_out.flush()
+
+    def stop_store(self):
+        """Stops the store after the job; what went wrong with it, or None. It must have served
+        the whole run and leave on SIGTERM with status 0."""
+        if self.store is None:
+            return None
+        died = self.store.poll()
+        if died is None:
+            self.store.send_signal(signal.SIGTERM)
+        try:
+            rc = self.store.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.store.kill()
+            rc = "hung on SIGTERM (killed)"
+        if getattr(self, "store_reader", None):
+            self.store_reader.join(timeout=5)
+        self.store_out.close()
+        self.store = None
+        if died is not None:
+            return f"vigil store exited {died} during the run"
+        return None if rc == 0 else f"vigil store exit status {rc} on SIGTERM"
 
     def submit(self):
         d = self.d
@@ -162,6 +209,11 @@ class Run:
         spare = "--spare-nodes 1" if self.plan["spare"] else ""
         if self.plan.get("inprocess"):
             spare += f" --in-process-restarts {IN_PROCESS_RESTARTS}"
+        if self.plan.get("outside"):
+            # Every agent, node rank 0's included, only the store's client (docs/slurm.md).
+            self.start_store()
+            exports += f" VIGIL_STORE_SECRET={STORE_SECRET}"
+            spare += f" --rdzv-conf is_host=false --master-addr 127.0.0.1 --master-port {self.store_port}"
         self.job = sbatch(
             f"""#!/bin/bash
 #SBATCH -N {self.nodes} --ntasks-per-node=1 --open-mode=append -p low --time=30
@@ -172,7 +224,7 @@ srun {vigil_bin()} run --nproc-per-node {NPROC} --max-restarts {MAX_RESTARTS} --
     --log-dir {d}/logs --state-dir {d}/state {HERE}/chaos_train.py
 """, d)
         log(f"run {self.plan['index']}: job {self.job} on {self.nodes} nodes, spare={self.plan['spare']}, "
-            f"in-process={self.plan.get('inprocess')}, "
+            f"in-process={self.plan.get('inprocess')}, store outside={self.plan.get('outside')}, "
             f"faults {[(f['at'], f['kind']) for f in self.plan['faults']]}")
 
     def state(self):
@@ -222,6 +274,20 @@ srun {vigil_bin()} run --nproc-per-node {NPROC} --max-restarts {MAX_RESTARTS} --
                 sig = {"rank_sigkill": signal.SIGKILL, "rank_sigsegv": signal.SIGSEGV,
                        "rank_sigstop": signal.SIGSTOP, "inprocess_kill": signal.SIGKILL}[kind]
                 os.kill(pid, sig)
+            return rec
+        if target == "head":
+            # Node rank 0's agent, while a standby that can take its slot lives (not frozen).
+            _, procs = self.live_ranks()
+            _, standby = self.agents(procs)
+            agent = Path(vigil_bin()).name[:15]
+            head = [(pid, env.get("SLURMD_NODENAME")) for pid, (comm, env, _) in procs.items()
+                    if comm == agent and env.get("SLURM_NODEID") == "0"]
+            ready = [h for h, p in standby.items() if not _stopped(p) and h not in {n for _, n in head}]
+            if len(head) != 1 or not ready:
+                return None
+            pid, host = head[0]
+            rec.update(host=host, agent_pid=pid, standby=sorted(ready))
+            os.kill(pid, signal.SIGKILL)
             return rec
         if target in ("active", "standby"):
             _, procs = self.live_ranks()
@@ -463,6 +529,13 @@ def _start_slurmd(node):
     subprocess.run(["/usr/sbin/slurmd", "-f", str(SLURM_CONF), "-N", node], check=False, capture_output=True)
 
 
+def _stopped(pid):
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+    except (OSError, IndexError):
+        return True  # gone
+
+
 def _cont(pid):
     try:
         os.kill(pid, signal.SIGCONT)
@@ -524,6 +597,7 @@ def main(argv=None):
                     continue
                 finally:
                     left = run.leftovers()
+                    store_trouble = run.stop_store()
                     slurm_cmd("scancel", "-p", "high", check=False)
                     for m in run.mounted:
                         if m.name == "ckpt":
@@ -540,6 +614,8 @@ def main(argv=None):
             data["leftovers"] = left
             data["gp_tolerance"] = args.gp_tolerance
             viol = core.check_run(data)
+            if store_trouble:
+                viol.append(("the store outside the job serves the whole run", store_trouble))
             if getattr(run, "pending_reason", None):
                 viol.append(("the job ends", f"requeued job pending for ever: {run.pending_reason}"))
             at = time.time() - t_soak

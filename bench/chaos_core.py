@@ -9,7 +9,8 @@ from collections import Counter, defaultdict
 
 # kind -> (what it targets, what must show in vigil's events). `target`: "rank" (a rank of the
 # current attempt), "active" (an agent that runs ranks), "standby" (a hot spare's agent), "job"
-# (the Slurm job), "store" (node rank 0's store), "slurmd" (the slurmd of a node the job runs
+# (the Slurm job), "head" (node rank 0's agent, of a run with the store outside the job and a
+# standby), "store" (node rank 0's store), "slurmd" (the slurmd of a node the job runs
 # on), "ckpt" / "logs" (the run's checkpoint / log directory, a small tmpfs of its own).
 CATALOG = {
     "rank_exit1": ("rank", "rank_exited of that pid with exit_code 1"),
@@ -31,6 +32,7 @@ CATALOG = {
     "store_junk": ("store", "store_refused of node rank 0 counting bad_bytes"),
     "store_flood": ("store", "store_refused of node rank 0 counting closed_in_handshake or over_budget"),
     "inprocess_kill": ("rank", "generation naming that rank, or in_process_declined (a whole restart, with its reason)"),
+    "head_sigkill": ("head", "promotion of node rank 0's slot (lost 0), in the same allocation"),
     "slurmd_kill": ("slurmd", None),
     "ckpt_full": ("ckpt", "rank_exited of the rank 0 whose save failed, exit_code not 0"),
     "logs_full": ("logs", "node rank 0's event log goes on once the space is freed: a record of it after that"),
@@ -41,16 +43,21 @@ CATALOG = {
 UNSEEN = {k for k, (_, seen) in CATALOG.items() if seen is None}
 # Faults that lose a node: a job may lose one per run (a second leaves too few nodes on the
 # 3-node test cluster for the requeued job, which then waits in the queue for ever).
-NODE_LOSS = {"agent_sigkill", "agent_sigstop"}
+NODE_LOSS = {"agent_sigkill", "agent_sigstop", "head_sigkill"}
 SPARE_ONLY = {"standby_sigkill", "standby_sigstop", "standby_sigterm"}
 # Faults only a run with in-process restarts gets (`--in-process-restarts`, the restartable job).
 INPROCESS_ONLY = {"inprocess_kill"}
+# Faults only a run with the store outside the job (`vigil store` beside the cluster, every agent
+# its client) and a standby gets: there losing node rank 0 is a promotion, not a requeue.
+OUTSIDE_ONLY = {"head_sigkill"}
+# Faults aimed at the store node rank 0's agent hosts: a run with the store outside has none.
+STORE_HOSTED = {"store_junk", "store_flood"}
 
 
 def plan_run(seed: int, index: int, kinds=None, first_s: float = 20.0, span_s: float = 110.0,
              gap_s: float = 12.0) -> dict:
     """The plan of run `index` of the soak seeded `seed`, the same on every call: whether the job
-    has a hot spare, its faults as [{"at": seconds after the ranks' first step, "kind": ...,
+    has a hot spare, in-process restarts, the store outside the job, its faults as [{"at": seconds after the ranks' first step, "kind": ...,
     "pick": a number in [0, 1) that chooses the target among those alive then}]."""
     rng = random.Random(f"vigil-chaos:{seed}:{index}")
     kinds = sorted(kinds or CATALOG)
@@ -59,7 +66,13 @@ def plan_run(seed: int, index: int, kinds=None, first_s: float = 20.0, span_s: f
     # Only with a kind that needs it: a plan of the kinds of an older catalog is what it was.
     inprocess = bool(set(kinds) & INPROCESS_ONLY) and (
         set(kinds) <= INPROCESS_ONLY or random.Random(f"vigil-chaos-inprocess:{seed}:{index}").random() < 0.3)
-    allowed = [k for k in kinds if (spare or k not in SPARE_ONLY) and (inprocess or k not in INPROCESS_ONLY)]
+    # The same for the store outside the job; its kinds alone force it, with the standby they need.
+    outside = bool(set(kinds) & OUTSIDE_ONLY) and (
+        set(kinds) <= OUTSIDE_ONLY or random.Random(f"vigil-chaos-outside:{seed}:{index}").random() < 0.3)
+    spare = spare or set(kinds) <= OUTSIDE_ONLY
+    allowed = [k for k in kinds if (spare or k not in SPARE_ONLY | OUTSIDE_ONLY)
+               and (inprocess or k not in INPROCESS_ONLY) and (outside or k not in OUTSIDE_ONLY)
+               and not (outside and k in STORE_HOSTED)]
     n = rng.randint(2, 4)
     times, t = [], first_s
     for _ in range(n):
@@ -69,10 +82,13 @@ def plan_run(seed: int, index: int, kinds=None, first_s: float = 20.0, span_s: f
     faults, lost = [], False
     for at in times:
         pool = [k for k in allowed if not (lost and k in NODE_LOSS)]
+        if not pool:
+            break  # only node losses asked for, and the run had its one
         kind = rng.choice(pool)
         lost = lost or kind in NODE_LOSS
         faults.append({"at": at, "kind": kind, "pick": rng.random()})
-    return {"seed": seed, "index": index, "spare": spare, "inprocess": inprocess, "faults": faults}
+    return {"seed": seed, "index": index, "spare": spare, "inprocess": inprocess, "outside": outside,
+            "faults": faults}
 
 
 def _sig(v):
@@ -129,6 +145,10 @@ def evidence(fault: dict, events: list, node_ranks: dict, window_s: float = 150.
             if ev == "generation" and fault.get("rank") in (e.get("ranks") or []):
                 return e
             if ev == "in_process_declined" and e.get("reason"):
+                return e
+        elif kind == "head_sigkill":
+            # The standby takes node rank 0's slot; the allocation ending (75, lost) is not it.
+            if ev == "promotion" and e.get("lost") == 0:
                 return e
         elif kind in ("agent_sigkill", "standby_sigkill"):
             if lost(e):
@@ -356,13 +376,15 @@ IN_THE_JOB = RUNS_RANKS | {"joined", "standby"}
 
 
 def taken_out(e):
-    """What node rank 0's record `e` takes out of the job: (node, what it may no longer do), or
+    """What the coordinator's record `e` takes out of the job: (node, what it may no longer do), or
     None. A node lost (its attempt ended as `node N was lost`) or a standby gone (`standby_gone`)
     is never a member again (docs/spares.md); a node whose slot a standby took (`promotion`: lost
     or to blame) never runs ranks again, though one to blame may stay as a standby."""
-    if e.get("node_rank") != 0:
-        return None
     ev = e["event"]
+    # Only the coordinator writes `promotion` and `standby_gone`: node rank 0, or, with the store
+    # outside the job, the lowest node left once node rank 0's agent was lost.
+    if e.get("node_rank") != 0 and ev not in ("promotion", "standby_gone"):
+        return None
     if ev == "standby_gone":
         return e.get("node"), IN_THE_JOB
     if ev == "cycle_ended" and e.get("node") is not None and f"node {e['node']} " in str(e.get("reason", "")) \

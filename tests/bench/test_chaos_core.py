@@ -253,7 +253,7 @@ def test_in_process_kills_are_drawn_only_for_runs_with_in_process_restarts():
 
 
 def test_the_kinds_of_an_older_catalog_replay_its_plans():
-    old = sorted(set(core.CATALOG) - {"inprocess_kill", "slurmd_kill", "ckpt_full", "logs_full"})
+    old = sorted(set(core.CATALOG) - {"inprocess_kill", "slurmd_kill", "ckpt_full", "logs_full", "head_sigkill"})
     assert len(old) == 18
     # Seed 2 run 0 of docs/reliability.md's results.
     p = core.plan_run(2, 0, kinds=old)
@@ -371,3 +371,69 @@ def test_a_node_taken_out_of_the_job_never_comes_back_in_that_allocation():
             "goodput": {"breakdown": {"productive": 1.0}, "wall_s": 1.0, "goodput_fraction": 1.0},
             "slurm": {"Restarts": "0"}, "faults": [], "leftovers": [], "max_requeues": 3, "ended": True}
     assert "a node taken out of the job never comes back" in [i for i, _ in core.check_run(base)]
+
+
+def test_head_kills_are_drawn_only_with_the_store_outside_the_job_and_a_standby():
+    heads = bare = 0
+    for seed in range(300):
+        for index in (0, 1):
+            p = core.plan_run(seed, index)
+            assert p == core.plan_run(seed, index)  # the same plan on every call
+            kinds = {f["kind"] for f in p["faults"]}
+            if "head_sigkill" in kinds:
+                assert p["outside"] and p["spare"], p
+                heads += 1
+            if p["outside"]:
+                # The store node rank 0 would host is not there: nothing aims at it.
+                assert not kinds & core.STORE_HOSTED, p
+                bare += not p["spare"]
+    assert heads and bare, (heads, bare)
+    # Asked for alone, every run has the store outside and a standby, and loses node rank 0 once.
+    for seed in range(30):
+        p = core.plan_run(seed, 0, kinds=["head_sigkill"])
+        assert p["outside"] and p["spare"] and [f["kind"] for f in p["faults"]] == ["head_sigkill"], p
+    # Without the kind, no run has the store outside (the plans of an older catalog stay as they were).
+    assert not any(core.plan_run(s, 0, kinds=["rank_sigkill", "agent_sigkill"])["outside"] for s in range(100))
+    # Seed 4 run 0 of `--kinds head_sigkill,rank_sigkill` (docs/reliability.md) draws it first.
+    p = core.plan_run(4, 0, kinds=["head_sigkill", "rank_sigkill"])
+    assert p["outside"] and p["spare"] and p["faults"][0]["kind"] == "head_sigkill", p
+
+
+def test_a_head_kill_needs_the_promotion_of_node_rank_0s_slot_not_a_requeue():
+    fault = {"kind": "head_sigkill", "t": 100, "host": "n1"}
+    start = [ev("joined", 1, host=f"n{n + 1}", node_rank=n) for n in range(3)]
+    # Node rank 1 coordinates from then on and gives slot 0 to the standby, node rank 2.
+    promoted = start + [ev("cycle_ended", 104, host="n2", node_rank=1, cycle=0, end="failed", node=0,
+                           reason="node 0 was lost"),
+                        ev("promotion", 105, host="n2", node_rank=1, cycle=1, slot=0, lost=0, standby=2)]
+    assert core.evidence(fault, promoted, core.node_ranks_of(promoted))["event"] == "promotion"
+    # The allocation ending for the loss (75, requeued) is what the store inside the job does.
+    requeued = start + [ev("cycle_ended", 104, host="n2", node_rank=1, cycle=0, end="lost", node=0,
+                           reason="node rank 0's store: connection lost"),
+                        ev("result", 105, host="n2", node_rank=1, exit_code=75, outcome="lost", node=0)]
+    assert core.evidence(fault, requeued, core.node_ranks_of(requeued)) is None
+    # Another node's slot promoted is not it either.
+    other = start + [ev("promotion", 105, host="n1", node_rank=0, cycle=1, slot=1, lost=1, standby=2)]
+    assert core.evidence(fault, other, core.node_ranks_of(other)) is None
+    # check_run requires it.
+    base = {"steps": {}, "events": requeued, "ledger": [{"allocation": 1, "decision": "finished"}],
+            "goodput": {"breakdown": {"productive": 1.0}, "wall_s": 1.0, "goodput_fraction": 1.0},
+            "slurm": {"Restarts": "0"}, "faults": [fault], "leftovers": [], "max_requeues": 3, "ended": True}
+    assert "fault in the events" in [i for i, _ in core.check_run(base)]
+    assert "fault in the events" not in [i for i, _ in core.check_run(dict(base, events=promoted))]
+
+
+def test_the_coordinator_after_node_rank_0_takes_nodes_out_too():
+    # With the store outside the job, node rank 1 coordinates once node rank 0's agent is lost:
+    # its promotion takes node 0 out, and its standby_gone the standby.
+    promo = [ev("promotion", 20, host="n2", node_rank=1, cycle=1, slot=0, lost=0, standby=2),
+             ev("rank_started", 30, host="n1", node_rank=0, cycle=2, rank=0)]
+    v = core.check_taken_out(promo)
+    assert [i for i, _ in v] == ["a node taken out of the job never comes back"], v
+    gone = [ev("standby_gone", 20, host="n2", node_rank=1, node=2, reason="no sign of life", ready=0),
+            ev("standby", 30, host="n3", node_rank=2, cycle=1)]
+    assert len(core.check_taken_out(gone)) == 1
+    # Another node's cycle_ended names a loss it saw, not a decision: node rank 0's alone count.
+    seen = [ev("cycle_ended", 20, host="n2", node_rank=1, cycle=0, end="failed", node=2, reason="node 2 was lost"),
+            ev("rank_started", 30, host="n3", node_rank=2, cycle=1, rank=1)]
+    assert core.check_taken_out(seen) == []
