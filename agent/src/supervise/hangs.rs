@@ -19,7 +19,7 @@ use super::events::{
 use super::machines::JobVerdict;
 use super::monitor::{Due, RankMonitor, Timeouts};
 use super::phase::{Phase, RankState};
-use super::state::{Attempt, HangStep};
+use super::state::{Attempt, HangStep, Rank};
 use super::{inprocess, Supervisor};
 
 /// How long a node waits for the job's hang verdict before it decides alone.
@@ -114,8 +114,7 @@ pub(super) fn hang_candidates(
             let lr = i as u32;
             let m = r.monitor.as_ref()?;
             let due = m.deadline(in_force, warmup_steps)?;
-            // A rank that raised is on its way out: as definite a culprit as a stopped one.
-            let is_stopped = stopped.contains(&lr) || r.raised.is_some();
+            let is_stopped = definite(r, lr, stopped);
             let long = now.saturating_duration_since(due.since) * 4 >= due.limit * 3;
             (is_stopped || long).then(|| {
                 let c = HangCandidate {
@@ -188,12 +187,17 @@ pub(super) fn root_of_hang(
     }
 }
 
-/// The first running rank of `current` that is a definite culprit: its process is one of
-/// `stopped`, or it raised an uncaught exception and has not exited.
+/// Whether local rank `lr` is a definite culprit: its process is one of `stopped`, or it raised
+/// an uncaught exception and has not exited (it is on its way out).
+fn definite(r: &Rank, lr: u32, stopped: &[u32]) -> bool {
+    stopped.contains(&lr) || r.raised.is_some()
+}
+
+/// The first running rank of `current` that is a definite culprit ([`definite`]).
 fn definite_running(current: &Attempt, stopped: &[u32]) -> Option<u32> {
     let ranks = current.ranks.iter().enumerate();
     ranks
-        .filter(|(lr, r)| r.running() && (r.raised.is_some() || stopped.contains(&(*lr as u32))))
+        .filter(|(lr, r)| r.running() && definite(r, *lr as u32, stopped))
         .map(|(lr, _)| lr as u32)
         .next()
 }
