@@ -15,13 +15,13 @@ from test_inprocess import TRAIN, traces  # noqa: E402
 from test_multinode import Nodes, free_port  # noqa: E402
 
 
-def two_nodes(job, mode, *extra):
+def two_nodes(job, mode, *extra, per_node=None):
     """2 nodes x 2 ranks running TRAIN in `mode`, one whole restart allowed."""
     write(job / "train.py", TRAIN)
     (job / "trace").mkdir()
     return Nodes(job, 2, ["train.py", mode], nproc=2, env={"TRACE_DIR": str(job / "trace")},
                  extra=["--in-process-restarts", "2", "--max-restarts", "1", "--rdzv-id", "ipx",
-                        "--workers-stop-timeout", "3", *extra])
+                        "--workers-stop-timeout", "3", *extra], per_node=per_node)
 
 
 def finished_whole(job, evs):
@@ -53,9 +53,14 @@ def check_never_trained_again(ev0, ev1):
 
 def test_a_survivor_on_node0_stuck_in_c_past_the_abort_timeout_restarts_every_node(job):
     """Rank 2 (node 1) is SIGKILLed at step 30 and node 1 begins generation 1; rank 0 (node 0)
-    is then in a C call that never returns to Python: node 0's abort timeout restarts the job."""
-    # 20 s: the other survivors come back within it even on a loaded machine; rank 0 never does.
-    nodes = two_nodes(job, "stuck", "--abort-timeout", "20")
+    is then in a C call that never returns to Python: node 0's abort timeout restarts the job.
+
+    Ranks 1 and 3 do not come back either: they wait in gloo's all-reduce on rank 0, which
+    never closes its connections. With one timeout on both nodes, each would run out within
+    a few milliseconds of the other and either could restart the job (seen in CI); node 1's
+    is made longer so that node 0's is the one under test."""
+    # 20 s: long enough on a loaded machine for a survivor that does come back; rank 0 never does.
+    nodes = two_nodes(job, "stuck", per_node=lambda i: ["--abort-timeout", "20" if i == 0 else "300"])
     res = nodes.wait(timeout=600)
     assert [rc for rc, _, _ in res] == [0, 0], [e[-5000:] for _, _, e in res]
     ev0, ev1 = nodes.events(0), nodes.events(1)
