@@ -241,6 +241,27 @@ def test_a_requeue_whose_ranks_outlast_killwait_is_still_in_the_ledger(slurm_clu
     assert second["outcome"] == "finished" and second["highest_step"] == total - 1, second
 
 
+def test_a_requeue_slurm_made_itself_is_recorded_as_a_requeue_and_not_made_again(slurm_cluster, tmp_path):
+    # `scontrol requeue` with ranks that exit at once after their save: node rank 0 gets to ask
+    # Slurm how the job ended. The job is COMPLETING before its time limit, as after a scancel,
+    # but Slurm has requeued it (its Restarts= counts the next start): the ledger says requeue,
+    # not stop, and vigil does not requeue it a second time.
+    total, world = 200, 2 * NPROC
+    job_id = submit(tmp_path, 2, {"TOTAL_STEPS": total}, "--stop-lead 20")
+    wait_progress(tmp_path, job_id, world, 30)
+    slurm_cmd("scontrol", "requeue", job_id)
+    info = finished(tmp_path, job_id, timeout=300)
+    assert info["Restarts"] == "1", info
+    s = assert_stopped_together_and_resumed(tmp_path, world)
+    assert_finished_last(tmp_path, world, 1, total)
+    first, second = ledger(tmp_path, job_id)
+    assert (first["outcome"], first["decision"], first["stop_step"]) == ("stopped", "requeue", s), first
+    assert "Slurm requeued the job itself" in first["why"], first
+    assert second["decision"] == "finished", second
+    out = output(tmp_path, job_id)
+    assert f"Slurm job {job_id} is requeued" in out and "requeued Slurm job" not in out, out
+
+
 def test_scancel_ends_the_job_for_good_after_one_checkpoint(slurm_cluster, tmp_path):
     # A plain scancel reaches the agents as a SIGTERM, as the time limit does: the ranks still
     # checkpoint at one step, but vigil must not requeue a job a person cancelled.

@@ -14,6 +14,9 @@
 //! | failed or lost beyond `--max-requeues` | stop | `no_restart_exit_code`, else the failure's own status (75 becomes 1) |
 //! | any requeue when Slurm says `Requeue=0` (`--no-requeue`) | stop, saying so | 75 (the work is not done) |
 //!
+//! A job Slurm ended early (`scancel`) is stopped, whatever the rows say; one Slurm requeued itself
+//! (`scontrol requeue`, a preemption) is decided by the rows, and its record says Slurm requeued it.
+//!
 //! Rows are tried in order; the first that applies decides. Counting starts after the last
 //! record that ended in `finished` or `stop`: a job requeued by hand after vigil stopped it gets
 //! its full allowances again.
@@ -92,6 +95,9 @@ pub struct Facts {
     pub counted: bool,
     /// Slurm says the job was cancelled.
     pub cancelled: bool,
+    /// Slurm has already requeued the job itself (`scontrol requeue`, a preemption): it shows
+    /// as ending early but is not cancelled, and vigil does not requeue it a second time.
+    pub requeued_by_slurm: bool,
     /// A person stopped it (Ctrl-C, SIGHUP, SIGQUIT to the agent).
     pub interrupted: bool,
     /// A rank asked to shut the workload down (NVRx's `ShutdownWorkload`).
@@ -175,7 +181,7 @@ pub fn decide(facts: &Facts, history: &[Record], limits: &Limits) -> Verdict {
                 s => s,
             },
         )
-    } else if facts.cancelled {
+    } else if facts.cancelled && !facts.requeued_by_slurm {
         stop(
             "the Slurm job is ending before its time limit (scancel, or a preemption past its grace)".into(),
             facts.status,
@@ -188,6 +194,23 @@ pub fn decide(facts: &Facts, history: &[Record], limits: &Limits) -> Verdict {
     };
     if facts.keeps_status {
         v.exit_status = facts.status;
+    }
+    if facts.requeued_by_slurm {
+        v = requeued_by_slurm(v);
+    }
+    v
+}
+
+/// A verdict for a job Slurm has already requeued: a requeue says so (node rank 0 does not ask
+/// for another); a stop says the next allocation runs all the same.
+fn requeued_by_slurm(mut v: Verdict) -> Verdict {
+    const BY_SLURM: &str = "Slurm requeued the job itself (scontrol requeue, or a preemption)";
+    match &mut v.decision {
+        Decision::Requeue { why, .. } => *why = format!("{why}; {BY_SLURM}"),
+        Decision::Stop { why } => {
+            *why = format!("{why}; {BY_SLURM}, so it runs again unless cancelled (scancel)")
+        }
+        Decision::Finished { .. } => {}
     }
     v
 }
@@ -466,6 +489,7 @@ mod tests {
             requeue_allowed: Some(true),
             counted: true,
             cancelled: false,
+            requeued_by_slurm: false,
             interrupted: false,
             shutdown_asked: false,
             keeps_status: false,
@@ -510,6 +534,34 @@ mod tests {
             (d(&f).decision.kind(), d(&f).exit_status),
             (DecisionKind::Requeue, 143)
         );
+    }
+
+    #[test]
+    fn a_job_slurm_requeued_itself_is_recorded_as_requeued_not_cancelled() {
+        let limits = Limits::default();
+        // `scontrol requeue`: COMPLETING before the time limit (cancelled), Restarts= counted.
+        let mut f = facts(Outcome::Stopped, Some(3));
+        (f.cancelled, f.requeued_by_slurm) = (true, true);
+        let v = decide(&f, &[], &limits);
+        assert_eq!(
+            (v.decision.kind(), v.exit_status),
+            (DecisionKind::Requeue, 75)
+        );
+        assert!(
+            v.decision.why().contains("Slurm requeued the job itself"),
+            "{v:?}"
+        );
+        // A stop vigil decides for its own reasons stays a stop, and says the job runs again.
+        let stuck = run(&vec![facts(Outcome::Stopped, Some(3)); 3], &limits);
+        let v = decide(&f, &stuck, &limits);
+        assert_eq!(v.decision.kind(), DecisionKind::Stop, "{v:?}");
+        assert!(
+            v.decision.why().contains("runs again unless cancelled"),
+            "{v:?}"
+        );
+        // A cancel is still a cancel.
+        f.requeued_by_slurm = false;
+        assert_eq!(decide(&f, &[], &limits).decision.kind(), DecisionKind::Stop);
     }
 
     #[test]

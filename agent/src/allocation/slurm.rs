@@ -190,7 +190,8 @@ pub struct JobInfo {
 /// its grace (Slurm then requeues it itself). `scancel` shows `JobState=COMPLETING`, not
 /// `CANCELLED`, while the job's processes are still being signalled, which is when the agent asks;
 /// a job killed at its time limit is `COMPLETING` too, but has run its limit. vigil must not requeue
-/// a job ending early: a person (or Slurm) ended it.
+/// a job ending early: a person (or Slurm) ended it. One Slurm requeued itself looks the same and
+/// is told apart by [`requeued_by_slurm`].
 pub fn ending_early(info: &JobInfo) -> bool {
     /// Slurm enforces limits every 30 s and a job may be stopped a little before the limit.
     const SLACK: Duration = Duration::from_secs(5);
@@ -204,6 +205,14 @@ pub fn ending_early(info: &JobInfo) -> bool {
         },
         _ => false,
     }
+}
+
+/// Whether Slurm has requeued the job itself (`scontrol requeue`, a preemption with
+/// `PreemptMode=REQUEUE`): its `Restarts=` already counts a start after this allocation's
+/// `SLURM_RESTART_COUNT`. Such a job shows `COMPLETING` before its time limit, as a cancelled
+/// one does ([`ending_early`]), but it runs again: it was not ended for good.
+pub fn requeued_by_slurm(info: &JobInfo, restart_count: u32) -> bool {
+    info.restarts.is_some_and(|r| r > restart_count)
 }
 
 /// Why `scontrol show job` gave no [`JobInfo`].
@@ -358,6 +367,26 @@ mod tests {
         assert!(!ending_early(&job("COMPLETING", "00:09:57", "00:10:00")));
         // Running: a preemption's grace, `scancel --signal`, vigil's own stop ahead of the end.
         assert!(!ending_early(&job("RUNNING", "00:00:04", "00:10:00")));
+    }
+
+    #[test]
+    fn a_job_whose_restarts_count_past_this_allocation_was_requeued_by_slurm() {
+        // Seen on the test cluster at once after `scontrol requeue` of a job in its first
+        // allocation (SLURM_RESTART_COUNT unset): COMPLETING, RunTime=00:00:00, Restarts=1.
+        let text = SHOW_EPOCH
+            .replace("JobState=RUNNING", "JobState=COMPLETING")
+            .replace("RunTime=00:00:05", "RunTime=00:00:00")
+            .replace("Restarts=2", "Restarts=1");
+        let j = parse_show_job_with(&text, &utc).unwrap();
+        assert!(ending_early(&j) && requeued_by_slurm(&j, 0));
+        assert!(
+            !requeued_by_slurm(&j, 1),
+            "counted in this allocation already"
+        );
+        let running = parse_show_job_with(SHOW_EPOCH, &utc).unwrap(); // Restarts=2
+        assert!(!requeued_by_slurm(&running, 2));
+        let unknown = JobInfo::default();
+        assert!(!requeued_by_slurm(&unknown, 0));
     }
 
     #[test]

@@ -454,9 +454,13 @@ pub(super) fn conclude(e: Ending) -> i32 {
     }
     let why = verdict.decision.why().to_string();
     match (&verdict.decision, slurm_job.as_deref()) {
-        (policy::Decision::Requeue { .. }, Some(id)) => {
-            super::slurm_job::requeue(id, &why, &rec.excluded, info.as_ref())
-        }
+        (policy::Decision::Requeue { .. }, Some(id)) => super::slurm_job::requeue(
+            id,
+            &why,
+            &rec.excluded,
+            info.as_ref(),
+            facts.requeued_by_slurm,
+        ),
         (policy::Decision::Requeue { .. }, None) => {
             console_note(&requeue_by_hand(&why, verdict.exit_status))
         }
@@ -523,6 +527,7 @@ fn facts(e: &Ending, info: Option<&slurm::JobInfo>) -> policy::Facts {
         requeue_allowed: info.and_then(|i| i.requeue),
         counted: e.cfg.allocation.state_dir.is_some(),
         cancelled: info.is_some_and(slurm::ending_early),
+        requeued_by_slurm: info.is_some_and(|i| slurm::requeued_by_slurm(i, restart_count())),
         interrupted: matches!(e.outcome, Outcome::Signaled { signal } if !crate::supervise::is_stop_signal(*signal)),
         shutdown_asked: e.sup.shutdown_asked(),
         keeps_status: matches!(

@@ -224,12 +224,21 @@ pub(super) fn exclusions(
 
 /// Node rank 0 carries out a requeue: `scontrol requeue`, then the exclusions; where `scontrol`
 /// cannot run, the batch script's requeue file.
-pub(super) fn requeue(id: &str, why: &str, exclude: &[String], info: Option<&slurm::JobInfo>) {
+pub(super) fn requeue(
+    id: &str,
+    why: &str,
+    exclude: &[String],
+    info: Option<&slurm::JobInfo>,
+    already: bool,
+) {
     let here = commands_here();
     // Slurm refuses ExcNodeList on a running job: requeue first (the job is then COMPLETING and
     // takes the update), and the update ignores the SIGTERM the requeue sends to every process
     // of the job (allocation::slurm::run_command).
-    let failed = if here {
+    let failed = if already {
+        console_note(&format!("Slurm job {id} is requeued: {why}"));
+        None
+    } else if here {
         match slurm::run_command(&slurm::requeue(id), SLURM_TIMEOUT) {
             Ok(_) => {
                 console_note(&format!("requeued Slurm job {id}: {why}"));
