@@ -75,3 +75,42 @@ def test_a_secret_file_that_is_too_short_is_refused(job):
     short = write(job / "secret", "short\n")
     r = run_vigil(["store", "--listen", "0.0.0.0:0", "--secret-file", str(short)], cwd=job, timeout=30)
     assert r.returncode == 2 and "--secret-file" in r.stderr, r.stderr
+
+
+def test_strangers_at_the_store_are_summed_up_not_told_one_line_each(job):
+    """60 connections that send junk instead of the handshake: the service says so at once for
+    the first, then once for the rest at the end of its 10 s window, with the totals by kind; it
+    keeps serving. (It used to print a line for each on stderr: a flood wrote without bound, and
+    into a pipe nobody read it would block the store.)"""
+    import socket
+
+    store = Service(job, env={"VIGIL_STORE_SECRET": SECRET})
+    try:
+        for _ in range(60):
+            with socket.create_connection(("127.0.0.1", store.port), timeout=5) as s:
+                s.sendall(b"\xff" * 64)
+                s.settimeout(5)
+                try:
+                    while s.recv(4096):
+                        pass
+                except OSError:
+                    pass
+
+        def said():
+            return [line for line in store.lines if "turned away" in line]
+        wait_for(lambda: sum(int(l.split("turned away ")[1].split()[0]) for l in said()) == 60,
+                 timeout=60, what="the 60 refusals summed up")
+        lines = said()
+        assert len(lines) == 2, store.lines
+        assert lines[0].startswith("vigil's store turned away 1 connection(s)"), lines
+        assert "turned away 59 connection(s)" in lines[1] and "60 sent bytes that are not the handshake" in lines[1], lines
+        assert "the last from 127.0.0.1:" in lines[1], lines
+        # Still serving: a job's agent gets through.
+        res = run_vigil(["run", "--nproc-per-node", "1", "--rdzv-conf", "is_host=false", "--master-addr",
+                         "127.0.0.1", "--master-port", str(store.port), "--rdzv-id", "after-junk",
+                         "-m", "json.tool", "--help"], cwd=job, env=base_env(VIGIL_STORE_SECRET=SECRET))
+        assert res.returncode == 0, res.stderr
+    finally:
+        rc, err = store.stop()
+    assert rc == 0, err
+    assert "closed the connection" not in err, err

@@ -15,7 +15,7 @@ mod refused;
 use crate::cli::config::LaunchConfig;
 use crate::job::rendezvous::HeadSide;
 use refused::{drop_notice, RefusedOut};
-pub(super) use refused::{refused_text, RefusedRx, DROP_NOTE_EVERY};
+pub(super) use refused::{refused_text, service_drop_notice, RefusedRx, DROP_NOTE_EVERY};
 
 /// Where this node's agent reaches vigil's store, where the ranks reach it, and, on node rank 0,
 /// the store itself.

@@ -11,7 +11,6 @@
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::signal::unix::{signal, SignalKind};
@@ -121,13 +120,13 @@ async fn serve(addr: SocketAddr, secret: Option<Vec<u8>>, args: &StoreArgs) -> i
     if args.node_timeout > 0.0 {
         server.set_peer_timeout(Some(Duration::from_secs_f64(args.node_timeout)));
     }
-    server.on_drop(Arc::new(|peer, _, why| {
-        // A client that left before its handshake is counted (`Refusals`), not told each time.
-        if why == vigil_store::CLOSED_IN_HANDSHAKE {
-            return;
-        }
-        eprintln!("vigil store: closed the connection from {peer}: {why}");
-    }));
+    // Refusals are summed up on stdout, not told each: a flood of strangers must not cost a
+    // line apiece (nor block the store on a stderr nobody reads).
+    let (refused_tx, mut refused) = tokio::sync::mpsc::unbounded_channel();
+    server.on_drop(super::store_host::service_drop_notice(
+        server.key_space(),
+        refused_tx,
+    ));
     let local = match server.local_addr() {
         Ok(a) => a,
         Err(e) => {
@@ -159,6 +158,11 @@ async fn serve(addr: SocketAddr, secret: Option<Vec<u8>>, args: &StoreArgs) -> i
             _ = int.recv() => break,
             _ = tick.tick() => {
                 for line in jobs.look(&keys, Instant::now(), grace) {
+                    println!("{line}");
+                }
+            }
+            Some(rec) = refused.recv() => {
+                if let Some(line) = super::store_host::refused_text(&rec) {
                     println!("{line}");
                 }
             }

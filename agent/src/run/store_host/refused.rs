@@ -184,6 +184,21 @@ impl RefusedOut {
     }
 }
 
+/// What `vigil store` hears of the connections it closed: refusals as `store_refused` records on
+/// `tx` (at once for the first, then at most one per [`STORE_REFUSED_EVERY`]), an admitted
+/// connection that misbehaved on the console, at most a line per [`DROP_NOTE_EVERY`]. So a flood
+/// of strangers costs the service a line now and then, not one each.
+pub(in crate::run) fn service_drop_notice(
+    keys: vigil_store::KeySpace,
+    tx: mpsc::UnboundedSender<Record>,
+) -> vigil_store::DropNotice {
+    drop_notice(Some(RefusedOut {
+        keys,
+        tx,
+        notes: Arc::default(),
+    }))
+}
+
 /// What the agent hears of the connections its store closed: a refusal (a connection closed in
 /// its handshake) goes to the event loop (`refused`, which writes `store_refused` and the
 /// console line); an admitted connection that misbehaved, and every refusal of a store hosted
