@@ -8,7 +8,8 @@ Runs jobs one after another until M minutes have passed (a job started before th
 end). Each job is one run: its plan (spare or not, faults and their times) comes from the seed and
 the run's index alone (chaos_core.plan_run), so `--seed S --first-run I --runs 1` replays run I;
 `--kinds` draws the faults from those kinds alone. A run with the store outside the job (`plan["outside"]`,
-head_sigkill's runs) has `vigil store` started here, beside the cluster, for the run's length. Runs as root (ckpt_full and logs_full mount
+head_sigkill's runs) has `vigil store` started here, beside the cluster, for the run's length; store_junk
+and store_flood aim at it there, and its refusal lines are their trace. Runs as root (ckpt_full and logs_full mount
 a tmpfs on the run's directory; slurmd_kill starts the killed slurmd again).
 The cluster is shared: each run holds /tmp/vigil-slurm.lock (flock) from the cluster check to the
 job's cleanup and lets it go between runs. A cluster that is down is started (and stopped at the
@@ -160,6 +161,7 @@ class Run:
         if not first.startswith("listening on 127.0.0.1:"):
             raise SlurmError(f"vigil store did not start: {first!r}, see {self.d / 'store.out'}")
         self.store_port = int(first.rsplit(":", 1)[1])
+        self.store_lines = []  # [(unix time read, line)]: its refusals are store faults' trace
         self.store_out.write(first)
         self.store_out.flush()
         self.store_reader = threading.Thread(target=self._copy_store_lines, daemon=True)
@@ -167,6 +169,7 @@ class Run:
 
     def _copy_store_lines(self):
         for line in self.store.stdout:
+            self.store_lines.append((time.time(), line.rstrip("\n")))
             self.store_out.write(line)
             self.store_out.flush()
 
@@ -393,6 +396,8 @@ srun {vigil_bin()} run --nproc-per-node {NPROC} --max-restarts {MAX_RESTARTS} --
         return sorted(p.stdout.split())
 
     def store_addr(self):
+        if self.store is not None:
+            return "127.0.0.1", self.store_port  # the store outside the job
         for e in reversed(events_of(self.d)):
             if e["event"] == "nodes" and e.get("node_rank") == 0 and e.get("store"):
                 h, _, p = e["store"].rpartition(":")
@@ -507,6 +512,7 @@ srun {vigil_bin()} run --nproc-per-node {NPROC} --max-restarts {MAX_RESTARTS} --
             "steps": steps, "events": events_of(self.d), "ledger": read_jsonl(self.d / "state" / "ledger.jsonl"),
             "goodput": goodput, "slurm": self.final, "faults": faults, "max_requeues": MAX_REQUEUES,
             "ended": getattr(self, "ended", True) and self.final.get("JobState") in TERMINAL_STATES,
+            "store_lines": list(getattr(self, "store_lines", [])),
         }
 
 

@@ -5,6 +5,7 @@ Slurm's view of the job) and returns data, so tests/bench/test_chaos_core.py can
 that break each invariant.
 """
 import random
+import re
 from collections import Counter, defaultdict
 
 # kind -> (what it targets, what must show in vigil's events). `target`: "rank" (a rank of the
@@ -29,8 +30,8 @@ CATALOG = {
     "scontrol_requeue": ("job", "stop_triggered SIGTERM (Slurm's requeue signals every step)"),
     "preempt": ("job", "stop_triggered SIGTERM (the preemption's signal)"),
     "time_limit": ("job", "stop_triggered time-limit or end-time"),
-    "store_junk": ("store", "store_refused of node rank 0 counting bad_bytes"),
-    "store_flood": ("store", "store_refused of node rank 0 counting closed_in_handshake or over_budget"),
+    "store_junk": ("store", "store_refused of node rank 0 (or the store outside's line) counting bad_bytes"),
+    "store_flood": ("store", "store_refused of node rank 0 (or the store outside's line) counting closed_in_handshake or over_budget"),
     "inprocess_kill": ("rank", "generation naming that rank, or in_process_declined (a whole restart, with its reason)"),
     "head_sigkill": ("head", "promotion of node rank 0's slot (lost 0), in the same allocation"),
     "slurmd_kill": ("slurmd", None),
@@ -50,8 +51,9 @@ INPROCESS_ONLY = {"inprocess_kill"}
 # Faults only a run with the store outside the job (`vigil store` beside the cluster, every agent
 # its client) and a standby gets: there losing node rank 0 is a promotion, not a requeue.
 OUTSIDE_ONLY = {"head_sigkill"}
-# Faults aimed at the store node rank 0's agent hosts: a run with the store outside has none.
-STORE_HOSTED = {"store_junk", "store_flood"}
+# Faults aimed at the job's store: node rank 0's agent's, or `vigil store` in a run with the store
+# outside the job (then seen in its lines, [outside_store_refusals]).
+STORE_KINDS = {"store_junk", "store_flood"}
 
 
 def plan_run(seed: int, index: int, kinds=None, first_s: float = 20.0, span_s: float = 110.0,
@@ -71,8 +73,7 @@ def plan_run(seed: int, index: int, kinds=None, first_s: float = 20.0, span_s: f
         set(kinds) <= OUTSIDE_ONLY or random.Random(f"vigil-chaos-outside:{seed}:{index}").random() < 0.3)
     spare = spare or set(kinds) <= OUTSIDE_ONLY
     allowed = [k for k in kinds if (spare or k not in SPARE_ONLY | OUTSIDE_ONLY)
-               and (inprocess or k not in INPROCESS_ONLY) and (outside or k not in OUTSIDE_ONLY)
-               and not (outside and k in STORE_HOSTED)]
+               and (inprocess or k not in INPROCESS_ONLY) and (outside or k not in OUTSIDE_ONLY)]
     n = rng.randint(2, 4)
     times, t = [], first_s
     for _ in range(n):
@@ -178,7 +179,7 @@ def evidence(fault: dict, events: list, node_ranks: dict, window_s: float = 150.
         elif kind == "ckpt_full":
             if ev == "rank_exited" and e.get("pid") == fault.get("save_pid") and e.get("exit_code") not in (0, None):
                 return e
-        elif kind in ("store_junk", "store_flood") and ev == "store_refused" and e.get("node_rank") == 0:
+        elif kind in STORE_KINDS and ev == "store_refused" and (e.get("node_rank") == 0 or e.get("outside")):
             if e.get("new", 0) > 0 and refused_as(kind, e):
                 return e
     return None
@@ -193,6 +194,24 @@ def failed_save(rank0, t0, t1):
         if r["ev"] == "saving" and t0 <= r["t"] <= t1 and (r["pid"], r["step"]) not in done:
             return r["pid"], r["step"]
     return None
+
+
+_TURNED_AWAY = re.compile(
+    r"vigil's store turned away (?P<new>\d+) connection\(s\) .*\(since it started: (?P<bad_bytes>\d+) sent bytes "
+    r"that are not the handshake, (?P<wrong_secret>\d+) a wrong secret, (?P<closed_in_handshake>\d+) closed in "
+    r"their handshake, (?P<over_budget>\d+) over the handshake budget\)")
+
+
+def outside_store_refusals(lines):
+    """`store_refused` events (marked `outside`) from the lines `vigil store` printed, each with
+    the time it was read: [(unix time, line)]. The service says what node rank 0's agent records."""
+    out = []
+    for t, line in lines:
+        m = _TURNED_AWAY.search(line)
+        if m:
+            out.append({"event": "store_refused", "outside": True, "ts": t,
+                        **{k: int(v) for k, v in m.groupdict().items()}})
+    return out
 
 
 def refused_as(kind, e):
@@ -244,7 +263,9 @@ def check_run(run: dict) -> list:
     for f in run["faults"]:
         if f.get("superseded") or f["kind"] in UNSEEN:
             continue  # the fault never came due (another one ended its allocation first), or vigil cannot see it
-        if evidence(f, run["events"], nr) is None:
+        seen_in = run["events"] + outside_store_refusals(run.get("store_lines", [])) if f["kind"] in STORE_KINDS \
+            else run["events"]
+        if evidence(f, seen_in, nr) is None:
             v.append(("fault in the events", f"{f['kind']} at {f['t']:.1f} ({_target(f)}) not recorded"))
     return v
 

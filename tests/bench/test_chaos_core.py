@@ -374,7 +374,7 @@ def test_a_node_taken_out_of_the_job_never_comes_back_in_that_allocation():
 
 
 def test_head_kills_are_drawn_only_with_the_store_outside_the_job_and_a_standby():
-    heads = bare = 0
+    heads = bare = at_service = 0
     for seed in range(300):
         for index in (0, 1):
             p = core.plan_run(seed, index)
@@ -384,10 +384,10 @@ def test_head_kills_are_drawn_only_with_the_store_outside_the_job_and_a_standby(
                 assert p["outside"] and p["spare"], p
                 heads += 1
             if p["outside"]:
-                # The store node rank 0 would host is not there: nothing aims at it.
-                assert not kinds & core.STORE_HOSTED, p
                 bare += not p["spare"]
-    assert heads and bare, (heads, bare)
+                at_service += bool(kinds & core.STORE_KINDS)
+    # Junk and floods reach the store outside too (`vigil store`), where a run has it.
+    assert heads and bare and at_service, (heads, bare, at_service)
     # Asked for alone, every run has the store outside and a standby, and loses node rank 0 once.
     for seed in range(30):
         p = core.plan_run(seed, 0, kinds=["head_sigkill"])
@@ -437,3 +437,23 @@ def test_the_coordinator_after_node_rank_0_takes_nodes_out_too():
     seen = [ev("cycle_ended", 20, host="n2", node_rank=1, cycle=0, end="failed", node=2, reason="node 2 was lost"),
             ev("rank_started", 30, host="n3", node_rank=2, cycle=1, rank=1)]
     assert core.check_taken_out(seen) == []
+
+
+def test_the_store_outsides_lines_are_its_refusals_as_node_rank_0_records_them():
+    said = ("vigil's store turned away 59 connection(s) that did not prove the job's secret (since it started: "
+            "60 sent bytes that are not the handshake, 0 a wrong secret, 2 closed in their handshake, 0 over the "
+            "handshake budget); the last from 127.0.0.1:5000: not the store's handshake")
+    lines = [(100.0, "listening on 127.0.0.1:4000"), (101.0, said), (102.0, "job \"x\" joined: --nnodes 2")]
+    (e,) = core.outside_store_refusals(lines)
+    assert e == {"event": "store_refused", "outside": True, "ts": 101.0, "new": 59, "bad_bytes": 60,
+                 "wrong_secret": 0, "closed_in_handshake": 2, "over_budget": 0}, e
+    junk = {"kind": "store_junk", "t": 99.0}
+    assert core.evidence(junk, [e], {}) == e
+    assert core.evidence(dict(junk, t=300.0), [e], {}) is None  # long before the fault: not its trace
+    assert core.evidence({"kind": "store_flood", "t": 99.0}, [e], {}) == e  # closed in their handshake
+    # A run's check takes the store's lines for the store's faults.
+    run = {"steps": {}, "events": [], "ledger": [{"allocation": 1, "decision": "finished"}],
+           "goodput": {"breakdown": {"productive": 1.0}, "wall_s": 1.0, "goodput_fraction": 1.0},
+           "slurm": {"Restarts": "0"}, "faults": [junk], "leftovers": [], "max_requeues": 3, "ended": True}
+    assert "fault in the events" in [i for i, _ in core.check_run(run)]
+    assert "fault in the events" not in [i for i, _ in core.check_run(dict(run, store_lines=lines))]
