@@ -102,6 +102,21 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
+def send_junk(port: int, data: bytes, timeout: float = 30.0):
+    """Connects to 127.0.0.1:`port`, sends `data` (not the store's handshake) and reads until
+    the other end closes the connection."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(data)
+        s.settimeout(timeout)
+        try:
+            while s.recv(4096):
+                pass
+        except OSError:
+            pass
+
+
 def write(path: Path, text: str) -> Path:
     path.write_text(text)
     return path

@@ -6,7 +6,7 @@ The real binary hosts the real store; the junk and the flood are real sockets fr
 import socket
 import time
 
-from harness import base_env, events, of, start_vigil, wait_for, write
+from harness import base_env, events, of, send_junk, start_vigil, wait_for, write
 
 # Runs until released (the file `release`), after saying it started.
 TRAIN = """
@@ -41,14 +41,7 @@ def test_junk_and_a_flood_at_the_store_are_recorded_and_the_job_goes_on(job):
         # The agent's and the rank's own connections are no refusal.
         assert refused(job) == []
         # A client that sends what is not the store's handshake (a port scanner, junk).
-        with socket.create_connection(("127.0.0.1", port)) as s:
-            s.sendall(b"\xff" * 512)
-            s.settimeout(30)
-            try:
-                while s.recv(4096):
-                    pass
-            except ConnectionResetError:
-                pass
+        send_junk(port, b"\xff" * 512)
         wait_for(lambda: any(r["bad_bytes"] >= 1 for r in refused(job)), timeout=30,
                  what="a store_refused record of the junk")
         # A flood: connections that never say a word, held, then closed.

@@ -3,7 +3,7 @@
 "The store outside the job")."""
 
 from harness import StoreService as Service
-from harness import base_env, of, run_vigil, start_vigil, wait_for, write
+from harness import base_env, of, run_vigil, send_junk, start_vigil, wait_for, write
 from test_multinode import FLAKY, Nodes, markers
 
 SECRET = "0123456789abcdef-outside-the-job"
@@ -82,19 +82,10 @@ def test_strangers_at_the_store_are_summed_up_not_told_one_line_each(job):
     the first, then once for the rest at the end of its 10 s window, with the totals by kind; it
     keeps serving. (It used to print a line for each on stderr: a flood wrote without bound, and
     into a pipe nobody read it would block the store.)"""
-    import socket
-
     store = Service(job, env={"VIGIL_STORE_SECRET": SECRET})
     try:
         for _ in range(60):
-            with socket.create_connection(("127.0.0.1", store.port), timeout=5) as s:
-                s.sendall(b"\xff" * 64)
-                s.settimeout(5)
-                try:
-                    while s.recv(4096):
-                        pass
-                except OSError:
-                    pass
+            send_junk(store.port, b"\xff" * 64)
 
         def said():
             return [line for line in store.lines if "turned away" in line]

@@ -219,15 +219,14 @@ def test_scancel_signal_to_the_steps_stops_at_one_step_and_requeues(slurm_cluste
     assert_stop_then_finish_ledger(ledger(tmp_path), s, ("SIGTERM",), ["n1", "n2", "n3"], job_id, total)
 
 
-def test_a_requeue_whose_ranks_outlast_killwait_is_still_in_the_ledger(slurm_cluster, tmp_path):
-    # `scontrol requeue`: Slurm SIGTERMs the job and SIGKILLs it KillWait (5 s here) later. The
-    # ranks stop at one step and save it, then take 20 s to exit (a slow interpreter shutdown, a
-    # loaded node): node rank 0 must have recorded the allocation when the stop was agreed.
+def requeued_at_30_then_finished(tmp_path, env):
+    """A 2-node job of 200 steps (`env` added to the ranks') that `scontrol requeue` stops once
+    every rank reached step 30; it resumes at one step and finishes. Returns (job id, stop step,
+    the first allocation's ledger record, the second's)."""
     total, world = 200, 2 * NPROC
-    job_id = submit(tmp_path, 2, {"TOTAL_STEPS": total, "EXIT_DELAY": 20}, "--stop-lead 20")
+    job_id = submit(tmp_path, 2, {"TOTAL_STEPS": total, **env}, "--stop-lead 20")
     wait_progress(tmp_path, job_id, world, 30)
     slurm_cmd("scontrol", "requeue", job_id)
-    # The next allocation must not wait for the ranks' delay: the rest runs with none.
     info = finished(tmp_path, job_id, timeout=300)
     assert info["Restarts"] == "1", info
     s = assert_stopped_together_and_resumed(tmp_path, world)
@@ -235,10 +234,19 @@ def test_a_requeue_whose_ranks_outlast_killwait_is_still_in_the_ledger(slurm_clu
     records = ledger(tmp_path, job_id)
     assert [(r["allocation"], r["restart_count"]) for r in records] == [(1, 0), (2, 1)], records
     first, second = records
-    assert first["outcome"] == "stopped" and first["decision"] == "requeue", first
-    assert first["stop_trigger"] == "SIGTERM" and first["stop_step"] == s, first
-    assert len(first["nodes"]) == 2 and set(first["nodes"]) <= {"n1", "n2", "n3"}, first
+    assert (first["outcome"], first["decision"], first["stop_step"]) == ("stopped", "requeue", s), first
+    assert first["stop_trigger"] == "SIGTERM", first
     assert second["outcome"] == "finished" and second["highest_step"] == total - 1, second
+    return job_id, s, first, second
+
+
+def test_a_requeue_whose_ranks_outlast_killwait_is_still_in_the_ledger(slurm_cluster, tmp_path):
+    # `scontrol requeue`: Slurm SIGTERMs the job and SIGKILLs it KillWait (5 s here) later. The
+    # ranks stop at one step and save it, then take 20 s to exit (a slow interpreter shutdown, a
+    # loaded node): node rank 0 must have recorded the allocation when the stop was agreed.
+    # The next allocation must not wait for the ranks' delay: the rest runs with none.
+    _, _, first, _ = requeued_at_30_then_finished(tmp_path, {"EXIT_DELAY": 20})
+    assert len(first["nodes"]) == 2 and set(first["nodes"]) <= {"n1", "n2", "n3"}, first
 
 
 def test_a_requeue_slurm_made_itself_is_recorded_as_a_requeue_and_not_made_again(slurm_cluster, tmp_path):
@@ -246,18 +254,8 @@ def test_a_requeue_slurm_made_itself_is_recorded_as_a_requeue_and_not_made_again
     # Slurm how the job ended. The job is COMPLETING before its time limit, as after a scancel,
     # but Slurm has requeued it (its Restarts= counts the next start): the ledger says requeue,
     # not stop, and vigil does not requeue it a second time.
-    total, world = 200, 2 * NPROC
-    job_id = submit(tmp_path, 2, {"TOTAL_STEPS": total}, "--stop-lead 20")
-    wait_progress(tmp_path, job_id, world, 30)
-    slurm_cmd("scontrol", "requeue", job_id)
-    info = finished(tmp_path, job_id, timeout=300)
-    assert info["Restarts"] == "1", info
-    s = assert_stopped_together_and_resumed(tmp_path, world)
-    assert_finished_last(tmp_path, world, 1, total)
-    first, second = ledger(tmp_path, job_id)
-    assert (first["outcome"], first["decision"], first["stop_step"]) == ("stopped", "requeue", s), first
+    job_id, _, first, _ = requeued_at_30_then_finished(tmp_path, {})
     assert "Slurm requeued the job itself" in first["why"], first
-    assert second["decision"] == "finished", second
     out = output(tmp_path, job_id)
     assert f"Slurm job {job_id} is requeued" in out and "requeued Slurm job" not in out, out
 
