@@ -300,6 +300,13 @@ def check_ledger(ledger, slurm, max_requeues):
         v.append(("every allocation in the ledger once", f"{len(ledger)} records, Slurm Restarts={restarts}"))
     if len(ledger) > max_requeues + 1:
         v.append(("the job never loops", f"{len(ledger)} allocations, --max-requeues {max_requeues}"))
+    # Every allocation but the last was followed by another: its record says requeue (by vigil or,
+    # `scontrol requeue` or a preemption, by Slurm), or that Slurm ran the job again over a stop.
+    for r in ledger[:-1]:
+        if r.get("decision", "requeue") != "requeue" and "runs again unless cancelled" not in r.get("why", ""):
+            v.append(("the ledger says why each allocation ended",
+                      f"allocation {r.get('allocation')} decided {r.get('decision')!r} ({r.get('why')!r}), "
+                      "yet the job ran again"))
     return v
 
 

@@ -132,6 +132,16 @@ def test_the_ledger_has_each_allocation_once_and_does_not_loop():
     assert core.check_ledger(led, {"Restarts": "2"}, 6)  # an allocation Slurm ran is missing
     assert core.check_ledger([{"allocation": 1}, {"allocation": 1}], {"Restarts": "1"}, 6)
     assert core.check_ledger(led, {"Restarts": "1"}, 0)
+    # An allocation followed by another says requeue (soak seeds 8 and 9: a `scontrol requeue`
+    # recorded as a cancel's stop), or that Slurm ran the job again over vigil's stop.
+    cancel = "the Slurm job is ending before its time limit (scancel, or a preemption past its grace)"
+    said = [dict(led[0], decision="stop", why=cancel), dict(led[1], decision="finished", why="")]
+    assert [i for i, _ in core.check_ledger(said, {"Restarts": "1"}, 6)] == ["the ledger says why each allocation ended"]
+    said[0]["decision"] = "requeue"
+    assert core.check_ledger(said, {"Restarts": "1"}, 6) == []
+    said[0].update(decision="stop", why="no progress; Slurm requeued the job itself (scontrol requeue, or a "
+                   "preemption), so it runs again unless cancelled (scancel)")
+    assert core.check_ledger(said, {"Restarts": "1"}, 6) == []
 
 
 def test_the_job_ends_finished_or_for_a_stated_reason():
