@@ -209,10 +209,15 @@ pub fn ending_early(info: &JobInfo) -> bool {
 
 /// Whether Slurm has requeued the job itself (`scontrol requeue`, a preemption with
 /// `PreemptMode=REQUEUE`): its `Restarts=` already counts a start after this allocation's
-/// `SLURM_RESTART_COUNT`. Such a job shows `COMPLETING` before its time limit, as a cancelled
-/// one does ([`ending_early`]), but it runs again: it was not ended for good.
+/// `SLURM_RESTART_COUNT`, and its `RunTime=` is back at 0. Such a job shows `COMPLETING` before
+/// its time limit, as a cancelled one does ([`ending_early`]), but it runs again: it was not
+/// ended for good. The run time guards a `SLURM_RESTART_COUNT` lost on the way (a container that
+/// drops it reads 0): a job killed at its limit or cancelled has run, and stays what it was.
 pub fn requeued_by_slurm(info: &JobInfo, restart_count: u32) -> bool {
+    const JUST_STARTED: Duration = Duration::from_secs(5);
     info.restarts.is_some_and(|r| r > restart_count)
+        && info.state.as_deref() != Some("RUNNING")
+        && info.run_time.is_some_and(|t| t < JUST_STARTED)
 }
 
 /// Why `scontrol show job` gave no [`JobInfo`].
@@ -387,6 +392,17 @@ mod tests {
         assert!(!requeued_by_slurm(&running, 2));
         let unknown = JobInfo::default();
         assert!(!requeued_by_slurm(&unknown, 0));
+        // A SLURM_RESTART_COUNT lost on the way reads 0: a job of a later allocation killed at its
+        // limit, or cancelled, has run, and is not taken for a requeue.
+        let ran = |run: &str| {
+            let text = SHOW_EPOCH
+                .replace("JobState=RUNNING", "JobState=COMPLETING")
+                .replace("RunTime=00:00:05", &format!("RunTime={run}"));
+            parse_show_job_with(&text, &utc).unwrap()
+        };
+        assert!(!requeued_by_slurm(&ran("00:10:00"), 0));
+        assert!(!requeued_by_slurm(&ran("00:01:00"), 0));
+        assert!(requeued_by_slurm(&ran("00:00:00"), 0));
     }
 
     #[test]
