@@ -260,12 +260,11 @@ def check_run(run: dict) -> list:
     v += check_generations(run["events"])
     v += check_taken_out(run["events"])
     nr = node_ranks_of(run["events"])
+    with_store = run["events"] + outside_store_refusals(run.get("store_lines", []))
     for f in run["faults"]:
         if f.get("superseded") or f["kind"] in UNSEEN:
             continue  # the fault never came due (another one ended its allocation first), or vigil cannot see it
-        seen_in = run["events"] + outside_store_refusals(run.get("store_lines", [])) if f["kind"] in STORE_KINDS \
-            else run["events"]
-        if evidence(f, seen_in, nr) is None:
+        if evidence(f, with_store if f["kind"] in STORE_KINDS else run["events"], nr) is None:
             v.append(("fault in the events", f"{f['kind']} at {f['t']:.1f} ({_target(f)}) not recorded"))
     return v
 
